@@ -1,0 +1,91 @@
+"""Every exception snapstore raises: one hierarchy rooted at SnapstoreError, and the C-code table."""
+from __future__ import annotations
+
+
+class SnapstoreError(Exception):
+    """Base class of every error snapstore raises on purpose."""
+
+
+class InvalidArgumentError(SnapstoreError, ValueError):
+    """An argument has the right type but a wrong value (sizes, page size, names, options)."""
+
+
+class NativeError(SnapstoreError):
+    """The C core returned an error code. Carries the C function name and code."""
+
+    def __init__(self, message: str, *, function: str = "", code: int = 0) -> None:
+        super().__init__(message)
+        self.function = function
+        self.code = code
+
+
+class NativeArgumentError(NativeError, InvalidArgumentError):
+    """The C core rejected an argument (SNAP_EINVAL)."""
+
+
+class NativeSpaceError(NativeError):
+    """An output array given to the C core was too small (SNAP_ESPACE): a snapstore bug."""
+
+
+class NativeStateError(NativeError):
+    """A C object was used before it was initialised (SNAP_ESTATE): a snapstore bug."""
+
+
+class CheckpointNotFound(SnapstoreError, KeyError):
+    """No checkpoint (or stream, or buffer) of that id or name exists in the store."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "checkpoint not found"
+
+
+class CorruptionError(SnapstoreError):
+    """Stored bytes do not match their checksum or id, or the index contradicts the log.
+
+    Attributes name where: ``segment`` (file name) and ``offset`` when known.
+    """
+
+    def __init__(self, message: str, *, segment: str | None = None,
+                 offset: int | None = None) -> None:
+        where = ""
+        if segment is not None:
+            where = f" (segment {segment}" + (f", offset {offset}" if offset is not None else "") + ")"
+        super().__init__(message + where)
+        self.segment = segment
+        self.offset = offset
+
+
+class StoreLocked(SnapstoreError):
+    """Another writer holds the store's lock (open(..., timeout=s) waits for it)."""
+
+
+class FormatError(SnapstoreError):
+    """The directory is not a snapstore store, or it was written by a newer format version."""
+
+
+class StoreClosedError(SnapstoreError):
+    """The store was closed; open it again."""
+
+
+class ReadOnlyError(SnapstoreError):
+    """A write was attempted on a store opened with readonly=True."""
+
+
+class StoreIOError(SnapstoreError, OSError):
+    """An I/O error (disk full, EIO, ...) while writing or reading the store.
+
+    A checkpoint that fails with it leaves no visible trace; the store stays usable.
+    """
+
+    def __init__(self, message: str, errno_: int | None = None) -> None:
+        SnapstoreError.__init__(self, message)
+        self.errno = errno_
+        self.strerror = message
+
+
+# C return code (SNAP_E*) -> exception class. The single source of truth for that mapping;
+# the codes themselves come from the compiled library (snapstore._native checks them).
+NATIVE_ERRORS: dict[str, type[NativeError]] = {
+    "SNAP_EINVAL": NativeArgumentError,
+    "SNAP_ESPACE": NativeSpaceError,
+    "SNAP_ESTATE": NativeStateError,
+}
