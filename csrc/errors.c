@@ -1,0 +1,19 @@
+/* errors.c - snap_strerror: human-readable names of snapstore's C return codes. */
+#include "snapstore.h"
+
+const char *snap_strerror(int code)
+{
+    switch (code) {
+    case SNAP_OK:
+        return "success";
+    case SNAP_EINVAL:
+        return "invalid argument (NULL pointer with nonzero length, bad page size, "
+               "bad chunk sizes, or a range outside the buffer)";
+    case SNAP_ESPACE:
+        return "output array too small for the result";
+    case SNAP_ESTATE:
+        return "object not initialised (bad magic)";
+    default:
+        return "unknown snapstore error code";
+    }
+}
