@@ -1,0 +1,265 @@
+"""Thin zero-copy Python wrappers over snapstore's C core (snapstore._ffi, csrc/*.c).
+
+Every function accepts any C-contiguous buffer-protocol object (bytes, bytearray, memoryview,
+mmap, numpy arrays of any dtype and shape) without copying it. The C calls release the GIL
+(cffi API mode). C return codes become exceptions in one place, check().
+"""
+from __future__ import annotations
+
+import operator
+import threading
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from snapstore import errors
+from snapstore._ffi import ffi, lib
+
+FP_BYTES: int = int(lib.SNAP_FP_BYTES)
+PAGE_MIN: int = int(lib.SNAP_PAGE_MIN)
+PAGE_MAX: int = int(lib.SNAP_PAGE_MAX)
+CDC_MIN_LIMIT: int = int(lib.SNAP_CDC_MIN_LIMIT)
+CDC_MAX_LIMIT: int = int(lib.SNAP_CDC_MAX_LIMIT)
+
+__all__ = [
+    "FP_BYTES", "PAGE_MIN", "PAGE_MAX", "CDC_MIN_LIMIT", "CDC_MAX_LIMIT",
+    "as_bytes_view", "check", "page_count", "page_fingerprints", "fingerprint_diff",
+    "shadow_diff", "runs_to_ranges", "gather", "Chunker", "chunk_boundaries",
+]
+
+# C code -> exception class, built from the library's own constants and errors.NATIVE_ERRORS.
+_CODE_TO_CLASS = {int(getattr(lib, name)): cls for name, cls in errors.NATIVE_ERRORS.items()}
+
+# Scratch arrays the C core fills completely before they are read: no need to zero them.
+_new_uninit = ffi.new_allocator(should_clear_after_alloc=False)
+
+
+def check(rc: int, function: str) -> None:
+    """Raise the errors.NATIVE_ERRORS exception for a nonzero C return code (text: snap_strerror)."""
+    if rc == 0:
+        return
+    cls = _CODE_TO_CLASS.get(rc, errors.NativeError)
+    text = ffi.string(lib.snap_strerror(rc)).decode("ascii", "replace")
+    raise cls(f"{function}: {text} (code {rc})", function=function, code=rc)
+
+
+def as_bytes_view(obj, writable: bool = False, name: str = "buffer") -> memoryview:
+    """Validate a buffer-protocol object and return a flat unsigned-byte memoryview of it (no copy).
+
+    Raises TypeError for objects without the buffer protocol and for read-only buffers when
+    writable is true, InvalidArgumentError (a ValueError) for non-C-contiguous buffers.
+    """
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        raise TypeError(f"{name}: expected a bytes-like object, got {type(obj).__name__}") from None
+    if not mv.c_contiguous:
+        raise errors.InvalidArgumentError(
+            f"{name}: expected a C-contiguous buffer, got a non-contiguous "
+            f"{type(obj).__name__} (shape {mv.shape}, strides {mv.strides})")
+    if writable and mv.readonly:
+        raise TypeError(f"{name}: expected a writable buffer, got a read-only {type(obj).__name__}")
+    if mv.ndim == 1 and mv.format == "B":
+        return mv
+    if mv.nbytes == 0:  # memoryview.cast refuses shapes containing 0
+        return memoryview(bytearray() if writable else b"")
+    return mv.cast("B")
+
+
+def _size_arg(value, name: str) -> int:
+    """A non-negative int argument (TypeError if not an int, InvalidArgumentError if negative)."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
+    if v < 0:
+        raise errors.InvalidArgumentError(f"{name} must be >= 0, got {v}")
+    return v
+
+
+def _page_size_arg(page_size) -> int:
+    """A page size: a power of two in [PAGE_MIN, PAGE_MAX] (InvalidArgumentError otherwise)."""
+    ps = _size_arg(page_size, "page_size")
+    if not (PAGE_MIN <= ps <= PAGE_MAX) or ps & (ps - 1):
+        raise errors.InvalidArgumentError(
+            f"page_size must be a power of two in [{PAGE_MIN}, {PAGE_MAX}], got {ps}")
+    return ps
+
+
+def _ptr(mv: memoryview, writable: bool = False):
+    """uint8_t* cdata over a validated byte view (ffi.from_buffer, no copy)."""
+    return ffi.from_buffer("uint8_t[]", mv, require_writable=writable)
+
+
+def _runs_list(runs, n: int) -> List[Tuple[int, int]]:
+    """C run pairs (first_page, n_pages) -> list of tuples."""
+    flat = ffi.unpack(runs, 2 * n) if n else []
+    it = iter(flat)
+    return list(zip(it, it))
+
+
+def page_count(nbytes: int, page_size: int) -> int:
+    """Number of pages covering nbytes bytes (snap_page_count)."""
+    return int(lib.snap_page_count(_size_arg(nbytes, "nbytes"), _page_size_arg(page_size)))
+
+
+def page_fingerprints(buf, page_size: int = 4096) -> bytearray:
+    """XXH3-128 digest of every page, FP_BYTES each, low64 then high64 LE (snap_fp_pages)."""
+    ps = _page_size_arg(page_size)
+    src = as_bytes_view(buf, name="buf")
+    out = bytearray(FP_BYTES * int(lib.snap_page_count(len(src), ps)))
+    check(lib.snap_fp_pages(_ptr(src), len(src), ps,
+                            _ptr(out, True), len(out)),
+          "snap_fp_pages")
+    return out
+
+
+def fingerprint_diff(buf, fingerprints, page_size: int = 4096) -> List[Tuple[int, int]]:
+    """Changed-page runs (first_page, n_pages) of buf vs fingerprints, updated in place (snap_fp_diff)."""
+    ps = _page_size_arg(page_size)
+    src = as_bytes_view(buf, name="buf")
+    fps = as_bytes_view(fingerprints, writable=True, name="fingerprints")
+    pages = int(lib.snap_page_count(len(src), ps))
+    if len(fps) != FP_BYTES * pages:
+        raise errors.InvalidArgumentError(
+            f"fingerprints holds {len(fps)} bytes; {pages} pages of {ps} bytes need "
+            f"{FP_BYTES * pages}")
+    max_runs = (pages + 1) // 2
+    runs = _new_uninit("uint64_t[]", 2 * max_runs or 1)
+    n = ffi.new("size_t *")
+    check(lib.snap_fp_diff(_ptr(src), len(src), ps,
+                           _ptr(fps, True), len(fps),
+                           runs, max_runs, n),
+          "snap_fp_diff")
+    return _runs_list(runs, n[0])
+
+
+def shadow_diff(buf, shadow, page_size: int = 4096) -> List[Tuple[int, int]]:
+    """Changed-page runs of buf vs shadow; changed pages are copied into shadow (snap_shadow_diff)."""
+    ps = _page_size_arg(page_size)
+    src = as_bytes_view(buf, name="buf")
+    sh = as_bytes_view(shadow, writable=True, name="shadow")
+    if len(sh) != len(src):
+        raise errors.InvalidArgumentError(
+            f"shadow holds {len(sh)} bytes, buf {len(src)}: they must be the same size")
+    pages = int(lib.snap_page_count(len(src), ps))
+    max_runs = (pages + 1) // 2
+    runs = _new_uninit("uint64_t[]", 2 * max_runs or 1)
+    n = ffi.new("size_t *")
+    check(lib.snap_shadow_diff(_ptr(src), _ptr(sh, True),
+                               len(src), ps, runs, max_runs, n),
+          "snap_shadow_diff")
+    return _runs_list(runs, n[0])
+
+
+def runs_to_ranges(runs: Iterable[Sequence[int]], nbytes: int,
+                   page_size: int) -> List[Tuple[int, int]]:
+    """Page runs (first_page, n_pages) -> byte ranges (offset, length), last page clipped (pure Python)."""
+    ps = _page_size_arg(page_size)
+    nbytes = _size_arg(nbytes, "nbytes")
+    out = []
+    for first, count in runs:
+        first, count = operator.index(first), operator.index(count)
+        off = first * ps
+        if first < 0 or count <= 0 or off >= nbytes:
+            raise errors.InvalidArgumentError(
+                f"run ({first}, {count}) is empty or outside {nbytes} bytes of {ps}-byte pages")
+        out.append((off, min((first + count) * ps, nbytes) - off))
+    return out
+
+
+def _ranges_array(ranges, nbytes: int) -> Tuple[object, int, int]:
+    """(uint64_t[2n] cdata, n, total length) of gather's (offset, length) pairs, checked against nbytes."""
+    flat: List[int] = []
+    total = 0
+    for item in ranges:
+        try:
+            off, length = item
+            off, length = operator.index(off), operator.index(length)
+        except (TypeError, ValueError):
+            raise TypeError(f"ranges: expected (offset, length) pairs of ints, got {item!r}") from None
+        if off < 0 or length < 0 or off + length > nbytes:
+            raise errors.InvalidArgumentError(
+                f"ranges: ({off}, {length}) is not inside the buffer of {nbytes} bytes")
+        flat.append(off)
+        flat.append(length)
+        total += length
+    return (ffi.new("uint64_t[]", flat) if flat else ffi.NULL), len(flat) // 2, total
+
+
+def gather(buf, ranges: Iterable[Sequence[int]], out=None) -> memoryview:
+    """Copy byte ranges (offset, length) of buf back to back into out; view of the filled prefix (snap_gather)."""
+    src = as_bytes_view(buf, name="buf")
+    arr, n, total = _ranges_array(ranges, len(src))
+    if out is None:
+        dst = memoryview(bytearray(total))
+    else:
+        dst = as_bytes_view(out, writable=True, name="out")
+        if total > len(dst):
+            raise errors.InvalidArgumentError(f"out holds {len(dst)} bytes; the ranges need {total}")
+    n_out = ffi.new("size_t *")
+    check(lib.snap_gather(_ptr(src), len(src), arr, n, _ptr(dst, True), len(dst), n_out),
+          "snap_gather")
+    return dst[:n_out[0]]
+
+
+class Chunker:
+    """Streaming FastCDC chunker (snap_cdc_init / snap_cdc_feed / snap_cdc_finish).
+
+    feed() returns the absolute end offsets of the chunks completed so far; finish() ends the
+    stream (returning its length if a chunk is open) and resets the chunker for reuse. One
+    chunker serves one stream at a time; calls are serialised by a lock.
+    """
+
+    def __init__(self, min_size: int = 16384, avg_size: int = 65536,
+                 max_size: int = 262144) -> None:
+        """Set up the chunk sizes (snap_cdc_init); InvalidArgumentError if they are out of range."""
+        self.min_size = _size_arg(min_size, "min_size")
+        self.avg_size = _size_arg(avg_size, "avg_size")
+        self.max_size = _size_arg(max_size, "max_size")
+        if self.max_size >= 1 << 64:
+            raise errors.InvalidArgumentError(f"max_size too large: {self.max_size}")
+        self._state = ffi.new("snap_cdc *")
+        self._lock = threading.Lock()
+        check(lib.snap_cdc_init(self._state, self.min_size, self.avg_size, self.max_size),
+              "snap_cdc_init")
+
+    def feed(self, data) -> List[int]:
+        """Feed the next piece of the stream; ends of chunks completed so far (snap_cdc_feed)."""
+        src = as_bytes_view(data, name="data")
+        total = len(src)
+        if total == 0:
+            return []
+        result: List[int] = []
+        n_cuts = ffi.new("size_t *")
+        consumed = ffi.new("size_t *")
+        with self._lock:
+            ptr = _ptr(src)
+            # total // min_size + 1 always suffices (chunks are > min_size bytes); cap the
+            # scratch array for tiny min sizes: the C core stops when it is full.
+            max_cuts = min(total // self.min_size + 1, 1 << 16)
+            cuts = _new_uninit("uint64_t[]", max_cuts)
+            done = 0
+            while done < total:
+                check(lib.snap_cdc_feed(self._state, ptr + done, total - done, cuts, max_cuts,
+                                        n_cuts, consumed),
+                      "snap_cdc_feed")
+                if n_cuts[0]:
+                    result.extend(ffi.unpack(cuts, n_cuts[0]))
+                done += consumed[0]
+        return result
+
+    def finish(self) -> List[int]:
+        """End the stream: [] or [stream length]; the chunker resets to offset 0 (snap_cdc_finish)."""
+        cut = ffi.new("uint64_t *")
+        n = ffi.new("size_t *")
+        with self._lock:
+            check(lib.snap_cdc_finish(self._state, cut, n), "snap_cdc_finish")
+        return [int(cut[0])] if n[0] else []
+
+
+def chunk_boundaries(buf, min_size: int = 16384, avg_size: int = 65536,
+                     max_size: int = 262144) -> List[int]:
+    """One-shot FastCDC: ascending chunk end offsets, the last == len(buf) (Chunker / snap_cdc_*)."""
+    chunker = Chunker(min_size, avg_size, max_size)
+    cuts = chunker.feed(buf)
+    cuts.extend(chunker.finish())
+    return cuts
