@@ -1,0 +1,14 @@
+"""snapstore: a C-accelerated, incremental snapshot storage engine for in-memory state.
+
+    store = snapstore.open("ckpts")
+    info = store.checkpoint({"weights": w}, stream="train", meta={"step": 10})
+    store.restore_into(info.id, {"weights": w})
+"""
+from . import errors
+from .errors import (CheckpointNotFound, CorruptionError, FormatError, SnapstoreError,
+                     StoreLocked)
+from .store import CheckpointInfo, Store, open
+
+__version__ = "0.1.0"
+__all__ = ["open", "Store", "CheckpointInfo", "errors", "SnapstoreError", "CheckpointNotFound",
+           "CorruptionError", "FormatError", "StoreLocked", "__version__"]

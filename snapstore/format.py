@@ -1,0 +1,101 @@
+"""On-disk format constants and byte layouts: the one source of truth (docs/design.md explains them).
+
+Everything little-endian unless a key must sort numerically (LMDB keys are big-endian).
+"""
+from __future__ import annotations
+
+import struct
+
+# ---- store directory --------------------------------------------------------------------
+FORMAT_FILE = "FORMAT"          # JSON: {"format": FORMAT_NAME, "version": FORMAT_VERSION, ...}
+FORMAT_NAME = "snapstore"
+FORMAT_VERSION = 1              # bump on any incompatible change; newer -> FormatError
+INDEX_DIR = "index"             # the LMDB environment (data.mdb, lock.mdb)
+SEGMENTS_DIR = "segments"       # the write-ahead log: NNNNNNNNNNNNNNNN.seg files
+SEGMENT_SUFFIX = ".seg"
+LOCK_FILE = "lock"              # flock()ed exclusively by the one writer process
+
+# ---- segment files ------------------------------------------------------------------------
+# A segment starts with a fixed header, then records back to back until its end.
+SEGMENT_MAGIC = b"SNAPSEG\x00"
+SEGMENT_HEADER = struct.Struct("<8sIIQQ")   # magic, format version, reserved 0, segment number,
+assert SEGMENT_HEADER.size == 32            # XXH3-64 of the preceding 24 bytes
+
+# Every record: header, then `length` payload bytes. The checksum is XXH3-64 (seed 0) over the
+# first 16 header bytes followed by the payload, so a torn or flipped record never validates.
+RECORD_MAGIC = b"SREC"
+RECORD_HEADER = struct.Struct("<4sBBHIIQ")  # magic, type, codec, flags 0, length, reserved 0,
+assert RECORD_HEADER.size == 24             # checksum
+RECORD_CHECKSUMMED_PREFIX = 16              # header bytes covered by the checksum
+MAX_RECORD_PAYLOAD = (1 << 32) - 1          # u32 length field
+
+# Record types.
+REC_CHUNK = 1      # payload: CHUNK_PREFIX + chunk bytes (compressed per codec)
+REC_COMMIT = 2     # payload: a checkpoint commit (see records.py)
+REC_DELETE = 3     # payload: DELETE_PAYLOAD (checkpoint id)
+RECORD_TYPES = (REC_CHUNK, REC_COMMIT, REC_DELETE)
+
+# Chunk codecs (the record header's codec byte; 0 for non-chunk records).
+CODEC_RAW = 0
+CODEC_ZSTD = 1
+CODECS = (CODEC_RAW, CODEC_ZSTD)
+
+CHUNK_ID_BYTES = 32                          # BLAKE3-256 of the uncompressed chunk
+CHUNK_PREFIX = struct.Struct("<32sI")        # chunk id, raw (uncompressed) length
+assert CHUNK_PREFIX.size == 36
+DELETE_PAYLOAD = struct.Struct("<Q")         # checkpoint id
+
+# ---- commit record payload -----------------------------------------------------------------
+# u32 length of a UTF-8 JSON header, the JSON header, then the new-chunk table
+# (json["new_chunks"] entries of NEW_CHUNK), then each buffer's extents (json buffers[i]
+# ["extents"] entries of EXTENT) in buffer order.
+COMMIT_JSON_LEN = struct.Struct("<I")
+NEW_CHUNK = struct.Struct("<32sQQIIB")       # id, segment, record offset, stored payload length
+assert NEW_CHUNK.size == 57                  # (prefix + data), raw length, codec
+EXTENT = struct.Struct("<QII32s")            # buffer offset, offset inside chunk, length, chunk id
+assert EXTENT.size == 48
+
+# ---- LMDB index ----------------------------------------------------------------------------
+DB_META = b"meta"                 # META_* keys below
+DB_CHUNKS = b"chunks"             # chunk id -> CHUNK_ENTRY
+DB_CHECKPOINTS = b"checkpoints"   # CKPT_KEY -> JSON checkpoint info
+DB_MANIFESTS = b"manifests"       # MANIFEST_KEY -> packed EXTENTs
+DB_STREAMS = b"streams"           # stream name (UTF-8) -> JSON {"head": id}
+DB_STREAM_CKPTS = b"stream_ckpts" # stream name + b"\0" + CKPT_KEY -> b""
+DB_CHILDREN = b"children"         # CKPT_KEY(parent) + CKPT_KEY(child) -> b""
+DB_FINGERPRINTS = b"fingerprints" # stream name + b"\0" + buffer name -> FP_HEADER + digests
+INDEX_DBS = (DB_META, DB_CHUNKS, DB_CHECKPOINTS, DB_MANIFESTS, DB_STREAMS, DB_STREAM_CKPTS,
+             DB_CHILDREN, DB_FINGERPRINTS)
+
+META_APPLIED = b"applied"         # LOG_POSITION just past the last record applied to the index
+META_NEXT_ID = b"next_id"         # u64: the next checkpoint id
+META_FORMAT = b"format"           # u32: FORMAT_VERSION the index was written with
+
+CKPT_KEY = struct.Struct(">Q")                # big-endian so LMDB sorts ids numerically
+MANIFEST_KEY = struct.Struct(">QI")           # checkpoint id, buffer index
+CHUNK_ENTRY = struct.Struct("<QQIIQB")        # segment, record offset, stored payload length,
+assert CHUNK_ENTRY.size == 33                 # raw length, reference count, codec
+LOG_POSITION = struct.Struct("<QQ")           # segment number, byte offset
+U64 = struct.Struct("<Q")
+FP_HEADER = struct.Struct("<QII")             # checkpoint id the digests describe, page size,
+assert FP_HEADER.size == 16                   # reserved 0
+
+# LMDB map size: address space only (the file grows as needed); 1 TiB of index is far beyond
+# any store's needs (an index entry per 64 KiB of unique data is ~100 bytes -> 1.5 PiB).
+INDEX_MAP_SIZE = 1 << 40
+INDEX_MAX_DBS = 16
+
+# ---- names and defaults --------------------------------------------------------------------
+MAX_NAME_BYTES = 255              # stream and buffer names: UTF-8, no NUL, 1..255 bytes
+DEFAULT_PAGE_SIZE = 4096
+DEFAULT_CHUNK_SIZE = 64 << 10     # full checkpoints: fixed grid of this size; deltas: runs split
+                                  # into pieces of at most this size
+DEFAULT_CDC_SIZES = (16 << 10, 64 << 10, 256 << 10)   # FastCDC min / avg / max
+DEFAULT_MAX_CHAIN = 16            # a buffer is stored full again after this many deltas
+DEFAULT_FULL_THRESHOLD = 0.5      # ... or when more than this fraction of its pages changed
+DEFAULT_SEGMENT_SIZE = 256 << 20  # a segment is sealed once it grows past this
+DEFAULT_COMPRESSION_LEVEL = 1     # zstd level; incompressible chunks are stored raw
+
+DURABILITY_MODES = ("fsync", "none")
+CHUNKING_MODES = ("pages", "cdc")
+COMPRESSION_MODES = ("zstd", "none")

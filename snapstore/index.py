@@ -1,0 +1,354 @@
+"""The LMDB index: chunks, checkpoints, manifests, streams, fingerprints and the applied log
+position. It is a cache of the log applied up to META_APPLIED; apply_* are the only mutators
+of checkpoint state and are used both live and by recovery, so both paths agree.
+
+lmdb.Error never escapes this module: it becomes a snapstore.errors exception.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from dataclasses import dataclass
+from typing import Iterator
+
+import lmdb
+
+from . import extents as ext
+from . import format as fmt
+from .errors import CorruptionError, FormatError, SnapstoreError, StoreIOError
+from .records import Commit
+
+
+def _wrap(exc: lmdb.Error, what: str) -> SnapstoreError:
+    if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError,
+                        lmdb.VersionMismatchError, lmdb.BadValsizeError)):
+        return CorruptionError(f"index {what}: {exc}")
+    if isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)):
+        return StoreIOError(f"index {what}: {exc}")
+    return StoreIOError(f"index {what}: {exc}")
+
+
+@contextlib.contextmanager
+def _lmdb_errors(what: str):
+    try:
+        yield
+    except lmdb.Error as exc:
+        raise _wrap(exc, what) from exc
+
+
+@dataclass(frozen=True)
+class ChunkEntry:
+    segment: int
+    offset: int
+    stored_len: int
+    raw_len: int
+    refs: int
+    codec: int
+
+    def pack(self) -> bytes:
+        return fmt.CHUNK_ENTRY.pack(self.segment, self.offset, self.stored_len, self.raw_len,
+                                    self.refs, self.codec)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> "ChunkEntry":
+        return cls(*fmt.CHUNK_ENTRY.unpack(data))
+
+
+def _stream_key(stream: str, tail: bytes = b"") -> bytes:
+    return stream.encode() + b"\0" + tail
+
+
+# One lmdb.Environment per store directory per process: LMDB forbids opening the same
+# environment twice in one process (closing one would drop the other's locks).
+_ENVS: dict[str, list] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def _acquire_env(path: str, readonly: bool, durable: bool) -> lmdb.Environment:
+    key = os.path.realpath(path)
+    with _ENVS_LOCK:
+        held = _ENVS.get(key)
+        if held is not None:
+            env, count, env_readonly = held
+            if env_readonly and not readonly:
+                raise SnapstoreError(f"store {path} is open read-only in this process; close "
+                                     "it before opening it for writing")
+            held[1] += 1
+            if not readonly and durable:
+                env.set_mapsize(fmt.INDEX_MAP_SIZE)
+            return env
+        with _lmdb_errors("open"):
+            env = lmdb.open(key, map_size=fmt.INDEX_MAP_SIZE, subdir=True,
+                            max_dbs=fmt.INDEX_MAX_DBS, readonly=readonly, create=not readonly,
+                            sync=durable, metasync=False, readahead=False, lock=True)
+        _ENVS[key] = [env, 1, readonly]
+        return env
+
+
+def _release_env(env: lmdb.Environment) -> None:
+    with _ENVS_LOCK:
+        for key, held in list(_ENVS.items()):
+            if held[0] is env:
+                held[1] -= 1
+                if held[1] == 0:
+                    del _ENVS[key]
+                    env.close()
+                return
+
+
+class Index:
+    """The open index of one store."""
+
+    def __init__(self, path: str, *, readonly: bool, durable: bool) -> None:
+        self.readonly = readonly
+        self.durable = durable
+        self.env = _acquire_env(path, readonly, durable)
+        try:
+            with _lmdb_errors("open databases"):
+                if readonly:
+                    with self.env.begin() as txn:
+                        self.dbs = {name: self.env.open_db(name, txn=txn, create=False)
+                                    for name in fmt.INDEX_DBS}
+                else:
+                    self.dbs = {name: self.env.open_db(name) for name in fmt.INDEX_DBS}
+        except (lmdb.NotFoundError, KeyError) as exc:
+            _release_env(self.env)
+            raise FormatError(f"index at {path} is missing databases; not a snapstore "
+                              "store or not initialised") from exc
+        except BaseException:
+            _release_env(self.env)
+            raise
+        if not readonly:
+            with self.write() as w:
+                version = w.txn.get(fmt.META_FORMAT, db=self.dbs[fmt.DB_META])
+                if version is None:
+                    w.txn.put(fmt.META_FORMAT, fmt.U64.pack(fmt.FORMAT_VERSION),
+                              db=self.dbs[fmt.DB_META])
+                elif fmt.U64.unpack(version)[0] > fmt.FORMAT_VERSION:
+                    raise FormatError("index was written by a newer snapstore format")
+
+    def close(self) -> None:
+        if self.env is not None:
+            _release_env(self.env)
+            self.env = None
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator["IndexView"]:
+        with _lmdb_errors("read"):
+            with self.env.begin(buffers=False) as txn:
+                yield IndexView(self, txn)
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator["IndexWriter"]:
+        with _lmdb_errors("write"):
+            with self.env.begin(write=True) as txn:
+                yield IndexWriter(self, txn)
+
+    def disk_bytes(self) -> int:
+        return self.env.info()["last_pgno"] * self.env.stat()["psize"]
+
+
+class IndexView:
+    """Read access inside one LMDB transaction."""
+
+    def __init__(self, index: Index, txn: lmdb.Transaction) -> None:
+        self.index, self.txn, self.dbs = index, txn, index.dbs
+
+    # -- meta
+    def applied(self) -> tuple[int, int] | None:
+        v = self.txn.get(fmt.META_APPLIED, db=self.dbs[fmt.DB_META])
+        return fmt.LOG_POSITION.unpack(v) if v is not None else None
+
+    def next_id(self) -> int:
+        v = self.txn.get(fmt.META_NEXT_ID, db=self.dbs[fmt.DB_META])
+        return fmt.U64.unpack(v)[0] if v is not None else 1
+
+    # -- chunks
+    def chunk(self, chunk_id: bytes) -> ChunkEntry | None:
+        v = self.txn.get(chunk_id, db=self.dbs[fmt.DB_CHUNKS])
+        return ChunkEntry.unpack(v) if v is not None else None
+
+    def has_chunk(self, chunk_id: bytes) -> bool:
+        return self.txn.get(chunk_id, db=self.dbs[fmt.DB_CHUNKS]) is not None
+
+    def chunks(self) -> Iterator[tuple[bytes, ChunkEntry]]:
+        with self.txn.cursor(db=self.dbs[fmt.DB_CHUNKS]) as cur:
+            for k, v in cur:
+                yield bytes(k), ChunkEntry.unpack(v)
+
+    # -- checkpoints
+    def checkpoint(self, checkpoint_id: int) -> Commit | None:
+        v = self.txn.get(fmt.CKPT_KEY.pack(checkpoint_id), db=self.dbs[fmt.DB_CHECKPOINTS])
+        if v is None:
+            return None
+        try:
+            return Commit.from_info_json(json.loads(v))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptionError(f"index entry of checkpoint {checkpoint_id} is damaged: {exc}")
+
+    def checkpoint_ids(self, stream: str | None = None) -> list[int]:
+        if stream is None:
+            with self.txn.cursor(db=self.dbs[fmt.DB_CHECKPOINTS]) as cur:
+                return [fmt.CKPT_KEY.unpack(k)[0] for k in cur.iternext(values=False)]
+        prefix = _stream_key(stream)
+        out = []
+        with self.txn.cursor(db=self.dbs[fmt.DB_STREAM_CKPTS]) as cur:
+            if cur.set_range(prefix):
+                for k in cur.iternext(values=False):
+                    if not k.startswith(prefix):
+                        break
+                    out.append(fmt.CKPT_KEY.unpack(k[len(prefix):])[0])
+        return out
+
+    def manifest(self, checkpoint_id: int, buffer_index: int) -> bytes:
+        v = self.txn.get(fmt.MANIFEST_KEY.pack(checkpoint_id, buffer_index),
+                         db=self.dbs[fmt.DB_MANIFESTS])
+        if v is None:
+            raise CorruptionError(f"index lacks manifest {buffer_index} of checkpoint "
+                                  f"{checkpoint_id}")
+        return v
+
+    def children(self, checkpoint_id: int) -> list[int]:
+        prefix = fmt.CKPT_KEY.pack(checkpoint_id)
+        out = []
+        with self.txn.cursor(db=self.dbs[fmt.DB_CHILDREN]) as cur:
+            if cur.set_range(prefix):
+                for k in cur.iternext(values=False):
+                    if not k.startswith(prefix):
+                        break
+                    out.append(fmt.CKPT_KEY.unpack(k[8:])[0])
+        return out
+
+    # -- streams
+    def streams(self) -> dict[str, int]:
+        with self.txn.cursor(db=self.dbs[fmt.DB_STREAMS]) as cur:
+            return {k.decode(): json.loads(v)["head"] for k, v in cur}
+
+    def stream_head(self, stream: str) -> int | None:
+        v = self.txn.get(stream.encode(), db=self.dbs[fmt.DB_STREAMS])
+        return json.loads(v)["head"] if v is not None else None
+
+    def fingerprints(self, stream: str, buffer: str) -> tuple[int, int, bytes] | None:
+        """(checkpoint id, page size, digests) recorded for a stream's buffer, or None."""
+        v = self.txn.get(_stream_key(stream, buffer.encode()), db=self.dbs[fmt.DB_FINGERPRINTS])
+        if v is None:
+            return None
+        ckpt, page_size, _ = fmt.FP_HEADER.unpack_from(v)
+        return ckpt, page_size, v[fmt.FP_HEADER.size:]
+
+
+class IndexWriter(IndexView):
+    """Write access inside one LMDB write transaction (all or nothing)."""
+
+    def _put(self, db: bytes, key: bytes, value: bytes) -> None:
+        self.txn.put(key, value, db=self.dbs[db])
+
+    def _delete(self, db: bytes, key: bytes) -> None:
+        self.txn.delete(key, db=self.dbs[db])
+
+    def set_applied(self, position: tuple[int, int]) -> None:
+        self._put(fmt.DB_META, fmt.META_APPLIED, fmt.LOG_POSITION.pack(*position))
+
+    def put_chunk(self, chunk_id: bytes, entry: ChunkEntry) -> None:
+        self._put(fmt.DB_CHUNKS, chunk_id, entry.pack())
+
+    def delete_chunk(self, chunk_id: bytes) -> None:
+        self._delete(fmt.DB_CHUNKS, chunk_id)
+
+    def _add_refs(self, blob: bytes, delta: int) -> None:
+        counts: dict[bytes, int] = {}
+        for _, _, _, cid in fmt.EXTENT.iter_unpack(blob):
+            counts[cid] = counts.get(cid, 0) + delta
+        for cid, d in counts.items():
+            entry = self.chunk(cid)
+            if entry is None:
+                raise CorruptionError(f"a manifest references chunk {cid.hex()[:16]}… which the "
+                                      "index does not have")
+            refs = entry.refs + d
+            if refs < 0:
+                raise CorruptionError(f"reference count of chunk {cid.hex()[:16]}… fell below 0")
+            self.put_chunk(cid, ChunkEntry(entry.segment, entry.offset, entry.stored_len,
+                                           entry.raw_len, refs, entry.codec))
+
+    def _put_info(self, commit: Commit) -> None:
+        self._put(fmt.DB_CHECKPOINTS, fmt.CKPT_KEY.pack(commit.id),
+                  json.dumps(commit.info_json(), separators=(",", ":")).encode())
+
+    def put_fingerprints(self, stream: str, buffer: str, checkpoint_id: int, page_size: int,
+                         digests) -> None:
+        self._put(fmt.DB_FINGERPRINTS, _stream_key(stream, buffer.encode()),
+                  fmt.FP_HEADER.pack(checkpoint_id, page_size, 0) + bytes(digests))
+
+    def _drop_fingerprints(self, stream: str) -> None:
+        prefix = _stream_key(stream)
+        with self.txn.cursor(db=self.dbs[fmt.DB_FINGERPRINTS]) as cur:
+            if cur.set_range(prefix):
+                while cur.key().startswith(prefix):
+                    if not cur.delete():
+                        break
+
+    def apply_commit(self, commit: Commit, position: tuple[int, int]) -> None:
+        """Makes a committed checkpoint visible; `position` is just past its commit record."""
+        for cid, seg, off, stored, raw, codec in fmt.NEW_CHUNK.iter_unpack(commit.new_chunks):
+            if not self.has_chunk(cid):
+                self.put_chunk(cid, ChunkEntry(seg, off, stored, raw, 0, codec))
+        for i, b in enumerate(commit.buffers):
+            self._add_refs(b.extents, +1)
+            self._put(fmt.DB_MANIFESTS, fmt.MANIFEST_KEY.pack(commit.id, i), b.extents)
+        self._put_info(commit)
+        key = fmt.CKPT_KEY.pack(commit.id)
+        self._put(fmt.DB_STREAM_CKPTS, _stream_key(commit.stream, key), b"")
+        if commit.parent is not None:
+            self._put(fmt.DB_CHILDREN, fmt.CKPT_KEY.pack(commit.parent) + key, b"")
+        self._put(fmt.DB_STREAMS, commit.stream.encode(), json.dumps({"head": commit.id}).encode())
+        next_id = max(self.next_id(), commit.id + 1)
+        self._put(fmt.DB_META, fmt.META_NEXT_ID, fmt.U64.pack(next_id))
+        self.set_applied(position)
+
+    def apply_delete(self, checkpoint_id: int, position: tuple[int, int]) -> None:
+        """Removes a checkpoint; its children absorb its manifests so they stay restorable."""
+        victim = self.checkpoint(checkpoint_id)
+        if victim is not None:
+            self._remove(victim)
+        self.set_applied(position)
+
+    def _remove(self, victim: Commit) -> None:
+        vkey = fmt.CKPT_KEY.pack(victim.id)
+        by_name = {b.name: i for i, b in enumerate(victim.buffers)}
+        for child_id in self.children(victim.id):
+            child = self.checkpoint(child_id)
+            for i, b in enumerate(child.buffers):
+                if b.base != "delta":
+                    continue
+                vi = by_name[b.name]
+                old = self.manifest(child.id, i)
+                merged = ext.pack(ext.overlay(ext.unpack(self.manifest(victim.id, vi)),
+                                              ext.unpack(old)))
+                self._add_refs(merged, +1)
+                self._add_refs(old, -1)
+                self._put(fmt.DB_MANIFESTS, fmt.MANIFEST_KEY.pack(child.id, i), merged)
+                b.base, b.depth = victim.buffers[vi].base, victim.buffers[vi].depth
+                b.extents = merged
+            child.parent = victim.parent
+            self._put_info(child)
+            self._delete(fmt.DB_CHILDREN, vkey + fmt.CKPT_KEY.pack(child.id))
+            if victim.parent is not None:
+                self._put(fmt.DB_CHILDREN,
+                          fmt.CKPT_KEY.pack(victim.parent) + fmt.CKPT_KEY.pack(child.id), b"")
+        for i in range(len(victim.buffers)):
+            self._add_refs(self.manifest(victim.id, i), -1)
+            self._delete(fmt.DB_MANIFESTS, fmt.MANIFEST_KEY.pack(victim.id, i))
+        self._delete(fmt.DB_CHECKPOINTS, vkey)
+        self._delete(fmt.DB_STREAM_CKPTS, _stream_key(victim.stream, vkey))
+        if victim.parent is not None:
+            self._delete(fmt.DB_CHILDREN, fmt.CKPT_KEY.pack(victim.parent) + vkey)
+        if self.stream_head(victim.stream) == victim.id:
+            remaining = self.checkpoint_ids(victim.stream)
+            if remaining:
+                self._put(fmt.DB_STREAMS, victim.stream.encode(),
+                          json.dumps({"head": remaining[-1]}).encode())
+            else:
+                self._delete(fmt.DB_STREAMS, victim.stream.encode())
+                self._drop_fingerprints(victim.stream)

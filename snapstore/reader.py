@@ -1,0 +1,109 @@
+"""The restore path: resolve a buffer's chain of manifests and copy checked chunk bytes out.
+
+A buffer of checkpoint C is its nearest full manifest up the parent chain with every later
+delta written over it, oldest first. Every chunk read is checked against its record checksum
+(and the chunk id in the record) before its bytes are used; a mismatch raises CorruptionError
+naming the segment and offset, so wrong bytes are never returned.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import zstandard
+
+from . import extents as ext
+from . import format as fmt
+from .errors import CheckpointNotFound, CorruptionError
+from .index import IndexView
+from .records import BufferEntry, Commit
+from .segments import SegmentBackend, read_chunk_record, segment_name
+
+_local = threading.local()
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    d = getattr(_local, "zstd", None)
+    if d is None:
+        d = _local.zstd = zstandard.ZstdDecompressor()
+    return d
+
+
+def buffer_layers(view: IndexView, commit: Commit, name: str) -> list[list]:
+    """Extent lists of buffer `name` from its nearest full manifest to `commit`, oldest first."""
+    layers = []
+    current = commit
+    while True:
+        idx = next((i for i, b in enumerate(current.buffers) if b.name == name), None)
+        if idx is None:
+            raise CorruptionError(f"checkpoint {current.id} lacks buffer {name!r} that checkpoint "
+                                  f"{commit.id} builds on")
+        layers.append(ext.unpack(view.manifest(current.id, idx)))
+        if current.buffers[idx].base == "full":
+            break
+        if current.parent is None:
+            raise CorruptionError(f"checkpoint {current.id} is a delta without a parent")
+        parent = view.checkpoint(current.parent)
+        if parent is None:
+            raise CorruptionError(f"checkpoint {current.id} names missing parent {current.parent}")
+        current = parent
+    layers.reverse()
+    return layers
+
+
+def find_buffer(commit: Commit, name: str) -> BufferEntry:
+    for b in commit.buffers:
+        if b.name == name:
+            return b
+    raise CheckpointNotFound(f"checkpoint {commit.id} has no buffer {name!r} "
+                             f"(it has {sorted(b.name for b in commit.buffers)})")
+
+
+class ChunkReader:
+    """Reads checked, decoded chunks; remembers the last one (runs of identical chunks)."""
+
+    def __init__(self, backend: SegmentBackend, view: IndexView) -> None:
+        self.backend, self.view = backend, view
+        self._last_id: bytes | None = None
+        self._last: bytes = b""
+
+    def read(self, chunk_id: bytes) -> bytes:
+        if chunk_id == self._last_id:
+            return self._last
+        entry = self.view.chunk(chunk_id)
+        if entry is None:
+            raise CorruptionError(f"index lacks chunk {chunk_id.hex()[:16]}… that a manifest "
+                                  "references")
+        codec, raw_len, stored = read_chunk_record(self.backend, entry.segment, entry.offset,
+                                                   entry.stored_len, chunk_id)
+        if codec == fmt.CODEC_ZSTD:
+            try:
+                data = _decompressor().decompress(stored, max_output_size=raw_len)
+            except zstandard.ZstdError as exc:
+                raise CorruptionError(f"chunk does not decompress: {exc}",
+                                      segment=segment_name(entry.segment),
+                                      offset=entry.offset) from exc
+        else:
+            data = bytes(stored)
+        if len(data) != raw_len or raw_len != entry.raw_len:
+            raise CorruptionError("chunk has the wrong length", segment=segment_name(entry.segment),
+                                  offset=entry.offset)
+        self._last_id, self._last = chunk_id, data
+        return data
+
+
+def restore_range(view: IndexView, backend: SegmentBackend, commit: Commit, name: str,
+                  out: memoryview, start: int = 0,
+                  progress: Callable[[int], None] | None = None) -> None:
+    """Writes bytes [start, start + len(out)) of buffer `name` of `commit` into out."""
+    end = start + len(out)
+    whole = start == 0 and end == find_buffer(commit, name).size
+    reader = ChunkReader(backend, view)
+    for layer in buffer_layers(view, commit, name):
+        for off, coff, length, cid in (layer if whole else ext.clip(layer, start, end)):
+            data = reader.read(cid)
+            if coff + length > len(data):
+                raise CorruptionError(f"manifest extent exceeds chunk {cid.hex()[:16]}…")
+            out[off - start:off - start + length] = memoryview(data)[coff:coff + length]
+            if progress is not None:
+                progress(length)

@@ -1,0 +1,105 @@
+"""Typed payloads of the log's index records (commit, delete): encoding and decoding.
+
+A commit record is self-describing: replaying it onto the index needs nothing else from the
+log (the chunk records it introduces are listed with their positions).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, List
+
+from . import format as fmt
+from .errors import CorruptionError
+
+
+@dataclass
+class BufferEntry:
+    """One named buffer of a checkpoint."""
+    name: str
+    size: int
+    base: str            # "full": extents cover the buffer; "delta": changes since parent
+    depth: int           # deltas between this and the nearest full entry of the buffer
+    layout: str          # "pages" or "cdc"
+    page_size: int
+    extents: bytes = b""  # packed EXTENTs (kept out of the JSON info)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "size": self.size, "base": self.base, "depth": self.depth,
+                "layout": self.layout, "page_size": self.page_size,
+                "extents": len(self.extents) // fmt.EXTENT.size}
+
+    @classmethod
+    def from_json(cls, d: dict, extents: bytes = b"") -> "BufferEntry":
+        return cls(d["name"], d["size"], d["base"], d["depth"], d["layout"], d["page_size"],
+                   extents)
+
+
+@dataclass
+class Commit:
+    """A checkpoint as the log and the index record it."""
+    id: int
+    stream: str
+    parent: int | None
+    created: float
+    meta: Any
+    buffers: List[BufferEntry]
+    new_chunks: bytes = b""    # packed NEW_CHUNKs: chunks first written by this checkpoint
+    bytes_new: int = 0
+    tags: List[str] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return "incremental" if any(b.base == "delta" for b in self.buffers) else "full"
+
+    @property
+    def chain_length(self) -> int:
+        return max((b.depth for b in self.buffers), default=0)
+
+    def info_json(self) -> dict:
+        """The index's JSON record of this checkpoint (everything but the extents)."""
+        return {"id": self.id, "stream": self.stream, "parent": self.parent,
+                "created": self.created, "meta": self.meta, "bytes_new": self.bytes_new,
+                "tags": self.tags, "buffers": [b.to_json() for b in self.buffers]}
+
+    @classmethod
+    def from_info_json(cls, d: dict) -> "Commit":
+        return cls(d["id"], d["stream"], d["parent"], d["created"], d["meta"],
+                   [BufferEntry.from_json(b) for b in d["buffers"]],
+                   bytes_new=d.get("bytes_new", 0), tags=list(d.get("tags", [])))
+
+    def encode(self) -> List[bytes]:
+        head = self.info_json()
+        head["new_chunks"] = len(self.new_chunks) // fmt.NEW_CHUNK.size
+        js = json.dumps(head, separators=(",", ":")).encode()
+        return [fmt.COMMIT_JSON_LEN.pack(len(js)), js, self.new_chunks] + \
+            [b.extents for b in self.buffers]
+
+    @classmethod
+    def decode(cls, payload: bytes) -> "Commit":
+        try:
+            (n,) = fmt.COMMIT_JSON_LEN.unpack_from(payload)
+            start = fmt.COMMIT_JSON_LEN.size
+            head = json.loads(payload[start:start + n])
+            pos = start + n
+            nc = head["new_chunks"] * fmt.NEW_CHUNK.size
+            commit = cls.from_info_json(head)
+            commit.new_chunks = bytes(payload[pos:pos + nc])
+            pos += nc
+            for b, bj in zip(commit.buffers, head["buffers"]):
+                size = bj["extents"] * fmt.EXTENT.size
+                b.extents = bytes(payload[pos:pos + size])
+                pos += size
+            if pos != len(payload) or len(commit.new_chunks) != nc:
+                raise ValueError("payload length does not match its header")
+            return commit
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise CorruptionError(f"undecodable commit record: {exc}") from exc
+
+
+def encode_delete(checkpoint_id: int) -> List[bytes]:
+    return [fmt.DELETE_PAYLOAD.pack(checkpoint_id)]
+
+
+def decode_delete(payload: bytes) -> int:
+    return fmt.DELETE_PAYLOAD.unpack(payload)[0]

@@ -1,0 +1,541 @@
+"""The Store: opens a store directory (lock, format check, recovery) and offers checkpoint,
+restore, read, delete and stats. Commit protocol (docs/design.md):
+
+  1. append the checkpoint's new chunk records, then its commit record, to the log;
+  2. make them durable (fdatasync; skipped with durability="none");
+  3. apply the commit to the index in one LMDB write transaction, which also advances the
+     applied log position.
+
+A checkpoint is visible iff step 3 happened; it is durable iff step 2 did, and a durable
+commit that step 3 missed (crash) is applied by recovery when a writer next opens the store.
+A failure before step 2 completes truncates the log back, leaving no trace.
+"""
+from __future__ import annotations
+
+import errno
+import io
+import fcntl
+import json
+import math
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from . import _native as native
+from . import format as fmt
+from . import records
+from . import writer as wr
+from ._testing import crashpoint
+from .errors import (CheckpointNotFound, CorruptionError, FormatError, InvalidArgumentError,
+                     ReadOnlyError, SnapstoreError, StoreClosedError, StoreIOError, StoreLocked)
+from .index import Index, IndexView
+from .reader import find_buffer, restore_range
+from .records import Commit
+from .segments import LocalSegments, SegmentBackend, SegmentLog, scan, segment_name
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What the store knows of one checkpoint."""
+    id: int
+    stream: str
+    kind: str                 # "full" | "incremental"
+    parent: int | None
+    created: float            # seconds since the epoch
+    meta: Any
+    sizes: dict               # {buffer name: bytes}
+    bytes_new: int            # bytes this checkpoint added to the log
+    chain_length: int         # deltas to apply above the nearest full manifest (0: full)
+    tags: tuple = field(default=())
+
+    @classmethod
+    def from_commit(cls, c: Commit) -> "CheckpointInfo":
+        return cls(c.id, c.stream, c.kind, c.parent, c.created, c.meta,
+                   {b.name: b.size for b in c.buffers}, c.bytes_new, c.chain_length,
+                   tuple(c.tags))
+
+
+def validate_name(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
+    raw = value.encode("utf-8", "surrogatepass")
+    if not raw or len(raw) > fmt.MAX_NAME_BYTES or b"\0" in raw:
+        raise InvalidArgumentError(f"{what} must be 1 to {fmt.MAX_NAME_BYTES} UTF-8 bytes "
+                                   f"without NUL, got {value!r}")
+    return value
+
+
+def _check_choice(value: str, choices: tuple, what: str) -> str:
+    if value not in choices:
+        raise InvalidArgumentError(f"{what} must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def _write_format_file(path: str) -> None:
+    """Publishes the FORMAT file atomically: temp file, fsync, rename, directory fsync."""
+    body = json.dumps({"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION,
+                       "created": time.time()}).encode()
+    fd, tmp = tempfile.mkstemp(dir=path, prefix=".FORMAT.")
+    try:
+        os.write(fd, body)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, os.path.join(path, fmt.FORMAT_FILE))
+    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _read_format_file(path: str) -> None:
+    try:
+        with io.open(os.path.join(path, fmt.FORMAT_FILE), "rb") as f:
+            data = json.loads(f.read())
+    except FileNotFoundError:
+        raise FormatError(f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)") from None
+    except (ValueError, OSError) as exc:
+        raise FormatError(f"{path}: unreadable {fmt.FORMAT_FILE} file: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != fmt.FORMAT_NAME:
+        raise FormatError(f"{path} is not a snapstore store")
+    version = data.get("version")
+    if not isinstance(version, int) or version > fmt.FORMAT_VERSION:
+        raise FormatError(f"{path} has store format version {version}; this snapstore reads "
+                          f"versions up to {fmt.FORMAT_VERSION}: upgrade snapstore")
+
+
+class Store:
+    """An open store. Use snapstore.open(); safe to share between threads of one process."""
+
+    def __init__(self, path: str, *, durability: str = "fsync", create: bool = True,
+                 readonly: bool = False, timeout: float = 0.0,
+                 page_size: int = fmt.DEFAULT_PAGE_SIZE,
+                 chunk_size: int = fmt.DEFAULT_CHUNK_SIZE, chunking: str = "pages",
+                 cdc_sizes: tuple = fmt.DEFAULT_CDC_SIZES, max_chain: int = fmt.DEFAULT_MAX_CHAIN,
+                 full_threshold: float = fmt.DEFAULT_FULL_THRESHOLD, compression: str = "zstd",
+                 compression_level: int = fmt.DEFAULT_COMPRESSION_LEVEL,
+                 segment_size: int = fmt.DEFAULT_SEGMENT_SIZE,
+                 backend: SegmentBackend | None = None) -> None:
+        self.path = os.fspath(path)
+        self.durability = _check_choice(durability, fmt.DURABILITY_MODES, "durability")
+        self.readonly = bool(readonly)
+        self.options = self._validate_options(page_size, chunk_size, chunking, cdc_sizes,
+                                              max_chain, full_threshold, compression,
+                                              compression_level)
+        if not isinstance(segment_size, int) or segment_size < (1 << 16):
+            raise InvalidArgumentError("segment_size must be an int of at least 64 KiB")
+        self._lock = threading.RLock()
+        self._lock_fd: int | None = None
+        self._index: Index | None = None
+        self._log: SegmentLog | None = None
+        self._staging: bytearray | None = None
+        self._closed = False
+        durable = self.durability == "fsync"
+        try:
+            self._open_directory(create, timeout)
+            self._index = Index(os.path.join(self.path, fmt.INDEX_DIR), readonly=self.readonly,
+                                durable=durable)
+            self.backend = backend or LocalSegments(os.path.join(self.path, fmt.SEGMENTS_DIR),
+                                                    durable=durable)
+            if not self.readonly:
+                self._recover()
+                self._log = SegmentLog(self.backend, segment_size)
+                self._log.open_tail()
+        except BaseException:
+            self._release()
+            raise
+
+    # ---- opening and closing ------------------------------------------------------------
+    @staticmethod
+    def _validate_options(page_size, chunk_size, chunking, cdc_sizes, max_chain,
+                          full_threshold, compression, compression_level) -> wr.WriteOptions:
+        if (not isinstance(page_size, int) or page_size < native.PAGE_MIN
+                or page_size > native.PAGE_MAX or page_size & (page_size - 1)):
+            raise InvalidArgumentError(f"page_size must be a power of two from {native.PAGE_MIN} "
+                                       f"to {native.PAGE_MAX}, got {page_size!r}")
+        if (not isinstance(chunk_size, int) or chunk_size < page_size or chunk_size % page_size
+                or chunk_size > wr.STAGING_BYTES):
+            raise InvalidArgumentError("chunk_size must be a multiple of page_size and at most "
+                                       f"{wr.STAGING_BYTES} bytes, got {chunk_size!r}")
+        _check_choice(chunking, fmt.CHUNKING_MODES, "chunking")
+        _check_choice(compression, fmt.COMPRESSION_MODES, "compression")
+        try:
+            native.Chunker(*cdc_sizes)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"cdc_sizes {cdc_sizes!r} are invalid: {exc}") from exc
+        if cdc_sizes[2] > wr.STAGING_BYTES:
+            raise InvalidArgumentError(f"cdc max size must be at most {wr.STAGING_BYTES} bytes")
+        if not isinstance(max_chain, int) or max_chain < 1:
+            raise InvalidArgumentError("max_chain must be an int >= 1")
+        if not isinstance(full_threshold, (int, float)) or not 0 <= full_threshold <= 1:
+            raise InvalidArgumentError("full_threshold must be a number from 0 to 1")
+        return wr.WriteOptions(page_size, chunk_size, chunking, tuple(cdc_sizes), max_chain,
+                               float(full_threshold), compression, compression_level)
+
+    def _open_directory(self, create: bool, timeout: float) -> None:
+        path = self.path
+        fresh = False
+        if not os.path.isdir(path):
+            if self.readonly or not create:
+                raise FormatError(f"no snapstore store at {path}")
+            os.makedirs(path, exist_ok=True)
+        if not self.readonly:
+            self._lock_fd = self._take_lock(timeout)
+        if not os.path.exists(os.path.join(path, fmt.FORMAT_FILE)):
+            if self.readonly or not create:
+                raise FormatError(f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)")
+            foreign = set(os.listdir(path)) - {fmt.LOCK_FILE, fmt.INDEX_DIR, fmt.SEGMENTS_DIR}
+            if any(not n.startswith(".FORMAT.") for n in foreign):
+                raise FormatError(f"{path} is a non-empty directory that is not a snapstore store")
+            fresh = True
+        if fresh:
+            os.makedirs(os.path.join(path, fmt.SEGMENTS_DIR), exist_ok=True)
+            os.makedirs(os.path.join(path, fmt.INDEX_DIR), exist_ok=True)
+            _write_format_file(path)
+        _read_format_file(path)
+
+    def _take_lock(self, timeout: float) -> int:
+        fd = os.open(os.path.join(self.path, fmt.LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                     0o644)
+        deadline = time.monotonic() + max(0.0, float(timeout))
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    os.close(fd)
+                    raise
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise StoreLocked(f"{self.path} is open for writing by another process or store "
+                                  f"object (waited {timeout}s); open it with readonly=True to "
+                                  "read meanwhile")
+            time.sleep(0.05)
+
+    def _release(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self._index is not None:
+            self._index.close()
+            self._index = None
+        if getattr(self, "backend", None) is not None:
+            self.backend.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def close(self) -> None:
+        """Closes the store. Idempotent. Checkpoints returned earlier stay committed."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._release()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = "closed" if self._closed else ("read-only" if self.readonly else "writer")
+        return f"<snapstore.Store {self.path!r} {mode}>"
+
+    def _check_open(self, write: bool = False) -> Index:
+        if self._closed or self._index is None:
+            raise StoreClosedError(f"store {self.path} is closed")
+        if write and self.readonly:
+            raise ReadOnlyError(f"store {self.path} was opened read-only")
+        return self._index
+
+    # ---- recovery -------------------------------------------------------------------------
+    def _recover(self) -> None:
+        """Applies durable log records past the index's applied position; cuts a torn tail."""
+        with self._index.read() as r:
+            applied = r.applied()
+        numbers = self.backend.list()
+        if not numbers:
+            return
+        seg, off = applied if applied is not None else (numbers[0], 0)
+        if seg not in numbers:
+            raise CorruptionError(f"index has applied the log up to segment {seg}, which is "
+                                  "missing", segment=segment_name(seg))
+        for number in [n for n in numbers if n >= seg]:
+            start = off if number == seg else 0
+            for item in scan(self.backend, number, start, chunk_payloads=False):
+                if isinstance(item, tuple):
+                    state, pos = item
+                    if state == "torn":
+                        if number != numbers[-1]:
+                            raise CorruptionError("invalid record in a sealed segment",
+                                                  segment=segment_name(number), offset=pos)
+                        self._truncate_tail(number, pos)
+                    break
+                if item.rtype == fmt.REC_CHUNK:
+                    continue
+                with self._index.write() as w:
+                    self._apply(w, item.rtype, item.payload, (number, item.end))
+
+    def _truncate_tail(self, number: int, pos: int) -> None:
+        f = self.backend.open_append(number)
+        try:
+            if pos < fmt.SEGMENT_HEADER.size:      # torn segment header: drop the segment
+                f.close()
+                self.backend.remove(number)
+                return
+            f.truncate(pos)
+            f.sync()
+        finally:
+            f.close()
+
+    @staticmethod
+    def _apply(w, rtype: int, payload, position: tuple[int, int]) -> None:
+        if rtype == fmt.REC_COMMIT:
+            w.apply_commit(Commit.decode(payload), position)
+        elif rtype == fmt.REC_DELETE:
+            w.apply_delete(records.decode_delete(payload), position)
+
+    # ---- writing ------------------------------------------------------------------------------
+    def _append_index_record(self, rtype: int, parts: list, apply_extra=None) -> tuple[int, int]:
+        """Appends one index record, makes the log durable and applies the record to the index.
+        On any failure before the index commit the log is rolled back to where it was.
+        Returns the log position just past the record."""
+        log = self._log
+        mark = log.position
+        try:
+            log.append(rtype, 0, parts)
+            log.flush()
+            crashpoint("after_commit_append")
+            if self.durability == "fsync":
+                log.sync()
+            crashpoint("after_fsync")
+            end = log.position
+            with self._index.write() as w:
+                self._apply(w, rtype, b"".join(bytes(p) for p in parts), end)
+                if apply_extra is not None:
+                    apply_extra(w)
+                crashpoint("before_index_commit")
+        except BaseException:
+            # The index never saw the record: take it back out of the log.
+            log.rollback(mark)
+            raise
+        crashpoint("after_index_commit")
+        return end
+
+    def checkpoint(self, buffers: Mapping[str, Any], stream: str = "default", meta: Any = None,
+                   *, chunking: str | None = None) -> CheckpointInfo:
+        """Takes a checkpoint of named buffers and makes it durable.
+
+        Args:
+            buffers: {name: C-contiguous bytes-like object} (bytes, bytearray, memoryview,
+                mmap, numpy arrays...). Each buffer is diffed page-wise against the stream's
+                previous checkpoint and stored incrementally when that pays.
+            stream: the stream (sequence of checkpoints) this one extends.
+            meta: JSON-serialisable user metadata.
+            chunking: "pages" (default of the store) or "cdc" for content that shifts.
+        Returns: CheckpointInfo.
+        Raises: TypeError / InvalidArgumentError for bad input (before anything is written),
+            StoreIOError (disk full, I/O error: nothing of the checkpoint is visible).
+        """
+        validate_name(stream, "stream")
+        if not isinstance(buffers, Mapping):
+            raise TypeError(f"buffers must be a mapping of name to buffer, got "
+                            f"{type(buffers).__name__}")
+        views = {}
+        for name, obj in buffers.items():
+            validate_name(name, "buffer name")
+            views[name] = native.as_bytes_view(obj)
+        layout = _check_choice(chunking or self.options.chunking, fmt.CHUNKING_MODES, "chunking")
+        try:
+            json.dumps(meta)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"meta must be JSON-serialisable: {exc}") from None
+        with self._lock:
+            index = self._check_open(write=True)
+            return self._checkpoint_locked(index, views, stream, meta, layout)
+
+    def _checkpoint_locked(self, index: Index, views: dict, stream: str, meta: Any,
+                           layout: str) -> CheckpointInfo:
+        opts = self.options
+        log = self._log
+        if self._staging is None:
+            self._staging = bytearray(wr.STAGING_BYTES)
+        mark = log.position
+        fingerprints = []
+        try:
+            with index.read() as r:
+                head = r.stream_head(stream)
+                parent = r.checkpoint(head) if head is not None else None
+                parents = {b.name: b for b in parent.buffers} if parent else {}
+                sink = wr.ChunkSink(log, r, opts)
+                entries = []
+                for name, view in views.items():
+                    prev = r.fingerprints(stream, name)
+                    prev_fps = prev[2] if prev and prev[0] == head and \
+                        prev[1] == opts.page_size else None
+                    plan = wr.plan_buffer(name, view, parents.get(name), prev_fps, opts, layout)
+                    entries.append(wr.store_buffer(plan, sink, self._staging))
+                    if plan.fingerprints is not None:
+                        fingerprints.append((name, plan.fingerprints))
+                new_id = r.next_id()
+            crashpoint("after_data_append")
+            commit = Commit(new_id, stream, head, time.time(), meta, entries,
+                            sink.new_chunk_table())
+            commit.bytes_new = sink.bytes_new + fmt.RECORD_HEADER.size + \
+                sum(len(p) for p in commit.encode())
+
+            def put_fingerprints(w) -> None:
+                for name, fps in fingerprints:
+                    w.put_fingerprints(stream, name, new_id, opts.page_size, fps)
+
+            self._append_index_record(fmt.REC_COMMIT, commit.encode(), put_fingerprints)
+        except OSError as exc:
+            log.rollback(mark)
+            if isinstance(exc, SnapstoreError):
+                raise
+            raise StoreIOError(f"checkpoint failed: {exc.strerror or exc}", exc.errno) from exc
+        except BaseException:
+            log.rollback(mark)
+            raise
+        return CheckpointInfo.from_commit(commit)
+
+    def delete(self, checkpoint_id: int) -> None:
+        """Deletes a checkpoint. Later checkpoints built on it stay restorable (they absorb its
+        manifests). Its chunks become garbage once unreferenced (reclaimed by compact())."""
+        with self._lock:
+            index = self._check_open(write=True)
+            with index.read() as r:
+                self._get_commit(r, checkpoint_id)
+            self._append_index_record(fmt.REC_DELETE, records.encode_delete(checkpoint_id))
+
+    # ---- reading ------------------------------------------------------------------------------
+    @staticmethod
+    def _get_commit(r: IndexView, checkpoint_id: Any) -> Commit:
+        if isinstance(checkpoint_id, CheckpointInfo):
+            checkpoint_id = checkpoint_id.id
+        if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int):
+            raise TypeError(f"checkpoint id must be an int, got {type(checkpoint_id).__name__}")
+        commit = r.checkpoint(checkpoint_id)
+        if commit is None:
+            raise CheckpointNotFound(f"no checkpoint {checkpoint_id}")
+        return commit
+
+    def get(self, checkpoint_id: int) -> CheckpointInfo:
+        """The CheckpointInfo of one checkpoint; CheckpointNotFound if there is none."""
+        with self._check_open().read() as r:
+            return CheckpointInfo.from_commit(self._get_commit(r, checkpoint_id))
+
+    def checkpoints(self, stream: str | None = None) -> list[CheckpointInfo]:
+        """All checkpoints (of one stream), oldest first."""
+        if stream is not None:
+            validate_name(stream, "stream")
+        with self._check_open().read() as r:
+            return [CheckpointInfo.from_commit(r.checkpoint(i)) for i in r.checkpoint_ids(stream)]
+
+    def latest(self, stream: str = "default") -> CheckpointInfo | None:
+        """The newest checkpoint of a stream, or None."""
+        validate_name(stream, "stream")
+        with self._check_open().read() as r:
+            head = r.stream_head(stream)
+            return CheckpointInfo.from_commit(r.checkpoint(head)) if head is not None else None
+
+    def streams(self) -> list[str]:
+        with self._check_open().read() as r:
+            return sorted(r.streams())
+
+    def restore(self, checkpoint_id: int) -> dict[str, bytes]:
+        """All buffers of a checkpoint, byte-exact, as {name: bytes}."""
+        with self._check_open().read() as r:
+            commit = self._get_commit(r, checkpoint_id)
+            out = {}
+            for b in commit.buffers:
+                target = bytearray(b.size)
+                restore_range(r, self.backend, commit, b.name, memoryview(target))
+                out[b.name] = bytes(target)
+                del target
+            return out
+
+    def restore_into(self, checkpoint_id: int, buffers: Mapping[str, Any]) -> None:
+        """Restores named buffers of a checkpoint in place into writable buffers of the same
+        sizes (a subset of the checkpoint's buffers is fine). Sizes and names are checked
+        before anything is written; on CorruptionError the targets' contents are undefined."""
+        if not isinstance(buffers, Mapping):
+            raise TypeError("buffers must be a mapping of name to writable buffer")
+        with self._check_open().read() as r:
+            commit = self._get_commit(r, checkpoint_id)
+            targets = {}
+            for name, obj in buffers.items():
+                entry = find_buffer(commit, name)
+                view = native.as_bytes_view(obj, writable=True)
+                if len(view) != entry.size:
+                    raise InvalidArgumentError(f"buffer {name!r} has {len(view)} bytes; "
+                                               f"checkpoint {commit.id} holds {entry.size}")
+                targets[name] = view
+            for name, view in targets.items():
+                restore_range(r, self.backend, commit, name, view)
+
+    def read(self, checkpoint_id: int, name: str, offset: int = 0,
+             length: int | None = None) -> bytes:
+        """Bytes [offset, offset + length) of one buffer; reads only the chunks it needs."""
+        with self._check_open().read() as r:
+            commit = self._get_commit(r, checkpoint_id)
+            entry = find_buffer(commit, name)
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                raise InvalidArgumentError(f"offset must be an int >= 0, got {offset!r}")
+            if length is None:
+                length = max(0, entry.size - offset)
+            if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+                raise InvalidArgumentError(f"length must be an int >= 0, got {length!r}")
+            if offset + length > entry.size:
+                raise InvalidArgumentError(f"range {offset}:{offset + length} exceeds buffer "
+                                           f"{name!r} of {entry.size} bytes")
+            out = bytearray(length)
+            restore_range(r, self.backend, commit, name, memoryview(out), offset)
+            return bytes(out)
+
+    def stats(self) -> dict:
+        """Sizes, counts, deduplication ratio and chain lengths of the store."""
+        with self._check_open().read() as r:
+            logical = 0
+            chains = []
+            ids = r.checkpoint_ids()
+            for i in ids:
+                c = r.checkpoint(i)
+                logical += sum(b.size for b in c.buffers)
+                chains.append(c.chain_length)
+            unique_raw = stored = live = garbage = 0
+            n_chunks = 0
+            for _, e in r.chunks():
+                n_chunks += 1
+                stored += fmt.RECORD_HEADER.size + e.stored_len
+                if e.refs:
+                    unique_raw += e.raw_len
+                    live += fmt.RECORD_HEADER.size + e.stored_len
+                else:
+                    garbage += fmt.RECORD_HEADER.size + e.stored_len
+            streams = r.streams()
+        segments = self.backend.list()
+        seg_bytes = sum(self.backend.size(n) for n in segments)
+        return {
+            "checkpoints": len(ids), "streams": len(streams), "chunks": n_chunks,
+            "segments": len(segments), "segment_bytes": seg_bytes,
+            "index_bytes": self._index.disk_bytes(),
+            "logical_bytes": logical, "unique_chunk_bytes": unique_raw,
+            "live_chunk_bytes": live, "garbage_chunk_bytes": garbage,
+            "dedup_ratio": (logical / live) if live else (math.inf if logical else 1.0),
+            "max_chain_length": max(chains, default=0),
+            "mean_chain_length": (sum(chains) / len(chains)) if chains else 0.0,
+        }
+
+
+def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool = False,
+         timeout: float = 0.0, **options) -> Store:
+    """Opens (and by default creates) a store. See Store for the options."""
+    return Store(path, durability=durability, create=create, readonly=readonly, timeout=timeout,
+                 **options)

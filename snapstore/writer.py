@@ -1,0 +1,177 @@
+"""The checkpoint write path: decide full or delta per buffer, cut it into chunks, store the
+chunks the store does not have yet, and describe the result as a Commit.
+
+Bytes are first gathered (C gather) from the caller's buffer into a bounded staging area and
+everything else (BLAKE3 ids, page fingerprints, compression, log append) works on that copy,
+so what is stored, what is hashed and what the fingerprints describe are always the same bytes
+even if the caller mutates its buffer meanwhile. Memory used: the staging area plus the
+fingerprints of the buffer being written (16 bytes per page).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import blake3
+import zstandard
+
+from . import _native as native
+from . import extents as ext
+from . import format as fmt
+from .index import IndexView
+from .records import BufferEntry
+from .segments import SegmentLog
+
+STAGING_BYTES = 8 << 20   # gather this much at a time (bounds memory, amortises calls)
+
+
+@dataclass
+class WriteOptions:
+    page_size: int = fmt.DEFAULT_PAGE_SIZE
+    chunk_size: int = fmt.DEFAULT_CHUNK_SIZE
+    chunking: str = "pages"
+    cdc_sizes: tuple = fmt.DEFAULT_CDC_SIZES
+    max_chain: int = fmt.DEFAULT_MAX_CHAIN
+    full_threshold: float = fmt.DEFAULT_FULL_THRESHOLD
+    compression: str = "zstd"
+    compression_level: int = fmt.DEFAULT_COMPRESSION_LEVEL
+
+
+@dataclass
+class BufferPlan:
+    """What to store of one buffer: byte ranges (each one chunk) and how they relate to the
+    parent checkpoint."""
+    name: str
+    view: memoryview
+    base: str                  # "full" | "delta"
+    depth: int
+    layout: str
+    page_size: int
+    ranges: list               # (offset, length) per chunk, ascending
+    fingerprints: bytearray | None   # updated from the staged bytes as they are stored
+    reason: str                # why full, for diagnostics
+
+
+def split_ranges(ranges, piece: int) -> list:
+    """Splits (offset, length) ranges into pieces of at most `piece` bytes."""
+    out = []
+    for off, length in ranges:
+        end = off + length
+        while off < end:
+            n = min(piece, end - off)
+            out.append((off, n))
+            off += n
+    return out
+
+
+def plan_buffer(name: str, view: memoryview, parent: BufferEntry | None,
+                prev_fingerprints: bytes | None, opts: WriteOptions, layout: str) -> BufferPlan:
+    """Chooses full or delta for one buffer and the byte ranges to store."""
+    size = len(view)
+    if layout == "cdc":
+        cuts = native.chunk_boundaries(view, *opts.cdc_sizes)
+        ranges = [(a, b - a) for a, b in zip([0] + cuts[:-1], cuts)]
+        return BufferPlan(name, view, "full", 0, "cdc", opts.page_size, ranges, None,
+                          "content-defined chunking stores every checkpoint full (deduplicated)")
+    reason = ""
+    if parent is None:
+        reason = "no earlier checkpoint of this buffer in the stream"
+    elif parent.layout != "pages" or parent.page_size != opts.page_size:
+        reason = "the earlier checkpoint used another layout or page size"
+    elif parent.size != size:
+        reason = f"size changed from {parent.size} to {size} bytes"
+    elif parent.depth + 1 >= opts.max_chain:
+        reason = f"chain reached max_chain={opts.max_chain}"
+    elif prev_fingerprints is None:
+        reason = "no page fingerprints of the earlier checkpoint (store was recovered)"
+    if not reason:
+        fps = bytearray(prev_fingerprints)
+        runs = native.fingerprint_diff(view, fps, opts.page_size)
+        dirty = native.runs_to_ranges(runs, size, opts.page_size)
+        dirty_bytes = sum(n for _, n in dirty)
+        if size and dirty_bytes > opts.full_threshold * size:
+            reason = f"{dirty_bytes / size:.0%} of the bytes changed"
+        else:
+            return BufferPlan(name, view, "delta", parent.depth + 1, "pages", opts.page_size,
+                              split_ranges(dirty, opts.chunk_size), fps, "")
+    fps = bytearray(native.page_count(size, opts.page_size) * native.FP_BYTES)
+    ranges = split_ranges([(0, size)] if size else [], opts.chunk_size)
+    return BufferPlan(name, view, "full", 0, "pages", opts.page_size, ranges, fps, reason)
+
+
+class ChunkSink:
+    """Stores chunks for one checkpoint: dedups against the index and this checkpoint's own new
+    chunks, compresses, appends chunk records. Collects the NEW_CHUNK table."""
+
+    _local = threading.local()
+
+    def __init__(self, log: SegmentLog, view: IndexView, opts: WriteOptions) -> None:
+        self.log, self.view, self.opts = log, view, opts
+        self.new: dict[bytes, tuple] = {}
+        self.bytes_new = 0
+
+    def _compressor(self):
+        c = getattr(self._local, "zstd", None)
+        if c is None or self._local.level != self.opts.compression_level:
+            c = zstandard.ZstdCompressor(level=self.opts.compression_level,
+                                         write_content_size=True)
+            self._local.zstd, self._local.level = c, self.opts.compression_level
+        return c
+
+    def put(self, data: memoryview) -> bytes:
+        """Ensures the chunk is stored; returns its id."""
+        cid = blake3.blake3(data).digest()
+        if cid in self.new or self.view.has_chunk(cid):
+            return cid
+        codec, stored = fmt.CODEC_RAW, data
+        if self.opts.compression == "zstd" and len(data) >= 64:
+            packed = self._compressor().compress(data)
+            if len(packed) < len(data) - len(data) // 32:   # keep only a real saving
+                codec, stored = fmt.CODEC_ZSTD, packed
+        prefix = fmt.CHUNK_PREFIX.pack(cid, len(data))
+        seg, off = self.log.append(fmt.REC_CHUNK, codec, [prefix, stored])
+        stored_len = len(prefix) + len(stored)
+        self.new[cid] = (seg, off, stored_len, len(data), codec)
+        self.bytes_new += fmt.RECORD_HEADER.size + stored_len
+        return cid
+
+    def new_chunk_table(self) -> bytes:
+        return b"".join(fmt.NEW_CHUNK.pack(cid, *loc) for cid, loc in self.new.items())
+
+
+def _batches(ranges: list, limit: int) -> Iterator[list]:
+    batch, total = [], 0
+    for r in ranges:
+        if batch and total + r[1] > limit:
+            yield batch
+            batch, total = [], 0
+        batch.append(r)
+        total += r[1]
+    if batch:
+        yield batch
+
+
+def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
+                 progress: Callable[[int], None] | None = None) -> BufferEntry:
+    """Gathers, hashes and stores the planned ranges; returns the buffer's manifest entry."""
+    extents = []
+    page = plan.page_size
+    fps = plan.fingerprints
+    for batch in _batches(plan.ranges, len(staging)):
+        filled = native.gather(plan.view, batch, staging)
+        pos = 0
+        for off, length in batch:
+            piece = filled[pos:pos + length]
+            extents.append((off, 0, length, sink.put(piece)))
+            if fps is not None:     # ranges of the pages layout start on page boundaries
+                first = off // page
+                digests = native.page_fingerprints(piece, page)
+                fps[first * native.FP_BYTES:first * native.FP_BYTES + len(digests)] = digests
+            pos += length
+        sink.log.flush()            # staged bytes are referenced by queued records until now
+        if progress is not None:
+            progress(pos)
+    blob = ext.pack(extents)
+    return BufferEntry(plan.name, len(plan.view), plan.base, plan.depth, plan.layout,
+                       plan.page_size, blob)
