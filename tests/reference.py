@@ -1,0 +1,139 @@
+"""Slow, plain pure-Python reference implementations of snapstore's C core, for the tests.
+
+They follow the written spec (csrc/snapstore.h, csrc/fastcdc.c), not the C code: fingerprints
+via the xxhash package's xxh3_128, page diffs, gather, and FastCDC byte by byte. The gear table
+is generated here the same way as the literal table in csrc/fastcdc.c (splitmix64, same seed).
+"""
+from __future__ import annotations
+
+from typing import Iterator, List, Tuple
+
+import xxhash
+
+M64 = (1 << 64) - 1
+FP_BYTES = 16
+GEAR_SEED = 0x534E415053544F52  # "SNAPSTOR"
+
+
+def splitmix64(seed: int) -> Iterator[int]:
+    """The splitmix64 generator (Steele, Lea, Flood 2014)."""
+    s = seed & M64
+    while True:
+        s = (s + 0x9E3779B97F4A7C15) & M64
+        z = s
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+        yield z ^ (z >> 31)
+
+
+def make_gear_table(seed: int = GEAR_SEED) -> List[int]:
+    """The 256-entry gear table: the first 256 splitmix64 outputs of seed."""
+    g = splitmix64(seed)
+    return [next(g) for _ in range(256)]
+
+
+GEAR = make_gear_table()
+
+
+# ---- pages and fingerprints ------------------------------------------------------------
+def page_count(nbytes: int, page_size: int) -> int:
+    return -(-nbytes // page_size)
+
+
+def fingerprint(page: bytes) -> bytes:
+    """XXH3-128 (seed 0) as 16 bytes: low64 then high64, each little-endian."""
+    d = xxhash.xxh3_128_intdigest(bytes(page))
+    return (d & M64).to_bytes(8, "little") + (d >> 64).to_bytes(8, "little")
+
+
+def page_fingerprints(buf: bytes, page_size: int) -> bytes:
+    buf = bytes(buf)
+    return b"".join(fingerprint(buf[i:i + page_size]) for i in range(0, len(buf), page_size))
+
+
+def coalesce(pages: List[int]) -> List[Tuple[int, int]]:
+    """Ascending page numbers -> runs (first_page, n_pages), adjacent pages merged."""
+    runs: List[Tuple[int, int]] = []
+    for p in pages:
+        if runs and runs[-1][0] + runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((p, 1))
+    return runs
+
+
+def changed_pages(old: bytes, new: bytes, page_size: int) -> List[int]:
+    return [p for p in range(page_count(len(new), page_size))
+            if old[p * page_size:(p + 1) * page_size] != new[p * page_size:(p + 1) * page_size]]
+
+
+def fingerprint_diff(buf: bytes, fps: bytes, page_size: int) -> Tuple[List[Tuple[int, int]], bytes]:
+    """(runs of pages whose fingerprint differs from fps, the new fingerprints)."""
+    new = page_fingerprints(buf, page_size)
+    dirty = [p for p in range(len(new) // FP_BYTES)
+             if new[p * FP_BYTES:(p + 1) * FP_BYTES] != fps[p * FP_BYTES:(p + 1) * FP_BYTES]]
+    return coalesce(dirty), new
+
+
+def shadow_diff(buf: bytes, shadow: bytes, page_size: int) -> Tuple[List[Tuple[int, int]], bytes]:
+    """(runs of pages that differ from shadow, the updated shadow == buf)."""
+    return coalesce(changed_pages(bytes(shadow), bytes(buf), page_size)), bytes(buf)
+
+
+def runs_to_ranges(runs, nbytes: int, page_size: int) -> List[Tuple[int, int]]:
+    return [(f * page_size, min((f + n) * page_size, nbytes) - f * page_size) for f, n in runs]
+
+
+def gather(buf: bytes, ranges) -> bytes:
+    buf = bytes(buf)
+    return b"".join(buf[o:o + n] for o, n in ranges)
+
+
+# ---- FastCDC ---------------------------------------------------------------------------
+def cdc_masks(avg_size: int) -> Tuple[int, int]:
+    """(mask_small, mask_large): bits+2 and bits-2 one-bits at the top of 64, bits = log2(avg)."""
+    bits = avg_size.bit_length() - 1
+    high = lambda n: (M64 << (64 - n)) & M64  # noqa: E731
+    return high(bits + 2), high(bits - 2)
+
+
+class RefChunker:
+    """Byte-at-a-time FastCDC following the rule in csrc/fastcdc.c's header comment."""
+
+    def __init__(self, min_size: int = 16384, avg_size: int = 65536, max_size: int = 262144):
+        assert 64 <= min_size <= avg_size <= max_size <= 64 << 20
+        assert avg_size & (avg_size - 1) == 0
+        self.min_size, self.avg_size, self.max_size = min_size, avg_size, max_size
+        self.mask_small, self.mask_large = cdc_masks(avg_size)
+        self.h = 0
+        self.chunk_len = 0
+        self.offset = 0
+
+    def feed(self, data: bytes) -> List[int]:
+        cuts = []
+        gear, mn, avg, mx = GEAR, self.min_size, self.avg_size, self.max_size
+        ms, ml = self.mask_small, self.mask_large
+        h, L, off = self.h, self.chunk_len, self.offset
+        for b in bytes(data):
+            cut = False
+            if L >= mn:
+                h = ((h << 1) + gear[b]) & M64
+                cut = (h & (ms if L < avg else ml)) == 0
+            L += 1
+            off += 1
+            if cut or L == mx:
+                cuts.append(off)
+                h, L = 0, 0
+        self.h, self.chunk_len, self.offset = h, L, off
+        return cuts
+
+    def finish(self) -> List[int]:
+        out = [self.offset] if self.chunk_len else []
+        self.h = self.chunk_len = self.offset = 0
+        return out
+
+
+def chunk_boundaries(buf: bytes, min_size: int = 16384, avg_size: int = 65536,
+                     max_size: int = 262144) -> List[int]:
+    c = RefChunker(min_size, avg_size, max_size)
+    return c.feed(buf) + c.finish()
