@@ -6,6 +6,9 @@ PYTEST ?= $(PYTHON) -m pytest
 ASAN_LIB := $(shell gcc -print-file-name=libasan.so 2>/dev/null)
 UBSAN_LIB := $(shell gcc -print-file-name=libubsan.so 2>/dev/null)
 NATIVE_TESTS := tests/unit/test_native.py tests/property/test_native_property.py tests/golden
+ASAN_DIR := build/asan
+ASAN_ENV := LD_PRELOAD="$(ASAN_LIB) $(UBSAN_LIB)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 .PHONY: deps build demo test test-fast asan bench clean
 
@@ -26,11 +29,18 @@ test-fast:  ## tests without re-installing (developer loop)
 	$(PYTEST) -q -x tests
 
 asan: deps  ## C core built with AddressSanitizer + UBSan, running the C-core tests
-	SNAPSTORE_SANITIZE=1 $(PYTHON) setup.py -q build_ext --inplace --force --build-temp build/asan
-	LD_PRELOAD="$(ASAN_LIB) $(UBSAN_LIB)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
-	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  $(PYTEST) -q -p no:cacheprovider $(NATIVE_TESTS)
-	$(PYTHON) setup.py -q build_ext --inplace --force
+	@# Built out of tree and run from a private copy of the package, so the in-tree
+	@# snapstore/_ffi*.so (used by everyone else's test runs meanwhile) is never replaced
+	@# by a sanitized build that only loads under LD_PRELOAD.
+	rm -rf $(ASAN_DIR)/pkg
+	SNAPSTORE_SANITIZE=1 $(PYTHON) setup.py -q build_ext --force \
+	  --build-lib $(ASAN_DIR)/lib --build-temp $(ASAN_DIR)/tmp
+	mkdir -p $(ASAN_DIR)/pkg/snapstore
+	cp snapstore/*.py snapstore/py.typed $(ASAN_DIR)/lib/snapstore/_ffi*.so $(ASAN_DIR)/pkg/snapstore/
+	cd $(ASAN_DIR)/pkg && $(ASAN_ENV) $(PYTHON) -c \
+	  "import snapstore._ffi as m; assert '/$(ASAN_DIR)/pkg/' in m.__file__, m.__file__"
+	cd $(ASAN_DIR)/pkg && $(ASAN_ENV) $(PYTEST) -q -p no:cacheprovider \
+	  --rootdir=$(CURDIR) -c $(CURDIR)/pyproject.toml $(addprefix $(CURDIR)/,$(NATIVE_TESTS))
 
 bench: build  ## benchmarks (not part of `make test`)
 	$(PYTHON) benchmarks/bench_kernels.py
