@@ -286,28 +286,27 @@ def read_chunk_record(backend: SegmentBackend, number: int, offset: int, stored_
                       chunk_id: bytes) -> tuple[int, int, bytes]:
     """Reads and checks the chunk record at (number, offset). Returns (codec, raw length,
     stored data). Raises CorruptionError naming the segment and offset on any mismatch."""
-    name = segment_name(number)
     total = fmt.RECORD_HEADER.size + stored_len
+
+    def damaged(what: str) -> CorruptionError:
+        return CorruptionError(what, segment=segment_name(number), offset=offset)
+
     try:
         data = backend.read(number, offset, total)
     except OSError as exc:
-        raise CorruptionError(f"cannot read chunk record: {exc.strerror or exc}",
-                              segment=name, offset=offset) from exc
-    parsed = parse_header(data, name, offset)
+        raise damaged(f"cannot read chunk record: {exc.strerror or exc}") from exc
+    parsed = parse_header(data, "", offset)
     if parsed is None or len(data) != total:
-        raise CorruptionError("chunk record header is damaged or truncated",
-                              segment=name, offset=offset)
+        raise damaged("chunk record header is damaged or truncated")
     rtype, codec, length, checksum = parsed
     payload = memoryview(data)[fmt.RECORD_HEADER.size:]
     if rtype != fmt.REC_CHUNK or length != stored_len:
-        raise CorruptionError("index points at a record that is not this chunk",
-                              segment=name, offset=offset)
+        raise damaged("index points at a record that is not this chunk")
     if record_checksum(data[:fmt.RECORD_CHECKSUMMED_PREFIX], [payload]) != checksum:
-        raise CorruptionError("chunk record checksum mismatch", segment=name, offset=offset)
+        raise damaged("chunk record checksum mismatch")
     got_id, raw_len = fmt.CHUNK_PREFIX.unpack_from(payload)
     if got_id != chunk_id:
-        raise CorruptionError("chunk record holds a different chunk id", segment=name,
-                              offset=offset)
+        raise damaged("chunk record holds a different chunk id")
     return codec, raw_len, payload[fmt.CHUNK_PREFIX.size:]
 
 

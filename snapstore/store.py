@@ -28,6 +28,7 @@ from . import _native as native
 from . import format as fmt
 from . import records
 from . import writer as wr
+from ._memory import OutputBytes
 from ._testing import crashpoint
 from .errors import (CheckpointNotFound, CorruptionError, FormatError, InvalidArgumentError,
                      ReadOnlyError, SnapstoreError, StoreClosedError, StoreIOError, StoreLocked)
@@ -455,10 +456,9 @@ class Store:
             commit = self._get_commit(r, checkpoint_id)
             out = {}
             for b in commit.buffers:
-                target = bytearray(b.size)
-                restore_range(r, self.backend, commit, b.name, memoryview(target))
-                out[b.name] = bytes(target)
-                del target
+                target = OutputBytes(b.size)
+                restore_range(r, self.backend, commit, b.name, target.view)
+                out[b.name] = target.finish()
             return out
 
     def restore_into(self, checkpoint_id: int, buffers: Mapping[str, Any]) -> None:
@@ -495,9 +495,9 @@ class Store:
             if offset + length > entry.size:
                 raise InvalidArgumentError(f"range {offset}:{offset + length} exceeds buffer "
                                            f"{name!r} of {entry.size} bytes")
-            out = bytearray(length)
-            restore_range(r, self.backend, commit, name, memoryview(out), offset)
-            return bytes(out)
+            out = OutputBytes(length)
+            restore_range(r, self.backend, commit, name, out.view, offset)
+            return out.finish()
 
     def stats(self) -> dict:
         """Sizes, counts, deduplication ratio and chain lengths of the store."""

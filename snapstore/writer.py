@@ -48,7 +48,7 @@ class BufferPlan:
     depth: int
     layout: str
     page_size: int
-    ranges: list               # (offset, length) per chunk, ascending
+    chunks: list               # per chunk: its pieces [(offset, length), ...], ascending
     fingerprints: bytearray | None   # updated from the staged bytes as they are stored
     reason: str                # why full, for diagnostics
 
@@ -65,14 +65,32 @@ def split_ranges(ranges, piece: int) -> list:
     return out
 
 
+def pack_ranges(ranges, chunk_size: int) -> list:
+    """Groups ascending ranges into chunks of at most chunk_size bytes, in order.
+
+    Scattered dirty pages of a delta become a few packed chunks instead of one tiny chunk per
+    run: fewer records, index entries and reads (an extent addresses its bytes by offset inside
+    the chunk)."""
+    chunks, current, filled = [], [], 0
+    for off, length in split_ranges(ranges, chunk_size):
+        if current and filled + length > chunk_size:
+            chunks.append(current)
+            current, filled = [], 0
+        current.append((off, length))
+        filled += length
+    if current:
+        chunks.append(current)
+    return chunks
+
+
 def plan_buffer(name: str, view: memoryview, parent: BufferEntry | None,
                 prev_fingerprints: bytes | None, opts: WriteOptions, layout: str) -> BufferPlan:
     """Chooses full or delta for one buffer and the byte ranges to store."""
     size = len(view)
     if layout == "cdc":
         cuts = native.chunk_boundaries(view, *opts.cdc_sizes)
-        ranges = [(a, b - a) for a, b in zip([0] + cuts[:-1], cuts)]
-        return BufferPlan(name, view, "full", 0, "cdc", opts.page_size, ranges, None,
+        chunks = [[(a, b - a)] for a, b in zip([0] + cuts[:-1], cuts)]
+        return BufferPlan(name, view, "full", 0, "cdc", opts.page_size, chunks, None,
                           "content-defined chunking stores every checkpoint full (deduplicated)")
     reason = ""
     if parent is None:
@@ -94,10 +112,10 @@ def plan_buffer(name: str, view: memoryview, parent: BufferEntry | None,
             reason = f"{dirty_bytes / size:.0%} of the bytes changed"
         else:
             return BufferPlan(name, view, "delta", parent.depth + 1, "pages", opts.page_size,
-                              split_ranges(dirty, opts.chunk_size), fps, "")
+                              pack_ranges(dirty, opts.chunk_size), fps, "")
     fps = bytearray(native.page_count(size, opts.page_size) * native.FP_BYTES)
-    ranges = split_ranges([(0, size)] if size else [], opts.chunk_size)
-    return BufferPlan(name, view, "full", 0, "pages", opts.page_size, ranges, fps, reason)
+    chunks = [[r] for r in split_ranges([(0, size)] if size else [], opts.chunk_size)]
+    return BufferPlan(name, view, "full", 0, "pages", opts.page_size, chunks, fps, reason)
 
 
 class ChunkSink:
@@ -140,38 +158,43 @@ class ChunkSink:
         return b"".join(fmt.NEW_CHUNK.pack(cid, *loc) for cid, loc in self.new.items())
 
 
-def _batches(ranges: list, limit: int) -> Iterator[list]:
+def _batches(chunks: list, limit: int) -> Iterator[list]:
+    """Groups chunks so that each group's bytes fit the staging area."""
     batch, total = [], 0
-    for r in ranges:
-        if batch and total + r[1] > limit:
+    for pieces in chunks:
+        size = sum(n for _, n in pieces)
+        if batch and total + size > limit:
             yield batch
             batch, total = [], 0
-        batch.append(r)
-        total += r[1]
+        batch.append(pieces)
+        total += size
     if batch:
         yield batch
 
 
 def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
                  progress: Callable[[int], None] | None = None) -> BufferEntry:
-    """Gathers, hashes and stores the planned ranges; returns the buffer's manifest entry."""
+    """Gathers, hashes and stores the planned chunks; returns the buffer's manifest entry."""
     extents = []
     page = plan.page_size
     fps = plan.fingerprints
-    for batch in _batches(plan.ranges, len(staging)):
-        filled = native.gather(plan.view, batch, staging)
+    for batch in _batches(plan.chunks, len(staging)):
+        filled = native.gather(plan.view, [r for pieces in batch for r in pieces], staging)
         pos = 0
-        for off, length in batch:
-            piece = filled[pos:pos + length]
-            extents.append((off, 0, length, sink.put(piece)))
-            if fps is not None:     # ranges of the pages layout start on page boundaries
-                first = off // page
-                digests = native.page_fingerprints(piece, page)
-                fps[first * native.FP_BYTES:first * native.FP_BYTES + len(digests)] = digests
-            pos += length
+        for pieces in batch:
+            size = sum(n for _, n in pieces)
+            cid = sink.put(filled[pos:pos + size])
+            coff = 0
+            for off, length in pieces:
+                extents.append((off, coff, length, cid))
+                if fps is not None:     # pieces of the pages layout start on page boundaries
+                    first = off // page * native.FP_BYTES
+                    digests = native.page_fingerprints(filled[pos + coff:pos + coff + length], page)
+                    fps[first:first + len(digests)] = digests
+                coff += length
+            pos += size
         sink.log.flush()            # staged bytes are referenced by queued records until now
         if progress is not None:
             progress(pos)
-    blob = ext.pack(extents)
     return BufferEntry(plan.name, len(plan.view), plan.base, plan.depth, plan.layout,
-                       plan.page_size, blob)
+                       plan.page_size, ext.pack(extents))
