@@ -1,0 +1,917 @@
+"""The checkpoint-overhead benchmark behind ``snapstore bench``, usable as a library.
+
+    from snapstore import bench
+    result = bench.run([bench.Workload(size=64 << 20, dirty=0.01)])
+    print(bench.format_table(result))
+
+What one workload does, for every method (snapstore and each baseline) in turn, in this
+process and on the same bytes (the state is regenerated from the same seed for each method):
+
+1. build the state: ``buffers`` bytearrays totalling ``size`` bytes (random, or compressible);
+2. checkpoint it once (the first, full checkpoint: reported separately);
+3. ``checkpoints`` times: mutate ``dirty`` of the state with ``pattern`` (untimed), then
+   checkpoint it (timed: the wall time the caller is blocked);
+4. restore the latest and the oldest checkpoint into fresh memory (timed; with
+   ``cache="cold"`` the method's files are first synced and dropped from the page cache with
+   posix_fadvise(DONTNEED), so restores read the disk), and check them byte for byte.
+
+Methods: "snapstore" (the store; ``durability``, ``chunking``, ``compression`` apply);
+"raw" (every buffer written to one new file per checkpoint, + fsync of file and directory when
+durability is "fsync"); "pickle" (pickle.dump of the whole {name: bytearray} state, protocol 5,
+to one file per checkpoint, + fsync); "numpy" (numpy.save of every buffer into one file per
+checkpoint, + fsync; when numpy is importable); "restic" / "borg" (the state written to a file,
+then ``restic backup`` / ``borg create`` of it; when the tool is on PATH). Baselines keep every
+checkpoint (one file each), as a snapshot store must to restore old states.
+
+Figures per method (keys of the result dicts, see ``METRIC_KEYS``): caller-blocked seconds per
+checkpoint (median, p95 by nearest rank: with fewer than 20 checkpoints p95 is the maximum),
+bytes written per checkpoint (write-syscall bytes of this process from /proc/self/io, which
+includes the index; file growth for external tools), disk growth per checkpoint (allocated
+blocks), restore seconds (latest, oldest), and peak memory: growth of the process's peak RSS
+(VmHWM, reset through /proc/self/clear_refs) over its RSS before the call - C allocations
+included, unlike tracemalloc. Baseline dicts carry ``vs_snapstore``: their figure divided by
+snapstore's (so 30.0 means the baseline costs 30x what snapstore does).
+"""
+from __future__ import annotations
+
+import bisect
+import gc
+import json
+import math
+import os
+import pickle
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+import blake3
+
+from .progress import human_bytes, human_seconds
+
+PAGE = 4096
+DIRTY_WRITE = 64                  # bytes overwritten in each dirty page
+CLUSTER_PAGES = 64                # pages per run of the "clustered" pattern (256 KiB)
+PATTERNS = ("scattered", "clustered", "shifted", "appended")
+CONTENTS = ("random", "compressible")
+CACHE_MODES = ("cold", "warm")
+BASELINES = ("raw", "pickle", "numpy", "restic", "borg")
+METHODS = ("snapstore",) + BASELINES
+DEFAULT_SIZE = 256 << 20
+
+# Keys of every method's result dict (None where not measured); "vs_snapstore" maps the
+# ratio keys below to baseline / snapstore.
+METRIC_KEYS = (
+    "method", "available", "skipped", "first_checkpoint_seconds", "checkpoint_seconds",
+    "bytes_written_per_checkpoint", "store_bytes", "growth_per_checkpoint_bytes",
+    "restore_latest_seconds", "restore_oldest_seconds", "peak_memory_bytes",
+    "restore_peak_memory_bytes", "verified", "notes",
+)
+RATIO_KEYS = {
+    "checkpoint_median": lambda r: r["checkpoint_seconds"]["median"],
+    "checkpoint_p95": lambda r: r["checkpoint_seconds"]["p95"],
+    "bytes_written": lambda r: r["bytes_written_per_checkpoint"]["median"],
+    "growth": lambda r: r["growth_per_checkpoint_bytes"],
+    "restore_latest": lambda r: r["restore_latest_seconds"],
+    "restore_oldest": lambda r: r["restore_oldest_seconds"],
+    "peak_memory": lambda r: r["peak_memory_bytes"],
+}
+
+
+class BenchError(Exception):
+    """A benchmark cannot run as asked (bad workload, missing plotting library...)."""
+
+
+@dataclass
+class Workload:
+    size: int = DEFAULT_SIZE          # bytes of state at the first checkpoint
+    buffers: int = 4                  # the state is split into this many named buffers
+    dirty: float = 0.01               # fraction of the state changed before each checkpoint
+    pattern: str = "scattered"        # scattered | clustered | shifted | appended
+    checkpoints: int = 5              # incremental checkpoints after the first, full one
+    durability: str = "fsync"         # fsync | none (applies to the baselines too)
+    chunking: str = "pages"           # snapstore: pages | cdc
+    compression: str = "zstd"         # snapstore: zstd | none
+    content: str = "random"           # random | compressible (about 2:1 for zstd)
+    cache: str = "cold"               # restores from a cold or warm page cache
+    seed: int = 0
+
+    def validate(self) -> "Workload":
+        if not isinstance(self.size, int) or self.size < PAGE:
+            raise BenchError(f"state size must be at least {PAGE} bytes, got {self.size!r}")
+        if not isinstance(self.buffers, int) or not 1 <= self.buffers <= self.size // PAGE:
+            raise BenchError(f"buffers must be from 1 to size/{PAGE}, got {self.buffers!r}")
+        if not 0 <= self.dirty <= 1:
+            raise BenchError(f"dirty fraction must be from 0 to 1, got {self.dirty!r}")
+        if not isinstance(self.checkpoints, int) or self.checkpoints < 1:
+            raise BenchError(f"checkpoints must be an int >= 1, got {self.checkpoints!r}")
+        for value, choices, what in ((self.pattern, PATTERNS, "pattern"),
+                                     (self.content, CONTENTS, "content"),
+                                     (self.cache, CACHE_MODES, "cache"),
+                                     (self.durability, ("fsync", "none"), "durability"),
+                                     (self.chunking, ("pages", "cdc"), "chunking"),
+                                     (self.compression, ("zstd", "none"), "compression")):
+            if value not in choices:
+                raise BenchError(f"{what} must be one of {', '.join(choices)}; got {value!r}")
+        return self
+
+    def describe(self) -> str:
+        what = {"scattered": "scattered pages", "clustered": f"{CLUSTER_PAGES}-page runs",
+                "shifted": "bytes inserted (content shifted)",
+                "appended": "bytes appended"}[self.pattern]
+        return (f"{human_bytes(self.size)} in {self.buffers} buffer(s), {self.dirty:.4g} of "
+                f"state dirty per checkpoint as {what}, 1 full + {self.checkpoints} "
+                f"checkpoints, durability={self.durability}, chunking={self.chunking}, "
+                f"compression={self.compression}, {self.content} content, "
+                f"{self.cache} cache restores")
+
+
+# ---- the state and its mutations ---------------------------------------------------------
+_COMPRESSIBLE = bytes(i & 0x0F for i in range(256))   # 4 bits of entropy per byte
+
+
+def _bytes(seed: bytes, n: int, content: str) -> bytes:
+    data = blake3.blake3(seed).digest(length=n) if n else b""
+    return data.translate(_COMPRESSIBLE) if content == "compressible" else data
+
+
+def make_state(w: Workload) -> dict:
+    """{name: bytearray}: `w.size` bytes split page-aligned over `w.buffers` buffers."""
+    pages = w.size // PAGE
+    state = {}
+    for i in range(w.buffers):
+        n = (pages // w.buffers + (1 if i < pages % w.buffers else 0)) * PAGE
+        if i == w.buffers - 1:
+            n += w.size - pages * PAGE      # the remainder that is not a whole page
+        state[f"buf{i:03d}"] = bytearray(_bytes(b"snapstore-bench/%d/%d" % (w.seed, i), n,
+                                                w.content))
+    return state
+
+
+def mutate(state: dict, w: Workload, step: int) -> int:
+    """Changes the state for checkpoint `step` (deterministic per seed and step). Returns the
+    number of bytes written into the state."""
+    rng = random.Random(f"{w.seed}/{step}")
+    names = list(state)
+    dirty_bytes = 0
+
+    def scribble(n: int) -> bytes:
+        return _bytes(rng.randbytes(16), n, w.content)
+
+    if w.pattern in ("scattered", "clustered"):
+        sizes = [len(state[n]) // PAGE for n in names]
+        total = sum(sizes)
+        k = min(total, round(w.dirty * total))
+        if w.pattern == "scattered":
+            chosen = rng.sample(range(total), k) if k else []
+        else:                                   # runs of CLUSTER_PAGES consecutive pages
+            runs = math.ceil(k / CLUSTER_PAGES) if k else 0
+            starts = rng.sample(range(max(1, total - CLUSTER_PAGES + 1)), min(runs, total))
+            chosen = sorted({p for s in starts for p in range(s, min(total, s + CLUSTER_PAGES))})
+            chosen = chosen[:k] if len(chosen) > k else chosen
+        bounds, acc = [], 0
+        for s in sizes:
+            bounds.append(acc)
+            acc += s
+        for page in chosen:
+            b = bisect.bisect_right(bounds, page) - 1
+            buf = state[names[b]]
+            at = (page - bounds[b]) * PAGE + rng.randrange(PAGE - DIRTY_WRITE + 1)
+            buf[at:at + DIRTY_WRITE] = scribble(DIRTY_WRITE)
+            dirty_bytes += DIRTY_WRITE
+    elif w.pattern == "shifted":               # insert bytes, drop as many at the end
+        for n in names:
+            buf = state[n]
+            m = min(len(buf), round(w.dirty * len(buf)))
+            if m:
+                at = rng.randrange(len(buf) - m + 1)
+                buf[at:at] = scribble(m)
+                del buf[-m:]
+                dirty_bytes += m
+    else:                                       # appended: buffers grow
+        per = round(w.dirty * w.size / len(names))
+        for n in names:
+            if per:
+                state[n] += scribble(per)
+                dirty_bytes += per
+    return dirty_bytes
+
+
+def digest(state: dict) -> dict:
+    """{name: BLAKE3 hex digest} of a state (any buffer-protocol values)."""
+    return {n: blake3.blake3(memoryview(v).cast("B"), max_threads=blake3.blake3.AUTO).hexdigest()
+            for n, v in state.items()}
+
+
+# ---- measurement helpers -------------------------------------------------------------------
+def _proc_status(key: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _write_syscall_bytes() -> Optional[int]:
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+class PeakMemory:
+    """Peak RSS growth of this process during a `with` block, via VmHWM after resetting it
+    through /proc/self/clear_refs ("5"). .extra is None where that is unavailable."""
+
+    def __init__(self) -> None:
+        self.extra: Optional[int] = None
+        self._base: Optional[int] = None
+
+    @staticmethod
+    def supported() -> bool:
+        return os.path.exists("/proc/self/clear_refs") and _proc_status("VmHWM") is not None
+
+    def __enter__(self) -> "PeakMemory":
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self._base = _proc_status("VmRSS")
+        except OSError:
+            self._base = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        hwm = _proc_status("VmHWM")
+        if self._base is not None and hwm is not None:
+            self.extra = max(0, hwm - self._base)
+
+
+class Timed:
+    """Wall time, write-syscall bytes and peak memory of a `with` block (GC off inside)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.written: Optional[int] = None
+        self.peak: Optional[int] = None
+
+    def __enter__(self) -> "Timed":
+        gc.collect()
+        self._gc = gc.isenabled()
+        gc.disable()
+        self._mem = PeakMemory().__enter__()
+        self._w0 = _write_syscall_bytes()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = time.perf_counter() - self._t0
+        w1 = _write_syscall_bytes()
+        self._mem.__exit__()
+        if self._gc:
+            gc.enable()
+        self.peak = self._mem.extra
+        if w1 is not None and self._w0 is not None:
+            self.written = w1 - self._w0
+
+
+def percentile(values, p: float) -> float:
+    """Nearest-rank percentile (no interpolation: p95 of 5 samples is the maximum)."""
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    return v[max(0, math.ceil(p / 100.0 * len(v)) - 1)]
+
+
+def summary(values) -> dict:
+    v = list(values)
+    s = sorted(v)
+    mid = len(s) // 2
+    median = s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+    return {"median": median, "p95": percentile(v, 95), "min": min(v), "max": max(v),
+            "mean": sum(v) / len(v), "samples": v}
+
+
+def disk_usage(path: str) -> int:
+    """Allocated bytes (st_blocks) of every file under path."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def drop_cache(path: str) -> None:
+    """Syncs every file under path and asks the kernel to drop its cached pages."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fs_type(path: str) -> str:
+    """The file system type of the mount holding path ('' when unknown)."""
+    best, kind = "", ""
+    real = os.path.realpath(path)
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3:
+                    mnt = parts[1].replace("\\040", " ")
+                    if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and \
+                            len(mnt) >= len(best):
+                        best, kind = mnt, parts[2]
+    except OSError:
+        pass
+    return kind
+
+
+def machine_info(workdir: str) -> dict:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = None
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        pass
+    from . import __version__
+    info = {"snapstore": __version__, "python": platform.python_version(),
+            "platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
+            "memory_bytes": mem, "bench_dir": workdir, "bench_fs": fs_type(workdir)}
+    try:
+        import numpy
+        info["numpy"] = numpy.__version__
+    except ImportError:
+        pass
+    return info
+
+
+# ---- methods ----------------------------------------------------------------------------------
+class Method:
+    """One way of checkpointing the state: setup(), checkpoint(state, step) (timed by the
+    caller), restore(step) -> {name: bytes-like} (timed), close()."""
+    name = ""
+    notes = ""
+
+    def __init__(self, w: Workload, directory: str) -> None:
+        self.w = w
+        self.dir = directory
+        self.sizes: list = []        # per step: {name: size}
+
+    @classmethod
+    def unavailable(cls) -> Optional[str]:
+        """Why this method cannot run here, or None."""
+        return None
+
+    def setup(self) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+
+    def checkpoint(self, state: dict, step: int) -> None:
+        raise NotImplementedError
+
+    def restore(self, step: int) -> dict:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def _sync(self, f) -> None:
+        if self.w.durability == "fsync":
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _path(self, step: int, ext: str) -> str:
+        return os.path.join(self.dir, f"ckpt{step:05d}.{ext}")
+
+    def _finish_file(self) -> None:
+        if self.w.durability == "fsync":
+            fsync_dir(self.dir)
+
+
+class SnapstoreMethod(Method):
+    name = "snapstore"
+
+    def setup(self) -> None:
+        from . import open as open_store
+        self.store = open_store(os.path.join(self.dir, "store"), durability=self.w.durability,
+                                chunking=self.w.chunking, compression=self.w.compression)
+        self.ids: list = []
+        self.infos: list = []
+
+    def checkpoint(self, state: dict, step: int) -> None:
+        info = self.store.checkpoint(state, stream="bench", meta={"step": step})
+        self.ids.append(info.id)
+        self.infos.append(info)
+
+    def restore(self, step: int) -> dict:
+        return self.store.restore(self.ids[step])
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class RawMethod(Method):
+    name = "raw"
+
+    def checkpoint(self, state: dict, step: int) -> None:
+        with open(self._path(step, "bin"), "wb", buffering=0) as f:
+            for buf in state.values():
+                f.write(buf)
+            self._sync(f)
+        self._finish_file()
+        self.sizes.append({n: len(b) for n, b in state.items()})
+
+    def restore(self, step: int) -> dict:
+        out = {}
+        with open(self._path(step, "bin"), "rb", buffering=0) as f:
+            for name, size in self.sizes[step].items():
+                out[name] = f.read(size)
+        return out
+
+
+class PickleMethod(Method):
+    name = "pickle"
+
+    def checkpoint(self, state: dict, step: int) -> None:
+        with open(self._path(step, "pkl"), "wb") as f:
+            pickle.dump(state, f, protocol=5)
+            self._sync(f)
+        self._finish_file()
+
+    def restore(self, step: int) -> dict:
+        with open(self._path(step, "pkl"), "rb") as f:
+            return pickle.load(f)
+
+
+class NumpyMethod(Method):
+    name = "numpy"
+
+    @classmethod
+    def unavailable(cls) -> Optional[str]:
+        try:
+            import numpy  # noqa: F401
+        except ImportError:
+            return "numpy is not installed"
+        return None
+
+    def checkpoint(self, state: dict, step: int) -> None:
+        import numpy as np
+        with open(self._path(step, "npy"), "wb") as f:
+            for buf in state.values():
+                np.save(f, np.frombuffer(buf, dtype=np.uint8), allow_pickle=False)
+            self._sync(f)
+        self._finish_file()
+        self.sizes.append(list(state))
+
+    def restore(self, step: int) -> dict:
+        import numpy as np
+        with open(self._path(step, "npy"), "rb") as f:
+            return {name: np.load(f, allow_pickle=False) for name in self.sizes[step]}
+
+
+class _ExternalTool(Method):
+    """A backup tool run as a child process on the state written to one file."""
+    tool = ""
+
+    @classmethod
+    def unavailable(cls) -> Optional[str]:
+        return None if shutil.which(cls.tool) else f"{cls.tool} not found on PATH"
+
+    def setup(self) -> None:
+        super().setup()
+        self.repo = os.path.join(self.dir, "repo")
+        self.work = os.path.join(self.dir, "work")
+        os.makedirs(self.work)
+        self.env = dict(os.environ)
+        self._init_repo()
+
+    def _run(self, *argv, cwd=None) -> str:
+        proc = subprocess.run(argv, cwd=cwd, env=self.env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            raise BenchError(f"{' '.join(argv[:3])} failed ({proc.returncode}): "
+                             f"{proc.stderr.strip()[-300:]}")
+        return proc.stdout
+
+    def checkpoint(self, state: dict, step: int) -> None:
+        path = os.path.join(self.work, "state.bin")
+        with open(path, "wb", buffering=0) as f:
+            for buf in state.values():
+                f.write(buf)
+        self._backup(step)
+        self.sizes.append({n: len(b) for n, b in state.items()})
+
+    def restore(self, step: int) -> dict:
+        target = tempfile.mkdtemp(dir=self.dir, prefix="restore-")
+        try:
+            path = self._restore_file(step, target)
+            out = {}
+            with open(path, "rb", buffering=0) as f:
+                for name, size in self.sizes[step].items():
+                    out[name] = f.read(size)
+            return out
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
+
+    def _init_repo(self) -> None:
+        raise NotImplementedError
+
+    def _backup(self, step: int) -> None:
+        raise NotImplementedError
+
+    def _restore_file(self, step: int, target: str) -> str:
+        raise NotImplementedError
+
+
+class ResticMethod(_ExternalTool):
+    name = tool = "restic"
+    notes = "peak memory is restic's max RSS; bytes written is the repository's growth"
+
+    def _init_repo(self) -> None:
+        self.env["RESTIC_PASSWORD"] = "snapstore-bench"
+        self.env["RESTIC_REPOSITORY"] = self.repo
+        self._run("restic", "init", "--quiet")
+        self.snapshots: list = []
+
+    def _backup(self, step: int) -> None:
+        out = self._run("restic", "backup", "--json", "--quiet", "state.bin", cwd=self.work)
+        snap = None
+        for line in out.splitlines():
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if msg.get("message_type") == "summary":
+                snap = msg.get("snapshot_id")
+        if snap is None:
+            raise BenchError("restic backup printed no snapshot id")
+        self.snapshots.append(snap)
+
+    def _restore_file(self, step: int, target: str) -> str:
+        self._run("restic", "restore", "--quiet", self.snapshots[step], "--target", target)
+        for root, _, files in os.walk(target):
+            if "state.bin" in files:
+                return os.path.join(root, "state.bin")
+        raise BenchError("restic restore produced no state.bin")
+
+
+class BorgMethod(_ExternalTool):
+    name = tool = "borg"
+    notes = "peak memory is borg's max RSS; bytes written is the repository's growth"
+
+    def _init_repo(self) -> None:
+        self.env["BORG_PASSPHRASE"] = ""
+        self.env["BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK"] = "yes"
+        self.env["BORG_RELOCATED_REPO_ACCESS_IS_OK"] = "yes"
+        self._run("borg", "init", "--encryption=none", self.repo)
+
+    def _backup(self, step: int) -> None:
+        self._run("borg", "create", f"{self.repo}::ckpt{step:05d}", "state.bin", cwd=self.work)
+
+    def _restore_file(self, step: int, target: str) -> str:
+        self._run("borg", "extract", f"{self.repo}::ckpt{step:05d}", cwd=target)
+        return os.path.join(target, "state.bin")
+
+
+METHOD_CLASSES = {c.name: c for c in (SnapstoreMethod, RawMethod, PickleMethod, NumpyMethod,
+                                      ResticMethod, BorgMethod)}
+
+
+def available_methods(requested=None) -> dict:
+    """{method: None if it can run here, else the reason it cannot}."""
+    names = list(METHODS) if requested is None else list(requested)
+    out = {}
+    for n in names:
+        if n not in METHOD_CLASSES:
+            raise BenchError(f"unknown method {n!r}; choose from {', '.join(METHODS)}")
+        out[n] = METHOD_CLASSES[n].unavailable()
+    return out
+
+
+# ---- running ------------------------------------------------------------------------------
+def _skipped(name: str, reason: str) -> dict:
+    res = {k: None for k in METRIC_KEYS}
+    res.update(method=name, available=False, skipped=reason, notes="")
+    return res
+
+
+def _child_maxrss() -> Optional[int]:
+    try:
+        import resource
+        return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    except (ImportError, OSError):
+        return None
+
+
+def run_method(name: str, w: Workload, workdir: str,
+               tick: Callable[[str], None] = lambda _: None) -> dict:
+    """Runs one method on workload w in a fresh directory under workdir; removes it after."""
+    cls = METHOD_CLASSES[name]
+    reason = cls.unavailable()
+    if reason:
+        return _skipped(name, reason)
+    directory = tempfile.mkdtemp(dir=workdir, prefix=f"{name}-")
+    method = cls(w, directory)
+    external = isinstance(method, _ExternalTool)
+    try:
+        method.setup()
+        state = make_state(w)
+        expected = {0: digest(state)}
+        times, written, peaks = [], [], []
+        grown = []
+        size_before = disk_usage(directory)
+        first = Timed()
+        with first:
+            method.checkpoint(state, 0)
+        tick(f"{name}: checkpoint 0")
+        after_first = disk_usage(directory)
+        for step in range(1, w.checkpoints + 1):
+            mutate(state, w, step)
+            before = disk_usage(directory) if external else 0
+            with Timed() as t:
+                method.checkpoint(state, step)
+            times.append(t.seconds)
+            if external:
+                grown.append(disk_usage(directory) - before)
+            else:
+                written.append(t.written)
+            peaks.append(t.peak)
+            tick(f"{name}: checkpoint {step}")
+        last = w.checkpoints
+        expected[last] = digest(state)
+        del state
+        final = disk_usage(directory)
+        restore = {}
+        restore_peak = []
+        verified = True
+        for label, step in (("latest", last), ("oldest", 0)):
+            if w.cache == "cold":
+                drop_cache(directory)
+            with Timed() as t:
+                got = method.restore(step)
+            restore[label] = t.seconds
+            restore_peak.append(t.peak)
+            verified = verified and digest(got) == expected[step]
+            del got
+            tick(f"{name}: restore {label}")
+        res = {
+            "method": name, "available": True, "skipped": None,
+            "first_checkpoint_seconds": first.seconds,
+            "checkpoint_seconds": summary(times),
+            "bytes_written_per_checkpoint": summary(grown if external else
+                                                    [x if x is not None else 0
+                                                     for x in written]),
+            "store_bytes": final - size_before,
+            "growth_per_checkpoint_bytes": (final - after_first) / w.checkpoints,
+            "restore_latest_seconds": restore["latest"],
+            "restore_oldest_seconds": restore["oldest"],
+            "peak_memory_bytes": (_child_maxrss() if external else
+                                  (max(peaks) if None not in peaks else None)),
+            "restore_peak_memory_bytes": (None if external or None in restore_peak
+                                          else max(restore_peak)),
+            "verified": verified,
+            "notes": method.notes,
+        }
+        if isinstance(method, SnapstoreMethod):
+            infos = method.infos
+            res["snapstore"] = {
+                "kinds": [i.kind for i in infos],
+                "bytes_new": [i.bytes_new for i in infos],
+                "chain_length_latest": infos[-1].chain_length,
+                "stats": method.store.stats(),
+            }
+        return res
+    finally:
+        try:
+            method.close()
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def add_ratios(results: dict) -> None:
+    """Adds "vs_snapstore" (baseline figure / snapstore figure) to every baseline's dict."""
+    ref = results.get("snapstore")
+    if not ref or not ref.get("available"):
+        return
+    for name, res in results.items():
+        if name == "snapstore" or not res.get("available"):
+            continue
+        ratios = {}
+        for key, get in RATIO_KEYS.items():
+            try:
+                a, b = get(res), get(ref)
+            except (KeyError, TypeError):
+                a = b = None
+            ratios[key] = (a / b) if a is not None and b else None
+        res["vs_snapstore"] = ratios
+
+
+def run_workload(w: Workload, *, methods=None, workdir: Optional[str] = None,
+                 tick: Callable[[str], None] = lambda _: None) -> dict:
+    """Measures every method on one workload. Returns {"workload": ..., "results": ...}."""
+    w.validate()
+    names = list(METHODS) if methods is None else list(methods)
+    if "snapstore" not in names:
+        names.insert(0, "snapstore")
+    available_methods(names)     # validates names
+    own = workdir is None
+    workdir = tempfile.mkdtemp(prefix="snapstore-bench-") if own else workdir
+    try:
+        results = {}
+        for name in names:
+            results[name] = run_method(name, w, workdir, tick)
+        add_ratios(results)
+        return {"workload": asdict(w), "description": w.describe(), "results": results}
+    finally:
+        if own:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def steps_per_workload(w: Workload, methods) -> int:
+    """How many tick() calls run_workload makes (for a progress bar)."""
+    runnable = [m for m, why in available_methods(methods).items() if why is None]
+    if "snapstore" not in runnable:
+        runnable.append("snapstore")
+    return len(runnable) * (w.checkpoints + 1 + 2)
+
+
+def run(workloads, *, methods=None, workdir: Optional[str] = None,
+        tick: Callable[[str], None] = lambda _: None, argv=None) -> dict:
+    """Runs every workload; the JSON-ready result of ``snapstore bench --json``."""
+    workloads = [w.validate() for w in workloads]
+    if not workloads:
+        raise BenchError("no workload to run")
+    base = tempfile.mkdtemp(prefix="snapstore-bench-", dir=workdir)
+    try:
+        started = time.time()
+        out = {
+            "machine": machine_info(base),
+            "command": list(sys.argv if argv is None else argv),
+            "started": started,
+            "methods": {m: (why or "ok") for m, why in available_methods(
+                list(METHODS) if methods is None else methods).items()},
+            "workloads": [run_workload(w, methods=methods, workdir=base, tick=tick)
+                          for w in workloads],
+        }
+        out["seconds"] = time.time() - started
+        return out
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# ---- output ---------------------------------------------------------------------------------
+COLUMNS = (
+    ("ckpt median", lambda r: r["checkpoint_seconds"]["median"], human_seconds, "checkpoint_median"),
+    ("ckpt p95", lambda r: r["checkpoint_seconds"]["p95"], human_seconds, "checkpoint_p95"),
+    ("written/ckpt", lambda r: r["bytes_written_per_checkpoint"]["median"], human_bytes,
+     "bytes_written"),
+    ("growth/ckpt", lambda r: r["growth_per_checkpoint_bytes"], human_bytes, "growth"),
+    ("restore latest", lambda r: r["restore_latest_seconds"], human_seconds, "restore_latest"),
+    ("restore oldest", lambda r: r["restore_oldest_seconds"], human_seconds, "restore_oldest"),
+    ("peak mem", lambda r: r["peak_memory_bytes"], human_bytes, "peak_memory"),
+)
+
+
+def _cell(res: dict, get, fmt, ratio_key) -> str:
+    try:
+        value = get(res)
+    except (KeyError, TypeError):
+        value = None
+    if value is None:
+        return "n/a"
+    text = fmt(value)
+    ratio = (res.get("vs_snapstore") or {}).get(ratio_key)
+    if ratio is not None:
+        text += f" ({ratio:.1f}x)" if ratio < 100 else f" ({ratio:.0f}x)"
+    return text
+
+
+def format_table(result: dict) -> str:
+    """The terminal table of a run() result (every workload)."""
+    lines = []
+    for wl in result["workloads"]:
+        lines.append(f"workload: {wl['description']}")
+        header = ["method"] + [c[0] for c in COLUMNS]
+        rows = []
+        skipped = []
+        for name, res in wl["results"].items():
+            if not res.get("available"):
+                skipped.append(f"{name} ({res.get('skipped')})")
+                continue
+            row = [name if res.get("verified", True) else name + " (RESTORE MISMATCH)"]
+            row += [_cell(res, get, fmt, key) for _, get, fmt, key in COLUMNS]
+            rows.append(row)
+        widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+        for r in [header] + rows:
+            lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
+                                   for i, c in enumerate(r)).rstrip())
+        snap = wl["results"].get("snapstore") or {}
+        if snap.get("available"):
+            lines.append(f"snapstore first (full) checkpoint: "
+                         f"{human_seconds(snap['first_checkpoint_seconds'])}; kinds: "
+                         f"{', '.join(snap.get('snapstore', {}).get('kinds', []))}")
+        if skipped:
+            lines.append("skipped: " + "; ".join(skipped))
+        lines.append("")
+    lines.append("(Nx) = the baseline's figure divided by snapstore's. Checkpoint times are "
+                 "the caller-blocked wall time of the incremental checkpoints; p95 is by "
+                 "nearest rank. Peak mem = peak RSS growth during a checkpoint.")
+    m = result.get("machine", {})
+    if m:
+        lines.append(f"machine: {m.get('cpu', '?')}, {m.get('cpus', '?')} cpus, "
+                     f"{human_bytes(m['memory_bytes']) if m.get('memory_bytes') else '?'} RAM, "
+                     f"Python {m.get('python')}, bench dir on {m.get('bench_fs') or '?'}")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: str) -> None:
+    """Writes a PNG: median caller-blocked checkpoint time vs dirty fraction, one line per
+    method (and pattern, when the run had several). Needs matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise BenchError("--plot needs matplotlib, which is not installed "
+                         "(pip install matplotlib); the measurements ran and are in the "
+                         "table / --json output") from None
+    series: dict = {}
+    patterns = {wl["workload"]["pattern"] for wl in result["workloads"]}
+    for wl in result["workloads"]:
+        x = wl["workload"]["dirty"]
+        for name, res in wl["results"].items():
+            if not res.get("available"):
+                continue
+            label = name if len(patterns) == 1 else f"{name} ({wl['workload']['pattern']})"
+            series.setdefault(label, []).append((x, res["checkpoint_seconds"]["median"]))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    xs = sorted({wl["workload"]["dirty"] for wl in result["workloads"]})
+    if xs and xs[0] > 0 and len(xs) > 1 and xs[-1] / xs[0] >= 10:
+        ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("dirty fraction of the state per checkpoint")
+    ax.set_ylabel("caller-blocked time per checkpoint (s, median)")
+    first = result["workloads"][0]["workload"]
+    ax.set_title(f"checkpoint overhead: {human_bytes(first['size'])} state, "
+                 f"durability={first['durability']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def to_json(result: dict) -> str:
+    def clean(o):
+        if isinstance(o, float) and not math.isfinite(o):
+            return None
+        if isinstance(o, dict):
+            return {k: clean(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [clean(v) for v in o]
+        return o
+    return json.dumps(clean(result), indent=2)
