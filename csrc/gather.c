@@ -1,11 +1,57 @@
 /* gather.c - snap_gather: copy byte ranges of a buffer back to back into an output buffer.
  *
  * Two passes over the range list: the first validates every range and the total (nothing is
- * copied on error), the second is a plain memcpy per range, so the copy runs at memcpy speed.
+ * copied on error), the second copies.
+ *
+ * The copy is tuned for the common case, many page-sized ranges scattered over a large
+ * buffer (the dirty pages of a checkpoint):
+ *   - four ranges are copied in lockstep, 128 bytes of each in turn, so four independent
+ *     streams of cache misses are in flight; one range at a time leaves the memory system
+ *     mostly idle at every jump (hardware prefetchers restart at each new page);
+ *   - mid-sized ranges use a plain 128-byte loop of fixed-size memcpy()s that the compiler
+ *     turns into vector moves: on some x86 CPUs glibc's memcpy switches to `rep movsb` for
+ *     a few KiB, which is several times slower there;
+ *   - small (< 256 B) and large (>= 64 KiB) ranges go to memcpy(), which is best at both ends.
+ * out must not overlap buf.
  */
 #include <string.h>
 
 #include "snapstore.h"
+
+#define SMALL_RANGE 256u
+#define LARGE_RANGE 65536u
+#define STEP 128u
+
+/* 128 bytes through a temporary: two 64-byte block copies the compiler vectorises. */
+static inline void copy_step(uint8_t *dst, const uint8_t *src)
+{
+    uint8_t t[STEP];
+    memcpy(t, src, STEP);
+    memcpy(dst, t, STEP);
+}
+
+/* Copies n bytes: STEP-sized blocks, then the tail. */
+static inline void copy_loop(uint8_t *dst, const uint8_t *src, size_t n)
+{
+    size_t k = 0;
+    for (; k + STEP <= n; k += STEP)
+        copy_step(dst + k, src + k);
+    if (k < n)
+        memcpy(dst + k, src + k, n - k);
+}
+
+static inline void copy_one(uint8_t *dst, const uint8_t *src, size_t n)
+{
+    if (n < SMALL_RANGE || n >= LARGE_RANGE)
+        memcpy(dst, src, n);
+    else
+        copy_loop(dst, src, n);
+}
+
+static inline int mid_sized(uint64_t n)
+{
+    return n >= SMALL_RANGE && n < LARGE_RANGE;
+}
 
 int snap_gather(const uint8_t *buf, size_t len, const uint64_t *ranges, size_t n_ranges,
                 uint8_t *out, size_t out_cap, size_t *n_out)
@@ -31,12 +77,40 @@ int snap_gather(const uint8_t *buf, size_t len, const uint64_t *ranges, size_t n
     if (too_big || total > (uint64_t)out_cap)
         return SNAP_ESPACE;
 
+    /* Every range is inside buf and the total fits out: all sizes below fit size_t. */
     uint8_t *dst = out;
-    for (size_t i = 0; i < n_ranges; i++) {
-        size_t n = (size_t)ranges[2 * i + 1];
-        if (n != 0) {                   /* n == 0 may come with out == NULL: skip memcpy */
-            memcpy(dst, buf + ranges[2 * i], n);
-            dst += n;
+    size_t i = 0;
+    while (i < n_ranges) {
+        const uint64_t *r = ranges + 2 * i;
+        if (i + 4 <= n_ranges && mid_sized(r[1]) && mid_sized(r[3]) && mid_sized(r[5]) &&
+            mid_sized(r[7])) {
+            const uint8_t *s0 = buf + r[0], *s1 = buf + r[2], *s2 = buf + r[4], *s3 = buf + r[6];
+            size_t n0 = (size_t)r[1], n1 = (size_t)r[3], n2 = (size_t)r[5], n3 = (size_t)r[7];
+            uint8_t *d0 = dst, *d1 = d0 + n0, *d2 = d1 + n1, *d3 = d2 + n2;
+            size_t m = n0;
+            m = n1 < m ? n1 : m;
+            m = n2 < m ? n2 : m;
+            m = n3 < m ? n3 : m;
+            size_t k = 0;
+            for (; k + STEP <= m; k += STEP) {
+                copy_step(d0 + k, s0 + k);
+                copy_step(d1 + k, s1 + k);
+                copy_step(d2 + k, s2 + k);
+                copy_step(d3 + k, s3 + k);
+            }
+            copy_loop(d0 + k, s0 + k, n0 - k);
+            copy_loop(d1 + k, s1 + k, n1 - k);
+            copy_loop(d2 + k, s2 + k, n2 - k);
+            copy_loop(d3 + k, s3 + k, n3 - k);
+            dst = d3 + n3;
+            i += 4;
+        } else {
+            size_t n = (size_t)r[1];
+            if (n != 0) {               /* n == 0 may come with out == NULL: skip the copy */
+                copy_one(dst, buf + r[0], n);
+                dst += n;
+            }
+            i++;
         }
     }
     *n_out = (size_t)total;

@@ -119,6 +119,18 @@ def test_gather_matches_reference(seed, n, d):
     assert bytes(out[len(mv):]) == bytes(slack)
 
 
+@settings(max_examples=examples(80))
+@given(st.integers(0, 2**32), st.data())
+def test_gather_many_mixed_ranges(seed, d):
+    """Runs of page-like ranges (copied four at a time), mixed with tiny and >= 64 KiB ones."""
+    n = 300_000
+    raw = random_bytes(seed, n)
+    sizes = st.one_of(st.integers(0, 300), st.integers(256, 9000), st.integers(60_000, 70_000))
+    lengths = d.draw(st.lists(sizes, max_size=24))
+    ranges = [(d.draw(st.integers(0, n - k)), k) for k in lengths]
+    assert bytes(nat.gather(raw, ranges)) == ref.gather(raw, ranges)
+
+
 # ---- FastCDC -----------------------------------------------------------------------------
 @st.composite
 def cdc_params(draw):

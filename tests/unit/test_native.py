@@ -470,6 +470,14 @@ def test_gather_wrapper():
             nat.gather(buf, bad)
 
 
+def test_gather_page_runs_and_odd_sizes():
+    buf = data(1 << 20, seed=4)
+    for lengths in ([4096] * 9, [256, 257, 4095, 4097, 300, 65535, 65536, 70000, 1, 0, 128, 129],
+                    [1000, 2000, 3000, 4000, 5000], [255] * 5, [65536] * 4):
+        ranges = [((i * 99_991) % (len(buf) - k), k) for i, k in enumerate(lengths)]
+        assert bytes(nat.gather(buf, ranges)) == ref.gather(buf, ranges)
+
+
 # ---- wrappers: Chunker -----------------------------------------------------------------
 @pytest.mark.parametrize("sizes", [(63, 64, 128), (128, 64, 256), (64, 100, 128),
                                    (64, 128, 64 << 21), (64, 128, 2**70)])
