@@ -54,6 +54,14 @@ class CorruptionError(SnapstoreError):
         self.offset = offset
 
 
+class ConcurrentCompactionError(SnapstoreError):
+    """A read raced a compaction that moved the bytes it was reading: retry the read.
+
+    Raised instead of returning anything when a segment the read had planned to use was
+    removed meanwhile; a new read sees the moved data.
+    """
+
+
 class StoreLocked(SnapstoreError):
     """Another writer holds the store's lock (open(..., timeout=s) waits for it)."""
 

@@ -33,7 +33,8 @@ MAX_RECORD_PAYLOAD = (1 << 32) - 1          # u32 length field
 REC_CHUNK = 1      # payload: CHUNK_PREFIX + chunk bytes (compressed per codec)
 REC_COMMIT = 2     # payload: a checkpoint commit (see records.py)
 REC_DELETE = 3     # payload: DELETE_PAYLOAD (checkpoint id)
-RECORD_TYPES = (REC_CHUNK, REC_COMMIT, REC_DELETE)
+REC_TAG = 4        # payload: UTF-8 JSON {"id": checkpoint id, "tag": str, "add": bool}
+RECORD_TYPES = (REC_CHUNK, REC_COMMIT, REC_DELETE, REC_TAG)
 
 # Chunk codecs (the record header's codec byte; 0 for non-chunk records).
 CODEC_RAW = 0
@@ -60,7 +61,7 @@ DB_META = b"meta"                 # META_* keys below
 DB_CHUNKS = b"chunks"             # chunk id -> CHUNK_ENTRY
 DB_CHECKPOINTS = b"checkpoints"   # CKPT_KEY -> JSON checkpoint info
 DB_MANIFESTS = b"manifests"       # MANIFEST_KEY -> packed EXTENTs
-DB_STREAMS = b"streams"           # stream name (UTF-8) -> JSON {"head": id}
+DB_STREAMS = b"streams"           # stream name (UTF-8) -> JSON {"head": id, "seq": last seq}
 DB_STREAM_CKPTS = b"stream_ckpts" # stream name + b"\0" + CKPT_KEY -> b""
 DB_CHILDREN = b"children"         # CKPT_KEY(parent) + CKPT_KEY(child) -> b""
 DB_FINGERPRINTS = b"fingerprints" # stream name + b"\0" + buffer name -> FP_HEADER + digests
@@ -95,6 +96,7 @@ DEFAULT_MAX_CHAIN = 16            # a buffer is stored full again after this man
 DEFAULT_FULL_THRESHOLD = 0.5      # ... or when more than this fraction of its pages changed
 DEFAULT_SEGMENT_SIZE = 256 << 20  # a segment is sealed once it grows past this
 DEFAULT_COMPRESSION_LEVEL = 1     # zstd level; incompressible chunks are stored raw
+DEFAULT_COMPACT_THRESHOLD = 0.5   # compact() rewrites sealed segments less live than this
 
 DURABILITY_MODES = ("fsync", "none")
 CHUNKING_MODES = ("pages", "cdc")

@@ -146,6 +146,11 @@ class Index:
             with self.env.begin(write=True) as txn:
                 yield IndexWriter(self, txn)
 
+    def sync(self) -> None:
+        """Forces every committed transaction to disk (even with durability "none")."""
+        with _lmdb_errors("sync"):
+            self.env.sync(True)
+
     def disk_bytes(self) -> int:
         return self.env.info()["last_pgno"] * self.env.stat()["psize"]
 
@@ -226,9 +231,18 @@ class IndexView:
         with self.txn.cursor(db=self.dbs[fmt.DB_STREAMS]) as cur:
             return {k.decode(): json.loads(v)["head"] for k, v in cur}
 
-    def stream_head(self, stream: str) -> int | None:
+    def _stream(self, stream: str) -> dict | None:
         v = self.txn.get(stream.encode(), db=self.dbs[fmt.DB_STREAMS])
-        return json.loads(v)["head"] if v is not None else None
+        return json.loads(v) if v is not None else None
+
+    def stream_head(self, stream: str) -> int | None:
+        s = self._stream(stream)
+        return s["head"] if s is not None else None
+
+    def stream_seq(self, stream: str) -> int:
+        """The seq of the stream's newest checkpoint ever committed (0 for a new stream)."""
+        s = self._stream(stream)
+        return s.get("seq", 0) if s is not None else 0
 
     def fingerprints(self, stream: str, buffer: str) -> tuple[int, int, bytes] | None:
         """(checkpoint id, page size, digests) recorded for a stream's buffer, or None."""
@@ -276,6 +290,30 @@ class IndexWriter(IndexView):
         self._put(fmt.DB_CHECKPOINTS, fmt.CKPT_KEY.pack(commit.id),
                   json.dumps(commit.info_json(), separators=(",", ":")).encode())
 
+    def _put_stream(self, stream: str, head: int, seq: int) -> None:
+        self._put(fmt.DB_STREAMS, stream.encode(), json.dumps({"head": head, "seq": seq}).encode())
+
+    def put_checkpoint_info(self, commit: Commit) -> None:
+        """Rewrites a checkpoint's JSON record (manifests untouched)."""
+        self._put_info(commit)
+
+    def put_manifest(self, checkpoint_id: int, buffer_index: int, blob: bytes) -> None:
+        """Replaces one manifest, moving chunk reference counts from the old to the new one."""
+        old = self.manifest(checkpoint_id, buffer_index)
+        self._add_refs(blob, +1)
+        self._add_refs(old, -1)
+        self._put(fmt.DB_MANIFESTS, fmt.MANIFEST_KEY.pack(checkpoint_id, buffer_index), blob)
+
+    def apply_tag(self, checkpoint_id: int, tag: str, add: bool,
+                  position: tuple[int, int]) -> None:
+        commit = self.checkpoint(checkpoint_id)
+        if commit is not None:
+            tags = set(commit.tags)
+            tags.add(tag) if add else tags.discard(tag)
+            commit.tags = sorted(tags)
+            self._put_info(commit)
+        self.set_applied(position)
+
     def put_fingerprints(self, stream: str, buffer: str, checkpoint_id: int, page_size: int,
                          digests) -> None:
         self._put(fmt.DB_FINGERPRINTS, _stream_key(stream, buffer.encode()),
@@ -302,7 +340,7 @@ class IndexWriter(IndexView):
         self._put(fmt.DB_STREAM_CKPTS, _stream_key(commit.stream, key), b"")
         if commit.parent is not None:
             self._put(fmt.DB_CHILDREN, fmt.CKPT_KEY.pack(commit.parent) + key, b"")
-        self._put(fmt.DB_STREAMS, commit.stream.encode(), json.dumps({"head": commit.id}).encode())
+        self._put_stream(commit.stream, commit.id, max(commit.seq, self.stream_seq(commit.stream)))
         next_id = max(self.next_id(), commit.id + 1)
         self._put(fmt.DB_META, fmt.META_NEXT_ID, fmt.U64.pack(next_id))
         self.set_applied(position)
@@ -313,6 +351,23 @@ class IndexWriter(IndexView):
         if victim is not None:
             self._remove(victim)
         self.set_applied(position)
+
+    def _refresh_depths(self, top: Commit) -> None:
+        """Recomputes the delta depths of top's descendants from top's (depth is derived:
+        a delta buffer's depth is its parent's depth of that buffer plus one)."""
+        todo = [top]
+        while todo:
+            parent = todo.pop()
+            depths = {b.name: b.depth for b in parent.buffers}
+            for child_id in self.children(parent.id):
+                child = self.checkpoint(child_id)
+                changed = False
+                for b in child.buffers:
+                    if b.base == "delta" and b.depth != depths[b.name] + 1:
+                        b.depth, changed = depths[b.name] + 1, True
+                if changed:
+                    self._put_info(child)
+                    todo.append(child)
 
     def _remove(self, victim: Commit) -> None:
         vkey = fmt.CKPT_KEY.pack(victim.id)
@@ -337,6 +392,7 @@ class IndexWriter(IndexView):
             if victim.parent is not None:
                 self._put(fmt.DB_CHILDREN,
                           fmt.CKPT_KEY.pack(victim.parent) + fmt.CKPT_KEY.pack(child.id), b"")
+            self._refresh_depths(child)
         for i in range(len(victim.buffers)):
             self._add_refs(self.manifest(victim.id, i), -1)
             self._delete(fmt.DB_MANIFESTS, fmt.MANIFEST_KEY.pack(victim.id, i))
@@ -347,8 +403,7 @@ class IndexWriter(IndexView):
         if self.stream_head(victim.stream) == victim.id:
             remaining = self.checkpoint_ids(victim.stream)
             if remaining:
-                self._put(fmt.DB_STREAMS, victim.stream.encode(),
-                          json.dumps({"head": remaining[-1]}).encode())
+                self._put_stream(victim.stream, remaining[-1], self.stream_seq(victim.stream))
             else:
                 self._delete(fmt.DB_STREAMS, victim.stream.encode())
                 self._drop_fingerprints(victim.stream)

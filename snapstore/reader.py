@@ -14,7 +14,7 @@ import zstandard
 
 from . import extents as ext
 from . import format as fmt
-from .errors import CheckpointNotFound, CorruptionError
+from .errors import CheckpointNotFound, ConcurrentCompactionError, CorruptionError
 from .index import IndexView
 from .records import BufferEntry, Commit
 from .segments import SegmentBackend, read_chunk_record, segment_name
@@ -74,8 +74,15 @@ class ChunkReader:
         if entry is None:
             raise CorruptionError(f"index lacks chunk {chunk_id.hex()[:16]}… that a manifest "
                                   "references")
-        codec, raw_len, stored = read_chunk_record(self.backend, entry.segment, entry.offset,
-                                                   entry.stored_len, chunk_id)
+        try:
+            codec, raw_len, stored = read_chunk_record(self.backend, entry.segment, entry.offset,
+                                                       entry.stored_len, chunk_id)
+        except CorruptionError:
+            if self._moved(chunk_id, entry):
+                raise ConcurrentCompactionError(
+                    f"chunk {chunk_id.hex()[:16]}… was moved by a compaction while this read "
+                    "ran; retry the read") from None
+            raise
         if codec == fmt.CODEC_ZSTD:
             try:
                 data = _decompressor().decompress(stored, max_output_size=raw_len)
@@ -84,12 +91,22 @@ class ChunkReader:
                                       segment=segment_name(entry.segment),
                                       offset=entry.offset) from exc
         else:
-            data = bytes(stored)
+            data = stored
         if len(data) != raw_len or raw_len != entry.raw_len:
             raise CorruptionError("chunk has the wrong length", segment=segment_name(entry.segment),
                                   offset=entry.offset)
         self._last_id, self._last = chunk_id, data
         return data
+
+
+    def _moved(self, chunk_id: bytes, entry) -> bool:
+        """True when the index, read afresh, no longer places the chunk where this read's
+        snapshot did (a compaction ran in between) and the old segment is gone."""
+        if entry.segment in self.backend.list():
+            return False
+        with self.view.index.read() as fresh:
+            now = fresh.chunk(chunk_id)
+        return now is None or (now.segment, now.offset) != (entry.segment, entry.offset)
 
 
 def restore_range(view: IndexView, backend: SegmentBackend, commit: Commit, name: str,

@@ -47,6 +47,7 @@ class Commit:
     new_chunks: bytes = b""    # packed NEW_CHUNKs: chunks first written by this checkpoint
     bytes_new: int = 0
     tags: List[str] = field(default_factory=list)
+    seq: int = 0               # 1, 2, 3... within the stream, in commit order; never reused
 
     @property
     def kind(self) -> str:
@@ -60,13 +61,15 @@ class Commit:
         """The index's JSON record of this checkpoint (everything but the extents)."""
         return {"id": self.id, "stream": self.stream, "parent": self.parent,
                 "created": self.created, "meta": self.meta, "bytes_new": self.bytes_new,
-                "tags": self.tags, "buffers": [b.to_json() for b in self.buffers]}
+                "tags": self.tags, "seq": self.seq,
+                "buffers": [b.to_json() for b in self.buffers]}
 
     @classmethod
     def from_info_json(cls, d: dict) -> "Commit":
         return cls(d["id"], d["stream"], d["parent"], d["created"], d["meta"],
                    [BufferEntry.from_json(b) for b in d["buffers"]],
-                   bytes_new=d.get("bytes_new", 0), tags=list(d.get("tags", [])))
+                   bytes_new=d.get("bytes_new", 0), tags=list(d.get("tags", [])),
+                   seq=d.get("seq", 0))
 
     def encode(self) -> List[bytes]:
         head = self.info_json()
@@ -95,6 +98,18 @@ class Commit:
             return commit
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise CorruptionError(f"undecodable commit record: {exc}") from exc
+
+
+def encode_tag(checkpoint_id: int, tag: str, add: bool) -> List[bytes]:
+    return [json.dumps({"id": checkpoint_id, "tag": tag, "add": add}).encode()]
+
+
+def decode_tag(payload: bytes) -> tuple:
+    try:
+        d = json.loads(payload)
+        return int(d["id"]), str(d["tag"]), bool(d["add"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptionError(f"undecodable tag record: {exc}") from exc
 
 
 def encode_delete(checkpoint_id: int) -> List[bytes]:

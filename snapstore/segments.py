@@ -384,6 +384,12 @@ class SegmentLog:
         self._current.close()
         self._current = nxt
 
+    def seal(self) -> None:
+        """Seals the open segment (if it holds records) and starts a new one."""
+        self._check()
+        if self.position[1] > fmt.SEGMENT_HEADER.size:
+            self._roll()
+
     def sync(self) -> None:
         """Flushes and makes everything appended so far durable."""
         self.flush()

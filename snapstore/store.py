@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from . import _native as native
+from . import compact as compaction
 from . import format as fmt
 from . import records
 from . import writer as wr
@@ -36,6 +37,7 @@ from .index import Index, IndexView
 from .reader import find_buffer, restore_range
 from .records import Commit
 from .segments import LocalSegments, SegmentBackend, SegmentLog, scan, segment_name
+from .verify import verify as verify_store
 
 
 @dataclass(frozen=True)
@@ -51,12 +53,13 @@ class CheckpointInfo:
     bytes_new: int            # bytes this checkpoint added to the log
     chain_length: int         # deltas to apply above the nearest full manifest (0: full)
     tags: tuple = field(default=())
+    seq: int = 0              # position in its stream when taken: 1, 2, 3... (never reused)
 
     @classmethod
     def from_commit(cls, c: Commit) -> "CheckpointInfo":
         return cls(c.id, c.stream, c.kind, c.parent, c.created, c.meta,
                    {b.name: b.size for b in c.buffers}, c.bytes_new, c.chain_length,
-                   tuple(c.tags))
+                   tuple(c.tags), c.seq)
 
 
 def validate_name(value: Any, what: str) -> str:
@@ -301,6 +304,8 @@ class Store:
             w.apply_commit(Commit.decode(payload), position)
         elif rtype == fmt.REC_DELETE:
             w.apply_delete(records.decode_delete(payload), position)
+        elif rtype == fmt.REC_TAG:
+            w.apply_tag(*records.decode_tag(payload), position)
 
     # ---- writing ------------------------------------------------------------------------------
     def _append_index_record(self, rtype: int, parts: list, apply_extra=None) -> tuple[int, int]:
@@ -385,9 +390,10 @@ class Store:
                     if plan.fingerprints is not None:
                         fingerprints.append((name, plan.fingerprints))
                 new_id = r.next_id()
+                seq = r.stream_seq(stream) + 1
             crashpoint("after_data_append")
             commit = Commit(new_id, stream, head, time.time(), meta, entries,
-                            sink.new_chunk_table())
+                            sink.new_chunk_table(), seq=seq)
             commit.bytes_new = sink.bytes_new + fmt.RECORD_HEADER.size + \
                 sum(len(p) for p in commit.encode())
 
@@ -414,6 +420,81 @@ class Store:
             with index.read() as r:
                 self._get_commit(r, checkpoint_id)
             self._append_index_record(fmt.REC_DELETE, records.encode_delete(checkpoint_id))
+
+    def tag(self, checkpoint_id: int, tag: str) -> None:
+        """Adds a tag to a checkpoint. Tagged checkpoints survive retain() (keep_tagged)."""
+        self._set_tag(checkpoint_id, tag, True)
+
+    def untag(self, checkpoint_id: int, tag: str) -> None:
+        """Removes a tag from a checkpoint (no error if it did not have it)."""
+        self._set_tag(checkpoint_id, tag, False)
+
+    def _set_tag(self, checkpoint_id: int, tag: str, add: bool) -> None:
+        validate_name(tag, "tag")
+        with self._lock:
+            index = self._check_open(write=True)
+            with index.read() as r:
+                commit = self._get_commit(r, checkpoint_id)
+            self._append_index_record(fmt.REC_TAG, records.encode_tag(commit.id, tag, add))
+
+    def retain(self, stream: str, keep_last: int | None = None, keep_every: int | None = None,
+               keep_tagged: bool = True) -> list[int]:
+        """Deletes the checkpoints of a stream that no rule keeps; returns their ids.
+
+        Rules (a checkpoint is kept if any applies): keep_last=N keeps the N newest;
+        keep_every=K keeps those whose seq is a multiple of K (stable: running retain again
+        deletes nothing more); keep_tagged keeps tagged ones. At least one of keep_last and
+        keep_every is required, so a typo cannot wipe a stream."""
+        validate_name(stream, "stream")
+        for value, what in ((keep_last, "keep_last"), (keep_every, "keep_every")):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < (0 if what == "keep_last" else 1)):
+                raise InvalidArgumentError(f"{what} must be an int >= "
+                                           f"{0 if what == 'keep_last' else 1}, got {value!r}")
+        if keep_last is None and keep_every is None:
+            raise InvalidArgumentError("retain needs keep_last and/or keep_every")
+        with self._lock:
+            ckpts = self.checkpoints(stream)
+            keep = set()
+            if keep_last:
+                keep.update(c.id for c in ckpts[-keep_last:])
+            if keep_every:
+                keep.update(c.id for c in ckpts if c.seq % keep_every == 0)
+            if keep_tagged:
+                keep.update(c.id for c in ckpts if c.tags)
+            doomed = [c.id for c in ckpts if c.id not in keep]
+            for cid in reversed(doomed):     # newest first: merges stay small
+                self.delete(cid)
+            return doomed
+
+    def compact(self, threshold: float = fmt.DEFAULT_COMPACT_THRESHOLD,
+                max_chain: int | None = None) -> dict:
+        """Folds chains longer than max_chain (default: the store's), drops unreferenced
+        chunks, and rewrites sealed segments whose live fraction is below threshold so space
+        returns to the file system. Returns a report (bytes before/after, chunks freed,
+        segments rewritten, chains folded, seconds). Safe to interrupt at any moment."""
+        if not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
+            raise InvalidArgumentError("threshold must be a number from 0 to 1")
+        if max_chain is not None and (not isinstance(max_chain, int) or max_chain < 1):
+            raise InvalidArgumentError("max_chain must be an int >= 1")
+        with self._lock:
+            index = self._check_open(write=True)
+            try:
+                return compaction.compact(index, self._log, self.backend,
+                                          threshold=float(threshold),
+                                          max_chain=max_chain or self.options.max_chain)
+            except OSError as exc:
+                if isinstance(exc, SnapstoreError):
+                    raise
+                raise StoreIOError(f"compaction failed: {exc.strerror or exc}", exc.errno) from exc
+
+    def verify(self, deep: bool = False) -> dict:
+        """Checks the store; returns a report {"ok", "problems": [...], ...}. Each problem has
+        kind, message, affected checkpoint ids, segment and offset. deep=True also re-reads and
+        re-hashes every chunk and every log record."""
+        index = self._check_open()
+        with self._lock:
+            return verify_store(index, self.backend, deep=deep)
 
     # ---- reading ------------------------------------------------------------------------------
     @staticmethod

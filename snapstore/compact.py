@@ -1,0 +1,134 @@
+"""Compaction: fold long incremental chains, drop unreferenced chunks, rewrite sparse segments.
+
+Order and invariants (docs/design.md, "Compaction"):
+  1. fold: a buffer whose chain is longer than max_chain gets one full manifest resolved from
+     its layers. Only manifests change (no bytes are copied); what it restores to is unchanged.
+  2. gc: chunk entries with reference count 0 leave the index.
+  3. rewrite: every sealed segment whose live fraction is below the threshold has its live
+     chunk records copied to the log's tail; the log is synced, the index is pointed at the
+     copies and the applied position moved to the tail in one transaction, LMDB is flushed to
+     disk, and only then is the old segment removed. So the index never points into a removed
+     segment, even after a crash or power cut at any moment; running compact() again after a
+     crash finishes the job (left-over copies are unreferenced records, reclaimed next time).
+All steps are index transactions that leave checkpoint contents unchanged, so they need no log
+record: losing one to a crash only loses the work, never data.
+"""
+from __future__ import annotations
+
+import time
+
+from . import extents as ext
+from . import format as fmt
+from ._testing import crashpoint
+from .index import ChunkEntry, Index
+from .reader import buffer_layers
+from .segments import SegmentBackend, SegmentLog, read_chunk_record
+
+
+def fold_chains(index: Index, max_chain: int) -> int:
+    """Rebases buffers whose restore would read more than max_chain manifests. Returns how many
+    buffers were folded."""
+    folded = 0
+    with index.write() as w:
+        depths: dict[int, dict[str, int]] = {}
+        for cid in w.checkpoint_ids():            # ascending ids: parents before children
+            commit = w.checkpoint(cid)
+            parent_depths = depths.get(commit.parent, {})
+            changed = False
+            for i, b in enumerate(commit.buffers):
+                depth = 0 if b.base == "full" else parent_depths.get(b.name, b.depth - 1) + 1
+                if depth >= max_chain:
+                    layers = buffer_layers(w, commit, b.name)
+                    merged = layers[0]
+                    for layer in layers[1:]:
+                        merged = ext.overlay(merged, layer)
+                    w.put_manifest(cid, i, ext.pack(merged))
+                    b.base, depth = "full", 0
+                    folded += 1
+                if depth != b.depth:
+                    b.depth, changed = depth, True
+            if changed:
+                w.put_checkpoint_info(commit)
+            depths[cid] = {b.name: b.depth for b in commit.buffers}
+    return folded
+
+
+def collect_garbage(index: Index) -> tuple[int, int]:
+    """Removes index entries of unreferenced chunks. Returns (chunks, record bytes) freed."""
+    chunks = nbytes = 0
+    with index.write() as w:
+        dead = [(cid, e) for cid, e in w.chunks() if e.refs == 0]
+        for cid, e in dead:
+            w.delete_chunk(cid)
+            chunks += 1
+            nbytes += fmt.RECORD_HEADER.size + e.stored_len
+    return chunks, nbytes
+
+
+def _live_by_segment(index: Index) -> dict[int, list]:
+    out: dict[int, list] = {}
+    with index.read() as r:
+        for cid, e in r.chunks():
+            out.setdefault(e.segment, []).append((cid, e))
+    return out
+
+
+def rewrite_segments(index: Index, log: SegmentLog, backend: SegmentBackend,
+                     threshold: float) -> tuple[int, int, int]:
+    """Copies the live chunks of sparse sealed segments forward and removes those segments.
+    Returns (segments rewritten, segments removed, live bytes copied)."""
+    live = _live_by_segment(index)
+
+    def live_fraction(n: int) -> float:
+        size = backend.size(n)
+        used = sum(fmt.RECORD_HEADER.size + e.stored_len for _, e in live.get(n, []))
+        return used / max(1, size - fmt.SEGMENT_HEADER.size)
+
+    if log.position[1] > fmt.SEGMENT_HEADER.size and \
+            live_fraction(log.position[0]) < threshold:
+        log.seal()      # the open segment is sparse too: seal it so it can be rewritten
+    current = log.position[0]
+    rewritten = removed = copied = 0
+    for n in backend.list():        # listed once: segments the copies create are not revisited
+        if n >= current or live_fraction(n) >= threshold:
+            continue
+        moves = []
+        for cid, e in sorted(live.get(n, []), key=lambda item: item[1].offset):
+            codec, raw_len, stored = read_chunk_record(backend, n, e.offset, e.stored_len, cid)
+            seg, off = log.append(fmt.REC_CHUNK, codec,
+                                  [fmt.CHUNK_PREFIX.pack(cid, raw_len), stored])
+            moves.append((cid, seg, off))
+            copied += fmt.RECORD_HEADER.size + e.stored_len
+        log.sync()
+        crashpoint("compact_after_copy")
+        with index.write() as w:
+            for cid, seg, off in moves:
+                e = w.chunk(cid)
+                if e is not None and e.segment == n:
+                    w.put_chunk(cid, ChunkEntry(seg, off, e.stored_len, e.raw_len, e.refs,
+                                                e.codec))
+            w.set_applied(log.position)
+        index.sync()        # the index no longer points into n, durably, before n goes
+        crashpoint("compact_before_remove")
+        backend.remove(n)
+        crashpoint("compact_after_remove")
+        rewritten += 1 if moves else 0
+        removed += 1
+    return rewritten, removed, copied
+
+
+def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold: float,
+            max_chain: int) -> dict:
+    """Runs fold, gc and rewrite; returns the report."""
+    started = time.perf_counter()
+    before = sum(backend.size(n) for n in backend.list())
+    folded = fold_chains(index, max_chain)
+    freed, freed_bytes = collect_garbage(index)
+    index.sync()
+    rewritten, removed, copied = rewrite_segments(index, log, backend, threshold)
+    after = sum(backend.size(n) for n in backend.list())
+    return {"bytes_before": before, "bytes_after": after, "bytes_returned": before - after,
+            "chunks_freed": freed, "garbage_bytes_freed": freed_bytes,
+            "segments_rewritten": rewritten, "segments_removed": removed,
+            "live_bytes_copied": copied, "chains_folded": folded,
+            "seconds": time.perf_counter() - started}
