@@ -45,6 +45,8 @@ int snap_fp_pages(const uint8_t *buf, size_t len, size_t page_size,
  * changed page back into fps, and reports the changed pages as coalesced runs.
  *   runs      receives *n_runs pairs (first_page, n_pages), ascending, non-adjacent, non-empty.
  *   max_runs  capacity of runs in pairs; (page_count + 1) / 2 always suffices.
+ * The last, partial page is compared over its real length, as snap_fp_pages hashes it.
+ * *n_runs is 0 after any error.
  * Errors: SNAP_EINVAL, SNAP_ESPACE (fps_cap too small, or more runs than max_runs: fps is then
  * partly updated and must be recomputed). */
 int snap_fp_diff(const uint8_t *buf, size_t len, size_t page_size,
@@ -53,6 +55,7 @@ int snap_fp_diff(const uint8_t *buf, size_t len, size_t page_size,
 
 /* snap_shadow_diff: exact page compare (memcmp) of buf against shadow (both len bytes).
  * Changed pages are copied into shadow and reported as runs, exactly as snap_fp_diff.
+ * buf == shadow is allowed (nothing changes). *n_runs is 0 after any error.
  * Errors: SNAP_EINVAL, SNAP_ESPACE (more runs than max_runs: shadow is then partly updated). */
 int snap_shadow_diff(const uint8_t *buf, uint8_t *shadow, size_t len, size_t page_size,
                      uint64_t *runs, size_t max_runs, size_t *n_runs);
@@ -60,13 +63,22 @@ int snap_shadow_diff(const uint8_t *buf, uint8_t *shadow, size_t len, size_t pag
 /* ---- gather ------------------------------------------------------------------------------ */
 /* snap_gather: copy n_ranges byte ranges (pairs offset, length) of buf[0:len], in order, into
  * out back to back. Every range must lie inside buf; their total length must be <= out_cap.
- *   *n_out    receives the number of bytes written.
+ *   *n_out    receives the number of bytes written (0 after any error).
+ * out must not overlap buf. Ranges may overlap each other and may be empty.
  * Errors: SNAP_EINVAL (range outside buf, NULL pointers), SNAP_ESPACE (out_cap too small;
  * nothing is copied). */
 int snap_gather(const uint8_t *buf, size_t len, const uint64_t *ranges, size_t n_ranges,
                 uint8_t *out, size_t out_cap, size_t *n_out);
 
 /* ---- content-defined chunking (FastCDC, gear hash, normalized chunking level 2) ---------- */
+/* For each byte b, with L the length of the open chunk before b:
+ *   L <  min_size        b is skipped (not hashed; the hash restarts at 0 for every chunk);
+ *   L >= min_size        h = (h << 1) + GEAR[b]; the chunk ends after b if (h & mask) == 0,
+ *                        mask = mask_small while L < avg_size, mask_large from avg_size on;
+ *   L + 1 == max_size    the chunk ends after b (forced cut).
+ * bits = log2(avg_size); mask_small has bits + 2 one-bits, mask_large bits - 2, both in the
+ * high bits of the 64-bit hash. GEAR is 256 splitmix64 outputs of seed 0x534E415053544F52
+ * (see csrc/fastcdc.c). Cut points are part of the storage format (pinned by tests/golden). */
 #define SNAP_CDC_MIN_LIMIT   64u           /* smallest allowed min_size */
 #define SNAP_CDC_MAX_LIMIT   (64u << 20)   /* largest allowed max_size */
 
@@ -88,8 +100,9 @@ typedef struct snap_cdc {
 int snap_cdc_init(snap_cdc *c, size_t min_size, size_t avg_size, size_t max_size);
 
 /* Feed data[0:len]. Cut points are absolute stream offsets of chunk ends (exclusive), written
- * to cuts (ascending). Stops early when cuts is full: *consumed tells how many bytes of data
- * were taken; feed the rest again. len / min_size + 1 cut slots always suffice.
+ * to cuts (ascending). Stops early when cuts is full, just before the byte that would end the
+ * next chunk: *consumed tells how many bytes of data were taken (at least 1 when len > 0);
+ * feed the rest again. len / min_size + 1 cut slots always suffice.
  * Errors: SNAP_EINVAL, SNAP_ESTATE, SNAP_ESPACE (max_cuts == 0 and len > 0). */
 int snap_cdc_feed(snap_cdc *c, const uint8_t *data, size_t len,
                   uint64_t *cuts, size_t max_cuts, size_t *n_cuts, size_t *consumed);
