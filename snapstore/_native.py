@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 import threading
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Sequence, Tuple
 
 from snapstore import errors
 from snapstore._ffi import ffi, lib
@@ -51,6 +51,9 @@ def as_bytes_view(obj, writable: bool = False, name: str = "buffer") -> memoryvi
         mv = memoryview(obj)
     except TypeError:
         raise TypeError(f"{name}: expected a bytes-like object, got {type(obj).__name__}") from None
+    except (ValueError, BufferError) as e:  # e.g. numpy datetime arrays, a closed mmap
+        raise TypeError(f"{name}: expected a bytes-like object, got a {type(obj).__name__} "
+                        f"that cannot export its buffer ({e})") from None
     if not mv.c_contiguous:
         raise errors.InvalidArgumentError(
             f"{name}: expected a C-contiguous buffer, got a non-contiguous "
@@ -65,13 +68,13 @@ def as_bytes_view(obj, writable: bool = False, name: str = "buffer") -> memoryvi
 
 
 def _size_arg(value, name: str) -> int:
-    """A non-negative int argument (TypeError if not an int, InvalidArgumentError if negative)."""
+    """A size argument: int in [0, 2**64) (TypeError if not an int, InvalidArgumentError if out of range)."""
     try:
         v = operator.index(value)
     except TypeError:
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
-    if v < 0:
-        raise errors.InvalidArgumentError(f"{name} must be >= 0, got {v}")
+    if not 0 <= v < 1 << 64:
+        raise errors.InvalidArgumentError(f"{name} must be in [0, 2**64), got {v}")
     return v
 
 
@@ -195,9 +198,12 @@ def gather(buf, ranges: Iterable[Sequence[int]], out=None) -> memoryview:
         dst = as_bytes_view(out, writable=True, name="out")
         if total > len(dst):
             raise errors.InvalidArgumentError(f"out holds {len(dst)} bytes; the ranges need {total}")
+    src_p, dst_p = _ptr(src), _ptr(dst, True)
+    s0, d0 = int(ffi.cast("uintptr_t", src_p)), int(ffi.cast("uintptr_t", dst_p))
+    if len(src) and len(dst) and s0 < d0 + len(dst) and d0 < s0 + len(src):
+        raise errors.InvalidArgumentError("out must not overlap buf")
     n_out = ffi.new("size_t *")
-    check(lib.snap_gather(_ptr(src), len(src), arr, n, _ptr(dst, True), len(dst), n_out),
-          "snap_gather")
+    check(lib.snap_gather(src_p, len(src), arr, n, dst_p, len(dst), n_out), "snap_gather")
     return dst[:n_out[0]]
 
 
@@ -215,8 +221,6 @@ class Chunker:
         self.min_size = _size_arg(min_size, "min_size")
         self.avg_size = _size_arg(avg_size, "avg_size")
         self.max_size = _size_arg(max_size, "max_size")
-        if self.max_size >= 1 << 64:
-            raise errors.InvalidArgumentError(f"max_size too large: {self.max_size}")
         self._state = ffi.new("snap_cdc *")
         self._lock = threading.Lock()
         check(lib.snap_cdc_init(self._state, self.min_size, self.avg_size, self.max_size),

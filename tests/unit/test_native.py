@@ -320,6 +320,24 @@ def test_wrong_types(bad):
         nat.Chunker().feed(bad)
 
 
+def test_buffer_export_failures_are_type_errors():
+    with pytest.raises(TypeError, match="cannot export"):
+        nat.page_fingerprints(np.zeros(4, "M8[s]"))
+    mm = mmap.mmap(-1, 4096)
+    mm.close()
+    with pytest.raises(TypeError, match="cannot export"):
+        nat.page_fingerprints(mm)
+
+
+def test_more_dtypes_zero_copy():
+    for arr in (np.array(3.5), np.zeros(3, dtype=[("a", "<i4"), ("b", "f8")]), np.ones(5, bool),
+                np.ones(3, complex), np.ones((2, 3), ">i4")):
+        assert bytes(nat.page_fingerprints(arr, 512)) == ref.page_fingerprints(arr.tobytes(), 512)
+        view = nat.as_bytes_view(arr, writable=True)
+        view[0] ^= 1
+        assert arr.tobytes()[0] == view[0]  # a view, not a copy
+
+
 def test_wrong_type_message_names_the_type():
     with pytest.raises(TypeError, match="got int"):
         nat.as_bytes_view(3)
@@ -465,6 +483,10 @@ def test_gather_wrapper():
     for bad in ([(0, 1001)], [(1000, 1)], [(-1, 1)], [(1, -1)], [(2**64, 0)]):
         with pytest.raises(errors.InvalidArgumentError):
             nat.gather(buf, bad)
+    shared = bytearray(buf)
+    with pytest.raises(errors.InvalidArgumentError, match="overlap"):
+        nat.gather(shared, [(0, 10)], out=memoryview(shared)[500:])
+    assert bytes(nat.gather(memoryview(shared)[:500], [(0, 10)], out=memoryview(shared)[500:])) == buf[:10]
     for bad in ([(1, 2, 3)], [1], [("a", 1)], [(1.0, 2)]):
         with pytest.raises(TypeError):
             nat.gather(buf, bad)
