@@ -53,6 +53,8 @@ def overlay(base: List[Extent], patch: List[Extent]) -> List[Extent]:
 def clip(extents: Iterable[Extent], start: int, end: int) -> List[Extent]:
     """The parts of extents that fall inside [start, end)."""
     out = []
+    if end <= start:
+        return out
     for off, coff, length, cid in extents:
         e_end = off + length
         if e_end <= start or off >= end:

@@ -66,24 +66,22 @@ _ENVS: dict[str, list] = {}
 _ENVS_LOCK = threading.Lock()
 
 
-def _acquire_env(path: str, readonly: bool, durable: bool) -> lmdb.Environment:
+def _acquire_env(path: str, durable: bool) -> lmdb.Environment:
+    """The process's environment of one store. Opened writable whenever the directory allows
+    (read-only Stores never begin write transactions), so readers and a writer of the same
+    store can share it in either order; read-only only on read-only file systems."""
     key = os.path.realpath(path)
     with _ENVS_LOCK:
         held = _ENVS.get(key)
         if held is not None:
-            env, count, env_readonly = held
-            if env_readonly and not readonly:
-                raise SnapstoreError(f"store {path} is open read-only in this process; close "
-                                     "it before opening it for writing")
             held[1] += 1
-            if not readonly and durable:
-                env.set_mapsize(fmt.INDEX_MAP_SIZE)
-            return env
+            return held[0]
+        fs_readonly = not os.access(key, os.W_OK)
         with _lmdb_errors("open"):
             env = lmdb.open(key, map_size=fmt.INDEX_MAP_SIZE, subdir=True,
-                            max_dbs=fmt.INDEX_MAX_DBS, readonly=readonly, create=not readonly,
+                            max_dbs=fmt.INDEX_MAX_DBS, readonly=fs_readonly, create=False,
                             sync=durable, metasync=False, readahead=False, lock=True)
-        _ENVS[key] = [env, 1, readonly]
+        _ENVS[key] = [env, 1]
         return env
 
 
@@ -104,15 +102,13 @@ class Index:
     def __init__(self, path: str, *, readonly: bool, durable: bool) -> None:
         self.readonly = readonly
         self.durable = durable
-        self.env = _acquire_env(path, readonly, durable)
+        if not os.path.isdir(path):
+            raise FormatError(f"no index at {path}; not a snapstore store")
+        self.env = _acquire_env(path, durable)
         try:
             with _lmdb_errors("open databases"):
-                if readonly:
-                    with self.env.begin() as txn:
-                        self.dbs = {name: self.env.open_db(name, txn=txn, create=False)
-                                    for name in fmt.INDEX_DBS}
-                else:
-                    self.dbs = {name: self.env.open_db(name) for name in fmt.INDEX_DBS}
+                self.dbs = {name: self.env.open_db(name, create=not readonly)
+                            for name in fmt.INDEX_DBS}
         except (lmdb.NotFoundError, KeyError) as exc:
             _release_env(self.env)
             raise FormatError(f"index at {path} is missing databases; not a snapstore "

@@ -65,7 +65,11 @@ class CheckpointInfo:
 def validate_name(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, got {type(value).__name__}")
-    raw = value.encode("utf-8", "surrogatepass")
+    try:
+        raw = value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(f"{what} must be valid Unicode text (no lone surrogates), "
+                                   f"got {value!r}") from None
     if not raw or len(raw) > fmt.MAX_NAME_BYTES or b"\0" in raw:
         raise InvalidArgumentError(f"{what} must be 1 to {fmt.MAX_NAME_BYTES} UTF-8 bytes "
                                    f"without NUL, got {value!r}")
@@ -358,8 +362,8 @@ class Store:
             validate_name(name, "buffer name")
             views[name] = native.as_bytes_view(obj)
         layout = _check_choice(chunking or self.options.chunking, fmt.CHUNKING_MODES, "chunking")
-        try:
-            json.dumps(meta)
+        try:       # what the store keeps, and so what every later get() returns
+            meta = json.loads(json.dumps(meta, allow_nan=False))
         except (TypeError, ValueError) as exc:
             raise TypeError(f"meta must be JSON-serialisable: {exc}") from None
         with self._lock:
@@ -394,8 +398,13 @@ class Store:
             crashpoint("after_data_append")
             commit = Commit(new_id, stream, head, time.time(), meta, entries,
                             sink.new_chunk_table(), seq=seq)
-            commit.bytes_new = sink.bytes_new + fmt.RECORD_HEADER.size + \
-                sum(len(p) for p in commit.encode())
+            # bytes_new counts the commit record too, whose size depends on bytes_new's digits.
+            while True:
+                total = sink.bytes_new + fmt.RECORD_HEADER.size + \
+                    sum(len(p) for p in commit.encode())
+                if total == commit.bytes_new:
+                    break
+                commit.bytes_new = total
 
             def put_fingerprints(w) -> None:
                 for name, fps in fingerprints:
