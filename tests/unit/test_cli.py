@@ -1,0 +1,449 @@
+"""The `snapstore` command line, run as a real program in a subprocess (python -m snapstore,
+and the installed console script when it is on PATH), plus its pure helpers in-process."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import snapstore
+from snapstore import cli, errors
+from snapstore.progress import Progress, human_bytes, human_seconds
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COMMANDS = ("init", "ls", "show", "diff", "restore", "rm", "tag", "retain", "compact", "verify",
+            "stats", "bench")
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env.pop("SNAPSTORE_STORE", None)
+    env.pop("SNAPSTORE_DEBUG", None)
+    env.pop("SNAPSTORE_PROGRESS", None)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def run(*args, env=None, stdin=None, binary=False, cmd=None, **kw):
+    argv = (cmd or [sys.executable, "-m", "snapstore"]) + [str(a) for a in args]
+    return subprocess.run(argv, env=_env(**(env or {})), cwd=ROOT, capture_output=True,
+                          text=not binary, timeout=120, stdin=stdin, **kw)
+
+
+def ok(*args, **kw):
+    p = run(*args, **kw)
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+    return p
+
+
+def ok_json(*args, **kw):
+    return json.loads(ok(*args, "--json", **kw).stdout)
+
+
+def assert_one_line_error(p, code, *needles):
+    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("snapstore: error: "), p.stderr
+    assert "Traceback" not in p.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+def needs(method):
+    if not hasattr(snapstore.Store, method):
+        pytest.skip(f"Store.{method} is not implemented yet")
+
+
+# ---- a small store with known content ------------------------------------------------------
+A0 = bytes(random.Random(1).randbytes(40000))
+B0 = bytes(range(256)) * 20
+
+
+@pytest.fixture
+def cli_store(tmp_path):
+    """Checkpoints: 1 (default: weights, odd/name), 2 (default: weights changed at 5000:10 and
+    30000:1 and 30003:1, odd/name dropped, new added), 3 (stream other: weights)."""
+    path = str(tmp_path / "store")
+    a = bytearray(A0)
+    with snapstore.open(path, durability="none") as s:
+        s.checkpoint({"weights": a, "odd/name": B0}, meta={"step": 1})
+        a[5000:5010] = bytes(x ^ 0xFF for x in a[5000:5010])
+        a[30000] ^= 1
+        a[30003] ^= 1
+        s.checkpoint({"weights": a, "new": b"abc"}, meta={"step": 2})
+        s.checkpoint({"weights": a}, stream="other")
+    return path
+
+
+# ---- help, version, entry points ---------------------------------------------------------
+def test_help_lists_every_command_and_documents_exit_codes():
+    p = ok("--help")
+    for c in COMMANDS:
+        assert f"    {c} " in p.stdout, c
+    assert "exit status" in p.stdout and "usage error" in p.stdout
+    for c in COMMANDS:
+        assert ok(c, "--help").stdout.startswith("usage: snapstore " + c)
+
+
+def test_version():
+    assert ok("--version").stdout.strip() == f"snapstore {snapstore.__version__}"
+
+
+def test_no_command_prints_usage_and_exits_2():
+    p = run()
+    assert p.returncode == 2 and "usage:" in p.stderr
+
+
+def test_installed_console_script(cli_store):
+    exe = shutil.which("snapstore")
+    if exe is None:
+        pytest.skip("the snapstore console script is not on PATH (pip install -e .)")
+    p = run("--version", cmd=[exe])
+    assert p.returncode == 0 and p.stdout.strip() == f"snapstore {snapstore.__version__}"
+    p = run("-s", cli_store, "ls", "--json", cmd=[exe])
+    assert p.returncode == 0, p.stderr
+    assert [c["id"] for c in json.loads(p.stdout)["checkpoints"]] == [1, 2, 3]
+    assert_one_line_error(run("-s", cli_store, "show", "99", cmd=[exe]), 2, "99")
+
+
+# ---- init, ls, show -------------------------------------------------------------------------
+def test_init_creates_a_store_and_is_idempotent(tmp_path):
+    path = tmp_path / "new"
+    assert "created store" in ok("init", path).stdout
+    with snapstore.open(str(path), create=False) as s:
+        assert s.checkpoints() == []
+    assert ok_json("init", path) == {"path": str(path), "created": False}
+    assert ok_json("--store", tmp_path / "other", "init")["created"] is True
+
+
+def test_init_refuses_a_foreign_directory(tmp_path):
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "file.txt").write_text("x")
+    assert_one_line_error(run("init", tmp_path / "junk"), 2, "not a snapstore store")
+
+
+def test_ls(cli_store):
+    p = ok("-s", cli_store, "ls")
+    lines = p.stdout.splitlines()
+    assert lines[0].split()[:4] == ["ID", "STREAM", "KIND", "PARENT"]
+    assert [ln.split()[0] for ln in lines[1:]] == ["1", "2", "3"]
+    data = ok_json("ls", "--store", cli_store)       # --store after the command works too
+    c = data["checkpoints"]
+    assert [x["id"] for x in c] == [1, 2, 3]
+    assert c[0]["sizes"] == {"weights": len(A0), "odd/name": len(B0)}
+    assert c[0]["meta"] == {"step": 1} and c[1]["parent"] == 1 and c[1]["kind"] == "incremental"
+    assert c[0]["tags"] == [] and c[0]["created_iso"].endswith("Z")
+    assert [x["id"] for x in ok_json("-s", cli_store, "ls", "--stream", "other")
+            ["checkpoints"]] == [3]
+    assert [x["id"] for x in ok_json("-s", cli_store, "ls", "--last", "2")["checkpoints"]] \
+        == [2, 3]
+
+
+def test_store_from_environment(cli_store):
+    assert len(ok_json("ls", env={"SNAPSTORE_STORE": cli_store})["checkpoints"]) == 3
+
+
+def test_show(cli_store):
+    p = ok("-s", cli_store, "show", "2")
+    assert "checkpoint 2" in p.stdout and "1 <- 2" in p.stdout and "weights" in p.stdout
+    d = ok_json("-s", cli_store, "show", "2")
+    assert d["id"] == 2 and d["chain"] == [1, 2] and d["meta"] == {"step": 2}
+    assert d["buffers"] == [{"name": "weights", "bytes": len(A0)}, {"name": "new", "bytes": 3}]
+    assert d["bytes"] == len(A0) + 3
+    assert ok_json("-s", cli_store, "show", "latest")["id"] == 3
+    assert ok_json("-s", cli_store, "show", "latest:default")["id"] == 2
+
+
+# ---- diff -------------------------------------------------------------------------------------
+def test_diff_exact_ranges(cli_store):
+    d = ok_json("-s", cli_store, "diff", "1", "2", "--gap", "0")
+    assert d["from"] == 1 and d["to"] == 2
+    by = {b["name"]: b for b in d["buffers"]}
+    assert by["weights"]["status"] == "changed"
+    assert by["weights"]["ranges"] == [[5000, 10], [30000, 1], [30003, 1]]
+    assert by["weights"]["changed_bytes"] == 12
+    assert by["odd/name"]["status"] == "removed" and by["odd/name"]["changed_bytes"] == len(B0)
+    assert by["new"]["status"] == "added" and by["new"]["size_to"] == 3
+    assert d["changed_bytes"] == 12 + len(B0) + 3
+
+
+def test_diff_coalesces_and_crosses_windows(cli_store):
+    # A 4 KiB window puts 5000:10 in the second window; gap 16 merges 30000 and 30003.
+    d = ok_json("-s", cli_store, "diff", "1", "2", "--window", "4KiB", "--buffer", "weights")
+    assert [b["name"] for b in d["buffers"]] == ["weights"]
+    assert d["buffers"][0]["ranges"] == [[5000, 10], [30000, 4]]
+    assert d["buffers"][0]["changed_bytes"] == 12
+    p = ok("-s", cli_store, "diff", "1", "2")
+    assert "5000:10" in p.stdout and "removed" in p.stdout and "added" in p.stdout
+    d = ok_json("-s", cli_store, "diff", "2", "3")
+    assert d["buffers"][0]["status"] == "unchanged" and d["buffers"][0]["ranges"] == []
+
+
+def test_diff_unknown_buffer_is_usage_error(cli_store):
+    assert_one_line_error(run("-s", cli_store, "diff", "1", "2", "--buffer", "zzz"), 2, "zzz")
+
+
+# ---- restore -----------------------------------------------------------------------------------
+def test_restore_writes_one_file_per_buffer(cli_store, tmp_path):
+    out = tmp_path / "out"
+    p = ok("-s", cli_store, "restore", "1", "--out", out)
+    assert "odd/name -> " in p.stdout and "odd_name" in p.stdout
+    assert (out / "weights").read_bytes() == A0
+    assert (out / "odd_name").read_bytes() == B0
+    assert not [f for f in os.listdir(out) if f.startswith(".")]
+    # Existing files are not overwritten without --force (usage error, nothing changed).
+    assert_one_line_error(run("-s", cli_store, "restore", "2", "--out", out), 2, "--force")
+    assert (out / "weights").read_bytes() == A0
+    d = ok_json("-s", cli_store, "restore", "2", "--out", out, "--force", "--buffer", "weights")
+    assert d["checkpoint"] == 2 and [f["buffer"] for f in d["files"]] == ["weights"]
+    assert (out / "weights").read_bytes() != A0
+
+
+def test_restore_range_and_stdout(cli_store, tmp_path):
+    d = ok_json("-s", cli_store, "restore", "1", "--buffer", "odd/name", "--range", "10:5",
+                "--out", tmp_path / "r")
+    assert d["files"][0]["offset"] == 10 and d["files"][0]["bytes"] == 5
+    assert (tmp_path / "r" / "odd_name").read_bytes() == B0[10:15]
+    p = run("-s", cli_store, "restore", "1", "--buffer", "weights", "--range", "1K:",
+            "--out", "-", binary=True)
+    assert p.returncode == 0 and p.stdout == A0[1024:]
+    assert_one_line_error(run("-s", cli_store, "restore", "1", "--out", "-"), 2, "exactly one")
+    assert_one_line_error(run("-s", cli_store, "restore", "1", "--buffer", "odd/name",
+                              "--range", "5120:1", "--out", tmp_path / "x"), 2, "exceeds")
+    assert_one_line_error(run("-s", cli_store, "restore", "1", "--range", "abc",
+                              "--out", tmp_path / "x"), 2, "range")
+
+
+# ---- rm, tag, retain, compact, verify, stats -----------------------------------------------
+def test_rm(cli_store):
+    assert ok_json("-s", cli_store, "rm", "3") == {"deleted": [3]}
+    assert [c["id"] for c in ok_json("-s", cli_store, "ls")["checkpoints"]] == [1, 2]
+    # One unknown id: nothing is deleted.
+    assert_one_line_error(run("-s", cli_store, "rm", "1", "77"), 2, "77")
+    assert len(ok_json("-s", cli_store, "ls")["checkpoints"]) == 2
+    assert "deleted checkpoint 1" in ok("-s", cli_store, "rm", "1").stdout
+    # Its child stays restorable.
+    assert ok_json("-s", cli_store, "diff", "2", "2")["changed_bytes"] == 0
+
+
+def test_tag_and_untag(cli_store):
+    needs("tag")
+    assert ok_json("-s", cli_store, "tag", "1", "best", "keep")["tags"] == ["best", "keep"]
+    assert [c["id"] for c in ok_json("-s", cli_store, "ls", "--tag", "keep")["checkpoints"]] \
+        == [1]
+    assert ok_json("-s", cli_store, "tag", "--remove", "1", "best")["tags"] == ["keep"]
+    assert "keep" in ok("-s", cli_store, "ls").stdout
+
+
+def test_retain(cli_store):
+    needs("retain")
+    assert_one_line_error(run("-s", cli_store, "retain"), 2, "--keep-last")
+    d = ok_json("-s", cli_store, "retain", "--stream", "default", "--keep-last", "1")
+    assert d == {"deleted": {"default": [1]}, "deleted_count": 1}
+    assert [c["id"] for c in ok_json("-s", cli_store, "ls")["checkpoints"]] == [2, 3]
+
+
+def test_compact(cli_store):
+    needs("compact")
+    ok("-s", cli_store, "rm", "1")
+    d = ok_json("-s", cli_store, "compact", "--threshold", "1")
+    for key in ("bytes_before", "bytes_after", "chunks_freed", "segments_rewritten",
+                "chains_folded", "seconds"):
+        assert key in d, key
+    assert "freed" in ok("-s", cli_store, "compact").stdout
+
+
+def test_verify_ok_and_damaged(cli_store):
+    needs("verify")
+    assert ok_json("-s", cli_store, "verify", "--deep")["ok"] is True
+    assert ok("-s", cli_store, "verify").stdout.startswith("verify: OK")
+    seg_dir = os.path.join(cli_store, "segments")
+    seg = os.path.join(seg_dir, sorted(os.listdir(seg_dir))[0])
+    with open(seg, "r+b") as f:          # flip a byte inside the first (40 KB) chunk record
+        f.seek(20000)
+        b = f.read(1)
+        f.seek(20000)
+        f.write(bytes([b[0] ^ 0xFF]))
+    p = run("-s", cli_store, "verify", "--deep", "--json")
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    report = json.loads(p.stdout)
+    assert report["ok"] is False and report["problems"]
+    assert {"kind", "message"} <= set(report["problems"][0])
+    p = run("-s", cli_store, "verify", "--deep")
+    assert p.returncode == 1 and "problem" in p.stdout
+
+
+def test_stats(cli_store):
+    d = ok_json("-s", cli_store, "stats")
+    assert d["checkpoints"] == 3 and d["streams"] == 2 and d["logical_bytes"] > 0
+    assert "dedup ratio" in ok("-s", cli_store, "stats").stdout
+
+
+# ---- errors and exit codes ---------------------------------------------------------------------
+def test_usage_errors_are_one_line_exit_2(cli_store, tmp_path):
+    assert_one_line_error(run("frobnicate"), 2, "invalid choice")
+    assert_one_line_error(run("-s", cli_store, "show"), 2, "required")
+    assert_one_line_error(run("-s", cli_store, "show", "abc"), 2, "invalid checkpoint id")
+    assert_one_line_error(run("-s", cli_store, "show", "99"), 2, "no checkpoint 99")
+    assert_one_line_error(run("ls"), 2, "no store given")
+    assert_one_line_error(run("-s", tmp_path / "nope", "ls"), 2, "no snapstore store")
+    (tmp_path / "plain").mkdir()
+    assert_one_line_error(run("-s", tmp_path / "plain", "ls"), 2, "not a snapstore store")
+    assert_one_line_error(run("-s", cli_store, "show", "latest:nostream"), 2, "nostream")
+
+
+def test_locked_store_is_exit_1(cli_store):
+    with snapstore.open(cli_store):          # this process holds the writer lock
+        assert_one_line_error(run("-s", cli_store, "rm", "3"), 1, "another process")
+
+
+def test_debug_shows_the_traceback(cli_store):
+    p = run("-s", cli_store, "show", "99", "--debug")
+    assert p.returncode == 2
+    assert "Traceback" in p.stderr and "CheckpointNotFound" in p.stderr
+    assert p.stderr.splitlines()[-1] == "snapstore: error: no checkpoint 99"
+    p = run("-s", cli_store, "show", "99", env={"SNAPSTORE_DEBUG": "1"})
+    assert "Traceback" in p.stderr
+
+
+def test_exit_code_mapping():
+    assert cli.exit_code_for(errors.CheckpointNotFound("x")) == 2
+    assert cli.exit_code_for(errors.InvalidArgumentError("x")) == 2
+    assert cli.exit_code_for(errors.FormatError("x")) == 2
+    assert cli.exit_code_for(cli.UsageError("x")) == 2
+    assert cli.exit_code_for(errors.CorruptionError("x")) == 1
+    assert cli.exit_code_for(errors.StoreLocked("x")) == 1
+    assert cli.exit_code_for(errors.StoreIOError("x")) == 1
+    assert cli.exit_code_for(cli.Problem("x")) == 1
+
+
+# ---- progress -------------------------------------------------------------------------------
+def test_no_progress_output_when_stderr_is_not_a_terminal(cli_store, tmp_path):
+    p = ok("-s", cli_store, "restore", "1", "--out", tmp_path / "o")
+    assert p.stderr == ""
+
+
+def test_progress_bar_on_a_terminal(cli_store, tmp_path):
+    pty = pytest.importorskip("pty")
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.run([sys.executable, "-m", "snapstore", "-s", cli_store, "restore", "1",
+                            "--out", str(tmp_path / "o")], env=_env(), cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=slave, timeout=60)
+        os.close(slave)
+        slave = None
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    assert p.returncode == 0
+    assert b"restore [" in seen and b"%" in seen
+    assert b"restored checkpoint 1" in p.stdout     # stdout stays clean
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_class():
+    quiet = io.StringIO()
+    with Progress(100, "x", stream=quiet) as bar:
+        bar.update(50)
+    assert quiet.getvalue() == ""
+    tty = _Tty()
+    with Progress(100, "load", unit="B", stream=tty, min_interval=0) as bar:
+        bar.update(50)
+        assert "load [" in tty.getvalue() and " 50%" in tty.getvalue()
+    assert tty.getvalue().endswith("\r")          # the line is erased at the end
+    tty = _Tty()
+    with Progress(None, "spin", stream=tty, min_interval=0.01):
+        import time
+        time.sleep(0.05)
+    assert "spin" in tty.getvalue()
+    assert Progress(10, stream=_Tty(), enabled=False).enabled is False
+
+
+def test_progress_disabled_by_environment(monkeypatch):
+    monkeypatch.setenv("SNAPSTORE_PROGRESS", "0")
+    assert Progress(10, stream=_Tty()).enabled is False
+
+
+def test_human_units():
+    assert human_bytes(0) == "0 B" and human_bytes(1023) == "1023 B"
+    assert human_bytes(1536) == "1.5 KiB" and human_bytes(256 << 20) == "256.0 MiB"
+    assert human_seconds(0.0123) == "12.3 ms" and human_seconds(2.5) == "2.50 s"
+    assert human_seconds(75) == "1m15s" and human_seconds(5e-6) == "5 us"
+
+
+# ---- helpers in-process -------------------------------------------------------------------------
+def test_parse_size_and_range():
+    assert cli.parse_size("4096") == 4096
+    assert cli.parse_size("64K") == cli.parse_size("64KiB") == cli.parse_size("64kb") == 65536
+    assert cli.parse_size("1.5MiB") == 1572864 and cli.parse_size("1G") == 1 << 30
+    for bad in ("", "x", "1.3B", "-5", "1Q"):
+        with pytest.raises(ValueError):
+            cli.parse_size(bad)
+    assert cli.parse_range("10:5") == (10, 5)
+    assert cli.parse_range("1K:") == (1024, None)
+    assert cli.parse_range(":8") == (0, 8)
+    with pytest.raises(ValueError):
+        cli.parse_range("10")
+
+
+def test_coalesce():
+    assert cli.coalesce([], 16) == []
+    assert cli.coalesce([(0, 1), (1, 2), (5, 6)], 0) == [(0, 2), (5, 6)]
+    assert cli.coalesce([(0, 1), (5, 6), (30, 31)], 16) == [(0, 6), (30, 31)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_diff_bytes_numpy_and_python_agree(seed):
+    pytest.importorskip("numpy")
+    rng = random.Random(seed)
+    n = rng.choice([1, 15, 16, 17, 4095, 4096, 9000])
+    a = bytearray(rng.randbytes(n))
+    b = bytearray(a)
+    for _ in range(rng.randrange(0, 12)):
+        i = rng.randrange(n)
+        for j in range(i, min(n, i + rng.randrange(1, 40))):
+            b[j] = rng.randrange(256)
+    expect_changed = sum(1 for x, y in zip(a, b) if x != y)
+    runs_np, c_np = cli.diff_bytes(bytes(a), bytes(b), 100, use_numpy=True)
+    runs_py, c_py = cli.diff_bytes(bytes(a), bytes(b), 100, use_numpy=False)
+    assert runs_np == runs_py and c_np == c_py == expect_changed
+    assert sum(e - s for s, e in runs_np) == expect_changed
+    for s, e in runs_np:
+        assert all(a[i - 100] != b[i - 100] for i in range(s, e))
+
+
+def test_diff_buffer_resized():
+    a, b = b"abcdef", b"abXdefgh"
+    r = cli.diff_buffer(lambda o, n: a[o:o + n], lambda o, n: b[o:o + n], len(a), len(b),
+                        gap=0, window=4)
+    assert r == {"status": "resized", "changed_bytes": 3, "ranges": [[2, 1], [6, 2]]}
+
+
+def test_safe_filenames():
+    m = cli.safe_filenames(["w", "a/b", "a_b", "A_B", ".hidden", "..", "x" * 300, "ü"])
+    assert m["w"] == "w" and m["a/b"] == "a_b"
+    assert len({v.lower() for v in m.values()}) == len(m)
+    assert not any(v.startswith(".") for v in m.values())
+    assert all(len(v) <= 210 and "/" not in v for v in m.values())
