@@ -1,0 +1,308 @@
+"""The benchmark harness (snapstore.bench) in-process on tiny states, and `snapstore bench` as
+a real program producing the documented JSON."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from snapstore import bench
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MiB = 1 << 20
+LOCAL = ["snapstore", "raw", "pickle"]
+
+
+def tiny(**kw):
+    opts = dict(size=MiB, buffers=2, dirty=0.02, checkpoints=2, durability="none")
+    opts.update(kw)
+    return bench.Workload(**opts)
+
+
+# ---- state and mutations ------------------------------------------------------------------
+def test_make_state_is_deterministic_and_page_aligned():
+    w = tiny(size=3 * MiB + 100, buffers=3)
+    s1, s2 = bench.make_state(w), bench.make_state(w)
+    assert s1 == s2 and list(s1) == ["buf000", "buf001", "buf002"]
+    assert sum(map(len, s1.values())) == w.size
+    assert all(len(b) % bench.PAGE == 0 for b in list(s1.values())[:-1])
+    assert bench.make_state(tiny(seed=1)) != bench.make_state(tiny())
+    c = bench.make_state(tiny(content="compressible"))["buf000"]
+    assert max(c) < 16
+
+
+def _changed_pages(a: bytes, b: bytes) -> int:
+    return sum(1 for i in range(0, len(a), bench.PAGE)
+               if a[i:i + bench.PAGE] != b[i:i + bench.PAGE])
+
+
+@pytest.mark.parametrize("pattern", ["scattered", "clustered"])
+def test_page_patterns_dirty_the_requested_fraction(pattern):
+    w = tiny(size=4 * MiB, dirty=0.05, pattern=pattern)
+    state = bench.make_state(w)
+    before = {n: bytes(b) for n, b in state.items()}
+    written = bench.mutate(state, w, 1)
+    pages = sum(_changed_pages(before[n], state[n]) for n in state)
+    expect = round(0.05 * 4 * MiB / bench.PAGE)
+    assert pages == expect and written == expect * bench.DIRTY_WRITE
+    assert {n: len(b) for n, b in state.items()} == {n: len(b) for n, b in before.items()}
+    again = {n: bytearray(b) for n, b in before.items()}
+    bench.mutate(again, w, 1)
+    assert again == state                          # deterministic per (seed, step)
+
+
+def test_clustered_pages_are_runs():
+    w = tiny(size=4 * MiB, dirty=0.05, pattern="clustered", buffers=1)
+    state = bench.make_state(w)
+    before = bytes(state["buf000"])
+    bench.mutate(state, w, 1)
+    dirty = [i // bench.PAGE for i in range(0, len(before), bench.PAGE)
+             if before[i:i + bench.PAGE] != state["buf000"][i:i + bench.PAGE]]
+    breaks = sum(1 for a, b in zip(dirty, dirty[1:]) if b != a + 1)
+    assert breaks <= math.ceil(len(dirty) / bench.CLUSTER_PAGES)
+
+
+def test_shifted_and_appended():
+    w = tiny(size=2 * MiB, dirty=0.01, pattern="shifted", buffers=1)
+    state = bench.make_state(w)
+    before = bytes(state["buf000"])
+    assert bench.mutate(state, w, 1) == round(0.01 * 2 * MiB)
+    assert len(state["buf000"]) == len(before) and state["buf000"] != before
+    w = tiny(size=2 * MiB, dirty=0.01, pattern="appended", buffers=2)
+    state = bench.make_state(w)
+    sizes = [len(b) for b in state.values()]
+    bench.mutate(state, w, 1)
+    assert [len(b) for b in state.values()] == [s + round(0.01 * 2 * MiB / 2) for s in sizes]
+
+
+def test_zero_dirty_changes_nothing():
+    w = tiny(dirty=0.0)
+    state = bench.make_state(w)
+    before = {n: bytes(b) for n, b in state.items()}
+    assert bench.mutate(state, w, 1) == 0 and state == before
+
+
+@pytest.mark.parametrize("bad", [dict(size=10), dict(buffers=0), dict(dirty=1.5),
+                                 dict(checkpoints=0), dict(pattern="zigzag"),
+                                 dict(durability="maybe"), dict(chunking="x")])
+def test_workload_validation(bad):
+    with pytest.raises(bench.BenchError):
+        tiny(**bad).validate()
+
+
+# ---- statistics and helpers ---------------------------------------------------------------
+def test_percentile_and_summary():
+    assert bench.percentile([5, 1, 4, 2, 3], 95) == 5
+    assert bench.percentile(list(range(1, 101)), 95) == 95
+    assert bench.percentile([7], 50) == 7
+    s = bench.summary([4, 1, 3, 2])
+    assert s["median"] == 2.5 and s["min"] == 1 and s["max"] == 4 and s["p95"] == 4
+    assert s["samples"] == [4, 1, 3, 2]
+
+
+def test_peak_memory_sees_c_allocations():
+    if not bench.PeakMemory.supported():
+        pytest.skip("no /proc/self/clear_refs")
+    with bench.PeakMemory() as m:
+        buf = bytearray(64 * MiB)      # calloc'd: touch it so it is resident
+        buf[::4096] = b"x" * len(buf[::4096])
+        del buf
+    assert m.extra is not None and m.extra >= 48 * MiB
+
+
+def test_to_json_replaces_non_finite():
+    assert json.loads(bench.to_json({"a": math.inf, "b": [math.nan, 1.0]})) == \
+        {"a": None, "b": [None, 1.0]}
+
+
+# ---- running workloads --------------------------------------------------------------------
+def _check_method(res, checkpoints):
+    for key in bench.METRIC_KEYS:
+        assert key in res, key
+    assert res["available"] is True and res["skipped"] is None and res["verified"] is True
+    assert len(res["checkpoint_seconds"]["samples"]) == checkpoints
+    assert res["checkpoint_seconds"]["p95"] >= res["checkpoint_seconds"]["median"] > 0
+    assert res["bytes_written_per_checkpoint"]["median"] > 0
+    assert res["restore_latest_seconds"] > 0 and res["restore_oldest_seconds"] > 0
+    assert res["store_bytes"] > 0
+
+
+def test_run_workload_measures_snapstore_and_baselines(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench.shutil, "which", lambda name: None)
+    methods = ["snapstore", "raw", "pickle", "numpy", "restic", "borg"]
+    out = bench.run_workload(tiny(cache="cold", durability="fsync"), methods=methods,
+                             workdir=str(tmp_path))
+    res = out["results"]
+    assert out["workload"]["size"] == MiB and "scattered" in out["description"]
+    _check_method(res["snapstore"], 2)
+    assert res["snapstore"]["snapstore"]["kinds"] == ["full", "incremental", "incremental"]
+    for name in ("raw", "pickle") + (("numpy",) if res["numpy"]["available"] else ()):
+        _check_method(res[name], 2)
+        assert set(res[name]["vs_snapstore"]) == set(bench.RATIO_KEYS)
+        # a whole-state baseline writes the whole state every time; snapstore ~2% of it
+        assert res[name]["bytes_written_per_checkpoint"]["median"] >= MiB
+        assert res[name]["vs_snapstore"]["bytes_written"] > 5
+    assert res["snapstore"]["bytes_written_per_checkpoint"]["median"] < MiB / 4
+    for name in ("restic", "borg"):
+        assert res[name]["available"] is False and "not found" in res[name]["skipped"]
+    assert os.listdir(tmp_path) == []            # every method cleaned up after itself
+    table = bench.format_table({"workloads": [out]})
+    assert "snapstore" in table and "raw" in table and "x)" in table
+    assert "skipped: restic (restic not found on PATH)" in table
+
+
+@pytest.mark.parametrize("pattern,chunking", [("shifted", "cdc"), ("appended", "pages"),
+                                              ("clustered", "pages")])
+def test_run_other_patterns_restore_exactly(tmp_path, pattern, chunking):
+    out = bench.run_workload(tiny(pattern=pattern, chunking=chunking, cache="warm",
+                                  content="compressible"),
+                             methods=["snapstore", "raw"], workdir=str(tmp_path))
+    for res in out["results"].values():
+        assert res["verified"] is True
+
+
+def test_unknown_method():
+    with pytest.raises(bench.BenchError):
+        bench.available_methods(["snapstore", "tar"])
+
+
+FAKE_RESTIC = """\
+import json, os, shutil, sys
+args = sys.argv[1:]
+repo = os.environ["RESTIC_REPOSITORY"]
+assert os.environ["RESTIC_PASSWORD"]
+if args[0] == "init":
+    os.makedirs(os.path.join(repo, "snaps"))
+elif args[0] == "backup":
+    n = str(len(os.listdir(os.path.join(repo, "snaps"))))
+    shutil.copy(args[-1], os.path.join(repo, "snaps", n))
+    print(json.dumps({"message_type": "status", "percent_done": 1}))
+    print(json.dumps({"message_type": "summary", "snapshot_id": n}))
+elif args[0] == "restore":
+    snap, target = args[2], args[args.index("--target") + 1]
+    shutil.copy(os.path.join(repo, "snaps", snap), os.path.join(target, "state.bin"))
+else:
+    sys.exit(3)
+"""
+
+FAKE_BORG = """\
+import os, shutil, sys
+args = sys.argv[1:]
+if args[0] == "init":
+    os.makedirs(args[-1])
+elif args[0] == "create":
+    repo, name = args[1].split("::")
+    shutil.copy(args[2], os.path.join(repo, name))
+elif args[0] == "extract":
+    repo, name = args[1].split("::")
+    shutil.copy(os.path.join(repo, name), "state.bin")
+else:
+    sys.exit(3)
+"""
+
+
+def test_external_tools_protocol_with_fakes(tmp_path, monkeypatch):
+    """restic and borg are driven through their command lines; fakes check the protocol."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, body in (("restic", FAKE_RESTIC), ("borg", FAKE_BORG)):
+        path = bindir / name
+        path.write_text(f"#!{sys.executable}\n" + body)
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", str(bindir) + os.pathsep + os.environ["PATH"])
+    work = tmp_path / "work"
+    work.mkdir()
+    out = bench.run_workload(tiny(cache="warm"), methods=["snapstore", "restic", "borg"],
+                             workdir=str(work))
+    for name in ("restic", "borg"):
+        res = out["results"][name]
+        assert res["available"] is True and res["verified"] is True, res
+        assert res["bytes_written_per_checkpoint"]["median"] >= MiB
+        assert "vs_snapstore" in res
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(bench.BenchError, match="matplotlib"):
+        bench.plot({"workloads": []}, "x.png")
+
+
+# ---- `snapstore bench` as a program -----------------------------------------------------------
+def _bench(*args):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("SNAPSTORE_PROGRESS", None)
+    return subprocess.run([sys.executable, "-m", "snapstore", "bench", *map(str, args)],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_bench_json_has_the_documented_keys(tmp_path):
+    p = _bench("--size", "2MiB", "--buffers", "2", "--checkpoints", "2", "--dirty", "1%,0.05",
+               "--methods", "snapstore,raw,pickle,restic", "--dir", tmp_path, "--json")
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""                        # no progress bar: stderr is not a terminal
+    data = json.loads(p.stdout)
+    assert {"machine", "command", "methods", "workloads", "seconds"} <= set(data)
+    assert data["command"][:2] == ["snapstore", "bench"]
+    assert data["machine"]["bench_fs"] and data["machine"]["cpus"]
+    assert [w["workload"]["dirty"] for w in data["workloads"]] == [0.01, 0.05]
+    for wl in data["workloads"]:
+        assert wl["workload"]["size"] == 2 * MiB and wl["workload"]["checkpoints"] == 2
+        assert list(wl["results"]) == ["snapstore", "raw", "pickle", "restic"]
+        for name in ("snapstore", "raw", "pickle"):
+            _check_method(wl["results"][name], 2)
+        assert set(wl["results"]["raw"]["vs_snapstore"]) == set(bench.RATIO_KEYS)
+        if wl["results"]["restic"]["available"] is False:
+            assert wl["results"]["restic"]["skipped"]
+    assert os.listdir(tmp_path) == []
+
+
+def test_cli_bench_table():
+    p = _bench("--size", "1MiB", "--checkpoints", "1", "--no-baselines", "--durability", "none")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("workload: 1.0 MiB in 4 buffer(s)")
+    assert lines[1].split()[:3] == ["method", "ckpt", "median"]
+    assert lines[2].startswith("snapstore ")
+    assert "(Nx) = the baseline's figure divided by snapstore's" in p.stdout
+
+
+@pytest.mark.parametrize("args,needle", [(["--dirty", "2"], "between 0 and 1"),
+                                         (["--pattern", "zigzag"], "invalid choice"),
+                                         (["--methods", "tar"], "invalid choice"),
+                                         (["--size", "10"], "at least"),
+                                         (["--dir", "/nonexistent/x"], "not a directory")])
+def test_cli_bench_usage_errors(args, needle):
+    p = _bench(*args)
+    assert p.returncode == 2, p.stderr
+    assert len(p.stderr.splitlines()) == 1 and needle in p.stderr
+
+
+def test_cli_bench_plot(tmp_path):
+    png = tmp_path / "o.png"
+    p = _bench("--size", "1MiB", "--checkpoints", "1", "--no-baselines", "--plot", png)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert p.returncode == 1 and "matplotlib" in p.stderr
+        assert len(p.stderr.splitlines()) == 1 and not png.exists()
+        return
+    assert p.returncode == 0, p.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_library_usage_in_docstring_runs(tmp_path):
+    code = textwrap.dedent(f"""
+        from snapstore import bench
+        result = bench.run([bench.Workload(size=1 << 20, checkpoints=1, durability="none")],
+                           methods=["snapstore", "raw"], workdir={str(tmp_path)!r})
+        print(bench.format_table(result).splitlines()[2].split()[0])
+    """)
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "snapstore", p.stderr
