@@ -760,7 +760,13 @@ def run_workload(w: Workload, *, methods=None, workdir: Optional[str] = None,
     try:
         results = {}
         for name in names:
-            results[name] = run_method(name, w, workdir, tick)
+            try:
+                results[name] = run_method(name, w, workdir, tick)
+            except (BenchError, OSError) as exc:
+                if name == "snapstore":
+                    raise
+                # A baseline that breaks (a tool's error, disk full...) is reported, not fatal.
+                results[name] = _skipped(name, f"failed: {exc}")
         add_ratios(results)
         return {"workload": asdict(w), "description": w.describe(), "results": results}
     finally:

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 import time
 import traceback
 from typing import Any, Callable, Iterable, Optional
@@ -299,16 +300,20 @@ def build_parser() -> argparse.ArgumentParser:
     from . import bench as _b
     p = add("bench", "measure checkpoint overhead against baselines", cmd_bench,
             parents=(_common(with_store=False),),
-            description="Measures snapstore's checkpoint overhead on a synthetic state and "
-            "the same figures for baselines run in this process on the same bytes: raw file "
-            "write, pickle, numpy.save (+fsync with --durability fsync), and restic / borg "
-            "when on PATH. Every combination of --dirty and --pattern is one workload.\n\n"
-            "The default (256 MiB, 1% scattered, 5 checkpoints) takes well under a minute; "
-            "the 1 GiB run:\n  snapstore bench --size 1GiB\nan overhead curve:\n"
-            "  snapstore bench --dirty 0.001,0.01,0.1,0.5 --plot overhead.png")
+            description=textwrap.fill(
+                "Measures snapstore's checkpoint overhead on a synthetic state, and the same "
+                "figures for baselines run in this process on the same bytes: raw file write, "
+                "pickle, numpy.save (each + fsync with --durability fsync), and restic / borg "
+                "when they are on PATH. Every combination of --dirty and --pattern is one "
+                "workload. The default (256 MiB, 1% scattered, 5 checkpoints) takes well "
+                "under a minute.", 88) +
+            "\n\nexamples:\n  snapstore bench --size 1GiB                 # the 1 GiB run"
+            "\n  snapstore bench --dirty 0.001,0.01,0.1,0.5 --plot overhead.png"
+            "\n  snapstore bench --pattern shifted --chunking cdc --json > result.json")
     p.add_argument("--size", type=_size_arg, default=_b.DEFAULT_SIZE,
                    help="state size (default 256MiB)")
-    p.add_argument("--buffers", type=_count_arg, default=4, help="number of buffers (default 4)")
+    p.add_argument("--buffers", type=_count_arg, default=4, metavar="N",
+                   help="number of buffers the state is split into (default 4)")
     p.add_argument("--dirty", type=_fraction_list, default=[0.01], metavar="F[,F...]",
                    help="fraction of the state changed per checkpoint, e.g. 0.01 or 1%% "
                         "(a list sweeps it; default 0.01)")
@@ -317,10 +322,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "64-page runs, shifted (bytes inserted) or appended (default scattered)")
     p.add_argument("--checkpoints", type=_count_arg, default=5, metavar="N",
                    help="incremental checkpoints after the first, full one (default 5)")
-    p.add_argument("--durability", choices=("fsync", "none"), default="fsync")
-    p.add_argument("--chunking", choices=("pages", "cdc"), default="pages")
-    p.add_argument("--compression", choices=("zstd", "none"), default="zstd")
-    p.add_argument("--content", choices=_b.CONTENTS, default="random")
+    p.add_argument("--durability", choices=("fsync", "none"), default="fsync",
+                   help="fsync (default): every method makes each checkpoint durable; "
+                        "none: nobody syncs")
+    p.add_argument("--chunking", choices=("pages", "cdc"), default="pages",
+                   help="snapstore's chunking: pages (default) or cdc (content-defined)")
+    p.add_argument("--compression", choices=("zstd", "none"), default="zstd",
+                   help="snapstore's chunk compression (default zstd)")
+    p.add_argument("--content", choices=_b.CONTENTS, default="random",
+                   help="random bytes (default, incompressible) or compressible (~2:1)")
     p.add_argument("--cache", choices=_b.CACHE_MODES, default="cold",
                    help="restore from a cold (default: files dropped from the page cache) or "
                         "warm page cache")
