@@ -306,3 +306,21 @@ def test_library_usage_in_docstring_runs(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 0 and p.stdout.strip() == "snapstore", p.stderr
+
+
+def test_a_failing_baseline_is_reported_not_fatal(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    tool = bindir / "borg"
+    tool.write_text(f"#!{sys.executable}\nimport sys\nprint('repo exploded', file=sys.stderr)\n"
+                    "sys.exit(2)\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", str(bindir) + os.pathsep + os.environ["PATH"])
+    work = tmp_path / "work"
+    work.mkdir()
+    out = bench.run_workload(tiny(checkpoints=1), methods=["snapstore", "borg"],
+                             workdir=str(work))
+    assert out["results"]["snapstore"]["verified"] is True
+    borg = out["results"]["borg"]
+    assert borg["available"] is False and "repo exploded" in borg["skipped"]
+    assert os.listdir(work) == []
