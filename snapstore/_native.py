@@ -267,3 +267,9 @@ def chunk_boundaries(buf, min_size: int = 16384, avg_size: int = 65536,
     cuts = chunker.feed(buf)
     cuts.extend(chunker.finish())
     return cuts
+
+
+def buffer_address(buf) -> int:
+    """The address of a buffer's first byte (identity of the memory behind a view)."""
+    view = as_bytes_view(buf)
+    return int(ffi.cast("uintptr_t", ffi.from_buffer(view))) if len(view) else 0

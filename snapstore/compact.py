@@ -38,10 +38,7 @@ def fold_chains(index: Index, max_chain: int) -> int:
             for i, b in enumerate(commit.buffers):
                 depth = 0 if b.base == "full" else parent_depths.get(b.name, b.depth - 1) + 1
                 if depth >= max_chain:
-                    layers = buffer_layers(w, commit, b.name)
-                    merged = layers[0]
-                    for layer in layers[1:]:
-                        merged = ext.overlay(merged, layer)
+                    merged = ext.flatten(buffer_layers(w, commit, b.name))
                     w.put_manifest(cid, i, ext.pack(merged))
                     b.base, depth = "full", 0
                     folded += 1

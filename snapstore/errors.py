@@ -89,6 +89,9 @@ class StoreIOError(SnapstoreError, OSError):
         self.errno = errno_
         self.strerror = message
 
+    def __str__(self) -> str:      # OSError's would print "[Errno None] ..."
+        return self.strerror
+
 
 # C return code (SNAP_E*) -> exception class. The single source of truth for that mapping;
 # the codes themselves come from the compiled library (snapstore._native checks them).

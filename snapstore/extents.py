@@ -50,6 +50,14 @@ def overlay(base: List[Extent], patch: List[Extent]) -> List[Extent]:
     return out
 
 
+def flatten(layers: List[List[Extent]]) -> List[Extent]:
+    """One manifest equal to writing the layers over each other, oldest first."""
+    merged = layers[0]
+    for layer in layers[1:]:
+        merged = overlay(merged, layer)
+    return merged
+
+
 def clip(extents: Iterable[Extent], start: int, end: int) -> List[Extent]:
     """The parts of extents that fall inside [start, end)."""
     out = []

@@ -106,18 +106,17 @@ class _LocalSegmentFile:
 
     def append(self, parts: Sequence) -> None:
         views = [memoryview(p).cast("B") for p in parts if len(p)]
-        total = sum(len(v) for v in views)
-        done = 0
-        while views:
-            n = os.writev(self._fd, views[:1024])        # IOV_MAX
-            done += n
-            while views and n >= len(views[0]):
-                n -= len(views[0])
-                views.pop(0)
-            if views and n:
-                views[0] = views[0][n:]
-        self.size += total
-        assert done == total
+        try:
+            while views:
+                n = os.writev(self._fd, views[:1024])        # IOV_MAX
+                self.size += n          # counted as it lands: a later failure leaves it right
+                while views and n >= len(views[0]):
+                    n -= len(views[0])
+                    views.pop(0)
+                if views and n:
+                    views[0] = views[0][n:]
+        finally:
+            self.size = os.lseek(self._fd, 0, os.SEEK_CUR)
 
     def sync(self) -> None:
         if self._durable:
@@ -331,8 +330,11 @@ class SegmentLog:
     def open_tail(self) -> None:
         """Continue the last segment, or start segment 1 in an empty log."""
         numbers = self.backend.list()
-        self._current = (self.backend.open_append(numbers[-1]) if numbers
-                         else self.backend.create(1))
+        try:
+            self._current = (self.backend.open_append(numbers[-1]) if numbers
+                             else self.backend.create(1))
+        except OSError as exc:
+            raise _io_error("cannot open the log for appending", exc)
 
     @property
     def position(self) -> tuple[int, int]:
@@ -412,9 +414,9 @@ class SegmentLog:
                 self._current.close()
                 self.backend.remove(number)
                 self._current = self.backend.open_append(number - 1)
-            if self._current.size != off:
-                self._current.truncate(off)
-                self._current.sync()
+            # Always: after a short write the file may hold bytes past the mark.
+            self._current.truncate(off)
+            self._current.sync()
         except OSError as exc:
             self.broken = f"rollback failed: {exc.strerror or exc}"
 

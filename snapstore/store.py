@@ -37,6 +37,7 @@ from .index import Index, IndexView
 from .reader import find_buffer, restore_range
 from .records import Commit
 from .segments import LocalSegments, SegmentBackend, SegmentLog, scan, segment_name
+from .tracker import DEFAULT_STAGING_BYTES, AsyncCheckpointer, ImplicitCapturer, Tracker
 from .verify import verify as verify_store
 
 
@@ -74,6 +75,15 @@ def validate_name(value: Any, what: str) -> str:
         raise InvalidArgumentError(f"{what} must be 1 to {fmt.MAX_NAME_BYTES} UTF-8 bytes "
                                    f"without NUL, got {value!r}")
     return value
+
+
+def validate_meta(meta: Any) -> Any:
+    """Checks meta is JSON and returns its JSON round trip: what the store keeps, and so what
+    every later get() returns."""
+    try:
+        return json.loads(json.dumps(meta, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"meta must be JSON-serialisable: {exc}") from None
 
 
 def _check_choice(value: str, choices: tuple, what: str) -> str:
@@ -127,6 +137,7 @@ class Store:
                  full_threshold: float = fmt.DEFAULT_FULL_THRESHOLD, compression: str = "zstd",
                  compression_level: int = fmt.DEFAULT_COMPRESSION_LEVEL,
                  segment_size: int = fmt.DEFAULT_SEGMENT_SIZE,
+                 staging_bytes: int = DEFAULT_STAGING_BYTES,
                  backend: SegmentBackend | None = None) -> None:
         self.path = os.fspath(path)
         self.durability = _check_choice(durability, fmt.DURABILITY_MODES, "durability")
@@ -136,6 +147,9 @@ class Store:
                                               compression_level)
         if not isinstance(segment_size, int) or segment_size < (1 << 16):
             raise InvalidArgumentError("segment_size must be an int of at least 64 KiB")
+        if not isinstance(staging_bytes, int) or staging_bytes < (1 << 20):
+            raise InvalidArgumentError("staging_bytes must be an int of at least 1 MiB")
+        self._async = AsyncCheckpointer(self, staging_bytes)
         self._lock = threading.RLock()
         self._lock_fd: int | None = None
         self._index: Index | None = None
@@ -150,7 +164,13 @@ class Store:
             self.backend = backend or LocalSegments(os.path.join(self.path, fmt.SEGMENTS_DIR),
                                                     durable=durable)
             if not self.readonly:
-                self._recover()
+                try:
+                    self._recover()
+                except OSError as exc:
+                    if isinstance(exc, SnapstoreError):
+                        raise
+                    raise StoreIOError(f"cannot recover the log: {exc.strerror or exc}",
+                                       exc.errno) from exc
                 self._log = SegmentLog(self.backend, segment_size)
                 self._log.open_tail()
         except BaseException:
@@ -239,7 +259,10 @@ class Store:
             self._lock_fd = None
 
     def close(self) -> None:
-        """Closes the store. Idempotent. Checkpoints returned earlier stay committed."""
+        """Waits for pending asynchronous checkpoints, closes trackers, closes the store.
+        Idempotent. Checkpoints returned earlier stay committed."""
+        if not self._closed and not self.readonly:
+            self._async.close()          # before the lock: the worker needs it
         with self._lock:
             if not self._closed:
                 self._closed = True
@@ -353,6 +376,28 @@ class Store:
         Raises: TypeError / InvalidArgumentError for bad input (before anything is written),
             StoreIOError (disk full, I/O error: nothing of the checkpoint is visible).
         """
+        views = self._validate_buffers(buffers, stream)
+        layout = _check_choice(chunking or self.options.chunking, fmt.CHUNKING_MODES, "chunking")
+        meta = validate_meta(meta)
+        self._check_open(write=True)
+        self._async.prepare_sync_checkpoint(stream)
+        with self._lock:
+            index = self._check_open(write=True)
+
+            def plans(r: IndexView, head: int | None, parent: Commit | None) -> list:
+                parents = {b.name: b for b in parent.buffers} if parent else {}
+                out = []
+                for name, view in views.items():
+                    prev = r.fingerprints(stream, name)
+                    prev_fps = prev[2] if prev and prev[0] == head and \
+                        prev[1] == self.options.page_size else None
+                    out.append(wr.plan_buffer(name, view, parents.get(name), prev_fps,
+                                              self.options, layout))
+                return out
+            return self._persist(index, stream, plans, meta)
+
+    @staticmethod
+    def _validate_buffers(buffers: Mapping[str, Any], stream: str, writable: bool = False) -> dict:
         validate_name(stream, "stream")
         if not isinstance(buffers, Mapping):
             raise TypeError(f"buffers must be a mapping of name to buffer, got "
@@ -360,18 +405,16 @@ class Store:
         views = {}
         for name, obj in buffers.items():
             validate_name(name, "buffer name")
-            views[name] = native.as_bytes_view(obj)
-        layout = _check_choice(chunking or self.options.chunking, fmt.CHUNKING_MODES, "chunking")
-        try:       # what the store keeps, and so what every later get() returns
-            meta = json.loads(json.dumps(meta, allow_nan=False))
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"meta must be JSON-serialisable: {exc}") from None
-        with self._lock:
-            index = self._check_open(write=True)
-            return self._checkpoint_locked(index, views, stream, meta, layout)
+            views[name] = native.as_bytes_view(obj, writable=writable)
+        return views
 
-    def _checkpoint_locked(self, index: Index, views: dict, stream: str, meta: Any,
-                           layout: str) -> CheckpointInfo:
+    def _persist(self, index: Index, stream: str, make_plans, meta: Any,
+                 on_stored: dict | None = None) -> CheckpointInfo:
+        """Stores planned buffers as the stream's next checkpoint and commits it (lock held).
+
+        make_plans(view, head id, head commit) returns the BufferPlans; a delta plan is
+        relative to the head. A delta that reaches max_chain is rebased into a full manifest
+        (manifest work only). on_stored: {buffer name: callback(offset, stored bytes)}."""
         opts = self.options
         log = self._log
         if self._staging is None:
@@ -385,14 +428,22 @@ class Store:
                 parents = {b.name: b for b in parent.buffers} if parent else {}
                 sink = wr.ChunkSink(log, r, opts)
                 entries = []
-                for name, view in views.items():
-                    prev = r.fingerprints(stream, name)
-                    prev_fps = prev[2] if prev and prev[0] == head and \
-                        prev[1] == opts.page_size else None
-                    plan = wr.plan_buffer(name, view, parents.get(name), prev_fps, opts, layout)
-                    entries.append(wr.store_buffer(plan, sink, self._staging))
+                for plan in make_plans(r, head, parent):
+                    if plan.base == "delta":
+                        pb = parents.get(plan.name)
+                        if pb is None or pb.size != len(plan.view) or pb.layout != "pages" \
+                                or pb.page_size != plan.page_size:
+                            raise SnapstoreError(
+                                f"buffer {plan.name!r} of stream {stream!r} changed under its "
+                                "tracker (another writer checkpointed the stream)")
+                        plan.depth = pb.depth + 1
+                    entry = wr.store_buffer(plan, sink, self._staging,
+                                            (on_stored or {}).get(plan.name))
+                    if entry.base == "delta" and entry.depth >= opts.max_chain:
+                        entry = wr.rebase(r, parent, entry)
+                    entries.append(entry)
                     if plan.fingerprints is not None:
-                        fingerprints.append((name, plan.fingerprints))
+                        fingerprints.append((plan.name, plan.fingerprints))
                 new_id = r.next_id()
                 seq = r.stream_seq(stream) + 1
             crashpoint("after_data_append")
@@ -420,6 +471,43 @@ class Store:
             log.rollback(mark)
             raise
         return CheckpointInfo.from_commit(commit)
+
+    def track(self, buffers: Mapping[str, Any], stream: str = "default",
+              mode: str = "auto") -> Tracker:
+        """A Tracker of these buffers for the stream: tracker.checkpoint() /
+        checkpoint_async() find changed pages with the kernel's write tracking ("uffd"), the
+        C fingerprint diff ("hash"), an exact shadow copy ("shadow") or not at all ("full");
+        "auto" picks uffd where the kernel supports it for that memory, else hash
+        (tracker.mode, tracker.reason say which and why). The tracker owns the stream until
+        tracker.close(); the buffers must stay the same objects."""
+        if mode not in ("auto", "uffd", "hash", "shadow", "full"):
+            raise InvalidArgumentError(f"mode must be auto, uffd, hash, shadow or full; got "
+                                       f"{mode!r}")
+        self._check_open(write=True)
+        return Tracker(self, buffers, stream, mode)
+
+    def checkpoint_async(self, buffers: Mapping[str, Any], stream: str = "default",
+                         meta: Any = None):
+        """Like checkpoint(), but returns a concurrent.futures.Future of the CheckpointInfo as
+        soon as the changed pages are copied to staging memory; the rest happens in the
+        background. Checkpoints of a stream commit in the order they were taken. The future
+        resolves once the checkpoint is durable, or raises its error."""
+        views = self._validate_buffers(buffers, stream)
+        meta = validate_meta(meta)
+        self._check_open(write=True)
+        engine = self._async
+        owner = engine.owners.get(stream)
+        if isinstance(owner, Tracker):
+            raise InvalidArgumentError(f"stream {stream!r} is tracked by a Tracker; use "
+                                       "tracker.checkpoint_async()")
+        if owner is None:
+            owner = engine.owners[stream] = ImplicitCapturer(self, stream)
+        return owner.capture(views, meta)
+
+    def flush(self) -> None:
+        """Waits until every pending asynchronous checkpoint is durable (or failed)."""
+        if not self.readonly:
+            self._async.wait_idle()
 
     def delete(self, checkpoint_id: int) -> None:
         """Deletes a checkpoint. Later checkpoints built on it stay restorable (they absorb its

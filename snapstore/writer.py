@@ -20,7 +20,8 @@ from . import _native as native
 from . import extents as ext
 from . import format as fmt
 from .index import IndexView
-from .records import BufferEntry
+from .reader import buffer_layers
+from .records import BufferEntry, Commit
 from .segments import SegmentLog
 
 STAGING_BYTES = 8 << 20   # gather this much at a time (bounds memory, amortises calls)
@@ -51,6 +52,14 @@ class BufferPlan:
     chunks: list               # per chunk: its pieces [(offset, length), ...], ascending
     fingerprints: bytearray | None   # updated from the staged bytes as they are stored
     reason: str                # why full, for diagnostics
+    staged: memoryview | None = None  # the chunks' bytes, already copied back to back (async)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n for pieces in self.chunks for _, n in pieces)
+
+    def ranges(self) -> list:
+        return [r for pieces in self.chunks for r in pieces]
 
 
 def split_ranges(ranges, piece: int) -> list:
@@ -83,6 +92,24 @@ def pack_ranges(ranges, chunk_size: int) -> list:
     return chunks
 
 
+def plan_delta(name: str, view: memoryview, ranges: list, depth: int,
+               opts: WriteOptions) -> BufferPlan:
+    """A delta of the byte ranges a dirty-page tracker reported (relative to the previous
+    checkpoint it captured)."""
+    page = opts.page_size
+    aligned = []                       # widen to whole pages: deltas are page runs
+    for off, length in ranges:
+        lo = off // page * page
+        hi = min(len(view), -(-(off + length) // page) * page)
+        if aligned and lo <= aligned[-1][0] + aligned[-1][1]:
+            prev_off, prev_len = aligned[-1]
+            aligned[-1] = (prev_off, max(prev_off + prev_len, hi) - prev_off)
+        elif hi > lo:
+            aligned.append((lo, hi - lo))
+    return BufferPlan(name, view, "delta", depth, "pages", page,
+                      pack_ranges(aligned, opts.chunk_size), None, "")
+
+
 def plan_buffer(name: str, view: memoryview, parent: BufferEntry | None,
                 prev_fingerprints: bytes | None, opts: WriteOptions, layout: str) -> BufferPlan:
     """Chooses full or delta for one buffer and the byte ranges to store."""
@@ -99,8 +126,6 @@ def plan_buffer(name: str, view: memoryview, parent: BufferEntry | None,
         reason = "the earlier checkpoint used another layout or page size"
     elif parent.size != size:
         reason = f"size changed from {parent.size} to {size} bytes"
-    elif parent.depth + 1 >= opts.max_chain:
-        reason = f"chain reached max_chain={opts.max_chain}"
     elif prev_fingerprints is None:
         reason = "no page fingerprints of the earlier checkpoint (store was recovered)"
     if not reason:
@@ -172,14 +197,40 @@ def _batches(chunks: list, limit: int) -> Iterator[list]:
         yield batch
 
 
+def rebase(view: IndexView, parent: Commit, entry: BufferEntry) -> BufferEntry:
+    """The full equivalent of a delta entry whose parent is `parent`: the parent's layers with
+    the delta written over them. Costs manifest work only; no byte is read or written."""
+    layers = buffer_layers(view, parent, entry.name) + [ext.unpack(entry.extents)]
+    return BufferEntry(entry.name, entry.size, "full", 0, entry.layout, entry.page_size,
+                       ext.pack(ext.flatten(layers)))
+
+
+def stage(plan: BufferPlan, out: memoryview,
+          on_stored: Callable[[int, memoryview], None] | None = None) -> None:
+    """Copies the plan's ranges back to back into out (C gather) and sets plan.staged."""
+    filled = native.gather(plan.view, plan.ranges(), out)
+    plan.staged = filled
+    if on_stored is not None:
+        pos = 0
+        for off, length in plan.ranges():
+            on_stored(off, filled[pos:pos + length])
+            pos += length
+
+
 def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
-                 progress: Callable[[int], None] | None = None) -> BufferEntry:
-    """Gathers, hashes and stores the planned chunks; returns the buffer's manifest entry."""
+                 on_stored: Callable[[int, memoryview], None] | None = None) -> BufferEntry:
+    """Stores the planned chunks (gathered batch by batch through staging, or from
+    plan.staged); returns the buffer's manifest entry. on_stored(offset, bytes) is told what
+    was stored for every range, from the copy that was stored."""
     extents = []
     page = plan.page_size
     fps = plan.fingerprints
-    for batch in _batches(plan.chunks, len(staging)):
-        filled = native.gather(plan.view, [r for pieces in batch for r in pieces], staging)
+    batches = [plan.chunks] if plan.staged is not None else _batches(plan.chunks, len(staging))
+    for batch in batches:
+        if plan.staged is not None:
+            filled = plan.staged
+        else:
+            filled = native.gather(plan.view, [r for pieces in batch for r in pieces], staging)
         pos = 0
         for pieces in batch:
             size = sum(n for _, n in pieces)
@@ -187,14 +238,15 @@ def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
             coff = 0
             for off, length in pieces:
                 extents.append((off, coff, length, cid))
+                stored = filled[pos + coff:pos + coff + length]
                 if fps is not None:     # pieces of the pages layout start on page boundaries
                     first = off // page * native.FP_BYTES
-                    digests = native.page_fingerprints(filled[pos + coff:pos + coff + length], page)
+                    digests = native.page_fingerprints(stored, page)
                     fps[first:first + len(digests)] = digests
+                if on_stored is not None and plan.staged is None:
+                    on_stored(off, stored)
                 coff += length
             pos += size
         sink.log.flush()            # staged bytes are referenced by queued records until now
-        if progress is not None:
-            progress(pos)
     return BufferEntry(plan.name, len(plan.view), plan.base, plan.depth, plan.layout,
                        plan.page_size, ext.pack(extents))
