@@ -509,6 +509,20 @@ class Store:
         if not self.readonly:
             self._async.wait_idle()
 
+    def save(self, obj: Any, stream: str = "default", meta: Any = None) -> CheckpointInfo:
+        """Checkpoints a picklable object graph; large buffers (NumPy arrays, bytearrays,
+        PickleBuffers) go out of band, each diffed page-wise against the same buffer of the
+        stream's previous save. See snapstore.objects."""
+        from . import objects
+        return objects.save(self, obj, stream=stream, meta=meta)
+
+    def load(self, id_or_stream: Any, into: Any = None) -> Any:
+        """The object of a save() checkpoint (an id, a CheckpointInfo, or a stream name for
+        its latest); with into=, restores in place into an existing object graph of the same
+        structure. See snapstore.objects."""
+        from . import objects
+        return objects.load(self, id_or_stream, into=into)
+
     def delete(self, checkpoint_id: int) -> None:
         """Deletes a checkpoint. Later checkpoints built on it stay restorable (they absorb its
         manifests). Its chunks become garbage once unreferenced (reclaimed by compact())."""
