@@ -20,6 +20,8 @@
 #define SNAP_ESPACE     (-2)   /* an output array is too small for the result; nothing usable was
                                   produced (functions document the capacity that always suffices) */
 #define SNAP_ESTATE     (-3)   /* an object is not initialised (bad magic) */
+#define SNAP_ESYS       (-4)   /* a system call failed; *err holds errno (only the kernel
+                                  dirty-tracking wrappers below return it) */
 
 /* Returns a static, human-readable description of a return code. Never NULL. */
 const char *snap_strerror(int code);
@@ -111,5 +113,66 @@ int snap_cdc_feed(snap_cdc *c, const uint8_t *data, size_t len,
  * *n_cuts is 1, else 0. The chunker is then reset to stream offset 0.
  * Errors: SNAP_EINVAL, SNAP_ESTATE. */
 int snap_cdc_finish(snap_cdc *c, uint64_t *cut, size_t *n_cuts);
+
+/* ---- kernel dirty-page tracking (Linux >= 6.7; csrc/uffd.c) ------------------------------
+ * The one documented exception to "no I/O": thin system-call wrappers over userfaultfd
+ * asynchronous write-protection (UFFD_FEATURE_WP_ASYNC) and the PAGEMAP_SCAN ioctl of
+ * /proc/self/pagemap. They take and return plain integers (file descriptors, addresses,
+ * lengths in bytes); they never read or write the tracked memory. Every one takes int *err:
+ * 0 on success and after SNAP_EINVAL/SNAP_ESPACE, errno after SNAP_ESYS; err must not be NULL.
+ * "Page" here means the system page (sysconf(_SC_PAGESIZE)); ranges must be page aligned.
+ * The file descriptors are the caller's to close; after fork() they still refer to the
+ * parent's memory: a child must not use inherited ones (see snapstore/dirty.py). */
+
+/* snap_uffd_open: a userfaultfd (O_CLOEXEC|O_NONBLOCK|UFFD_USER_MODE_ONLY; opened again without
+ * UFFD_USER_MODE_ONLY only if the kernel refuses that flag with EINVAL) set up by UFFDIO_API
+ * with UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_UNPOPULATED.
+ *   *fd              receives the descriptor (-1 after any error; nothing stays open).
+ *   *features        receives every feature the kernel reported (0 after any error).
+ *   *user_mode_only  receives 1 if UFFD_USER_MODE_ONLY was used, else 0.
+ * Errors: SNAP_EINVAL (a NULL pointer), SNAP_ESYS (userfaultfd(2) or UFFDIO_API failed, e.g.
+ * EPERM when unprivileged userfaultfd is disabled, ENOSYS; *err = EOPNOTSUPP when the kernel
+ * lacks one of the two features). */
+int snap_uffd_open(int *fd, uint64_t *features, int *user_mode_only, int *err);
+
+/* snap_uffd_register: UFFDIO_REGISTER of [start, start+len) in mode WP, then UFFDIO_WRITEPROTECT
+ * of the whole range: from now on the kernel records every write to it (see snap_pagemap_scan).
+ * start and len: page aligned, len > 0, no wrap-around. The range must be mapped.
+ * Errors: SNAP_EINVAL (uffd < 0, bad range), SNAP_ESYS (EINVAL: not mapped or memory that
+ * cannot be registered; EBUSY: registered with another userfaultfd; EOPNOTSUPP: registered but
+ * not write-protectable). After SNAP_ESYS nothing stays registered. */
+int snap_uffd_register(int uffd, uint64_t start, uint64_t len, int *err);
+
+/* snap_uffd_unregister: removes write protection of [start, start+len) (UFFDIO_WRITEPROTECT
+ * mode 0), then the registration (UFFDIO_UNREGISTER). Both are attempted even if the first
+ * fails; afterwards writes to the range never involve the userfaultfd.
+ * Errors: SNAP_EINVAL (uffd < 0, bad range), SNAP_ESYS (errno of the first failing step). */
+int snap_uffd_unregister(int uffd, uint64_t start, uint64_t len, int *err);
+
+/* snap_pagemap_scan: PAGEMAP_SCAN over [start, end) of the process whose pagemap_fd
+ * (/proc/<pid>/pagemap, opened O_RDONLY) is given, with PM_SCAN_WP_MATCHING |
+ * PM_SCAN_CHECK_WPASYNC and category_mask = PAGE_IS_WRITTEN: reports the ranges written since
+ * they were last protected and write-protects them again in the same walk.
+ *   ranges      receives *n_ranges triples (first address, end address, flags): ascending,
+ *               non-overlapping, page aligned; adjacent ranges with equal flags are merged.
+ *               flags: SNAP_SCAN_HUGE if the range was mapped by a transparent huge page
+ *               (written as a whole since the last scan, e.g. after a collapse; a
+ *               single write to a protected huge page splits it and is reported per page).
+ *   max_ranges  capacity of ranges in triples; (end - start) / page always suffices.
+ *   *walk_end   receives where the walk stopped: end when [start, end) was scanned completely;
+ *               less when ranges filled up: scan again from *walk_end (nothing is lost: pages
+ *               from *walk_end on were neither reported nor re-protected).
+ * The whole range must be registered (snap_uffd_register) with this process's userfaultfd.
+ * start == end returns at once (*n_ranges 0, *walk_end start).
+ * Errors: SNAP_EINVAL (pagemap_fd < 0, unaligned or reversed range, NULL pointers),
+ * SNAP_ESPACE (max_ranges == 0 with start < end; the kernel is not called), SNAP_ESYS
+ * (EPERM: part of the range is not tracked by async write-protection; EPROTO: the kernel
+ * answered with an impossible walk position). After SNAP_ESYS the ranges reported so far are
+ * in ranges[0:*n_ranges] but pages walked in the failing call may have been re-protected
+ * without being reported: the caller can no longer vouch for [*walk_end, end). */
+#define SNAP_SCAN_HUGE 1u
+int snap_pagemap_scan(int pagemap_fd, uint64_t start, uint64_t end,
+                      uint64_t *ranges, size_t max_ranges, size_t *n_ranges,
+                      uint64_t *walk_end, int *err);
 
 #endif
