@@ -27,7 +27,8 @@ Figures per method (keys of the result dicts, see ``METRIC_KEYS``): caller-block
 checkpoint (median, p95 by nearest rank: with fewer than 20 checkpoints p95 is the maximum),
 bytes written per checkpoint (write-syscall bytes of this process from /proc/self/io, which
 includes the index; file growth for external tools), disk growth per checkpoint (allocated
-blocks), restore seconds (latest, oldest), and peak memory: growth of the process's peak RSS
+blocks), restore seconds (latest, oldest; median of ``restore_repeats`` timings), and
+peak memory: growth of the process's peak RSS
 (VmHWM, reset through /proc/self/clear_refs) over its RSS before the call - C allocations
 included, unlike tracemalloc. Baseline dicts carry ``vs_snapstore``: their figure divided by
 snapstore's (so 30.0 means the baseline costs 30x what snapstore does).
@@ -69,7 +70,7 @@ DEFAULT_SIZE = 256 << 20
 METRIC_KEYS = (
     "method", "available", "skipped", "first_checkpoint_seconds", "checkpoint_seconds",
     "bytes_written_per_checkpoint", "store_bytes", "growth_per_checkpoint_bytes",
-    "restore_latest_seconds", "restore_oldest_seconds", "peak_memory_bytes",
+    "restore_latest_seconds", "restore_oldest_seconds", "restore_samples", "peak_memory_bytes",
     "restore_peak_memory_bytes", "verified", "notes",
 )
 RATIO_KEYS = {
@@ -100,6 +101,7 @@ class Workload:
     content: str = "random"           # random | compressible (about 2:1 for zstd)
     cache: str = "cold"               # restores from a cold or warm page cache
     seed: int = 0
+    restore_repeats: int = 3          # each restore is timed this often; the median is kept
 
     def validate(self) -> "Workload":
         if not isinstance(self.size, int) or self.size < PAGE:
@@ -108,6 +110,8 @@ class Workload:
             raise BenchError(f"buffers must be from 1 to size/{PAGE}, got {self.buffers!r}")
         if not 0 <= self.dirty <= 1:
             raise BenchError(f"dirty fraction must be from 0 to 1, got {self.dirty!r}")
+        if not isinstance(self.restore_repeats, int) or self.restore_repeats < 1:
+            raise BenchError(f"restore_repeats must be an int >= 1, got {self.restore_repeats!r}")
         if not isinstance(self.checkpoints, int) or self.checkpoints < 1:
             raise BenchError(f"checkpoints must be an int >= 1, got {self.checkpoints!r}")
         for value, choices, what in ((self.pattern, PATTERNS, "pattern"),
@@ -360,6 +364,13 @@ def fs_type(path: str) -> str:
     return kind
 
 
+def _loadavg() -> Optional[list]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
+
+
 def machine_info(workdir: str) -> dict:
     cpu = platform.processor() or ""
     try:
@@ -378,7 +389,8 @@ def machine_info(workdir: str) -> dict:
     from . import __version__
     info = {"snapstore": __version__, "python": platform.python_version(),
             "platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
-            "memory_bytes": mem, "bench_dir": workdir, "bench_fs": fs_type(workdir)}
+            "memory_bytes": mem, "bench_dir": workdir, "bench_fs": fs_type(workdir),
+            "loadavg_before": _loadavg()}
     try:
         import numpy
         info["numpy"] = numpy.__version__
@@ -636,6 +648,13 @@ def _skipped(name: str, reason: str) -> dict:
     return res
 
 
+def _settle() -> None:
+    """Flushes dirty pages system-wide so one method's write-back (or the deletion of its
+    files) does not slow the next method's fsyncs."""
+    if hasattr(os, "sync"):
+        os.sync()
+
+
 def _child_maxrss() -> Optional[int]:
     try:
         import resource
@@ -651,6 +670,7 @@ def run_method(name: str, w: Workload, workdir: str,
     reason = cls.unavailable()
     if reason:
         return _skipped(name, reason)
+    _settle()
     directory = tempfile.mkdtemp(dir=workdir, prefix=f"{name}-")
     method = cls(w, directory)
     external = isinstance(method, _ExternalTool)
@@ -686,15 +706,19 @@ def run_method(name: str, w: Workload, workdir: str,
         restore_peak = []
         verified = True
         for label, step in (("latest", last), ("oldest", 0)):
-            if w.cache == "cold":
-                drop_cache(directory)
-            with Timed() as t:
-                got = method.restore(step)
-            restore[label] = t.seconds
-            restore_peak.append(t.peak)
-            verified = verified and digest(got) == expected[step]
-            del got
-            tick(f"{name}: restore {label}")
+            samples = []
+            for rep in range(w.restore_repeats):
+                if w.cache == "cold":
+                    drop_cache(directory)
+                with Timed() as t:
+                    got = method.restore(step)
+                samples.append(t.seconds)
+                restore_peak.append(t.peak)
+                if rep == 0:
+                    verified = verified and digest(got) == expected[step]
+                del got
+                tick(f"{name}: restore {label}")
+            restore[label] = summary(samples)
         res = {
             "method": name, "available": True, "skipped": None,
             "first_checkpoint_seconds": first.seconds,
@@ -704,8 +728,9 @@ def run_method(name: str, w: Workload, workdir: str,
                                                      for x in written]),
             "store_bytes": final - size_before,
             "growth_per_checkpoint_bytes": (final - after_first) / w.checkpoints,
-            "restore_latest_seconds": restore["latest"],
-            "restore_oldest_seconds": restore["oldest"],
+            "restore_latest_seconds": restore["latest"]["median"],
+            "restore_oldest_seconds": restore["oldest"]["median"],
+            "restore_samples": {k: v["samples"] for k, v in restore.items()},
             "peak_memory_bytes": (_child_maxrss() if external else
                                   (max(peaks) if None not in peaks else None)),
             "restore_peak_memory_bytes": (None if external or None in restore_peak
@@ -727,6 +752,7 @@ def run_method(name: str, w: Workload, workdir: str,
             method.close()
         finally:
             shutil.rmtree(directory, ignore_errors=True)
+            _settle()
 
 
 def add_ratios(results: dict) -> None:
@@ -779,7 +805,7 @@ def steps_per_workload(w: Workload, methods) -> int:
     runnable = [m for m, why in available_methods(methods).items() if why is None]
     if "snapstore" not in runnable:
         runnable.append("snapstore")
-    return len(runnable) * (w.checkpoints + 1 + 2)
+    return len(runnable) * (w.checkpoints + 1 + 2 * w.restore_repeats)
 
 
 def run(workloads, *, methods=None, workdir: Optional[str] = None,
@@ -801,6 +827,7 @@ def run(workloads, *, methods=None, workdir: Optional[str] = None,
                           for w in workloads],
         }
         out["seconds"] = time.time() - started
+        out["machine"]["loadavg_after"] = _loadavg()
         return out
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -860,14 +887,19 @@ def format_table(result: dict) -> str:
         if skipped:
             lines.append("skipped: " + "; ".join(skipped))
         lines.append("")
-    lines.append("(Nx) = the baseline's figure divided by snapstore's. Checkpoint times are "
-                 "the caller-blocked wall time of the incremental checkpoints; p95 is by "
-                 "nearest rank. Peak mem = peak RSS growth during a checkpoint.")
+    lines.append("(Nx) = the baseline's figure divided by snapstore's. ckpt = caller-blocked "
+                 "wall time of the incremental checkpoints (p95 by nearest rank); written = "
+                 "write() bytes incl. the index; growth = disk blocks; restore = median of "
+                 "repeated restores into fresh memory; peak mem = peak RSS growth during a "
+                 "checkpoint.")
     m = result.get("machine", {})
     if m:
         lines.append(f"machine: {m.get('cpu', '?')}, {m.get('cpus', '?')} cpus, "
                      f"{human_bytes(m['memory_bytes']) if m.get('memory_bytes') else '?'} RAM, "
-                     f"Python {m.get('python')}, bench dir on {m.get('bench_fs') or '?'}")
+                     f"Python {m.get('python')}, bench dir on {m.get('bench_fs') or '?'}"
+                     + (f", load average {m['loadavg_before'][0]} before / "
+                        f"{m['loadavg_after'][0]} after" if m.get("loadavg_before") and
+                        m.get("loadavg_after") else ""))
     return "\n".join(lines)
 
 

@@ -334,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", choices=_b.CACHE_MODES, default="cold",
                    help="restore from a cold (default: files dropped from the page cache) or "
                         "warm page cache")
+    p.add_argument("--restore-repeats", type=_count_arg, default=3, metavar="N",
+                   help="time each restore N times and keep the median (default 3)")
     p.add_argument("--methods", type=_choice_list(_b.METHODS), default=None,
                    metavar="M[,M...]", help=f"methods to run (default all: "
                    f"{','.join(_b.METHODS)}; unavailable ones are skipped)")
@@ -941,7 +943,8 @@ def cmd_bench(args) -> int:
     workloads = [bench.Workload(size=args.size, buffers=args.buffers, dirty=d, pattern=p,
                                 checkpoints=args.checkpoints, durability=args.durability,
                                 chunking=args.chunking, compression=args.compression,
-                                content=args.content, cache=args.cache, seed=args.seed)
+                                content=args.content, cache=args.cache, seed=args.seed,
+                                restore_repeats=args.restore_repeats)
                  for p in args.pattern for d in args.dirty]
     try:
         for w in workloads:

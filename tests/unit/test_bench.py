@@ -20,7 +20,8 @@ LOCAL = ["snapstore", "raw", "pickle"]
 
 
 def tiny(**kw):
-    opts = dict(size=MiB, buffers=2, dirty=0.02, checkpoints=2, durability="none")
+    opts = dict(size=MiB, buffers=2, dirty=0.02, checkpoints=2, durability="none",
+                restore_repeats=1)
     opts.update(kw)
     return bench.Workload(**opts)
 
@@ -90,6 +91,7 @@ def test_zero_dirty_changes_nothing():
 
 @pytest.mark.parametrize("bad", [dict(size=10), dict(buffers=0), dict(dirty=1.5),
                                  dict(checkpoints=0), dict(pattern="zigzag"),
+                                 dict(restore_repeats=0),
                                  dict(durability="maybe"), dict(chunking="x")])
 def test_workload_validation(bad):
     with pytest.raises(bench.BenchError):
@@ -243,6 +245,7 @@ def _bench(*args):
 
 def test_cli_bench_json_has_the_documented_keys(tmp_path):
     p = _bench("--size", "2MiB", "--buffers", "2", "--checkpoints", "2", "--dirty", "1%,0.05",
+               "--restore-repeats", "2",
                "--methods", "snapstore,raw,pickle,restic", "--dir", tmp_path, "--json")
     assert p.returncode == 0, p.stderr
     assert p.stderr == ""                        # no progress bar: stderr is not a terminal
@@ -250,12 +253,14 @@ def test_cli_bench_json_has_the_documented_keys(tmp_path):
     assert {"machine", "command", "methods", "workloads", "seconds"} <= set(data)
     assert data["command"][:2] == ["snapstore", "bench"]
     assert data["machine"]["bench_fs"] and data["machine"]["cpus"]
+    assert len(data["machine"]["loadavg_before"]) == 3
     assert [w["workload"]["dirty"] for w in data["workloads"]] == [0.01, 0.05]
     for wl in data["workloads"]:
         assert wl["workload"]["size"] == 2 * MiB and wl["workload"]["checkpoints"] == 2
         assert list(wl["results"]) == ["snapstore", "raw", "pickle", "restic"]
         for name in ("snapstore", "raw", "pickle"):
             _check_method(wl["results"][name], 2)
+            assert [len(v) for v in wl["results"][name]["restore_samples"].values()] == [2, 2]
         assert set(wl["results"]["raw"]["vs_snapstore"]) == set(bench.RATIO_KEYS)
         if wl["results"]["restic"]["available"] is False:
             assert wl["results"]["restic"]["skipped"]
