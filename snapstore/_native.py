@@ -7,6 +7,7 @@ mmap, numpy arrays of any dtype and shape) without copying it. The C calls relea
 from __future__ import annotations
 
 import operator
+import os
 import threading
 from typing import Iterable, List, Sequence, Tuple
 
@@ -23,6 +24,7 @@ __all__ = [
     "FP_BYTES", "PAGE_MIN", "PAGE_MAX", "CDC_MIN_LIMIT", "CDC_MAX_LIMIT",
     "as_bytes_view", "check", "page_count", "page_fingerprints", "fingerprint_diff",
     "shadow_diff", "runs_to_ranges", "gather", "Chunker", "chunk_boundaries",
+    "SCAN_HUGE", "uffd_open", "uffd_register", "uffd_unregister", "pagemap_scan",
 ]
 
 # C code -> exception class, built from the library's own constants and errors.NATIVE_ERRORS.
@@ -273,3 +275,69 @@ def buffer_address(buf) -> int:
     """The address of a buffer's first byte (identity of the memory behind a view)."""
     view = as_bytes_view(buf)
     return int(ffi.cast("uintptr_t", ffi.from_buffer(view))) if len(view) else 0
+
+
+# ---- kernel dirty-page tracking (csrc/uffd.c): system-call wrappers over plain integers ----
+SCAN_HUGE: int = int(lib.SNAP_SCAN_HUGE)
+_SCAN_BATCH = 4096   # ranges per pagemap_scan call (96 KiB scratch)
+
+
+def _check_sys(rc: int, err, function: str) -> None:
+    """check() for the system-call wrappers: SNAP_ESYS becomes NativeSystemError with errno."""
+    if rc == lib.SNAP_ESYS:
+        e = int(err[0])
+        raise errors.NativeSystemError(f"{function}: {os.strerror(e)} (errno {e})",
+                                       function=function, code=rc, errno_=e)
+    check(rc, function)
+
+
+def _fd_arg(value, name: str) -> int:
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int file descriptor, got {type(value).__name__}") from None
+    if not 0 <= v < 1 << 31:
+        raise errors.InvalidArgumentError(f"{name} must be a file descriptor >= 0, got {v}")
+    return v
+
+
+def uffd_open() -> Tuple[int, int, bool]:
+    """(fd, kernel features, user_mode_only) of a new userfaultfd set up for async write-protect
+    (snap_uffd_open). NativeSystemError (an OSError) if the kernel refuses it."""
+    fd, feats, umo, err = (ffi.new("int *"), ffi.new("uint64_t *"), ffi.new("int *"),
+                           ffi.new("int *"))
+    _check_sys(lib.snap_uffd_open(fd, feats, umo, err), err, "snap_uffd_open")
+    return int(fd[0]), int(feats[0]), bool(umo[0])
+
+
+def uffd_register(uffd: int, start: int, length: int) -> None:
+    """Register and write-protect [start, start+length) (page aligned) with uffd (snap_uffd_register)."""
+    err = ffi.new("int *")
+    _check_sys(lib.snap_uffd_register(_fd_arg(uffd, "uffd"), _size_arg(start, "start"),
+                                      _size_arg(length, "length"), err),
+               err, "snap_uffd_register")
+
+
+def uffd_unregister(uffd: int, start: int, length: int) -> None:
+    """Remove protection from, then unregister, [start, start+length) (snap_uffd_unregister)."""
+    err = ffi.new("int *")
+    _check_sys(lib.snap_uffd_unregister(_fd_arg(uffd, "uffd"), _size_arg(start, "start"),
+                                        _size_arg(length, "length"), err),
+               err, "snap_uffd_unregister")
+
+
+def pagemap_scan(pagemap_fd: int, start: int, end: int,
+                 max_ranges: int = _SCAN_BATCH) -> Tuple[List[Tuple[int, int, int]], int]:
+    """Written ranges (start, end, flags) of [start, end), re-protected; and the walk end (snap_pagemap_scan).
+
+    The walk end is `end` unless max_ranges filled up: then scan again from it. flags: SCAN_HUGE.
+    """
+    max_ranges = _size_arg(max_ranges, "max_ranges")
+    arr = _new_uninit("uint64_t[]", 3 * max_ranges or 1)
+    n, walk_end, err = ffi.new("size_t *"), ffi.new("uint64_t *"), ffi.new("int *")
+    _check_sys(lib.snap_pagemap_scan(_fd_arg(pagemap_fd, "pagemap_fd"), _size_arg(start, "start"),
+                                     _size_arg(end, "end"), arr, max_ranges, n, walk_end, err),
+               err, "snap_pagemap_scan")
+    flat = ffi.unpack(arr, 3 * n[0]) if n[0] else []
+    it = iter(flat)
+    return list(zip(it, it, it)), int(walk_end[0])

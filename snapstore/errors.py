@@ -1,6 +1,8 @@
 """Every exception snapstore raises: one hierarchy rooted at SnapstoreError, and the C-code table."""
 from __future__ import annotations
 
+import os as _os
+
 
 class SnapstoreError(Exception):
     """Base class of every error snapstore raises on purpose."""
@@ -29,6 +31,30 @@ class NativeSpaceError(NativeError):
 
 class NativeStateError(NativeError):
     """A C object was used before it was initialised (SNAP_ESTATE): a snapstore bug."""
+
+
+class NativeSystemError(NativeError, OSError):
+    """A system call made by the C core failed (SNAP_ESYS: the dirty-tracking wrappers of
+    csrc/uffd.c). ``errno`` and ``strerror`` are set as for OSError."""
+
+    def __init__(self, message: str, *, function: str = "", code: int = 0,
+                 errno_: int | None = None) -> None:
+        NativeError.__init__(self, message, function=function, code=code)
+        self.errno = errno_
+        self.strerror = _os.strerror(errno_) if errno_ else message
+
+    def __str__(self) -> str:  # OSError would print only "[Errno n] strerror"
+        return str(self.args[0]) if self.args else self.strerror
+
+
+class TrackingUnavailableError(SnapstoreError):
+    """A dirty-tracking mode was asked for explicitly (e.g. mode="uffd") where it cannot work:
+    the kernel lacks it or the memory cannot be protected. ``reason`` says why; mode="auto"
+    falls back instead of raising."""
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
 
 
 class CheckpointNotFound(SnapstoreError, KeyError):
@@ -99,4 +125,5 @@ NATIVE_ERRORS: dict[str, type[NativeError]] = {
     "SNAP_EINVAL": NativeArgumentError,
     "SNAP_ESPACE": NativeSpaceError,
     "SNAP_ESTATE": NativeStateError,
+    "SNAP_ESYS": NativeSystemError,
 }
