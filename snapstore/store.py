@@ -526,11 +526,16 @@ class Store:
     def delete(self, checkpoint_id: int) -> None:
         """Deletes a checkpoint. Later checkpoints built on it stay restorable (they absorb its
         manifests). Its chunks become garbage once unreferenced (reclaimed by compact())."""
+        index = self._check_open(write=True)
+        with index.read() as r:
+            victim = self._get_commit(r, checkpoint_id)
+            is_head = r.stream_head(victim.stream) == victim.id
+        self._async.prepare_delete(victim.stream, is_head)
         with self._lock:
             index = self._check_open(write=True)
             with index.read() as r:
                 self._get_commit(r, checkpoint_id)
-            self._append_index_record(fmt.REC_DELETE, records.encode_delete(checkpoint_id))
+            self._append_index_record(fmt.REC_DELETE, records.encode_delete(victim.id))
 
     def tag(self, checkpoint_id: int, tag: str) -> None:
         """Adds a tag to a checkpoint. Tagged checkpoints survive retain() (keep_tagged)."""

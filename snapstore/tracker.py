@@ -107,6 +107,10 @@ class _Capturer:
         self.failure: BaseException | None = None
         self.pending = 0
         self.lock = threading.Lock()    # one capture at a time: detectors are not re-entrant
+        # The checkpoint the next delta is relative to: the head a full diff was computed
+        # against, then each committed capture. A job whose stream head is anything else
+        # (e.g. the head was deleted) fails instead of committing a delta onto the wrong base.
+        self.last_id: int | None = None
 
     def _capture(self, views: Mapping[str, memoryview], meta: Any) -> Future:
         with self.lock:
@@ -131,6 +135,7 @@ class _Capturer:
             self.failure = None
             with store._check_open(write=True).read() as r:
                 head = r.stream_head(self.stream)
+                self.last_id = head
                 parent = r.checkpoint(head) if head is not None else None
                 parents = {b.name: b for b in parent.buffers} if parent else {}
                 for name in full_diff:
@@ -212,9 +217,19 @@ class AsyncCheckpointer:
     def _persist(self, owner: _Capturer, plans: list, meta: Any, live: bool = False):
         store = self.store
         callbacks = {p.name: owner.detectors[p.name].note_stored for p in plans} if live else None
+
+        def checked_plans(r, head, parent):
+            if head != owner.last_id:
+                raise SnapstoreError(f"stream {owner.stream!r} head is checkpoint {head}, but "
+                                     f"this capture is relative to {owner.last_id}; the next "
+                                     "capture will diff in full")
+            return plans
+
         with store._lock:
             index = store._check_open(write=True)
-            return store._persist(index, owner.stream, lambda r, h, p: plans, meta, callbacks)
+            info = store._persist(index, owner.stream, checked_plans, meta, callbacks)
+        owner.last_id = info.id
+        return info
 
     def _run(self) -> None:
         while True:
@@ -267,6 +282,18 @@ class AsyncCheckpointer:
                                        "tracker.checkpoint() (or close the tracker)")
         self.wait_idle(owner)
         del self.owners[stream]
+
+    def prepare_delete(self, stream: str, is_head: bool) -> None:
+        """Deleting a stream's head would pull the base from under its captures: refuse for a
+        tracker; for checkpoint_async state, let its jobs land and forget it."""
+        owner = self.owners.get(stream)
+        if owner is None or not is_head:
+            return
+        if isinstance(owner, Tracker):
+            raise InvalidArgumentError(f"that checkpoint is the head of stream {stream!r}, "
+                                       "which a tracker owns; close the tracker first")
+        self.wait_idle(owner)
+        self.owners.pop(stream, None)
 
     def close(self) -> None:
         """Flushes, stops the worker, closes trackers."""

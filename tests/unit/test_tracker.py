@@ -1,0 +1,227 @@
+"""Trackers and asynchronous checkpoints (snapstore/tracker.py) through the public API."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import snapstore
+from snapstore.errors import InvalidArgumentError, SnapstoreError, StoreClosedError
+
+pytest.importorskip("snapstore.dirty")
+
+PAGE = 4096
+MODES = ["auto", "hash", "shadow", "full"]
+
+
+def touch(a: np.ndarray, rng, pages: int) -> None:
+    flat = a.reshape(-1).view(np.uint8)
+    n = flat.size // PAGE
+    for p in rng.choice(n, size=min(pages, n), replace=False):
+        flat[p * PAGE:(p + 1) * PAGE] = rng.integers(0, 256, PAGE, dtype=np.uint8)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with snapstore.open(tmp_path / "s", durability="none", max_chain=4) as s:
+        yield s
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tracker_checkpoints_restore_exactly(store, mode):
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
+    b = np.zeros(5000, np.uint8)            # not a multiple of the page size
+    expected = {}
+    with store.track({"a": a, "b": b}, stream="t", mode=mode) as tr:
+        assert tr.mode in ("uffd", "hash", "shadow", "full")
+        assert tr.reason
+        for step in range(10):
+            touch(a, rng, 5)
+            b[step * 7] = step + 1
+            info = tr.checkpoint(meta={"step": step})
+            expected[info.id] = (a.tobytes(), b.tobytes())
+            assert info.chain_length < 4
+    for cid, (ea, eb) in expected.items():
+        got = store.restore(cid)
+        assert got["a"] == ea and got["b"] == eb
+    assert store.verify()["ok"]
+
+
+@pytest.mark.parametrize("mode", ["auto", "hash", "shadow"])
+def test_incremental_checkpoints_store_about_what_changed(store, mode):
+    rng = np.random.default_rng(2)
+    a = rng.integers(0, 256, 4 << 20, dtype=np.uint8)
+    with store.track({"a": a}, stream="t", mode=mode) as tr:
+        tr.checkpoint()
+        touch(a, rng, 10)
+        info = tr.checkpoint()
+    assert info.kind == "incremental"
+    assert info.bytes_new < 20 * PAGE
+
+
+def test_async_snapshot_is_taken_when_the_call_returns(store):
+    """Writes after checkpoint_async returns must not leak into that checkpoint."""
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 256, 2 << 20, dtype=np.uint8)
+    futures = []
+    with store.track({"a": a}, stream="t") as tr:
+        for step in range(12):
+            touch(a, rng, 8)
+            futures.append((tr.checkpoint_async(meta={"step": step}), a.tobytes()))
+            a[:PAGE] = 0xEE               # mutate at once, before the future resolves
+    ids = [f.result().id for f, _ in futures]
+    assert ids == sorted(ids)            # committed in the order taken
+    for f, expected in futures:
+        assert store.restore(f.result().id)["a"] == expected
+    parents = [store.get(i).parent for i in ids[1:]]
+    assert parents == ids[:-1]
+
+
+def test_back_pressure_and_oversized_capture(tmp_path):
+    """A 1 MiB staging arena: a 4 MiB first capture goes synchronous, later ones wait."""
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 256, 4 << 20, dtype=np.uint8)
+    with snapstore.open(tmp_path / "s", durability="none", staging_bytes=1 << 20) as s:
+        with s.track({"a": a}, stream="t", mode="hash") as tr:
+            first = tr.checkpoint_async()
+            assert first.done()              # larger than the arena: persisted in the call
+            futures = []
+            for _ in range(20):
+                touch(a, rng, 60)            # 240 KiB per capture: a few fit at once
+                futures.append((tr.checkpoint_async(), a.tobytes()))
+            for f, expected in futures:
+                assert s.restore(f.result().id)["a"] == expected
+
+
+def test_a_failed_async_checkpoint_fails_the_ones_built_on_it(store, monkeypatch):
+    rng = np.random.default_rng(5)
+    a = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
+    real = type(store)._persist
+    calls = {"n": 0}
+    gate = threading.Event()
+
+    def flaky(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            gate.wait(5)
+            raise SnapstoreError("injected failure")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(store), "_persist", flaky)
+    with store.track({"a": a}, stream="t", mode="hash") as tr:
+        ok = tr.checkpoint()
+        touch(a, rng, 3)
+        bad = tr.checkpoint_async()
+        touch(a, rng, 3)
+        dependent = tr.checkpoint_async()
+        gate.set()
+        with pytest.raises(SnapstoreError, match="injected"):
+            bad.result()
+        with pytest.raises(SnapstoreError, match="earlier checkpoint"):
+            dependent.result()
+        assert [c.id for c in store.checkpoints("t")] == [ok.id]
+        touch(a, rng, 3)
+        again = tr.checkpoint()             # recovers with a full diff against the head
+        assert store.restore(again.id)["a"] == a.tobytes()
+        assert again.parent == ok.id
+
+
+def test_tracked_stream_is_owned_by_its_tracker(store):
+    a = np.zeros(3 * PAGE, np.uint8)
+    tr = store.track({"a": a}, stream="t")
+    with pytest.raises(InvalidArgumentError):
+        store.checkpoint({"a": a}, stream="t")
+    with pytest.raises(InvalidArgumentError):
+        store.checkpoint_async({"a": a}, stream="t")
+    with pytest.raises(InvalidArgumentError):
+        store.track({"a": a}, stream="t")
+    tr.checkpoint()
+    tr.close()
+    tr.close()                              # idempotent
+    with pytest.raises(StoreClosedError):
+        tr.checkpoint()
+    a[0] = 1
+    info = store.checkpoint({"a": a}, stream="t")   # the stream is free again
+    assert store.restore(info.id)["a"] == a.tobytes()
+
+
+def test_bad_tracker_arguments(store):
+    with pytest.raises(InvalidArgumentError):
+        store.track({"a": bytearray(10)}, mode="magic")
+    with pytest.raises(TypeError):
+        store.track({"a": 12})
+    with pytest.raises(TypeError):
+        store.track({"a": bytearray(10)}).checkpoint(meta=object())
+
+
+def test_store_checkpoint_async_without_tracker(store):
+    rng = np.random.default_rng(6)
+    x = rng.integers(0, 256, 2 << 20, dtype=np.uint8)
+    pending = []
+    for step in range(6):
+        touch(x, rng, 4)
+        pending.append((store.checkpoint_async({"x": x}, stream="imp"), x.tobytes()))
+    store.flush()
+    assert all(f.done() for f, _ in pending)
+    infos = [f.result() for f, _ in pending]
+    assert all(i.chain_length < 4 for i in infos)      # rebased to full at max_chain
+    assert all(i.bytes_new < 10 * PAGE for i in infos[1:])
+    for f, expected in pending:
+        assert store.restore(f.result().id)["x"] == expected
+    touch(x, rng, 4)
+    info = store.checkpoint({"x": x}, stream="imp")     # sync after async on one stream
+    assert store.restore(info.id)["x"] == x.tobytes()
+    new = rng.integers(0, 256, 2 << 20, dtype=np.uint8)  # other memory, same name
+    f = store.checkpoint_async({"x": new}, stream="imp")
+    assert store.restore(f.result().id)["x"] == new.tobytes()
+
+
+def test_close_flushes_pending_checkpoints(tmp_path):
+    rng = np.random.default_rng(7)
+    a = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
+    s = snapstore.open(tmp_path / "s")
+    tr = s.track({"a": a}, stream="t")
+    futures = []
+    for _ in range(5):
+        touch(a, rng, 4)
+        futures.append((tr.checkpoint_async(), a.tobytes()))
+    s.close()
+    assert all(f.done() and f.exception() is None for f, _ in futures)
+    with snapstore.open(tmp_path / "s") as s:
+        for f, expected in futures:
+            assert s.restore(f.result().id)["a"] == expected
+
+
+def test_readonly_store_cannot_track(tmp_path):
+    snapstore.open(tmp_path / "s").close()
+    with snapstore.open(tmp_path / "s", readonly=True) as s:
+        with pytest.raises(snapstore.errors.ReadOnlyError):
+            s.track({"a": bytearray(10)})
+
+
+def test_deleting_the_head_of_a_tracked_stream_is_refused(store):
+    a = np.zeros(4 * PAGE, np.uint8)
+    with store.track({"a": a}, stream="t") as tr:
+        first = tr.checkpoint()
+        a[0] = 1
+        head = tr.checkpoint()
+        with pytest.raises(InvalidArgumentError):
+            store.delete(head.id)
+        store.delete(first.id)               # not the head: fine, the chain absorbs it
+        a[PAGE] = 2
+        nxt = tr.checkpoint()
+        assert store.restore(nxt.id)["a"] == a.tobytes()
+
+
+def test_deleting_the_head_of_an_async_stream_rebases_the_next_capture(store):
+    x = np.zeros(8 * PAGE, np.uint8)
+    first = store.checkpoint_async({"x": x}, stream="imp").result()
+    x[0] = 1
+    head = store.checkpoint_async({"x": x}, stream="imp").result()
+    store.delete(head.id)
+    x[PAGE] = 2
+    nxt = store.checkpoint_async({"x": x}, stream="imp").result()
+    assert nxt.parent == first.id
+    assert store.restore(nxt.id)["x"] == x.tobytes()
