@@ -924,15 +924,20 @@ def plot(result: dict, path: str) -> None:
             label = name if len(patterns) == 1 else f"{name} ({wl['workload']['pattern']})"
             series.setdefault(label, []).append((x, res["checkpoint_seconds"]["median"]))
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, pts in sorted(series.items()):
+    for label, pts in sorted(series.items(), key=lambda kv: (not kv[0].startswith("snapstore"),
+                                                              kv[0])):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        ax.plot([p[0] for p in pts], [p[1] * 1e3 for p in pts], marker="o", label=label,
+                linewidth=2.5 if label.startswith("snapstore") else 1.5)
     xs = sorted({wl["workload"]["dirty"] for wl in result["workloads"]})
     if xs and xs[0] > 0 and len(xs) > 1 and xs[-1] / xs[0] >= 10:
         ax.set_xscale("log")
     ax.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xlabel("dirty fraction of the state per checkpoint")
-    ax.set_ylabel("caller-blocked time per checkpoint (s, median)")
+    ax.set_ylabel("caller-blocked time per checkpoint (ms, median)")
     first = result["workloads"][0]["workload"]
     ax.set_title(f"checkpoint overhead: {human_bytes(first['size'])} state, "
                  f"durability={first['durability']}")
