@@ -14,6 +14,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 import textwrap
 import time
 import traceback
@@ -955,7 +956,7 @@ def cmd_bench(args) -> int:
         raise UsageError(str(exc)) from None
     if args.dir is not None and not os.path.isdir(args.dir):
         raise UsageError(f"--dir {args.dir} is not a directory")
-    where = args.dir or os.environ.get("TMPDIR") or "/tmp"
+    where = args.dir or tempfile.gettempdir()
     if bench.fs_type(where) in ("tmpfs", "ramfs"):
         print(f"{PROG}: warning: {where} is on {bench.fs_type(where)}: fsync and disk figures "
               "are not those of a disk (use --dir on a real disk)", file=sys.stderr)

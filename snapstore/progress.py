@@ -124,11 +124,6 @@ class Progress:
         self.close()
 
     # ---- drawing -----------------------------------------------------------------------
-    def _amount(self, value: float) -> str:
-        if self.unit == "B":
-            return human_bytes(value)
-        return f"{value:g}{(' ' + self.unit) if self.unit else ''}"
-
     def render(self, now: Optional[float] = None) -> str:
         elapsed = (time.monotonic() if now is None else now) - self._start
         head = f"{self.label} " if self.label else ""
@@ -138,8 +133,11 @@ class Progress:
         frac = min(1.0, self.done / self.total) if self.total > 0 else 1.0
         filled = int(frac * self.WIDTH)
         bar = "#" * filled + "." * (self.WIDTH - filled)
-        return (f"{head}[{bar}] {frac * 100:3.0f}% {self._amount(self.done)}/"
-                f"{self._amount(self.total)} {elapsed:.1f}s")
+        if self.unit == "B":
+            amount = f"{human_bytes(self.done)}/{human_bytes(self.total)}"
+        else:
+            amount = f"{self.done:g}/{self.total:g}" + (f" {self.unit}" if self.unit else "")
+        return f"{head}[{bar}] {frac * 100:3.0f}% {amount} {elapsed:.1f}s"
 
     def _draw(self, now: float) -> None:
         text = self.render(now)
