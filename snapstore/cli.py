@@ -569,6 +569,18 @@ def coalesce(ranges: Iterable[tuple], gap: int) -> list:
     return [(s, e) for s, e in out]
 
 
+def _append_runs(ranges: list, runs: list, gap: int) -> None:
+    """Appends sorted runs that start after every range in `ranges`, coalescing in place
+    (only the seam and the new runs are looked at: linear in the number of runs)."""
+    if not runs:
+        return
+    merged = coalesce(runs, gap)
+    if ranges and merged[0][0] - ranges[-1][1] < max(gap, 1):
+        ranges[-1] = (ranges[-1][0], max(ranges[-1][1], merged[0][1]))
+        merged = merged[1:]
+    ranges.extend(merged)
+
+
 def _runs_numpy(a, b, base: int):
     import numpy as np
     x = np.frombuffer(a, dtype=np.uint8)
@@ -651,13 +663,13 @@ def diff_buffer(read_a: Callable, read_b: Callable, size_a: int, size_b: int, *,
         n = min(window, common - off)
         runs, c = diff_bytes(read_a(off, n), read_b(off, n), off)
         changed += c
-        ranges = coalesce(ranges + runs, gap) if runs else ranges
+        _append_runs(ranges, runs, gap)
         off += n
         on_progress(n)
     if size_a != size_b:
         lo, hi = common, max(size_a, size_b)
         changed += hi - lo
-        ranges = coalesce(ranges + [(lo, hi)], gap)
+        _append_runs(ranges, [(lo, hi)], gap)
     status = "changed" if changed else "unchanged"
     if size_a != size_b:
         status = "resized"

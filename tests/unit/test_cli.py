@@ -447,3 +447,22 @@ def test_safe_filenames():
     assert len({v.lower() for v in m.values()}) == len(m)
     assert not any(v.startswith(".") for v in m.values())
     assert all(len(v) <= 210 and "/" not in v for v in m.values())
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_diff_buffer_windows_equal_whole_diff(seed):
+    rng = random.Random(seed)
+    n = rng.randrange(1, 20000)
+    a = rng.randbytes(n)
+    b = bytearray(a)
+    for _ in range(rng.randrange(0, 30)):
+        i = rng.randrange(n)
+        b[i:i + rng.randrange(1, 50)] = rng.randbytes(rng.randrange(1, 50))[:n - i]
+    b = bytes(b[:n])
+    gap = rng.choice([0, 1, 16, 300])
+    runs, changed = cli.diff_bytes(a, b)
+    expect = [[s, e - s] for s, e in cli.coalesce(runs, gap)]
+    for window in (1, 7, 4096, 1 << 20):
+        r = cli.diff_buffer(lambda o, k: a[o:o + k], lambda o, k: b[o:o + k], n, n,
+                            gap=gap, window=window)
+        assert r["ranges"] == expect and r["changed_bytes"] == changed
