@@ -344,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", default=None, help="where to write (default: the temp dir); "
                    "use a real disk, not tmpfs")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save", metavar="FILE.json",
+                   help="also write the --json result to FILE.json (the table still prints)")
     p.add_argument("--plot", metavar="FILE.png",
                    help="plot median checkpoint time vs dirty fraction (needs matplotlib)")
     return parser
@@ -984,6 +986,9 @@ def cmd_bench(args) -> int:
             raise Problem(str(exc)) from None
     if args.plot:
         bench.plot(result, args.plot)
+    if args.save:
+        with open(args.save, "w") as f:
+            f.write(bench.to_json(result) + "\n")
     if args.json:
         sys.stdout.write(bench.to_json(result) + "\n")
     else:

@@ -267,9 +267,13 @@ def test_cli_bench_json_has_the_documented_keys(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_cli_bench_table():
-    p = _bench("--size", "1MiB", "--checkpoints", "1", "--no-baselines", "--durability", "none")
+def test_cli_bench_table(tmp_path):
+    p = _bench("--size", "1MiB", "--checkpoints", "1", "--no-baselines", "--durability", "none",
+               "--save", tmp_path / "r.json")
     assert p.returncode == 0, p.stderr
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert list(saved["workloads"][0]["results"]) == ["snapstore"]
+    assert p.stdout.rstrip().endswith(bench.format_table(saved).splitlines()[-1])
     lines = p.stdout.splitlines()
     assert lines[0].startswith("workload: 1.0 MiB in 4 buffer(s)")
     assert lines[1].split()[:3] == ["method", "ckpt", "median"]
