@@ -62,6 +62,23 @@ int snap_fp_diff(const uint8_t *buf, size_t len, size_t page_size,
 int snap_shadow_diff(const uint8_t *buf, uint8_t *shadow, size_t len, size_t page_size,
                      uint64_t *runs, size_t max_runs, size_t *n_runs);
 
+/* snap_fp_diff_runs: snap_fp_diff restricted to the pages listed in in_runs, n_in pairs
+ * (first_page, n_pages): ascending, non-overlapping (adjacent is fine), non-empty, inside the
+ * buffer's snap_page_count(len, page_size) pages. Only those pages are read and compared with
+ * fps (laid out as by snap_fp_pages for the whole buffer); a changed page gets its new digest
+ * in fps and is reported in runs, coalesced as by snap_fp_diff. Other pages and their digests
+ * are not touched. (csrc/fprefine.c; used to refine kernel-reported dirty pages.)
+ *   max_runs  capacity of runs in pairs; the number of listed pages always suffices.
+ * *n_runs is 0 after any error.
+ * Errors: SNAP_EINVAL (bad page size, NULL pointers with nonzero sizes, an input run empty,
+ * out of order, overlapping or outside the buffer: then nothing is read or updated),
+ * SNAP_ESPACE (fps_cap smaller than the buffer's digests, or more runs than max_runs: fps is
+ * then partly updated and must be recomputed). */
+int snap_fp_diff_runs(const uint8_t *buf, size_t len, size_t page_size,
+                      uint8_t *fps, size_t fps_cap,
+                      const uint64_t *in_runs, size_t n_in,
+                      uint64_t *runs, size_t max_runs, size_t *n_runs);
+
 /* ---- gather ------------------------------------------------------------------------------ */
 /* snap_gather: copy n_ranges byte ranges (pairs offset, length) of buf[0:len], in order, into
  * out back to back. Every range must lie inside buf; their total length must be <= out_cap.

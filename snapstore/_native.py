@@ -24,7 +24,7 @@ __all__ = [
     "FP_BYTES", "PAGE_MIN", "PAGE_MAX", "CDC_MIN_LIMIT", "CDC_MAX_LIMIT",
     "as_bytes_view", "check", "page_count", "page_fingerprints", "fingerprint_diff",
     "shadow_diff", "runs_to_ranges", "gather", "Chunker", "chunk_boundaries",
-    "SCAN_HUGE", "uffd_open", "uffd_register", "uffd_unregister", "pagemap_scan",
+    "fingerprint_diff_runs", "SCAN_HUGE", "uffd_open", "uffd_register", "uffd_unregister", "pagemap_scan",
 ]
 
 # C code -> exception class, built from the library's own constants and errors.NATIVE_ERRORS.
@@ -275,6 +275,39 @@ def buffer_address(buf) -> int:
     """The address of a buffer's first byte (identity of the memory behind a view)."""
     view = as_bytes_view(buf)
     return int(ffi.cast("uintptr_t", ffi.from_buffer(view))) if len(view) else 0
+
+
+def fingerprint_diff_runs(buf, fingerprints, runs: Sequence[Sequence[int]],
+                          page_size: int = 4096) -> List[Tuple[int, int]]:
+    """fingerprint_diff over only the pages of runs (first_page, n_pages) (snap_fp_diff_runs).
+
+    runs: ascending, non-overlapping, non-empty, inside the buffer. Changed pages among them
+    come back as runs; their digests are updated in place; other digests are untouched.
+    """
+    ps = _page_size_arg(page_size)
+    src = as_bytes_view(buf, name="buf")
+    fps = as_bytes_view(fingerprints, writable=True, name="fingerprints")
+    pages = int(lib.snap_page_count(len(src), ps))
+    if len(fps) != FP_BYTES * pages:
+        raise errors.InvalidArgumentError(
+            f"fingerprints holds {len(fps)} bytes; {pages} pages of {ps} bytes need "
+            f"{FP_BYTES * pages}")
+    flat: List[int] = []
+    listed = 0
+    for item in runs:
+        first, count = item
+        flat.append(first)
+        flat.append(count)
+        listed += count
+    if not flat:
+        return []
+    inp = ffi.new("uint64_t[]", flat)
+    out = _new_uninit("uint64_t[]", 2 * listed)
+    n = ffi.new("size_t *")
+    check(lib.snap_fp_diff_runs(_ptr(src), len(src), ps, _ptr(fps, True), len(fps),
+                                inp, len(flat) // 2, out, listed, n),
+          "snap_fp_diff_runs")
+    return _runs_list(out, n[0])
 
 
 # ---- kernel dirty-page tracking (csrc/uffd.c): system-call wrappers over plain integers ----

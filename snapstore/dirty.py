@@ -1,0 +1,671 @@
+"""Dirty-page detectors: which byte ranges of a buffer may have changed since the last look.
+
+One Detector per tracked buffer (make_detector). Modes:
+
+  "uffd"    the kernel records writes: userfaultfd write-protection in asynchronous mode
+            (UFFD_FEATURE_WP_ASYNC: a write to a protected page just clears its protection, no
+            event, no thread) plus the PAGEMAP_SCAN ioctl on /proc/self/pagemap, which returns
+            the pages written since the last scan and re-protects them in the same page-table
+            walk (csrc/uffd.c). dirty() costs a page-table walk plus the written pages, not a
+            pass over the data. Only whole system pages inside the buffer are protected; the
+            partly covered pages at its start and end (a buffer need not be page aligned) are
+            compared against a small copy every time.
+  "hash"    XXH3-128 fingerprint of every page_size page kept in the detector; dirty() hashes
+            the whole buffer (C snap_fp_diff).
+  "shadow"  a full copy of the buffer; dirty() compares exactly (C snap_shadow_diff).
+  "full"    no tracking: every dirty() reports the whole buffer.
+  "auto"    "uffd" where the kernel supports it for that memory, else "hash"; Detector.reason
+            says which and why.
+
+"uffd" needs private, writable, anonymous memory (numpy arrays, bytearrays, MAP_PRIVATE |
+MAP_ANONYMOUS mmaps). Anything else falls back to "hash" under "auto" (and raises
+TrackingUnavailableError when "uffd" is asked for explicitly): file-backed mappings (the file
+can change through write(2) or other processes without a fault here), shared mappings
+(MAP_SHARED, including Python's mmap.mmap(-1, n): another process may write them),
+read-only buffers, hugetlbfs, memory already tracked by another detector (overlapping
+views), or registration failing for any other reason.
+
+Protocol (what the Tracker does):
+  ranges = det.dirty()      None the first time and whenever the detector cannot vouch for the
+                            whole buffer (after fork(), after a failed scan): diff in full.
+                            Otherwise byte ranges (offset, length), ascending, non-overlapping,
+                            on the detector's page_size grid (the last clipped to the buffer's
+                            end), containing every byte changed since the previous dirty().
+  copy the bytes, then det.note_stored(offset, copied_bytes) for every stored range (also after
+  a full diff): hash/shadow detectors take their new baseline from the copy, not the live
+  buffer, so a page written between dirty() and the copy and later reverted is still reported.
+  After each dirty() a hash/shadow/edge baseline is the live content at that call, corrected by
+  note_stored; uffd pages need no baseline (the kernel records writes, not contents).
+
+Process-wide state: one userfaultfd and one /proc/self/pagemap descriptor per process, shared
+by all detectors (each registers and scans only its own page range; overlapping ranges are
+refused, so detectors never steal each other's written bits). After fork() the inherited
+descriptors still refer to the PARENT's memory (a scan through them would re-protect the
+parent's pages), so the child closes them (os.register_at_fork) and every detector in the child
+returns None from its next dirty(); a child's uffd detector then registers its range again with
+the child's own userfaultfd (or, failing that, becomes a hash detector). The parent is not
+affected: its registrations and written bits survive the fork (a write after fork() to a
+copy-on-write page is recorded like any other).
+
+Kernel behaviour relied on (checked by tests/unit/test_dirty.py on Linux 6.18): a write to a
+protected transparent huge page splits it and is recorded per base page; MADV_DONTNEED of a
+tracked page reports it written; writes by the kernel itself (read(2) into the buffer) are
+recorded (async mode never delivers a fault, so UFFD_USER_MODE_ONLY does not interfere).
+"""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import sys
+import threading
+import weakref
+from typing import List, Optional, Tuple
+
+from . import _native as nat
+from ._ffi import ffi, lib
+from .errors import (InvalidArgumentError, NativeSystemError, SnapstoreError,
+                     TrackingUnavailableError)
+
+__all__ = ["Detector", "make_detector", "uffd_available", "MODES", "SYS_PAGE"]
+
+MODES = ("auto", "uffd", "hash", "shadow", "full")
+SYS_PAGE: int = os.sysconf("SC_PAGE_SIZE")
+
+Ranges = List[Tuple[int, int]]
+
+
+# ---- process-wide kernel state -------------------------------------------------------------
+class _Registration:
+    """One registered page range [start, end). Shared by a detector and its finalizer (which
+    must not reference the detector)."""
+
+    __slots__ = ("start", "end", "pid", "active")
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end, self.pid, self.active = start, end, os.getpid(), True
+
+
+class _Kernel:
+    """The process's userfaultfd, /proc/self/pagemap descriptor and registered ranges."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pid = os.getpid()
+        self.uffd = -1
+        self.pagemap = -1
+        self.status: Optional[Tuple[bool, str]] = None
+        self.regs: List[_Registration] = []
+
+    # -- availability
+    def available(self) -> Tuple[bool, str]:
+        with self.lock:
+            if self.status is None:
+                self.status = self._probe()
+            return self.status
+
+    def _probe(self) -> Tuple[bool, str]:
+        if not sys.platform.startswith("linux"):
+            return False, f"userfaultfd is Linux-only (platform {sys.platform})"
+        try:
+            fd, _features, umo = nat.uffd_open()
+        except NativeSystemError as e:
+            why = {errno.EPERM: "userfaultfd(2) refused (EPERM): vm.unprivileged_userfaultfd is 0 "
+                                "and the kernel lacks UFFD_USER_MODE_ONLY",
+                   errno.ENOSYS: "kernel built without userfaultfd (ENOSYS)",
+                   errno.EOPNOTSUPP: "kernel lacks UFFD_FEATURE_WP_ASYNC / WP_UNPOPULATED "
+                                     "(needs Linux >= 6.7)",
+                   errno.EINVAL: "kernel refused UFFD_FEATURE_WP_ASYNC / WP_UNPOPULATED "
+                                 "(needs Linux >= 6.7)"}.get(e.errno)
+            return False, why or f"userfaultfd unavailable: {e}"
+        try:
+            pm = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            os.close(fd)
+            return False, f"cannot open /proc/self/pagemap: {e.strerror}"
+        problem = self._self_test(fd, pm)
+        if problem:
+            os.close(fd)
+            os.close(pm)
+            return False, problem
+        self.uffd, self.pagemap = fd, pm
+        return True, ("userfaultfd async write-protect + PAGEMAP_SCAN work here "
+                      f"({os.uname().release}{', user-mode-only uffd' if umo else ''})")
+
+    @staticmethod
+    def _self_test(fd: int, pm: int) -> Optional[str]:
+        """Register 4 private anonymous pages, write one, scan: exactly that page must come back."""
+        m = mmap.mmap(-1, 4 * SYS_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            with ffi.from_buffer(m) as p:
+                addr = int(ffi.cast("uintptr_t", p))
+            try:
+                nat.uffd_register(fd, addr, 4 * SYS_PAGE)
+            except NativeSystemError as e:
+                return f"userfaultfd write-protect registration failed ({e.strerror})"
+            try:
+                m[SYS_PAGE + 5] = 1
+                try:
+                    got, _ = nat.pagemap_scan(pm, addr, addr + 4 * SYS_PAGE)
+                except NativeSystemError as e:
+                    if e.errno in (errno.ENOTTY, errno.EINVAL):
+                        return "PAGEMAP_SCAN ioctl not supported (needs Linux >= 6.7)"
+                    return f"PAGEMAP_SCAN failed ({e.strerror})"
+                again, _ = nat.pagemap_scan(pm, addr, addr + 4 * SYS_PAGE)
+                if [(s - addr, e - addr) for s, e, _f in got] != [(SYS_PAGE, 2 * SYS_PAGE)] or again:
+                    return f"PAGEMAP_SCAN self-test gave wrong pages: {got}, then {again}"
+            finally:
+                nat.uffd_unregister(fd, addr, 4 * SYS_PAGE)
+        finally:
+            m.close()
+        return None
+
+    # -- registrations
+    def register(self, start: int, end: int) -> _Registration:
+        """Register and protect [start, end). Raises _Refused with a reason."""
+        ok, why = self.available()
+        if not ok:
+            raise _Refused(why)
+        with self.lock:
+            for r in self.regs:
+                if r.active and r.start < end and start < r.end:
+                    raise _Refused("its pages overlap memory already tracked by another "
+                                   "detector (overlapping views of one buffer)")
+            problem = _mapping_problem(start, end)
+            if problem:
+                raise _Refused(problem)
+            try:
+                nat.uffd_register(self.uffd, start, end - start)
+            except NativeSystemError as e:
+                raise _Refused(f"userfaultfd registration failed ({e.strerror})") from None
+            reg = _Registration(start, end)
+            self.regs.append(reg)
+            return reg
+
+    def unregister(self, reg: _Registration) -> None:
+        """Remove protection and registration (no system call in a forked child)."""
+        with self.lock:
+            if not reg.active:
+                return
+            reg.active = False
+            if reg in self.regs:
+                self.regs.remove(reg)
+            if reg.pid != os.getpid() or self.uffd < 0:
+                return
+            try:
+                nat.uffd_unregister(self.uffd, reg.start, reg.end - reg.start)
+            except NativeSystemError:
+                pass   # the memory is gone or was never registered: nothing left to undo
+
+    def scan(self, reg: _Registration) -> List[Tuple[int, int, int]]:
+        """Written ranges (start, end, flags) of reg since the last scan; re-protects them."""
+        out: List[Tuple[int, int, int]] = []
+        cur = reg.start
+        while cur < reg.end:
+            got, cur = nat.pagemap_scan(self.pagemap, cur, reg.end)
+            out.extend(got)
+        return out
+
+    def after_fork_in_child(self) -> None:
+        """The inherited descriptors refer to the parent's memory: close them, forget all."""
+        for fd in (self.uffd, self.pagemap):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        for r in self.regs:
+            r.active = False
+        self.__init__()
+
+
+class _Refused(Exception):
+    """uffd cannot track this memory; the message says why."""
+
+
+_KERNEL = _Kernel()
+
+
+def uffd_available() -> Tuple[bool, str]:
+    """(True, description) if userfaultfd async write-protect + PAGEMAP_SCAN work in this
+    process (probed once: a 4-page self-test), else (False, reason)."""
+    return _KERNEL.available()
+
+
+def _mapping_problem(start: int, end: int) -> Optional[str]:
+    """Why [start, end) is not private writable anonymous memory, from /proc/self/maps; None if it is."""
+    cur = start
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(None, 5)
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if hi <= cur:
+                continue
+            if lo >= end:
+                break
+            if lo > cur:
+                return "part of the buffer is not mapped"
+            perms, inode = fields[1], fields[4]
+            path = fields[5].strip() if len(fields) > 5 else ""
+            if "w" not in perms:
+                return f"read-only mapping ({perms})"
+            if perms[3] == "s":
+                return (f"shared mapping ({path or 'MAP_SHARED anonymous'}): another process "
+                        "can write it without the kernel telling this one")
+            if "hugepage" in path or "hugetlb" in path:
+                return f"hugetlbfs mapping ({path})"
+            if inode != "0" or (path and not (path == "[heap]" or path.startswith("[anon:"))):
+                return (f"file-backed or special mapping ({path or 'inode ' + inode}): its "
+                        "contents can change without a write through this mapping")
+            cur = hi
+            if cur >= end:
+                return None
+    return "part of the buffer is not mapped"
+
+
+# ---- detector strategies ----------------------------------------------------------------------
+def _align(ranges: Ranges, n: int, ps: int) -> Ranges:
+    """Widen sorted byte ranges to the ps grid (clipped to n) and merge overlapping/adjacent ones."""
+    out: Ranges = []
+    for off, length in ranges:
+        lo = off // ps * ps
+        hi = min(n, -(-(off + length) // ps) * ps)
+        if hi <= lo:
+            continue
+        if out and lo <= out[-1][0] + out[-1][1]:
+            plo, plen = out[-1]
+            out[-1] = (plo, max(plo + plen, hi) - plo)
+        else:
+            out.append((lo, hi - lo))
+    return out
+
+
+class _Full:
+    mode = "full"
+
+    def __init__(self, view: memoryview, ps: int) -> None:
+        self.n = len(view)
+
+    def arm(self, view: memoryview) -> None:
+        pass
+
+    def diff(self, view: memoryview) -> Ranges:
+        return [(0, self.n)] if self.n else []
+
+    def note(self, offset: int, data: memoryview) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def after_fork(self) -> None:
+        pass
+
+
+class _Hash(_Full):
+    """Fingerprints of the caller's stored content (live content at the last dirty(),
+    corrected by note_stored)."""
+    mode = "hash"
+
+    def __init__(self, view: memoryview, ps: int) -> None:
+        self.n, self.ps = len(view), ps
+        self.fps = bytearray()
+        self.forced: set = set()       # pages note_stored covered only partly: report them
+
+    def arm(self, view: memoryview) -> None:
+        self.fps = nat.page_fingerprints(view, self.ps)
+        self.forced.clear()
+
+    def diff(self, view: memoryview) -> Ranges:
+        runs = nat.fingerprint_diff(view, self.fps, self.ps)
+        ranges = nat.runs_to_ranges(runs, self.n, self.ps)
+        if self.forced:
+            extra = [(p * self.ps, self.ps) for p in sorted(self.forced)]
+            self.forced.clear()
+            ranges = _align(sorted(ranges + extra), self.n, self.ps)
+        return ranges
+
+    def note(self, offset: int, data: memoryview) -> None:
+        ps, n = self.ps, self.n
+        end = offset + len(data)
+        first = -(-offset // ps)                            # first page wholly covered
+        last = -(-n // ps) if end == n else end // ps       # end of the wholly covered pages
+        if offset % ps:                                     # partly covered: report next time
+            self.forced.add(offset // ps)
+        if end != n and end % ps:
+            self.forced.add(end // ps)
+        if last <= first:
+            return
+        lo, hi = first * ps - offset, min(last * ps, n) - offset
+        with ffi.from_buffer(data[lo:hi]) as sp, ffi.from_buffer(self.fps) as fp:
+            nat.check(lib.snap_fp_pages(ffi.cast("uint8_t *", sp), hi - lo, ps,
+                                        ffi.cast("uint8_t *", fp) + first * nat.FP_BYTES,
+                                        (last - first) * nat.FP_BYTES),
+                      "snap_fp_pages")
+        if self.forced:
+            self.forced.difference_update(range(first, last))
+
+
+class _Shadow(_Full):
+    """A copy of the caller's stored content (live content at the last dirty(), corrected by
+    note_stored)."""
+    mode = "shadow"
+
+    def __init__(self, view: memoryview, ps: int) -> None:
+        self.n, self.ps = len(view), ps
+        self.shadow = bytearray()
+
+    def arm(self, view: memoryview) -> None:
+        self.shadow = bytearray(view)
+
+    def diff(self, view: memoryview) -> Ranges:
+        runs = nat.shadow_diff(view, self.shadow, self.ps)
+        return nat.runs_to_ranges(runs, self.n, self.ps)
+
+    def note(self, offset: int, data: memoryview) -> None:
+        self.shadow[offset:offset + len(data)] = data
+
+
+class _Uffd(_Full):
+    """Kernel-recorded writes for the whole system pages inside the buffer.
+
+    Two variants, chosen by alignment:
+      exact grid  the buffer starts on a system page and page_size is a multiple of it: a
+                  written system page is reported as the grid page(s) holding it; the partly
+                  covered page at the end (if any) is compared against a copy (baseline as for
+                  _Shadow);
+      refined     otherwise (a numpy array's data usually starts 16 bytes into a page, so each
+                  system page straddles two grid pages): the grid pages overlapping written
+                  system pages, plus those overlapping the partly covered edges, are hashed and
+                  compared against fingerprints (baseline as for _Hash); only the changed ones
+                  are reported, instead of both neighbours of every written page.
+    """
+    mode = "uffd"
+
+    def __init__(self, view: memoryview, ps: int) -> None:
+        self.n, self.ps = len(view), ps
+        self.base = 0
+        if self.n:
+            with ffi.from_buffer(view) as p:
+                self.base = int(ffi.cast("uintptr_t", p))
+        start = -(-self.base // SYS_PAGE) * SYS_PAGE
+        end = (self.base + self.n) // SYS_PAGE * SYS_PAGE
+        self.pages = (start, end) if start < end else None
+        if self.pages:
+            edges = [(0, start - self.base), (end - self.base, self.n)]
+        else:
+            edges = [(0, self.n)]
+        self.edges = [(lo, hi) for lo, hi in edges if hi > lo]
+        self.refine = bool(self.pages) and (self.base % SYS_PAGE != 0 or ps % SYS_PAGE != 0)
+        self.fp: Optional[_Hash] = _Hash(view, ps) if self.refine else None
+        self.copies = [] if self.refine else [bytearray(hi - lo) for lo, hi in self.edges]
+        # grid page runs always compared in refined mode: those overlapping the edges
+        self.edge_runs = [(lo // ps, -(-hi // ps) - lo // ps) for lo, hi in self.edges]
+        self.reg: Optional[_Registration] = None
+        self._finalizer = None
+        self.register()
+
+    def register(self) -> None:
+        """Register the whole pages (raises _Refused); a finalizer unregisters if never closed."""
+        if self.pages:
+            self.reg = _KERNEL.register(*self.pages)
+            self._finalizer = weakref.finalize(self, _KERNEL.unregister, self.reg)
+
+    def arm(self, view: memoryview) -> None:
+        if self.reg is not None:
+            _KERNEL.scan(self.reg)          # forget writes so far: re-protect everything
+        if self.fp is not None:
+            self.fp.arm(view)
+        for (lo, hi), copy in zip(self.edges, self.copies):
+            copy[:] = view[lo:hi]
+
+    def _written(self) -> Ranges:
+        """Byte ranges (offset, length) of the buffer in system pages written since the last scan."""
+        if self.reg is None:
+            return []
+        base = self.base
+        return [(s - base, e - s) for s, e, _flags in _KERNEL.scan(self.reg)]
+
+    def diff(self, view: memoryview) -> Ranges:
+        written = self._written()
+        if self.fp is not None:
+            return self._refined(view, written)
+        for (lo, hi), copy in zip(self.edges, self.copies):
+            if view[lo:hi] != copy:
+                copy[:] = view[lo:hi]
+                written.append((lo, hi - lo))
+        written.sort()
+        return _align(written, self.n, self.ps)
+
+    def _refined(self, view: memoryview, written: Ranges) -> Ranges:
+        ps, fp = self.ps, self.fp
+        cand: List[List[int]] = []           # grid page runs [first, count], ascending, merged
+        for first, count in sorted(self.edge_runs + [(off // ps, -(-(off + length) // ps) - off // ps)
+                                                     for off, length in written]):
+            if cand and first <= cand[-1][0] + cand[-1][1]:
+                last = cand[-1]
+                last[1] = max(last[0] + last[1], first + count) - last[0]
+            else:
+                cand.append([first, count])
+        runs = nat.fingerprint_diff_runs(view, fp.fps, cand, ps) if cand else []
+        ranges = nat.runs_to_ranges(runs, self.n, ps)
+        if fp.forced:
+            ranges = _align(sorted(ranges + [(p * ps, ps) for p in fp.forced]), self.n, ps)
+            fp.forced.clear()
+        return ranges
+
+    def note(self, offset: int, data: memoryview) -> None:
+        if self.fp is not None:
+            self.fp.note(offset, data)
+            return
+        end = offset + len(data)
+        for (lo, hi), copy in zip(self.edges, self.copies):
+            a, b = max(lo, offset), min(hi, end)
+            if a < b:
+                copy[a - lo:b - lo] = data[a - offset:b - offset]
+
+    def close(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()               # unregisters once (idempotent)
+
+    def after_fork(self) -> None:
+        """In a forked child: the registration belonged to the parent's userfaultfd."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        self.reg = None
+
+
+# ---- the public detector ------------------------------------------------------------------------
+_LIVE: "weakref.WeakSet[Detector]" = weakref.WeakSet()
+
+
+class Detector:
+    """Finds the byte ranges of one buffer that may have changed since the previous dirty().
+
+    mode: "uffd" | "hash" | "shadow" | "full" (what is in use now); reason: why this mode.
+    Thread-safe (calls are serialised). Holds an export of the buffer until close(), so the
+    buffer cannot be resized or freed meanwhile (bytearray resize / mmap.close raise
+    BufferError in the caller).
+    """
+
+    def __init__(self, view: memoryview, impl, page_size: int, reason: str) -> None:
+        self._view = view
+        self._impl = impl
+        self.page_size = page_size
+        self.reason = reason
+        self._lock = threading.Lock()
+        self._armed = False
+        self._closed = False
+        self._pid = os.getpid()
+        _LIVE.add(self)
+
+    @property
+    def mode(self) -> str:
+        return self._impl.mode
+
+    @property
+    def nbytes(self) -> int:
+        return len(self._view) if not self._closed else 0
+
+    def dirty(self) -> Optional[Ranges]:
+        """Byte ranges (offset, length), ascending, non-overlapping, on the page_size grid (the
+        last clipped to the buffer's end), that may have changed since the previous call; they
+        contain every changed byte. None (first call, after fork(), after a failed kernel scan):
+        cannot vouch for the buffer, diff it in full. Each call starts a new interval."""
+        with self._lock:
+            if self._closed:
+                raise InvalidArgumentError("dirty(): the detector is closed")
+            if self._pid != os.getpid():
+                self._forked()
+            if self._armed:
+                try:
+                    return self._impl.diff(self._view)
+                except NativeSystemError as e:
+                    self.reason += f"; a kernel scan failed ({e.strerror}): diffed in full once"
+            self._arm()
+            return None
+
+    def note_stored(self, offset: int, data) -> None:
+        """The caller stored `data` as the content of [offset, offset + len(data)), copied after
+        dirty() returned: hash/shadow baselines (and uffd edge copies) take these bytes."""
+        with self._lock:
+            if self._closed or self._pid != os.getpid():
+                return
+            data = nat.as_bytes_view(data, name="data")
+            if offset < 0 or offset + len(data) > len(self._view):
+                raise InvalidArgumentError(
+                    f"note_stored: [{offset}, {offset + len(data)}) is outside the buffer of "
+                    f"{len(self._view)} bytes")
+            if self._armed and len(data):
+                self._impl.note(offset, data)
+
+    def close(self) -> None:
+        """Removes write protection, releases the buffer. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if self._pid == os.getpid():
+                    self._impl.close()
+                else:
+                    self._impl.after_fork()
+            finally:
+                _LIVE.discard(self)
+                self._impl = _Full(memoryview(b""), 1)
+                try:
+                    self._view.release()
+                except (BufferError, ValueError):
+                    pass
+
+    def __enter__(self) -> "Detector":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._view)} bytes"
+        return f"<snapstore.dirty.Detector mode={self.mode} {state}>"
+
+    # -- internals (lock held)
+    def _arm(self) -> None:
+        try:
+            self._impl.arm(self._view)
+        except (NativeSystemError, _Refused) as e:
+            self._switch_to_hash(f"the kernel scan failed ({e})")
+            self._impl.arm(self._view)
+        self._armed = True
+
+    def _forked(self) -> None:
+        """First use in a forked child: cannot vouch; uffd registers again in the child."""
+        self._pid = os.getpid()
+        self._armed = False
+        if isinstance(self._impl, _Uffd):
+            self._impl.after_fork()
+            if self._impl.pages:
+                try:
+                    self._impl.register()
+                    self.reason += "; registered again after fork()"
+                except _Refused as e:
+                    self._switch_to_hash(f"after fork() the child could not register: {e}")
+
+    def _switch_to_hash(self, why: str) -> None:
+        old = self._impl
+        try:
+            old.close()
+        except NativeSystemError:
+            pass
+        self._impl = _Hash(self._view, self.page_size)
+        self.reason = f"hash: fell back from {old.mode}: {why}"
+
+
+def _after_fork_in_child() -> None:
+    _KERNEL.after_fork_in_child()
+    for det in list(_LIVE):
+        det._lock = threading.Lock()     # another thread may have held it at fork()
+        det._armed = False
+        if isinstance(det._impl, _Uffd):
+            det._impl.after_fork()       # the registration was the parent's
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def make_detector(view, mode: str = "auto", page_size: int = 4096) -> Detector:
+    """A Detector for one buffer (any C-contiguous buffer-protocol object; not copied).
+
+    mode "auto" picks "uffd" where the kernel supports it for that memory, else "hash";
+    "uffd" raises TrackingUnavailableError (with .reason) where it cannot work.
+    page_size is the grid of the reported ranges (and the hash/shadow compare unit).
+    """
+    if mode not in MODES:
+        raise InvalidArgumentError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    ps = nat._page_size_arg(page_size)
+    mv = nat.as_bytes_view(view, name="view")
+    mv = memoryview(mv)       # our own export, released by close()
+    n = len(mv)
+    if mode == "full":
+        return Detector(mv, _Full(mv, ps), ps, "full: no tracking requested; every checkpoint "
+                                               "compares the whole buffer")
+    if mode == "hash":
+        return Detector(mv, _Hash(mv, ps), ps, f"hash: XXH3-128 of every {ps}-byte page "
+                                               "(requested)")
+    if mode == "shadow":
+        return Detector(mv, _Shadow(mv, ps), ps, "shadow: exact compare against a copy "
+                                                 "(requested)")
+    # uffd or auto
+    why = None
+    if mv.readonly:
+        why = ("read-only buffer: userfaultfd write-protection needs writable anonymous "
+               "memory")
+    elif mode == "auto" and n == 0:
+        why = "empty buffer: nothing to protect"
+    else:
+        ok, status = uffd_available()
+        if not ok:
+            why = status
+    if why is None:
+        try:
+            impl = _Uffd(mv, ps)
+        except _Refused as e:
+            why = str(e)
+        else:
+            whole = (impl.pages[1] - impl.pages[0]) if impl.pages else 0
+            edge = n - whole
+            what = (f"{whole // SYS_PAGE} whole {SYS_PAGE}-byte pages write-protected "
+                    "(userfaultfd async + PAGEMAP_SCAN)" if whole else "no whole page inside")
+            extra = f"; {edge} edge bytes compared" if edge else ""
+            if impl.refine:
+                extra += (f"; the buffer is not aligned to system pages (address % {SYS_PAGE} "
+                          f"= {impl.base % SYS_PAGE}) or page_size {ps} is not a multiple of "
+                          f"them: written pages are narrowed to changed {ps}-byte pages by "
+                          "fingerprint")
+            return Detector(mv, impl, ps, f"uffd: {what}{extra}")
+    if mode == "uffd":
+        mv.release()
+        raise TrackingUnavailableError(f"mode='uffd' cannot track this buffer: {why}",
+                                       reason=why)
+    return Detector(mv, _Hash(mv, ps), ps, f"hash: uffd not used: {why}")
