@@ -448,6 +448,58 @@ def test_damaged_commit_record_past_applied_is_not_applied(tmp_path, seed, point
             store.close()
 
 
+def test_damaged_chunk_record_before_unapplied_commit(tmp_path, seed):
+    """One fsync per checkpoint is enough because recovery validates every record before a
+    commit record: a chunk of the in-flight checkpoint that did not reach the disk intact
+    ends the scan there, and the commit after it is never applied."""
+    path = str(tmp_path / "s")
+    want = build_store(path, seed, segment_size=1 << 20)
+    r = random.Random(seed)
+    extra = {"w": bytes(_content(r, 300_001))}
+    crash_during_checkpoint(tmp_path, path, extra, "before_index_commit", segsize=1 << 20)
+    recs = [x for x in unapplied_records(path) if not isinstance(x, tuple)]
+    chunks = [x for x in recs if x.rtype == fmt.REC_CHUNK]
+    assert chunks and recs[-1].rtype == fmt.REC_COMMIT
+    victim = r.choice(chunks)
+    pos = victim.offset + r.randrange(victim.end - victim.offset)
+    mask = r.randrange(1, 256)
+    flip(path, victim.segment, pos, mask)
+    ctx = f"[seed {seed}: chunk record at {victim.offset}, byte {pos} ^= {mask:#x}]"
+    store = snapstore.open(path)
+    try:
+        assert sorted(c.id for c in store.checkpoints()) == sorted(want), ctx
+        check_store(store, want, {}, ctx)
+        assert os.path.getsize(seg_path(path, victim.segment)) == victim.offset, ctx
+        info = store.checkpoint(extra, stream="pages")
+        assert_exact(store, info.id, extra, ctx)
+    finally:
+        store.close()
+
+
+def test_damaged_record_past_applied_in_sealed_segment_is_corruption(tmp_path, seed):
+    """The in-flight checkpoint spans segments; a record of it in a segment that was sealed
+    (fsynced at rollover) is damaged: that is corruption, not a torn tail. Opening raises
+    CorruptionError naming the segment and offset and truncates nothing."""
+    path = str(tmp_path / "s")
+    build_store(path, seed, segment_size=128 << 10)
+    r = random.Random(seed)
+    extra = {"w": r.randbytes(400_000)}             # incompressible: several segments
+    crash_during_checkpoint(tmp_path, path, extra, "before_index_commit", segsize=128 << 10)
+    recs = [x for x in unapplied_records(path) if not isinstance(x, tuple)]
+    last = max(x.segment for x in recs)
+    sealed = [x for x in recs if x.segment < last]
+    assert sealed, "the in-flight checkpoint did not span segments"
+    victim = r.choice(sealed)
+    flip(path, victim.segment, victim.offset + r.randrange(victim.end - victim.offset),
+         r.randrange(1, 256))
+    segdir = os.path.join(path, fmt.SEGMENTS_DIR)
+    sizes = {n: os.path.getsize(os.path.join(segdir, n)) for n in os.listdir(segdir)}
+    with pytest.raises(CorruptionError) as ei:
+        snapstore.open(path)
+    assert_names(ei.value, victim.segment, victim.offset, f"[seed {seed}]")
+    assert {n: os.path.getsize(os.path.join(segdir, n)) for n in os.listdir(segdir)} == sizes
+
+
 def _garbage(kind: str, r: random.Random) -> bytes:
     if kind == "random":
         return r.randbytes(r.randint(1, 5000))
@@ -503,7 +555,8 @@ EMPTY_SEGMENT_BUG = (
     "segment rollover: file created, header not yet written/durable) makes the store "
     "unopenable: Store._recover -> scan() -> check_segment_header raises CorruptionError "
     "'segment header is truncated' instead of treating it as a torn tail (_truncate_tail's "
-    "pos < SEGMENT_HEADER.size branch is unreachable). Fix: treat a short or invalid header "
+    "pos < SEGMENT_HEADER.size branch is unreachable; docs/design.md promises 'a torn segment "
+    "header removes the segment'). Fix: treat a short or invalid header "
     "of the last segment past the applied one as torn and remove that segment.")
 
 

@@ -80,7 +80,8 @@ EMPTY_SEGMENT_BUG = (
     "file, its 32-byte header is not written yet; or a power cut before the header's fsync) "
     "leaves a last segment of 0..31 bytes, and then the store can never be opened again: "
     "Store._recover -> scan() -> check_segment_header raises CorruptionError('segment header "
-    "is truncated'), so the pos < SEGMENT_HEADER.size branch of _truncate_tail is unreachable. "
+    "is truncated'), so the pos < SEGMENT_HEADER.size branch of _truncate_tail is unreachable "
+    "(docs/design.md promises 'a torn segment header removes the segment'). "
     "Fix: in _recover treat a short/invalid header of the LAST segment, when it lies past the "
     "applied segment, as a torn tail (remove the segment); or create segments under a temp "
     "name and rename after the header is durable.")
@@ -108,6 +109,7 @@ class Harness:
         self.kills = 0
         self.last_damage = ""
         self.empty_segment_bug_hits = 0
+        self.outcomes: dict[str, int] = {}     # what the kills interrupted, for the report
         print(f"crash harness seed {seed} (rerun with SNAPSTORE_CRASH_SEED={seed})")
 
     def ctx(self) -> str:
@@ -335,6 +337,9 @@ class Harness:
                     f"{self.ctx()} in-flight {kind} {arg}: expected recovery to "
                     f"{'apply' if must_apply else 'not apply'} it")
 
+            outcome = ("idle" if kind is None else
+                       f"{kind} {'applied' if (extra if kind == 'ckpt' else missing) else 'lost'}")
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
             for cid in extra:
                 self.live[cid] = self.ever[cid] = arg
                 self.max_id = max(self.max_id, cid)
@@ -363,7 +368,7 @@ def _report(h: Harness, kill_log) -> None:
     kill_log(h.kills)
     print(f"seed {h.seed}: {h.kills} kills, {h.runs} runs, {len(h.ever)} checkpoints "
           f"committed, {len(h.live)} live at the end, {h.empty_segment_bug_hits} kills inside "
-          "segment rollover worked around")
+          f"segment rollover worked around; in flight at the kills: {h.outcomes}")
 
 
 # ---- the tests ---------------------------------------------------------------------------
