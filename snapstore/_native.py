@@ -62,6 +62,9 @@ def as_bytes_view(obj, writable: bool = False, name: str = "buffer") -> memoryvi
             f"{type(obj).__name__} (shape {mv.shape}, strides {mv.strides})")
     if writable and mv.readonly:
         raise TypeError(f"{name}: expected a writable buffer, got a read-only {type(obj).__name__}")
+    if "O" in mv.format:   # e.g. numpy dtype=object: the bytes are PyObject pointers
+        raise TypeError(f"{name}: a buffer of Python object pointers (format {mv.format!r}) holds "
+                        "no data of its own; save such objects with store.save() instead")
     if mv.ndim == 1 and mv.format == "B":
         return mv
     if mv.nbytes == 0:  # memoryview.cast refuses shapes containing 0

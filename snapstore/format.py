@@ -81,9 +81,10 @@ U64 = struct.Struct("<Q")
 FP_HEADER = struct.Struct("<QII")             # checkpoint id the digests describe, page size,
 assert FP_HEADER.size == 16                   # reserved 0
 
-# LMDB map size: address space only (the file grows as needed); 1 TiB of index is far beyond
-# any store's needs (an index entry per 64 KiB of unique data is ~100 bytes -> 1.5 PiB).
-INDEX_MAP_SIZE = 1 << 40
+# LMDB map size: address space only (the file grows as needed). 64 GiB of index holds ~40 TiB
+# of unique data (an entry per 64 KiB chunk is ~100 bytes), and a process can still open about
+# 2,000 stores at once in x86-64's 128 TiB of user address space (1 TiB maps allowed only ~126).
+INDEX_MAP_SIZE = 64 << 30
 INDEX_MAX_DBS = 16
 
 # ---- names and defaults --------------------------------------------------------------------
@@ -92,7 +93,8 @@ DEFAULT_PAGE_SIZE = 4096
 DEFAULT_CHUNK_SIZE = 64 << 10     # full checkpoints: fixed grid of this size; deltas: runs split
                                   # into pieces of at most this size
 DEFAULT_CDC_SIZES = (16 << 10, 64 << 10, 256 << 10)   # FastCDC min / avg / max
-DEFAULT_MAX_CHAIN = 16            # a buffer is stored full again after this many deltas
+DEFAULT_MAX_CHAIN = 16            # restoring reads at most this many manifests: the delta that
+                                  # would make it max_chain is rebased into a full manifest
 DEFAULT_FULL_THRESHOLD = 0.5      # ... or when more than this fraction of its pages changed
 DEFAULT_SEGMENT_SIZE = 256 << 20  # a segment is sealed once it grows past this
 DEFAULT_COMPRESSION_LEVEL = 1     # zstd level; incompressible chunks are stored raw
