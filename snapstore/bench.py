@@ -4,16 +4,18 @@
     result = bench.run([bench.Workload(size=64 << 20, dirty=0.01)])
     print(bench.format_table(result))
 
-What one workload does, for every method (snapstore and each baseline) in turn, in this
-process and on the same bytes (the state is regenerated from the same seed for each method):
+What one workload does (every method - snapstore and each baseline - in this process, on the
+same bytes, interleaved step by step so all see the same machine conditions):
 
 1. build the state: ``buffers`` bytearrays totalling ``size`` bytes (random, or compressible);
-2. checkpoint it once (the first, full checkpoint: reported separately);
-3. ``checkpoints`` times: mutate ``dirty`` of the state with ``pattern`` (untimed), then
-   checkpoint it (timed: the wall time the caller is blocked);
-4. restore the latest and the oldest checkpoint into fresh memory (timed; with
-   ``cache="cold"`` the method's files are first synced and dropped from the page cache with
-   posix_fadvise(DONTNEED), so restores read the disk), and check them byte for byte.
+2. every method checkpoints it once (the first, full checkpoint: reported separately);
+3. ``checkpoints`` times: mutate ``dirty`` of the state with ``pattern`` (untimed), then every
+   method checkpoints it in turn, who goes first rotating (timed: the wall time the caller is
+   blocked);
+4. every method restores the latest and the oldest checkpoint into fresh memory,
+   ``restore_repeats`` times (timed; with ``cache="cold"`` the method's files are first synced
+   and dropped from the page cache with posix_fadvise(DONTNEED), so restores read the disk),
+   and the first restore of each is checked byte for byte.
 
 Methods: "snapstore" (the store; ``durability``, ``chunking``, ``compression`` apply);
 "raw" (every buffer written to one new file per checkpoint, + fsync of file and directory when
@@ -27,11 +29,11 @@ Figures per method (keys of the result dicts, see ``METRIC_KEYS``): caller-block
 checkpoint (median, p95 by nearest rank: with fewer than 20 checkpoints p95 is the maximum),
 bytes written per checkpoint (write-syscall bytes of this process from /proc/self/io, which
 includes the index; file growth for external tools), disk growth per checkpoint (allocated
-blocks), restore seconds (latest, oldest; median of ``restore_repeats`` timings), and
-peak memory: growth of the process's peak RSS
-(VmHWM, reset through /proc/self/clear_refs) over its RSS before the call - C allocations
-included, unlike tracemalloc. Baseline dicts carry ``vs_snapstore``: their figure divided by
-snapstore's (so 30.0 means the baseline costs 30x what snapstore does).
+blocks), restore seconds (latest, oldest; median of ``restore_repeats`` timings), and peak
+memory: growth of the process's peak RSS (VmHWM, reset through /proc/self/clear_refs) over its
+RSS before the call - C allocations included, unlike tracemalloc (for restic / borg: the tool
+process's own peak RSS, from wait4). Baseline dicts carry ``vs_snapstore``: their figure
+divided by snapstore's (so 30.0 means the baseline costs 30x what snapstore does).
 """
 from __future__ import annotations
 
@@ -532,6 +534,7 @@ class _ExternalTool(Method):
 
     def setup(self) -> None:
         super().setup()
+        self.max_rss = 0
         self.repo = os.path.join(self.dir, "repo")
         self.work = os.path.join(self.dir, "work")
         os.makedirs(self.work)
@@ -539,12 +542,26 @@ class _ExternalTool(Method):
         self._init_repo()
 
     def _run(self, *argv, cwd=None) -> str:
-        proc = subprocess.run(argv, cwd=cwd, env=self.env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+        """Runs the tool; records its peak RSS (wait4's rusage of exactly this child)."""
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(argv, cwd=cwd, env=self.env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=err)
+            try:
+                _, status, usage = os.wait4(proc.pid, 0)
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            self.max_rss = max(self.max_rss, usage.ru_maxrss * 1024)
+            out.seek(0)
+            err.seek(0)
+            stdout = out.read().decode(errors="replace")
+            stderr = err.read().decode(errors="replace")
         if proc.returncode != 0:
-            raise BenchError(f"{' '.join(argv[:3])} failed ({proc.returncode}): "
-                             f"{proc.stderr.strip()[-300:]}")
-        return proc.stdout
+            raise BenchError(f"{' '.join(argv[:2])} failed ({proc.returncode}): "
+                             f"{stderr.strip()[-300:]}")
+        return stdout
 
     def checkpoint(self, state: dict, step: int) -> None:
         path = os.path.join(self.work, "state.bin")
@@ -578,7 +595,7 @@ class _ExternalTool(Method):
 
 class ResticMethod(_ExternalTool):
     name = tool = "restic"
-    notes = "peak memory is restic's max RSS; bytes written is the repository's growth"
+    notes = "peak memory is restic's own max RSS; bytes written is the repository's growth"
 
     def _init_repo(self) -> None:
         self.env["RESTIC_PASSWORD"] = "snapstore-bench"
@@ -610,7 +627,7 @@ class ResticMethod(_ExternalTool):
 
 class BorgMethod(_ExternalTool):
     name = tool = "borg"
-    notes = "peak memory is borg's max RSS; bytes written is the repository's growth"
+    notes = "peak memory is borg's own max RSS; bytes written is the repository's growth"
 
     def _init_repo(self) -> None:
         self.env["BORG_PASSPHRASE"] = ""
@@ -655,104 +672,62 @@ def _settle() -> None:
         os.sync()
 
 
-def _child_maxrss() -> Optional[int]:
-    try:
-        import resource
-        return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    except (ImportError, OSError):
-        return None
+class _Track:
+    """What run_workload records for one method while it runs."""
 
+    def __init__(self, method: Method) -> None:
+        self.method = method
+        self.external = isinstance(method, _ExternalTool)
+        self.first = 0.0
+        self.times: list = []
+        self.written: list = []
+        self.peaks: list = []
+        self.restore: dict = {"latest": [], "oldest": []}
+        self.restore_peaks: list = []
+        self.verified = True
+        self.size_before = 0
+        self.after_first = 0
+        self.final = 0
+        self.error: Optional[str] = None
 
-def run_method(name: str, w: Workload, workdir: str,
-               tick: Callable[[str], None] = lambda _: None) -> dict:
-    """Runs one method on workload w in a fresh directory under workdir; removes it after."""
-    cls = METHOD_CLASSES[name]
-    reason = cls.unavailable()
-    if reason:
-        return _skipped(name, reason)
-    _settle()
-    directory = tempfile.mkdtemp(dir=workdir, prefix=f"{name}-")
-    method = cls(w, directory)
-    external = isinstance(method, _ExternalTool)
-    try:
-        method.setup()
-        state = make_state(w)
-        expected = {0: digest(state)}
-        times, written, peaks = [], [], []
-        grown = []
-        size_before = disk_usage(directory)
-        first = Timed()
-        with first:
-            method.checkpoint(state, 0)
-        tick(f"{name}: checkpoint 0")
-        after_first = disk_usage(directory)
-        for step in range(1, w.checkpoints + 1):
-            mutate(state, w, step)
-            before = disk_usage(directory) if external else 0
-            with Timed() as t:
-                method.checkpoint(state, step)
-            times.append(t.seconds)
-            if external:
-                grown.append(disk_usage(directory) - before)
-            else:
-                written.append(t.written)
-            peaks.append(t.peak)
-            tick(f"{name}: checkpoint {step}")
-        last = w.checkpoints
-        expected[last] = digest(state)
-        del state
-        final = disk_usage(directory)
-        restore = {}
-        restore_peak = []
-        verified = True
-        for label, step in (("latest", last), ("oldest", 0)):
-            samples = []
-            for rep in range(w.restore_repeats):
-                if w.cache == "cold":
-                    drop_cache(directory)
-                with Timed() as t:
-                    got = method.restore(step)
-                samples.append(t.seconds)
-                restore_peak.append(t.peak)
-                if rep == 0:
-                    verified = verified and digest(got) == expected[step]
-                del got
-                tick(f"{name}: restore {label}")
-            restore[label] = summary(samples)
+    def result(self, w: Workload) -> dict:
+        m = self.method
+        restore = {k: summary(v) for k, v in self.restore.items()}
+        peak = (m.max_rss if self.external else
+                (max(self.peaks) if self.peaks and None not in self.peaks else None))
         res = {
-            "method": name, "available": True, "skipped": None,
-            "first_checkpoint_seconds": first.seconds,
-            "checkpoint_seconds": summary(times),
-            "bytes_written_per_checkpoint": summary(grown if external else
-                                                    [x if x is not None else 0
-                                                     for x in written]),
-            "store_bytes": final - size_before,
-            "growth_per_checkpoint_bytes": (final - after_first) / w.checkpoints,
+            "method": m.name, "available": True, "skipped": None,
+            "first_checkpoint_seconds": self.first,
+            "checkpoint_seconds": summary(self.times),
+            "bytes_written_per_checkpoint": summary(
+                [x if x is not None else 0 for x in self.written]),
+            "store_bytes": self.final - self.size_before,
+            "growth_per_checkpoint_bytes": (self.final - self.after_first) / w.checkpoints,
             "restore_latest_seconds": restore["latest"]["median"],
             "restore_oldest_seconds": restore["oldest"]["median"],
             "restore_samples": {k: v["samples"] for k, v in restore.items()},
-            "peak_memory_bytes": (_child_maxrss() if external else
-                                  (max(peaks) if None not in peaks else None)),
-            "restore_peak_memory_bytes": (None if external or None in restore_peak
-                                          else max(restore_peak)),
-            "verified": verified,
-            "notes": method.notes,
+            "peak_memory_bytes": peak,
+            "restore_peak_memory_bytes": (None if self.external or None in self.restore_peaks
+                                          else max(self.restore_peaks)),
+            "verified": self.verified,
+            "notes": m.notes,
         }
-        if isinstance(method, SnapstoreMethod):
-            infos = method.infos
+        if isinstance(m, SnapstoreMethod):
             res["snapstore"] = {
-                "kinds": [i.kind for i in infos],
-                "bytes_new": [i.bytes_new for i in infos],
-                "chain_length_latest": infos[-1].chain_length,
-                "stats": method.store.stats(),
+                "kinds": [i.kind for i in m.infos],
+                "bytes_new": [i.bytes_new for i in m.infos],
+                "chain_length_latest": m.infos[-1].chain_length,
+                "stats": m.store.stats(),
             }
         return res
-    finally:
-        try:
-            method.close()
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
-            _settle()
+
+
+def _rotate(items: list, k: int) -> list:
+    """The methods take turns being first, so none always runs right after a big writer."""
+    if not items:
+        return items
+    k %= len(items)
+    return items[k:] + items[:k]
 
 
 def add_ratios(results: dict) -> None:
@@ -775,29 +750,117 @@ def add_ratios(results: dict) -> None:
 
 def run_workload(w: Workload, *, methods=None, workdir: Optional[str] = None,
                  tick: Callable[[str], None] = lambda _: None) -> dict:
-    """Measures every method on one workload. Returns {"workload": ..., "results": ...}."""
+    """Measures every method on one workload. Returns {"workload": ..., "results": ...}.
+
+    The methods run interleaved on one state: each checkpoint step mutates the state once,
+    then every method checkpoints it in turn (rotating who goes first); restores likewise.
+    So every method sees the same bytes and the same machine conditions (a VM disk's burst
+    budget, other load), and no method is measured right after its own big writes only.
+    A baseline that fails (a tool's error, disk full...) is reported as failed, not fatal.
+    """
     w.validate()
     names = list(METHODS) if methods is None else list(methods)
     if "snapstore" not in names:
         names.insert(0, "snapstore")
-    available_methods(names)     # validates names
+    reasons = available_methods(names)     # validates names
     own = workdir is None
     workdir = tempfile.mkdtemp(prefix="snapstore-bench-") if own else workdir
+    results: dict = {n: _skipped(n, reasons[n]) for n in names if reasons[n]}
+    tracks: dict = {}
+
+    def fail(name: str, exc: BaseException) -> None:
+        if name == "snapstore" or not isinstance(exc, (BenchError, OSError)):
+            raise exc
+        t = tracks.pop(name)
+        results[name] = _skipped(name, f"failed: {exc}")
+        _close(t.method)
+
+    def each(order: list, fn) -> None:
+        for name in order:
+            if name in tracks:
+                try:
+                    fn(name, tracks[name])
+                except Exception as exc:     # noqa: BLE001 - fail() re-raises what is fatal
+                    fail(name, exc)
+
     try:
-        results = {}
         for name in names:
+            if reasons[name]:
+                continue
+            directory = tempfile.mkdtemp(dir=workdir, prefix=f"{name}-")
+            method = METHOD_CLASSES[name](w, directory)
+            tracks[name] = _Track(method)
             try:
-                results[name] = run_method(name, w, workdir, tick)
-            except (BenchError, OSError) as exc:
-                if name == "snapstore":
-                    raise
-                # A baseline that breaks (a tool's error, disk full...) is reported, not fatal.
-                results[name] = _skipped(name, f"failed: {exc}")
+                method.setup()
+            except Exception as exc:   # noqa: BLE001
+                fail(name, exc)
+        state = make_state(w)
+        expected = {0: digest(state)}
+        _settle()
+
+        def first(name, t):
+            t.size_before = disk_usage(t.method.dir)
+            with Timed() as tm:
+                t.method.checkpoint(state, 0)
+            t.first = tm.seconds
+            t.after_first = disk_usage(t.method.dir)
+            tick(f"{name}: checkpoint 0")
+        each(list(tracks), first)
+
+        for step in range(1, w.checkpoints + 1):
+            mutate(state, w, step)
+
+            def checkpoint(name, t, step=step):
+                before = disk_usage(t.method.dir) if t.external else 0
+                with Timed() as tm:
+                    t.method.checkpoint(state, step)
+                t.times.append(tm.seconds)
+                t.written.append(disk_usage(t.method.dir) - before if t.external
+                                 else tm.written)
+                t.peaks.append(tm.peak)
+                tick(f"{name}: checkpoint {step}")
+            each(_rotate(list(tracks), step), checkpoint)
+
+        last = w.checkpoints
+        expected[last] = digest(state)
+        del state
+        for t in tracks.values():
+            t.final = disk_usage(t.method.dir)
+        _settle()
+
+        for rep in range(w.restore_repeats):
+            for label, step in (("latest", last), ("oldest", 0)):
+                def restore(name, t, label=label, step=step, rep=rep):
+                    if w.cache == "cold":
+                        drop_cache(t.method.dir)
+                    with Timed() as tm:
+                        got = t.method.restore(step)
+                    t.restore[label].append(tm.seconds)
+                    t.restore_peaks.append(tm.peak)
+                    if rep == 0:
+                        t.verified = t.verified and digest(got) == expected[step]
+                    del got
+                    tick(f"{name}: restore {label}")
+                each(_rotate(list(tracks), rep), restore)
+
+        for name, t in tracks.items():
+            results[name] = t.result(w)
         add_ratios(results)
-        return {"workload": asdict(w), "description": w.describe(), "results": results}
+        return {"workload": asdict(w), "description": w.describe(),
+                "results": {n: results[n] for n in names}}
     finally:
+        for t in tracks.values():
+            _close(t.method)
+        _settle()
         if own:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _close(method: Method) -> None:
+    try:
+        method.close()
+    finally:
+        shutil.rmtree(method.dir, ignore_errors=True)
 
 
 def steps_per_workload(w: Workload, methods) -> int:

@@ -227,6 +227,7 @@ def test_external_tools_protocol_with_fakes(tmp_path, monkeypatch):
         assert res["available"] is True and res["verified"] is True, res
         assert res["bytes_written_per_checkpoint"]["median"] >= MiB
         assert "vs_snapstore" in res
+        assert res["peak_memory_bytes"] > 1 << 20          # the fake's own RSS, via wait4
 
 
 def test_plot_without_matplotlib_is_a_clear_error(monkeypatch):
