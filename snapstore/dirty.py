@@ -249,14 +249,19 @@ def _mapping_problem(start: int, end: int) -> Optional[str]:
             path = fields[5].strip() if len(fields) > 5 else ""
             if "w" not in perms:
                 return f"read-only mapping ({perms})"
+            if "hugepage" in path or "hugetlb" in path:
+                return f"hugetlbfs mapping ({path})"
+            anon_shared = path.startswith(("/dev/zero", "/memfd:", "/SYSV")) or not path
+            if inode != "0" and not anon_shared:
+                return (f"file-backed mapping of {path or 'inode ' + inode}: the file can "
+                        "change (write(2), other processes) without a write through this "
+                        "mapping")
             if perms[3] == "s":
                 return (f"shared mapping ({path or 'MAP_SHARED anonymous'}): another process "
                         "can write it without the kernel telling this one")
-            if "hugepage" in path or "hugetlb" in path:
-                return f"hugetlbfs mapping ({path})"
             if inode != "0" or (path and not (path == "[heap]" or path.startswith("[anon:"))):
-                return (f"file-backed or special mapping ({path or 'inode ' + inode}): its "
-                        "contents can change without a write through this mapping")
+                return (f"special mapping ({path or 'inode ' + inode}): not plain private "
+                        "anonymous memory")
             cur = hi
             if cur >= end:
                 return None
@@ -430,10 +435,16 @@ class _Uffd(_Full):
         written = self._written()
         if self.fp is not None:
             return self._refined(view, written)
+        ps = self.ps
         for (lo, hi), copy in zip(self.edges, self.copies):
             if view[lo:hi] != copy:
+                g = lo                       # report just the grid pages that differ
+                while g < hi:
+                    nxt = min(hi, (g // ps + 1) * ps)
+                    if view[g:nxt] != copy[g - lo:nxt - lo]:
+                        written.append((g, nxt - g))
+                    g = nxt
                 copy[:] = view[lo:hi]
-                written.append((lo, hi - lo))
         written.sort()
         return _align(written, self.n, self.ps)
 
