@@ -1,0 +1,755 @@
+"""Object checkpoints: a picklable object graph as one checkpoint whose large buffers go out of
+band, each one a named buffer diffed page by page against the stream's previous save.
+
+    info = store.save({"w": weights, "step": 10}, stream="train")     # Store.save -> save()
+    state = store.load("train")                                        # Store.load -> load()
+    store.load("train", into=state)                                    # in place
+
+Layout of one object checkpoint (docs/objects.md):
+
+- buffer ``"pickle"``: the pickle stream (protocol 5), small;
+- buffers ``"oob/0"``, ``"oob/1"``, ...: every buffer pickle hands out of band, in the order
+  pickle meets them: NumPy arrays (C or Fortran order, as they are in memory), bytearrays and
+  PickleBuffers, and the storages of CPU torch tensors (one buffer per storage, so tensors that
+  share a storage stay shared). Buffers smaller than ``inband_limit`` stay in the pickle stream.
+- meta: the user's meta, plus the reserved key ``"snapstore.objects"`` that marks the
+  checkpoint as written by save() (see user_meta()).
+
+Because the N-th buffer of a save has the same name as the N-th buffer of the previous save of
+the stream, Store.checkpoint diffs it page by page against it (same size) or stores it whole,
+deduplicated by content (size changed, order changed).
+
+Trust: load() unpickles only checkpoints that save() marked, but anyone who can write the
+store directory can forge one. A store is trusted like any pickle file.
+"""
+from __future__ import annotations
+
+import ctypes
+import io
+import pickle
+import sys
+import threading
+import types
+import warnings
+from collections.abc import Mapping, MutableMapping
+from typing import Any, Iterator
+
+from .errors import CheckpointNotFound, InvalidArgumentError, SnapstoreError
+
+__all__ = ["save", "load", "user_meta", "is_object_checkpoint", "ObjectSaveError",
+           "DeviceTensorError", "StructureMismatchError", "NotAnObjectCheckpointError",
+           "META_KEY", "PICKLE_BUFFER", "DEFAULT_INBAND_LIMIT"]
+
+META_KEY = "snapstore.objects"        # reserved key of an object checkpoint's meta
+FORMAT_VERSION = 1
+PICKLE_BUFFER = "pickle"              # buffer name of the pickle stream
+OOB_PREFIX = "oob/"                   # out-of-band buffers: "oob/0", "oob/1", ...
+DEFAULT_INBAND_LIMIT = 4096           # smaller out-of-band buffers stay in the pickle stream
+_LAZY_PLACEHOLDER = 1 << 16           # skeleton buffers from this size are untouched mmaps
+
+
+# ---- errors -------------------------------------------------------------------------------
+class ObjectSaveError(SnapstoreError, TypeError):
+    """An object (or a part of it, named by ``path``) cannot be pickled. Nothing was written."""
+
+    def __init__(self, message: str, path: str = "obj") -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class DeviceTensorError(InvalidArgumentError):
+    """A tensor is not on the CPU (named by ``path``); save(..., allow_device_copy=True)
+    copies it to the CPU first. Nothing was written."""
+
+    def __init__(self, message: str, path: str = "obj") -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class StructureMismatchError(InvalidArgumentError):
+    """load(into=...): the target's structure, shapes or dtypes differ from the checkpoint's
+    (first difference at ``path``). Nothing was written; the target is unchanged."""
+
+    def __init__(self, message: str, path: str = "obj") -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class NotAnObjectCheckpointError(InvalidArgumentError):
+    """The checkpoint was not written by save() (no "snapstore.objects" meta): load() refuses
+    to unpickle it."""
+
+
+# ---- meta ---------------------------------------------------------------------------------
+def _wrap_meta(meta: Any, info: dict) -> Any:
+    """The meta stored for an object checkpoint: a dict meta keeps its keys (plus META_KEY);
+    any other meta is kept under META_KEY["user"]."""
+    if isinstance(meta, Mapping):
+        if META_KEY in meta:
+            raise InvalidArgumentError(f"meta key {META_KEY!r} is reserved for snapstore")
+        return {**meta, META_KEY: info}
+    if meta is not None:
+        info["user"] = meta
+    return {META_KEY: info}
+
+
+def is_object_checkpoint(info: Any) -> bool:
+    """True for a CheckpointInfo (or a meta value) of a checkpoint written by save()."""
+    meta = getattr(info, "meta", info)
+    return (isinstance(meta, dict) and isinstance(meta.get(META_KEY), dict)
+            and meta[META_KEY].get("version") == FORMAT_VERSION)
+
+
+def user_meta(info: Any) -> Any:
+    """The meta the caller passed to save() (info: a CheckpointInfo or its meta). Other
+    checkpoints' meta is returned as is."""
+    meta = getattr(info, "meta", info)
+    if not is_object_checkpoint(meta):
+        return meta
+    ours = meta[META_KEY]
+    if "user" in ours:
+        return ours["user"]
+    rest = {k: v for k, v in meta.items() if k != META_KEY}
+    return rest if rest else None
+
+
+# ---- memory -------------------------------------------------------------------------------
+if sys.implementation.name == "cpython":
+    _new_bytearray = ctypes.pythonapi.PyByteArray_FromStringAndSize
+    _new_bytearray.restype = ctypes.py_object
+    _new_bytearray.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+
+    def _alloc(n: int) -> bytearray:
+        """A writable bytearray of n bytes, not zeroed (the restore overwrites all of it)."""
+        return _new_bytearray(None, n) if n else bytearray()
+else:  # pragma: no cover
+    def _alloc(n: int) -> bytearray:
+        return bytearray(n)
+
+
+def _placeholder(n: int):
+    """Skeleton memory of n bytes: anonymous mmap (no page is touched) for large sizes."""
+    if n >= _LAZY_PLACEHOLDER:
+        import mmap
+        return mmap.mmap(-1, n)
+    return bytearray(n)
+
+
+def _address_view(address: int, n: int) -> memoryview:
+    """A writable byte view of n bytes at address (torch memory); the owner must outlive it."""
+    if n == 0:
+        return memoryview(bytearray())
+    return memoryview((ctypes.c_ubyte * n).from_address(address)).cast("B")
+
+
+# ---- rebuild functions named in pickle streams (stable names: part of the format) ----------
+class _LoadContext:
+    """What the rebuild functions need while load() unpickles (thread-local)."""
+
+    def __init__(self, buffers: list, skeleton: bool) -> None:
+        self.skeleton = skeleton
+        self.index = {id(b): i for i, b in enumerate(buffers)}
+        self.storage_index: dict[int, int] = {}   # id(storage) -> buffer index (skeleton)
+        self.tensor_index: dict[int, int] = {}    # id(tensor) -> buffer index (skeleton)
+        self.keep: list = []                      # keeps ids above valid
+
+    def index_of(self, buf) -> int | None:
+        while buf is not None:
+            i = self.index.get(id(buf))
+            if i is not None:
+                return i
+            buf = buf.obj if isinstance(buf, memoryview) else getattr(buf, "base", None)
+        return None
+
+
+_local = threading.local()
+
+
+def _context() -> _LoadContext | None:
+    return getattr(_local, "ctx", None)
+
+
+def _datetime_array(values, dtype):
+    """Rebuilds a datetime64/timedelta64 array saved as its int64 view."""
+    return values.view(dtype)
+
+
+def _storage(buf):
+    """Rebuilds a torch UntypedStorage over a buffer (no copy)."""
+    import torch
+    n = len(memoryview(buf))
+    if n == 0:
+        storage = torch.UntypedStorage(0)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)   # read-only in-band bytes
+            storage = torch.frombuffer(buf, dtype=torch.uint8).untyped_storage()
+    ctx = _context()
+    if ctx is not None and ctx.skeleton:
+        i = ctx.index_of(buf)
+        if i is not None:
+            ctx.storage_index[id(storage)] = i
+            ctx.keep.append(storage)
+    return storage
+
+
+def _tensor(storage, dtype, offset: int, size: tuple, stride: tuple, requires_grad: bool,
+            parameter: bool, attrs: dict | None):
+    """Rebuilds a tensor (or nn.Parameter) as a view of a storage."""
+    import torch
+    t = torch.empty((0,), dtype=dtype).set_(storage, offset, size, stride)
+    if parameter:
+        t = torch.nn.Parameter(t, requires_grad=requires_grad)
+    elif requires_grad:
+        t.requires_grad_(True)
+    if attrs:
+        t.__dict__.update(attrs)
+    ctx = _context()
+    if ctx is not None and ctx.skeleton:
+        i = ctx.storage_index.get(id(storage))
+        if i is not None:
+            ctx.tensor_index[id(t)] = i
+            ctx.keep.append(t)
+    return t
+
+
+# ---- pickling -----------------------------------------------------------------------------
+class _StorageRef:
+    """One exported byte range of a torch storage; pickled once, so its tensors share it."""
+    __slots__ = ("view", "__weakref__")
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+
+
+class _DeviceTensor(Exception):
+    def __init__(self, tensor) -> None:
+        super().__init__()
+        self.tensor = tensor
+
+
+def _dense(size, stride) -> bool:
+    """True when the strides lay the elements out densely (a permutation of contiguous)."""
+    expected = 1
+    for n, s in sorted(((n, s) for n, s in zip(size, stride) if n != 1), key=lambda p: p[1]):
+        if s != expected:
+            return False
+        expected *= n
+    return True
+
+
+class _Null:
+    def write(self, data) -> int:
+        return len(data)
+
+
+class _Pickler(pickle.Pickler):
+    """Protocol-5 pickler that sends large buffers out of band (views, no copies): NumPy
+    arrays (non-contiguous ones made contiguous, datetimes as int64), bytearrays, and CPU
+    torch tensors by storage."""
+
+    def __init__(self, file, inband_limit: int, allow_device_copy: bool,
+                 whole: frozenset = frozenset()) -> None:
+        views: list[memoryview] = []
+
+        def callback(pb: pickle.PickleBuffer) -> bool:   # a closure: no cycle through self
+            raw = pb.raw()
+            if raw.nbytes < inband_limit:
+                raw.release()
+                return True                  # pickle copies it into the stream
+            views.append(raw)
+            return False
+
+        super().__init__(file, protocol=5, buffer_callback=callback)
+        self.views = views                   # out-of-band buffers, in pickle's order
+        self.conflicts: set = set()
+        self._allow_device_copy = allow_device_copy
+        self._whole = whole                  # storages to export whole (from a first pass)
+        self._keep: list = []                # objects backing exported views
+        self._refs: dict = {}                # storage key -> _StorageRef (whole storage)
+        self._compacted: set = set()         # storage keys exported as a partial view
+        self._np = sys.modules.get("numpy")
+        self._torch = sys.modules.get("torch")
+
+    def release(self) -> None:
+        """Drops every reference to the caller's memory (the views stop working)."""
+        for v in self.views:
+            v.release()
+        self.views.clear()
+        self.clear_memo()
+        self._refs = {}
+        self._keep = []
+
+    def reducer_override(self, obj):
+        # (CPython's pickler never shows bytearrays, dicts, lists... to this method.)
+        if type(obj) is _StorageRef:
+            return _storage, (pickle.PickleBuffer(obj.view),)
+        np = self._np
+        if np is not None and isinstance(obj, np.ndarray):
+            return self._reduce_ndarray(obj, np)
+        torch = self._torch
+        if torch is not None and isinstance(obj, torch.Tensor):
+            return self._reduce_tensor(obj, torch)
+        return NotImplemented
+
+    def _reduce_ndarray(self, a, np):
+        changed = False
+        if type(a) is not np.ndarray:
+            if not isinstance(a, np.memmap):
+                return NotImplemented        # subclasses pickle their own way
+            a, changed = a.view(np.ndarray), True    # a memmap is saved as its contents
+        if a.dtype.hasobject or a.dtype.itemsize == 0:
+            return a.__reduce_ex__(5) if changed else NotImplemented
+        if a.dtype.kind in "mM":             # no buffer protocol: send the int64 view
+            values = a.view(np.int64)
+            if not (values.flags.c_contiguous or values.flags.f_contiguous):
+                values = np.ascontiguousarray(values)
+            self._keep.append(values)
+            return _datetime_array, (values, a.dtype)
+        if not (a.flags.c_contiguous or a.flags.f_contiguous):
+            a, changed = np.ascontiguousarray(a), True
+        if not changed:
+            return NotImplemented            # numpy's own protocol-5 reduction: out of band
+        self._keep.append(a)
+        return a.__reduce_ex__(5)
+
+    def _reduce_tensor(self, t, torch):
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided \
+                or t.is_quantized or t.is_nested:
+            if t.device.type not in ("cpu",) and not self._allow_device_copy:
+                raise _DeviceTensor(t)
+            return NotImplemented            # torch's own reduction (its parts come back here)
+        src = t.detach()
+        if src.device.type != "cpu":
+            if not self._allow_device_copy or src.device.type == "meta":
+                raise _DeviceTensor(t)
+            src = src.to("cpu")
+        if src.is_conj():
+            src = src.resolve_conj()
+        if src.is_neg():
+            src = src.resolve_neg()
+        storage = src.untyped_storage()
+        key = storage._cdata
+        nbytes = src.numel() * src.element_size()
+        covers = src.storage_offset() == 0 and nbytes == storage.nbytes() and \
+            _dense(src.shape, src.stride())
+        if covers or key in self._whole or key in self._refs:
+            if key in self._compacted:
+                self.conflicts.add(key)      # a partial view of it went out compact: redo
+            ref = self._refs.get(key)
+            if ref is None:
+                self._keep.append(storage)
+                ref = self._refs[key] = _StorageRef(
+                    _address_view(storage.data_ptr(), storage.nbytes()))
+            offset, size, stride = src.storage_offset(), tuple(src.shape), tuple(src.stride())
+        else:
+            # A view that does not fill its storage: only its elements, contiguous (if another
+            # view of the same storage turns up, the whole dump is redone with it shared).
+            if key in self._compacted:
+                self.conflicts.add(key)
+            self._compacted.add(key)
+            if not src.is_contiguous():
+                src = src.contiguous()
+            self._keep.append(src)
+            ref = _StorageRef(_address_view(src.data_ptr(), nbytes))
+            offset, size = 0, tuple(src.shape)
+            stride = tuple(src.stride())
+        attrs = dict(t.__dict__) if t.__dict__ else None
+        return _tensor, (ref, src.dtype, offset, size, stride, bool(t.requires_grad),
+                         type(t) is torch.nn.Parameter, attrs)
+
+
+def _dump(obj: Any, inband_limit: int, allow_device_copy: bool) -> tuple[memoryview, _Pickler]:
+    """Pickles obj: (pickle stream, pickler holding the out-of-band views). Raises
+    ObjectSaveError / DeviceTensorError naming the offending part of obj."""
+    whole: frozenset = frozenset()
+    for _ in range(2):
+        out = io.BytesIO()
+        pickler = _Pickler(out, inband_limit, allow_device_copy, whole)
+        try:
+            pickler.dump(obj)
+        except _DeviceTensor as exc:
+            pickler.release()
+            path = _path_to(obj, lambda x: x is exc.tensor)
+            raise DeviceTensorError(
+                f"{path} is a tensor on {exc.tensor.device}; snapstore saves CPU tensors: move "
+                "it to the CPU or pass allow_device_copy=True", path) from None
+        except RecursionError:
+            pickler.release()
+            raise ObjectSaveError("obj cannot be pickled: it is nested too deeply") from None
+        except Exception as exc:
+            pickler.release()
+            path, part = _find_unpicklable(obj, inband_limit)
+            raise ObjectSaveError(f"{path} ({type(part).__name__}) cannot be pickled: "
+                                  f"{type(exc).__name__}: {exc}", path) from exc
+        if not pickler.conflicts or whole:
+            return out.getbuffer(), pickler
+        whole = frozenset(pickler.conflicts)
+        pickler.release()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# ---- paths into object graphs (error messages, into=) ---------------------------------------
+def _children(x) -> Iterator[tuple[tuple, Any]]:
+    if isinstance(x, Mapping):
+        for k, v in list(x.items()):
+            yield ("item", k), v
+    elif isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            yield ("item", i), v
+    elif _has_state_dict(x):
+        for k, v in list(vars(x).items()):
+            yield ("attr", k), v
+
+
+def _has_state_dict(x) -> bool:
+    """True for instances whose state is their __dict__ (not classes, functions, modules)."""
+    return isinstance(getattr(x, "__dict__", None), dict) and not isinstance(x, _OPAQUE)
+
+
+_OPAQUE = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+           types.ModuleType)
+
+
+def _format_path(steps) -> str:
+    out = "obj"
+    for kind, key in steps:
+        out += f".{key}" if kind == "attr" else f"[{key!r}]"
+    return out
+
+
+def _path_to(root: Any, match, limit: int = 200_000) -> str:
+    """Path of the first part of root for which match(part) is true ("obj" if none)."""
+    seen = set()
+    stack = [((), root)]
+    while stack and len(seen) < limit:
+        steps, x = stack.pop()
+        if match(x):
+            return _format_path(steps)
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        kids = list(_children(x))
+        for step, child in reversed(kids):
+            stack.append((steps + (step,), child))
+    return "obj"
+
+
+def _find_unpicklable(root: Any, inband_limit: int) -> tuple[str, Any]:
+    """Descends to the deepest part of root that fails to pickle."""
+    def fails(x) -> bool:
+        p = _Pickler(_Null(), inband_limit, True)
+        try:
+            p.dump(x)
+            return False
+        except Exception:
+            return True
+        finally:
+            p.release()
+
+    steps: tuple = ()
+    node = root
+    for _ in range(100):
+        for step, child in _children(node):
+            if fails(child):
+                steps, node = steps + (step,), child
+                break
+        else:
+            break
+    return _format_path(steps), node
+
+
+# ---- save -----------------------------------------------------------------------------------
+def save(store, obj: Any, stream: str = "default", meta: Any = None, *,
+         allow_device_copy: bool = False, inband_limit: int = DEFAULT_INBAND_LIMIT):
+    """Checkpoints a picklable object graph as the stream's next checkpoint (Store.save).
+
+    Args:
+        store: an open, writable snapstore.Store.
+        obj: any picklable object. NumPy arrays, bytearrays, PickleBuffers and CPU torch
+            tensors of at least inband_limit bytes become out-of-band buffers ("oob/N"),
+            written without a copy and diffed page by page against the stream's previous save.
+        stream: the stream this checkpoint extends.
+        meta: JSON-serialisable user metadata (a dict keeps its keys in CheckpointInfo.meta;
+            user_meta() returns it exactly).
+        allow_device_copy: copy tensors on other devices to the CPU instead of refusing them.
+        inband_limit: buffers smaller than this stay inside the pickle stream.
+    Returns: CheckpointInfo.
+    Raises: ObjectSaveError (unpicklable part, named), DeviceTensorError, TypeError /
+        InvalidArgumentError (meta, stream), StoreIOError. Nothing is written on error.
+    """
+    from .store import validate_meta, validate_name
+    validate_name(stream, "stream")
+    if isinstance(inband_limit, bool) or not isinstance(inband_limit, int) or inband_limit < 0:
+        raise InvalidArgumentError(f"inband_limit must be an int >= 0, got {inband_limit!r}")
+    validate_meta(meta)
+    stream_bytes, pickler = _dump(obj, inband_limit, bool(allow_device_copy))
+    try:
+        info = {"version": FORMAT_VERSION, "buffers": len(pickler.views)}
+        buffers = {PICKLE_BUFFER: stream_bytes}
+        for i, view in enumerate(pickler.views):
+            buffers[f"{OOB_PREFIX}{i}"] = view
+        return store.checkpoint(buffers, stream=stream, meta=_wrap_meta(meta, info))
+    finally:
+        pickler.release()
+        stream_bytes.release()
+
+
+# ---- load -----------------------------------------------------------------------------------
+def _resolve(store, id_or_stream):
+    """CheckpointInfo of an id, a CheckpointInfo, or a stream name (its latest checkpoint)."""
+    if isinstance(id_or_stream, str):
+        info = store.latest(id_or_stream)
+        if info is None:
+            raise CheckpointNotFound(f"stream {id_or_stream!r} has no checkpoints")
+        return info
+    return store.get(id_or_stream)
+
+
+def _object_layout(info) -> tuple[list[str], list[int]]:
+    """(out-of-band buffer names, their sizes) of an object checkpoint, checked."""
+    if not is_object_checkpoint(info):
+        raise NotAnObjectCheckpointError(
+            f"checkpoint {info.id} of stream {info.stream!r} was not written by save() "
+            "(its meta has no 'snapstore.objects'); use restore() for plain checkpoints")
+    n = info.meta[META_KEY].get("buffers")
+    names = [f"{OOB_PREFIX}{i}" for i in range(n)] if isinstance(n, int) and n >= 0 else None
+    if names is None or set(info.sizes) != {PICKLE_BUFFER, *names}:
+        raise NotAnObjectCheckpointError(
+            f"checkpoint {info.id}: its buffers {sorted(info.sizes)} do not match its object "
+            f"meta {info.meta[META_KEY]!r}")
+    return names, [info.sizes[name] for name in names]
+
+
+def _unpickle(data, buffers: list, skeleton: bool):
+    ctx = _LoadContext(buffers, skeleton)
+    prev = getattr(_local, "ctx", None)
+    _local.ctx = ctx
+    try:
+        return pickle.loads(data, buffers=buffers), ctx
+    finally:
+        _local.ctx = prev
+
+
+def load(store, id_or_stream: Any, into: Any = None) -> Any:
+    """The object of a save() checkpoint (Store.load).
+
+    Args:
+        store: an open snapstore.Store (read-only is fine).
+        id_or_stream: a checkpoint id, a CheckpointInfo, or a stream name (its latest).
+        into: None, or an existing object graph of the same structure (dicts with the same
+            keys, lists of the same lengths, arrays/tensors of the same shapes and dtypes,
+            objects of the same classes): arrays, tensors and bytearrays are written in
+            their existing memory, other values are set in their containers. Everything is
+            checked before anything is written.
+    Returns: the object (arrays and tensors writable, in memory owned by the caller), or into.
+    Raises: CheckpointNotFound, NotAnObjectCheckpointError, StructureMismatchError (nothing
+        written), CorruptionError.
+    """
+    info = _resolve(store, id_or_stream)
+    names, sizes = _object_layout(info)
+    if into is not None:
+        return _load_into(store, info, names, sizes, into)
+    buffers = [_alloc(n) for n in sizes]
+    stream = _alloc(info.sizes[PICKLE_BUFFER])
+    store.restore_into(info.id, {PICKLE_BUFFER: stream, **dict(zip(names, buffers))})
+    obj, _ = _unpickle(stream, buffers, skeleton=False)
+    return obj
+
+
+# ---- load(into=): plan on a skeleton, check, then write ---------------------------------------
+class _Plan:
+    def __init__(self) -> None:
+        self.actions: list[tuple] = []           # ("copy"|"assign"|"bytes", steps, ...)
+        self.candidates: list[tuple] = []        # (buffer index, target view, id(dst))
+        self.uses: dict[int, int] = {}           # buffer index -> leaves using it
+        self.seen: set = set()
+
+
+def _kind(x, np, torch, ctx: _LoadContext | None = None) -> str:
+    if ctx is not None and id(x) in ctx.index:
+        return "bytearray"                   # an out-of-band PickleBuffer of the skeleton
+    if np is not None and isinstance(x, np.ndarray):
+        return "ndarray"
+    if torch is not None and isinstance(x, torch.Tensor):
+        return "tensor"
+    if isinstance(x, (bytearray, pickle.PickleBuffer)):
+        return "bytearray"
+    if isinstance(x, Mapping):
+        return "mapping"
+    if isinstance(x, list):
+        return "list"
+    if isinstance(x, tuple):
+        return "tuple"
+    if _has_state_dict(x):
+        return "object"
+    return "leaf"
+
+
+def _mismatch(steps, message: str):
+    path = _format_path(steps)
+    return StructureMismatchError(f"load(into=...): {path}: {message}; nothing was written",
+                                  path)
+
+
+def _same_leaf(a, b) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:
+        return False
+
+
+def _plan_pair(src, dst, steps: tuple, container, key, plan: _Plan, ctx: _LoadContext,
+               np, torch, depth: int = 0) -> None:
+    if depth > 500:
+        raise _mismatch(steps, "the object graph is nested too deeply")
+    ks, kd = _kind(src, np, torch, ctx), _kind(dst, np, torch)
+    if ks != kd:
+        raise _mismatch(steps, f"the checkpoint holds a {type(src).__name__}, the target a "
+                               f"{type(dst).__name__}")
+    pair = (id(src), id(dst))
+    if pair in plan.seen and ks not in ("leaf",):
+        return
+    plan.seen.add(pair)
+    if ks == "ndarray":
+        if src.dtype != dst.dtype or src.shape != dst.shape:
+            raise _mismatch(steps, f"array of {src.dtype} {src.shape} in the checkpoint, "
+                                   f"{dst.dtype} {dst.shape} in the target")
+        if not dst.flags.writeable:
+            raise _mismatch(steps, "the target array is read-only")
+        _plan_buffer_leaf(src, dst, steps, plan, ctx, ctx.index_of(src),
+                          src.nbytes, _ndarray_target(src, dst, np))
+    elif ks == "tensor":
+        if src.dtype != dst.dtype or tuple(src.shape) != tuple(dst.shape):
+            raise _mismatch(steps, f"tensor of {src.dtype} {tuple(src.shape)} in the checkpoint, "
+                                   f"{dst.dtype} {tuple(dst.shape)} in the target")
+        _plan_buffer_leaf(src, dst, steps, plan, ctx, ctx.tensor_index.get(id(src)),
+                          src.numel() * src.element_size(), _tensor_target(src, dst))
+    elif ks == "bytearray":
+        size, target = len(memoryview(src)), _writable_bytes(dst)
+        if target is None:
+            raise _mismatch(steps, "the target buffer is not writable")
+        if size != len(target):
+            raise _mismatch(steps, f"buffer of {size} bytes in the checkpoint, {len(target)} in "
+                                   "the target")
+        plan.actions.append(("bytes", steps, target))
+    elif ks == "mapping":
+        if set(src.keys()) != set(dst.keys()):
+            missing = [k for k in src if k not in dst]
+            extra = [k for k in dst if k not in src]
+            raise _mismatch(steps, f"keys differ: missing in the target {missing[:5]!r}, not in "
+                                   f"the checkpoint {extra[:5]!r}")
+        for k in src.keys():
+            _plan_pair(src[k], dst[k], steps + (("item", k),), dst, k, plan, ctx, np, torch,
+                       depth + 1)
+    elif ks in ("list", "tuple"):
+        if len(src) != len(dst):
+            raise _mismatch(steps, f"{ks} of {len(src)} items in the checkpoint, {len(dst)} in "
+                                   "the target")
+        for i, (a, b) in enumerate(zip(src, dst)):
+            _plan_pair(a, b, steps + (("item", i),), dst, i, plan, ctx, np, torch, depth + 1)
+    elif ks == "object":
+        if type(src) is not type(dst):
+            raise _mismatch(steps, f"{type(src).__qualname__} in the checkpoint, "
+                                   f"{type(dst).__qualname__} in the target")
+        a, b = vars(src), vars(dst)
+        if set(a) != set(b):
+            raise _mismatch(steps, f"attributes differ: {sorted(set(a) ^ set(b))[:5]!r}")
+        for k in a:
+            _plan_pair(a[k], b[k], steps + (("attr", k),), b, k, plan, ctx, np, torch,
+                       depth + 1)
+    else:  # a plain value: set it in its container
+        if isinstance(container, (MutableMapping, list)):
+            plan.actions.append(("assign", steps, container, key))
+        elif not _same_leaf(src, dst):
+            where = "at the root" if container is None else f"inside a {type(container).__name__}"
+            raise _mismatch(steps, f"a {type(dst).__name__} {where} cannot be changed in place "
+                                   f"(checkpoint {src!r:.60}, target {dst!r:.60})")
+
+
+def _writable_bytes(x) -> memoryview | None:
+    try:
+        view = x.raw() if isinstance(x, pickle.PickleBuffer) else memoryview(x)
+    except (BufferError, TypeError, ValueError):
+        return None
+    return None if view.readonly or not view.c_contiguous else view.cast("B")
+
+
+def _ndarray_target(src, dst, np):
+    """The target's bytes when they are laid out like the saved buffer, else None."""
+    if src.size == 0:
+        return None
+    if (src.flags.c_contiguous and dst.flags.c_contiguous) or \
+            (src.flags.f_contiguous and dst.flags.f_contiguous):
+        try:
+            return pickle.PickleBuffer(dst.view(np.int64) if dst.dtype.kind in "mM"
+                                       else dst).raw()
+        except (BufferError, TypeError, ValueError):
+            return None
+    return None
+
+
+def _tensor_target(src, dst):
+    if dst.device.type != "cpu" or src.numel() == 0 or src.storage_offset() != 0 \
+            or tuple(src.stride()) != tuple(dst.stride()) or dst.is_conj() or dst.is_neg():
+        return None
+    n = src.numel() * src.element_size()
+    if n != src.untyped_storage().nbytes() or not _dense(src.shape, src.stride()):
+        return None
+    return _address_view(dst.data_ptr(), n)
+
+
+def _plan_buffer_leaf(src, dst, steps, plan: _Plan, ctx, index, nbytes, target) -> None:
+    plan.actions.append(("copy", steps, dst))
+    if index is not None:
+        plan.uses[index] = plan.uses.get(index, 0) + 1
+        if target is not None and len(target) == nbytes:
+            plan.candidates.append((index, target, id(dst), len(plan.actions) - 1))
+
+
+def _walk(root, steps):
+    x = root
+    for kind, key in steps:
+        x = vars(x)[key] if kind == "attr" else x[key]
+    return x
+
+
+def _load_into(store, info, names, sizes, into):
+    data = store.read(info.id, PICKLE_BUFFER)
+    # 1. a skeleton over untouched memory, matched against the target: all checks first
+    placeholders = [_placeholder(n) for n in sizes]
+    skeleton, ctx = _unpickle(data, placeholders, skeleton=True)
+    np, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    plan = _Plan()
+    _plan_pair(skeleton, into, (), None, None, plan, ctx, np, torch)
+    # 2. buffers used by exactly one array/tensor laid out like its target go straight into
+    # the target's memory; the others into fresh memory, copied after the final unpickle
+    direct: dict[int, memoryview] = {}
+    direct_actions: set = set()
+    targets_taken: set = set()
+    for index, view, dst_id, action in plan.candidates:
+        if plan.uses.get(index) == 1 and index not in direct and dst_id not in targets_taken \
+                and len(view) == sizes[index]:
+            direct[index] = view
+            direct_actions.add(action)
+            targets_taken.add(dst_id)
+    del skeleton, ctx, placeholders, plan.candidates
+    buffers = [direct[i] if i in direct else _alloc(n) for i, n in enumerate(sizes)]
+    store.restore_into(info.id, dict(zip(names, buffers)))
+    final, _ = _unpickle(data, buffers, skeleton=False)
+    for i, action in enumerate(plan.actions):
+        if i in direct_actions:
+            continue
+        kind, steps = action[0], action[1]
+        value = _walk(final, steps)
+        if kind == "assign":
+            action[2][action[3]] = value
+        elif kind == "bytes":
+            action[2][:] = memoryview(value).cast("B")
+        elif torch is not None and isinstance(action[2], torch.Tensor):
+            with torch.no_grad():
+                action[2].copy_(value)
+        else:
+            np.copyto(action[2], value, casting="no")
+    del final
+    return into
