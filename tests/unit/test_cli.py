@@ -467,3 +467,21 @@ def test_diff_buffer_windows_equal_whole_diff(seed):
         r = cli.diff_buffer(lambda o, k: a[o:o + k], lambda o, k: b[o:o + k], n, n,
                             gap=gap, window=window)
         assert r["ranges"] == expect and r["changed_bytes"] == changed
+
+
+def test_internal_errors_and_interrupts_in_process(monkeypatch, capsys, cli_store):
+    def boom(args):
+        raise RuntimeError("kaput\nsecond line")
+    monkeypatch.setattr(cli, "cmd_stats", boom)
+    assert cli.main(["-s", cli_store, "stats"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("snapstore: error: internal error: RuntimeError: kaput second line "
+                   "(run with --debug for the traceback)\n")
+    assert cli.main(["-s", cli_store, "stats", "--debug"]) == 1
+    assert "Traceback" in capsys.readouterr().err
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "cmd_stats", interrupted)
+    assert cli.main(["-s", cli_store, "stats"]) == 130
+    assert capsys.readouterr().err == "snapstore: interrupted\n"
