@@ -12,6 +12,8 @@
 
 #include "snapstore.h"
 
+#define PREFETCH_AHEAD 2u   /* pages in flight: the one being hashed and the next */
+
 static inline void store_le64(uint8_t *p, uint64_t v)
 {
     for (int i = 0; i < 8; i++)
@@ -53,11 +55,32 @@ int snap_fp_diff_runs(const uint8_t *buf, size_t len, size_t page_size,
 
     size_t n = 0;
     uint64_t open_start = 0, open_count = 0;   /* the run being built (count 0: none) */
+    /* prefetch cursor: run pf_i, page pf_p; pf_left pages prefetched but not yet hashed */
+    size_t pf_i = 0, pf_left = 0;
+    uint64_t pf_p = n_in ? in_runs[0] : 0;
     for (size_t i = 0; i < n_in; i++) {
         uint64_t first = in_runs[2 * i], end = first + in_runs[2 * i + 1];
         for (uint64_t p = first; p < end; p++) {
             size_t off = (size_t)p * page_size;
             size_t plen = len - off < page_size ? len - off : page_size;
+            /* Listed pages are usually scattered and hardware prefetchers stop at page
+             * boundaries: fetch the page PREFETCH_AHEAD places further while hashing this one. */
+            while (pf_i < n_in && pf_left < PREFETCH_AHEAD) {
+                if (pf_p >= in_runs[2 * pf_i] + in_runs[2 * pf_i + 1]) {
+                    if (++pf_i < n_in)
+                        pf_p = in_runs[2 * pf_i];
+                    continue;
+                }
+                const uint8_t *nx = buf + (size_t)pf_p * page_size;
+                size_t nlen = len - (size_t)pf_p * page_size;
+                if (nlen > page_size)
+                    nlen = page_size;
+                for (size_t k = 0; k < nlen; k += 64)
+                    __builtin_prefetch(nx + k, 0, 2);
+                pf_p++;
+                pf_left++;
+            }
+            pf_left--;
             uint8_t *fp = fps + (size_t)p * SNAP_FP_BYTES;
             XXH128_hash_t h = XXH3_128bits(buf + off, plen);
             if (h.low64 == load_le64(fp) && h.high64 == load_le64(fp + 8))

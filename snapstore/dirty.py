@@ -73,6 +73,7 @@ MODES = ("auto", "uffd", "hash", "shadow", "full")
 SYS_PAGE: int = os.sysconf("SC_PAGE_SIZE")
 
 Ranges = List[Tuple[int, int]]
+_FP = nat.FP_BYTES
 
 
 # ---- process-wide kernel state -------------------------------------------------------------
@@ -285,6 +286,11 @@ def _align(ranges: Ranges, n: int, ps: int) -> Ranges:
     return out
 
 
+def _runs_ranges(runs, n: int, ps: int) -> Ranges:
+    """Page runs (first, count) -> byte ranges on the ps grid, the last clipped to n."""
+    return [(f * ps, min((f + c) * ps, n) - f * ps) for f, c in runs]
+
+
 class _Full:
     mode = "full"
 
@@ -319,11 +325,13 @@ class _Hash(_Full):
 
     def arm(self, view: memoryview) -> None:
         self.fps = nat.page_fingerprints(view, self.ps)
+        # note() runs once per stored range: keep a pointer (pins the bytearray; never resized)
+        self._fps_pin = ffi.from_buffer("uint8_t[]", self.fps, require_writable=True)
         self.forced.clear()
 
     def diff(self, view: memoryview) -> Ranges:
         runs = nat.fingerprint_diff(view, self.fps, self.ps)
-        ranges = nat.runs_to_ranges(runs, self.n, self.ps)
+        ranges = _runs_ranges(runs, self.n, self.ps)
         if self.forced:
             extra = [(p * self.ps, self.ps) for p in sorted(self.forced)]
             self.forced.clear()
@@ -333,6 +341,15 @@ class _Hash(_Full):
     def note(self, offset: int, data: memoryview) -> None:
         ps, n = self.ps, self.n
         end = offset + len(data)
+        if not offset % ps and (not end % ps or end == n):     # whole pages: the usual case
+            first = offset // ps
+            rc = lib.snap_fp_pages(ffi.from_buffer("uint8_t[]", data), end - offset, ps,
+                                   self._fps_pin + first * _FP, (-(-end // ps) - first) * _FP)
+            if rc:
+                nat.check(rc, "snap_fp_pages")
+            if self.forced:
+                self.forced.difference_update(range(first, -(-end // ps)))
+            return
         first = -(-offset // ps)                            # first page wholly covered
         last = -(-n // ps) if end == n else end // ps       # end of the wholly covered pages
         if offset % ps:                                     # partly covered: report next time
@@ -342,11 +359,11 @@ class _Hash(_Full):
         if last <= first:
             return
         lo, hi = first * ps - offset, min(last * ps, n) - offset
-        with ffi.from_buffer(data[lo:hi]) as sp, ffi.from_buffer(self.fps) as fp:
-            nat.check(lib.snap_fp_pages(ffi.cast("uint8_t *", sp), hi - lo, ps,
-                                        ffi.cast("uint8_t *", fp) + first * nat.FP_BYTES,
-                                        (last - first) * nat.FP_BYTES),
-                      "snap_fp_pages")
+        src = data if lo == 0 and hi == len(data) else data[lo:hi]
+        rc = lib.snap_fp_pages(ffi.from_buffer("uint8_t[]", src), hi - lo, ps,
+                               self._fps_pin + first * _FP, (last - first) * _FP)
+        if rc:
+            nat.check(rc, "snap_fp_pages")
         if self.forced:
             self.forced.difference_update(range(first, last))
 
@@ -365,7 +382,7 @@ class _Shadow(_Full):
 
     def diff(self, view: memoryview) -> Ranges:
         runs = nat.shadow_diff(view, self.shadow, self.ps)
-        return nat.runs_to_ranges(runs, self.n, self.ps)
+        return _runs_ranges(runs, self.n, self.ps)
 
     def note(self, offset: int, data: memoryview) -> None:
         self.shadow[offset:offset + len(data)] = data
@@ -424,17 +441,12 @@ class _Uffd(_Full):
         for (lo, hi), copy in zip(self.edges, self.copies):
             copy[:] = view[lo:hi]
 
-    def _written(self) -> Ranges:
-        """Byte ranges (offset, length) of the buffer in system pages written since the last scan."""
-        if self.reg is None:
-            return []
-        base = self.base
-        return [(s - base, e - s) for s, e, _flags in _KERNEL.scan(self.reg)]
-
     def diff(self, view: memoryview) -> Ranges:
-        written = self._written()
+        scanned = _KERNEL.scan(self.reg) if self.reg is not None else []
         if self.fp is not None:
-            return self._refined(view, written)
+            return self._refined(view, scanned)
+        base = self.base
+        written = [(s - base, e - s) for s, e, _flags in scanned]
         ps = self.ps
         for (lo, hi), copy in zip(self.edges, self.copies):
             if view[lo:hi] != copy:
@@ -448,20 +460,39 @@ class _Uffd(_Full):
         written.sort()
         return _align(written, self.n, self.ps)
 
-    def _refined(self, view: memoryview, written: Ranges) -> Ranges:
-        ps, fp = self.ps, self.fp
-        cand: List[List[int]] = []           # grid page runs [first, count], ascending, merged
-        for first, count in sorted(self.edge_runs + [(off // ps, -(-(off + length) // ps) - off // ps)
-                                                     for off, length in written]):
-            if cand and first <= cand[-1][0] + cand[-1][1]:
-                last = cand[-1]
-                last[1] = max(last[0] + last[1], first + count) - last[0]
+    def _refined(self, view: memoryview, scanned) -> Ranges:
+        ps, fp, base, n = self.ps, self.fp, self.base, self.n
+        # candidate grid pages [first, end): edges (always) + those holding written system pages
+        pairs = [(lo // ps, -(-hi // ps)) for lo, hi in self.edges if lo == 0]
+        pairs += [((s - base) // ps, (e - base - 1) // ps + 1) for s, e, _flags in scanned]
+        pairs += [(lo // ps, -(-hi // ps)) for lo, hi in self.edges if lo != 0]
+        flat: List[int] = []
+        cf = ce = -1
+        for f, e in pairs:                   # ascending: merge overlapping / adjacent
+            if f <= ce:
+                if e > ce:
+                    ce = e
             else:
-                cand.append([first, count])
-        runs = nat.fingerprint_diff_runs(view, fp.fps, cand, ps) if cand else []
-        ranges = nat.runs_to_ranges(runs, self.n, ps)
+                if ce >= 0:
+                    flat += (cf, ce - cf)
+                cf, ce = f, e
+        if ce >= 0:
+            flat += (cf, ce - cf)
+        if not flat:
+            ranges: Ranges = []
+        else:
+            listed = sum(flat[1::2])
+            out = ffi.new("uint64_t[]", 2 * listed)
+            got = ffi.new("size_t *")
+            with ffi.from_buffer("uint8_t[]", view) as vp:
+                rc = lib.snap_fp_diff_runs(vp, n, ps, fp._fps_pin, len(fp.fps),
+                                           flat, len(flat) // 2, out, listed, got)
+            if rc:
+                nat.check(rc, "snap_fp_diff_runs")
+            it = iter(ffi.unpack(out, 2 * got[0]))
+            ranges = [(f * ps, min((f + c) * ps, n) - f * ps) for f, c in zip(it, it)]
         if fp.forced:
-            ranges = _align(sorted(ranges + [(p * ps, ps) for p in fp.forced]), self.n, ps)
+            ranges = _align(sorted(ranges + [(p * ps, ps) for p in fp.forced]), n, ps)
             fp.forced.clear()
         return ranges
 
@@ -540,15 +571,17 @@ class Detector:
     def note_stored(self, offset: int, data) -> None:
         """The caller stored `data` as the content of [offset, offset + len(data)), copied after
         dirty() returned: hash/shadow baselines (and uffd edge copies) take these bytes."""
-        with self._lock:
-            if self._closed or self._pid != os.getpid():
-                return
+        if not (type(data) is memoryview and data.format == "B" and data.ndim == 1
+                and data.c_contiguous):
             data = nat.as_bytes_view(data, name="data")
+        with self._lock:
+            if self._closed:
+                return
             if offset < 0 or offset + len(data) > len(self._view):
                 raise InvalidArgumentError(
                     f"note_stored: [{offset}, {offset + len(data)}) is outside the buffer of "
                     f"{len(self._view)} bytes")
-            if self._armed and len(data):
+            if self._armed and len(data):      # (in a forked child: re-armed by dirty() anyway)
                 self._impl.note(offset, data)
 
     def close(self) -> None:
