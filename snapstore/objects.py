@@ -36,7 +36,7 @@ from typing import Any, Iterator
 
 from .errors import CheckpointNotFound, InvalidArgumentError, SnapstoreError
 
-__all__ = ["save", "load", "user_meta", "is_object_checkpoint", "ObjectSaveError",
+__all__ = ["save", "load", "user_meta", "is_object_checkpoint", "FRESH", "ObjectSaveError",
            "DeviceTensorError", "StructureMismatchError", "NotAnObjectCheckpointError",
            "META_KEY", "PICKLE_BUFFER", "DEFAULT_INBAND_LIMIT"]
 
@@ -78,6 +78,21 @@ class StructureMismatchError(InvalidArgumentError):
 class NotAnObjectCheckpointError(InvalidArgumentError):
     """The checkpoint was not written by save() (no "snapstore.objects" meta): load() refuses
     to unpickle it."""
+
+
+class _Fresh:
+    """The type of FRESH."""
+
+    def __repr__(self) -> str:
+        return "snapstore.objects.FRESH"
+
+    def __reduce__(self) -> str:
+        return "FRESH"
+
+
+FRESH = _Fresh()
+"""Placeholder in a load(into=...) target: put the checkpoint's value here as loaded (new
+memory), without matching it against anything."""
 
 
 # ---- meta ---------------------------------------------------------------------------------
@@ -540,15 +555,16 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
         into: None, or an existing object graph of the same structure (dicts with the same
             keys, lists of the same lengths, arrays/tensors of the same shapes and dtypes,
             objects of the same classes): arrays, tensors and bytearrays are written in
-            their existing memory, other values are set in their containers. Everything is
-            checked before anything is written.
+            their existing memory, other values are set in their containers (FRESH in the
+            target takes the loaded value as is). Everything is checked before anything is
+            written.
     Returns: the object (arrays and tensors writable, in memory owned by the caller), or into.
     Raises: CheckpointNotFound, NotAnObjectCheckpointError, StructureMismatchError (nothing
         written), CorruptionError.
     """
     info = _resolve(store, id_or_stream)
     names, sizes = _object_layout(info)
-    if into is not None:
+    if into is not None and into is not FRESH:
         return _load_into(store, info, names, sizes, into)
     buffers = [_alloc(n) for n in sizes]
     stream = _alloc(info.sizes[PICKLE_BUFFER])
@@ -603,6 +619,13 @@ def _plan_pair(src, dst, steps: tuple, container, key, plan: _Plan, ctx: _LoadCo
                np, torch, depth: int = 0) -> None:
     if depth > 500:
         raise _mismatch(steps, "the object graph is nested too deeply")
+    if dst is FRESH:
+        if not isinstance(container, (MutableMapping, list)):
+            raise _mismatch(steps, "FRESH must be inside a dict or a list")
+        plan.actions.append(("assign", steps, container, key))
+        for index in _buffers_under(src, ctx, np, torch):
+            plan.uses[index] = plan.uses.get(index, 0) + 2    # never written in place
+        return
     ks, kd = _kind(src, np, torch, ctx), _kind(dst, np, torch)
     if ks != kd:
         raise _mismatch(steps, f"the checkpoint holds a {type(src).__name__}, the target a "
@@ -673,6 +696,25 @@ def _writable_bytes(x) -> memoryview | None:
     except (BufferError, TypeError, ValueError):
         return None
     return None if view.readonly or not view.c_contiguous else view.cast("B")
+
+
+def _buffers_under(root, ctx: _LoadContext, np, torch) -> list:
+    """Indices of the out-of-band buffers the arrays/tensors under root use."""
+    out, seen, stack = [], set(), [root]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if np is not None and isinstance(x, np.ndarray):
+            out.append(ctx.index_of(x))
+        elif torch is not None and isinstance(x, torch.Tensor):
+            out.append(ctx.tensor_index.get(id(x)))
+        elif id(x) in ctx.index:
+            out.append(ctx.index[id(x)])
+        else:
+            stack.extend(child for _, child in _children(x))
+    return [i for i in out if i is not None]
 
 
 def _ndarray_target(src, dst, np):
