@@ -365,16 +365,7 @@ def _open(args, *, write: bool = False):
         raise UsageError(f"no snapstore store at {path}")
     if write:
         return snapstore.open(path, create=False, timeout=args.timeout)
-    store = snapstore.open(path, create=False, readonly=True)
-    try:
-        store.streams()
-    except errors.StoreIOError:
-        # Work-around: a read-only Store whose process has no writer of the same store fails
-        # its reads (LMDB database handles; tests/unit/test_store.py xfails it). Read through a
-        # writer instead, which needs the store's lock.
-        store.close()
-        return snapstore.open(path, create=False, timeout=args.timeout)
-    return store
+    return snapstore.open(path, create=False, readonly=True)
 
 
 def _need(store, method: str) -> Callable:

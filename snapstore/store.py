@@ -240,9 +240,9 @@ class Store:
                     raise
             if time.monotonic() >= deadline:
                 os.close(fd)
-                raise StoreLocked(f"{self.path} is open for writing by another process or store "
-                                  f"object (waited {timeout}s); open it with readonly=True to "
-                                  "read meanwhile")
+                raise StoreLocked(f"{self.path} is locked: another process or store object has "
+                                  f"it open for writing (waited {timeout}s); open it with "
+                                  "readonly=True to read meanwhile, or pass timeout=")
             time.sleep(0.05)
 
     def _release(self) -> None:

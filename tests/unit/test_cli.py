@@ -488,3 +488,17 @@ def test_internal_errors_and_interrupts_in_process(monkeypatch, capsys, cli_stor
     monkeypatch.setattr(cli, "cmd_stats", interrupted)
     assert cli.main(["-s", cli_store, "stats"]) == 130
     assert capsys.readouterr().err == "snapstore: interrupted\n"
+
+
+def test_read_commands_work_while_a_writer_holds_the_store(cli_store):
+    """ls/show/verify open read-only: a running writer (here, this process) does not block
+    them, and they never take the writer's lock."""
+    with snapstore.open(cli_store) as writer:
+        info = writer.checkpoint({"weights": b"while-open"}, stream="live")
+        listed = ok_json("-s", cli_store, "ls")
+        assert info.id in [c["id"] for c in (listed["checkpoints"] if isinstance(listed, dict)
+                                             else listed)]
+        ok("-s", cli_store, "show", info.id)
+        ok("-s", cli_store, "verify")
+        p = run("-s", cli_store, "rm", info.id, "--timeout", "0")
+        assert p.returncode == 1 and "lock" in p.stderr.lower(), p.stderr
