@@ -9,7 +9,11 @@ One Detector per tracked buffer (make_detector). Modes:
             walk (csrc/uffd.c). dirty() costs a page-table walk plus the written pages, not a
             pass over the data. Only whole system pages inside the buffer are protected; the
             partly covered pages at its start and end (a buffer need not be page aligned) are
-            compared against a small copy every time.
+            compared every time. When the buffer does not start on a system page (numpy's
+            malloc'ed data sits 16 bytes into one) or page_size is not a multiple of it, each
+            written system page straddles two page_size pages: those candidates are hashed
+            against fingerprints (C snap_fp_diff_runs) and only the changed ones reported, so
+            the caller stores the changed pages, not twice as many.
   "hash"    XXH3-128 fingerprint of every page_size page kept in the detector; dirty() hashes
             the whole buffer (C snap_fp_diff).
   "shadow"  a full copy of the buffer; dirty() compares exactly (C snap_shadow_diff).
@@ -32,10 +36,13 @@ Protocol (what the Tracker does):
                             on the detector's page_size grid (the last clipped to the buffer's
                             end), containing every byte changed since the previous dirty().
   copy the bytes, then det.note_stored(offset, copied_bytes) for every stored range (also after
-  a full diff): hash/shadow detectors take their new baseline from the copy, not the live
-  buffer, so a page written between dirty() and the copy and later reverted is still reported.
-  After each dirty() a hash/shadow/edge baseline is the live content at that call, corrected by
-  note_stored; uffd pages need no baseline (the kernel records writes, not contents).
+  a full diff), or det.note_stored_many(ranges, gathered_bytes) once (same effect, far fewer
+  Python calls for thousands of scattered pages): hash/shadow detectors take their new
+  baseline from the copy, not the live buffer, so a page written between dirty() and the copy
+  and later reverted is still reported. After each dirty() a hash/shadow/edge/refinement
+  baseline is the live content at that call, corrected by note_stored; pages the kernel tracks
+  need no baseline (it records writes, not contents). A failed checkpoint needs nothing: the
+  caller diffs in full next time anyway (dirty()'s result is then ignored).
 
 Process-wide state: one userfaultfd and one /proc/self/pagemap descriptor per process, shared
 by all detectors (each registers and scans only its own page range; overlapping ranges are
@@ -64,8 +71,7 @@ from typing import List, Optional, Tuple
 
 from . import _native as nat
 from ._ffi import ffi, lib
-from .errors import (InvalidArgumentError, NativeSystemError, SnapstoreError,
-                     TrackingUnavailableError)
+from .errors import InvalidArgumentError, NativeSystemError, TrackingUnavailableError
 
 __all__ = ["Detector", "make_detector", "uffd_available", "MODES", "SYS_PAGE"]
 
@@ -153,7 +159,8 @@ class _Kernel:
                         return "PAGEMAP_SCAN ioctl not supported (needs Linux >= 6.7)"
                     return f"PAGEMAP_SCAN failed ({e.strerror})"
                 again, _ = nat.pagemap_scan(pm, addr, addr + 4 * SYS_PAGE)
-                if [(s - addr, e - addr) for s, e, _f in got] != [(SYS_PAGE, 2 * SYS_PAGE)] or again:
+                pages = [(s - addr, e - addr) for s, e, _f in got]
+                if pages != [(SYS_PAGE, 2 * SYS_PAGE)] or again:
                     return f"PAGEMAP_SCAN self-test gave wrong pages: {got}, then {again}"
             finally:
                 nat.uffd_unregister(fd, addr, 4 * SYS_PAGE)
@@ -234,7 +241,7 @@ def uffd_available() -> Tuple[bool, str]:
 
 
 def _mapping_problem(start: int, end: int) -> Optional[str]:
-    """Why [start, end) is not private writable anonymous memory, from /proc/self/maps; None if it is."""
+    """Why [start, end) is not private writable anonymous memory (/proc/self/maps); None if it is."""
     cur = start
     with open("/proc/self/maps") as f:
         for line in f:
@@ -271,7 +278,7 @@ def _mapping_problem(start: int, end: int) -> Optional[str]:
 
 # ---- detector strategies ----------------------------------------------------------------------
 def _align(ranges: Ranges, n: int, ps: int) -> Ranges:
-    """Widen sorted byte ranges to the ps grid (clipped to n) and merge overlapping/adjacent ones."""
+    """Widen sorted byte ranges to the ps grid (clipped to n); merge overlapping/adjacent ones."""
     out: Ranges = []
     for off, length in ranges:
         lo = off // ps * ps
@@ -305,6 +312,14 @@ class _Full:
 
     def note(self, offset: int, data: memoryview) -> None:
         pass
+
+    def note_many(self, ranges, data: memoryview) -> None:
+        """note() for each range; data holds their bytes back to back."""
+        pos = 0
+        for off, length in ranges:
+            if length:
+                self.note(off, data[pos:pos + length])
+            pos += length
 
     def close(self) -> None:
         pass
@@ -368,6 +383,29 @@ class _Hash(_Full):
             self.forced.difference_update(range(first, last))
 
 
+    def note_many(self, ranges, data: memoryview) -> None:
+        ps, n = self.ps, self.n
+        pos = 0
+        spans = []                                   # (first page, pages, position in data)
+        for off, length in ranges:
+            end = off + length
+            if off % ps or (end % ps and end != n) or (pos % ps and length):
+                return _Full.note_many(self, ranges, data)   # not whole pages: one by one
+            if length:
+                spans.append((off // ps, -(-length // ps), pos))
+            pos += length
+        if not spans:
+            return
+        digests = nat.page_fingerprints(data, ps)     # page j of data = page j of the ranges
+        fps = self.fps
+        for first, count, at in spans:
+            a = at // ps * _FP
+            fps[first * _FP:(first + count) * _FP] = digests[a:a + count * _FP]
+        if self.forced:
+            for first, count, _ in spans:
+                self.forced.difference_update(range(first, first + count))
+
+
 class _Shadow(_Full):
     """A copy of the caller's stored content (live content at the last dirty(), corrected by
     note_stored)."""
@@ -421,8 +459,6 @@ class _Uffd(_Full):
         self.refine = bool(self.pages) and (self.base % SYS_PAGE != 0 or ps % SYS_PAGE != 0)
         self.fp: Optional[_Hash] = _Hash(view, ps) if self.refine else None
         self.copies = [] if self.refine else [bytearray(hi - lo) for lo, hi in self.edges]
-        # grid page runs always compared in refined mode: those overlapping the edges
-        self.edge_runs = [(lo // ps, -(-hi // ps) - lo // ps) for lo, hi in self.edges]
         self.reg: Optional[_Registration] = None
         self._finalizer = None
         self.register()
@@ -506,6 +542,12 @@ class _Uffd(_Full):
             if a < b:
                 copy[a - lo:b - lo] = data[a - offset:b - offset]
 
+    def note_many(self, ranges, data: memoryview) -> None:
+        if self.fp is not None:
+            self.fp.note_many(ranges, data)
+        elif self.edges:
+            _Full.note_many(self, ranges, data)
+
     def close(self) -> None:
         if self._finalizer is not None:
             self._finalizer()               # unregisters once (idempotent)
@@ -583,6 +625,28 @@ class Detector:
                     f"{len(self._view)} bytes")
             if self._armed and len(data):      # (in a forked child: re-armed by dirty() anyway)
                 self._impl.note(offset, data)
+
+    def note_stored_many(self, ranges, data) -> None:
+        """note_stored() for many ranges in one call: data holds their bytes back to back, in
+        the order of ranges (what a gather of the ranges produces). Much cheaper than one call
+        per range when there are thousands of scattered pages."""
+        data = nat.as_bytes_view(data, name="data")
+        ranges = list(ranges)
+        with self._lock:
+            if self._closed:
+                return
+            n, total = len(self._view), 0
+            for off, length in ranges:
+                if off < 0 or length < 0 or off + length > n:
+                    raise InvalidArgumentError(
+                        f"note_stored_many: [{off}, {off + length}) is outside the buffer of "
+                        f"{n} bytes")
+                total += length
+            if total != len(data):
+                raise InvalidArgumentError(f"note_stored_many: the ranges hold {total} bytes, "
+                                           f"data {len(data)}")
+            if self._armed and total:
+                self._impl.note_many(ranges, data)
 
     def close(self) -> None:
         """Removes write protection, releases the buffer. Idempotent."""

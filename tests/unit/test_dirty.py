@@ -659,7 +659,8 @@ def test_c_uffd_argument_checks():
     assert lib.snap_uffd_register(fd, 0, P, err) == lib.SNAP_ESYS and err[0] != 0
     with pytest.raises(NativeSystemError) as ei:
         nat.uffd_register(fd, 0, P)
-    assert isinstance(ei.value, OSError) and ei.value.errno and "snap_uffd_register" in str(ei.value)
+    assert isinstance(ei.value, OSError) and ei.value.errno
+    assert "snap_uffd_register" in str(ei.value)
     with pytest.raises(InvalidArgumentError):
         nat.uffd_register(-1, 0, P)
 
@@ -737,3 +738,49 @@ def test_esys_maps_to_native_system_error():
     with pytest.raises(NativeSystemError) as ei:
         nat.check(lib.SNAP_ESYS, "snap_f")
     assert ei.value.code == -4 and isinstance(ei.value, OSError)
+
+
+# ---- note_stored_many -------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", mode_param(["hash", "shadow", "uffd", "full"]))
+@pytest.mark.parametrize("aligned", [True, False])
+def test_note_stored_many_defeats_the_revert_race(detectors, mode, aligned):
+    m = private_mmap(40 * P)
+    buf = np.frombuffer(m, np.uint8)[(0 if aligned else 16):(40 * P - 100)]
+    d = detectors(buf, mode)
+    assert d.dirty() is None
+    pages = [0, 5, 6, 9, (buf.size - 1) // 4096]
+    for p in pages:
+        buf[p * 4096] += 1                    # X
+    ranges = d.dirty()
+    for p in pages:
+        buf[p * 4096] += 1                    # Y: written between dirty() and the copy
+    staged = nat.gather(buf, ranges)
+    d.note_stored_many(ranges, staged)
+    for p in pages:
+        buf[p * 4096] -= 1                    # reverted to X
+    got = d.dirty()
+    for p in pages:
+        assert any(o <= p * 4096 < o + n for o, n in got), (p, got)
+    d.close()
+    del buf
+    m.close()
+
+
+def test_note_stored_many_checks_and_falls_back(detectors):
+    a = np.zeros(10 * 4096 + 10, np.uint8)
+    d = detectors(a, "hash")
+    d.dirty()
+    with pytest.raises(InvalidArgumentError, match="hold"):
+        d.note_stored_many([(0, 4096)], b"x" * 10)
+    with pytest.raises(InvalidArgumentError, match="outside"):
+        d.note_stored_many([(10 * 4096, 4096)], b"x" * 4096)
+    a[3 * 4096 + 1] = 1
+    a[-1] = 1
+    # unaligned pieces: handled one by one (pages covered partly are reported again)
+    d.note_stored_many([(3 * 4096, 100), (10 * 4096, 10)],
+                       a[3 * 4096:3 * 4096 + 100].tobytes() + a[-10:].tobytes())
+    assert d.dirty() == [(3 * 4096, 4096)]
+    assert d.dirty() == []
+    d.note_stored_many([], b"")
+    d.close()
+    d.note_stored_many([(0, 1)], b"x")        # closed: ignored
