@@ -253,6 +253,17 @@ def _dense(size, stride) -> bool:
     return True
 
 
+_SAME_SIZE_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def _contiguous(t, torch):
+    """A contiguous copy of t, also for dtypes without copy kernels (float4, bits...)."""
+    as_int = _SAME_SIZE_INT.get(t.element_size())
+    if as_int is None:
+        return t.contiguous()
+    return t.view(getattr(torch, as_int)).contiguous().view(t.dtype)
+
+
 class _Null:
     def write(self, data) -> int:
         return len(data)
@@ -364,7 +375,7 @@ class _Pickler(pickle.Pickler):
                 self.conflicts.add(key)
             self._compacted.add(key)
             if not src.is_contiguous():
-                src = src.contiguous()
+                src = _contiguous(src, torch)
             self._keep.append(src)
             ref = _StorageRef(_address_view(src.data_ptr(), nbytes))
             offset, size = 0, tuple(src.shape)

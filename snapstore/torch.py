@@ -1,0 +1,489 @@
+"""PyTorch on snapstore: state dicts as object checkpoints (save/load), and a storage backend
+for torch.distributed.checkpoint (SnapstoreWriter/SnapstoreReader). Needs torch==2.13.0
+(``pip install 'snapstore[torch]'``); ``import snapstore`` alone never imports torch.
+
+    snapstore.torch.save({"model": model, "optim": opt, "step": step}, store, "train")
+    snapstore.torch.load(store, "train", into={"model": model, "optim": opt, "step": 0})
+
+    dcp.save(sd, checkpoint_id="step-100", storage_writer=SnapstoreWriter("ckpts"))
+    dcp.load(sd, checkpoint_id="step-100", storage_reader=SnapstoreReader("ckpts"))
+
+How DCP plans map onto the store (docs/objects.md): one dcp.save is one checkpoint of the
+stream (default "dcp") whose buffers are the save's write items, named "item/<fqn>" (plus
+"@<offsets>" for shards), and "dcp/metadata" (DCP's Metadata, pickled). Its meta
+{"snapstore.dcp": {"checkpoint_id": ..., "parts": [...]}} records DCP's checkpoint_id, so the
+reader finds it by that id. Items keep their names from save to save, so later saves are
+incremental. With several ranks, every rank other than the coordinator commits its items as a
+part checkpoint of stream "<stream>/rank<N>" during write_data; the coordinator's finish()
+commits the main checkpoint, which names the parts: until then no save is visible.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import io
+import os
+import pickle
+import warnings
+from typing import Any, NamedTuple
+
+import torch
+from torch.futures import Future
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPlanner, SavePlan,
+                                                  SavePlanner, WriteItemType)
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+
+from . import format as fmt
+from . import objects
+from .errors import CheckpointNotFound, InvalidArgumentError, SnapstoreError
+from .store import CheckpointInfo, Store, validate_name
+
+__all__ = ["save", "load", "SnapstoreWriter", "SnapstoreReader", "DCP_META_KEY",
+           "METADATA_BUFFER"]
+
+DCP_META_KEY = "snapstore.dcp"          # meta key of a DCP checkpoint (and "snapstore.dcp_part")
+DCP_PART_KEY = "snapstore.dcp_part"
+DCP_VERSION = 1
+METADATA_BUFFER = "dcp/metadata"
+ITEM_PREFIX = "item/"
+
+
+# ---- state dicts ------------------------------------------------------------------------------
+def _state_of(x: Any) -> Any:
+    if isinstance(x, (torch.nn.Module, torch.optim.Optimizer)):
+        return x.state_dict()
+    return x
+
+
+def _states(state: Any) -> Any:
+    """Modules and optimizers (the value itself, or values of a top-level dict) -> state dicts."""
+    if isinstance(state, dict):
+        return {k: _state_of(v) for k, v in state.items()}
+    return _state_of(state)
+
+
+@contextlib.contextmanager
+def _opened(store, readonly: bool):
+    if isinstance(store, Store):
+        yield store
+        return
+    from . import open as open_store
+    s = open_store(os.fspath(store), readonly=readonly)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def save(state: Any, store, stream: str = "default", meta: Any = None, *,
+         allow_device_copy: bool = False) -> CheckpointInfo:
+    """Checkpoints a state dict (or any object holding tensors) as an object checkpoint.
+
+    Args:
+        state: a state dict, a module or optimizer (saved as its state_dict()), or a dict whose
+            values may be modules/optimizers. Tensors of every dtype (bfloat16, float8...) are
+            saved by storage, raw bytes, out of band; tensors sharing a storage stay shared;
+            a view that does not fill its storage is saved as its elements only.
+        store: an open Store, or a store path (opened and closed around the save).
+        stream, meta: as for Store.checkpoint.
+        allow_device_copy: copy tensors on other devices to the CPU (they load on the CPU);
+            by default such a tensor raises DeviceTensorError naming it.
+    Returns: CheckpointInfo. Raises: see snapstore.objects.save.
+    """
+    with _opened(store, readonly=False) as s:
+        return objects.save(s, _states(state), stream=stream, meta=meta,
+                            allow_device_copy=allow_device_copy)
+
+
+def load(store, id_or_stream: Any, into: Any = None) -> Any:
+    """Loads a checkpoint written by save() (or Store.save).
+
+    Args:
+        store: an open Store, or a store path (opened read-only).
+        id_or_stream: checkpoint id, CheckpointInfo, or stream name (its latest checkpoint).
+        into: None (returns new CPU tensors), or the live objects to restore in place: a
+            state dict, a module (its parameters and buffers are overwritten in place), an
+            optimizer (its state is overwritten in place when it has state for the same
+            parameters, else loaded fresh; then optimizer.load_state_dict applies the param
+            groups), or a dict whose values may be modules/optimizers. Structure, shapes and
+            dtypes are checked before anything is written.
+    Returns: the loaded object, or into.
+    """
+    with _opened(store, readonly=True) as s:
+        if into is None:
+            return objects.load(s, id_or_stream)
+        optimizers: list = []
+
+        def target(x, key=None):
+            if isinstance(x, torch.nn.Module):
+                return x.state_dict()
+            if isinstance(x, torch.optim.Optimizer):
+                optimizers.append((key, x))
+                return x.state_dict() if x.state else objects.FRESH
+            return x
+
+        if isinstance(into, dict):
+            tgt = {k: target(v, k) for k, v in into.items()}
+        else:
+            tgt = target(into)
+        result = objects.load(s, id_or_stream, into=tgt)
+        for key, opt in optimizers:
+            opt.load_state_dict(result if key is None else result[key])
+        if isinstance(into, dict):
+            for k, v in into.items():
+                if not isinstance(v, (torch.nn.Module, torch.optim.Optimizer)):
+                    into[k] = tgt[k]
+        return into
+
+
+# ---- torch.distributed.checkpoint backend ------------------------------------------------------
+class _Location(NamedTuple):
+    """Where a DCP write item lives: checkpoint (None: the main checkpoint of the save),
+    buffer name, and the shape of the stored chunk (None for byte items)."""
+    checkpoint: int | None
+    buffer: str
+    sizes: tuple | None
+
+
+def _item_name(index: MetadataIndex) -> str:
+    """The buffer name of a write item: stable across saves, so they diff against each other."""
+    name = ITEM_PREFIX + index.fqn
+    if index.offset is not None and any(index.offset):
+        name += "@" + ",".join(str(int(o)) for o in index.offset)
+    if len(name.encode("utf-8", "surrogatepass")) > fmt.MAX_NAME_BYTES or "\0" in name:
+        digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=20)
+        name = ITEM_PREFIX + "#" + digest.hexdigest()
+    return name
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> tuple[memoryview, torch.Tensor]:
+    """A byte view of exactly the tensor's elements (CPU, contiguous; copies only if not)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if not t.is_contiguous():
+        t = objects._contiguous(t, torch)
+    return objects._address_view(t.data_ptr(), t.numel() * t.element_size()), t
+
+
+def _dcp_id(checkpoint_id: Any) -> Any:
+    if checkpoint_id is None or isinstance(checkpoint_id, int) and \
+            not isinstance(checkpoint_id, bool):
+        return checkpoint_id
+    if isinstance(checkpoint_id, (str, os.PathLike)):
+        return os.fspath(checkpoint_id)
+    raise TypeError(f"checkpoint_id must be a str, os.PathLike or int, got "
+                    f"{type(checkpoint_id).__name__}")
+
+
+def _world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+class _StoreUser:
+    """Opens the store (a path) for one operation, or uses a Store the caller owns."""
+
+    def __init__(self, path, stream: str, open_options: dict) -> None:
+        if isinstance(path, Store):
+            self._store_obj, self.path = path, path.path
+        else:
+            self._store_obj, self.path = None, os.fspath(path)
+        self.stream = validate_name(stream, "stream")
+        self.open_options = dict(open_options)
+
+    def _open(self, readonly: bool) -> Store:
+        if self._store_obj is not None:
+            return self._store_obj
+        from . import open as open_store
+        options = dict(self.open_options)
+        if readonly:
+            options.pop("timeout", None)
+            options.pop("durability", None)
+            return open_store(self.path, readonly=True, **options)
+        return open_store(self.path, **options)
+
+    def _done(self, store: Store | None) -> None:
+        if store is not None and store is not self._store_obj:
+            store.close()
+
+
+class SnapstoreWriter(_StoreUser, StorageWriter):
+    """torch.distributed.checkpoint StorageWriter into a snapstore store.
+
+    Args:
+        path: the store directory (created if needed), or an open Store (used, not closed).
+        stream: the stream of the DCP checkpoints (default "dcp").
+        timeout: seconds to wait for the store's writer lock (ranks take turns).
+        **open_options: more snapstore.open options (durability, page_size...).
+
+    Each dcp.save is one checkpoint of the stream, committed by the coordinator's finish();
+    dcp.save's checkpoint_id is recorded in its meta (without one, the save is just the
+    stream's next checkpoint). The same writer may be used for many saves. The last
+    checkpoint's CheckpointInfo is ``writer.last_info``.
+    """
+
+    def __init__(self, path, stream: str = "dcp", *, timeout: float = 600.0,
+                 **open_options) -> None:
+        _StoreUser.__init__(self, path, stream, {"timeout": timeout, **open_options})
+        self.checkpoint_id: Any = None
+        self.last_info: CheckpointInfo | None = None
+        self.is_coordinator = True
+        self._pending: dict | None = None
+
+    def reset(self, checkpoint_id=None) -> None:
+        self.checkpoint_id = _dcp_id(checkpoint_id)
+        self._release()
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return isinstance(checkpoint_id, (str, os.PathLike))
+
+    def storage_meta(self) -> StorageMeta | None:
+        cid = self.checkpoint_id
+        return StorageMeta(checkpoint_id=None if cid is None else str(cid))
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
+        if not kwargs.get("use_collectives", True) and _world_size() > 1:
+            raise InvalidArgumentError("SnapstoreWriter needs use_collectives=True with more "
+                                       "than one rank (one save is one atomic checkpoint)")
+        self.is_coordinator = bool(is_coordinator)
+        self._release()
+        self._pending = {"buffers": {}, "keep": [], "rank": 0}
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        # each rank learns its position (a part stream per non-coordinator rank)
+        return [dataclasses.replace(p, storage_data=i) for i, p in enumerate(plans)]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        if self._pending is None:
+            self.set_up_storage_writer(True)
+        pending = self._pending
+        rank = plan.storage_data if isinstance(plan.storage_data, int) else 0
+        buffers, keep, locations = pending["buffers"], pending["keep"], []
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            name = _item_name(item.index)
+            if item.type == WriteItemType.BYTE_IO:
+                view = data.getbuffer() if isinstance(data, io.BytesIO) else memoryview(data)
+                keep.append(data)
+                sizes = None
+            else:
+                view, tensor = _tensor_bytes(data)
+                keep.append(tensor)
+                sizes = tuple(int(n) for n in tensor.shape)
+            if name in buffers:
+                raise SnapstoreError(f"DCP write items {item.index} and another both map to "
+                                     f"buffer {name!r}")
+            buffers[name] = view
+            locations.append((item, name, sizes, view.nbytes))
+        part = None
+        if not self.is_coordinator:
+            # this rank's share is a part checkpoint now; the coordinator's commit names it
+            store = self._open(readonly=False)
+            try:
+                info = store.checkpoint(
+                    buffers, stream=f"{self.stream}/rank{rank}",
+                    meta={DCP_PART_KEY: {"version": DCP_VERSION, "rank": rank,
+                                         "checkpoint_id": self.checkpoint_id}})
+            finally:
+                self._done(store)
+                self._release()
+            part = info.id
+        results = [WriteResult(index=item.index, size_in_bytes=nbytes,
+                               storage_data=_Location(part, name, sizes))
+                   for item, name, sizes, nbytes in locations]
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        pending = self._pending or {"buffers": {}, "keep": []}
+        storage_data = {r.index: r.storage_data for rank in results for r in rank}
+        metadata.storage_data = storage_data
+        parts = sorted({loc.checkpoint for loc in storage_data.values()
+                        if loc.checkpoint is not None})
+        buffers = dict(pending["buffers"])
+        buffers[METADATA_BUFFER] = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
+        meta = {DCP_META_KEY: {"version": DCP_VERSION, "checkpoint_id": self.checkpoint_id,
+                               "parts": parts, "ranks": len(results)}}
+        store = self._open(readonly=False)
+        try:
+            self.last_info = store.checkpoint(buffers, stream=self.stream, meta=meta)
+        finally:
+            self._done(store)
+            self._release()
+            self.checkpoint_id = None        # a next save without checkpoint_id is a new one
+
+    def _release(self) -> None:
+        if self._pending is not None:
+            for view in self._pending["buffers"].values():
+                with contextlib.suppress(BufferError):
+                    view.release()
+            self._pending = None
+
+
+def _find_dcp_checkpoint(store: Store, stream: str, checkpoint_id: Any) -> CheckpointInfo:
+    """The newest DCP checkpoint of the stream with that checkpoint_id (None: the newest; an
+    int: that snapstore checkpoint id)."""
+    def is_dcp(info: CheckpointInfo) -> bool:
+        m = info.meta
+        return isinstance(m, dict) and isinstance(m.get(DCP_META_KEY), dict) and \
+            m[DCP_META_KEY].get("version") == DCP_VERSION and METADATA_BUFFER in info.sizes
+
+    if isinstance(checkpoint_id, int):
+        info = store.get(checkpoint_id)
+        if not is_dcp(info):
+            raise CheckpointNotFound(f"checkpoint {checkpoint_id} is not a DCP checkpoint")
+        return info
+    for info in reversed(store.checkpoints(stream)):
+        if is_dcp(info) and (checkpoint_id is None
+                             or info.meta[DCP_META_KEY].get("checkpoint_id") == checkpoint_id):
+            return info
+    what = "any DCP checkpoint" if checkpoint_id is None else f"DCP checkpoint {checkpoint_id!r}"
+    raise CheckpointNotFound(f"stream {stream!r} of store {store.path} has no {what}")
+
+
+class SnapstoreReader(_StoreUser, StorageReader):
+    """torch.distributed.checkpoint StorageReader from a snapstore store.
+
+    Args:
+        path: the store directory (opened read-only), or an open Store (used, not closed).
+        stream: the stream of the DCP checkpoints (default "dcp").
+
+    dcp.load's checkpoint_id selects the newest checkpoint saved with that id; without one the
+    stream's newest DCP checkpoint is read. Tensors are restored straight into the tensors DCP
+    plans when they are laid out alike (no copy in between); otherwise only the rows needed are
+    read, then copied.
+    """
+
+    def __init__(self, path, stream: str = "dcp", **open_options) -> None:
+        _StoreUser.__init__(self, path, stream, open_options)
+        self.checkpoint_id: Any = None
+        self.info: CheckpointInfo | None = None
+        self.storage_data: dict = {}
+        self._store: Store | None = None
+
+    def reset(self, checkpoint_id=None) -> None:
+        self.checkpoint_id = _dcp_id(checkpoint_id)
+        self.close()
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return isinstance(checkpoint_id, (str, os.PathLike))
+
+    def close(self) -> None:
+        store, self._store = self._store, None
+        self._done(store)
+
+    def read_metadata(self) -> Metadata:
+        self.close()
+        self._store = self._open(readonly=True)
+        try:
+            self.info = _find_dcp_checkpoint(self._store, self.stream, self.checkpoint_id)
+            metadata = pickle.loads(self._store.read(self.info.id, METADATA_BUFFER))
+        except BaseException:
+            self.close()
+            raise
+        if not isinstance(metadata, Metadata):
+            self.close()
+            raise SnapstoreError(f"checkpoint {self.info.id}: {METADATA_BUFFER} is not DCP "
+                                 "metadata")
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args,
+                              **kwargs) -> None:
+        self.storage_data = metadata.storage_data or {}
+        self._dtypes = {fqn: getattr(getattr(md, "properties", None), "dtype", None)
+                        for fqn, md in metadata.state_dict_metadata.items()}
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        try:
+            if self._store is None:
+                self.read_metadata()
+            self._read(plan, planner)
+        finally:
+            self.close()
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read(self, plan: LoadPlan, planner: LoadPlanner) -> None:
+        store, main = self._store, self.info.id
+        direct: dict[int, dict[str, memoryview]] = {}
+        committed: list = []
+        for item in plan.items:
+            loc = self.storage_data.get(item.storage_index)
+            if not isinstance(loc, _Location):
+                raise CheckpointNotFound(f"checkpoint {main} has no data for {item.storage_index}")
+            cid = main if loc.checkpoint is None else loc.checkpoint
+            if item.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(item, io.BytesIO(store.read(cid, loc.buffer)))
+                continue
+            dtype = self._dtypes.get(item.storage_index.fqn)
+            target = planner.resolve_tensor(item).detach()
+            lengths = tuple(int(n) for n in item.lengths)
+            if tuple(target.shape) != lengths:
+                raise SnapstoreError(f"{item.storage_index}: DCP planned a tensor of shape "
+                                     f"{tuple(target.shape)} for {lengths}")
+            whole = lengths == tuple(loc.sizes) and not any(item.storage_offsets)
+            views = direct.setdefault(cid, {})
+            if whole and target.dtype == dtype and target.device.type == "cpu" \
+                    and target.is_contiguous() and not target.is_conj() \
+                    and not target.is_neg() and loc.buffer not in views:
+                views[loc.buffer] = objects._address_view(target.data_ptr(),
+                                                          target.numel() * target.element_size())
+                committed.append((item, target))
+            else:
+                source = _read_box(store, cid, loc, dtype, item.storage_offsets, lengths)
+                target.copy_(source)
+                planner.commit_tensor(item, target)
+        for cid, views in direct.items():
+            if views:
+                store.restore_into(cid, views)     # straight into DCP's tensors
+        for item, target in committed:
+            planner.commit_tensor(item, target)
+
+
+def _read_box(store: Store, cid: int, loc: _Location, dtype, offsets, lengths) -> torch.Tensor:
+    """The box [offsets, offsets + lengths) of a stored chunk: reads only the dim-0 rows it
+    spans."""
+    sizes = tuple(loc.sizes)
+    if dtype is None:
+        raise SnapstoreError(f"no dtype for {loc.buffer} in the DCP metadata")
+    item = torch.empty((), dtype=dtype).element_size()
+    if any(n == 0 for n in lengths) or any(n == 0 for n in sizes):
+        return torch.empty(lengths, dtype=dtype)
+    if not sizes:
+        data = store.read(cid, loc.buffer)
+        return _from_bytes(data, dtype).reshape(())
+    row = item
+    for n in sizes[1:]:
+        row *= n
+    first, count = int(offsets[0]), int(lengths[0])
+    data = store.read(cid, loc.buffer, first * row, count * row)
+    t = _from_bytes(data, dtype).reshape((count,) + sizes[1:])
+    for dim in range(1, len(sizes)):
+        t = t.narrow(dim, int(offsets[dim]), int(lengths[dim]))
+    return t
+
+
+def _from_bytes(data: bytes, dtype) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # read-only bytes: we only read them
+        return torch.frombuffer(data, dtype=torch.uint8).view(dtype)

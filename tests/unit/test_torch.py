@@ -1,0 +1,394 @@
+"""snapstore.torch: state dicts of a real nn.Module + Adam (byte-exact, every dtype, views and
+shared storages, in place), device tensors refused, and the torch.distributed.checkpoint
+backend (SnapstoreWriter / SnapstoreReader): round trips, incremental saves, checkpoint ids,
+a gloo process group of one rank and two ranks."""
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+
+import snapstore  # noqa: E402
+import snapstore.torch as st  # noqa: E402
+from snapstore import objects  # noqa: E402
+from snapstore.objects import DeviceTensorError, StructureMismatchError  # noqa: E402
+
+pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+              pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")]
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def raw(t):
+    """A tensor's elements as bytes (any dtype, any strides; no arithmetic on the values)."""
+    t = t.detach()
+    if t.is_complex() and t.is_conj():
+        t = t.resolve_conj()
+    if t.element_size() in SAME_SIZE_INT:
+        t = t.view(SAME_SIZE_INT[t.element_size()])
+    t = t.reshape(-1).contiguous()
+    return bytes(t.view(torch.uint8).numpy()) if t.numel() else b""
+
+
+def same(a, b, path="sd"):
+    """Byte-exact deep equality of state dicts (types, dtypes, shapes, strides, bytes)."""
+    if isinstance(a, torch.Tensor):
+        assert type(a) is type(b), path
+        assert (a.dtype, a.shape, a.requires_grad) == (b.dtype, b.shape, b.requires_grad), path
+        assert raw(a) == raw(b), path
+    elif isinstance(a, dict):
+        assert type(a) is type(b) and list(a) == list(b), path
+        for k in a:
+            same(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{path}[{i}]")
+    else:
+        assert type(a) is type(b) and a == b, (path, a, b)
+    return True
+
+
+class Net(torch.nn.Module):
+    def __init__(self, width=64):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8 * 6 * 6, width)
+        self.head = torch.nn.Linear(width, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.conv(x)))
+        return self.head(torch.relu(self.fc(x.flatten(1))))
+
+
+def trained(seed=0, width=64, steps=1):
+    torch.manual_seed(seed)
+    model = Net(width)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(steps):
+        loss = model(torch.randn(4, 3, 8, 8)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model, opt
+
+
+def one_step(model, opt, seed=42):
+    torch.manual_seed(seed)
+    loss = model(torch.randn(4, 3, 8, 8)).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = snapstore.open(str(tmp_path / "store"), durability="none")
+    yield s
+    s.close()
+
+
+# ---- save / load --------------------------------------------------------------------------------
+def test_module_and_adam_round_trip_byte_exact(store):
+    model, opt = trained()
+    expected = copy.deepcopy({"model": model.state_dict(), "optim": opt.state_dict()})
+    info = st.save({"model": model, "optim": opt, "step": 1}, store, "train", meta={"step": 1})
+    assert objects.user_meta(info) == {"step": 1}
+    out = st.load(store, "train")
+    same({"model": out["model"], "optim": out["optim"]}, expected)
+    assert out["step"] == 1
+    # resume: fresh objects, optimizer without state yet; the model is written in place
+    model2, _ = trained(seed=1, steps=0)
+    opt2 = torch.optim.Adam(model2.parameters(), lr=5.0)
+    ptrs = [p.data_ptr() for p in model2.parameters()]
+    into = {"model": model2, "optim": opt2, "step": 0}
+    assert st.load(store, info.id, into=into) is into and into["step"] == 1
+    assert [p.data_ptr() for p in model2.parameters()] == ptrs
+    same({"model": model2.state_dict(), "optim": opt2.state_dict()}, expected)
+    # and training continues identically
+    assert one_step(model, opt) == one_step(model2, opt2)
+    same(model.state_dict(), model2.state_dict())
+    # optimizer with state: its tensors are written in place too
+    st.save({"model": model, "optim": opt, "step": 2}, store, "train")
+    exp_avg = opt2.state_dict()["state"][0]["exp_avg"]
+    with torch.no_grad():
+        for p in model2.parameters():
+            p.zero_()
+    one_step(model2, opt2, seed=7)
+    st.load(store, "train", into=into)
+    assert opt2.state_dict()["state"][0]["exp_avg"] is exp_avg
+    same({"model": model2.state_dict(), "optim": opt2.state_dict()},
+         {"model": model.state_dict(), "optim": opt.state_dict()})
+
+
+def all_dtypes():
+    out = []
+    for name in ["bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32",
+                 "uint64", "float16", "bfloat16", "float32", "float64", "complex32",
+                 "complex64", "complex128", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+                 "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2", "bits8", "bits16"]:
+        dt = getattr(torch, name, None)
+        if dt is not None:
+            out.append(dt)
+    return out
+
+
+def random_tensor(dtype, shape, gen):
+    n = 1
+    for s in shape:
+        n *= s
+    size = torch.empty((), dtype=dtype).element_size()
+    data = torch.randint(0, 256, (n * size,), dtype=torch.uint8, generator=gen)
+    if dtype == torch.bool:
+        data &= 1
+    return data.view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", all_dtypes(), ids=str)
+def test_every_dtype_raw_bytes(store, dtype):
+    gen = torch.Generator().manual_seed(3)
+    state = {"big": random_tensor(dtype, (64, 80), gen), "scalar": random_tensor(dtype, (), gen),
+             "empty": random_tensor(dtype, (0, 4), gen), "small": random_tensor(dtype, (3,), gen)}
+    state["t"] = state["big"].t()
+    state["strided"] = random_tensor(dtype, (30, 40), gen)[::3, 1::2]
+    info = st.save(state, store, "dt")
+    out = st.load(store, info.id)
+    same(out, state)
+    assert out["t"].stride() == state["t"].stride()
+    assert out["t"].untyped_storage().data_ptr() == out["big"].untyped_storage().data_ptr()
+    assert out["strided"].is_contiguous()
+
+
+def test_views_shared_storages_and_parameters(store):
+    base = torch.arange(40000, dtype=torch.float32).reshape(200, 200)
+    lone = torch.arange(100000, dtype=torch.float64)
+    p = torch.nn.Parameter(torch.randn(50, 50))
+    p.tag = "mine"
+    state = {
+        "base": base, "rows": base[10:20], "t": base.t(),        # one storage, three views
+        "slice": lone[1000:3000],                                # alone: only its elements
+        "strided": torch.randn(64, 64)[:, ::2],                  # alone, non-contiguous
+        "qkv": [base.new_zeros(3000)[:1000], None],
+        "p": p, "grad": torch.ones(100, 100, requires_grad=True),
+        "conj": torch.randn(40, 40, dtype=torch.complex64).conj(),
+    }
+    fused = torch.randn(3, 1000)
+    state["q"], state["k"] = fused[0], fused[1]                  # two partial views: shared
+    state["qkv"][1] = state["qkv"][0]
+    info = st.save(state, store, "v")
+    out = st.load(store, info.id)
+    for k in ("base", "rows", "t", "slice", "strided", "p", "grad", "q", "k"):
+        same(out[k], state[k], k)
+    assert torch.equal(out["conj"], state["conj"].resolve_conj())
+    ptr = out["base"].untyped_storage().data_ptr()
+    assert out["rows"].untyped_storage().data_ptr() == ptr == out["t"].untyped_storage().data_ptr()
+    assert out["rows"].storage_offset() == 2000 and out["t"].stride() == (1, 200)
+    assert out["slice"].untyped_storage().nbytes() == 2000 * 8
+    assert out["strided"].is_contiguous()
+    assert out["q"].untyped_storage().data_ptr() == out["k"].untyped_storage().data_ptr()
+    assert out["qkv"][0] is out["qkv"][1]
+    assert type(out["p"]) is torch.nn.Parameter and out["p"].requires_grad and out["p"].tag == "mine"
+    assert out["grad"].requires_grad and out["grad"].is_leaf
+    sizes = sorted(info.sizes.values())
+    assert 200 * 200 * 4 in sizes and 100000 * 8 not in sizes
+
+
+def test_store_save_load_entry_points_handle_tensors(store):
+    sd = trained()[0].state_dict()
+    info = store.save(sd, stream="plain")
+    same(store.load(info.id), sd)
+    same(objects.load(store, "plain"), sd)
+
+
+def test_path_instead_of_store(tmp_path):
+    path = str(tmp_path / "p")
+    model, opt = trained()
+    st.save({"model": model}, path, "s")
+    same(st.load(path, "s")["model"], model.state_dict())
+
+
+# ---- in place and bad input ---------------------------------------------------------------------
+def test_load_into_mismatch_leaves_model_unchanged(store):
+    model, opt = trained()
+    st.save({"model": model, "optim": opt}, store, "m")
+    other, other_opt = trained(seed=5, width=32)                  # fc/head shapes differ
+    before = copy.deepcopy(other.state_dict())
+    before_opt = copy.deepcopy(other_opt.state_dict())
+    with pytest.raises(StructureMismatchError, match="fc.weight"):
+        st.load(store, "m", into={"model": other, "optim": other_opt})
+    same(other.state_dict(), before)
+    same(other_opt.state_dict(), before_opt)
+    sd = trained(seed=6)[0].state_dict()
+    sd["conv.weight"] = sd["conv.weight"].double()
+    with pytest.raises(StructureMismatchError, match="float64"):
+        st.load(store, "m", into={"model": sd, "optim": objects.FRESH})
+
+
+def test_device_tensors_are_refused_by_name(store):
+    st.save({"ok": torch.zeros(3)}, store, "d")
+    before = store.checkpoints()
+    state = {"model": {"w": torch.zeros(3), "layer": [torch.empty(10, device="meta")]}}
+    with pytest.raises(DeviceTensorError, match=r"obj\['model'\]\['layer'\]\[0\] is a tensor on meta"):
+        st.save(state, store, "d")
+    with pytest.raises(DeviceTensorError):
+        st.save(state, store, "d", allow_device_copy=True)    # meta tensors have no data
+    assert store.checkpoints() == before
+
+
+def test_unpicklable_state_names_the_part(store):
+    with pytest.raises(objects.ObjectSaveError, match=r"obj\['hook'\]"):
+        st.save({"w": torch.zeros(3), "hook": lambda: None}, store, "u")
+    assert store.latest("u") is None
+
+
+# ---- torch.distributed.checkpoint -----------------------------------------------------------------
+def dcp_state(model, opt):
+    return {"model": model.state_dict(), "optim": opt.state_dict(), "extra": {"epoch": 3}}
+
+
+def test_dcp_round_trip_and_incremental_second_save(tmp_path):
+    path = str(tmp_path / "dcp")
+    model, opt = trained(width=512)
+    writer = st.SnapstoreWriter(path)
+    state = dcp_state(model, opt)
+    snap1 = copy.deepcopy(state)
+    dcp.save(state, checkpoint_id="step-1", storage_writer=writer)
+    first = writer.last_info
+    assert first.kind == "full" and first.meta["snapstore.dcp"]["checkpoint_id"] == "step-1"
+    assert "item/model.fc.weight" in first.sizes and st.METADATA_BUFFER in first.sizes
+    # change 1% of the rows of the big layer and of its Adam moments
+    fc = model.fc.weight                                   # (512, 288)
+    moments = opt.state[fc]
+    with torch.no_grad():
+        for t in (fc, moments["exp_avg"], moments["exp_avg_sq"]):
+            t[::100] += 1.0
+    snap2 = copy.deepcopy(state)
+    dcp.save(state, checkpoint_id="step-2", storage_writer=writer)        # same writer again
+    second = writer.last_info
+    total = sum(first.sizes.values())
+    assert second.kind == "incremental" and second.parent == first.id
+    assert second.bytes_new < 0.05 * total, (second.bytes_new, total)
+    for cid, snap in (("step-1", snap1), ("step-2", snap2)):
+        fresh_model, fresh_opt = trained(seed=9, width=512)
+        target = dcp_state(fresh_model, fresh_opt)
+        target["extra"]["epoch"] = 0
+        ptr = fresh_model.fc.weight.data_ptr()
+        dcp.load(target, checkpoint_id=cid, storage_reader=st.SnapstoreReader(path))
+        same(target, snap, cid)
+        assert fresh_model.fc.weight.data_ptr() == ptr
+    with snapstore.open(path, readonly=True) as s:
+        assert s.verify(deep=True)["ok"] and len(s.checkpoints("dcp")) == 2
+
+
+def test_dcp_without_checkpoint_id_and_with_store_objects(tmp_path):
+    path = str(tmp_path / "dcp2")
+    model, opt = trained()
+    writer, reader = st.SnapstoreWriter(path, stream="run"), st.SnapstoreReader(path, "run")
+    state = dcp_state(model, opt)
+    dcp.save(state, checkpoint_id="a", storage_writer=writer)
+    state["extra"]["epoch"] = 4
+    dcp.save(state, storage_writer=writer)                   # no id: the stream's next one
+    assert writer.last_info.meta["snapstore.dcp"]["checkpoint_id"] is None
+    target = dcp_state(*trained(seed=3))
+    dcp.load(target, storage_reader=reader)                  # no id: the newest
+    assert target["extra"]["epoch"] == 4
+    dcp.load(target, checkpoint_id="a", storage_reader=reader)
+    assert target["extra"]["epoch"] == 3
+    same(target["model"], model.state_dict())
+    with pytest.raises(BaseException, match="no DCP checkpoint .nope."):
+        dcp.load(target, checkpoint_id="nope", storage_reader=reader)
+    with snapstore.open(path, durability="none") as s:       # the caller's own Store
+        state["extra"]["epoch"] = 5
+        dcp.save(state, checkpoint_id="b", storage_writer=st.SnapstoreWriter(s, "run"))
+        dcp.load(target, checkpoint_id="b", storage_reader=st.SnapstoreReader(s, "run"))
+        assert target["extra"]["epoch"] == 5 and not s._closed
+        with pytest.raises(objects.NotAnObjectCheckpointError):
+            s.load("run")                                    # DCP checkpoints are not pickles
+
+
+def test_dcp_copies_into_other_layouts(tmp_path):
+    path = str(tmp_path / "dcp3")
+    w = torch.randn(64, 48)
+    dcp.save({"w": w, "b": torch.arange(10)}, checkpoint_id="x",
+             storage_writer=st.SnapstoreWriter(path))
+    target = {"w": torch.zeros(48, 64).t(), "b": torch.zeros(10, dtype=torch.int64)}
+    dcp.load(target, checkpoint_id="x", storage_reader=st.SnapstoreReader(path))
+    assert torch.equal(target["w"], w) and torch.equal(target["b"], torch.arange(10))
+    # a sub-box of a stored chunk reads only the rows it spans
+    with snapstore.open(path, readonly=True) as s:
+        info = s.latest("dcp")
+        loc = st._Location(None, "item/w", (64, 48))
+        box = st._read_box(s, info.id, loc, torch.float32, (10, 5), (7, 20))
+        assert torch.equal(box, w[10:17, 5:25])
+
+
+def test_dcp_with_a_gloo_process_group_of_one(tmp_path):
+    dist = torch.distributed
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
+                            world_size=1)
+    try:
+        path = str(tmp_path / "pg-store")
+        model, opt = trained()
+        state = dcp_state(model, opt)
+        dcp.save(state, checkpoint_id="s", storage_writer=st.SnapstoreWriter(path))
+        target = dcp_state(*trained(seed=4))
+        dcp.load(target, checkpoint_id="s", storage_reader=st.SnapstoreReader(path))
+        same(target, state)
+    finally:
+        dist.destroy_process_group()
+
+
+RANK_SCRIPT = textwrap.dedent("""
+    import sys, warnings
+    warnings.filterwarnings("ignore")
+    import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+    import snapstore, snapstore.torch as st
+    rank, init, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    torch.manual_seed(0)
+    state = {f"layer{i}": torch.randn(128, 64) for i in range(6)}
+    state["step"] = 5
+    for step in (1, 2):
+        state["layer0"][step] += 1
+        dcp.save(state, checkpoint_id=f"s{step}", storage_writer=st.SnapstoreWriter(path))
+    target = {k: torch.zeros(128, 64) for k in state if k != "step"}
+    target["step"] = 0
+    dcp.load(target, checkpoint_id="s2", storage_reader=st.SnapstoreReader(path))
+    assert target["step"] == 5
+    assert all(torch.equal(target[k], state[k]) for k in state if k != "step"), rank
+    dist.barrier()
+    if rank == 0:
+        with snapstore.open(path, readonly=True) as s:
+            main = s.latest("dcp")
+            parts = main.meta["snapstore.dcp"]["parts"]
+            assert len(parts) == 1 and s.get(parts[0]).stream == "dcp/rank1", main.meta
+            assert len(s.checkpoints("dcp")) == 2 and s.verify()["ok"]
+            print("parts", parts, sorted(s.get(parts[0]).sizes))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow
+def test_dcp_with_two_ranks(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    init, path = f"file://{tmp_path / 'pg2'}", str(tmp_path / "two")
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), init, path], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    assert "parts" in outs[0][0]
