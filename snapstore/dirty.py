@@ -105,7 +105,14 @@ class _Kernel:
         self.regs: List[_Registration] = []
 
     # -- availability
+    def _check_pid(self) -> None:
+        """A fork that bypassed os.register_at_fork (a C-level fork()): the descriptors still
+        refer to the parent's memory; never use them here."""
+        if self.pid != os.getpid():
+            self.after_fork_in_child()
+
     def available(self) -> Tuple[bool, str]:
+        self._check_pid()
         with self.lock:
             if self.status is None:
                 self.status = self._probe()
@@ -171,7 +178,7 @@ class _Kernel:
     # -- registrations
     def register(self, start: int, end: int) -> _Registration:
         """Register and protect [start, end). Raises _Refused with a reason."""
-        ok, why = self.available()
+        ok, why = self.available()             # (also drops a forked parent's descriptors)
         if not ok:
             raise _Refused(why)
         with self.lock:
@@ -179,7 +186,10 @@ class _Kernel:
                 if r.active and r.start < end and start < r.end:
                     raise _Refused("its pages overlap memory already tracked by another "
                                    "detector (overlapping views of one buffer)")
-            problem = _mapping_problem(start, end)
+            try:
+                problem = _mapping_problem(start, end)
+            except OSError as e:
+                problem = f"cannot read /proc/self/maps ({e.strerror})"
             if problem:
                 raise _Refused(problem)
             try:
@@ -207,6 +217,9 @@ class _Kernel:
 
     def scan(self, reg: _Registration) -> List[Tuple[int, int, int]]:
         """Written ranges (start, end, flags) of reg since the last scan; re-protects them."""
+        if reg.pid != os.getpid() or not reg.active:
+            raise NativeSystemError("scan: the registration belongs to another process",
+                                    function="snap_pagemap_scan", code=-4, errno_=errno.EPERM)
         out: List[Tuple[int, int, int]] = []
         cur = reg.start
         while cur < reg.end:

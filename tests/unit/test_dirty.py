@@ -523,6 +523,33 @@ def test_fork_child_cannot_vouch_parent_keeps_tracking(detectors, mode):
 
 
 @needs_uffd
+def test_c_level_fork_without_python_hooks_steals_nothing(detectors):
+    """fork() called from C (no os.register_at_fork hooks): the child notices by its pid and
+    never touches the inherited descriptors, which still refer to the parent's memory."""
+    a = np.zeros(32 * P, np.uint8)
+    d = detectors(a, "uffd")
+    r = Replica(d, a)
+    a[7 * P] = 1                             # not yet scanned when the child starts
+    rfd, wfd = os.pipe()
+    pid = ctypes.PyDLL(None).fork()          # PyDLL: the GIL stays held across the call
+    if pid == 0:
+        code = 1
+        try:
+            ok = d.dirty() is None           # cannot vouch; registers with its own uffd
+            a[9 * P] = 1
+            ok = ok and (9 * 4096, 4096) in d.dirty()
+            code = 0 if ok and d.mode == "uffd" else 1     # re-registered in the child
+        finally:
+            os._exit(code)
+    os.close(rfd)
+    os.close(wfd)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (7 * 4096, 4096) in r.step()      # the parent's written bit is still there
+    r.exact()
+
+
+@needs_uffd
 def test_fork_child_uffd_registers_again(detectors):
     a = np.zeros(16 * P, np.uint8)
     d = detectors(a, "uffd")
