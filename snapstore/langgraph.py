@@ -1,0 +1,820 @@
+"""A LangGraph checkpoint saver on a snapstore store: one stream per (thread, namespace), one
+snapstore checkpoint per LangGraph checkpoint, one buffer per channel value.
+
+    from snapstore.langgraph import SnapstoreSaver
+
+    with SnapstoreSaver.from_path("agent-state") as saver:
+        graph = builder.compile(checkpointer=saver)
+        graph.invoke(inputs, {"configurable": {"thread_id": "t1"}})
+
+How LangGraph data maps onto streams, checkpoints and buffers (docs/integrations.md has more):
+
+* stream ``lg/<thread>/<ns>`` holds the thread's checkpoints of one namespace, in put order;
+  stream ``lw/<thread>/<ns>`` holds its pending writes, one snapstore checkpoint per
+  ``put_writes`` call. ``<thread>`` and ``<ns>`` are a readable prefix of the id plus a hash
+  of it (ids may be any string); the real ids are in each checkpoint's meta.
+* a LangGraph checkpoint is one snapstore checkpoint. Its meta (JSON) holds the checkpoint
+  without its values and the metadata (both through the saver's serde), the parent id and a
+  table channel -> (version, encoding, buffer). Every channel value of the checkpoint is one
+  buffer named after the channel, so each snapstore checkpoint is self-contained (deleting
+  others never breaks it) while a value that did not change is not stored again: its bytes
+  page-diff to nothing against the stream's previous checkpoint (and are deduplicated by
+  content against anything older). Unchanged values are taken from an in-memory cache of
+  the serialized bytes (or read back from the store), never serialized again.
+* values are serialized with ``self.serde``, except ``bytes``, ``bytearray`` and plain NumPy
+  arrays when the serde is LangGraph's JsonPlusSerializer: those go into their buffer raw
+  (zero-copy), so an array of which 1% changed stores about 1% of its pages. Serialized
+  values and bytes are zero-padded to a power-of-two buffer size, so a value that grows (a
+  message list) keeps its buffer size and stores only the pages that changed. Serialized
+  values of at most INLINE_MAX bytes are kept in the meta instead of a buffer.
+* reading the "latest" checkpoint means the greatest checkpoint id, as LangGraph's savers do;
+  a re-put of an existing checkpoint id replaces it.
+
+The sync methods do the work; the async ones run them in a worker thread
+(``asyncio.to_thread``), so disk I/O never blocks the event loop. All savers on one Store share
+one lock and one cache, so any number of them (and of threads) may use a store at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import os
+import random
+import re
+import sys
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+try:
+    from langgraph.checkpoint.base import (WRITES_IDX_MAP, BaseCheckpointSaver, ChannelVersions,
+                                           Checkpoint, CheckpointMetadata, CheckpointTuple,
+                                           get_checkpoint_metadata)
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("snapstore.langgraph needs LangGraph's checkpoint package: "
+                      "pip install 'snapstore[langgraph]'") from exc
+
+from . import open as open_store
+from .errors import CheckpointNotFound, InvalidArgumentError, StoreClosedError
+from .store import Store
+
+__all__ = ["SnapstoreSaver", "INLINE_MAX", "DEFAULT_CACHE_BYTES"]
+
+INLINE_MAX = 64                      # serialized values up to this many bytes live in the meta
+DEFAULT_CACHE_BYTES = 256 << 20      # serialized bytes of current channel values kept per store
+_NAME_MAX = 200                      # longest channel name used verbatim in a buffer name
+_MIN_CAPACITY = 4096                 # smallest padded buffer (one page)
+_SAFE = re.compile(r"[^A-Za-z0-9_.:@+=-]")
+_DONE = object()
+
+
+def _writes_sort_key(task_path: str, task_id: str, idx: int) -> tuple:
+    # The order live execution applies a super-step's writes in (LangGraph's writes_sort_key).
+    return (task_path, task_id, idx)
+
+
+# ---- names ----------------------------------------------------------------------------------
+def _key(value: str) -> str:
+    """A stream-name component for any string: readable prefix + hash (no '/', bounded)."""
+    raw = value.encode("utf-8", "surrogatepass")
+    return f"{_SAFE.sub('_', value[:40])}~{hashlib.blake2b(raw, digest_size=10).hexdigest()}"
+
+
+def _streams(thread_id: str, ns: str) -> tuple[str, str]:
+    """(checkpoint stream, writes stream) of one thread and namespace."""
+    tail = f"{_key(thread_id)}/{_key(ns)}"
+    return f"lg/{tail}", f"lw/{tail}"
+
+
+def _buffer_name(prefix: str, channel: str) -> str:
+    try:
+        raw = channel.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = b""
+    if 0 < len(raw) <= _NAME_MAX and b"\0" not in raw:
+        return prefix + ":" + channel
+    digest = hashlib.blake2b(channel.encode("utf-8", "surrogatepass"), digest_size=16)
+    return prefix + "#" + digest.hexdigest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"))
+
+
+def _config_ids(config: Any, *, need_id: bool = False) -> tuple[str, str, str | None]:
+    """(thread_id, checkpoint_ns, checkpoint_id) of a config, type-checked."""
+    if not isinstance(config, Mapping) or not isinstance(config.get("configurable"), Mapping):
+        raise TypeError("config must be a dict with a 'configurable' dict")
+    conf = config["configurable"]
+    if "thread_id" not in conf:
+        raise ValueError("config['configurable'] needs a 'thread_id'")
+    thread_id = conf["thread_id"]
+    _check_thread_id(thread_id)
+    ns = conf.get("checkpoint_ns", "") or ""
+    if not isinstance(ns, str):
+        raise TypeError(f"checkpoint_ns must be a str, got {type(ns).__name__}")
+    checkpoint_id = conf.get("checkpoint_id") or None
+    if checkpoint_id is not None and not isinstance(checkpoint_id, str):
+        raise TypeError(f"checkpoint_id must be a str, got {type(checkpoint_id).__name__}")
+    if need_id and checkpoint_id is None:
+        raise ValueError("config['configurable'] needs a 'checkpoint_id' (the checkpoint the "
+                         "writes belong to)")
+    return thread_id, ns, checkpoint_id
+
+
+def _check_thread_id(thread_id: Any) -> str:
+    if not isinstance(thread_id, str):
+        raise TypeError(f"thread_id must be a str, got {type(thread_id).__name__}")
+    return thread_id
+
+
+def _is_open(store: Store) -> bool:
+    try:
+        store.latest("lg")
+    except StoreClosedError:
+        return False
+    return True
+
+
+# ---- what the saver remembers of a store ----------------------------------------------------
+@dataclass
+class _Record:
+    """One stored LangGraph checkpoint: its snapstore id and meta."""
+    sid: int
+    meta: dict
+    _metadata: Any = None
+
+    @property
+    def cid(self) -> str:
+        return self.meta["id"]
+
+
+@dataclass
+class _StreamIndex:
+    """The checkpoints of one lg/ stream, by LangGraph id, and where each (channel, version)
+    is stored. Valid while the stream's head is `token`."""
+    token: int | None
+    records: dict = field(default_factory=dict)   # checkpoint id -> newest _Record
+    stale: dict = field(default_factory=dict)     # checkpoint id -> [older sids]
+    blobs: dict = field(default_factory=dict)     # (channel, version) -> (sid, entry)
+
+    def add(self, sid: int, meta: dict) -> None:
+        cid = meta["id"]
+        old = self.records.get(cid)
+        if old is not None:
+            self.stale.setdefault(cid, []).append(old.sid)
+        self.records[cid] = _Record(sid, meta)
+        for table in ("ch", "x"):
+            for channel, entry in meta.get(table, {}).items():
+                self.blobs[(channel, entry["v"])] = (sid, entry)
+
+    def latest(self) -> _Record | None:
+        return self.records[max(self.records)] if self.records else None
+
+
+@dataclass
+class _WritesIndex:
+    """The put_writes records of one lw/ stream, by checkpoint id (oldest first)."""
+    token: int | None
+    by_checkpoint: dict = field(default_factory=dict)   # checkpoint id -> [(sid, meta)]
+
+    def add(self, sid: int, meta: dict) -> None:
+        self.by_checkpoint.setdefault(meta["id"], []).append((sid, meta))
+
+    def keys(self, checkpoint_id: str) -> set:
+        return {(m["task"], w[0]) for _, m in self.by_checkpoint.get(checkpoint_id, ())
+                for w in m["w"]}
+
+
+class _Shared:
+    """State all savers of one Store share: the lock, stream indexes and the value cache."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.indexes: dict[str, Any] = {}
+        self.values: OrderedDict = OrderedDict()   # (stream, channel) -> (version, entry, bytes)
+        self.cached_bytes = 0
+        self.cache_limit = DEFAULT_CACHE_BYTES
+
+    def cache_put(self, stream: str, channel: str, version: Any, entry: dict,
+                  payload: bytes | None) -> None:
+        key = (stream, channel)
+        old = self.values.pop(key, None)
+        if old is not None:
+            self.cached_bytes -= len(old[2] or b"")
+        size = len(payload or b"")
+        if size > self.cache_limit:
+            return
+        self.values[key] = (version, entry, payload)
+        self.cached_bytes += size
+        while self.cached_bytes > self.cache_limit:
+            _, evicted = self.values.popitem(last=False)
+            self.cached_bytes -= len(evicted[2] or b"")
+
+    def cache_get(self, stream: str, channel: str, version: Any):
+        hit = self.values.get((stream, channel))
+        if hit is None or hit[0] != version or type(hit[0]) is not type(version):
+            return None
+        self.values.move_to_end((stream, channel))
+        return hit[1], hit[2]
+
+    def forget(self, stream: str) -> None:
+        """Drops what is known of a stream (after deletions)."""
+        self.indexes.pop(stream, None)
+        for key in [k for k in self.values if k[0] == stream]:
+            self.cached_bytes -= len(self.values.pop(key)[2] or b"")
+
+
+_SHARED: "weakref.WeakKeyDictionary[Store, _Shared]" = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_for(store: Store) -> _Shared:
+    with _SHARED_LOCK:
+        state = _SHARED.get(store)
+        if state is None:
+            state = _SHARED[store] = _Shared()
+        return state
+
+
+# ---- stores opened by path, shared within the process ---------------------------------------
+_OPEN: dict[str, list] = {}            # real path -> [Store, reference count, open options]
+_OPEN_LOCK = threading.Lock()
+
+
+def _acquire(path: str, options: dict) -> Store:
+    """The process's Store for a path, opened on first use (snapstore allows one writer Store
+    per store directory; every saver of the path shares it)."""
+    key = os.path.realpath(os.fspath(path))
+    with _OPEN_LOCK:
+        entry = _OPEN.get(key)
+        if entry is not None and not _is_open(entry[0]):
+            del _OPEN[key]
+            entry = None
+        if entry is None:
+            store = open_store(path, **options)
+            _OPEN[key] = [store, 1, dict(options)]
+            return store
+        store, _, first = entry
+        wanted = dict(options)
+        if wanted.get("readonly") and not first.get("readonly"):
+            wanted.pop("readonly")          # a writer serves readers too
+        if {k: v for k, v in wanted.items() if first.get(k, v) != v}:
+            raise InvalidArgumentError(
+                f"{path} is already open in this process with options {first}; a saver opened "
+                f"by path shares that store, so it cannot use {options}")
+        entry[1] += 1
+        return store
+
+
+def _release(store: Store) -> None:
+    with _OPEN_LOCK:
+        for key, entry in list(_OPEN.items()):
+            if entry[0] is store:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del _OPEN[key]
+                    store.close()
+                return
+
+
+class _SaverContext:
+    """What SnapstoreSaver.from_path returns: a sync and async context manager."""
+
+    def __init__(self, cls: type, path: Any, serde: Any, cache_bytes: int | None,
+                 options: dict) -> None:
+        self._args = (cls, path, serde, cache_bytes, options)
+        self._saver: SnapstoreSaver | None = None
+
+    def __enter__(self) -> "SnapstoreSaver":
+        cls, path, serde, cache_bytes, options = self._args
+        store = _acquire(path, options)
+        try:
+            self._saver = cls(store, serde=serde, cache_bytes=cache_bytes)
+        except BaseException:
+            _release(store)
+            raise
+        return self._saver
+
+    def __exit__(self, *exc: Any) -> None:
+        saver, self._saver = self._saver, None
+        if saver is not None:
+            _release(saver.store)
+
+    async def __aenter__(self) -> "SnapstoreSaver":
+        return await asyncio.to_thread(self.__enter__)
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await asyncio.to_thread(self.__exit__, *exc)
+
+
+# ---- the saver ------------------------------------------------------------------------------
+class SnapstoreSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer storing into a snapstore store (sync and async interface).
+
+    Args:
+        store: an open snapstore Store (the saver does not close it). Read-only stores serve
+            the read methods; writes raise ReadOnlyError.
+        serde: LangGraph serializer for values, checkpoints and metadata (default:
+            JsonPlusSerializer). bytes/bytearray/NumPy values bypass it (stored raw) only when
+            it is a JsonPlusSerializer, so an encrypting serde always sees every value.
+        cache_bytes: budget of the per-store cache of serialized channel values used to store
+            unchanged channels without serializing them again (default 256 MiB, shared by
+            all savers of the store; the latest value given wins).
+    Raises: TypeError if store is not a Store, StoreClosedError if it is closed.
+    """
+
+    def __init__(self, store: Store, *, serde: Any = None,
+                 cache_bytes: int | None = None) -> None:
+        if not isinstance(store, Store):
+            raise TypeError(f"store must be a snapstore Store, got {type(store).__name__}")
+        if not _is_open(store):
+            raise StoreClosedError(f"store {store.path} is closed")
+        if cache_bytes is not None and (isinstance(cache_bytes, bool)
+                                        or not isinstance(cache_bytes, int) or cache_bytes < 0):
+            raise InvalidArgumentError(f"cache_bytes must be an int >= 0, got {cache_bytes!r}")
+        super().__init__(serde=serde)
+        self.store = store
+        self._shared = _shared_for(store)
+        if cache_bytes is not None:
+            self._shared.cache_limit = cache_bytes
+        self._raw_ok = isinstance(self.serde, JsonPlusSerializer)
+
+    @classmethod
+    def from_path(cls, path: Any, *, serde: Any = None, cache_bytes: int | None = None,
+                  **open_options: Any) -> _SaverContext:
+        """Context manager (``with`` or ``async with``) opening the store at path (created if
+        needed; open_options go to snapstore.open) and closing it on exit. Savers opened on
+        the same path in one process share one Store, closed when the last one exits, so
+        each sees everything the others wrote."""
+        return _SaverContext(cls, path, serde, cache_bytes, open_options)
+
+    def __repr__(self) -> str:
+        return f"<SnapstoreSaver {self.store.path!r}>"
+
+    # ---- values -----------------------------------------------------------------------------
+    def _encode(self, value: Any) -> tuple[dict, Any]:
+        """(entry, payload): payload is a bytes-like for the value's buffer, or None when the
+        value lives in the entry. Raw for bytes/bytearray/NumPy, else the serde."""
+        if self._raw_ok:
+            kind = type(value)
+            if (kind is bytes or kind is bytearray) and len(value) > INLINE_MAX:
+                return {"k": "y", "t": kind.__name__, "n": len(value)}, value
+            np = sys.modules.get("numpy")
+            if np is not None and kind is np.ndarray and value.dtype.fields is None \
+                    and not value.dtype.hasobject and value.dtype.itemsize > 0:
+                order = "F" if value.flags.f_contiguous and not value.flags.c_contiguous else "C"
+                flat = value.T if order == "F" else np.ascontiguousarray(value)
+                return ({"k": "n", "dt": value.dtype.str, "sh": list(value.shape), "o": order},
+                        flat.reshape(-1).view(np.uint8))
+        typ, data = self.serde.dumps_typed(value)
+        if len(data) <= INLINE_MAX:
+            return {"k": "i", "t": typ, "d": _b64(data)}, None
+        return {"k": "s", "t": typ, "n": len(data)}, data
+
+    @staticmethod
+    def _padded(entry: dict, payload: Any) -> Any:
+        """The buffer for a payload: serialized values and bytes are zero-padded to a power of
+        two (at least a page), so a value that grows keeps its buffer size and page-diffs
+        against its previous version instead of being stored whole again; arrays as they are.
+        The padding is zeros (compressed to nothing) and never read back."""
+        if entry["k"] == "n":
+            return payload
+        n = entry["n"]
+        capacity = max(_MIN_CAPACITY, 1 << (n - 1).bit_length())
+        if capacity == n:
+            return payload
+        buf = bytearray(capacity)
+        buf[:n] = payload
+        return buf
+
+    def _read_values(self, sid: int, entries: Mapping[Any, dict]) -> dict:
+        """{key: value} of the entries (of checkpoint sid) that hold a value."""
+        out: dict = {}
+        targets: dict = {}
+        for key, entry in entries.items():
+            k = entry["k"]
+            if k == "e":
+                continue
+            if k == "i":
+                out[key] = self.serde.loads_typed((entry["t"], _unb64(entry["d"])))
+            elif k == "s":
+                data = self.store.read(sid, entry["b"], 0, entry["n"])
+                out[key] = self.serde.loads_typed((entry["t"], data))
+            elif k == "y":
+                data = self.store.read(sid, entry["b"], 0, entry["n"])
+                out[key] = data if entry["t"] == "bytes" else bytearray(data)
+            else:
+                import numpy as np
+                arr = np.empty(entry["sh"], dtype=np.dtype(entry["dt"]), order=entry["o"])
+                flat = arr.T if entry["o"] == "F" else arr
+                targets[entry["b"]] = flat.reshape(-1).view(np.uint8)
+                out[key] = arr
+        if targets:
+            self.store.restore_into(sid, targets)
+        return out
+
+    # ---- indexes ----------------------------------------------------------------------------
+    def _head_token(self, stream: str) -> int | None:
+        head = self.store.latest(stream)
+        return head.id if head is not None else None
+
+    def _index(self, stream: str) -> _StreamIndex:
+        token = self._head_token(stream)
+        idx = self._shared.indexes.get(stream)
+        if idx is None or idx.token != token:
+            idx = _StreamIndex(token)
+            for info in self.store.checkpoints(stream):
+                if isinstance(info.meta, dict) and "id" in info.meta:
+                    idx.add(info.id, info.meta)
+            self._shared.indexes[stream] = idx
+        return idx
+
+    def _writes_index(self, stream: str) -> _WritesIndex:
+        token = self._head_token(stream)
+        idx = self._shared.indexes.get(stream)
+        if idx is None or idx.token != token:
+            idx = _WritesIndex(token)
+            for info in self.store.checkpoints(stream):
+                if isinstance(info.meta, dict) and "id" in info.meta:
+                    idx.add(info.id, info.meta)
+            self._shared.indexes[stream] = idx
+        return idx
+
+    def _thread_streams(self, thread_id: str | None) -> list[str]:
+        """The lg/ and lw/ streams of a thread (of every thread for None)."""
+        names = self.store.streams()
+        if thread_id is None:
+            return [s for s in names if s.startswith(("lg/", "lw/"))]
+        tail = _key(thread_id) + "/"
+        return [s for s in names if s.startswith(("lg/" + tail, "lw/" + tail))]
+
+    # ---- reading ----------------------------------------------------------------------------
+    def _metadata(self, rec: _Record) -> Any:
+        if rec._metadata is None:
+            typ, data = rec.meta["md"]
+            rec._metadata = self.serde.loads_typed((typ, _unb64(data)))
+        return rec._metadata
+
+    def _pending_writes(self, thread_id: str, ns: str, checkpoint_id: str) -> list:
+        widx = self._writes_index(_streams(thread_id, ns)[1])
+        chosen: dict = {}
+        for sid, meta in widx.by_checkpoint.get(checkpoint_id, ()):
+            values = self._read_values(sid, {i: w[2] for i, w in enumerate(meta["w"])})
+            for i, (idx, channel, _) in enumerate(meta["w"]):
+                key = (meta["task"], idx)
+                if idx >= 0 and key in chosen:
+                    continue             # a repeated (task, idx) write is ignored
+                chosen[key] = (meta["path"], meta["task"], idx, channel, values.get(i))
+        ordered = sorted(chosen.values(), key=lambda w: _writes_sort_key(w[0], w[1], w[2]))
+        return [(task, channel, value) for _, task, _, channel, value in ordered]
+
+    def _tuple(self, rec: _Record, config: Any = None) -> CheckpointTuple:
+        meta = rec.meta
+        thread_id, ns = meta["t"], meta["ns"]
+        typ, data = meta["ck"]
+        checkpoint = self.serde.loads_typed((typ, _unb64(data)))
+        checkpoint["channel_values"] = self._read_values(rec.sid, meta["ch"])
+        parent = meta.get("p")
+        return CheckpointTuple(
+            config=config or {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
+                                               "checkpoint_id": rec.cid}},
+            checkpoint=checkpoint,
+            metadata=self._metadata(rec),
+            parent_config=({"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
+                                             "checkpoint_id": parent}} if parent else None),
+            pending_writes=self._pending_writes(thread_id, ns, rec.cid),
+        )
+
+    def get_tuple(self, config: Any) -> CheckpointTuple | None:
+        """The checkpoint of config's checkpoint_id, or the thread's latest (greatest id) in
+        its namespace; None if there is none."""
+        thread_id, ns, checkpoint_id = _config_ids(config)
+        with self._shared.lock:
+            idx = self._index(_streams(thread_id, ns)[0])
+            rec = idx.records.get(checkpoint_id) if checkpoint_id else idx.latest()
+            if rec is None or rec.meta["t"] != thread_id or rec.meta["ns"] != ns:
+                return None
+            return self._tuple(rec, config if checkpoint_id else None)
+
+    def list(self, config: Any, *, filter: dict[str, Any] | None = None,
+             before: Any = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first (by checkpoint id) of config's thread (all threads for
+        None), of its checkpoint_ns if given, matching every filter key of the metadata, older
+        than before's checkpoint_id, at most limit of them."""
+        thread_id = ns = checkpoint_id = None
+        if config is not None:
+            thread_id, _, checkpoint_id = _config_ids(config)
+            ns = config["configurable"].get("checkpoint_ns")
+        before_id = _config_ids(before)[2] if before is not None else None
+        if filter is not None and not isinstance(filter, Mapping):
+            raise TypeError("filter must be a dict of metadata key -> value")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise TypeError("limit must be an int or None")
+        return self._list(thread_id, ns, checkpoint_id, filter or {}, before_id, limit)
+
+    def _list(self, thread_id, ns, checkpoint_id, filter, before_id, limit):
+        with self._shared.lock:
+            if thread_id is not None and ns is not None:
+                streams = [_streams(thread_id, ns)[0]]
+            else:
+                streams = [s for s in self._thread_streams(thread_id) if s.startswith("lg/")]
+            found = []
+            for stream in streams:
+                for rec in self._index(stream).records.values():
+                    if thread_id is not None and rec.meta["t"] != thread_id:
+                        continue
+                    if ns is not None and rec.meta["ns"] != ns:
+                        continue
+                    if checkpoint_id and rec.cid != checkpoint_id:
+                        continue
+                    if before_id and rec.cid >= before_id:
+                        continue
+                    found.append(rec)
+        found.sort(key=lambda r: r.cid, reverse=True)
+        count = 0
+        for rec in found:
+            if limit is not None and count >= limit:
+                return
+            with self._shared.lock:
+                if filter:
+                    metadata = self._metadata(rec)
+                    if not all(metadata.get(k) == v for k, v in filter.items()):
+                        continue
+                try:
+                    item = self._tuple(rec)
+                except CheckpointNotFound:
+                    continue         # deleted meanwhile
+            count += 1
+            yield item
+
+    # ---- writing ----------------------------------------------------------------------------
+    def _stored_value(self, stream: str, idx: _StreamIndex, channel: str,
+                      version: Any) -> tuple[dict, Any] | None:
+        """(entry, payload) of a channel version stored earlier in the stream, or None."""
+        hit = self._shared.cache_get(stream, channel, version)
+        if hit is not None:
+            return hit
+        where = idx.blobs.get((channel, version))
+        if where is None:
+            return None
+        sid, entry = where
+        entry = {k: v for k, v in entry.items() if k not in ("b", "v")}
+        if entry["k"] in ("i", "e"):
+            return entry, None
+        if entry["k"] == "n":
+            return entry, self.store.read(sid, where[1]["b"])
+        return entry, self.store.read(sid, where[1]["b"], 0, entry["n"])
+
+    def put(self, config: Any, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> dict:
+        """Stores a checkpoint as one snapstore checkpoint of its thread's stream; values of
+        channels not in new_versions come from the versions stored before (as LangGraph's
+        savers do) and cost no new bytes."""
+        thread_id, ns, parent = _config_ids(config)
+        if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("id"), str):
+            raise TypeError("checkpoint must be a Checkpoint dict with a str 'id'")
+        if not isinstance(new_versions, Mapping):
+            raise TypeError("new_versions must be a dict of channel -> version")
+        values = checkpoint.get("channel_values") or {}
+        versions = checkpoint.get("channel_versions") or {}
+        skeleton = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        merged = get_checkpoint_metadata(config, metadata)
+        ck = self.serde.dumps_typed(skeleton)
+        md = self.serde.dumps_typed(merged)
+        stream = _streams(thread_id, ns)[0]
+        with self._shared.lock:
+            idx = self._index(stream)
+            buffers: dict = {}
+            tables: dict = {"ch": {}, "x": {}}
+            cached = []
+            for table, channel, version in (
+                    [("ch", c, v) for c, v in versions.items()]
+                    + [("x", c, v) for c, v in new_versions.items() if versions.get(c) != v]):
+                if table == "x" or (channel in new_versions
+                                    and new_versions[channel] == version):
+                    if channel in values:
+                        entry, payload = self._encode(values[channel])
+                    else:
+                        entry, payload = {"k": "e"}, None
+                else:
+                    found = self._stored_value(stream, idx, channel, version)
+                    if found is None:
+                        continue
+                    entry, payload = found
+                entry = dict(entry, v=version)
+                if payload is not None:
+                    entry["b"] = _buffer_name("c" if table == "ch" else "x", channel)
+                    buffers[entry["b"]] = self._padded(entry, payload)
+                tables[table][channel] = entry
+                if table == "ch":
+                    cached.append((channel, version, entry, payload))
+            meta = {"t": thread_id, "ns": ns, "id": checkpoint["id"], "p": parent,
+                    "ck": [ck[0], _b64(ck[1])], "md": [md[0], _b64(md[1])],
+                    "ch": tables["ch"]}
+            if tables["x"]:
+                meta["x"] = tables["x"]
+            run_id = merged.get("run_id") if isinstance(merged, Mapping) else None
+            if isinstance(run_id, (str, int)) and not isinstance(run_id, bool):
+                meta["run"] = run_id
+            info = self.store.checkpoint(buffers, stream=stream, meta=meta)
+            idx.add(info.id, info.meta)
+            idx.token = info.id
+            for channel, version, entry, payload in cached:
+                entry = {k: v for k, v in entry.items() if k not in ("b", "v")}
+                if payload is not None and not isinstance(payload, bytes):
+                    payload = bytes(payload)          # the caller may mutate it in place
+                self._shared.cache_put(stream, channel, version, entry, payload)
+            stale = idx.stale.pop(checkpoint["id"], [])
+            if stale:                                 # a re-put replaces the earlier one
+                self._delete_sids(stream, stale)
+        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
+                                 "checkpoint_id": checkpoint["id"]}}
+
+    def put_writes(self, config: Any, writes: Sequence[tuple[str, Any]], task_id: str,
+                   task_path: str = "") -> None:
+        """Stores a task's pending writes for config's checkpoint (one snapstore checkpoint
+        of the thread's writes stream). A (task_id, index) stored before is ignored, except
+        for the special channels (error, interrupt, ...), whose latest write wins."""
+        thread_id, ns, checkpoint_id = _config_ids(config, need_id=True)
+        if not isinstance(task_id, str):
+            raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
+        if not isinstance(task_path, str):
+            raise TypeError(f"task_path must be a str, got {type(task_path).__name__}")
+        items = []
+        for i, write in enumerate(writes):
+            channel, value = write
+            if not isinstance(channel, str):
+                raise TypeError(f"write channel must be a str, got {type(channel).__name__}")
+            items.append((WRITES_IDX_MAP.get(channel, i), channel, value))
+        stream = _streams(thread_id, ns)[1]
+        with self._shared.lock:
+            widx = self._writes_index(stream)
+            seen = widx.keys(checkpoint_id)
+            buffers: dict = {}
+            table = []
+            for idx, channel, value in items:
+                if idx >= 0 and (task_id, idx) in seen:
+                    continue
+                entry, payload = self._encode(value)
+                if payload is not None:
+                    entry["b"] = f"w{len(table)}"
+                    buffers[entry["b"]] = self._padded(entry, payload)
+                table.append([idx, channel, entry])
+            if not table:
+                return
+            meta = {"t": thread_id, "ns": ns, "id": checkpoint_id, "task": task_id,
+                    "path": task_path, "w": table}
+            info = self.store.checkpoint(buffers, stream=stream, meta=meta)
+            widx.add(info.id, info.meta)
+            widx.token = info.id
+
+    # ---- deleting and copying ---------------------------------------------------------------
+    def _delete_sids(self, stream: str, sids: Sequence[int]) -> None:
+        try:
+            for sid in sorted(set(sids), reverse=True):
+                try:
+                    self.store.delete(sid)
+                except CheckpointNotFound:
+                    pass
+        finally:
+            self._shared.forget(stream)
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Deletes every checkpoint and write of the thread, in every namespace."""
+        _check_thread_id(thread_id)
+        with self._shared.lock:
+            for stream in self._thread_streams(thread_id):
+                ids = [c.id for c in self.store.checkpoints(stream)
+                       if isinstance(c.meta, dict) and c.meta.get("t") == thread_id]
+                if ids:
+                    self._delete_sids(stream, ids)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Deletes the checkpoints whose metadata run_id is one of run_ids, with their
+        pending writes, in every thread and namespace."""
+        if isinstance(run_ids, (str, bytes)):
+            raise TypeError("run_ids must be a sequence of run ids, not one string")
+        wanted = set(run_ids)
+        if not wanted:
+            return
+        with self._shared.lock:
+            for stream in [s for s in self.store.streams() if s.startswith("lg/")]:
+                idx = self._index(stream)
+                doomed = [r for r in idx.records.values() if r.meta.get("run") in wanted]
+                if not doomed:
+                    continue
+                cids = {r.cid for r in doomed}
+                sids = [r.sid for r in doomed]
+                sids += [s for cid in cids for s in idx.stale.get(cid, ())]
+                wstream = "lw/" + stream[3:]
+                widx = self._writes_index(wstream)
+                wsids = [sid for cid in cids for sid, _ in widx.by_checkpoint.get(cid, ())]
+                self._delete_sids(stream, sids)
+                if wsids:
+                    self._delete_sids(wstream, wsids)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copies every checkpoint and write of a thread (all namespaces, same checkpoint
+        ids) to another thread. Stores only manifests: the bytes are already there."""
+        _check_thread_id(source_thread_id)
+        _check_thread_id(target_thread_id)
+        if source_thread_id == target_thread_id:
+            return
+        with self._shared.lock:
+            for stream in self._thread_streams(source_thread_id):
+                for info in self.store.checkpoints(stream):
+                    meta = info.meta
+                    if not isinstance(meta, dict) or meta.get("t") != source_thread_id:
+                        continue
+                    pair = _streams(target_thread_id, meta["ns"])
+                    target = pair[0] if stream.startswith("lg/") else pair[1]
+                    buffers = self.store.restore(info.id)
+                    self.store.checkpoint(buffers, stream=target,
+                                          meta=dict(meta, t=target_thread_id))
+                    self._shared.indexes.pop(target, None)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """strategy "keep_latest" keeps each namespace's latest checkpoint (and its writes);
+        "delete" deletes the threads."""
+        if isinstance(thread_ids, (str, bytes)):
+            raise TypeError("thread_ids must be a sequence of thread ids, not one string")
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"strategy must be 'keep_latest' or 'delete', got {strategy!r}")
+        thread_ids = [_check_thread_id(t) for t in thread_ids]
+        with self._shared.lock:
+            for thread_id in thread_ids:
+                if strategy == "delete":
+                    self.delete_thread(thread_id)
+                    continue
+                for stream in self._thread_streams(thread_id):
+                    if not stream.startswith("lg/"):
+                        continue
+                    idx = self._index(stream)
+                    keep = idx.latest()
+                    if keep is None:
+                        continue
+                    sids = [r.sid for r in idx.records.values() if r is not keep]
+                    sids += [s for old in idx.stale.values() for s in old]
+                    wstream = "lw/" + stream[3:]
+                    widx = self._writes_index(wstream)
+                    wsids = [sid for cid, recs in widx.by_checkpoint.items()
+                             if cid != keep.cid for sid, _ in recs]
+                    if sids:
+                        self._delete_sids(stream, sids)
+                    if wsids:
+                        self._delete_sids(wstream, wsids)
+
+    def get_next_version(self, current: Any, channel: Any = None) -> str:
+        """Zero-padded counter plus a random suffix, so two branches of a fork never give a
+        channel the same version for different values."""
+        if current is None:
+            n = 0
+        elif isinstance(current, int):
+            n = current
+        else:
+            n = int(str(current).split(".", 1)[0])
+        return f"{n + 1:032d}.{random.getrandbits(52):016d}"
+
+    # ---- async twins: the same work in a worker thread --------------------------------------
+    async def aget_tuple(self, config: Any) -> CheckpointTuple | None:
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    async def alist(self, config: Any, *, filter: dict[str, Any] | None = None,
+                    before: Any = None, limit: int | None = None
+                    ) -> AsyncIterator[CheckpointTuple]:
+        it = self.list(config, filter=filter, before=before, limit=limit)
+        while True:
+            item = await asyncio.to_thread(next, it, _DONE)
+            if item is _DONE:
+                return
+            yield item
+
+    async def aput(self, config: Any, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                   new_versions: ChannelVersions) -> dict:
+        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(self, config: Any, writes: Sequence[tuple[str, Any]], task_id: str,
+                          task_path: str = "") -> None:
+        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)

@@ -1,0 +1,587 @@
+"""SnapstoreSaver through its sync methods, with real LangGraph graphs, and its storage
+properties: unchanged channels cost no bytes, raw NumPy/bytes buffers, shared stores, bad input.
+"""
+import asyncio
+import operator
+import os
+import threading
+import time
+import uuid
+from typing import Annotated, TypedDict
+
+import numpy as np
+import pytest
+
+pytest.importorskip("langgraph.checkpoint.base", reason="langgraph-checkpoint is not installed")
+
+from langgraph.checkpoint.base import CheckpointTuple  # noqa: E402
+from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
+from langgraph.checkpoint.serde.types import ERROR, INTERRUPT  # noqa: E402
+
+import snapstore  # noqa: E402
+from snapstore.errors import (InvalidArgumentError, ReadOnlyError, StoreClosedError,  # noqa: E402
+                              StoreLocked)
+from snapstore.langgraph import SnapstoreSaver  # noqa: E402
+
+
+@pytest.fixture
+def saver(store):
+    return SnapstoreSaver(store)
+
+
+def cfg(thread="t", ns="", checkpoint_id=None):
+    c = {"configurable": {"thread_id": thread, "checkpoint_ns": ns}}
+    if checkpoint_id is not None:
+        c["configurable"]["checkpoint_id"] = checkpoint_id
+    return c
+
+
+class Thread:
+    """Drives a saver the way LangGraph's loop does: versions from get_next_version, every
+    channel value in channel_values, new_versions for the changed ones, parent links."""
+
+    def __init__(self, saver, thread="t", ns=""):
+        self.saver, self.config = saver, cfg(thread, ns)
+        self.versions = {}
+        self.step = 0
+
+    def put(self, values, changed=None, **metadata):
+        changed = list(values) if changed is None else changed
+        new = {ch: self.saver.get_next_version(self.versions.get(ch), None) for ch in changed}
+        self.versions.update(new)
+        cp = {"v": 4, "id": str(uuid.uuid7()) if hasattr(uuid, "uuid7") else _uuid6(),
+              "ts": "2024-01-01T00:00:00+00:00", "channel_values": dict(values),
+              "channel_versions": dict(self.versions), "versions_seen": {"n": dict(self.versions)},
+              "updated_channels": sorted(new)}
+        md = {"source": "loop", "step": self.step, "parents": {}, **metadata}
+        self.step += 1
+        self.config = self.saver.put(self.config, cp, md, new)
+        return self.config
+
+
+def _uuid6():
+    from langgraph.checkpoint.base.id import uuid6
+    return str(uuid6())
+
+
+def stream_bytes(store):
+    return store.stats()["segment_bytes"]
+
+
+# ---- the conformance suite's behaviour, through the sync methods --------------------------
+class SyncDriven:
+    """Presents the saver's SYNC methods under the async names the conformance specs call."""
+
+    def __init__(self, saver):
+        self.s = saver
+
+    async def aput(self, *a):
+        return self.s.put(*a)
+
+    async def aput_writes(self, *a, **k):
+        return self.s.put_writes(*a, **k)
+
+    async def aget_tuple(self, c):
+        return self.s.get_tuple(c)
+
+    async def alist(self, c, **k):
+        for item in self.s.list(c, **k):
+            yield item
+
+    async def adelete_thread(self, t):
+        return self.s.delete_thread(t)
+
+    async def adelete_for_runs(self, r):
+        return self.s.delete_for_runs(r)
+
+    async def acopy_thread(self, a, b):
+        return self.s.copy_thread(a, b)
+
+    async def aprune(self, t, **k):
+        return self.s.prune(t, **k)
+
+
+def test_conformance_specs_through_sync_methods(saver):
+    import importlib
+    v = importlib.import_module("langgraph.checkpoint.conformance.validate")
+    runners = [getattr(v, n) for n in dir(v) if n.startswith("run_") and n.endswith("_tests")]
+    assert len(runners) == 8
+    total = 0
+    for runner in runners:
+        passed, failed, failures = asyncio.run(runner(SyncDriven(saver)))
+        assert failed == 0, failures
+        total += passed
+    assert total == 81
+
+
+# ---- sync API, explicitly -------------------------------------------------------------------
+def test_put_get_list_and_parents(saver):
+    th = Thread(saver)
+    c1 = th.put({"a": "x", "b": [1, 2]})
+    c2 = th.put({"a": "y", "b": [1, 2]}, changed=["a"], custom=7)
+    latest = saver.get_tuple(cfg())
+    assert isinstance(latest, CheckpointTuple)
+    assert latest.config == c2
+    assert latest.checkpoint["channel_values"] == {"a": "y", "b": [1, 2]}
+    assert latest.parent_config["configurable"]["checkpoint_id"] == \
+        c1["configurable"]["checkpoint_id"]
+    assert latest.metadata["custom"] == 7
+    first = saver.get_tuple(c1)
+    assert first.checkpoint["channel_values"] == {"a": "x", "b": [1, 2]}
+    assert first.parent_config is None
+    ids = [t.config["configurable"]["checkpoint_id"] for t in saver.list(cfg())]
+    assert ids == [c2["configurable"]["checkpoint_id"], c1["configurable"]["checkpoint_id"]]
+    assert [t.metadata["step"] for t in saver.list(cfg(), filter={"custom": 7})] == [1]
+    assert len(list(saver.list(cfg(), before=c2))) == 1
+    assert len(list(saver.list(cfg(), limit=1))) == 1
+    assert len(list(saver.list(None))) == 2
+    assert saver.get_tuple(cfg(checkpoint_id="nope")) is None
+    assert saver.get_tuple(cfg("other")) is None
+
+
+def test_pending_writes_order_idempotence_and_special_channels(saver):
+    c = Thread(saver).put({"a": 1})
+    saver.put_writes(c, [("x", 1), ("y", "big" * 100)], "task-b", "p1")
+    saver.put_writes(c, [("x", 99)], "task-b", "p1")          # (task-b, 0) again: ignored
+    saver.put_writes(c, [("z", 3)], "task-a", "p0")
+    saver.put_writes(c, [(ERROR, "boom")], "task-a", "p0")
+    saver.put_writes(c, [(ERROR, "boom again")], "task-a", "p0")  # special: latest wins
+    saver.put_writes(c, [(INTERRUPT, {"q": 1})], "task-c", "p0")
+    writes = saver.get_tuple(c).pending_writes
+    # writes_sort_key order: (task_path, task_id, idx)
+    assert writes == [("task-a", ERROR, "boom again"), ("task-a", "z", 3),
+                      ("task-c", INTERRUPT, {"q": 1}), ("task-b", "x", 1),
+                      ("task-b", "y", "big" * 100)]
+    before = len(saver.store.checkpoints())
+    saver.put_writes(c, [("x", 5)], "task-b")                 # fully duplicate: nothing stored
+    assert len(saver.store.checkpoints()) == before
+
+
+def test_delete_copy_prune_sync(saver):
+    run = str(uuid.uuid4())
+    a = Thread(saver, "src")
+    a.put({"v": 1}, run_id="r1")
+    c2 = a.put({"v": 2}, run_id=run)
+    Thread(saver, "src", "child:1").put({"w": 1}, run_id=run)
+    saver.put_writes(c2, [("ch", "val")], "task")
+    saver.copy_thread("src", "dst")
+    assert [t.checkpoint["channel_values"] for t in saver.list(cfg("dst", None))] == \
+        [t.checkpoint["channel_values"] for t in saver.list(cfg("src", None))]
+    assert saver.get_tuple(cfg("dst")).pending_writes == [("task", "ch", "val")]
+    Thread(saver, "dst", "child:2").put({"u": 1})
+    saver.delete_for_runs([run])                  # in every thread: the copies carry run_id
+    for thread in ("src", "dst"):
+        assert [t.metadata["run_id"] for t in saver.list(cfg(thread, None))
+                if "run_id" in t.metadata] == ["r1"]
+        assert saver.get_tuple(cfg(thread, "child:1")) is None
+    assert saver.get_tuple(c2) is None
+    Thread(saver, "dst").put({"v": 3})
+    saver.prune(["dst"])
+    kept = list(saver.list(cfg("dst", None)))
+    assert len(kept) == 2                         # latest of "" and of "child:2"
+    assert saver.get_tuple(cfg("dst")).checkpoint["channel_values"] == {"v": 3}
+    saver.delete_thread("dst")
+    assert list(saver.list(cfg("dst", None))) == []
+    saver.prune(["src"], strategy="delete")
+    assert list(saver.list(None)) == []
+    assert saver.store.verify()["ok"]
+
+
+def test_reput_same_checkpoint_id_replaces(saver):
+    th = Thread(saver)
+    c = th.put({"a": 1})
+    tup = saver.get_tuple(c)
+    cp = dict(tup.checkpoint, channel_values={"a": 2})
+    saver.put(cfg(), cp, {"step": 9}, {"a": tup.checkpoint["channel_versions"]["a"]})
+    assert [t.checkpoint["channel_values"] for t in saver.list(cfg())] == [{"a": 2}]
+    assert saver.get_tuple(c).metadata["step"] == 9
+
+
+def test_get_next_version_increases_and_differs():
+    s = SnapstoreSaver.__new__(SnapstoreSaver)
+    v1 = s.get_next_version(None, None)
+    v2 = s.get_next_version(v1, None)
+    assert v1 < v2 and v2.startswith("0" * 31 + "2.")
+    assert len({s.get_next_version(v1, None) for _ in range(100)}) == 100   # fork-safe
+    assert s.get_next_version(5, None).startswith("0" * 31 + "6.")
+
+
+# ---- storage: deduplication, raw buffers ------------------------------------------------------
+def test_unchanged_channels_are_not_stored_again(saver):
+    store = saver.store
+    big = [os.urandom(256).hex() for i in range(2000)]          # ~1 MiB serialized
+    th = Thread(saver)
+    th.put({"history": big, "counter": 0})
+    after_first = stream_bytes(store)
+    for i in range(1, 11):
+        th.put({"history": big, "counter": i}, changed=["counter"])
+    per_step = (stream_bytes(store) - after_first) / 10
+    assert after_first > 100_000
+    assert per_step < 3_000, per_step                           # meta + manifests, no value
+    # and the unchanged value still reads back from every checkpoint
+    for t in saver.list(cfg()):
+        assert t.checkpoint["channel_values"]["history"] == big
+
+
+def test_numpy_change_stores_only_changed_pages(saver):
+    store = saver.store
+    arr = np.random.default_rng(1).random(1 << 17)              # 1 MiB
+    th = Thread(saver)
+    th.put({"arr": arr})
+    first = stream_bytes(store)
+    arr[1000:1100] = 0.5                                        # 800 bytes, 1-2 pages
+    th.put({"arr": arr})
+    assert stream_bytes(store) - first < 16 << 10
+    got = saver.get_tuple(cfg()).checkpoint["channel_values"]["arr"]
+    assert np.array_equal(got, arr) and got.flags.writeable and got.flags.owndata is not None
+    arr[0] = -1
+    assert got[0] != -1                                         # stored a copy, not a view
+
+
+def test_growing_list_stores_about_the_appended_part(saver):
+    store = saver.store
+    msgs = []
+    th = Thread(saver)
+    growth = []
+    for i in range(30):
+        msgs = msgs + [{"role": "user", "content": os.urandom(1024).hex()}]   # 2 KiB each
+        before = stream_bytes(store)
+        th.put({"messages": msgs})
+        growth.append(stream_bytes(store) - before)
+    assert max(growth[20:]) < 12 << 10, growth                  # not the whole 40-60 KiB list
+
+
+@pytest.mark.parametrize("value", [
+    np.arange(24, dtype=np.int16).reshape(2, 3, 4),
+    np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+    np.array(3.5),
+    np.zeros((0, 3)),
+    np.array([True, False]),
+    np.array([1 + 2j]),
+    np.array(["2024-01-01", "2025-06-30"], dtype="datetime64[D]"),
+    np.array(["ab", "cde"]),
+    np.arange(10)[::2],
+    b"x" * 5000, bytearray(b"y" * 5000), b"", b"tiny",
+    {"nested": [1, 2, {"k": np.arange(3)}]},
+    None, "", 0,
+], ids=lambda v: type(v).__name__ + str(getattr(v, "dtype", "")))
+def test_values_round_trip(saver, value):
+    c = Thread(saver).put({"v": value})
+    got = saver.get_tuple(c).checkpoint["channel_values"]["v"]
+    assert type(got) is type(value)
+    if isinstance(value, np.ndarray):
+        assert got.dtype == value.dtype and got.shape == value.shape
+        assert np.array_equal(got, value)
+        assert got.flags.f_contiguous == value.flags.f_contiguous or not value.flags.f_contiguous
+    elif isinstance(value, dict):
+        assert np.array_equal(got["nested"][2]["k"], value["nested"][2]["k"])
+    else:
+        assert got == value
+
+
+def test_numpy_goes_raw_into_a_buffer(saver):
+    arr = np.arange(1 << 16, dtype=np.float64)
+    c = Thread(saver).put({"arr": arr})
+    info = saver.store.latest(saver.store.streams()[0])
+    entry = info.meta["ch"]["arr"]
+    assert entry["k"] == "n" and info.sizes[entry["b"]] == arr.nbytes
+    assert saver.get_tuple(c) is not None
+
+
+def test_encrypting_serde_sees_every_value(store):
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    class Xor:
+        def encrypt(self, plaintext):
+            return "xor", bytes(b ^ 0x5A for b in plaintext)
+
+        def decrypt(self, ciphername, ciphertext):
+            assert ciphername == "xor"
+            return bytes(b ^ 0x5A for b in ciphertext)
+
+    saver = SnapstoreSaver(store, serde=EncryptedSerializer(Xor()))
+    secret = b"secret-bytes-" * 1000
+    c = Thread(saver).put({"b": secret, "arr": np.arange(5000)})
+    values = saver.get_tuple(c).checkpoint["channel_values"]
+    assert values["b"] == secret and np.array_equal(values["arr"], np.arange(5000))
+    info = store.latest(store.streams()[0])
+    assert {e["k"] for e in info.meta["ch"].values()} == {"s"}   # through the serde
+    raw = b"".join(store.restore(info.id).values())
+    assert b"secret-bytes-" not in raw
+
+
+def test_small_cache_reads_unchanged_values_back(store):
+    saver = SnapstoreSaver(store, cache_bytes=0)
+    big = "z" * 100_000
+    th = Thread(saver)
+    th.put({"big": big, "n": 0})
+    before = stream_bytes(store)
+    th.put({"big": big, "n": 1}, changed=["n"])
+    assert stream_bytes(store) - before < 3_000
+    assert saver.get_tuple(cfg()).checkpoint["channel_values"] == {"big": big, "n": 1}
+
+
+def test_odd_thread_namespace_and_channel_names(saver):
+    names = ["x" * 1000, "a/b/c", "üñí©ødé", "", "with\0nul", "\ud800lone"]
+    for i, name in enumerate(names):
+        channel = name.replace("\ud800", "") or "e"     # LangGraph's serde refuses surrogates
+        c = Thread(saver, thread=name, ns=name).put({channel: i, "c" * 300: "long"})
+        tup = saver.get_tuple(c)
+        assert tup.config["configurable"]["thread_id"] == name
+        assert tup.checkpoint["channel_values"] == {channel: i, "c" * 300: "long"}
+    for name in names:
+        assert len(list(saver.list(cfg(name, None)))) == 1
+    assert all(len(s.encode()) <= 255 for s in saver.store.streams())
+
+
+# ---- stores shared by path, read-only stores ---------------------------------------------------
+def test_second_saver_on_the_same_path_sees_everything(tmp_path):
+    path = str(tmp_path / "s")
+    with SnapstoreSaver.from_path(path, durability="none") as one:
+        c = Thread(one, "t1").put({"a": 1})
+        with SnapstoreSaver.from_path(path, durability="none") as two:
+            assert two.store is one.store
+            assert two.get_tuple(c).checkpoint["channel_values"] == {"a": 1}
+            c2 = Thread(two, "t2").put({"b": 2})
+            two.put_writes(c, [("w", "v")], "task")
+        assert one.get_tuple(c2).checkpoint["channel_values"] == {"b": 2}
+        assert one.get_tuple(c).pending_writes == [("task", "w", "v")]
+        Thread(one, "t3").put({"c": 3})           # the store is still open for `one`
+        with pytest.raises(StoreLocked):
+            snapstore.open(path)                  # held by the shared Store
+    with SnapstoreSaver.from_path(path) as again:     # reopened later: all of it is there
+        assert {t.config["configurable"]["thread_id"] for t in again.list(None)} == \
+            {"t1", "t2", "t3"}
+    with snapstore.open(path, readonly=True) as ro:
+        reader = SnapstoreSaver(ro)
+        assert reader.get_tuple(c).pending_writes == [("task", "w", "v")]
+        with pytest.raises(ReadOnlyError):
+            Thread(reader, "t4").put({"d": 4})
+
+
+def test_from_path_threads_and_async_context(tmp_path):
+    path = str(tmp_path / "s")
+
+    def worker(i):
+        with SnapstoreSaver.from_path(path, durability="none") as s:
+            th = Thread(s, f"thread-{i}")
+            for j in range(5):
+                th.put({"j": j})
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    async def read():
+        async with SnapstoreSaver.from_path(path, durability="none") as s:
+            return [t async for t in s.alist(None)]
+    assert len(asyncio.run(read())) == 20
+
+
+def test_from_path_option_mismatch_and_foreign_lock(tmp_path):
+    path = str(tmp_path / "s")
+    with SnapstoreSaver.from_path(path, durability="none"):
+        with pytest.raises(InvalidArgumentError):
+            with SnapstoreSaver.from_path(path, durability="fsync"):
+                pass
+    with snapstore.open(path):
+        with pytest.raises(StoreLocked):
+            with SnapstoreSaver.from_path(path):
+                pass
+
+
+# ---- bad input: clear errors, nothing written ----------------------------------------------------
+def test_bad_input(store, saver):
+    with pytest.raises(TypeError):
+        SnapstoreSaver("not a store")
+    good = Thread(saver).put({"a": 1})
+    n = len(store.checkpoints())
+    cp = saver.get_tuple(good).checkpoint
+    for bad in (1, None, b"t", uuid.uuid4()):
+        with pytest.raises(TypeError, match="thread_id"):
+            saver.put(cfg(bad), cp, {}, {})
+        with pytest.raises(TypeError, match="thread_id"):
+            saver.get_tuple(cfg(bad))
+        with pytest.raises(TypeError, match="thread_id"):
+            list(saver.list(cfg(bad)))
+        with pytest.raises(TypeError, match="thread_id"):
+            saver.put_writes(cfg(bad, checkpoint_id="x"), [("a", 1)], "task")
+        with pytest.raises(TypeError):
+            saver.delete_thread(bad)
+        with pytest.raises(TypeError):
+            saver.copy_thread("t", bad)
+        with pytest.raises(TypeError):
+            saver.prune([bad])
+    with pytest.raises(ValueError):
+        saver.put({"configurable": {}}, cp, {}, {})
+    with pytest.raises(ValueError, match="checkpoint_id"):
+        saver.put_writes(cfg(), [("a", 1)], "task")
+    with pytest.raises(TypeError):
+        saver.put_writes(good, [("a", 1)], 42)
+    with pytest.raises(ValueError):
+        saver.prune(["t"], strategy="most")
+    with pytest.raises(TypeError):
+        saver.delete_for_runs("run-1")
+    with pytest.raises(TypeError):
+        saver.put(cfg(), dict(cp, id=None), {}, {})
+    with pytest.raises(TypeError):                 # a value the serde cannot handle
+        saver.put(cfg(), dict(cp, channel_values={"a": object()}), {}, {"a": "2"})
+    assert len(store.checkpoints()) == n
+    store.close()
+    with pytest.raises(StoreClosedError):
+        SnapstoreSaver(store)
+    with pytest.raises(StoreClosedError):
+        saver.get_tuple(good)
+
+
+# ---- async: the event loop keeps running during disk I/O ------------------------------------------
+def test_async_methods_do_not_block_the_event_loop(store):
+    saver = SnapstoreSaver(store)
+    real = store.checkpoint
+
+    def slow_checkpoint(*a, **k):
+        time.sleep(0.3)
+        return real(*a, **k)
+    store.checkpoint = slow_checkpoint
+    th = Thread(saver)
+    cp_config = cfg()
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+        task = asyncio.ensure_future(ticker())
+        cp = {"v": 4, "id": _uuid6(), "ts": "", "channel_values": {"a": 1},
+              "channel_versions": {"a": "1"}, "versions_seen": {}, "updated_channels": ["a"]}
+        stored = await saver.aput(cp_config, cp, {"step": 0}, {"a": "1"})
+        await saver.aput_writes(stored, [("x", 1)], "task")
+        tup = await saver.aget_tuple(stored)
+        task.cancel()
+        return ticks, tup
+    try:
+        ticks, tup = asyncio.run(main())
+    finally:
+        store.checkpoint = real
+    assert ticks >= 20, ticks                    # ~0.6 s of sleeps in worker threads
+    assert tup.pending_writes == [("task", "x", 1)]
+    del th
+
+
+# ---- real graphs ---------------------------------------------------------------------------------
+def _graph():
+    pytest.importorskip("langgraph.graph", reason="langgraph is not installed")
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    class State(TypedDict, total=False):
+        log: Annotated[list, operator.add]
+        arr: np.ndarray
+        answer: str
+
+    def grow(state):
+        arr = state["arr"].copy()
+        arr[: len(state["log"])] += 1
+        return {"log": ["grow"], "arr": arr}
+
+    def ask(state):
+        answer = interrupt({"question": "go on?"})
+        return {"log": [f"ask:{answer}"], "answer": answer}
+
+    def finish(state):
+        return {"log": ["finish"]}
+
+    g = StateGraph(State)
+    g.add_node("grow", grow)
+    g.add_node("ask", ask)
+    g.add_node("finish", finish)
+    g.add_edge(START, "grow")
+    g.add_edge("grow", "ask")
+    g.add_edge("ask", "finish")
+    g.add_edge("finish", END)
+    return g
+
+
+def _normalize(x):
+    if isinstance(x, np.ndarray):
+        return ("ndarray", x.dtype.str, x.shape, x.tobytes())
+    if isinstance(x, dict):
+        return {k: _normalize(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_normalize(v) for v in x)
+    return x
+
+
+def _scenario_sync(checkpointer):
+    from langgraph.types import Command
+    app = _graph().compile(checkpointer=checkpointer)
+    out = []
+    config = cfg("conversation")
+    for turn in range(2):                                   # state accumulates over turns
+        r = app.invoke({"log": [f"start{turn}"], "arr": np.zeros(2048)}, config)
+        out.append(("interrupted", _normalize({k: v for k, v in r.items() if k != "__interrupt__"}),
+                    [i.value for i in r["__interrupt__"]]))
+        r = app.invoke(Command(resume=f"yes{turn}"), config)
+        out.append(("resumed", _normalize(r)))
+    history = list(app.get_state_history(config))
+    before_ask = [h for h in history if h.next == ("ask",)][-1]   # the first turn's
+    fork = app.update_state(before_ask.config, {"log": ["edited"]})
+    r = app.invoke(Command(resume="forked"), fork)
+    out.append(("fork", _normalize(r)))
+    out.append(("state", _normalize(app.get_state(config).values)))
+    out.append(("history", [(_normalize(h.values), h.next, h.metadata["step"],
+                             h.metadata["source"]) for h in app.get_state_history(config)]))
+    return out
+
+
+async def _scenario_async(checkpointer):
+    from langgraph.types import Command
+    app = _graph().compile(checkpointer=checkpointer)
+    config = cfg("async-conversation")
+    out = []
+    r = await app.ainvoke({"log": ["a-start"], "arr": np.ones(16)}, config)
+    out.append(_normalize({k: v for k, v in r.items() if k != "__interrupt__"}))
+    r = await app.ainvoke(Command(resume="a-yes"), config)
+    out.append(_normalize(r))
+    history = [h async for h in app.aget_state_history(config)]
+    fork = await app.aupdate_state([h for h in history if h.next == ("ask",)][0].config,
+                                   {"log": ["a-edited"]})
+    out.append(_normalize(await app.ainvoke(Command(resume="a-fork"), fork)))
+    out.append([(_normalize(h.values), h.next, h.metadata["step"])
+                async for h in app.aget_state_history(config)])
+    return out
+
+
+def test_state_graph_invoke_matches_in_memory_saver(saver):
+    expected = _scenario_sync(InMemorySaver())
+    got = _scenario_sync(saver)
+    assert got == expected
+    final = [x for x in got if x[0] == "state"][0][1]
+    assert final["log"] == ["start0", "grow", "edited", "ask:forked", "finish"]   # the fork
+    resumed = [x for x in got if x[0] == "resumed"][-1][1]
+    assert resumed["log"] == ["start0", "grow", "ask:yes0", "finish", "start1", "grow",
+                              "ask:yes1", "finish"]
+    assert saver.store.verify()["ok"]
+
+
+def test_state_graph_ainvoke_matches_in_memory_saver(saver):
+    expected = asyncio.run(_scenario_async(InMemorySaver()))
+    got = asyncio.run(_scenario_async(saver))
+    assert got == expected
+    assert got[1]["log"] == ["a-start", "grow", "ask:a-yes", "finish"]
+
+
+def test_graph_resumes_from_a_reopened_store(tmp_path):
+    from langgraph.types import Command
+    path = str(tmp_path / "s")
+    with SnapstoreSaver.from_path(path) as s:
+        r = _graph().compile(checkpointer=s).invoke({"log": ["x"], "arr": np.zeros(8)}, cfg("r"))
+        assert "__interrupt__" in r
+    with SnapstoreSaver.from_path(path) as s:      # a new process would do the same
+        r = _graph().compile(checkpointer=s).invoke(Command(resume="later"), cfg("r"))
+    assert r["log"] == ["x", "grow", "ask:later", "finish"]
