@@ -601,6 +601,27 @@ def test_garbage_at_the_tail_is_cut_by_recovery(tmp_path, seed, kind):
         store.close()
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "bug: a log record with a valid checksum but an undecodable payload makes open() raise a "
+    "bare struct.error instead of CorruptionError: Commit.decode catches ValueError/KeyError/"
+    "TypeError/IndexError but not struct.error (COMMIT_JSON_LEN.unpack_from on < 4 bytes), "
+    "and records.decode_delete has no guard at all (DELETE_PAYLOAD.unpack on != 8 bytes). "
+    "Fix: catch struct.error in both and raise CorruptionError; recovery should add the "
+    "segment and offset of the record (Store._recover knows them)."))
+@pytest.mark.parametrize("rtype,payload", [(fmt.REC_COMMIT, b""), (fmt.REC_COMMIT, b"\x01\x00"),
+                                           (fmt.REC_DELETE, b"\x07" * 3)],
+                         ids=["empty-commit", "short-commit", "short-delete"])
+def test_undecodable_record_with_valid_checksum_is_corruption(tmp_path, seed, rtype, payload):
+    path = str(tmp_path / "s")
+    build_store(path, seed)
+    last = ChunkMap(path).applied[0]
+    with open(seg_path(path, last), "ab") as f:
+        f.write(encode_record_header(rtype, 0, [payload]) + payload)
+    with pytest.raises(CorruptionError) as ei:
+        snapstore.open(path)
+    assert ei.value.segment == segment_name(last), repr(ei.value)
+
+
 EMPTY_SEGMENT_BUG = (
     "bug: a last segment shorter than its 32-byte header (writer killed or power cut inside "
     "segment rollover: file created, header not yet written/durable) makes the store "

@@ -225,7 +225,7 @@ class Harness:
             if r.random() < 0.5:
                 junk = r.randbytes(r.randint(1, 300))
             else:   # a plausible record header whose checksum or length is wrong
-                payload = r.randbytes(r.randint(0, 200))
+                payload = r.randbytes(r.randint(2, 200))   # short variant stays short
                 head = bytearray(encode_record_header(fmt.REC_COMMIT, 0, [payload]))
                 if r.random() < 0.5:
                     head[-1] ^= 0x5A

@@ -64,9 +64,9 @@ class FaultyFile:
         finally:
             os.writev = real
 
-    def sync(self) -> None:
+    def sync(self, *args, **kwargs) -> None:
         self.backend.raise_if("sync")
-        self.inner.sync()
+        self.inner.sync(*args, **kwargs)
 
     def truncate(self, size: int) -> None:
         self.backend.raise_if("truncate")
@@ -75,11 +75,37 @@ class FaultyFile:
     def close(self) -> None:
         self.inner.close()
 
+    def __getattr__(self, name):            # anything else the file offers, unfaulted
+        return getattr(self.inner, name)
+
+
+class FaultyReader:
+    """A read session of FaultyBackend (backends that have open_reader())."""
+
+    def __init__(self, inner, backend: "FaultyBackend") -> None:
+        self.inner, self.backend = inner, backend
+
+    def read(self, number, offset, length):
+        self.backend.raise_if("read")
+        return self.inner.read(number, offset, length)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
 
 class FaultyBackend:
     """LocalSegments with armed faults: fail(op, nth) makes the nth next call of op raise
     OSError(err). ops: write, sync, truncate (segment files), create, open_append, remove,
-    read (backend)."""
+    read (backend and its read sessions). Anything else is passed through to LocalSegments."""
 
     def __init__(self, directory: str, durable: bool = True) -> None:
         self.inner = LocalSegments(directory, durable=durable)
@@ -123,6 +149,12 @@ class FaultyBackend:
     def readinto(self, number, offset, buffers):
         self.raise_if("read")
         return self.inner.readinto(number, offset, buffers)
+
+    def open_reader(self):
+        return FaultyReader(self.inner.open_reader(), self)
+
+    def __getattr__(self, name):            # the rest of the backend interface, unfaulted
+        return getattr(self.inner, name)
 
     def create(self, number):
         self.raise_if("create")
