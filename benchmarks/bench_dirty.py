@@ -9,7 +9,8 @@ Env:    SNAPSTORE_BENCH_DIRTY_PAGES  pages written between checks (default 2621:
 For every size: one anonymous numpy buffer (populated), then per mode a detector; between
 rounds one byte of each of DIRTY_PAGES random pages is changed. Columns:
   arm        first dirty() (returns None: sets the baseline; hash/shadow read everything)
-  dirty()    median time of dirty() (what a checkpoint is blocked for to find the pages)
+  dirty()    median time of dirty() (what a checkpoint is blocked for to find the pages), wall
+             clock and, in brackets, this process's CPU time (robust on a busy shared machine)
   +copy      median of dirty() + gathering the reported bytes + note_stored_many (the
              blocked part of a Tracker checkpoint, without the store's planning)
   note/range the same note as one note_stored() call per range instead (what the Tracker's
@@ -62,13 +63,14 @@ def bench_mode(a: np.ndarray, mode: str, n_dirty: int, rounds: int, rng) -> dict
     assert det.dirty() is None
     t_arm = time.perf_counter() - t
     pages = a.size // PAGE
-    t_dirty, t_blocked, t_note1, reported = [], [], [], []
+    t_dirty, t_blocked, t_note1, c_dirty, reported = [], [], [], [], []
     for _ in range(rounds):
         idx = rng.choice(pages, n_dirty, replace=False) * PAGE + rng.integers(0, PAGE, n_dirty)
         a[idx] += 1
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         ranges = det.dirty()
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
+        c_dirty.append(c1 - c0)
         filled = nat.gather(a, ranges, staging)
         det.note_stored_many(ranges, filled)
         t2 = time.perf_counter()
@@ -89,6 +91,7 @@ def bench_mode(a: np.ndarray, mode: str, n_dirty: int, rounds: int, rng) -> dict
         assert (k >= 0).all() and (idx < ends[k]).all(), "a written byte was not reported"
     det.close()
     return {"mode": mode, "make": t_make, "arm": t_arm, "dirty": statistics.median(t_dirty),
+            "cdirty": statistics.median(c_dirty),
             "blocked": statistics.median(t_blocked), "note1": statistics.median(t_note1),
             "reported": statistics.median(reported),
             "reason": det.reason}
@@ -101,7 +104,8 @@ def main() -> None:
     modes = os.environ.get("SNAPSTORE_BENCH_MODES", "uffd,hash").split(",")
     ok, why = dirty.uffd_available()
     print(f"# {os.uname().release}; uffd: {why}")
-    print(f"# {n_dirty} random 4 KiB pages changed per round, median of {rounds} rounds\n")
+    print(f"# {n_dirty} random 4 KiB pages changed per round, median of {rounds} rounds; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
     print("| buffer | mode | make_detector | arm (1st dirty) | dirty() | dirty+copy+note_many "
           "| note_stored per range | reported |")
     print("|---|---|---|---|---|---|---|---|")
@@ -116,7 +120,8 @@ def main() -> None:
                 print(f"| {human(size)} | {mode} | skipped: {r['skipped']} ||||||")
                 continue
             print(f"| {human(size)} | {mode} | {r['make'] * 1e3:.1f} ms | {r['arm'] * 1e3:.0f} ms "
-                  f"| {r['dirty'] * 1e3:.1f} ms | {r['blocked'] * 1e3:.1f} ms "
+                  f"| {r['dirty'] * 1e3:.1f} ms ({r['cdirty'] * 1e3:.1f}) "
+                  f"| {r['blocked'] * 1e3:.1f} ms "
                   f"| {r['note1'] * 1e3:.1f} ms | {human(r['reported'])} |", flush=True)
         del a
         gc.collect()
