@@ -434,6 +434,34 @@ def test_fault_after_rollover_removes_new_segments(tmp_path, op, nth):
     fx.log_tail_clean()
 
 
+@pytest.mark.parametrize("second", ["truncate", "remove", "open_append"])
+def test_failed_rollback_breaks_the_log_and_reopen_recovers(tmp_path, second):
+    """A write fails after the checkpoint rolled into new segments, and the rollback itself
+    fails (cannot truncate / remove the new segment / reopen the previous one). The log must
+    refuse writes; reopening (recovery) leaves no trace of the checkpoint."""
+    fx = _many_segment_fixture(tmp_path)
+    before = fx.state()
+    fx.fb.fail("write", 6, errno.ENOSPC, partial=0.5)
+    fx.fb.fail(second, 1, errno.EIO, repeat=True)
+    with pytest.raises(StoreIOError):
+        fx.store.checkpoint(ckpt_buffers("failed"), stream="s", meta="failed")
+    assert fx.fb.fired[:2] == ["write", second]
+    assert fx.store._log.broken
+    assert fx.state()[:2] == before[:2]
+    fx.check_all()
+    with pytest.raises(StoreIOError, match="reopen"):
+        fx.store.checkpoint({"z": b"z"}, stream="s")
+    fx.fb.clear()
+    s = fx.reopen(faulty=True)
+    assert all(c.meta != "failed" for c in s.checkpoints())
+    fx.check_all()
+    fx.take("after", "s")
+    fx.check_all()
+    fx.reopen()
+    fx.check_all()
+    fx.log_tail_clean()
+
+
 # ---- faults in delete ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("err", [errno.ENOSPC, errno.EIO])
