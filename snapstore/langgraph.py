@@ -69,6 +69,7 @@ INLINE_MAX = 64                      # serialized values up to this many bytes l
 DEFAULT_CACHE_BYTES = 256 << 20      # serialized bytes of current channel values kept per store
 _NAME_MAX = 200                      # longest channel name used verbatim in a buffer name
 _MIN_CAPACITY = 4096                 # smallest padded buffer (one page)
+_MAX_INDEXES = 1024                  # streams whose index a store's savers keep in memory
 _SAFE = re.compile(r"[^A-Za-z0-9_.:@+=-]")
 _DONE = object()
 
@@ -200,7 +201,7 @@ class _Shared:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.indexes: dict[str, Any] = {}
+        self.indexes: OrderedDict = OrderedDict()  # stream -> _StreamIndex | _WritesIndex
         self.values: OrderedDict = OrderedDict()   # (stream, channel) -> (version, entry, bytes)
         self.cached_bytes = 0
         self.cache_limit = DEFAULT_CACHE_BYTES
@@ -226,6 +227,12 @@ class _Shared:
             return None
         self.values.move_to_end((stream, channel))
         return hit[1], hit[2]
+
+    def remember(self, stream: str, idx: Any) -> None:
+        self.indexes[stream] = idx
+        self.indexes.move_to_end(stream)
+        while len(self.indexes) > _MAX_INDEXES:
+            self.indexes.popitem(last=False)
 
     def forget(self, stream: str) -> None:
         """Drops what is known of a stream (after deletions)."""
@@ -429,25 +436,22 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         return head.id if head is not None else None
 
     def _index(self, stream: str) -> _StreamIndex:
-        token = self._head_token(stream)
-        idx = self._shared.indexes.get(stream)
-        if idx is None or idx.token != token:
-            idx = _StreamIndex(token)
-            for info in self.store.checkpoints(stream):
-                if isinstance(info.meta, dict) and "id" in info.meta:
-                    idx.add(info.id, info.meta)
-            self._shared.indexes[stream] = idx
-        return idx
+        return self._load_index(stream, _StreamIndex)
 
     def _writes_index(self, stream: str) -> _WritesIndex:
+        return self._load_index(stream, _WritesIndex)
+
+    def _load_index(self, stream: str, kind: type) -> Any:
+        """The stream's index, rebuilt from its checkpoints' metas when the stream's head is
+        not the one the cached index was built at (or after it was evicted)."""
         token = self._head_token(stream)
         idx = self._shared.indexes.get(stream)
         if idx is None or idx.token != token:
-            idx = _WritesIndex(token)
+            idx = kind(token)
             for info in self.store.checkpoints(stream):
                 if isinstance(info.meta, dict) and "id" in info.meta:
                     idx.add(info.id, info.meta)
-            self._shared.indexes[stream] = idx
+        self._shared.remember(stream, idx)
         return idx
 
     def _thread_streams(self, thread_id: str | None) -> list[str]:
@@ -634,9 +638,6 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
                 if payload is not None and not isinstance(payload, bytes):
                     payload = bytes(payload)          # the caller may mutate it in place
                 self._shared.cache_put(stream, channel, version, entry, payload)
-            stale = idx.stale.pop(checkpoint["id"], [])
-            if stale:                                 # a re-put replaces the earlier one
-                self._delete_sids(stream, stale)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
                                  "checkpoint_id": checkpoint["id"]}}
 

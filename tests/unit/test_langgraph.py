@@ -585,3 +585,128 @@ def test_graph_resumes_from_a_reopened_store(tmp_path):
     with SnapstoreSaver.from_path(path) as s:      # a new process would do the same
         r = _graph().compile(checkpointer=s).invoke(Command(resume="later"), cfg("r"))
     assert r["log"] == ["x", "grow", "ask:later", "finish"]
+
+
+def test_index_eviction_keeps_answers_right(saver, monkeypatch):
+    import snapstore.langgraph as lg
+    monkeypatch.setattr(lg, "_MAX_INDEXES", 2)
+    threads = [Thread(saver, f"t{i}") for i in range(5)]
+    for i, th in enumerate(threads):
+        th.put({"v": "x" * 100 + str(i)})
+    saver._shared.values.clear()                 # unchanged values must come from the store
+    for th in threads:
+        th.put({}, changed=[])                   # indexes evicted meanwhile: rebuilt
+    assert len(saver._shared.indexes) <= 2
+    for i in range(5):
+        assert [t.checkpoint["channel_values"] for t in saver.list(cfg(f"t{i}"))] == \
+            [{"v": "x" * 100 + str(i)}] * 2
+
+
+def test_reader_sees_another_process_writing(tmp_path):
+    import subprocess
+    import sys
+    path = str(tmp_path / "s")
+    with SnapstoreSaver.from_path(path) as s:
+        Thread(s, "t").put({"v": 1})
+    with snapstore.open(path, readonly=True) as ro:
+        reader = SnapstoreSaver(ro)
+        assert reader.get_tuple(cfg()).checkpoint["channel_values"] == {"v": 1}
+        code = ("import sys; sys.path[:0] = sys.argv[2:]\n"
+                "from snapstore.langgraph import SnapstoreSaver\n"
+                "import test_langgraph as t\n"
+                "with SnapstoreSaver.from_path(sys.argv[1]) as s:\n"
+                "    th = t.Thread(s, 't'); th.versions = {'v': s.get_tuple(t.cfg()).checkpoint"
+                "['channel_versions']['v']}\n"
+                "    th.config = s.get_tuple(t.cfg()).config\n"
+                "    th.put({'v': 2})\n")
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        subprocess.run([sys.executable, "-c", code, path, root, os.path.dirname(__file__)],
+                       check=True, timeout=60)
+        latest = reader.get_tuple(cfg())
+        assert latest.checkpoint["channel_values"] == {"v": 2}
+        assert latest.parent_config is not None
+        assert len(list(reader.list(cfg()))) == 2
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_operations_match_in_memory_saver(store, seed):
+    """Random puts (partial channel_values, channels in new_versions without a value, new
+    versions outside channel_versions, versions never stored, forks, re-puts), writes and
+    thread deletions, applied to InMemorySaver and SnapstoreSaver: every read agrees."""
+    import random
+    from langgraph.checkpoint.base.id import uuid6
+    rng = random.Random(seed)
+    ours, ref = SnapstoreSaver(store), InMemorySaver()
+    counter = iter(range(1, 10**6))
+    stored: dict = {}                        # (thread, ns, channel) -> [versions stored]
+    known: dict = {}                         # (thread, ns) -> [checkpoint ids]
+
+    def value():
+        return rng.choice([rng.randrange(100), "s" * rng.randrange(200), os.urandom(100),
+                           bytearray(os.urandom(rng.randrange(50, 300))), None,
+                           np.arange(rng.randrange(1, 40), dtype=rng.choice(["i4", "f8"])),
+                           {"k": [1, "two"]}])
+
+    for _ in range(60):
+        thread, ns = rng.choice(["t0", "t1"]), rng.choice(["", "c:1"])
+        op = rng.random()
+        ids = known.setdefault((thread, ns), [])
+        if op < 0.65 or not ids:
+            versions, new, values = {}, {}, {}
+            for ch in rng.sample("abcd", rng.randrange(0, 5)):
+                old = stored.get((thread, ns, ch))
+                mode = rng.random()
+                if old and mode < 0.4:
+                    versions[ch] = rng.choice(old)             # unchanged, stored earlier
+                elif mode < 0.5:
+                    versions[ch] = -next(counter)              # never stored: absent
+                else:
+                    versions[ch] = new[ch] = next(counter)
+                    if rng.random() < 0.85:
+                        values[ch] = value()                   # else: "empty"
+                if rng.random() < 0.3:
+                    values.setdefault(ch, value())             # ignored if not new
+            if rng.random() < 0.15:                            # a version outside versions
+                ch = rng.choice("abcd")
+                new[ch] = next(counter)
+                values[ch] = value()
+            for ch, v in new.items():
+                stored.setdefault((thread, ns, ch), []).append(v)
+            cid = rng.choice(ids) if ids and rng.random() < 0.1 else str(uuid6())
+            parent = rng.choice(ids) if ids and rng.random() < 0.8 else None
+            cp = {"v": 4, "id": cid, "ts": "2024", "channel_values": values,
+                  "channel_versions": versions, "versions_seen": {"n": dict(versions)},
+                  "updated_channels": sorted(new)}
+            config = cfg(thread, ns, parent)
+            md = {"source": "loop", "step": rng.randrange(5), "run_id": rng.choice("xy")}
+            assert ours.put(config, cp, md, new) == ref.put(config, cp, md, new)
+            if cid not in ids:
+                ids.append(cid)
+        elif op < 0.95:
+            config = cfg(thread, ns, rng.choice(ids))
+            writes = [(rng.choice(["a", "b", ERROR, INTERRUPT]), value())
+                      for _ in range(rng.randrange(1, 4))]
+            task, path = rng.choice(["task1", "task2"]), rng.choice(["", "p"])
+            ours.put_writes(config, writes, task, path)
+            ref.put_writes(config, writes, task, path)
+        else:
+            ours.delete_thread(thread)
+            ref.delete_thread(thread)
+            for key in [k for k in known if k[0] == thread]:
+                known[key] = []
+            for key in [k for k in stored if k[0] == thread]:
+                del stored[key]
+
+        def view(tup):
+            if tup is None:
+                return None
+            return (tup.config["configurable"]["checkpoint_id"], _normalize(tup.checkpoint),
+                    tup.metadata, tup.parent_config, _normalize(tup.pending_writes))
+        for (thread, ns), ids in known.items():
+            c = cfg(thread, ns)
+            assert view(ours.get_tuple(c)) == view(ref.get_tuple(c))
+            assert [view(t) for t in ours.list(c)] == [view(t) for t in ref.list(c)]
+            for cid in ids[-3:]:
+                c = cfg(thread, ns, cid)
+                assert view(ours.get_tuple(c)) == view(ref.get_tuple(c))
+    assert store.verify()["ok"]
