@@ -86,31 +86,42 @@ def rewrite_segments(index: Index, log: SegmentLog, backend: SegmentBackend,
         log.seal()      # the open segment is sparse too: seal it so it can be rewritten
     current = log.position[0]
     rewritten = removed = copied = 0
-    for n in backend.list():        # listed once: segments the copies create are not revisited
-        if n >= current or live_fraction(n) >= threshold:
-            continue
-        moves = []
-        for cid, e in sorted(live.get(n, []), key=lambda item: item[1].offset):
-            codec, raw_len, stored = read_chunk_record(backend, n, e.offset, e.stored_len, cid)
-            seg, off = log.append(fmt.REC_CHUNK, codec,
-                                  [fmt.CHUNK_PREFIX.pack(cid, raw_len), stored])
-            moves.append((cid, seg, off))
-            copied += fmt.RECORD_HEADER.size + e.stored_len
-        log.sync()
-        crashpoint("compact_after_copy")
-        with index.write() as w:
-            for cid, seg, off in moves:
-                e = w.chunk(cid)
-                if e is not None and e.segment == n:
-                    w.put_chunk(cid, ChunkEntry(seg, off, e.stored_len, e.raw_len, e.refs,
-                                                e.codec))
-            w.set_applied(log.position)
-        index.sync()        # the index no longer points into n, durably, before n goes
-        crashpoint("compact_before_remove")
-        backend.remove(n)
-        crashpoint("compact_after_remove")
-        rewritten += 1 if moves else 0
-        removed += 1
+    log.force_sync = True       # the copies must be on disk before an old segment goes,
+    try:                        # whatever the store's durability
+        for n in backend.list():    # listed once: segments the copies create are not revisited
+            if n >= current or live_fraction(n) >= threshold:
+                continue
+            mark = log.position
+            moves = []
+            try:
+                with backend.open_reader() as segments:
+                    for cid, e in sorted(live.get(n, []), key=lambda item: item[1].offset):
+                        codec, raw_len, stored = read_chunk_record(segments, n, e.offset,
+                                                                   e.stored_len, cid)
+                        seg, off = log.append(fmt.REC_CHUNK, codec,
+                                              [fmt.CHUNK_PREFIX.pack(cid, raw_len), stored])
+                        moves.append((cid, seg, off))
+                        copied += fmt.RECORD_HEADER.size + e.stored_len
+                log.sync()
+            except BaseException:
+                log.rollback(mark)   # the index never saw these copies
+                raise
+            crashpoint("compact_after_copy")
+            with index.write() as w:
+                for cid, seg, off in moves:
+                    e = w.chunk(cid)
+                    if e is not None and e.segment == n:
+                        w.put_chunk(cid, ChunkEntry(seg, off, e.stored_len, e.raw_len, e.refs,
+                                                    e.codec))
+                w.set_applied(log.position)
+            index.sync()        # the index no longer points into n, durably, before n goes
+            crashpoint("compact_before_remove")
+            backend.remove(n)
+            crashpoint("compact_after_remove")
+            rewritten += 1 if moves else 0
+            removed += 1
+    finally:
+        log.force_sync = False
     return rewritten, removed, copied
 
 

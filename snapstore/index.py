@@ -116,14 +116,24 @@ class Index:
         except BaseException:
             _release_env(self.env)
             raise
-        if not readonly:
+        try:
+            self._check_version()
+        except BaseException:
+            _release_env(self.env)
+            raise
+
+    def _check_version(self) -> None:
+        """Refuses an index written by a newer format (readers too); stamps a new one."""
+        with self.read() as r:
+            version = r.txn.get(fmt.META_FORMAT, db=self.dbs[fmt.DB_META])
+        if version is not None and fmt.U64.unpack(version)[0] > fmt.FORMAT_VERSION:
+            raise FormatError(f"index was written by snapstore format "
+                              f"{fmt.U64.unpack(version)[0]}; this snapstore reads up to "
+                              f"{fmt.FORMAT_VERSION}: upgrade snapstore")
+        if version is None and not self.readonly:
             with self.write() as w:
-                version = w.txn.get(fmt.META_FORMAT, db=self.dbs[fmt.DB_META])
-                if version is None:
-                    w.txn.put(fmt.META_FORMAT, fmt.U64.pack(fmt.FORMAT_VERSION),
-                              db=self.dbs[fmt.DB_META])
-                elif fmt.U64.unpack(version)[0] > fmt.FORMAT_VERSION:
-                    raise FormatError("index was written by a newer snapstore format")
+                w.txn.put(fmt.META_FORMAT, fmt.U64.pack(fmt.FORMAT_VERSION),
+                          db=self.dbs[fmt.DB_META])
 
     def close(self) -> None:
         if self.env is not None:

@@ -17,7 +17,7 @@ from . import format as fmt
 from .errors import CheckpointNotFound, ConcurrentCompactionError, CorruptionError
 from .index import IndexView
 from .records import BufferEntry, Commit
-from .segments import SegmentBackend, read_chunk_record, segment_name
+from .segments import SegmentBackend, SegmentReader, read_chunk_record, segment_name
 
 _local = threading.local()
 
@@ -62,8 +62,8 @@ def find_buffer(commit: Commit, name: str) -> BufferEntry:
 class ChunkReader:
     """Reads checked, decoded chunks; remembers the last one (runs of identical chunks)."""
 
-    def __init__(self, backend: SegmentBackend, view: IndexView) -> None:
-        self.backend, self.view = backend, view
+    def __init__(self, backend: SegmentBackend, segments: SegmentReader, view: IndexView) -> None:
+        self.backend, self.segments, self.view = backend, segments, view
         self._last_id: bytes | None = None
         self._last: bytes = b""
 
@@ -75,8 +75,8 @@ class ChunkReader:
             raise CorruptionError(f"index lacks chunk {chunk_id.hex()[:16]}… that a manifest "
                                   "references")
         try:
-            codec, raw_len, stored = read_chunk_record(self.backend, entry.segment, entry.offset,
-                                                       entry.stored_len, chunk_id)
+            codec, raw_len, stored = read_chunk_record(self.segments, entry.segment,
+                                                       entry.offset, entry.stored_len, chunk_id)
         except CorruptionError:
             if self._moved(chunk_id, entry):
                 raise ConcurrentCompactionError(
@@ -115,12 +115,13 @@ def restore_range(view: IndexView, backend: SegmentBackend, commit: Commit, name
     """Writes bytes [start, start + len(out)) of buffer `name` of `commit` into out."""
     end = start + len(out)
     whole = start == 0 and end == find_buffer(commit, name).size
-    reader = ChunkReader(backend, view)
-    for layer in buffer_layers(view, commit, name):
-        for off, coff, length, cid in (layer if whole else ext.clip(layer, start, end)):
-            data = reader.read(cid)
-            if coff + length > len(data):
-                raise CorruptionError(f"manifest extent exceeds chunk {cid.hex()[:16]}…")
-            out[off - start:off - start + length] = memoryview(data)[coff:coff + length]
-            if progress is not None:
-                progress(length)
+    with backend.open_reader() as segments:
+        reader = ChunkReader(backend, segments, view)
+        for layer in buffer_layers(view, commit, name):
+            for off, coff, length, cid in (layer if whole else ext.clip(layer, start, end)):
+                data = reader.read(cid)
+                if coff + length > len(data):
+                    raise CorruptionError(f"manifest extent exceeds chunk {cid.hex()[:16]}…")
+                out[off - start:off - start + length] = memoryview(data)[coff:coff + length]
+                if progress is not None:
+                    progress(length)

@@ -6,6 +6,7 @@ log (the chunk records it introduces are listed with their positions).
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass, field
 from typing import Any, List
 
@@ -96,7 +97,7 @@ class Commit:
             if pos != len(payload) or len(commit.new_chunks) != nc:
                 raise ValueError("payload length does not match its header")
             return commit
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
+        except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
             raise CorruptionError(f"undecodable commit record: {exc}") from exc
 
 
@@ -117,4 +118,7 @@ def encode_delete(checkpoint_id: int) -> List[bytes]:
 
 
 def decode_delete(payload: bytes) -> int:
-    return fmt.DELETE_PAYLOAD.unpack(payload)[0]
+    try:
+        return fmt.DELETE_PAYLOAD.unpack(payload)[0]
+    except struct.error as exc:
+        raise CorruptionError(f"undecodable delete record: {exc}") from exc

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import os
-import threading
 from dataclasses import dataclass
 from typing import Iterator, Protocol, Sequence
 
@@ -80,13 +79,20 @@ class SegmentFile(Protocol):
     def close(self) -> None: ...
 
 
+class SegmentReader(Protocol):
+    """A read session: may keep segments open until closed (one restore, scan or verify)."""
+
+    def read(self, number: int, offset: int, length: int) -> bytes: ...
+    def close(self) -> None: ...
+
+
 class SegmentBackend(Protocol):
     """Where segment bytes live. Offsets are byte offsets inside one segment."""
 
     def list(self) -> list[int]: ...
     def size(self, number: int) -> int: ...
     def read(self, number: int, offset: int, length: int) -> bytes: ...
-    def readinto(self, number: int, offset: int, buffers: Sequence[memoryview]) -> int: ...
+    def open_reader(self) -> SegmentReader: ...
     def create(self, number: int) -> SegmentFile: ...
     def open_append(self, number: int) -> SegmentFile: ...
     def remove(self, number: int) -> None: ...
@@ -118,8 +124,8 @@ class _LocalSegmentFile:
         finally:
             self.size = os.lseek(self._fd, 0, os.SEEK_CUR)
 
-    def sync(self) -> None:
-        if self._durable:
+    def sync(self, force: bool = False) -> None:
+        if self._durable or force:
             os.fdatasync(self._fd)
 
     def truncate(self, size: int) -> None:
@@ -133,14 +139,47 @@ class _LocalSegmentFile:
             self._fd = -1
 
 
+class _LocalSegmentReader:
+    """Descriptors opened on first use and closed with the session, so a removed segment's
+    space returns to the file system as soon as the sessions reading it end."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._fds: dict[int, int] = {}
+
+    def _fd(self, number: int) -> int:
+        fd = self._fds.get(number)
+        if fd is None:
+            try:
+                fd = os.open(os.path.join(self.directory, segment_name(number)),
+                             os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise CorruptionError("segment file is missing",
+                                      segment=segment_name(number)) from None
+            self._fds[number] = fd
+        return fd
+
+    def read(self, number: int, offset: int, length: int) -> bytes:
+        return os.pread(self._fd(number), length, offset)
+
+    def close(self) -> None:
+        fds, self._fds = list(self._fds.values()), {}
+        for fd in fds:
+            os.close(fd)
+
+    def __enter__(self) -> "_LocalSegmentReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class LocalSegments:
-    """Segments as files in one directory. Reads use pread on cached descriptors (thread-safe)."""
+    """Segments as files in one directory."""
 
     def __init__(self, directory: str, durable: bool = True) -> None:
         self.directory = directory
         self.durable = durable
-        self._read_fds: dict[int, int] = {}
-        self._lock = threading.Lock()
 
     def path(self, number: int) -> str:
         return os.path.join(self.directory, segment_name(number))
@@ -156,23 +195,12 @@ class LocalSegments:
     def size(self, number: int) -> int:
         return os.stat(self.path(number)).st_size
 
-    def _fd(self, number: int) -> int:
-        with self._lock:
-            fd = self._read_fds.get(number)
-            if fd is None:
-                try:
-                    fd = os.open(self.path(number), os.O_RDONLY | os.O_CLOEXEC)
-                except FileNotFoundError:
-                    raise CorruptionError("segment file is missing",
-                                          segment=segment_name(number)) from None
-                self._read_fds[number] = fd
-            return fd
+    def open_reader(self) -> _LocalSegmentReader:
+        return _LocalSegmentReader(self.directory)
 
     def read(self, number: int, offset: int, length: int) -> bytes:
-        return os.pread(self._fd(number), length, offset)
-
-    def readinto(self, number: int, offset: int, buffers: Sequence[memoryview]) -> int:
-        return os.preadv(self._fd(number), buffers, offset)
+        with self.open_reader() as reader:
+            return reader.read(number, offset, length)
 
     def _sync_dir(self) -> None:
         if self.durable:
@@ -202,21 +230,11 @@ class LocalSegments:
         return _LocalSegmentFile(path, number, fd, self.durable)
 
     def remove(self, number: int) -> None:
-        self._forget(number)
         os.unlink(self.path(number))
         self._sync_dir()
 
-    def _forget(self, number: int) -> None:
-        with self._lock:
-            fd = self._read_fds.pop(number, None)
-        if fd is not None:
-            os.close(fd)
-
     def close(self) -> None:
-        with self._lock:
-            fds, self._read_fds = list(self._read_fds.values()), {}
-        for fd in fds:
-            os.close(fd)
+        pass
 
 
 # ---- reading records -----------------------------------------------------------------------
@@ -254,12 +272,24 @@ def scan(backend: SegmentBackend, number: int, start: int,
     """
     name = segment_name(number)
     size = backend.size(number)
+    with backend.open_reader() as reader:
+        yield from _scan(reader, number, name, size, start, chunk_payloads)
+
+
+def _scan(reader: SegmentReader, number: int, name: str, size: int, start: int,
+          chunk_payloads: bool):
     if start == 0:
-        check_segment_header(backend.read(number, 0, fmt.SEGMENT_HEADER.size), number, name)
+        try:
+            check_segment_header(reader.read(number, 0, fmt.SEGMENT_HEADER.size), number, name)
+        except CorruptionError:
+            if size <= fmt.SEGMENT_HEADER.size:     # killed while creating the segment
+                yield ("torn", 0)
+                return
+            raise
         start = fmt.SEGMENT_HEADER.size
     pos = start
     while pos < size:
-        head = backend.read(number, pos, fmt.RECORD_HEADER.size)
+        head = reader.read(number, pos, fmt.RECORD_HEADER.size)
         parsed = parse_header(head, name, pos)
         if parsed is None:
             yield ("torn", pos)
@@ -269,7 +299,7 @@ def scan(backend: SegmentBackend, number: int, start: int,
         if end > size:
             yield ("torn", pos)
             return
-        payload = backend.read(number, pos + fmt.RECORD_HEADER.size, length)
+        payload = reader.read(number, pos + fmt.RECORD_HEADER.size, length)
         if len(payload) != length or \
                 record_checksum(head[:fmt.RECORD_CHECKSUMMED_PREFIX], [payload]) != checksum:
             yield ("torn", pos)
@@ -281,7 +311,7 @@ def scan(backend: SegmentBackend, number: int, start: int,
     yield ("end", pos)
 
 
-def read_chunk_record(backend: SegmentBackend, number: int, offset: int, stored_len: int,
+def read_chunk_record(reader: SegmentReader, number: int, offset: int, stored_len: int,
                       chunk_id: bytes) -> tuple[int, int, bytes]:
     """Reads and checks the chunk record at (number, offset). Returns (codec, raw length,
     stored data). Raises CorruptionError naming the segment and offset on any mismatch."""
@@ -291,7 +321,7 @@ def read_chunk_record(backend: SegmentBackend, number: int, offset: int, stored_
         return CorruptionError(what, segment=segment_name(number), offset=offset)
 
     try:
-        data = backend.read(number, offset, total)
+        data = reader.read(number, offset, total)
     except OSError as exc:
         raise damaged(f"cannot read chunk record: {exc.strerror or exc}") from exc
     parsed = parse_header(data, "", offset)
@@ -325,6 +355,7 @@ class SegmentLog:
         self._pending: list = []
         self._pending_bytes = 0
         self.broken: str | None = None
+        self.force_sync = False      # compaction: sync even with durability "none"
 
     # -- positions
     def open_tail(self) -> None:
@@ -379,7 +410,7 @@ class SegmentLog:
         """Seals the current segment (flush + fsync) and starts the next one."""
         self.flush()
         try:
-            self._current.sync()
+            self._current.sync(self.force_sync)
             nxt = self.backend.create(self._current.number + 1)
         except OSError as exc:
             raise _io_error("cannot start a new segment", exc)
@@ -396,7 +427,7 @@ class SegmentLog:
         """Flushes and makes everything appended so far durable."""
         self.flush()
         try:
-            self._current.sync()
+            self._current.sync(self.force_sync)
         except OSError as exc:
             # After a failed fsync the kernel may have dropped the dirty pages: nothing
             # written since the last good sync can be trusted. Refuse further writes.
@@ -414,6 +445,11 @@ class SegmentLog:
                 self._current.close()
                 self.backend.remove(number)
                 self._current = self.backend.open_append(number - 1)
+            if off > self._current.size:
+                # The mark counted bytes that never reached the file: truncating would
+                # extend it with zeros. A caller bug; refuse to write on.
+                self.broken = f"rollback mark {off} lies past the end of the segment"
+                return
             # Always: after a short write the file may hold bytes past the mark.
             self._current.truncate(off)
             self._current.sync()

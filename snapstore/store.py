@@ -207,10 +207,20 @@ class Store:
     def _open_directory(self, create: bool, timeout: float) -> None:
         path = self.path
         fresh = False
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise FormatError(f"{path} is not a directory, so not a snapstore store")
         if not os.path.isdir(path):
             if self.readonly or not create:
                 raise FormatError(f"no snapstore store at {path}")
             os.makedirs(path, exist_ok=True)
+        if not os.path.exists(os.path.join(path, fmt.FORMAT_FILE)) and \
+                set(os.listdir(path)) - {fmt.LOCK_FILE, fmt.INDEX_DIR, fmt.SEGMENTS_DIR}:
+            # Checked before the lock file is created: never leave anything in a foreign
+            # directory (a store being created holds only these, or a .FORMAT.* temp file).
+            if any(not n.startswith(".FORMAT.") for n in set(os.listdir(path)) -
+                   {fmt.LOCK_FILE, fmt.INDEX_DIR, fmt.SEGMENTS_DIR}):
+                raise FormatError(f"{path} is a non-empty directory that is not a snapstore "
+                                  "store")
         if not self.readonly:
             self._lock_fd = self._take_lock(timeout)
         if not os.path.exists(os.path.join(path, fmt.FORMAT_FILE)):
@@ -310,8 +320,15 @@ class Store:
                     break
                 if item.rtype == fmt.REC_CHUNK:
                     continue
-                with self._index.write() as w:
-                    self._apply(w, item.rtype, item.payload, (number, item.end))
+                try:
+                    with self._index.write() as w:
+                        self._apply(w, item.rtype, item.payload, (number, item.end))
+                except CorruptionError as exc:
+                    if exc.segment is not None:
+                        raise
+                    raise CorruptionError(f"cannot apply a log record: {exc}",
+                                          segment=segment_name(number),
+                                          offset=item.offset) from exc
 
     def _truncate_tail(self, number: int, pos: int) -> None:
         f = self.backend.open_append(number)

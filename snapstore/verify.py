@@ -36,19 +36,22 @@ class _Report:
                               "offset": offset})
 
 
-def _dependents(commits: dict, children: dict, start: set[tuple[int, str]]) -> set[int]:
-    """Checkpoint ids whose buffer restore reads a manifest in `start` ((id, buffer) pairs)."""
-    out, todo = set(), list(start)
+def _dependents(commits: dict, children: dict, start) -> set[int]:
+    """Checkpoint ids whose restore of a buffer reads a manifest in `start` ((id, buffer name)
+    pairs): those checkpoints, and every later one whose delta chain of that buffer passes
+    through them."""
+    seen, todo = set(), list(start)
     while todo:
-        cid, name = todo.pop()
-        if cid in out and (cid, name) not in start:
+        pair = todo.pop()
+        if pair in seen:
             continue
-        out.add(cid)
+        seen.add(pair)
+        cid, name = pair
         for child in children.get(cid, ()):
             for b in commits[child].buffers:
                 if b.name == name and b.base == "delta":
                     todo.append((child, name))
-    return out
+    return {cid for cid, _ in seen}
 
 
 def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict:
@@ -60,12 +63,13 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
         streams = r.streams()
         stream_members = {s: r.checkpoint_ids(s) for s in streams}
         manifests = {}
+        missing = []
         for i, c in commits.items():
             for bi in range(len(c.buffers)):
                 try:
                     manifests[(i, bi)] = ext.unpack(r.manifest(i, bi))
                 except CorruptionError as exc:
-                    report.add("missing_manifest", str(exc), [i])
+                    missing.append((i, c.buffers[bi].name, str(exc)))
     children: dict[int, list] = defaultdict(list)
     for i, c in commits.items():
         if c.parent is not None:
@@ -73,11 +77,20 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
     users: dict[bytes, set] = defaultdict(set)     # chunk id -> {(checkpoint, buffer name)}
     refs: Counter = Counter()
 
+    def reach(i: int, name: str | None = None) -> set[int]:
+        """Checkpoint i (its buffer `name`, or all) and the later ones that build on it."""
+        names = [name] if name is not None else [b.name for b in commits[i].buffers]
+        return _dependents(commits, children, {(i, n) for n in names}) | {i}
+
+    for i, name, message in missing:
+        report.add("missing_manifest", message, reach(i, name))
+
     # -- checkpoints, chains and manifests
     for i, c in commits.items():
         parent = commits.get(c.parent) if c.parent is not None else None
         if c.parent is not None and parent is None:
-            report.add("missing_parent", f"checkpoint {i} names missing parent {c.parent}", [i])
+            report.add("missing_parent", f"checkpoint {i} names missing parent {c.parent}",
+                       reach(i))
         for bi, b in enumerate(c.buffers):
             extents = manifests.get((i, bi))
             if extents is None:
@@ -86,28 +99,28 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
             for off, coff, length, cid in extents:
                 if length <= 0 or off < end or off + length > b.size:
                     report.add("bad_extent", f"checkpoint {i} buffer {b.name!r}: extent "
-                               f"{off}+{length} is out of order or out of bounds", [i])
+                               f"{off}+{length} is out of order or out of bounds", reach(i, b.name))
                 end = max(end, off + length)
                 refs[cid] += 1
                 users[cid].add((i, b.name))
                 entry = chunks.get(cid)
                 if entry is None:
                     report.add("missing_chunk", f"checkpoint {i} buffer {b.name!r} references "
-                               f"chunk {cid.hex()[:16]}… which the index lacks", [i])
+                               f"chunk {cid.hex()[:16]}… which the index lacks", reach(i, b.name))
                 elif coff + length > entry.raw_len:
                     report.add("bad_extent", f"checkpoint {i} buffer {b.name!r}: extent reaches "
-                               f"past the end of chunk {cid.hex()[:16]}…", [i])
+                               f"past the end of chunk {cid.hex()[:16]}…", reach(i, b.name))
             if b.base == "full" and ext.covered_bytes(extents) != b.size:
                 report.add("incomplete_manifest", f"checkpoint {i} buffer {b.name!r}: full "
-                           f"manifest covers {ext.covered_bytes(extents)} of {b.size} bytes", [i])
+                           f"manifest covers {ext.covered_bytes(extents)} of {b.size} bytes", reach(i, b.name))
             if b.base == "delta":
                 pb = next((p for p in parent.buffers if p.name == b.name), None) if parent else None
                 if pb is None or pb.size != b.size:
                     report.add("broken_chain", f"checkpoint {i} buffer {b.name!r} is a delta "
-                               "without a matching buffer in its parent", [i])
+                               "without a matching buffer in its parent", reach(i, b.name))
                 elif pb.depth + 1 != b.depth:
                     report.add("broken_chain", f"checkpoint {i} buffer {b.name!r} has depth "
-                               f"{b.depth}, its parent's is {pb.depth}", [i])
+                               f"{b.depth}, its parent's is {pb.depth}", reach(i, b.name))
         if c.stream not in streams or i not in stream_members.get(c.stream, ()):
             report.add("stream", f"checkpoint {i} is not listed in its stream {c.stream!r}", [i])
     for s, head in streams.items():
@@ -138,14 +151,17 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
         for seg in sorted(set(by_segment) & present):
             for off, cid, e in sorted(by_segment[seg], key=lambda t: t[0]):
                 try:
-                    read_chunk_record(backend, seg, off, e.stored_len, cid)
+                    with backend.open_reader() as segments:
+                        read_chunk_record(segments, seg, off, e.stored_len, cid)
                     bytes_checked += fmt.RECORD_HEADER.size + e.stored_len
                 except CorruptionError as exc:
                     report.add("damaged_chunk", str(exc), affected(cid), seg, off)
     else:
         for seg in sorted(present):
             known = {off: (cid, e) for off, cid, e in by_segment.get(seg, [])}
-            bytes_checked += _deep_scan(backend, seg, known, report, affected)
+            with backend.open_reader() as segments:
+                bytes_checked += _deep_scan(segments, backend.size(seg), seg, known, report,
+                                            affected)
 
     problems = report.problems
     return {"ok": not problems, "deep": deep, "problems": problems,
@@ -153,22 +169,25 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
             "bytes_checked": bytes_checked, "seconds": time.perf_counter() - started}
 
 
-def _deep_scan(backend: SegmentBackend, seg: int, known: dict, report: _Report, affected) -> int:
-    """Checks every record of one segment; after damage, resumes at the next record the index
-    knows of. Returns bytes read."""
-    size = backend.size(seg)
+def _deep_scan(segments, size: int, seg: int, known: dict, report: _Report, affected) -> int:
+    """Checks every record of one segment. After a damaged record it resumes where the damaged
+    record's length says the next one starts only if no record the index knows of lies in
+    between and a valid header is there; otherwise at the next record the index knows of (a
+    flipped length field must not hide the records after it). Returns bytes read."""
     starts = sorted(known)
     seen = set()
     decompressor = zstandard.ZstdDecompressor()
     try:
-        check_segment_header(backend.read(seg, 0, fmt.SEGMENT_HEADER.size), seg, segment_name(seg))
+        check_segment_header(segments.read(seg, 0, fmt.SEGMENT_HEADER.size), seg,
+                             segment_name(seg))
     except CorruptionError as exc:
         report.add("damaged_segment_header", str(exc), segment=seg, offset=0)
     pos = fmt.SEGMENT_HEADER.size
     while pos < size:
-        head = backend.read(seg, pos, fmt.RECORD_HEADER.size)
+        head = segments.read(seg, pos, fmt.RECORD_HEADER.size)
         parsed = parse_header(head, "", pos)
         problem = None
+        end = None
         if parsed is None:
             problem = "record header is damaged"
         else:
@@ -177,25 +196,27 @@ def _deep_scan(backend: SegmentBackend, seg: int, known: dict, report: _Report, 
             if end > size:
                 problem = "record runs past the end of the segment"
             else:
-                payload = backend.read(seg, pos + fmt.RECORD_HEADER.size, length)
+                payload = segments.read(seg, pos + fmt.RECORD_HEADER.size, length)
                 if record_checksum(head[:fmt.RECORD_CHECKSUMMED_PREFIX], [payload]) != checksum:
                     problem = "record checksum mismatch"
                 elif rtype == fmt.REC_CHUNK:
                     problem = _check_chunk_payload(payload, codec, decompressor)
-        if problem is not None:
-            cid = known.get(pos, (None,))[0]
-            report.add("damaged_record", problem, affected(cid) if cid else (), seg, pos)
-            seen.add(pos)
-            if parsed is not None and problem != "record header is damaged" and end <= size:
-                pos = end
-                continue
-            i = bisect.bisect_right(starts, pos)
-            if i == len(starts):
-                break
-            pos = starts[i]
-            continue
         seen.add(pos)
-        pos = end
+        if problem is None:
+            pos = end
+            continue
+        cid = known.get(pos, (None,))[0]
+        report.add("damaged_record", problem, affected(cid) if cid else (), seg, pos)
+        i = bisect.bisect_right(starts, pos)
+        next_known = starts[i] if i < len(starts) else None
+        if end is not None and end <= size and (next_known is None or end <= next_known) and \
+                (end == size or parse_header(segments.read(seg, end, fmt.RECORD_HEADER.size),
+                                             "", end) is not None):
+            pos = end
+        elif next_known is not None:
+            pos = next_known
+        else:
+            break
     for off in starts:
         if off not in seen:
             cid = known[off][0]

@@ -601,13 +601,6 @@ def test_garbage_at_the_tail_is_cut_by_recovery(tmp_path, seed, kind):
         store.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a log record with a valid checksum but an undecodable payload makes open() raise a "
-    "bare struct.error instead of CorruptionError: Commit.decode catches ValueError/KeyError/"
-    "TypeError/IndexError but not struct.error (COMMIT_JSON_LEN.unpack_from on < 4 bytes), "
-    "and records.decode_delete has no guard at all (DELETE_PAYLOAD.unpack on != 8 bytes). "
-    "Fix: catch struct.error in both and raise CorruptionError; recovery should add the "
-    "segment and offset of the record (Store._recover knows them)."))
 @pytest.mark.parametrize("rtype,payload", [(fmt.REC_COMMIT, b""), (fmt.REC_COMMIT, b"\x01\x00"),
                                            (fmt.REC_DELETE, b"\x07" * 3)],
                          ids=["empty-commit", "short-commit", "short-delete"])
@@ -632,7 +625,6 @@ EMPTY_SEGMENT_BUG = (
     "of the last segment past the applied one as torn and remove that segment.")
 
 
-@pytest.mark.xfail(strict=True, reason=EMPTY_SEGMENT_BUG)
 @pytest.mark.parametrize("header_bytes", [0, 1, 31])
 def test_headerless_new_last_segment_is_a_torn_tail(tmp_path, seed, header_bytes):
     from snapstore.segments import encode_segment_header
@@ -704,11 +696,6 @@ def test_non_store_directory(tmp_path):
         assert not (tmp_path / "absent").exists()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: opening a non-store directory for writing leaves a 'lock' file in it: "
-    "_open_directory takes the lock (creating <dir>/lock) before it checks for FORMAT, and "
-    "the FormatError path does not remove it. Fix: check the directory before locking, or "
-    "unlink the lock file it created when the directory turns out to be foreign."))
 def test_non_store_directory_is_left_untouched(tmp_path):
     d = tmp_path / "mine"
     d.mkdir()
@@ -718,11 +705,6 @@ def test_non_store_directory_is_left_untouched(tmp_path):
     assert sorted(os.listdir(d)) == ["notes.txt"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: snapstore.open(path) where path is a regular file raises a bare FileExistsError "
-    "(from os.makedirs in Store._open_directory) instead of FormatError; readonly=True and "
-    "create=False do raise FormatError. Fix: raise FormatError when path exists but is not "
-    "a directory."))
 def test_regular_file_is_not_a_store(tmp_path):
     f = tmp_path / "file"
     f.write_bytes(b"data")
@@ -748,10 +730,6 @@ def test_index_written_by_newer_format_refuses_writer(tmp_path, seed):
         snapstore.open(path)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a read-only open ignores the index's META_FORMAT version: Index.__init__ checks it "
-    "only for writers, so a reader of an index written by a newer format reads it as if it "
-    "were its own. Fix: check META_FORMAT (when present) for readers too."))
 def test_index_written_by_newer_format_refuses_reader(tmp_path, seed):
     path = str(tmp_path / "s")
     build_store(path, seed)

@@ -227,10 +227,6 @@ def test_every_byte_of_one_live_chunk_record(flip_store):
         assert s.verify(deep=True)["ok"]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: after a checksum mismatch verify(deep=True) trusts "
-                   "the damaged record's length field (verify._deep_scan: pos = end), so a "
-                   "flipped length bit makes it jump over the following records and report "
-                   "them as lost_record, listing checkpoints whose restore still works")
 def test_flip_in_a_length_field_lists_only_broken_checkpoints(tmp_path):
     path = str(tmp_path / "store")
     rng = random.Random(3)
@@ -257,10 +253,6 @@ def test_flip_in_a_length_field_lists_only_broken_checkpoints(tmp_path):
         assert listed == broken, (sorted(listed), sorted(broken), deep["problems"])
 
 
-@pytest.mark.xfail(strict=True, reason="bug: verify._dependents skips a checkpoint it already "
-                   "reached through another buffer, so when one chunk is used by two buffers of "
-                   "a checkpoint, later checkpoints whose chain reaches it through only one of "
-                   "them are missing from the problem's checkpoints (depends on set order)")
 def test_a_chunk_shared_by_two_buffers_lists_every_dependent(tmp_path):
     """x and y of checkpoint A share a chunk P. B changes both a little (deltas); C changes all
     of y (full) and a page of x (delta); D changes a page of each. A flip in P breaks A, B, C and

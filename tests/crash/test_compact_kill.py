@@ -15,6 +15,7 @@ Kills: 2 * SNAPSTORE_CRASH_ITERATIONS (default 30, so 60). SNAPSTORE_CRASH_SEED 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -224,11 +225,6 @@ def test_compaction_survives_sigkill(tmp_path, kill_log):
         assert by_how.get(point, 0) >= 1, by_how
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a kill between a new segment file's creation and "
-                   "its header write (LocalSegments.create, reached by log rolls and by "
-                   "compaction's seal()) leaves an empty last segment; recovery's scan() raises "
-                   "'segment header is truncated' instead of removing it, so the store cannot "
-                   "be opened")
 def test_empty_last_segment_from_a_kill_during_create_is_dropped(tmp_path):
     path = str(tmp_path / "store")
     with snapstore.open(path, durability="none", segment_size=1 << 16) as s:
@@ -250,9 +246,11 @@ def test_empty_last_segment_from_a_kill_during_create_is_dropped(tmp_path):
 
 def _durability_case(path: str, durability: str, monkeypatch) -> list:
     """Runs a compaction that copies live chunks forward while tracking which segment files
-    have writes no fsync/fdatasync made durable yet; returns the violations: segments removed
-    while some segment still had non-durable writes (on a power cut the index, which compaction
-    forces to disk, could point at copies that never reached it, and the originals are gone)."""
+    have writes no fsync/fdatasync made durable yet, and whether every index transaction was
+    synced; returns the violations found when a segment is removed: a segment still had
+    non-durable writes (on a power cut the index, which compaction forces to disk, could point
+    at copies that never reached it, and the originals are gone), or an index transaction was
+    not yet synced (the index could still point into the removed segment)."""
     with snapstore.open(path, durability=durability, segment_size=1 << 16) as s:
         rng = random.Random(5)
         want = {}
@@ -287,19 +285,39 @@ def _durability_case(path: str, durability: str, monkeypatch) -> list:
             dirty.discard(name(fd))
 
         real_remove = s.backend.remove
+        real_write, real_sync = s._index.write, s._index.sync
+        events: list = []          # index transactions committed and index syncs, in order
+
+        @contextlib.contextmanager
+        def index_write():
+            with real_write() as w:
+                yield w
+            events.append("txn")
+
+        def index_sync():
+            real_sync()
+            events.append("sync")
 
         def remove(number):
             if dirty:
                 violations.append((number, sorted(os.path.basename(d) for d in dirty)))
+            if "txn" in events and (
+                    "sync" not in events or
+                    len(events) - 1 - events[::-1].index("txn") >
+                    len(events) - 1 - events[::-1].index("sync")):
+                violations.append((number, "index transaction not synced before removal"))
             real_remove(number)
 
         monkeypatch.setattr(os, "writev", writev)
         monkeypatch.setattr(os, "fdatasync", fdatasync)
         monkeypatch.setattr(os, "fsync", fsync)
         monkeypatch.setattr(s.backend, "remove", remove)
+        monkeypatch.setattr(s._index, "write", index_write)
+        monkeypatch.setattr(s._index, "sync", index_sync)
         rep = s.compact(threshold=0.9)
         monkeypatch.undo()
         assert rep["live_bytes_copied"] > 0 and rep["segments_removed"] > 0
+        assert "txn" in events and "sync" in events
         for cid, bufs in want.items():
             assert s.restore(cid) == bufs
     return violations
@@ -309,10 +327,6 @@ def test_compaction_makes_copies_durable_before_removing_originals(tmp_path, mon
     assert _durability_case(str(tmp_path / "store"), "fsync", monkeypatch) == []
 
 
-@pytest.mark.xfail(strict=True, reason="bug: with durability='none' rewrite_segments removes a "
-                   "segment after forcing the index to disk (index.sync() ignores durability) "
-                   "but without syncing the copies (log.sync() is a no-op there): a power cut "
-                   "can lose checkpoints that were durable before the compaction")
 def test_compaction_without_fsync_durability_still_syncs_copies_first(tmp_path, monkeypatch):
     assert _durability_case(str(tmp_path / "store"), "none", monkeypatch) == []
 
