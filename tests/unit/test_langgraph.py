@@ -710,3 +710,19 @@ def test_random_operations_match_in_memory_saver(store, seed):
                 c = cfg(thread, ns, cid)
                 assert view(ours.get_tuple(c)) == view(ref.get_tuple(c))
     assert store.verify()["ok"]
+
+
+def test_snapstore_imports_without_langgraph():
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = ("import sys; sys.modules['langgraph'] = None\n"
+            "import snapstore, snapstore.workflow\n"
+            "try:\n"
+            "    import snapstore.langgraph\n"
+            "except ImportError as e:\n"
+            "    assert 'snapstore[langgraph]' in str(e), e\n"
+            "    print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
