@@ -26,7 +26,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 
 import lmdb
 import pytest
@@ -39,7 +38,7 @@ import writer_child as wc  # noqa: E402
 
 import snapstore  # noqa: E402
 from snapstore import format as fmt  # noqa: E402
-from snapstore.errors import CorruptionError, StoreLocked  # noqa: E402
+from snapstore.errors import StoreLocked  # noqa: E402
 from snapstore.segments import LocalSegments, encode_record_header, scan, segment_name  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -75,16 +74,15 @@ def read_applied(path: str):
 
 
 
-EMPTY_SEGMENT_BUG = (
-    "bug: a writer killed inside segment rollover (LocalSegments.create made the new segment "
-    "file, its 32-byte header is not written yet; or a power cut before the header's fsync) "
-    "leaves a last segment of 0..31 bytes, and then the store can never be opened again: "
-    "Store._recover -> scan() -> check_segment_header raises CorruptionError('segment header "
-    "is truncated'), so the pos < SEGMENT_HEADER.size branch of _truncate_tail is unreachable "
-    "(docs/design.md promises 'a torn segment header removes the segment'). "
-    "Fix: in _recover treat a short/invalid header of the LAST segment, when it lies past the "
-    "applied segment, as a torn tail (remove the segment); or create segments under a temp "
-    "name and rename after the header is durable.")
+# Regression (found by these tests, fixed in 5e4a126): a writer killed inside segment rollover
+# (LocalSegments.create made the new segment file, its 32-byte header is not written yet; or a
+# power cut before the header's fsync) leaves a last segment of 0..31 bytes, and then the store
+# can never be opened again: Store._recover -> scan() -> check_segment_header raises
+# CorruptionError('segment header is truncated'), so the pos < SEGMENT_HEADER.size branch of
+# _truncate_tail is unreachable (docs/design.md promises 'a torn segment header removes the
+# segment'). Fix: in _recover treat a short/invalid header of the LAST segment, when it lies
+# past the applied segment, as a torn tail (remove the segment); or create segments under a temp
+# name and rename after the header is durable.
 
 
 def _first_difference(a: bytes, b: bytes) -> str:
@@ -108,7 +106,6 @@ class Harness:
         self.runs = 0
         self.kills = 0
         self.last_damage = ""
-        self.empty_segment_bug_hits = 0
         self.outcomes: dict[str, int] = {}     # what the kills interrupted, for the report
         print(f"crash harness seed {seed} (rerun with SNAPSTORE_CRASH_SEED={seed})")
 
@@ -212,7 +209,7 @@ class Harness:
         p = os.path.join(segdir, segment_name(last))
         size = os.path.getsize(p)
         if size < fmt.SEGMENT_HEADER.size:
-            return ""           # died inside rollover (see EMPTY_SEGMENT_BUG): leave it be
+            return ""           # died inside rollover: a header-less segment, leave it be
         lo = applied[1] if applied and applied[0] == last else fmt.SEGMENT_HEADER.size
         did = [f"applied {applied}"]
         kind = self.rng.choice(("cut", "garbage", "both"))
@@ -279,19 +276,6 @@ class Harness:
             segdir = os.path.join(self.path, fmt.SEGMENTS_DIR)
             tail = sorted(os.listdir(segdir))[-3:]
             sizes = {n: os.path.getsize(os.path.join(segdir, n)) for n in tail}
-            last = os.path.join(segdir, tail[-1])
-            applied = read_applied(self.path)
-            if (isinstance(exc, CorruptionError) and exc.segment == tail[-1]
-                    and sizes[tail[-1]] < fmt.SEGMENT_HEADER.size
-                    and applied is not None and segment_name(applied[0]) < tail[-1]):
-                # The known bug (EMPTY_SEGMENT_BUG, shown by the xfail tests below): the
-                # child died inside segment rollover. Repair it as recovery should (drop the
-                # header-less last segment) so the rest of this run still gets checked.
-                self.empty_segment_bug_hits += 1
-                warnings.warn(f"{self.ctx()} {EMPTY_SEGMENT_BUG[:60]}...: worked around "
-                              f"({tail[-1]} had {sizes[tail[-1]]} bytes)")
-                os.unlink(last)
-                return snapstore.open(self.path, segment_size=self.segment_size)
             raise AssertionError(f"{self.ctx()} open after the kill failed: {exc!r}; last "
                                  f"segments {sizes}") from exc
 
@@ -367,8 +351,7 @@ class Harness:
 def _report(h: Harness, kill_log) -> None:
     kill_log(h.kills)
     print(f"seed {h.seed}: {h.kills} kills, {h.runs} runs, {len(h.ever)} checkpoints "
-          f"committed, {len(h.live)} live at the end, {h.empty_segment_bug_hits} kills inside "
-          f"segment rollover worked around; in flight at the kills: {h.outcomes}")
+          f"committed, {len(h.live)} live at the end; in flight at the kills: {h.outcomes}")
 
 
 # ---- the tests ---------------------------------------------------------------------------
@@ -519,7 +502,6 @@ def test_readonly_open_reads_while_a_writer_process_holds_the_store(tmp_path):
         holder.communicate(b"close\n", timeout=60)
 
 
-@pytest.mark.xfail(strict=True, reason=EMPTY_SEGMENT_BUG)
 @pytest.mark.parametrize("header_bytes", [0, 13])
 def test_kill_inside_segment_rollover_leaves_store_openable(tmp_path, kill_log, header_bytes):
     """Deterministic version of a kill the random test hits now and then: the writer dies
@@ -534,7 +516,7 @@ def test_kill_inside_segment_rollover_leaves_store_openable(tmp_path, kill_log, 
     assert h.finish(proc, killed=False) == -signal.SIGKILL
     inflight = h.read_journal(journal)
     assert len(h.live) >= 2, "the child died before acknowledging checkpoints"
-    store = snapstore.open(h.path, segment_size=h.segment_size)   # CorruptionError today
+    store = snapstore.open(h.path, segment_size=h.segment_size)   # was CorruptionError
     store.close()
     h.verify(inflight)
     h.run_to_end(2)
