@@ -8,7 +8,9 @@ from . import errors
 from .errors import (CheckpointNotFound, CorruptionError, FormatError, SnapstoreError,
                      StoreLocked)
 from .store import CheckpointInfo, Store, open
+from .arrays import load_arrays, save_arrays
 
 __version__ = "0.1.0"
 __all__ = ["open", "Store", "CheckpointInfo", "errors", "SnapstoreError", "CheckpointNotFound",
-           "CorruptionError", "FormatError", "StoreLocked", "__version__"]
+           "CorruptionError", "FormatError", "StoreLocked", "__version__", "save_arrays",
+           "load_arrays"]

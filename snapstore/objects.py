@@ -96,16 +96,18 @@ memory), without matching it against anything."""
 
 
 # ---- meta ---------------------------------------------------------------------------------
-def _wrap_meta(meta: Any, info: dict) -> Any:
-    """The meta stored for an object checkpoint: a dict meta keeps its keys (plus META_KEY);
-    any other meta is kept under META_KEY["user"]."""
+_RESERVED_KEYS = (META_KEY, "snapstore.arrays")
+
+
+def _wrap_meta(meta: Any, info: dict, key: str = META_KEY) -> Any:
+    """The meta stored for a checkpoint of this layer: a dict meta keeps its keys (plus
+    key: info); any other meta (None too) is kept as info["user"]."""
     if isinstance(meta, Mapping):
-        if META_KEY in meta:
-            raise InvalidArgumentError(f"meta key {META_KEY!r} is reserved for snapstore")
-        return {**meta, META_KEY: info}
-    if meta is not None:
-        info["user"] = meta
-    return {META_KEY: info}
+        if any(k in meta for k in _RESERVED_KEYS):
+            raise InvalidArgumentError(f"meta keys {_RESERVED_KEYS} are reserved for snapstore")
+        return {**meta, key: info}
+    info["user"] = meta
+    return {key: info}
 
 
 def is_object_checkpoint(info: Any) -> bool:
@@ -116,16 +118,18 @@ def is_object_checkpoint(info: Any) -> bool:
 
 
 def user_meta(info: Any) -> Any:
-    """The meta the caller passed to save() (info: a CheckpointInfo or its meta). Other
-    checkpoints' meta is returned as is."""
+    """The meta the caller passed to save() or save_arrays() (info: a CheckpointInfo or its
+    meta), exactly. Other checkpoints' meta is returned as is."""
     meta = getattr(info, "meta", info)
-    if not is_object_checkpoint(meta):
+    if not isinstance(meta, dict):
         return meta
-    ours = meta[META_KEY]
-    if "user" in ours:
-        return ours["user"]
-    rest = {k: v for k, v in meta.items() if k != META_KEY}
-    return rest if rest else None
+    for key in _RESERVED_KEYS:
+        ours = meta.get(key)
+        if isinstance(ours, dict):
+            if "user" in ours:
+                return ours["user"]
+            return {k: v for k, v in meta.items() if k != key}
+    return meta
 
 
 # ---- memory -------------------------------------------------------------------------------

@@ -378,3 +378,56 @@ def test_store_stays_consistent(store):
         store.save({"i": i, "a": np.full(20000, i)}, stream="v")
     assert store.verify(deep=True)["ok"]
     assert [store.load(c.id)["i"] for c in store.checkpoints("v")] == list(range(5))
+
+
+# ---- save_arrays / load_arrays ------------------------------------------------------------------
+@pytest.mark.parametrize("dt", all_dtypes(), ids=str)
+def test_arrays_round_trip_every_dtype(store, dt):
+    if dt.hasobject:
+        with pytest.raises(TypeError, match="store.save"):
+            snapstore.save_arrays(store, {"o": np.empty(3, dt)}, stream="x")
+        assert store.latest("x") is None
+        return
+    rng = np.random.default_rng(6)
+    arrays = {"big": make_array(dt, (70, 50), rng), "F": make_array(dt, (33, 20), rng, "F"),
+              "0d": make_array(dt, (), rng), "empty": make_array(dt, (0, 4), rng),
+              "strided": make_array(dt, (20, 20), rng)[::3, ::2], "": make_array(dt, (5,), rng)}
+    info = snapstore.save_arrays(store, arrays, stream="arr", meta={"t": 1.5})
+    assert objects.user_meta(info) == {"t": 1.5} and info.meta["t"] == 1.5
+    assert set(info.sizes) == {"array/" + k for k in arrays}
+    out = snapstore.load_arrays(store, "arr")
+    arrays["strided"] = np.ascontiguousarray(arrays["strided"])
+    assert deep_equal(out, arrays) and out["F"].flags.f_contiguous
+    assert all(a.flags.writeable for a in out.values())
+    target = {k: np.zeros_like(v) for k, v in arrays.items()}
+    target["F"] = np.zeros_like(arrays["F"], order="C")          # C target for F data
+    ptr = target["big"].ctypes.data
+    assert snapstore.load_arrays(store, info.id, into=target) is target
+    assert target["F"].tobytes() == arrays["F"].tobytes()             # same values, C order
+    assert deep_equal({k: v for k, v in target.items() if k != "F"},
+                      {k: v for k, v in arrays.items() if k != "F"})
+    assert target["big"].ctypes.data == ptr
+
+
+def test_arrays_diff_by_name_and_refuse_mismatches(store):
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal(1 << 17), rng.standard_normal(1 << 17)
+    snapstore.save_arrays(store, {"a": a, "b": b}, stream="n")
+    a[:10] = 0
+    info = snapstore.save_arrays(store, {"new": np.arange(10), "a": a}, stream="n")
+    assert info.kind == "incremental" and info.bytes_new < 20000     # a: one page; b dropped
+    target = {"new": np.zeros(10, np.int64), "a": np.zeros(1 << 17)}
+    for bad, match in (({"a": target["a"]}, "names differ"),
+                       ({"new": np.zeros(10, np.int32), "a": target["a"]}, "int32"),
+                       ({"new": np.zeros(11, np.int64), "a": target["a"]}, r"\(11,\)")):
+        with pytest.raises(StructureMismatchError, match=match):
+            snapstore.load_arrays(store, "n", into=bad)
+        assert not target["a"].any()
+    with pytest.raises(NotAnObjectCheckpointError):
+        snapstore.load_arrays(store, store.save({"a": a}, stream="o").id)
+    with pytest.raises(NotAnObjectCheckpointError):
+        store.load(info.id)
+    with pytest.raises(TypeError):
+        snapstore.save_arrays(store, {"x": [1, 2]}, stream="n")
+    with pytest.raises(InvalidArgumentError, match="reserved"):
+        snapstore.save_arrays(store, {}, stream="n", meta={"snapstore.arrays": 1})
