@@ -7,6 +7,7 @@ naming the segment and offset, so wrong bytes are never returned.
 """
 from __future__ import annotations
 
+import collections
 import threading
 from typing import Callable
 
@@ -60,16 +61,30 @@ def find_buffer(commit: Commit, name: str) -> BufferEntry:
 
 
 class ChunkReader:
-    """Reads checked, decoded chunks; remembers the last one (runs of identical chunks)."""
+    """Reads checked, decoded chunks, keeping the most recent ones (up to CACHE_BYTES): the
+    extents of a packed delta chunk, or of a rebased manifest, often revisit a chunk."""
+
+    CACHE_BYTES = 8 << 20
 
     def __init__(self, backend: SegmentBackend, segments: SegmentReader, view: IndexView) -> None:
         self.backend, self.segments, self.view = backend, segments, view
-        self._last_id: bytes | None = None
-        self._last: bytes = b""
+        self._cache: collections.OrderedDict = collections.OrderedDict()
+        self._cached = 0
 
     def read(self, chunk_id: bytes) -> bytes:
-        if chunk_id == self._last_id:
-            return self._last
+        hit = self._cache.get(chunk_id)
+        if hit is not None:
+            self._cache.move_to_end(chunk_id)
+            return hit
+        data = self._read(chunk_id)
+        self._cache[chunk_id] = data
+        self._cached += len(data)
+        while self._cached > self.CACHE_BYTES and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cached -= len(old)
+        return data
+
+    def _read(self, chunk_id: bytes) -> bytes:
         entry = self.view.chunk(chunk_id)
         if entry is None:
             raise CorruptionError(f"index lacks chunk {chunk_id.hex()[:16]}… that a manifest "
@@ -95,7 +110,6 @@ class ChunkReader:
         if len(data) != raw_len or raw_len != entry.raw_len:
             raise CorruptionError("chunk has the wrong length", segment=segment_name(entry.segment),
                                   offset=entry.offset)
-        self._last_id, self._last = chunk_id, data
         return data
 
 

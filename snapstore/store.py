@@ -278,6 +278,11 @@ class Store:
                 self._closed = True
                 self._release()
 
+    @property
+    def closed(self) -> bool:
+        """True once close() was called."""
+        return self._closed
+
     def __enter__(self) -> "Store":
         return self
 
@@ -356,10 +361,15 @@ class Store:
         """Appends one index record, makes the log durable and applies the record to the index.
         On any failure before the index commit the log is rolled back to where it was.
         Returns the log position just past the record."""
+        return self._append_index_records([(rtype, parts)], apply_extra)
+
+    def _append_index_records(self, batch: list, apply_extra=None) -> tuple[int, int]:
+        """The same for several records: one sync, one index transaction (all or nothing)."""
         log = self._log
         mark = log.position
         try:
-            log.append(rtype, 0, parts)
+            for rtype, parts in batch:
+                log.append(rtype, 0, parts)
             log.flush()
             crashpoint("after_commit_append")
             if self.durability == "fsync":
@@ -367,12 +377,13 @@ class Store:
             crashpoint("after_fsync")
             end = log.position
             with self._index.write() as w:
-                self._apply(w, rtype, b"".join(bytes(p) for p in parts), end)
+                for rtype, parts in batch:
+                    self._apply(w, rtype, b"".join(bytes(p) for p in parts), end)
                 if apply_extra is not None:
                     apply_extra(w)
                 crashpoint("before_index_commit")
         except BaseException:
-            # The index never saw the record: take it back out of the log.
+            # The index never saw the records: take them back out of the log.
             log.rollback(mark)
             raise
         crashpoint("after_index_commit")
@@ -543,16 +554,28 @@ class Store:
     def delete(self, checkpoint_id: int) -> None:
         """Deletes a checkpoint. Later checkpoints built on it stay restorable (they absorb its
         manifests). Its chunks become garbage once unreferenced (reclaimed by compact())."""
+        self.delete_many([checkpoint_id])
+
+    def delete_many(self, checkpoint_ids) -> None:
+        """Deletes several checkpoints at once: one log append, one sync, one index transaction
+        (all or none). Unknown ids raise CheckpointNotFound before anything is deleted."""
         index = self._check_open(write=True)
+        ids = list(checkpoint_ids)
         with index.read() as r:
-            victim = self._get_commit(r, checkpoint_id)
-            is_head = r.stream_head(victim.stream) == victim.id
-        self._async.prepare_delete(victim.stream, is_head)
+            victims = [self._get_commit(r, i) for i in ids]
+            heads = {c.stream: r.stream_head(c.stream) for c in victims}
+        for c in victims:
+            self._async.prepare_delete(c.stream, heads[c.stream] == c.id)
+        if not victims:
+            return
         with self._lock:
             index = self._check_open(write=True)
             with index.read() as r:
-                self._get_commit(r, checkpoint_id)
-            self._append_index_record(fmt.REC_DELETE, records.encode_delete(victim.id))
+                for c in victims:
+                    self._get_commit(r, c.id)
+            unique = list(dict.fromkeys(c.id for c in victims))
+            self._append_index_records([(fmt.REC_DELETE, records.encode_delete(i))
+                                        for i in unique])
 
     def tag(self, checkpoint_id: int, tag: str) -> None:
         """Adds a tag to a checkpoint. Tagged checkpoints survive retain() (keep_tagged)."""
@@ -596,8 +619,7 @@ class Store:
             if keep_tagged:
                 keep.update(c.id for c in ckpts if c.tags)
             doomed = [c.id for c in ckpts if c.id not in keep]
-            for cid in reversed(doomed):     # newest first: merges stay small
-                self.delete(cid)
+            self.delete_many(reversed(doomed))     # newest first: merges stay small
             return doomed
 
     def compact(self, threshold: float = fmt.DEFAULT_COMPACT_THRESHOLD,

@@ -1488,3 +1488,30 @@ def test_object_arrays_are_refused_before_anything_is_written(store):
     info = store.checkpoint({"a": bytes(16)})
     with pytest.raises(TypeError, match="object pointers"):
         store.restore_into(info.id, {"a": np.empty(2, dtype=object)})
+
+
+def test_delete_many_is_all_or_nothing(store):
+    rng = random.Random(5)
+    data = bytearray(rng.randbytes(64 << 10))
+    ids, expected = [], {}
+    for step in range(6):
+        data[step * 4096] ^= 0xFF
+        info = store.checkpoint({"a": data}, stream="s")
+        ids.append(info.id)
+        expected[info.id] = bytes(data)
+    with pytest.raises(CheckpointNotFound):
+        store.delete_many([ids[1], 999_999])
+    assert [c.id for c in store.checkpoints("s")] == ids        # nothing was deleted
+    store.delete_many([ids[1], ids[3], ids[3]])
+    assert [c.id for c in store.checkpoints("s")] == [ids[0], ids[2], ids[4], ids[5]]
+    for cid in (ids[0], ids[2], ids[4], ids[5]):
+        assert store.restore(cid)["a"] == expected[cid]
+    store.delete_many([])
+    assert store.verify()["ok"]
+
+
+def test_closed_property(tmp_path):
+    s = snapstore.open(tmp_path / "s")
+    assert not s.closed
+    s.close()
+    assert s.closed
