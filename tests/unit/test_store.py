@@ -1491,8 +1491,7 @@ def test_object_arrays_are_refused_before_anything_is_written(store):
 
 
 def test_delete_many_is_all_or_nothing(store):
-    rng = random.Random(5)
-    data = bytearray(rng.randbytes(64 << 10))
+    data = bytearray(np.random.default_rng(5).integers(0, 256, 64 << 10, dtype=np.uint8))
     ids, expected = [], {}
     for step in range(6):
         data[step * 4096] ^= 0xFF
