@@ -312,6 +312,12 @@ class Store:
         if seg not in numbers:
             raise CorruptionError(f"index has applied the log up to segment {seg}, which is "
                                   "missing", segment=segment_name(seg))
+        if self.durability == "fsync" and self.backend.size(seg) < off:
+            # The index saw records the log no longer holds: acknowledged data was lost
+            # (with durability "none" a power cut may do this; reads of it then fail cleanly).
+            raise CorruptionError(f"the log ends before the position the index has applied "
+                                  f"({off}); acknowledged checkpoints were lost",
+                                  segment=segment_name(seg), offset=self.backend.size(seg))
         for number in [n for n in numbers if n >= seg]:
             start = off if number == seg else 0
             for item in scan(self.backend, number, start, chunk_payloads=False):

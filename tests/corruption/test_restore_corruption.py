@@ -298,7 +298,11 @@ def test_truncated_last_segment_then_writing_on(tmp_path, seed):
     bad = {cid: (last, None) for (cid, _), uses in cmap.uses.items()
            if any(ch in cut_chunks for _, _, ch in uses)}
     ctx = f"[seed {seed}: last segment {segment_name(last)} cut {size} -> {cut}]"
-    store = snapstore.open(path)
+    with pytest.raises(CorruptionError):       # durability fsync: the loss is reported
+        snapstore.open(path)
+    with snapstore.open(path, readonly=True) as reader:
+        check_store(reader, want, bad, ctx)
+    store = snapstore.open(path, durability="none")   # "none" may lose data; it carries on
     try:
         check_store(store, want, bad, ctx)
         fresh = {"n": bytes(_content(r, 150_000))}
@@ -737,3 +741,20 @@ def test_index_written_by_newer_format_refuses_reader(tmp_path, seed):
     _set_index_format(path, fmt.FORMAT_VERSION + 1)
     with pytest.raises(FormatError):
         snapstore.open(path, readonly=True)
+
+
+def test_log_shorter_than_the_applied_position_is_reported(tmp_path):
+    """With durability fsync the index never applies what the log does not hold, so a log
+    that ends before the applied position lost acknowledged data: say so, do not carry on."""
+    path = str(tmp_path / "s")
+    with snapstore.open(path) as s:
+        s.checkpoint({"a": os.urandom(100_000)})
+    seg = LocalSegments(os.path.join(path, fmt.SEGMENTS_DIR)).list()[-1]
+    with open(seg_path(path, seg), "r+b") as f:
+        f.truncate(fmt.SEGMENT_HEADER.size + 10)
+    with pytest.raises(CorruptionError) as ei:
+        snapstore.open(path)
+    assert ei.value.segment == segment_name(seg)
+    with snapstore.open(path, readonly=True) as r:       # readers still open (and fail cleanly)
+        with pytest.raises(CorruptionError):
+            r.restore(r.checkpoints()[0].id)
