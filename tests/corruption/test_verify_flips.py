@@ -159,8 +159,6 @@ def test_random_flips_are_found_and_listed_exactly(flip_store):
             mask = 1 << rng.randrange(8) if rng.random() < 0.7 else rng.randrange(1, 256)
             where = (f"seed {seed} trial {trial}: {kind} flip ^{mask:#04x} at "
                      f"{segment_name(seg)}+{pos} (record {rstart}..{rend})")
-            in_length = kind != "segment_header" and \
-                LENGTH_FIELD[0] <= pos - rstart < LENGTH_FIELD[1]
             flip(s, seg, pos, mask)
             try:
                 deep = s.verify(deep=True)
@@ -173,11 +171,11 @@ def test_random_flips_are_found_and_listed_exactly(flip_store):
                     assert broken, f"{where}: a live chunk flip broke no restore"
                 else:
                     assert not broken, f"{where}: a flip in an unread record broke {broken}"
-                if not in_length:       # length flips: see the xfail test below
-                    assert listed == broken, \
-                        f"{where}: report lists {sorted(listed)}, restore fails for " \
-                        f"{sorted(broken)}: {deep['problems']}"
-                    assert set(cover[0]["checkpoints"]) == broken, f"{where}: {cover}"
+                # exact, flips in length fields included (the scan must not trust them)
+                assert listed == broken, \
+                    f"{where}: report lists {sorted(listed)}, restore fails for " \
+                    f"{sorted(broken)}: {deep['problems']}"
+                assert set(cover[0]["checkpoints"]) == broken, f"{where}: {cover}"
                 if kind.startswith("live"):
                     shallow = s.verify(deep=False)
                     assert not shallow["ok"], f"{where}: verify(deep=False) found nothing"
@@ -205,7 +203,6 @@ def test_every_byte_of_one_live_chunk_record(flip_store):
         assert rend - rstart < 8192
         first_broken = None
         for pos in range(rstart, rend):
-            in_length = LENGTH_FIELD[0] <= pos - rstart < LENGTH_FIELD[1]
             flip(s, seg, pos, 0x10)
             try:
                 where = f"byte {pos - rstart} of record {segment_name(seg)}+{rstart}"
@@ -219,9 +216,8 @@ def test_every_byte_of_one_live_chunk_record(flip_store):
                 if first_broken is None:
                     first_broken = broken
                 assert broken == first_broken, where
-                if not in_length:
-                    listed = set().union(*(p["checkpoints"] for p in deep["problems"]))
-                    assert listed == broken, where
+                listed = set().union(*(p["checkpoints"] for p in deep["problems"]))
+                assert listed == broken, where
             finally:
                 flip(s, seg, pos, 0x10)
         assert s.verify(deep=True)["ok"]
