@@ -180,14 +180,16 @@ elif op == "untag":
     s.untag(cid, "kept")
 elif op == "delete":
     s.delete(cid)
+elif op == "retain":
+    s.retain("t", keep_every=cid)
 raise SystemExit("the crash point was not reached")
 """
 
 
-def _killed_after_log_append(path: str, op: str, cid: int) -> None:
-    """Runs tag/untag/delete in a child that is SIGKILLed after the record is durable in the
-    log and before the index saw it."""
-    env = dict(os.environ, SNAPSTORE_CRASH_AT="after_fsync")
+def _killed_after_log_append(path: str, op: str, cid: int, point: str = "after_fsync") -> None:
+    """Runs tag/untag/delete/retain in a child that is SIGKILLed at a crash point (default:
+    after the record is durable in the log and before the index saw it)."""
+    env = dict(os.environ, SNAPSTORE_CRASH_AT=point)
     proc = subprocess.run([sys.executable, "-c", _CHILD.format(root=PKG_ROOT, path=path), op,
                            str(cid)], env=env, capture_output=True, timeout=60)
     assert proc.returncode == -9, proc.stderr.decode()
@@ -213,6 +215,26 @@ def test_tag_untag_delete_are_log_records_replayed_by_recovery(store_path):
         model.drop([mid])
         model.check(s, deep=True)
         assert s.get(infos[2].id).parent == a
+
+
+def test_retain_killed_before_its_index_transaction_is_finished_by_recovery(store_path):
+    """retain()'s delete records are durable in the log before the index sees them: a kill
+    right there leaves the index untouched (read-only view), recovery applies all of them, and
+    running retain() again deletes nothing more."""
+    model = Model()
+    with snapstore.open(store_path, durability="fsync", segment_size=1 << 16) as s:
+        infos = build_chain(s, model, "t", 9, seed=9, size=16 << 10)
+        s.tag(infos[1].id, "keep")
+    want_kept = {c.id for c in infos if c.seq % 3 == 0} | {infos[1].id}
+    _killed_after_log_append(store_path, "retain", 3)
+    with snapstore.open(store_path, readonly=True) as r:
+        assert len(r.checkpoints("t")) == 9
+    with snapstore.open(store_path, **SMALL) as s:
+        assert {c.id for c in s.checkpoints("t")} == want_kept
+        model.drop([cid for cid in list(model.content) if cid not in want_kept])
+        model.check(s, deep=True)
+        assert s.retain("t", keep_every=3) == []
+        assert s.retain("t", keep_last=0, keep_every=3) == []
 
 
 # ---- retention ------------------------------------------------------------------------------
@@ -496,12 +518,24 @@ def test_compact_on_empty_and_fresh_stores(store_path):
 
 def test_compact_bad_arguments(store):
     for kwargs in (dict(threshold=-0.1), dict(threshold=1.5), dict(threshold="0.5"),
-                   dict(threshold=None), dict(max_chain=0), dict(max_chain=-3),
-                   dict(max_chain=2.5), dict(max_chain="3")):
-        with pytest.raises((InvalidArgumentError, TypeError)) as exc:
+                   dict(threshold=None), dict(threshold=float("nan")), dict(max_chain=0),
+                   dict(max_chain=-3), dict(max_chain=2.5), dict(max_chain="3")):
+        with pytest.raises(InvalidArgumentError):
             store.compact(**kwargs)
-        if not isinstance(kwargs.get("threshold", 0.5), str) or "threshold" not in kwargs:
-            assert isinstance(exc.value, InvalidArgumentError), kwargs
+    assert store.verify()["ok"]
+
+
+@pytest.mark.xfail(strict=True, reason="bug: compact() accepts bools as numbers (max_chain=True "
+                   "is max_chain=1 and silently folds every chain to full manifests; "
+                   "threshold=True/False is 1/0), while retain() rejects bools for its counts")
+def test_compact_rejects_bools(store_path):
+    model = Model()
+    with snapstore.open(store_path, **SMALL, max_chain=100) as s:
+        build_chain(s, model, "c", 4, seed=44, size=16 << 10)
+        for kwargs in (dict(max_chain=True), dict(threshold=True), dict(threshold=False)):
+            with pytest.raises(InvalidArgumentError):
+                s.compact(**kwargs)
+        assert max(c.chain_length for c in s.checkpoints()) == 3
 
 
 def test_garbage_is_reused_before_gc_and_gone_after(store_path):
@@ -697,6 +731,7 @@ OPS = st.one_of(
     st.tuples(st.just("ckpt"), st.sampled_from(["a", "b"]), st.integers(0, 40),
               st.integers(0, 2**32 - 1)),
     st.tuples(st.just("delete"), st.integers(0, 2**16)),
+    st.tuples(st.just("delete_many"), st.lists(st.integers(0, 2**16), min_size=1, max_size=4)),
     st.tuples(st.just("compact"), st.sampled_from([0.0, 0.3, 0.5, 0.8, 1.0]),
               st.sampled_from([None, 1, 2, 3])),
     st.tuples(st.just("tag"), st.integers(0, 2**16)),
@@ -735,6 +770,10 @@ def test_random_delete_compact_sequences_against_a_model(tmp_path_factory, ops):
                 victim = live[op[1] % len(live)]
                 s.delete(victim)
                 model.drop([victim])
+            elif kind == "delete_many" and live:
+                victims = sorted({live[i % len(live)] for i in op[1]})
+                s.delete_many(victims)
+                model.drop(victims)
             elif kind == "compact":
                 rep = s.compact(threshold=op[1], max_chain=op[2])
                 assert s.stats()["garbage_chunk_bytes"] == 0
