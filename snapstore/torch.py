@@ -236,9 +236,11 @@ class SnapstoreWriter(_StoreUser, StorageWriter):
         self.last_info: CheckpointInfo | None = None
         self.is_coordinator = True
         self._pending: dict | None = None
+        self._id_is_new = False
 
     def reset(self, checkpoint_id=None) -> None:
         self.checkpoint_id = _dcp_id(checkpoint_id)
+        self._id_is_new = True
         self._release()
 
     @classmethod
@@ -254,6 +256,9 @@ class SnapstoreWriter(_StoreUser, StorageWriter):
             raise InvalidArgumentError("SnapstoreWriter needs use_collectives=True with more "
                                        "than one rank (one save is one atomic checkpoint)")
         self.is_coordinator = bool(is_coordinator)
+        if not self._id_is_new:
+            self.checkpoint_id = None        # DCP calls reset() only when given an id
+        self._id_is_new = False
         self._release()
         self._pending = {"buffers": {}, "keep": [], "rank": 0}
 
@@ -322,7 +327,6 @@ class SnapstoreWriter(_StoreUser, StorageWriter):
         finally:
             self._done(store)
             self._release()
-            self.checkpoint_id = None        # a next save without checkpoint_id is a new one
 
     def _release(self) -> None:
         if self._pending is not None:
@@ -372,9 +376,11 @@ class SnapstoreReader(_StoreUser, StorageReader):
         self.info: CheckpointInfo | None = None
         self.storage_data: dict = {}
         self._store: Store | None = None
+        self._id_is_new = False
 
     def reset(self, checkpoint_id=None) -> None:
         self.checkpoint_id = _dcp_id(checkpoint_id)
+        self._id_is_new = True
         self.close()
 
     @classmethod
@@ -386,6 +392,9 @@ class SnapstoreReader(_StoreUser, StorageReader):
         self._done(store)
 
     def read_metadata(self) -> Metadata:
+        if not self._id_is_new:
+            self.checkpoint_id = None        # DCP calls reset() only when given an id
+        self._id_is_new = False
         self.close()
         self._store = self._open(readonly=True)
         try:
@@ -414,7 +423,8 @@ class SnapstoreReader(_StoreUser, StorageReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         try:
-            if self._store is None:
+            if self._store is None:          # called out of DCP's order: reopen
+                self._id_is_new = True
                 self.read_metadata()
             self._read(plan, planner)
         finally:

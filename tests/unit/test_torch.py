@@ -304,6 +304,11 @@ def test_dcp_without_checkpoint_id_and_with_store_objects(tmp_path):
     assert target["extra"]["epoch"] == 4
     dcp.load(target, checkpoint_id="a", storage_reader=reader)
     assert target["extra"]["epoch"] == 3
+    dcp.load(target, storage_reader=reader)                  # the id does not stick
+    assert target["extra"]["epoch"] == 4
+    dcp.save(state, checkpoint_id="c", storage_writer=writer)
+    dcp.save(state, storage_writer=writer)
+    assert writer.last_info.meta["snapstore.dcp"]["checkpoint_id"] is None
     same(target["model"], model.state_dict())
     with pytest.raises(BaseException, match="no DCP checkpoint .nope."):
         dcp.load(target, checkpoint_id="nope", storage_reader=reader)
@@ -392,3 +397,13 @@ def test_dcp_with_two_ranks(tmp_path):
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     assert "parts" in outs[0][0]
+
+
+def test_dcp_async_save(tmp_path):
+    path = str(tmp_path / "async")
+    state = {"w": torch.randn(100, 100), "n": 3}
+    response = dcp.async_save(state, checkpoint_id="x", storage_writer=st.SnapstoreWriter(path))
+    (response.result() if hasattr(response, "result") else response.upload_completion.result())
+    target = {"w": torch.zeros(100, 100), "n": 0}
+    dcp.load(target, checkpoint_id="x", storage_reader=st.SnapstoreReader(path))
+    assert torch.equal(target["w"], state["w"]) and target["n"] == 3
