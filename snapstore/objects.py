@@ -275,7 +275,7 @@ class _Null:
 
 class _Pickler(pickle.Pickler):
     """Protocol-5 pickler that sends large buffers out of band (views, no copies): NumPy
-    arrays (non-contiguous ones made contiguous, datetimes as int64), bytearrays, and CPU
+    arrays (non-contiguous ones made contiguous, datetimes as int64), PickleBuffers, and CPU
     torch tensors by storage."""
 
     def __init__(self, file, inband_limit: int, allow_device_copy: bool,
