@@ -28,7 +28,11 @@ import pickle
 import warnings
 from typing import Any, NamedTuple
 
-import torch
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("snapstore.torch needs PyTorch: pip install 'snapstore[torch]' "
+                      "(torch==2.13.0)") from exc
 from torch.futures import Future
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPlanner, SavePlan,
