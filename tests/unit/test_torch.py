@@ -316,7 +316,7 @@ def test_dcp_without_checkpoint_id_and_with_store_objects(tmp_path):
         state["extra"]["epoch"] = 5
         dcp.save(state, checkpoint_id="b", storage_writer=st.SnapstoreWriter(s, "run"))
         dcp.load(target, checkpoint_id="b", storage_reader=st.SnapstoreReader(s, "run"))
-        assert target["extra"]["epoch"] == 5 and not s._closed
+        assert target["extra"]["epoch"] == 5 and not s.closed
         with pytest.raises(objects.NotAnObjectCheckpointError):
             s.load("run")                                    # DCP checkpoints are not pickles
 
