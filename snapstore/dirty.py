@@ -708,7 +708,8 @@ class Detector:
             if self._impl.pages:
                 try:
                     self._impl.register()
-                    self.reason += "; registered again after fork()"
+                    if not self.reason.endswith("; registered again after fork()"):
+                        self.reason += "; registered again after fork()"
                 except _Refused as e:
                     self._switch_to_hash(f"after fork() the child could not register: {e}")
 
