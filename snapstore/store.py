@@ -543,12 +543,14 @@ class Store:
         if not self.readonly:
             self._async.wait_idle()
 
-    def save(self, obj: Any, stream: str = "default", meta: Any = None) -> CheckpointInfo:
-        """Checkpoints a picklable object graph; large buffers (NumPy arrays, bytearrays,
+    def save(self, obj: Any, stream: str = "default", meta: Any = None,
+             **options) -> CheckpointInfo:
+        """Checkpoints a picklable object graph; large buffers (NumPy arrays, tensors,
         PickleBuffers) go out of band, each diffed page-wise against the same buffer of the
-        stream's previous save. See snapstore.objects."""
+        stream's previous save. Options (allow_device_copy, inband_limit) and details:
+        snapstore.objects.save."""
         from . import objects
-        return objects.save(self, obj, stream=stream, meta=meta)
+        return objects.save(self, obj, stream=stream, meta=meta, **options)
 
     def load(self, id_or_stream: Any, into: Any = None) -> Any:
         """The object of a save() checkpoint (an id, a CheckpointInfo, or a stream name for
