@@ -13,6 +13,8 @@ const char *snap_strerror(int code)
         return "output array too small for the result";
     case SNAP_ESTATE:
         return "object not initialised (bad magic)";
+    case SNAP_ESYS:
+        return "a system call failed (its errno is in the err out-parameter)";
     default:
         return "unknown snapstore error code";
     }

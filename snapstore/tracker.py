@@ -182,7 +182,7 @@ class AsyncCheckpointer:
             for p in plans:
                 det = owner.detectors[p.name]
                 wr.stage(p, memory[pos:pos + p.nbytes] if memory is not None else memoryview(b""),
-                         det.note_stored)
+                         det.note_stored_many)
                 pos += p.nbytes
         except BaseException:
             if region is not None:

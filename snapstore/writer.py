@@ -206,15 +206,14 @@ def rebase(view: IndexView, parent: Commit, entry: BufferEntry) -> BufferEntry:
 
 
 def stage(plan: BufferPlan, out: memoryview,
-          on_stored: Callable[[int, memoryview], None] | None = None) -> None:
-    """Copies the plan's ranges back to back into out (C gather) and sets plan.staged."""
-    filled = native.gather(plan.view, plan.ranges(), out)
+          on_stored_many: Callable[[list, memoryview], None] | None = None) -> None:
+    """Copies the plan's ranges back to back into out (C gather) and sets plan.staged;
+    on_stored_many(ranges, copied bytes) is told what will be stored, in one call."""
+    ranges = plan.ranges()
+    filled = native.gather(plan.view, ranges, out)
     plan.staged = filled
-    if on_stored is not None:
-        pos = 0
-        for off, length in plan.ranges():
-            on_stored(off, filled[pos:pos + length])
-            pos += length
+    if on_stored_many is not None:
+        on_stored_many(ranges, filled)
 
 
 def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,

@@ -40,19 +40,40 @@ CHILD = os.path.join(HERE, "workflow_child.py")
 
 
 def _start(store: str, journal: str, workflow_id: str, attempt: int) -> subprocess.Popen:
+    # stderr goes to a file: only stdout is a pipe, read through one buffered stream (a
+    # fast child's "ready" and "done" can arrive in one read; communicate() would miss the
+    # "done" left in the text buffer by readline()).
+    err = open(journal + ".stderr", "w+")
     p = subprocess.Popen([sys.executable, CHILD, store, journal, workflow_id, str(attempt)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=err, text=True)
+    p.err_file = err
     line = p.stdout.readline().strip()
     if line != "ready":
         p.kill()
-        _, err = p.communicate()
-        raise AssertionError(f"child did not start: {line!r}\n{err}")
+        p.wait()
+        raise AssertionError(f"child did not start: {line!r}\n{_stderr(p)}")
     return p
 
 
+def _stderr(p: subprocess.Popen) -> str:
+    p.err_file.seek(0)
+    text = p.err_file.read()
+    p.err_file.close()
+    return text
+
+
 def _finish(p: subprocess.Popen) -> None:
-    out, err = p.communicate(timeout=60)
+    out = p.stdout.read()
+    p.wait(timeout=60)
+    err = _stderr(p)
     assert p.returncode == 0 and out.strip() == "done", (p.returncode, out, err)
+
+
+def _kill(p: subprocess.Popen) -> None:
+    p.kill()
+    p.wait()
+    p.stdout.close()
+    p.err_file.close()
 
 
 def _journal(path: str) -> list[tuple[int, int]]:
@@ -116,8 +137,7 @@ def test_workflow_sigkill_and_resume(tmp_path, kill_log):
                 try:
                     p.wait(timeout=rng.uniform(0, full))
                 except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.communicate()
+                    _kill(p)
                     kills += 1
                     kill_log(1)
                     continue
