@@ -609,6 +609,41 @@ def test_compaction_default_max_chain_is_the_stores(store_path):
         model.check(s, deep=True)
 
 
+def _retention_workload(path: str, threshold=None) -> tuple[float, dict]:
+    """The issue's compaction figure, scaled down: 40 checkpoints of an 8 MiB random buffer,
+    10% of its pages rewritten between checkpoints, retain(keep_last=10), compact(). Returns
+    (garbage returned to the file system / garbage, report); garbage = segment bytes minus
+    the bytes of live chunk records."""
+    rng = random.Random(12)
+    buf = bytearray(rng.randbytes(8 << 20))
+    npages = len(buf) // PAGE
+    with snapstore.open(path, durability="none", segment_size=4 << 20) as s:
+        for _ in range(40):
+            s.checkpoint({"state": buf}, stream="run")
+            for p in rng.sample(range(npages), npages // 10):
+                buf[p * PAGE:(p + 1) * PAGE] = rng.randbytes(PAGE)
+        s.retain("run", keep_last=10)
+        before = segment_bytes(path)
+        garbage = before - s.stats()["live_chunk_bytes"]
+        rep = s.compact() if threshold is None else s.compact(threshold=threshold)
+        assert s.verify()["ok"]
+        return (before - segment_bytes(path)) / garbage, rep
+
+
+def test_compaction_figure_with_threshold_one_returns_all_garbage(store_path):
+    fraction, rep = _retention_workload(store_path, threshold=1.0)
+    assert fraction >= 0.999, (fraction, rep)
+
+
+@pytest.mark.xfail(strict=True, reason="figure missed: with its default threshold (segments "
+                   "under 50% live) compact() returns none of the garbage of this scaled "
+                   "retention workload (none at full size either: the sparsest 256 MiB segment "
+                   "is 51% live); the issue asks for >= 90%")
+def test_compaction_figure_default_threshold_returns_90_percent_of_garbage(store_path):
+    fraction, rep = _retention_workload(store_path)
+    assert fraction >= 0.9, (fraction, rep)
+
+
 def test_compaction_returns_space_of_deleted_checkpoints_over_many_rounds(store_path):
     """A store that keeps taking checkpoints and keeping the last few stays bounded."""
     model = Model()
