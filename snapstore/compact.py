@@ -103,6 +103,7 @@ def rewrite_segments(index: Index, log: SegmentLog, backend: SegmentBackend,
                         moves.append((cid, seg, off))
                         copied += fmt.RECORD_HEADER.size + e.stored_len
                 log.sync()
+                backend.sync_directory()    # segments the copies created exist durably too
             except BaseException:
                 log.rollback(mark)   # the index never saw these copies
                 raise

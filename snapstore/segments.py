@@ -94,6 +94,7 @@ class SegmentBackend(Protocol):
     def read(self, number: int, offset: int, length: int) -> bytes: ...
     def open_reader(self) -> SegmentReader: ...
     def create(self, number: int) -> SegmentFile: ...
+    def sync_directory(self) -> None: ...
     def open_append(self, number: int) -> SegmentFile: ...
     def remove(self, number: int) -> None: ...
     def close(self) -> None: ...
@@ -204,11 +205,16 @@ class LocalSegments:
 
     def _sync_dir(self) -> None:
         if self.durable:
-            fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            self.sync_directory()
+
+    def sync_directory(self) -> None:
+        """Makes the directory entries (created and removed segments) durable, whatever the
+        durability setting."""
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def create(self, number: int) -> _LocalSegmentFile:
         path = self.path(number)

@@ -636,10 +636,13 @@ class Store:
         chunks, and rewrites sealed segments whose live fraction is below threshold so space
         returns to the file system. Returns a report (bytes before/after, chunks freed,
         segments rewritten, chains folded, seconds). Safe to interrupt at any moment."""
-        if not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
-            raise InvalidArgumentError("threshold must be a number from 0 to 1")
-        if max_chain is not None and (not isinstance(max_chain, int) or max_chain < 1):
-            raise InvalidArgumentError("max_chain must be an int >= 1")
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
+                or not 0 <= threshold <= 1:
+            raise InvalidArgumentError(f"threshold must be a number from 0 to 1, got "
+                                       f"{threshold!r}")
+        if max_chain is not None and (isinstance(max_chain, bool) or
+                                      not isinstance(max_chain, int) or max_chain < 1):
+            raise InvalidArgumentError(f"max_chain must be an int >= 1, got {max_chain!r}")
         with self._lock:
             index = self._check_open(write=True)
             try:

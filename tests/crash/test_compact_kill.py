@@ -355,11 +355,6 @@ def test_compaction_makes_new_segment_files_durable_before_removing(tmp_path, mo
     assert _durability_case(str(tmp_path / "store"), "fsync", monkeypatch, directory=True) == []
 
 
-@pytest.mark.xfail(strict=True, reason="bug: with durability='none' the segment files compaction "
-                   "creates (seal and rolls while copying) are fdatasync'd (force_sync) but their "
-                   "directory entries never are (LocalSegments.create/_sync_dir skip the "
-                   "directory fsync when not durable) before old segments are removed: after a "
-                   "power cut the index, forced to disk, may point into a file that is gone")
 def test_compaction_without_fsync_durability_makes_new_segment_files_durable(tmp_path,
                                                                             monkeypatch):
     assert _durability_case(str(tmp_path / "store"), "none", monkeypatch, directory=True) == []

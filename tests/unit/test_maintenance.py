@@ -525,9 +525,6 @@ def test_compact_bad_arguments(store):
     assert store.verify()["ok"]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: compact() accepts bools as numbers (max_chain=True "
-                   "is max_chain=1 and silently folds every chain to full manifests; "
-                   "threshold=True/False is 1/0), while retain() rejects bools for its counts")
 def test_compact_rejects_bools(store_path):
     model = Model()
     with snapstore.open(store_path, **SMALL, max_chain=100) as s:
