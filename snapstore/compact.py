@@ -3,8 +3,12 @@
 Order and invariants (docs/design.md, "Compaction"):
   1. fold: a buffer whose chain is longer than max_chain gets one full manifest resolved from
      its layers. Only manifests change (no bytes are copied); what it restores to is unchanged.
-  2. gc: chunk entries with reference count 0 leave the index.
-  3. rewrite: every sealed segment whose live fraction is below the threshold has its live
+  2. trim: a chunk of which manifests reference less than `threshold` of its bytes (the rest
+     was overwritten in every checkpoint that still uses it) is replaced by a chunk holding
+     only the referenced bytes; extents are remapped. The new records are synced (with the
+     segments directory) before the index transaction that switches to them.
+  3. gc: chunk entries with reference count 0 leave the index.
+  4. rewrite: every sealed segment whose live fraction is below the threshold has its live
      chunk records copied to the log's tail; the log is synced, the index is pointed at the
      copies and the applied position moved to the tail in one transaction, LMDB is flushed to
      disk, and only then is the old segment removed. So the index never points into a removed
@@ -17,9 +21,15 @@ from __future__ import annotations
 
 import time
 
+from collections import defaultdict
+
+import zstandard
+
 from . import extents as ext
 from . import format as fmt
+from . import writer as wr
 from ._testing import crashpoint
+from .errors import CorruptionError
 from .index import ChunkEntry, Index
 from .reader import buffer_layers
 from .segments import SegmentBackend, SegmentLog, read_chunk_record
@@ -48,6 +58,93 @@ def fold_chains(index: Index, max_chain: int) -> int:
                 w.put_checkpoint_info(commit)
             depths[cid] = {b.name: b.depth for b in commit.buffers}
     return folded
+
+
+def _merge(ranges: list) -> list:
+    """Sorted, merged (start, end) intervals of (offset, length) ranges."""
+    out: list = []
+    for off, length in sorted(ranges):
+        if out and off <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], off + length)
+        else:
+            out.append([off, off + length])
+    return out
+
+
+def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
+                opts: "wr.WriteOptions", threshold: float) -> tuple[int, int]:
+    """Replaces chunks mostly unreferenced by their manifests with chunks of only the
+    referenced bytes. Returns (chunks trimmed, raw bytes no longer kept)."""
+    uses: dict[bytes, list] = defaultdict(list)        # chunk -> [(chunk offset, length)]
+    where: dict[bytes, set] = defaultdict(set)         # chunk -> {(checkpoint, buffer index)}
+    with index.read() as r:
+        for cid in r.checkpoint_ids():
+            commit = r.checkpoint(cid)
+            for bi in range(len(commit.buffers)):
+                for _, coff, length, chunk in fmt.EXTENT.iter_unpack(r.manifest(cid, bi)):
+                    uses[chunk].append((coff, length))
+                    where[chunk].add((cid, bi))
+        entries = {c: r.chunk(c) for c in uses}
+    plans = {}
+    for chunk, ranges in uses.items():
+        entry = entries[chunk]
+        if entry is None:
+            raise CorruptionError(f"a manifest references missing chunk {chunk.hex()[:16]}…")
+        intervals = _merge(ranges)
+        live = sum(b - a for a, b in intervals)
+        if live < threshold * entry.raw_len:
+            plans[chunk] = intervals
+    if not plans:
+        return 0, 0
+    mark = log.position
+    saved = 0
+    remap: dict[bytes, tuple] = {}                     # old chunk -> (new chunk, intervals)
+    decompressor = zstandard.ZstdDecompressor()
+    try:
+        with index.read() as r, backend.open_reader() as segments:
+            sink = wr.ChunkSink(log, r, opts)
+            for chunk, intervals in plans.items():
+                e = entries[chunk]
+                codec, raw_len, stored = read_chunk_record(segments, e.segment, e.offset,
+                                                           e.stored_len, chunk)
+                data = (decompressor.decompress(stored, max_output_size=raw_len)
+                        if codec == fmt.CODEC_ZSTD else bytes(stored))
+                kept = b"".join(data[a:b] for a, b in intervals)
+                remap[chunk] = (sink.put(memoryview(kept)), intervals)
+                saved += raw_len - len(kept)
+            new_chunks = dict(sink.new)
+        log.sync()
+        backend.sync_directory()
+    except BaseException:
+        log.rollback(mark)
+        raise
+    crashpoint("compact_after_trim_copy")
+    with index.write() as w:
+        for cid, (seg, off, stored, raw, codec) in new_chunks.items():
+            if not w.has_chunk(cid):
+                w.put_chunk(cid, ChunkEntry(seg, off, stored, raw, 0, codec))
+        todo: dict[tuple, None] = {}
+        for chunk in remap:
+            for key in where[chunk]:
+                todo[key] = None
+        for ckpt, bi in todo:
+            out = []
+            for off, coff, length, chunk in fmt.EXTENT.iter_unpack(w.manifest(ckpt, bi)):
+                hit = remap.get(chunk)
+                if hit is not None:
+                    new_id, intervals = hit
+                    base = 0
+                    for a, b in intervals:
+                        if a <= coff < b:
+                            coff, chunk = base + (coff - a), new_id
+                            break
+                        base += b - a
+                    else:
+                        raise CorruptionError("an extent lies outside its chunk's live bytes")
+                out.append((off, coff, length, chunk))
+            w.put_manifest(ckpt, bi, ext.pack(out))
+        w.set_applied(log.position)
+    return len(remap), saved
 
 
 def collect_garbage(index: Index) -> tuple[int, int]:
@@ -127,11 +224,16 @@ def rewrite_segments(index: Index, log: SegmentLog, backend: SegmentBackend,
 
 
 def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold: float,
-            max_chain: int) -> dict:
-    """Runs fold, gc and rewrite; returns the report."""
+            max_chain: int, opts: "wr.WriteOptions") -> dict:
+    """Runs fold, trim, gc and rewrite; returns the report."""
     started = time.perf_counter()
     before = sum(backend.size(n) for n in backend.list())
     folded = fold_chains(index, max_chain)
+    log.force_sync = True
+    try:
+        trimmed, trimmed_bytes = trim_chunks(index, log, backend, opts, threshold)
+    finally:
+        log.force_sync = False
     freed, freed_bytes = collect_garbage(index)
     index.sync()
     rewritten, removed, copied = rewrite_segments(index, log, backend, threshold)
@@ -140,4 +242,5 @@ def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold
             "chunks_freed": freed, "garbage_bytes_freed": freed_bytes,
             "segments_rewritten": rewritten, "segments_removed": removed,
             "live_bytes_copied": copied, "chains_folded": folded,
+            "chunks_trimmed": trimmed, "trimmed_bytes": trimmed_bytes,
             "seconds": time.perf_counter() - started}

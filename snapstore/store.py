@@ -648,7 +648,8 @@ class Store:
             try:
                 return compaction.compact(index, self._log, self.backend,
                                           threshold=float(threshold),
-                                          max_chain=max_chain or self.options.max_chain)
+                                          max_chain=max_chain or self.options.max_chain,
+                                          opts=self.options)
             except OSError as exc:
                 if isinstance(exc, SnapstoreError):
                     raise

@@ -41,7 +41,8 @@ CHILD = os.path.join(HERE, "compact_child.py")
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(snapstore.__file__)))
 KILLS = 2 * int(os.environ.get("SNAPSTORE_CRASH_ITERATIONS", "30"))
 DURABILITY = os.environ.get("SNAPSTORE_COMPACT_DURABILITY", "fsync")
-POINTS = ("compact_after_copy", "compact_before_remove", "compact_after_remove")
+POINTS = ("compact_after_trim_copy", "compact_after_copy", "compact_before_remove",
+          "compact_after_remove")
 SEGMENT_SIZE = 1 << 18
 THRESHOLD = 0.5
 
