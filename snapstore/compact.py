@@ -72,9 +72,10 @@ def _merge(ranges: list) -> list:
 
 
 def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
-                opts: "wr.WriteOptions", threshold: float) -> tuple[int, int]:
+                opts: "wr.WriteOptions", threshold: float) -> tuple[int, int, int, int]:
     """Replaces chunks mostly unreferenced by their manifests with chunks of only the
-    referenced bytes. Returns (chunks trimmed, raw bytes no longer kept)."""
+    referenced bytes. Returns (chunks trimmed, raw bytes no longer kept, record bytes read,
+    record bytes written)."""
     uses: dict[bytes, list] = defaultdict(list)        # chunk -> [(chunk offset, length)]
     where: dict[bytes, set] = defaultdict(set)         # chunk -> {(checkpoint, buffer index)}
     with index.read() as r:
@@ -95,9 +96,9 @@ def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
         if live < threshold * entry.raw_len:
             plans[chunk] = intervals
     if not plans:
-        return 0, 0
+        return 0, 0, 0, 0
     mark = log.position
-    saved = 0
+    saved = read_bytes = 0
     remap: dict[bytes, tuple] = {}                     # old chunk -> (new chunk, intervals)
     decompressor = zstandard.ZstdDecompressor()
     try:
@@ -112,6 +113,7 @@ def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
                 kept = b"".join(data[a:b] for a, b in intervals)
                 remap[chunk] = (sink.put(memoryview(kept)), intervals)
                 saved += raw_len - len(kept)
+                read_bytes += fmt.RECORD_HEADER.size + e.stored_len
             new_chunks = dict(sink.new)
         log.sync()
         backend.sync_directory()
@@ -144,7 +146,7 @@ def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
                 out.append((off, coff, length, chunk))
             w.put_manifest(ckpt, bi, ext.pack(out))
         w.set_applied(log.position)
-    return len(remap), saved
+    return len(remap), saved, read_bytes, sink.bytes_new
 
 
 def collect_garbage(index: Index) -> tuple[int, int]:
@@ -231,7 +233,8 @@ def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold
     folded = fold_chains(index, max_chain)
     log.force_sync = True
     try:
-        trimmed, trimmed_bytes = trim_chunks(index, log, backend, opts, threshold)
+        trimmed, trimmed_bytes, trim_read, trim_written = trim_chunks(index, log, backend,
+                                                                      opts, threshold)
     finally:
         log.force_sync = False
     freed, freed_bytes = collect_garbage(index)
@@ -243,4 +246,5 @@ def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold
             "segments_rewritten": rewritten, "segments_removed": removed,
             "live_bytes_copied": copied, "chains_folded": folded,
             "chunks_trimmed": trimmed, "trimmed_bytes": trimmed_bytes,
+            "trim_bytes_read": trim_read, "trim_bytes_written": trim_written,
             "seconds": time.perf_counter() - started}
