@@ -6,6 +6,8 @@ mmap, numpy arrays of any dtype and shape) without copying it. The C calls relea
 """
 from __future__ import annotations
 
+import array
+import itertools
 import operator
 import os
 import threading
@@ -176,6 +178,17 @@ def runs_to_ranges(runs: Iterable[Sequence[int]], nbytes: int,
 
 def _ranges_array(ranges, nbytes: int) -> Tuple[object, int, int]:
     """(uint64_t[2n] cdata, n, total length) of gather's (offset, length) pairs, checked against nbytes."""
+    if isinstance(ranges, list):
+        try:        # fast path (C speed); anything odd falls through to the checked loop
+            flat_q = array.array("Q", itertools.chain.from_iterable(ranges))
+        except (TypeError, ValueError, OverflowError):
+            flat_q = None
+        if flat_q is not None and len(flat_q) == 2 * len(ranges):
+            offs, lens = flat_q[0::2], flat_q[1::2]
+            if all(o + n <= nbytes for o, n in zip(offs, lens)):
+                if not flat_q:
+                    return ffi.NULL, 0, 0
+                return ffi.from_buffer("uint64_t[]", flat_q), len(ranges), sum(lens)
     flat: List[int] = []
     total = 0
     for item in ranges:

@@ -443,7 +443,7 @@ class Store:
         return views
 
     def _persist(self, index: Index, stream: str, make_plans, meta: Any,
-                 on_stored: dict | None = None) -> CheckpointInfo:
+                 on_stored: dict | None = None, pause=None) -> CheckpointInfo:
         """Stores planned buffers as the stream's next checkpoint and commits it (lock held).
 
         make_plans(view, head id, head commit) returns the BufferPlans; a delta plan is
@@ -460,7 +460,7 @@ class Store:
                 head = r.stream_head(stream)
                 parent = r.checkpoint(head) if head is not None else None
                 parents = {b.name: b for b in parent.buffers} if parent else {}
-                sink = wr.ChunkSink(log, r, opts)
+                sink = wr.ChunkSink(log, r, opts, pause)
                 entries = []
                 for plan in make_plans(r, head, parent):
                     if plan.base == "delta":

@@ -19,6 +19,7 @@ arena is persisted synchronously from the live buffers instead.
 from __future__ import annotations
 
 import collections
+import contextlib
 import mmap
 import threading
 from concurrent.futures import Future
@@ -122,13 +123,14 @@ class _Capturer:
         full_diff = []
         plans = []
         opts = store.options
-        for name, view in views.items():
-            det = self.detectors[name]
-            ranges = det.dirty()                     # first: arms or re-protects the tracking
-            if ranges is None or self.failure is not None:
-                full_diff.append(name)
-            else:
-                plans.append(wr.plan_delta(name, view, ranges, 0, opts))
+        with engine.capturing():
+            for name, view in views.items():
+                det = self.detectors[name]
+                ranges = det.dirty()                 # first: arms or re-protects the tracking
+                if ranges is None or self.failure is not None:
+                    full_diff.append(name)
+                else:
+                    plans.append(wr.plan_delta(name, view, ranges, 0, opts))
         if full_diff:
             # The head must be this stream's newest capture: let pending jobs land first.
             engine.wait_idle(self)
@@ -162,6 +164,30 @@ class AsyncCheckpointer:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.owners: dict[str, _Capturer] = {}      # stream -> tracker or implicit capturer
+        self._captures = 0
+        self._capture_cv = threading.Condition()
+
+    # -- captures have priority: the caller is blocked during them, the worker is not
+    @contextlib.contextmanager
+    def capturing(self):
+        """Marks a capture in progress: the worker pauses between chunks meanwhile, so the
+        caller's thread does not wait for the GIL behind background work."""
+        with self._capture_cv:
+            self._captures += 1
+        try:
+            yield
+        finally:
+            with self._capture_cv:
+                self._captures -= 1
+                if not self._captures:
+                    self._capture_cv.notify_all()
+
+    def yield_to_captures(self) -> None:
+        """Called by the worker between chunks: waits while a capture runs (bounded, so a
+        stuck caller never stalls persisting for long)."""
+        if self._captures:
+            with self._capture_cv:
+                self._capture_cv.wait_for(lambda: not self._captures, timeout=0.05)
 
     # -- submitting
     def submit(self, owner: _Capturer, plans: list, meta: Any) -> Future:
@@ -177,17 +203,25 @@ class AsyncCheckpointer:
                 future.set_exception(exc)
             return future
         region, memory = self.arena.alloc(total) if total else (None, None)
-        pos = 0
         try:
-            for p in plans:
-                det = owner.detectors[p.name]
-                wr.stage(p, memory[pos:pos + p.nbytes] if memory is not None else memoryview(b""),
-                         det.note_stored_many)
-                pos += p.nbytes
+            with self.capturing():
+                self._stage_all(owner, plans, memory)
         except BaseException:
             if region is not None:
                 self._free_tail(region)
             raise
+        return self._enqueue(owner, plans, meta, region)
+
+    @staticmethod
+    def _stage_all(owner: _Capturer, plans: list, memory) -> None:
+        pos = 0
+        for p in plans:
+            det = owner.detectors[p.name]
+            wr.stage(p, memory[pos:pos + p.nbytes] if memory is not None else memoryview(b""),
+                     det.note_stored_many)
+            pos += p.nbytes
+
+    def _enqueue(self, owner: _Capturer, plans: list, meta: Any, region) -> Future:
         job = _Job(owner, owner.epoch, plans, meta, region)
         with self._cv:
             if self._closed:
@@ -227,7 +261,8 @@ class AsyncCheckpointer:
 
         with store._lock:
             index = store._check_open(write=True)
-            info = store._persist(index, owner.stream, checked_plans, meta, callbacks)
+            info = store._persist(index, owner.stream, checked_plans, meta, callbacks,
+                                  pause=None if live else self.yield_to_captures)
         owner.last_id = info.id
         return info
 

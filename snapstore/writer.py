@@ -81,7 +81,9 @@ def pack_ranges(ranges, chunk_size: int) -> list:
     run: fewer records, index entries and reads (an extent addresses its bytes by offset inside
     the chunk)."""
     chunks, current, filled = [], [], 0
-    for off, length in split_ranges(ranges, chunk_size):
+    if any(length > chunk_size for _, length in ranges):
+        ranges = split_ranges(ranges, chunk_size)
+    for off, length in ranges:
         if current and filled + length > chunk_size:
             chunks.append(current)
             current, filled = [], 0
@@ -97,6 +99,11 @@ def plan_delta(name: str, view: memoryview, ranges: list, depth: int,
     """A delta of the byte ranges a dirty-page tracker reported (relative to the previous
     checkpoint it captured)."""
     page = opts.page_size
+    size = len(view)
+    if all(off % page == 0 and (length % page == 0 or off + length == size)
+           for off, length in ranges):      # detectors report whole pages already
+        return BufferPlan(name, view, "delta", depth, "pages", page,
+                          pack_ranges(ranges, opts.chunk_size), None, "")
     aligned = []                       # widen to whole pages: deltas are page runs
     for off, length in ranges:
         lo = off // page * page
@@ -149,8 +156,9 @@ class ChunkSink:
 
     _local = threading.local()
 
-    def __init__(self, log: SegmentLog, view: IndexView, opts: WriteOptions) -> None:
-        self.log, self.view, self.opts = log, view, opts
+    def __init__(self, log: SegmentLog, view: IndexView, opts: WriteOptions,
+                 pause: Callable[[], None] | None = None) -> None:
+        self.log, self.view, self.opts, self.pause = log, view, opts, pause
         self.new: dict[bytes, tuple] = {}
         self.bytes_new = 0
 
@@ -164,6 +172,8 @@ class ChunkSink:
 
     def put(self, data: memoryview) -> bytes:
         """Ensures the chunk is stored; returns its id."""
+        if self.pause is not None:
+            self.pause()
         cid = blake3.blake3(data).digest()
         if cid in self.new or self.view.has_chunk(cid):
             return cid
