@@ -111,10 +111,15 @@ def test_percentile_and_summary():
 def test_peak_memory_sees_c_allocations():
     if not bench.PeakMemory.supported():
         pytest.skip("no /proc/self/clear_refs")
+    import mmap
     with bench.PeakMemory() as m:
-        buf = bytearray(64 * MiB)      # calloc'd: touch it so it is resident
-        buf[::4096] = b"x" * len(buf[::4096])
-        del buf
+        # A fresh private mapping: malloc could hand back memory that earlier tests freed and
+        # that is still resident, which would not raise the peak.
+        buf = mmap.mmap(-1, 64 * MiB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        view = memoryview(buf)
+        view[::4096] = b"x" * len(view[::4096])
+        view.release()
+        buf.close()
     assert m.extra is not None and m.extra >= 48 * MiB
 
 
