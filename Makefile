@@ -11,11 +11,14 @@ ASAN_DIR := build/asan
 ASAN_ENV := LD_PRELOAD="$(ASAN_LIB) $(UBSAN_LIB)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: deps build demo test test-fast asan bench clean
+.PHONY: deps test-deps build demo test test-fast asan bench clean
 
 deps:  ## system header + Python packages (idempotent)
 	@test -f /usr/include/xxhash.h || { apt-get update -qq && apt-get install -y -qq libxxhash-dev; }
 	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[test]'
+
+test-deps: deps  ## the optional integrations the suite tests (torch: the CPU build, pinned)
+	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[test,torch]'
 
 build: deps
 	$(PYTHON) setup.py -q build_ext --inplace --force
@@ -23,7 +26,7 @@ build: deps
 demo: build
 	$(PYTHON) examples/demo.py
 
-test: build asan
+test: build test-deps asan
 	$(PYTEST) -q tests
 
 test-fast:  ## tests without re-installing (developer loop)
