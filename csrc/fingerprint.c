@@ -8,19 +8,7 @@
 #include <xxhash.h>
 #include <string.h>
 
-#include "snapstore.h"
-
-static inline void store_le64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static inline int page_size_ok(size_t page_size)
-{
-    return page_size >= SNAP_PAGE_MIN && page_size <= SNAP_PAGE_MAX &&
-           (page_size & (page_size - 1)) == 0;
-}
+#include "internal.h"
 
 size_t snap_page_count(size_t len, size_t page_size)
 {

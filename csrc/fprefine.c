@@ -10,23 +10,9 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "snapstore.h"
+#include "internal.h"
 
 #define PREFETCH_AHEAD 2u   /* pages in flight: the one being hashed and the next */
-
-static inline void store_le64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static inline uint64_t load_le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 int snap_fp_diff_runs(const uint8_t *buf, size_t len, size_t page_size,
                       uint8_t *fps, size_t fps_cap,

@@ -9,27 +9,7 @@
 #include <xxhash.h>
 #include <string.h>
 
-#include "snapstore.h"
-
-static inline void store_le64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static inline uint64_t load_le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
-static inline int page_size_ok(size_t page_size)
-{
-    return page_size >= SNAP_PAGE_MIN && page_size <= SNAP_PAGE_MAX &&
-           (page_size & (page_size - 1)) == 0;
-}
+#include "internal.h"
 
 /* Run builder: the open run is (start, count); count == 0 means none is open. */
 typedef struct {

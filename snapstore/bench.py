@@ -56,6 +56,7 @@ from typing import Callable, Optional
 import blake3
 
 from .progress import human_bytes, human_seconds
+from .segments import fsync_directory
 
 PAGE = 4096
 DIRTY_WRITE = 64                  # bytes overwritten in each dirty page
@@ -340,13 +341,6 @@ def drop_cache(path: str) -> None:
                 os.close(fd)
 
 
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
 
 def fs_type(path: str) -> str:
     """The file system type of the mount holding path ('' when unknown)."""
@@ -440,7 +434,7 @@ class Method:
 
     def _finish_file(self) -> None:
         if self.w.durability == "fsync":
-            fsync_dir(self.dir)
+            fsync_directory(self.dir)
 
 
 class SnapstoreMethod(Method):

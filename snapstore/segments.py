@@ -24,6 +24,15 @@ from .errors import CorruptionError, StoreIOError
 Buffer = "bytes | bytearray | memoryview"
 
 
+def fsync_directory(path: str) -> None:
+    """Makes a directory's entries (files created, renamed or removed in it) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def segment_name(number: int) -> str:
     return f"{number:016d}{fmt.SEGMENT_SUFFIX}"
 
@@ -210,11 +219,7 @@ class LocalSegments:
     def sync_directory(self) -> None:
         """Makes the directory entries (created and removed segments) durable, whatever the
         durability setting."""
-        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_directory(self.directory)
 
     def create(self, number: int) -> _LocalSegmentFile:
         path = self.path(number)

@@ -36,7 +36,8 @@ from .errors import (CheckpointNotFound, CorruptionError, FormatError, InvalidAr
 from .index import Index, IndexView
 from .reader import find_buffer, restore_range
 from .records import Commit
-from .segments import LocalSegments, SegmentBackend, SegmentLog, scan, segment_name
+from .segments import (LocalSegments, SegmentBackend, SegmentLog, fsync_directory, scan,
+                       segment_name)
 from .tracker import DEFAULT_STAGING_BYTES, AsyncCheckpointer, ImplicitCapturer, Tracker
 from .verify import verify as verify_store
 
@@ -103,11 +104,7 @@ def _write_format_file(path: str) -> None:
     finally:
         os.close(fd)
     os.rename(tmp, os.path.join(path, fmt.FORMAT_FILE))
-    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    fsync_directory(path)
 
 
 def _read_format_file(path: str) -> None:
