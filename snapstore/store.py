@@ -203,35 +203,32 @@ class Store:
 
     def _open_directory(self, create: bool, timeout: float) -> None:
         path = self.path
-        fresh = False
         if os.path.exists(path) and not os.path.isdir(path):
             raise FormatError(f"{path} is not a directory, so not a snapstore store")
         if not os.path.isdir(path):
             if self.readonly or not create:
                 raise FormatError(f"no snapstore store at {path}")
             os.makedirs(path, exist_ok=True)
-        if not os.path.exists(os.path.join(path, fmt.FORMAT_FILE)) and \
-                set(os.listdir(path)) - {fmt.LOCK_FILE, fmt.INDEX_DIR, fmt.SEGMENTS_DIR}:
-            # Checked before the lock file is created: never leave anything in a foreign
-            # directory (a store being created holds only these, or a .FORMAT.* temp file).
-            if any(not n.startswith(".FORMAT.") for n in set(os.listdir(path)) -
-                   {fmt.LOCK_FILE, fmt.INDEX_DIR, fmt.SEGMENTS_DIR}):
-                raise FormatError(f"{path} is a non-empty directory that is not a snapstore "
-                                  "store")
+        self._refuse_foreign_directory()     # before the lock file: leave nothing in one
         if not self.readonly:
             self._lock_fd = self._take_lock(timeout)
         if not os.path.exists(os.path.join(path, fmt.FORMAT_FILE)):
             if self.readonly or not create:
                 raise FormatError(f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)")
-            foreign = set(os.listdir(path)) - {fmt.LOCK_FILE, fmt.INDEX_DIR, fmt.SEGMENTS_DIR}
-            if any(not n.startswith(".FORMAT.") for n in foreign):
-                raise FormatError(f"{path} is a non-empty directory that is not a snapstore store")
-            fresh = True
-        if fresh:
+            self._refuse_foreign_directory()   # again under the lock: creation races
             os.makedirs(os.path.join(path, fmt.SEGMENTS_DIR), exist_ok=True)
             os.makedirs(os.path.join(path, fmt.INDEX_DIR), exist_ok=True)
             _write_format_file(path)
         _read_format_file(path)
+
+    def _refuse_foreign_directory(self) -> None:
+        """A directory without FORMAT may only hold what a store being created holds."""
+        if os.path.exists(os.path.join(self.path, fmt.FORMAT_FILE)):
+            return
+        ours = {fmt.LOCK_FILE, fmt.INDEX_DIR, fmt.SEGMENTS_DIR}
+        if any(n not in ours and not n.startswith(".FORMAT.") for n in os.listdir(self.path)):
+            raise FormatError(f"{self.path} is a non-empty directory that is not a snapstore "
+                              "store")
 
     def _take_lock(self, timeout: float) -> int:
         fd = os.open(os.path.join(self.path, fmt.LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
@@ -754,11 +751,10 @@ class Store:
                 c = r.checkpoint(i)
                 logical += sum(b.size for b in c.buffers)
                 chains.append(c.chain_length)
-            unique_raw = stored = live = garbage = 0
+            unique_raw = live = garbage = 0
             n_chunks = 0
             for _, e in r.chunks():
                 n_chunks += 1
-                stored += fmt.RECORD_HEADER.size + e.stored_len
                 if e.refs:
                     unique_raw += e.raw_len
                     live += fmt.RECORD_HEADER.size + e.stored_len
