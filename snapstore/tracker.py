@@ -56,12 +56,12 @@ class StagingArena:
     def _place(self, n: int) -> int | None:
         if not self._regions:
             return 0
-        tail = self._regions[0][0]
-        if self._head > tail or (self._head == tail and not self._regions):
+        tail = self._regions[0][0]          # the oldest region still in use
+        if self._head > tail:               # free: [head, capacity) and [0, tail)
             if self.capacity - self._head >= n:
                 return self._head
             return 0 if n <= tail else None
-        return self._head if self._head + n <= tail else None
+        return self._head if self._head + n <= tail else None   # free: [head, tail)
 
     def alloc(self, n: int) -> tuple[int, memoryview]:
         """Blocks until n contiguous bytes are free; returns (region id, memory)."""
@@ -84,9 +84,12 @@ class StagingArena:
 
     def close(self) -> None:
         if self._view is not None:
-            self._view.release()
-            self._mm.close()
-            self._view = self._mm = None
+            view, mm, self._view, self._mm = self._view, self._mm, None, None
+            try:
+                view.release()
+                mm.close()
+            except BufferError:     # a view of it still lives: the mapping goes with it
+                pass
 
 
 class _Job:

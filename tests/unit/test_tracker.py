@@ -225,3 +225,30 @@ def test_deleting_the_head_of_an_async_stream_rebases_the_next_capture(store):
     nxt = store.checkpoint_async({"x": x}, stream="imp").result()
     assert nxt.parent == first.id
     assert store.restore(nxt.id)["x"] == x.tobytes()
+
+
+def test_staging_arena_is_a_fifo_ring():
+    from snapstore.tracker import StagingArena
+    arena = StagingArena(1 << 20)
+    a, ma = arena.alloc(600 << 10)
+    b, mb = arena.alloc(300 << 10)
+    assert (a, b) == (0, 600 << 10)
+    ma[:3] = b"abc"
+    arena.free(a)
+    c, mc = arena.alloc(500 << 10)          # wraps to the front: [0, 500 KiB) is free
+    assert c == 0 and len(mc) == 500 << 10
+    got = []
+    t = threading.Thread(target=lambda: got.append(arena.alloc(400 << 10)[0]))
+    t.start()                               # no room until b is freed: back-pressure
+    t.join(0.2)
+    assert t.is_alive()
+    arena.free(b)
+    t.join(5)
+    assert got == [500 << 10]
+    with pytest.raises(ValueError):
+        arena.alloc(2 << 20)
+    arena.free(c)
+    arena.free(got[0])
+    del ma, mb, mc
+    arena.close()
+    arena.close()                           # idempotent
