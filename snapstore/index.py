@@ -18,6 +18,7 @@ import lmdb
 from . import extents as ext
 from . import format as fmt
 from .errors import CorruptionError, FormatError, SnapstoreError, StoreIOError
+from . import records
 from .records import Commit
 
 
@@ -332,6 +333,16 @@ class IndexWriter(IndexView):
                 while cur.key().startswith(prefix):
                     if not cur.delete():
                         break
+
+    def apply_record(self, rtype: int, payload, position: tuple[int, int]) -> None:
+        """Applies one index record of the log (commit, delete, tag); position is just past
+        it. The one entry point both the live path and recovery use."""
+        if rtype == fmt.REC_COMMIT:
+            self.apply_commit(Commit.decode(payload), position)
+        elif rtype == fmt.REC_DELETE:
+            self.apply_delete(records.decode_delete(payload), position)
+        elif rtype == fmt.REC_TAG:
+            self.apply_tag(*records.decode_tag(payload), position)
 
     def apply_commit(self, commit: Commit, position: tuple[int, int]) -> None:
         """Makes a committed checkpoint visible; `position` is just past its commit record."""

@@ -1,5 +1,5 @@
-"""The Store: opens a store directory (lock, format check, recovery) and offers checkpoint,
-restore, read, delete and stats. Commit protocol (docs/design.md):
+"""The Store: opens a store (storedir: lock and format; recovery: log replay) and offers
+checkpoint, restore, read, delete, maintenance and stats. Commit protocol (docs/design.md):
 
   1. append the checkpoint's new chunk records, then its commit record, to the log;
   2. make them durable (fdatasync; skipped with durability="none");
@@ -12,13 +12,9 @@ A failure before step 2 completes truncates the log back, leaving no trace.
 """
 from __future__ import annotations
 
-import errno
-import io
-import fcntl
 import json
 import math
 import os
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,16 +24,17 @@ from . import _native as native
 from . import compact as compaction
 from . import format as fmt
 from . import records
+from . import storedir
 from . import writer as wr
 from ._memory import OutputBytes
 from ._testing import crashpoint
-from .errors import (CheckpointNotFound, CorruptionError, FormatError, InvalidArgumentError,
-                     ReadOnlyError, SnapstoreError, StoreClosedError, StoreIOError, StoreLocked)
+from .errors import (CheckpointNotFound, InvalidArgumentError, ReadOnlyError, SnapstoreError,
+                     StoreClosedError, StoreIOError)
 from .index import Index, IndexView
 from .reader import find_buffer, restore_range
 from .records import Commit
-from .segments import (LocalSegments, SegmentBackend, SegmentLog, fsync_directory, scan,
-                       segment_name)
+from .recovery import recover
+from .segments import LocalSegments, SegmentBackend, SegmentLog
 from .tracker import DEFAULT_STAGING_BYTES, AsyncCheckpointer, ImplicitCapturer, Tracker
 from .verify import verify as verify_store
 
@@ -93,36 +90,6 @@ def _check_choice(value: str, choices: tuple, what: str) -> str:
     return value
 
 
-def _write_format_file(path: str) -> None:
-    """Publishes the FORMAT file atomically: temp file, fsync, rename, directory fsync."""
-    body = json.dumps({"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION,
-                       "created": time.time()}).encode()
-    fd, tmp = tempfile.mkstemp(dir=path, prefix=".FORMAT.")
-    try:
-        os.write(fd, body)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, os.path.join(path, fmt.FORMAT_FILE))
-    fsync_directory(path)
-
-
-def _read_format_file(path: str) -> None:
-    try:
-        with io.open(os.path.join(path, fmt.FORMAT_FILE), "rb") as f:
-            data = json.loads(f.read())
-    except FileNotFoundError:
-        raise FormatError(f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)") from None
-    except (ValueError, OSError) as exc:
-        raise FormatError(f"{path}: unreadable {fmt.FORMAT_FILE} file: {exc}") from exc
-    if not isinstance(data, dict) or data.get("format") != fmt.FORMAT_NAME:
-        raise FormatError(f"{path} is not a snapstore store")
-    version = data.get("version")
-    if not isinstance(version, int) or version > fmt.FORMAT_VERSION:
-        raise FormatError(f"{path} has store format version {version}; this snapstore reads "
-                          f"versions up to {fmt.FORMAT_VERSION}: upgrade snapstore")
-
-
 class Store:
     """An open store. Use snapstore.open(); safe to share between threads of one process."""
 
@@ -155,14 +122,15 @@ class Store:
         self._closed = False
         durable = self.durability == "fsync"
         try:
-            self._open_directory(create, timeout)
+            self._lock_fd = storedir.open_directory(self.path, create=create,
+                                                    readonly=self.readonly, timeout=timeout)
             self._index = Index(os.path.join(self.path, fmt.INDEX_DIR), readonly=self.readonly,
                                 durable=durable)
             self.backend = backend or LocalSegments(os.path.join(self.path, fmt.SEGMENTS_DIR),
                                                     durable=durable)
             if not self.readonly:
                 try:
-                    self._recover()
+                    recover(self._index, self.backend, durable)
                 except OSError as exc:
                     if isinstance(exc, SnapstoreError):
                         raise
@@ -200,54 +168,6 @@ class Store:
             raise InvalidArgumentError("full_threshold must be a number from 0 to 1")
         return wr.WriteOptions(page_size, chunk_size, chunking, tuple(cdc_sizes), max_chain,
                                float(full_threshold), compression, compression_level)
-
-    def _open_directory(self, create: bool, timeout: float) -> None:
-        path = self.path
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise FormatError(f"{path} is not a directory, so not a snapstore store")
-        if not os.path.isdir(path):
-            if self.readonly or not create:
-                raise FormatError(f"no snapstore store at {path}")
-            os.makedirs(path, exist_ok=True)
-        self._refuse_foreign_directory()     # before the lock file: leave nothing in one
-        if not self.readonly:
-            self._lock_fd = self._take_lock(timeout)
-        if not os.path.exists(os.path.join(path, fmt.FORMAT_FILE)):
-            if self.readonly or not create:
-                raise FormatError(f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)")
-            self._refuse_foreign_directory()   # again under the lock: creation races
-            os.makedirs(os.path.join(path, fmt.SEGMENTS_DIR), exist_ok=True)
-            os.makedirs(os.path.join(path, fmt.INDEX_DIR), exist_ok=True)
-            _write_format_file(path)
-        _read_format_file(path)
-
-    def _refuse_foreign_directory(self) -> None:
-        """A directory without FORMAT may only hold what a store being created holds."""
-        if os.path.exists(os.path.join(self.path, fmt.FORMAT_FILE)):
-            return
-        ours = {fmt.LOCK_FILE, fmt.INDEX_DIR, fmt.SEGMENTS_DIR}
-        if any(n not in ours and not n.startswith(".FORMAT.") for n in os.listdir(self.path)):
-            raise FormatError(f"{self.path} is a non-empty directory that is not a snapstore "
-                              "store")
-
-    def _take_lock(self, timeout: float) -> int:
-        fd = os.open(os.path.join(self.path, fmt.LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                     0o644)
-        deadline = time.monotonic() + max(0.0, float(timeout))
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    os.close(fd)
-                    raise
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                raise StoreLocked(f"{self.path} is locked: another process or store object has "
-                                  f"it open for writing (waited {timeout}s); open it with "
-                                  "readonly=True to read meanwhile, or pass timeout=")
-            time.sleep(0.05)
 
     def _release(self) -> None:
         if self._log is not None:
@@ -294,68 +214,6 @@ class Store:
             raise ReadOnlyError(f"store {self.path} was opened read-only")
         return self._index
 
-    # ---- recovery -------------------------------------------------------------------------
-    def _recover(self) -> None:
-        """Applies durable log records past the index's applied position; cuts a torn tail."""
-        with self._index.read() as r:
-            applied = r.applied()
-        numbers = self.backend.list()
-        if not numbers:
-            return
-        seg, off = applied if applied is not None else (numbers[0], 0)
-        if seg not in numbers:
-            raise CorruptionError(f"index has applied the log up to segment {seg}, which is "
-                                  "missing", segment=segment_name(seg))
-        if self.durability == "fsync" and self.backend.size(seg) < off:
-            # The index saw records the log no longer holds: acknowledged data was lost
-            # (with durability "none" a power cut may do this; reads of it then fail cleanly).
-            raise CorruptionError(f"the log ends before the position the index has applied "
-                                  f"({off}); acknowledged checkpoints were lost",
-                                  segment=segment_name(seg), offset=self.backend.size(seg))
-        for number in [n for n in numbers if n >= seg]:
-            start = off if number == seg else 0
-            for item in scan(self.backend, number, start, chunk_payloads=False):
-                if isinstance(item, tuple):
-                    state, pos = item
-                    if state == "torn":
-                        if number != numbers[-1]:
-                            raise CorruptionError("invalid record in a sealed segment",
-                                                  segment=segment_name(number), offset=pos)
-                        self._truncate_tail(number, pos)
-                    break
-                if item.rtype == fmt.REC_CHUNK:
-                    continue
-                try:
-                    with self._index.write() as w:
-                        self._apply(w, item.rtype, item.payload, (number, item.end))
-                except CorruptionError as exc:
-                    if exc.segment is not None:
-                        raise
-                    raise CorruptionError(f"cannot apply a log record: {exc}",
-                                          segment=segment_name(number),
-                                          offset=item.offset) from exc
-
-    def _truncate_tail(self, number: int, pos: int) -> None:
-        f = self.backend.open_append(number)
-        try:
-            if pos < fmt.SEGMENT_HEADER.size:      # torn segment header: drop the segment
-                f.close()
-                self.backend.remove(number)
-                return
-            f.truncate(pos)
-            f.sync()
-        finally:
-            f.close()
-
-    @staticmethod
-    def _apply(w, rtype: int, payload, position: tuple[int, int]) -> None:
-        if rtype == fmt.REC_COMMIT:
-            w.apply_commit(Commit.decode(payload), position)
-        elif rtype == fmt.REC_DELETE:
-            w.apply_delete(records.decode_delete(payload), position)
-        elif rtype == fmt.REC_TAG:
-            w.apply_tag(*records.decode_tag(payload), position)
-
     # ---- writing ------------------------------------------------------------------------------
     def _append_index_record(self, rtype: int, parts: list, apply_extra=None) -> tuple[int, int]:
         """Appends one index record, makes the log durable and applies the record to the index.
@@ -378,7 +236,7 @@ class Store:
             end = log.position
             with self._index.write() as w:
                 for rtype, parts in batch:
-                    self._apply(w, rtype, b"".join(bytes(p) for p in parts), end)
+                    w.apply_record(rtype, b"".join(bytes(p) for p in parts), end)
                 if apply_extra is not None:
                     apply_extra(w)
                 crashpoint("before_index_commit")
