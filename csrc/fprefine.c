@@ -39,8 +39,7 @@ int snap_fp_diff_runs(const uint8_t *buf, size_t len, size_t page_size,
         next_free = first + count;
     }
 
-    size_t n = 0;
-    uint64_t open_start = 0, open_count = 0;   /* the run being built (count 0: none) */
+    runlist r = { runs, max_runs, 0, 0, 0 };
     /* prefetch cursor: run pf_i, page pf_p; pf_left pages prefetched but not yet hashed */
     size_t pf_i = 0, pf_left = 0;
     uint64_t pf_p = n_in ? in_runs[0] : 0;
@@ -73,28 +72,12 @@ int snap_fp_diff_runs(const uint8_t *buf, size_t len, size_t page_size,
                 continue;
             store_le64(fp, h.low64);
             store_le64(fp + 8, h.high64);
-            if (open_count && open_start + open_count == p) {
-                open_count++;
-                continue;
-            }
-            if (open_count) {
-                if (n == max_runs)
-                    return SNAP_ESPACE;
-                runs[2 * n] = open_start;
-                runs[2 * n + 1] = open_count;
-                n++;
-            }
-            open_start = p;
-            open_count = 1;
+            if (run_add(&r, (size_t)p) != 0)
+                return SNAP_ESPACE;
         }
     }
-    if (open_count) {
-        if (n == max_runs)
-            return SNAP_ESPACE;
-        runs[2 * n] = open_start;
-        runs[2 * n + 1] = open_count;
-        n++;
-    }
-    *n_runs = n;
+    if (run_flush(&r) != 0)
+        return SNAP_ESPACE;
+    *n_runs = r.n;
     return SNAP_OK;
 }

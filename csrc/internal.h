@@ -32,4 +32,40 @@ static inline int page_size_ok(size_t page_size)
            (page_size & (page_size - 1)) == 0;
 }
 
+/* Run list: changed pages coalesced into (first_page, n_pages) pairs written to runs. The open
+ * run is (start, count); count == 0 means none is open. */
+typedef struct {
+    uint64_t *runs;
+    size_t max_runs, n;
+    size_t start, count;
+} runlist;
+
+/* Stores the open run, if any. Returns 0, or -1 when runs is full. */
+static inline int run_flush(runlist *r)
+{
+    if (r->count != 0) {
+        if (r->n == r->max_runs)
+            return -1;
+        r->runs[2 * r->n] = r->start;
+        r->runs[2 * r->n + 1] = r->count;
+        r->n++;
+        r->count = 0;
+    }
+    return 0;
+}
+
+/* Page p changed (pages come in ascending order). Returns 0, or -1 when runs is full. */
+static inline int run_add(runlist *r, size_t p)
+{
+    if (r->count != 0 && r->start + r->count == p) {
+        r->count++;
+        return 0;
+    }
+    if (run_flush(r) != 0)
+        return -1;
+    r->start = p;
+    r->count = 1;
+    return 0;
+}
+
 #endif

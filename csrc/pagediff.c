@@ -11,45 +11,6 @@
 
 #include "internal.h"
 
-/* Run builder: the open run is (start, count); count == 0 means none is open. */
-typedef struct {
-    uint64_t *runs;
-    size_t max_runs, n;
-    size_t start, count;
-} runlist;
-
-/* Page p changed. Returns 0, or -1 when a run must be stored and runs is full. */
-static inline int run_add(runlist *r, size_t p)
-{
-    if (r->count != 0 && r->start + r->count == p) {
-        r->count++;
-        return 0;
-    }
-    if (r->count != 0) {
-        if (r->n == r->max_runs)
-            return -1;
-        r->runs[2 * r->n] = r->start;
-        r->runs[2 * r->n + 1] = r->count;
-        r->n++;
-    }
-    r->start = p;
-    r->count = 1;
-    return 0;
-}
-
-static inline int run_close(runlist *r)
-{
-    if (r->count != 0) {
-        if (r->n == r->max_runs)
-            return -1;
-        r->runs[2 * r->n] = r->start;
-        r->runs[2 * r->n + 1] = r->count;
-        r->n++;
-        r->count = 0;
-    }
-    return 0;
-}
-
 /* Compares the XXH3-128 of buf[off:off+n] with the stored digest at fp; on a mismatch stores
  * the new digest and returns 1. */
 static inline int page_changed(const uint8_t *page, size_t n, uint8_t *fp)
@@ -87,7 +48,7 @@ int snap_fp_diff(const uint8_t *buf, size_t len, size_t page_size,
         page_changed(buf + full * page_size, len - full * page_size, fps + full * SNAP_FP_BYTES) &&
         run_add(&r, full) != 0)
         return SNAP_ESPACE;
-    if (run_close(&r) != 0)
+    if (run_flush(&r) != 0)
         return SNAP_ESPACE;
     *n_runs = r.n;
     return SNAP_OK;
@@ -116,7 +77,7 @@ int snap_shadow_diff(const uint8_t *buf, uint8_t *shadow, size_t len, size_t pag
                 return SNAP_ESPACE;
         }
     }
-    if (run_close(&r) != 0)
+    if (run_flush(&r) != 0)
         return SNAP_ESPACE;
     *n_runs = r.n;
     return SNAP_OK;

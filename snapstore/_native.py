@@ -74,15 +74,22 @@ def as_bytes_view(obj, writable: bool = False, name: str = "buffer") -> memoryvi
     return mv.cast("B")
 
 
-def _size_arg(value, name: str) -> int:
-    """A size argument: int in [0, 2**64) (TypeError if not an int, InvalidArgumentError if out of range)."""
+def _int_arg(value, name: str, limit: int, what: str) -> int:
+    """An int in [0, limit), limit a power of two (TypeError if not an int,
+    InvalidArgumentError if out of range)."""
     try:
         v = operator.index(value)
     except TypeError:
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
-    if not 0 <= v < 1 << 64:
-        raise errors.InvalidArgumentError(f"{name} must be in [0, 2**64), got {v}")
+        raise TypeError(f"{name}: expected {what}, got {type(value).__name__}") from None
+    if not 0 <= v < limit:
+        raise errors.InvalidArgumentError(
+            f"{name} must be {what} in [0, 2**{limit.bit_length() - 1}), got {v}")
     return v
+
+
+def _size_arg(value, name: str) -> int:
+    """A size argument: an int in [0, 2**64)."""
+    return _int_arg(value, name, 1 << 64, "an int")
 
 
 def _page_size_arg(page_size) -> int:
@@ -341,13 +348,8 @@ def _check_sys(rc: int, err, function: str) -> None:
 
 
 def _fd_arg(value, name: str) -> int:
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name}: expected an int file descriptor, got {type(value).__name__}") from None
-    if not 0 <= v < 1 << 31:
-        raise errors.InvalidArgumentError(f"{name} must be a file descriptor >= 0, got {v}")
-    return v
+    """A file descriptor argument: an int in [0, 2**31)."""
+    return _int_arg(value, name, 1 << 31, "an int file descriptor")
 
 
 def uffd_open() -> Tuple[int, int, bool]:
