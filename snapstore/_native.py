@@ -129,8 +129,8 @@ def page_fingerprints(buf, page_size: int = 4096) -> bytearray:
     return out
 
 
-def fingerprint_diff(buf, fingerprints, page_size: int = 4096) -> List[Tuple[int, int]]:
-    """Changed-page runs (first_page, n_pages) of buf vs fingerprints, updated in place (snap_fp_diff)."""
+def _fp_diff_args(buf, fingerprints, page_size):
+    """(page size, buf view, writable fingerprints view, pages) checked for the diff calls."""
     ps = _page_size_arg(page_size)
     src = as_bytes_view(buf, name="buf")
     fps = as_bytes_view(fingerprints, writable=True, name="fingerprints")
@@ -139,6 +139,12 @@ def fingerprint_diff(buf, fingerprints, page_size: int = 4096) -> List[Tuple[int
         raise errors.InvalidArgumentError(
             f"fingerprints holds {len(fps)} bytes; {pages} pages of {ps} bytes need "
             f"{FP_BYTES * pages}")
+    return ps, src, fps, pages
+
+
+def fingerprint_diff(buf, fingerprints, page_size: int = 4096) -> List[Tuple[int, int]]:
+    """Changed-page runs (first_page, n_pages) of buf vs fingerprints, updated in place (snap_fp_diff)."""
+    ps, src, fps, pages = _fp_diff_args(buf, fingerprints, page_size)
     max_runs = (pages + 1) // 2
     runs = _new_uninit("uint64_t[]", 2 * max_runs or 1)
     n = ffi.new("size_t *")
@@ -307,14 +313,7 @@ def fingerprint_diff_runs(buf, fingerprints, runs: Sequence[Sequence[int]],
     runs: ascending, non-overlapping, non-empty, inside the buffer. Changed pages among them
     come back as runs; their digests are updated in place; other digests are untouched.
     """
-    ps = _page_size_arg(page_size)
-    src = as_bytes_view(buf, name="buf")
-    fps = as_bytes_view(fingerprints, writable=True, name="fingerprints")
-    pages = int(lib.snap_page_count(len(src), ps))
-    if len(fps) != FP_BYTES * pages:
-        raise errors.InvalidArgumentError(
-            f"fingerprints holds {len(fps)} bytes; {pages} pages of {ps} bytes need "
-            f"{FP_BYTES * pages}")
+    ps, src, fps, pages = _fp_diff_args(buf, fingerprints, page_size)
     flat: List[int] = []
     listed = 0
     for item in runs:
