@@ -40,7 +40,8 @@ asan: deps  ## C core built with AddressSanitizer + UBSan, running the C-core te
 	SNAPSTORE_SANITIZE=1 $(PYTHON) setup.py -q build_ext --force \
 	  --build-lib $(ASAN_DIR)/lib --build-temp $(ASAN_DIR)/tmp
 	mkdir -p $(ASAN_DIR)/pkg/snapstore
-	cp snapstore/*.py snapstore/py.typed $(ASAN_DIR)/lib/snapstore/_ffi*.so $(ASAN_DIR)/pkg/snapstore/
+	tar -C snapstore -cf - --exclude=__pycache__ --exclude='_ffi*' . | tar -C $(ASAN_DIR)/pkg/snapstore -xf -
+	cp $(ASAN_DIR)/lib/snapstore/_ffi*.so $(ASAN_DIR)/pkg/snapstore/
 	cd $(ASAN_DIR)/pkg && $(ASAN_ENV) $(PYTHON) -c \
 	  "import snapstore._ffi as m; assert '/$(ASAN_DIR)/pkg/' in m.__file__, m.__file__"
 	cd $(ASAN_DIR)/pkg && $(ASAN_ENV) $(PYTEST) -q -p no:cacheprovider \

@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import snapstore  # noqa: E402
 from snapstore import _native as native  # noqa: E402
-from snapstore import dirty  # noqa: E402
+from snapstore.capture import dirty  # noqa: E402
 
 PAGE = 4096
 

@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from snapstore import _native as nat
-from snapstore import dirty
+from snapstore.capture import dirty
 
 PAGE = 4096
 

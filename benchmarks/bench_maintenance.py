@@ -36,8 +36,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import snapstore  # noqa: E402
-from snapstore import extents as ext  # noqa: E402
-from snapstore import format as fmt  # noqa: E402
+from snapstore.engine import extents as ext  # noqa: E402
+from snapstore.engine import format as fmt  # noqa: E402
 
 PAGE = 4096
 

@@ -19,8 +19,8 @@ import tempfile
 import pytest
 
 import snapstore
-from snapstore import bench
-from snapstore.cli import parse_size
+from snapstore.bench import harness as bench
+from snapstore.cli.main import parse_size
 
 SIZE = parse_size(os.environ.get("SNAPSTORE_BENCH_SIZE", "64MiB"))
 CHAIN = 8

@@ -4,11 +4,11 @@
     info = store.checkpoint({"weights": w}, stream="train", meta={"step": 10})
     store.restore_into(info.id, {"weights": w})
 """
-from . import errors
-from .errors import (CheckpointNotFound, CorruptionError, FormatError, SnapstoreError,
+from snapstore import errors
+from snapstore.errors import (CheckpointNotFound, CorruptionError, FormatError, SnapstoreError,
                      StoreLocked)
-from .store import CheckpointInfo, Store, open
-from .arrays import load_arrays, save_arrays
+from snapstore.store import CheckpointInfo, Store, open
+from snapstore.arrays import load_arrays, save_arrays
 
 __version__ = "0.1.0"
 __all__ = ["open", "Store", "CheckpointInfo", "errors", "SnapstoreError", "CheckpointNotFound",

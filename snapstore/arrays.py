@@ -14,7 +14,7 @@ import pickle
 from collections.abc import Mapping
 from typing import Any
 
-from .objects import NotAnObjectCheckpointError, StructureMismatchError, _alloc, _resolve, \
+from snapstore.objects import NotAnObjectCheckpointError, StructureMismatchError, _alloc, _resolve, \
     _wrap_meta
 
 __all__ = ["save_arrays", "load_arrays", "ARRAYS_META_KEY", "ARRAY_PREFIX"]

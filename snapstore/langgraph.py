@@ -59,9 +59,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("snapstore.langgraph needs LangGraph's checkpoint package: "
                       "pip install 'snapstore[langgraph]'") from exc
 
-from . import open as open_store
-from .errors import CheckpointNotFound, InvalidArgumentError, StoreClosedError
-from .store import Store
+from snapstore import open as open_store
+from snapstore.errors import CheckpointNotFound, InvalidArgumentError, StoreClosedError
+from snapstore.store import Store
 
 __all__ = ["SnapstoreSaver", "INLINE_MAX", "DEFAULT_CACHE_BYTES"]
 

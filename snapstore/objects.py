@@ -34,7 +34,8 @@ import warnings
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Iterator
 
-from .errors import CheckpointNotFound, InvalidArgumentError, SnapstoreError
+from snapstore.engine.validation import validate_meta, validate_name
+from snapstore.errors import CheckpointNotFound, InvalidArgumentError, SnapstoreError
 
 __all__ = ["save", "load", "user_meta", "is_object_checkpoint", "FRESH", "ObjectSaveError",
            "DeviceTensorError", "StructureMismatchError", "NotAnObjectCheckpointError",
@@ -508,7 +509,6 @@ def save(store, obj: Any, stream: str = "default", meta: Any = None, *,
     Raises: ObjectSaveError (unpicklable part, named), DeviceTensorError, TypeError /
         InvalidArgumentError (meta, stream), StoreIOError. Nothing is written on error.
     """
-    from .store import validate_meta, validate_name
     validate_name(stream, "stream")
     if isinstance(inband_limit, bool) or not isinstance(inband_limit, int) or inband_limit < 0:
         raise InvalidArgumentError(f"inband_limit must be an int >= 0, got {inband_limit!r}")

@@ -12,7 +12,6 @@ A failure before step 2 completes truncates the log back, leaving no trace.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import threading
@@ -20,23 +19,24 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from . import _native as native
-from . import compact as compaction
-from . import format as fmt
-from . import records
-from . import storedir
-from . import writer as wr
-from ._memory import OutputBytes
-from ._testing import crashpoint
-from .errors import (CheckpointNotFound, InvalidArgumentError, ReadOnlyError, SnapstoreError,
+from snapstore import _native as native
+from snapstore.engine import compact as compaction
+from snapstore.engine import format as fmt
+from snapstore.engine import records
+from snapstore.engine import storedir
+from snapstore.engine import writer as wr
+from snapstore.engine.memory import OutputBytes
+from snapstore.engine.crashpoints import crashpoint
+from snapstore.errors import (CheckpointNotFound, InvalidArgumentError, ReadOnlyError, SnapstoreError,
                      StoreClosedError, StoreIOError)
-from .index import Index, IndexView
-from .reader import find_buffer, restore_range
-from .records import Commit
-from .recovery import recover
-from .segments import LocalSegments, SegmentBackend, SegmentLog
-from .tracker import DEFAULT_STAGING_BYTES, AsyncCheckpointer, ImplicitCapturer, Tracker
-from .verify import verify as verify_store
+from snapstore.engine.index import Index, IndexView
+from snapstore.engine.reader import find_buffer, restore_range
+from snapstore.engine.records import Commit
+from snapstore.engine.recovery import recover
+from snapstore.engine.segments import LocalSegments, SegmentBackend, SegmentLog
+from snapstore.capture.tracker import DEFAULT_STAGING_BYTES, AsyncCheckpointer, ImplicitCapturer, Tracker
+from snapstore.engine.validation import check_choice, validate_meta, validate_name
+from snapstore.engine.verify import verify as verify_store
 
 
 @dataclass(frozen=True)
@@ -61,35 +61,6 @@ class CheckpointInfo:
                    tuple(c.tags), c.seq)
 
 
-def validate_name(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
-    try:
-        raw = value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidArgumentError(f"{what} must be valid Unicode text (no lone surrogates), "
-                                   f"got {value!r}") from None
-    if not raw or len(raw) > fmt.MAX_NAME_BYTES or b"\0" in raw:
-        raise InvalidArgumentError(f"{what} must be 1 to {fmt.MAX_NAME_BYTES} UTF-8 bytes "
-                                   f"without NUL, got {value!r}")
-    return value
-
-
-def validate_meta(meta: Any) -> Any:
-    """Checks meta is JSON and returns its JSON round trip: what the store keeps, and so what
-    every later get() returns."""
-    try:
-        return json.loads(json.dumps(meta, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"meta must be JSON-serialisable: {exc}") from None
-
-
-def _check_choice(value: str, choices: tuple, what: str) -> str:
-    if value not in choices:
-        raise InvalidArgumentError(f"{what} must be one of {', '.join(choices)}; got {value!r}")
-    return value
-
-
 class Store:
     """An open store. Use snapstore.open(); safe to share between threads of one process."""
 
@@ -104,7 +75,7 @@ class Store:
                  staging_bytes: int = DEFAULT_STAGING_BYTES,
                  backend: SegmentBackend | None = None) -> None:
         self.path = os.fspath(path)
-        self.durability = _check_choice(durability, fmt.DURABILITY_MODES, "durability")
+        self.durability = check_choice(durability, fmt.DURABILITY_MODES, "durability")
         self.readonly = bool(readonly)
         self.options = self._validate_options(page_size, chunk_size, chunking, cdc_sizes,
                                               max_chain, full_threshold, compression,
@@ -154,8 +125,8 @@ class Store:
                 or chunk_size > wr.STAGING_BYTES):
             raise InvalidArgumentError("chunk_size must be a multiple of page_size and at most "
                                        f"{wr.STAGING_BYTES} bytes, got {chunk_size!r}")
-        _check_choice(chunking, fmt.CHUNKING_MODES, "chunking")
-        _check_choice(compression, fmt.COMPRESSION_MODES, "compression")
+        check_choice(chunking, fmt.CHUNKING_MODES, "chunking")
+        check_choice(compression, fmt.COMPRESSION_MODES, "compression")
         try:
             native.Chunker(*cdc_sizes)
         except (TypeError, ValueError) as exc:
@@ -263,7 +234,7 @@ class Store:
             StoreIOError (disk full, I/O error: nothing of the checkpoint is visible).
         """
         views = self._validate_buffers(buffers, stream)
-        layout = _check_choice(chunking or self.options.chunking, fmt.CHUNKING_MODES, "chunking")
+        layout = check_choice(chunking or self.options.chunking, fmt.CHUNKING_MODES, "chunking")
         meta = validate_meta(meta)
         self._check_open(write=True)
         self._async.prepare_sync_checkpoint(stream)
@@ -401,14 +372,14 @@ class Store:
         PickleBuffers) go out of band, each diffed page-wise against the same buffer of the
         stream's previous save. Options (allow_device_copy, inband_limit) and details:
         snapstore.objects.save."""
-        from . import objects
+        from snapstore import objects
         return objects.save(self, obj, stream=stream, meta=meta, **options)
 
     def load(self, id_or_stream: Any, into: Any = None) -> Any:
         """The object of a save() checkpoint (an id, a CheckpointInfo, or a stream name for
         its latest); with into=, restores in place into an existing object graph of the same
         structure. See snapstore.objects."""
-        from . import objects
+        from snapstore import objects
         return objects.load(self, id_or_stream, into=into)
 
     def delete(self, checkpoint_id: int) -> None:

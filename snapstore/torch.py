@@ -39,10 +39,11 @@ from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPl
                                                   SavePlanner, WriteItemType)
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 
-from . import format as fmt
-from . import objects
-from .errors import CheckpointNotFound, InvalidArgumentError, SnapstoreError
-from .store import CheckpointInfo, Store, validate_name
+from snapstore.engine import format as fmt
+from snapstore import objects
+from snapstore.errors import CheckpointNotFound, InvalidArgumentError, SnapstoreError
+from snapstore.engine.validation import validate_name
+from snapstore.store import CheckpointInfo, Store
 
 __all__ = ["save", "load", "SnapstoreWriter", "SnapstoreReader", "DCP_META_KEY",
            "METADATA_BUFFER"]
@@ -73,7 +74,7 @@ def _opened(store, readonly: bool):
     if isinstance(store, Store):
         yield store
         return
-    from . import open as open_store
+    from snapstore import open as open_store
     s = open_store(os.fspath(store), readonly=readonly)
     try:
         yield s
@@ -205,7 +206,7 @@ class _StoreUser:
     def _open(self, readonly: bool) -> Store:
         if self._store_obj is not None:
             return self._store_obj
-        from . import open as open_store
+        from snapstore import open as open_store
         options = dict(self.open_options)
         if readonly:
             options.pop("timeout", None)

@@ -41,8 +41,9 @@ import pickle
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .errors import CheckpointNotFound, InvalidArgumentError, SnapstoreError
-from .store import CheckpointInfo, Store, validate_meta
+from snapstore.errors import CheckpointNotFound, InvalidArgumentError, SnapstoreError
+from snapstore.engine.validation import validate_meta
+from snapstore.store import CheckpointInfo, Store
 
 __all__ = ["Workflow", "Step", "StepRecord", "StepError", "CheckpointSaveError", "META_KEY"]
 

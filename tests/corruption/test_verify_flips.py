@@ -24,9 +24,9 @@ import random
 import pytest
 
 import snapstore
-from snapstore import format as fmt
+from snapstore.engine import format as fmt
 from snapstore.errors import CorruptionError
-from snapstore.segments import scan, segment_name
+from snapstore.engine.segments import scan, segment_name
 
 TRIALS = int(os.environ.get("SNAPSTORE_FLIP_TRIALS", "160"))
 PAGE = 4096

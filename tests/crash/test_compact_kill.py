@@ -33,7 +33,7 @@ if HERE not in sys.path:
 import compact_child as cc  # noqa: E402
 
 import snapstore  # noqa: E402
-from snapstore import format as fmt  # noqa: E402
+from snapstore.engine import format as fmt  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -37,9 +37,9 @@ if HERE not in sys.path:
 import writer_child as wc  # noqa: E402
 
 import snapstore  # noqa: E402
-from snapstore import format as fmt  # noqa: E402
+from snapstore.engine import format as fmt  # noqa: E402
 from snapstore.errors import StoreLocked  # noqa: E402
-from snapstore.segments import LocalSegments, encode_record_header, scan, segment_name  # noqa: E402
+from snapstore.engine.segments import LocalSegments, encode_record_header, scan, segment_name  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

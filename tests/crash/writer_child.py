@@ -149,8 +149,8 @@ def run_die_in_create(store_path: str, journal: str, seed: int, header_bytes: in
     import signal
 
     import snapstore
-    from snapstore import format as fmt
-    from snapstore.segments import LocalSegments, encode_segment_header
+    from snapstore.engine import format as fmt
+    from snapstore.engine.segments import LocalSegments, encode_segment_header
 
     class DieInCreate(LocalSegments):
         def create(self, number):

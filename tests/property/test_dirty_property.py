@@ -22,7 +22,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from snapstore import dirty
+from snapstore.capture import dirty
 
 UFFD_OK, _ = dirty.uffd_available()
 MODES = ["auto", "hash", "shadow", "full"] + (["uffd"] if UFFD_OK else [])

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from snapstore import bench
+from snapstore.bench import harness as bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MiB = 1 << 20
@@ -313,7 +313,7 @@ def test_cli_bench_plot(tmp_path):
 
 def test_library_usage_in_docstring_runs(tmp_path):
     code = textwrap.dedent(f"""
-        from snapstore import bench
+        from snapstore.bench import harness as bench
         result = bench.run([bench.Workload(size=1 << 20, checkpoints=1, durability="none")],
                            methods=["snapstore", "raw"], workdir={str(tmp_path)!r})
         print(bench.format_table(result).splitlines()[2].split()[0])

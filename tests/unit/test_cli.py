@@ -13,8 +13,9 @@ import sys
 import pytest
 
 import snapstore
-from snapstore import cli, errors
-from snapstore.progress import Progress, human_bytes, human_seconds
+from snapstore import errors
+from snapstore.cli import main as cli
+from snapstore.cli.progress import Progress, human_bytes, human_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMANDS = ("init", "ls", "show", "diff", "restore", "rm", "tag", "retain", "compact", "verify",

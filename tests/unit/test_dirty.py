@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from snapstore import _native as nat
-from snapstore import dirty
+from snapstore.capture import dirty
 from snapstore._ffi import ffi, lib
 from snapstore.errors import (InvalidArgumentError, NativeArgumentError, NativeSpaceError,
                               NativeSystemError, TrackingUnavailableError)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from snapstore import extents as ext
-from snapstore import format as fmt
+from snapstore.engine import extents as ext
+from snapstore.engine import format as fmt
 
 
 def cid(n: int) -> bytes:

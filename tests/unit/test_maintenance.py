@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import snapstore
-from snapstore import format as fmt
+from snapstore.engine import format as fmt
 from snapstore.errors import (CheckpointNotFound, ConcurrentCompactionError, CorruptionError,
                               InvalidArgumentError)
-from snapstore.index import ChunkEntry
+from snapstore.engine.index import ChunkEntry
 
 # children import the same snapstore package as this process
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(snapstore.__file__)))
@@ -412,7 +412,7 @@ def test_refcounts_are_exact_after_every_operation(store_path):
     rng = random.Random(30)
 
     def recount(s):
-        from snapstore import extents as ext
+        from snapstore.engine import extents as ext
         counts: dict = {}
         with s._index.read() as r:
             for cid in r.checkpoint_ids():
@@ -864,7 +864,7 @@ def _missing_chunk_case(store_path):
     model = Model()
     with snapstore.open(store_path, **SMALL, max_chain=100) as s:
         infos = build_chain(s, model, "c", 5, seed=71, two_buffers=False)
-        from snapstore import extents as ext
+        from snapstore.engine import extents as ext
         with s._index.read() as r:
             first = ext.unpack(r.manifest(infos[0].id, 0))
         victim_chunk = first[0][3]

@@ -1,5 +1,5 @@
 """Disk full and I/O errors during checkpoint()/delete(), injected through the segment backend
-(FaultyBackend wraps snapstore.segments.LocalSegments and its segment files) and at the LMDB
+(FaultyBackend wraps snapstore.engine.segments.LocalSegments and its segment files) and at the LMDB
 side (a real MDB_MAP_FULL from a tiny map, and lmdb errors raised from the index writer).
 
 Every fault must: raise StoreIOError (a SnapstoreError and an OSError) saying what happened;
@@ -17,10 +17,10 @@ import lmdb
 import pytest
 
 import snapstore
-from snapstore import format as fmt
+from snapstore.engine import format as fmt
 from snapstore.errors import (CorruptionError, SnapstoreError, StoreIOError)
-from snapstore.index import IndexWriter
-from snapstore.segments import LocalSegments, scan
+from snapstore.engine.index import IndexWriter
+from snapstore.engine.segments import LocalSegments, scan
 
 SEED = int(os.environ.get("SNAPSTORE_FAULT_SEED", "20240611"))
 

@@ -9,7 +9,7 @@ import pytest
 import snapstore
 from snapstore.errors import InvalidArgumentError, SnapstoreError, StoreClosedError
 
-pytest.importorskip("snapstore.dirty")
+pytest.importorskip("snapstore.capture.dirty")
 
 PAGE = 4096
 MODES = ["auto", "hash", "shadow", "full"]
@@ -228,7 +228,7 @@ def test_deleting_the_head_of_an_async_stream_rebases_the_next_capture(store):
 
 
 def test_staging_arena_is_a_fifo_ring():
-    from snapstore.tracker import StagingArena
+    from snapstore.capture.tracker import StagingArena
     arena = StagingArena(1 << 20)
     a, ma = arena.alloc(600 << 10)
     b, mb = arena.alloc(300 << 10)

@@ -15,9 +15,9 @@ import os
 import tempfile
 import time
 
-from . import format as fmt
-from .errors import FormatError, StoreLocked
-from .segments import fsync_directory
+from snapstore.engine import format as fmt
+from snapstore.errors import FormatError, StoreLocked
+from snapstore.engine.segments import fsync_directory
 
 
 def open_directory(path: str, *, create: bool, readonly: bool, timeout: float) -> int | None:

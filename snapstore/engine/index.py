@@ -15,11 +15,11 @@ from typing import Iterator
 
 import lmdb
 
-from . import extents as ext
-from . import format as fmt
-from .errors import CorruptionError, FormatError, SnapstoreError, StoreIOError
-from . import records
-from .records import Commit
+from snapstore.engine import extents as ext
+from snapstore.engine import format as fmt
+from snapstore.errors import CorruptionError, FormatError, SnapstoreError, StoreIOError
+from snapstore.engine import records
+from snapstore.engine.records import Commit
 
 
 def _wrap(exc: lmdb.Error, what: str) -> SnapstoreError:

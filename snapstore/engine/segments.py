@@ -18,8 +18,8 @@ from typing import Iterator, Protocol, Sequence
 
 import xxhash
 
-from . import format as fmt
-from .errors import CorruptionError, StoreIOError
+from snapstore.engine import format as fmt
+from snapstore.errors import CorruptionError, StoreIOError
 
 Buffer = "bytes | bytearray | memoryview"
 
@@ -68,7 +68,7 @@ def check_segment_header(data: bytes, number: int, name: str) -> None:
     if magic != fmt.SEGMENT_MAGIC or xxhash.xxh3_64_intdigest(data[:24]) != checksum:
         raise CorruptionError("segment header is damaged", segment=name, offset=0)
     if version > fmt.FORMAT_VERSION:
-        from .errors import FormatError
+        from snapstore.errors import FormatError
         raise FormatError(f"segment {name} has format version {version}; this snapstore "
                           f"reads up to {fmt.FORMAT_VERSION}")
     if got_number != number:

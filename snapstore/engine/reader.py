@@ -13,12 +13,12 @@ from typing import Callable
 
 import zstandard
 
-from . import extents as ext
-from . import format as fmt
-from .errors import CheckpointNotFound, ConcurrentCompactionError, CorruptionError
-from .index import IndexView
-from .records import BufferEntry, Commit
-from .segments import SegmentBackend, SegmentReader, read_chunk_record, segment_name
+from snapstore.engine import extents as ext
+from snapstore.engine import format as fmt
+from snapstore.errors import CheckpointNotFound, ConcurrentCompactionError, CorruptionError
+from snapstore.engine.index import IndexView
+from snapstore.engine.records import BufferEntry, Commit
+from snapstore.engine.segments import SegmentBackend, SegmentReader, read_chunk_record, segment_name
 
 _local = threading.local()
 

@@ -7,10 +7,10 @@ it is corruption and nothing is cut. Chunk records without a following commit st
 """
 from __future__ import annotations
 
-from . import format as fmt
-from .errors import CorruptionError
-from .index import Index
-from .segments import SegmentBackend, scan, segment_name
+from snapstore.engine import format as fmt
+from snapstore.errors import CorruptionError
+from snapstore.engine.index import Index
+from snapstore.engine.segments import SegmentBackend, scan, segment_name
 
 
 def recover(index: Index, backend: SegmentBackend, durable: bool) -> None:

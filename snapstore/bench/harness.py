@@ -55,8 +55,8 @@ from typing import Callable, Optional
 
 import blake3
 
-from .progress import human_bytes, human_seconds
-from .segments import fsync_directory
+from snapstore.cli.progress import human_bytes, human_seconds
+from snapstore.engine.segments import fsync_directory
 
 PAGE = 4096
 DIRTY_WRITE = 64                  # bytes overwritten in each dirty page
@@ -382,7 +382,7 @@ def machine_info(workdir: str) -> dict:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         pass
-    from . import __version__
+    from snapstore import __version__
     info = {"snapstore": __version__, "python": platform.python_version(),
             "platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
             "memory_bytes": mem, "bench_dir": workdir, "bench_fs": fs_type(workdir),
@@ -441,7 +441,7 @@ class SnapstoreMethod(Method):
     name = "snapstore"
 
     def setup(self) -> None:
-        from . import open as open_store
+        from snapstore import open as open_store
         self.store = open_store(os.path.join(self.dir, "store"), durability=self.w.durability,
                                 chunking=self.w.chunking, compression=self.w.compression)
         self.ids: list = []

@@ -16,13 +16,13 @@ from typing import Callable, Iterator
 import blake3
 import zstandard
 
-from . import _native as native
-from . import extents as ext
-from . import format as fmt
-from .index import IndexView
-from .reader import buffer_layers
-from .records import BufferEntry, Commit
-from .segments import SegmentLog
+from snapstore import _native as native
+from snapstore.engine import extents as ext
+from snapstore.engine import format as fmt
+from snapstore.engine.index import IndexView
+from snapstore.engine.reader import buffer_layers
+from snapstore.engine.records import BufferEntry, Commit
+from snapstore.engine.segments import SegmentLog
 
 STAGING_BYTES = 8 << 20   # gather this much at a time (bounds memory, amortises calls)
 

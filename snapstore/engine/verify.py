@@ -16,11 +16,11 @@ from collections import Counter, defaultdict
 import blake3
 import zstandard
 
-from . import extents as ext
-from . import format as fmt
-from .errors import CorruptionError
-from .index import Index
-from .segments import (SegmentBackend, check_segment_header, parse_header, read_chunk_record,
+from snapstore.engine import extents as ext
+from snapstore.engine import format as fmt
+from snapstore.errors import CorruptionError
+from snapstore.engine.index import Index
+from snapstore.engine.segments import (SegmentBackend, check_segment_header, parse_header, read_chunk_record,
                        record_checksum, segment_name)
 
 

@@ -69,9 +69,9 @@ import threading
 import weakref
 from typing import List, Optional, Tuple
 
-from . import _native as nat
-from ._ffi import ffi, lib
-from .errors import InvalidArgumentError, NativeSystemError, TrackingUnavailableError
+from snapstore import _native as nat
+from snapstore._ffi import ffi, lib
+from snapstore.errors import InvalidArgumentError, NativeSystemError, TrackingUnavailableError
 
 __all__ = ["Detector", "make_detector", "uffd_available", "MODES", "SYS_PAGE"]
 

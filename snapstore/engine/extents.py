@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable, List, Tuple
 
-from . import format as fmt
+from snapstore.engine import format as fmt
 
 Extent = Tuple[int, int, int, bytes]
 

@@ -10,8 +10,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, List
 
-from . import format as fmt
-from .errors import CorruptionError
+from snapstore.engine import format as fmt
+from snapstore.errors import CorruptionError
 
 
 @dataclass

@@ -21,9 +21,9 @@ import traceback
 from typing import Any, Callable, Iterable, Optional
 
 import snapstore
-from . import errors
-from . import format as fmt
-from .progress import Progress, human_bytes, human_seconds, spinner
+from snapstore import errors
+from snapstore.engine import format as fmt
+from snapstore.cli.progress import Progress, human_bytes, human_seconds, spinner
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -298,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("stats", "sizes, counts, deduplication and chain lengths of the store", cmd_stats)
 
-    from . import bench as _b
+    from snapstore.bench import harness as _b
     p = add("bench", "measure checkpoint overhead against baselines", cmd_bench,
             parents=(_common(with_store=False),),
             description=textwrap.fill(
@@ -938,7 +938,7 @@ def cmd_stats(args) -> int:
 
 # ---- bench --------------------------------------------------------------------------------------
 def cmd_bench(args) -> int:
-    from . import bench
+    from snapstore.bench import harness as bench
     if args.plot:
         try:
             import matplotlib  # noqa: F401

@@ -25,8 +25,9 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Mapping
 
-from . import writer as wr
-from .errors import InvalidArgumentError, SnapstoreError, StoreClosedError
+from snapstore.engine import writer as wr
+from snapstore.engine.validation import validate_meta
+from snapstore.errors import InvalidArgumentError, SnapstoreError, StoreClosedError
 
 DEFAULT_STAGING_BYTES = 1 << 30
 
@@ -353,7 +354,7 @@ class Tracker(_Capturer):
     dirty-page detector (store.track(...) makes one). Owns its stream until closed."""
 
     def __init__(self, store, buffers: Mapping[str, Any], stream: str, mode: str) -> None:
-        from . import dirty
+        from snapstore.capture import dirty
         super().__init__(store, stream)
         self.views = store._validate_buffers(buffers, stream)
         engine = store._async
@@ -386,7 +387,6 @@ class Tracker(_Capturer):
     def checkpoint_async(self, meta: Any = None) -> Future:
         """Captures the changed pages and returns a future of the CheckpointInfo, resolved once
         the checkpoint is durable. The buffers may be modified as soon as this returns."""
-        from .store import validate_meta
         meta = validate_meta(meta)
         if self._closed:
             raise StoreClosedError("tracker is closed")
@@ -426,8 +426,8 @@ class ImplicitCapturer(_Capturer):
     caller hands in different memory."""
 
     def capture(self, views: Mapping[str, memoryview], meta: Any) -> Future:
-        from . import dirty
-        from ._native import buffer_address
+        from snapstore.capture import dirty
+        from snapstore._native import buffer_address
         for name, view in views.items():
             key = (buffer_address(view), len(view))
             det = self.detectors.get(name)

@@ -25,14 +25,14 @@ from collections import defaultdict
 
 import zstandard
 
-from . import extents as ext
-from . import format as fmt
-from . import writer as wr
-from ._testing import crashpoint
-from .errors import CorruptionError
-from .index import ChunkEntry, Index
-from .reader import buffer_layers
-from .segments import SegmentBackend, SegmentLog, read_chunk_record
+from snapstore.engine import extents as ext
+from snapstore.engine import format as fmt
+from snapstore.engine import writer as wr
+from snapstore.engine.crashpoints import crashpoint
+from snapstore.errors import CorruptionError
+from snapstore.engine.index import ChunkEntry, Index
+from snapstore.engine.reader import buffer_layers
+from snapstore.engine.segments import SegmentBackend, SegmentLog, read_chunk_record
 
 
 def fold_chains(index: Index, max_chain: int) -> int:
