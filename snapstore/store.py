@@ -33,7 +33,8 @@ from snapstore.engine.index import Index, IndexView
 from snapstore.engine.reader import find_buffer, restore_range
 from snapstore.engine.records import Commit
 from snapstore.engine.recovery import recover
-from snapstore.engine.segments import LocalSegments, SegmentBackend, SegmentLog
+from snapstore.engine.backends import LocalSegments, SegmentBackend
+from snapstore.engine.wal import SegmentLog
 from snapstore.capture.tracker import DEFAULT_STAGING_BYTES, AsyncCheckpointer, ImplicitCapturer, Tracker
 from snapstore.engine.validation import check_choice, validate_meta, validate_name
 from snapstore.engine.verify import verify as verify_store

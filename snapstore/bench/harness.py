@@ -56,7 +56,7 @@ from typing import Callable, Optional
 import blake3
 
 from snapstore.cli.progress import human_bytes, human_seconds
-from snapstore.engine.segments import fsync_directory
+from snapstore.engine.fsutil import fsync_directory
 
 PAGE = 4096
 DIRTY_WRITE = 64                  # bytes overwritten in each dirty page

@@ -22,7 +22,7 @@ from snapstore.engine import format as fmt
 from snapstore.engine.index import IndexView
 from snapstore.engine.reader import buffer_layers
 from snapstore.engine.records import BufferEntry, Commit
-from snapstore.engine.segments import SegmentLog
+from snapstore.engine.wal import SegmentLog
 
 STAGING_BYTES = 8 << 20   # gather this much at a time (bounds memory, amortises calls)
 
