@@ -6,7 +6,7 @@
 """
 from snapstore import errors
 from snapstore.errors import (CheckpointNotFound, CorruptionError, FormatError, SnapstoreError,
-                     StoreLocked)
+                              StoreLocked)
 from snapstore.store import CheckpointInfo, Store, open
 from snapstore.arrays import load_arrays, save_arrays
 
