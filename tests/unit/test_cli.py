@@ -14,7 +14,8 @@ import pytest
 
 import snapstore
 from snapstore import errors
-from snapstore.cli import main as cli
+import importlib
+cli = importlib.import_module("snapstore.cli.main")  # the module (snapstore.cli.main is the function)
 from snapstore.cli.progress import Progress, human_bytes, human_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
