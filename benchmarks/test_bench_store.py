@@ -20,7 +20,7 @@ import pytest
 
 import snapstore
 from snapstore.bench import harness as bench
-from snapstore.cli.main import parse_size
+from snapstore.formatting import parse_size
 
 SIZE = parse_size(os.environ.get("SNAPSTORE_BENCH_SIZE", "64MiB"))
 CHAIN = 8

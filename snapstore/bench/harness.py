@@ -55,7 +55,7 @@ from typing import Callable, Optional
 
 import blake3
 
-from snapstore.cli.progress import human_bytes, human_seconds
+from snapstore.formatting import human_bytes, human_seconds
 from snapstore.engine.segments import fsync_directory
 
 PAGE = 4096
