@@ -8,7 +8,7 @@ import tempfile
 import textwrap
 
 from snapstore import bench
-from snapstore.bench import harness
+from snapstore.bench import measuring, runner, workloads
 from snapstore.cli.args import (choice_list, command_options, count_arg, fraction_list,
                                 size_arg)
 from snapstore.cli.common import EXIT_OK, PROG, Problem, UsageError, progress
@@ -27,35 +27,35 @@ def add_bench(add) -> None:
             "\n\nexamples:\n  snapstore bench --size 1GiB                 # the 1 GiB run"
             "\n  snapstore bench --dirty 0.001,0.01,0.1,0.5 --plot overhead.png"
             "\n  snapstore bench --pattern shifted --chunking cdc --json > result.json")
-    p.add_argument("--size", type=size_arg, default=harness.DEFAULT_SIZE,
+    p.add_argument("--size", type=size_arg, default=workloads.DEFAULT_SIZE,
                    help="state size (default 256MiB)")
     p.add_argument("--buffers", type=count_arg, default=4, metavar="N",
                    help="number of buffers the state is split into (default 4)")
     p.add_argument("--dirty", type=fraction_list, default=[0.01], metavar="F[,F...]",
                    help="fraction of the state changed per checkpoint, e.g. 0.01 or 1%% "
                         "(a list sweeps it; default 0.01)")
-    p.add_argument("--pattern", type=choice_list(harness.PATTERNS), default=["scattered"],
+    p.add_argument("--pattern", type=choice_list(workloads.PATTERNS), default=["scattered"],
                    metavar="P[,P...]", help="how the state changes: scattered pages, clustered "
                    "64-page runs, shifted (bytes inserted) or appended (default scattered)")
     p.add_argument("--checkpoints", type=count_arg, default=5, metavar="N",
                    help="incremental checkpoints after the first, full one (default 5)")
-    p.add_argument("--durability", choices=("fsync", "none"), default="fsync",
+    p.add_argument("--durability", choices=workloads.DURABILITIES, default="fsync",
                    help="fsync (default): every method makes each checkpoint durable; "
                         "none: nobody syncs")
-    p.add_argument("--chunking", choices=("pages", "cdc"), default="pages",
+    p.add_argument("--chunking", choices=workloads.CHUNKINGS, default="pages",
                    help="snapstore's chunking: pages (default) or cdc (content-defined)")
-    p.add_argument("--compression", choices=("zstd", "none"), default="zstd",
+    p.add_argument("--compression", choices=workloads.COMPRESSIONS, default="zstd",
                    help="snapstore's chunk compression (default zstd)")
-    p.add_argument("--content", choices=harness.CONTENTS, default="random",
+    p.add_argument("--content", choices=workloads.CONTENTS, default="random",
                    help="random bytes (default, incompressible) or compressible (~2:1)")
-    p.add_argument("--cache", choices=harness.CACHE_MODES, default="cold",
+    p.add_argument("--cache", choices=workloads.CACHE_MODES, default="cold",
                    help="restore from a cold (default: files dropped from the page cache) or "
                         "warm page cache")
     p.add_argument("--restore-repeats", type=count_arg, default=3, metavar="N",
                    help="time each restore N times and keep the median (default 3)")
-    p.add_argument("--methods", type=choice_list(harness.METHODS), default=None,
+    p.add_argument("--methods", type=choice_list(runner.METHODS), default=None,
                    metavar="M[,M...]", help=f"methods to run (default all: "
-                   f"{','.join(harness.METHODS)}; unavailable ones are skipped)")
+                   f"{','.join(runner.METHODS)}; unavailable ones are skipped)")
     p.add_argument("--no-baselines", action="store_true", help="run snapstore only")
     p.add_argument("--dir", default=None, help="where to write (default: the temp dir); "
                    "use a real disk, not tmpfs")
@@ -90,11 +90,11 @@ def cmd_bench(args) -> int:
     if args.dir is not None and not os.path.isdir(args.dir):
         raise UsageError(f"--dir {args.dir} is not a directory")
     where = args.dir or tempfile.gettempdir()
-    fs = harness.fs_type(where)
+    fs = measuring.fs_type(where)
     if fs in ("tmpfs", "ramfs"):
         print(f"{PROG}: warning: {where} is on {fs}: fsync and disk figures are not those "
               "of a disk (use --dir on a real disk)", file=sys.stderr)
-    steps = sum(harness.steps_per_workload(w, methods) for w in loads)
+    steps = sum(runner.steps_per_workload(w, methods) for w in loads)
     with progress(args, steps, "bench", unit="steps") as bar:
         def tick(label: str) -> None:
             bar.label = f"bench {label}"
