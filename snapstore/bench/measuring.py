@@ -10,6 +10,8 @@ import platform
 import time
 from typing import Optional
 
+from snapstore.version import __version__
+
 def _proc_status(key: str) -> Optional[int]:
     try:
         with open("/proc/self/status") as f:
@@ -185,7 +187,6 @@ def machine_info(workdir: str) -> dict:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         pass
-    from snapstore import __version__
     info = {"snapstore": __version__, "python": platform.python_version(),
             "platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
             "memory_bytes": mem, "bench_dir": workdir, "bench_fs": fs_type(workdir),

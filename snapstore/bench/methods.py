@@ -8,6 +8,7 @@ from typing import Optional
 
 from snapstore.bench.workloads import Workload
 from snapstore.engine.segments import fsync_directory
+from snapstore.store import open as open_store
 
 
 def read_buffers(path: str, sizes: dict) -> dict:
@@ -68,7 +69,6 @@ class SnapstoreMethod(Method):
     name = "snapstore"
 
     def setup(self) -> None:
-        from snapstore import open as open_store
         self.store = open_store(os.path.join(self.dir, "store"), durability=self.w.durability,
                                 chunking=self.w.chunking, compression=self.w.compression)
         self.ids: list = []

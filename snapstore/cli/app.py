@@ -15,13 +15,13 @@ import sys
 import traceback
 from typing import Optional
 
-import snapstore
 from snapstore import errors
 from snapstore.cli import (bench_cmd, diff_cmd, inspect_cmds, maintain_cmds, restore_cmd,
                            write_cmds)
 from snapstore.cli.args import Parser, add_global_options, command_options
 from snapstore.cli.common import (EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, PROG, STORE_ENV, Problem,
                                   UsageError)
+from snapstore.version import __version__
 
 EPILOG = f"""\
 The store is given with -s/--store PATH (before or after the command) or ${STORE_ENV}.
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description="snapstore: incremental snapshots of in-memory "
                     "state. Inspect, restore and maintain a store; benchmark checkpoint "
                     "overhead.", epilog=EPILOG, formatter_class=raw)
-    parser.add_argument("--version", action="version", version=f"{PROG} {snapstore.__version__}")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     add_global_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     common = command_options()

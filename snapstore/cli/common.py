@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from typing import Callable, Optional
 
-import snapstore
 from snapstore import errors
 from snapstore.cli.progress import Progress, spinner
+from snapstore.store import open as open_snapstore
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -40,8 +40,8 @@ def open_store(args, *, write: bool = False):
     if not os.path.isdir(path):
         raise UsageError(f"no snapstore store at {path}")
     if write:
-        return snapstore.open(path, create=False, timeout=args.timeout)
-    return snapstore.open(path, create=False, readonly=True)
+        return open_snapstore(path, create=False, timeout=args.timeout)
+    return open_snapstore(path, create=False, readonly=True)
 
 
 def need(store, method: str) -> Callable:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 
-import snapstore
 from snapstore.cli.args import count_arg, id_arg, nonneg_arg
 from snapstore.cli.common import EXIT_OK, UsageError, need, open_store, resolve, store_path
 from snapstore.cli.output import print_json
 from snapstore.engine import format as fmt
+from snapstore.store import open as open_snapstore
 
 
 def add_init(add) -> None:
@@ -44,9 +44,9 @@ def cmd_init(args) -> int:
     path = args.path or store_path(args)
     existed = os.path.exists(os.path.join(path, fmt.FORMAT_FILE))
     if existed:     # validate it without taking the writer's lock (a job may hold it)
-        snapstore.open(path, create=False, readonly=True).close()
+        open_snapstore(path, create=False, readonly=True).close()
     else:
-        snapstore.open(path, create=True, timeout=args.timeout).close()
+        open_snapstore(path, create=True, timeout=args.timeout).close()
     if args.json:
         print_json({"path": os.path.abspath(path), "created": not existed})
     else:
