@@ -24,7 +24,7 @@ CDC_MAX_LIMIT: int = int(lib.SNAP_CDC_MAX_LIMIT)
 
 __all__ = [
     "FP_BYTES", "PAGE_MIN", "PAGE_MAX", "CDC_MIN_LIMIT", "CDC_MAX_LIMIT",
-    "as_bytes_view", "byte_view", "check", "page_count", "page_fingerprints",
+    "as_bytes_view", "byte_view", "check", "page_size_arg", "page_count", "page_fingerprints",
     "fingerprint_diff", "fingerprint_diff_runs", "PageFingerprints", "shadow_diff",
     "runs_to_ranges", "gather", "Chunker", "chunk_boundaries", "buffer_address",
     "SCAN_HUGE", "uffd_open", "uffd_register", "uffd_unregister", "pagemap_scan",
@@ -101,8 +101,9 @@ def _size_arg(value, name: str) -> int:
     return _int_arg(value, name, 1 << 64, "an int")
 
 
-def _page_size_arg(page_size) -> int:
-    """A page size: a power of two in [PAGE_MIN, PAGE_MAX] (InvalidArgumentError otherwise)."""
+def page_size_arg(page_size) -> int:
+    """A page size argument, checked: a power of two in [PAGE_MIN, PAGE_MAX] (TypeError if not
+    an int, InvalidArgumentError otherwise)."""
     ps = _size_arg(page_size, "page_size")
     if not (PAGE_MIN <= ps <= PAGE_MAX) or ps & (ps - 1):
         raise errors.InvalidArgumentError(
@@ -124,7 +125,7 @@ def _runs_list(runs, n: int) -> List[Tuple[int, int]]:
 
 def page_count(nbytes: int, page_size: int) -> int:
     """Number of pages covering nbytes bytes (snap_page_count)."""
-    return int(lib.snap_page_count(_size_arg(nbytes, "nbytes"), _page_size_arg(page_size)))
+    return int(lib.snap_page_count(_size_arg(nbytes, "nbytes"), page_size_arg(page_size)))
 
 
 def _fp_pages(src: memoryview, ps: int, out, out_len: int) -> None:
@@ -137,7 +138,7 @@ def _fp_pages(src: memoryview, ps: int, out, out_len: int) -> None:
 
 def page_fingerprints(buf, page_size: int = 4096) -> bytearray:
     """XXH3-128 digest of every page, FP_BYTES each, low64 then high64 LE (snap_fp_pages)."""
-    ps = _page_size_arg(page_size)
+    ps = page_size_arg(page_size)
     src = as_bytes_view(buf, name="buf")
     out = bytearray(FP_BYTES * int(lib.snap_page_count(len(src), ps)))
     _fp_pages(src, ps, _ptr(out, True), len(out))
@@ -146,7 +147,7 @@ def page_fingerprints(buf, page_size: int = 4096) -> bytearray:
 
 def _fp_diff_args(buf, fingerprints, page_size):
     """(page size, buf view, writable fingerprints view, pages) checked for the diff calls."""
-    ps = _page_size_arg(page_size)
+    ps = page_size_arg(page_size)
     src = as_bytes_view(buf, name="buf")
     fps = as_bytes_view(fingerprints, writable=True, name="fingerprints")
     pages = int(lib.snap_page_count(len(src), ps))
@@ -172,7 +173,7 @@ def fingerprint_diff(buf, fingerprints, page_size: int = 4096) -> List[Tuple[int
 
 def shadow_diff(buf, shadow, page_size: int = 4096) -> List[Tuple[int, int]]:
     """Changed-page runs of buf vs shadow; changed pages are copied into shadow (snap_shadow_diff)."""
-    ps = _page_size_arg(page_size)
+    ps = page_size_arg(page_size)
     src = as_bytes_view(buf, name="buf")
     sh = as_bytes_view(shadow, writable=True, name="shadow")
     if len(sh) != len(src):
@@ -191,7 +192,7 @@ def shadow_diff(buf, shadow, page_size: int = 4096) -> List[Tuple[int, int]]:
 def runs_to_ranges(runs: Iterable[Sequence[int]], nbytes: int,
                    page_size: int) -> List[Tuple[int, int]]:
     """Page runs (first_page, n_pages) -> byte ranges (offset, length), last page clipped (pure Python)."""
-    ps = _page_size_arg(page_size)
+    ps = page_size_arg(page_size)
     nbytes = _size_arg(nbytes, "nbytes")
     out = []
     for first, count in runs:
@@ -378,7 +379,7 @@ class PageFingerprints:
 
     def __init__(self, buf, page_size: int = 4096) -> None:
         """Digests of buf's pages now (snap_fp_pages)."""
-        self.page_size = _page_size_arg(page_size)
+        self.page_size = page_size_arg(page_size)
         self.nbytes = len(as_bytes_view(buf, name="buf"))
         self.digests = page_fingerprints(buf, self.page_size)
         self._pin = _ptr(self.digests, True)

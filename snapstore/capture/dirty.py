@@ -719,7 +719,7 @@ def make_detector(view, mode: str = "auto", page_size: int = 4096) -> Detector:
     """
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
-    ps = nat._page_size_arg(page_size)
+    ps = nat.page_size_arg(page_size)
     mv = nat.as_bytes_view(view, name="view")
     mv = memoryview(mv)       # our own export, released by close()
     n = len(mv)
