@@ -259,7 +259,9 @@ class Store:
         Rules (a checkpoint is kept if any applies): keep_last=N keeps the N newest;
         keep_every=K keeps those whose seq is a multiple of K (stable: running retain again
         deletes nothing more); keep_tagged keeps tagged ones. At least one of keep_last and
-        keep_every is required, so a typo cannot wipe a stream."""
+        keep_every is required, so a typo cannot wipe a stream. The doomed set is decided on a
+        snapshot and deleted all or none (CheckpointNotFound, nothing deleted, if another
+        thread deleted one of them meanwhile)."""
         validate_name(stream, "stream")
         for value, what in ((keep_last, "keep_last"), (keep_every, "keep_every")):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -268,18 +270,19 @@ class Store:
                                            f"{0 if what == 'keep_last' else 1}, got {value!r}")
         if keep_last is None and keep_every is None:
             raise InvalidArgumentError("retain needs keep_last and/or keep_every")
-        with self._committer.exclusive():
-            ckpts = self.checkpoints(stream)
-            keep = set()
-            if keep_last:
-                keep.update(c.id for c in ckpts[-keep_last:])
-            if keep_every:
-                keep.update(c.id for c in ckpts if c.seq % keep_every == 0)
-            if keep_tagged:
-                keep.update(c.id for c in ckpts if c.tags)
-            doomed = [c.id for c in ckpts if c.id not in keep]
-            self.delete_many(reversed(doomed))     # newest first: merges stay small
-            return doomed
+        ckpts = self.checkpoints(stream)
+        keep = set()
+        if keep_last:
+            keep.update(c.id for c in ckpts[-keep_last:])
+        if keep_every:
+            keep.update(c.id for c in ckpts if c.seq % keep_every == 0)
+        if keep_tagged:
+            keep.update(c.id for c in ckpts if c.tags)
+        doomed = [c.id for c in ckpts if c.id not in keep]
+        # Not under the writer lock: deleting a head first lets the stream's pending
+        # asynchronous checkpoints land, and they commit through that lock.
+        self.delete_many(reversed(doomed))     # newest first: merges stay small
+        return doomed
 
     def compact(self, threshold: float = fmt.DEFAULT_COMPACT_THRESHOLD,
                 max_chain: int | None = None) -> dict:

@@ -254,3 +254,25 @@ def test_staging_arena_is_a_fifo_ring():
     del ma, mb, mc
     arena.close()
     arena.close()                           # idempotent
+
+
+def test_retain_deleting_the_head_of_an_async_stream_with_pending_jobs(store):
+    """retain() may delete the head of a stream whose checkpoint_async jobs are still pending:
+    it must let them land first, not wait for them while holding the writer lock (which the
+    worker needs to commit them)."""
+    rng = np.random.default_rng(8)
+    x = rng.integers(0, 256, 8 << 20, dtype=np.uint8)
+    store.checkpoint_async({"x": x}, stream="imp").result()
+    pending = []
+    for _ in range(3):
+        touch(x, rng, 64)
+        pending.append(store.checkpoint_async({"x": x}, stream="imp"))
+    result = []
+    t = threading.Thread(target=lambda: result.append(
+        store.retain("imp", keep_last=0, keep_every=100)), daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "retain() deadlocked with the persister"
+    assert all(f.done() for f in pending)
+    assert len(result[0]) >= 1
+    assert all(c.id not in result[0] for c in store.checkpoints("imp"))
