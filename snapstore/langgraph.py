@@ -58,7 +58,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("snapstore.langgraph needs LangGraph's checkpoint package: "
                       "pip install 'snapstore[langgraph]'") from exc
 
-from snapstore import open as open_store
+from snapstore.store import open as open_store
 from snapstore.engine.registry import SharedByPath
 from snapstore.errors import CheckpointNotFound, InvalidArgumentError, StoreClosedError
 from snapstore.store import Store

@@ -76,7 +76,7 @@ def _opened(store, readonly: bool):
     if isinstance(store, Store):
         yield store
         return
-    from snapstore import open as open_store
+    from snapstore.store import open as open_store
     s = open_store(os.fspath(store), readonly=readonly)
     try:
         yield s
@@ -234,7 +234,7 @@ class _StoreUser:
     def _open(self, readonly: bool) -> Store:
         if self._store_obj is not None:
             return self._store_obj
-        from snapstore import open as open_store
+        from snapstore.store import open as open_store
         options = dict(self.open_options)
         if readonly:
             options.pop("timeout", None)

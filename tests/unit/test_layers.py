@@ -32,6 +32,7 @@ LAYER_RANKS = {
     "snapstore.engine": 2,
     "snapstore.capture": 3,
     "snapstore.store": 4,
+    "snapstore.objectlayer": 5,  # what the object layers share
     "snapstore.objects": 5,
     "snapstore.arrays": 6,
     "snapstore.torch": 7,
