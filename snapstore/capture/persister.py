@@ -162,11 +162,13 @@ class Persister:
 
     @staticmethod
     def _stage_all(owner: Capturer, plans: list, memory) -> None:
+        # Nothing changed (or only empty buffers): no region; stage into empty writable
+        # memory, so such a checkpoint commits as a delta adding 0 chunk bytes (defect 1).
+        memory = memory if memory is not None else memoryview(bytearray())
         pos = 0
         for p in plans:
             det = owner.detectors[p.name]
-            wr.stage(p, memory[pos:pos + p.nbytes] if memory is not None else memoryview(b""),
-                     det.note_stored_many)
+            wr.stage(p, memory[pos:pos + p.nbytes], det.note_stored_many)
             pos += p.nbytes
 
     def _enqueue(self, owner: Capturer, plans: list, meta: Any, region) -> Future:
