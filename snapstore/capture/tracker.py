@@ -57,7 +57,13 @@ class Capturer:
 
     def _capture(self, views: Mapping[str, memoryview], meta: Any) -> Future:
         with self._lock:
-            return self._capture_locked(views, meta)
+            try:
+                return self._capture_locked(views, meta)
+            except BaseException as exc:
+                # The detectors moved on (dirty() was called) but nothing was queued: the next
+                # capture must diff in full. Jobs queued earlier stay valid (same epoch).
+                self.failure = exc
+                raise
 
     def _capture_locked(self, views: Mapping[str, memoryview], meta: Any) -> Future:
         persister = self.persister
