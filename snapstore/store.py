@@ -123,7 +123,12 @@ class Store:
 
     def close(self) -> None:
         """Waits for pending asynchronous checkpoints, closes trackers, closes the store.
-        Idempotent. Checkpoints returned earlier stay committed."""
+        Idempotent. Checkpoints returned earlier stay committed.
+
+        In a done-callback of a checkpoint_async()/tracker future (callbacks run on the
+        store's background thread, which cannot wait for itself) it closes at once instead:
+        the checkpoint whose callback runs is committed, checkpoints queued after it fail
+        with StoreClosedError, and the background thread exits after them."""
         if not self._committer.closed and not self.readonly:
             self._persister.close()      # first: its worker commits through the committer
         self._committer.close()
