@@ -128,6 +128,8 @@ def diff_buffer(read_a: Callable, read_b: Callable, size_a: int, size_b: int, *,
     length], ...] sorted, differing runs fewer than `gap` bytes apart merged}. The ranges do
     not depend on `window`. on_progress(n) is called after each n bytes compared.
     """
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise errors.InvalidArgumentError(f"window must be an int >= 1, got {window!r}")
     common = min(size_a, size_b)
     ranges: list = []
     changed = 0

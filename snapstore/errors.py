@@ -12,6 +12,11 @@ class InvalidArgumentError(SnapstoreError, ValueError):
     """An argument has the right type but a wrong value (sizes, page size, names, options)."""
 
 
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument has the wrong type. Also a TypeError (Python's convention) and an
+    InvalidArgumentError, so one except clause catches every bad argument."""
+
+
 class NativeError(SnapstoreError):
     """The C core returned an error code. Carries the C function name and code."""
 

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from snapstore import _native as native
 from snapstore.capture.persister import Persister
-from snapstore.capture.staging import DEFAULT_STAGING_BYTES
+from snapstore.capture.staging import DEFAULT_STAGING_BYTES, max_staging_bytes
 from snapstore.capture.tracker import Tracker
 from snapstore.engine import compact as compaction
 from snapstore.engine import format as fmt
@@ -24,9 +24,12 @@ from snapstore.engine.memory import OutputBytes
 from snapstore.engine.reader import find_buffer, restore_range
 from snapstore.engine.records import Commit
 from snapstore.engine.backends import SegmentBackend
-from snapstore.engine.validation import check_choice, validate_buffers, validate_meta, validate_name
+from snapstore.engine.validation import (buffer_view, check_choice, validate_buffers,
+                                         validate_checkpoint_id, validate_compression_level,
+                                         validate_flag, validate_int, validate_meta,
+                                         validate_name, validate_path, validate_timeout)
 from snapstore.engine.verify import verify as verify_store
-from snapstore.errors import CheckpointNotFound, InvalidArgumentError
+from snapstore.errors import CheckpointNotFound, InvalidArgumentError, InvalidArgumentTypeError
 
 
 @dataclass(frozen=True)
@@ -64,16 +67,20 @@ class Store:
                  segment_size: int = fmt.DEFAULT_SEGMENT_SIZE,
                  staging_bytes: int = DEFAULT_STAGING_BYTES,
                  backend: SegmentBackend | None = None) -> None:
-        self.path = os.fspath(path)
+        # Every argument is checked before anything touches the file system.
+        self.path = validate_path(path)
         self.durability = check_choice(durability, fmt.DURABILITY_MODES, "durability")
-        self.readonly = bool(readonly)
+        self.readonly = validate_flag(readonly, "readonly")
+        create = validate_flag(create, "create")
+        timeout = validate_timeout(timeout)
         self.options = self._validate_options(page_size, chunk_size, chunking, cdc_sizes,
                                               max_chain, full_threshold, compression,
                                               compression_level)
-        if not isinstance(segment_size, int) or segment_size < (1 << 16):
-            raise InvalidArgumentError("segment_size must be an int of at least 64 KiB")
-        if not isinstance(staging_bytes, int) or staging_bytes < (1 << 20):
-            raise InvalidArgumentError("staging_bytes must be an int of at least 1 MiB")
+        validate_int(segment_size, "segment_size", 1 << 16)
+        validate_int(staging_bytes, "staging_bytes", 1 << 20, max_staging_bytes())
+        if backend is not None and not isinstance(backend, SegmentBackend):
+            raise InvalidArgumentTypeError(f"backend must be a SegmentBackend, got "
+                                           f"{type(backend).__name__}")
         self._committer = Committer(self.path, self.options, durability=self.durability,
                                     readonly=self.readonly, create=create, timeout=timeout,
                                     segment_size=segment_size, backend=backend)
@@ -84,32 +91,44 @@ class Store:
     @staticmethod
     def _validate_options(page_size, chunk_size, chunking, cdc_sizes, max_chain,
                           full_threshold, compression, compression_level) -> wr.WriteOptions:
-        if (not isinstance(page_size, int) or page_size < native.PAGE_MIN
-                or page_size > native.PAGE_MAX or page_size & (page_size - 1)):
+        validate_int(page_size, "page_size", native.PAGE_MIN, native.PAGE_MAX)
+        if page_size & (page_size - 1):
             raise InvalidArgumentError(f"page_size must be a power of two from {native.PAGE_MIN} "
                                        f"to {native.PAGE_MAX}, got {page_size!r}")
-        if (not isinstance(chunk_size, int) or chunk_size < page_size or chunk_size % page_size
-                or chunk_size > wr.STAGING_BYTES):
+        validate_int(chunk_size, "chunk_size", page_size, fmt.MAX_CHUNK_BYTES)
+        if chunk_size % page_size:
             raise InvalidArgumentError("chunk_size must be a multiple of page_size and at most "
-                                       f"{wr.STAGING_BYTES} bytes, got {chunk_size!r}")
+                                       f"{fmt.MAX_CHUNK_BYTES} bytes, got {chunk_size!r}")
         check_choice(chunking, fmt.CHUNKING_MODES, "chunking")
         check_choice(compression, fmt.COMPRESSION_MODES, "compression")
         try:
-            native.Chunker(*cdc_sizes)
+            sizes = tuple(cdc_sizes)
+            if len(sizes) != 3:
+                raise ValueError("expected (min, avg, max)")
+            for size in sizes:
+                validate_int(size, "a cdc size", 1, fmt.MAX_CHUNK_BYTES)
+            native.Chunker(*sizes)
         except (TypeError, ValueError) as exc:
-            raise InvalidArgumentError(f"cdc_sizes {cdc_sizes!r} are invalid: {exc}") from exc
-        if cdc_sizes[2] > wr.STAGING_BYTES:
-            raise InvalidArgumentError(f"cdc max size must be at most {wr.STAGING_BYTES} bytes")
-        if not isinstance(max_chain, int) or max_chain < 1:
-            raise InvalidArgumentError("max_chain must be an int >= 1")
-        if not isinstance(full_threshold, (int, float)) or not 0 <= full_threshold <= 1:
-            raise InvalidArgumentError("full_threshold must be a number from 0 to 1")
-        return wr.WriteOptions(page_size, chunk_size, chunking, tuple(cdc_sizes), max_chain,
+            raise InvalidArgumentError(f"cdc_sizes {cdc_sizes!r} are invalid (three ints, "
+                                       f"min <= avg <= max <= {fmt.MAX_CHUNK_BYTES}): "
+                                       f"{exc}") from None
+        validate_int(max_chain, "max_chain", 1)
+        if isinstance(full_threshold, bool) or not isinstance(full_threshold, (int, float)) \
+                or not 0 <= full_threshold <= 1:
+            raise InvalidArgumentError(f"full_threshold must be a number from 0 to 1, got "
+                                       f"{full_threshold!r}")
+        validate_compression_level(compression_level)
+        return wr.WriteOptions(page_size, chunk_size, chunking, sizes, max_chain,
                                float(full_threshold), compression, compression_level)
 
     def close(self) -> None:
         """Waits for pending asynchronous checkpoints, closes trackers, closes the store.
-        Idempotent. Checkpoints returned earlier stay committed."""
+        Idempotent. Checkpoints returned earlier stay committed.
+
+        In a done-callback of a checkpoint_async()/tracker future (callbacks run on the
+        store's background thread, which cannot wait for itself) it closes at once instead:
+        the checkpoint whose callback runs is committed, checkpoints queued after it fail
+        with StoreClosedError, and the background thread exits after them."""
         if not self._committer.closed and not self.readonly:
             self._persister.close()      # first: its worker commits through the committer
         self._committer.close()
@@ -155,7 +174,8 @@ class Store:
             StoreIOError (disk full, I/O error: nothing of the checkpoint is visible).
         """
         views = validate_buffers(buffers, stream)
-        layout = check_choice(chunking or self.options.chunking, fmt.CHUNKING_MODES, "chunking")
+        layout = check_choice(self.options.chunking if chunking is None else chunking,
+                              fmt.CHUNKING_MODES, "chunking")
         meta = validate_meta(meta)
         self._committer.check_open(write=True)
         self._persister.prepare_sync_checkpoint(stream)
@@ -173,9 +193,7 @@ class Store:
         "auto" picks uffd where the kernel supports it for that memory, else hash
         (tracker.mode, tracker.reason say which and why). The tracker owns the stream until
         tracker.close(); the buffers must stay the same objects."""
-        if mode not in ("auto", "uffd", "hash", "shadow", "full"):
-            raise InvalidArgumentError(f"mode must be auto, uffd, hash, shadow or full; got "
-                                       f"{mode!r}")
+        check_choice(mode, ("auto", "uffd", "hash", "shadow", "full"), "mode")
         self._committer.check_open(write=True)
         return Tracker(self._persister, buffers, stream, mode)
 
@@ -219,8 +237,14 @@ class Store:
     def delete_many(self, checkpoint_ids) -> None:
         """Deletes several checkpoints at once: one log append, one sync, one index transaction
         (all or none). Unknown ids raise CheckpointNotFound before anything is deleted."""
+        try:
+            ids = [validate_checkpoint_id(getattr(i, "id", i)) for i in checkpoint_ids]
+        except TypeError as exc:
+            if isinstance(exc, InvalidArgumentTypeError):
+                raise
+            raise InvalidArgumentTypeError(f"checkpoint_ids must be an iterable of ids, got "
+                                           f"{type(checkpoint_ids).__name__}") from None
         self._committer.check_open(write=True)
-        ids = list(checkpoint_ids)
         with self._committer.read() as r:
             victims = [self._get_commit(r, i) for i in ids]
             heads = {c.stream: r.stream_head(c.stream) for c in victims}
@@ -263,11 +287,10 @@ class Store:
         snapshot and deleted all or none (CheckpointNotFound, nothing deleted, if another
         thread deleted one of them meanwhile)."""
         validate_name(stream, "stream")
-        for value, what in ((keep_last, "keep_last"), (keep_every, "keep_every")):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < (0 if what == "keep_last" else 1)):
-                raise InvalidArgumentError(f"{what} must be an int >= "
-                                           f"{0 if what == 'keep_last' else 1}, got {value!r}")
+        for value, what, low in ((keep_last, "keep_last", 0), (keep_every, "keep_every", 1)):
+            if value is not None:
+                validate_int(value, what, low)
+        keep_tagged = validate_flag(keep_tagged, "keep_tagged")
         if keep_last is None and keep_every is None:
             raise InvalidArgumentError("retain needs keep_last and/or keep_every")
         ckpts = self.checkpoints(stream)
@@ -307,6 +330,7 @@ class Store:
         """Checks the store; returns a report {"ok", "problems": [...], ...}. Each problem has
         kind, message, affected checkpoint ids, segment and offset. deep=True also re-reads and
         re-hashes every chunk and every log record."""
+        deep = validate_flag(deep, "deep")
         c = self._committer
         with c.exclusive(write=False):
             return verify_store(c.index, c.backend, deep=deep)
@@ -316,9 +340,7 @@ class Store:
     def _get_commit(r: IndexView, checkpoint_id: Any) -> Commit:
         if isinstance(checkpoint_id, CheckpointInfo):
             checkpoint_id = checkpoint_id.id
-        if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int):
-            raise TypeError(f"checkpoint id must be an int, got {type(checkpoint_id).__name__}")
-        commit = r.checkpoint(checkpoint_id)
+        commit = r.checkpoint(validate_checkpoint_id(checkpoint_id))
         if commit is None:
             raise CheckpointNotFound(f"no checkpoint {checkpoint_id}")
         return commit
@@ -362,13 +384,13 @@ class Store:
         sizes (a subset of the checkpoint's buffers is fine). Sizes and names are checked
         before anything is written; on CorruptionError the targets' contents are undefined."""
         if not isinstance(buffers, Mapping):
-            raise TypeError("buffers must be a mapping of name to writable buffer")
+            raise InvalidArgumentTypeError("buffers must be a mapping of name to writable buffer")
         with self._committer.read() as r:
             commit = self._get_commit(r, checkpoint_id)
             targets = {}
             for name, obj in buffers.items():
                 entry = find_buffer(commit, name)
-                view = native.as_bytes_view(obj, writable=True)
+                view = buffer_view(obj, f"buffer {name!r}", writable=True)
                 if len(view) != entry.size:
                     raise InvalidArgumentError(f"buffer {name!r} has {len(view)} bytes; "
                                                f"checkpoint {commit.id} holds {entry.size}")

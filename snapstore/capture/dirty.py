@@ -557,13 +557,15 @@ class Detector:
     """Finds the byte ranges of one buffer that may have changed since the previous dirty().
 
     mode: "uffd" | "hash" | "shadow" | "full" (what is in use now); reason: why this mode.
-    Thread-safe (calls are serialised). Holds an export of the buffer until close(), so the
-    buffer cannot be resized or freed meanwhile (bytearray resize / mmap.close raise
-    BufferError in the caller).
+    Thread-safe (calls are serialised). Holds an export of the buffer until close() (or
+    detach()), so the buffer cannot be resized or freed meanwhile (bytearray resize /
+    mmap.close raise BufferError in the caller).
     """
 
     def __init__(self, view: memoryview, impl, page_size: int, reason: str) -> None:
-        self._view = view
+        self._view: Optional[memoryview] = view     # None while detached
+        self._n = len(view)
+        self._address = nat.buffer_address(view) if len(view) else 0
         self._impl = impl
         self.page_size = page_size
         self.reason = reason
@@ -579,7 +581,7 @@ class Detector:
 
     @property
     def nbytes(self) -> int:
-        return len(self._view) if not self._closed else 0
+        return self._n if not self._closed else 0
 
     def dirty(self) -> Optional[Ranges]:
         """Byte ranges (offset, length), ascending, non-overlapping, on the page_size grid (the
@@ -589,6 +591,8 @@ class Detector:
         with self._lock:
             if self._closed:
                 raise InvalidArgumentError("dirty(): the detector is closed")
+            if self._view is None:
+                raise InvalidArgumentError("dirty(): the detector is detached; attach() first")
             if self._pid != os.getpid():
                 self._forked()
             if self._armed:
@@ -606,10 +610,10 @@ class Detector:
         with self._lock:
             if self._closed:
                 return
-            if offset < 0 or offset + len(data) > len(self._view):
+            if offset < 0 or offset + len(data) > self._n:
                 raise InvalidArgumentError(
                     f"note_stored: [{offset}, {offset + len(data)}) is outside the buffer of "
-                    f"{len(self._view)} bytes")
+                    f"{self._n} bytes")
             if self._armed and len(data):      # (in a forked child: re-armed by dirty() anyway)
                 self._impl.note(offset, data)
 
@@ -622,7 +626,7 @@ class Detector:
         with self._lock:
             if self._closed:
                 return
-            n, total = len(self._view), 0
+            n, total = self._n, 0
             for off, length in ranges:
                 if off < 0 or length < 0 or off + length > n:
                     raise InvalidArgumentError(
@@ -649,10 +653,36 @@ class Detector:
             finally:
                 _LIVE.discard(self)
                 self._impl = _Full(memoryview(b""), 1)
-                try:
-                    self._view.release()
-                except (BufferError, ValueError):
-                    pass
+                view, self._view = self._view, None
+                _release(view)
+
+    def detach(self) -> None:
+        """Releases the detector's export of the buffer until attach(), so between two
+        captures the caller may resize, free or close it. Only detectors that compare
+        contents (hash, shadow, full) can: a uffd detector's registration is of that memory,
+        so it keeps it (no-op). Idempotent."""
+        with self._lock:
+            if self._closed or self._view is None or isinstance(self._impl, _Uffd):
+                return
+            view, self._view = self._view, None
+            _release(view)
+
+    def attach(self, view) -> None:
+        """Gives a detached detector its buffer again: the same memory (address and length).
+        The next dirty() reports what changed since the previous one, as if never detached.
+        InvalidArgumentError for other memory; no-op when attached."""
+        mv = memoryview(nat.as_bytes_view(view, name="view"))
+        with self._lock:
+            if self._closed:
+                mv.release()
+                raise InvalidArgumentError("attach(): the detector is closed")
+            if self._view is not None:
+                mv.release()
+                return
+            if len(mv) != self._n or (self._n and nat.buffer_address(mv) != self._address):
+                mv.release()
+                raise InvalidArgumentError("attach(): not the memory this detector tracks")
+            self._view = mv
 
     def __enter__(self) -> "Detector":
         return self
@@ -661,7 +691,7 @@ class Detector:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self._view)} bytes"
+        state = "closed" if self._closed else f"{self._n} bytes"
         return f"<snapstore.dirty.Detector mode={self.mode} {state}>"
 
     # -- internals (lock held)
@@ -695,6 +725,16 @@ class Detector:
             pass
         self._impl = _Hash(self._view, self.page_size)
         self.reason = f"hash: fell back from {old.mode}: {why}"
+
+
+def _release(view: Optional[memoryview]) -> None:
+    """Releases our export of a buffer (if a slice of it still lives, the export goes with
+    the slice)."""
+    if view is not None:
+        try:
+            view.release()
+        except (BufferError, ValueError):
+            pass
 
 
 def _after_fork_in_child() -> None:

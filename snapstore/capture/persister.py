@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from typing import Any, Callable
 
 from snapstore.capture.staging import StagingArena
-from snapstore.capture.tracker import Capturer, ImplicitCapturer, Tracker
+from snapstore.capture.tracker import Capturer, ImplicitCapturer, Tracker, release_views
 from snapstore.engine import writer as wr
 from snapstore.engine.commit import Committer
 from snapstore.engine.records import Commit
@@ -162,11 +162,13 @@ class Persister:
 
     @staticmethod
     def _stage_all(owner: Capturer, plans: list, memory) -> None:
+        # Nothing changed (or only empty buffers): no region; stage into empty writable
+        # memory, so such a checkpoint commits as a delta adding 0 chunk bytes (defect 1).
+        memory = memory if memory is not None else memoryview(bytearray())
         pos = 0
         for p in plans:
             det = owner.detectors[p.name]
-            wr.stage(p, memory[pos:pos + p.nbytes] if memory is not None else memoryview(b""),
-                     det.note_stored_many)
+            wr.stage(p, memory[pos:pos + p.nbytes], det.note_stored_many)
             pos += p.nbytes
 
     def _enqueue(self, owner: Capturer, plans: list, meta: Any, region) -> Future:
@@ -217,35 +219,53 @@ class Persister:
             with self._cv:
                 while not self._queue:
                     if self._closed:
+                        self.arena.close()      # (close() from a callback left it to us)
                         return
                     self._cv.wait()
                 job = self._queue[0]
-            try:
+            self._process(job)
+            # No reference to the job may outlive it in this frame (its plans hold views of
+            # the caller's buffers, which must be free once the job landed).
+            job = None
+
+    def _process(self, job: _Job) -> None:
+        """Commits one job (or fails its future), then retires it: its staging region freed,
+        its views dropped, the queue advanced."""
+        try:
+            if self._closed and job.owner is not None:
+                raise StoreClosedError("the store was closed (from a checkpoint's callback) "
+                                       "before this checkpoint was committed")
+            if job.owner is not None:
+                if job.epoch != job.owner.epoch:
+                    raise SnapstoreError("an earlier checkpoint of stream "
+                                         f"{job.owner.stream!r} failed, and this one builds "
+                                         f"on it: {job.owner.failure}")
+                job.future.set_result(self._commit(job.owner, job.plans, job.meta))
+        except BaseException as exc:        # noqa: BLE001 - handed to the caller's future
+            if job.owner is not None:
+                if job.epoch == job.owner.epoch:
+                    job.owner.failed(exc)
+                job.future.set_exception(exc)
+        finally:
+            if job.region is not None:
+                self.arena.free(job.region)
+            if job.owner is not None and job.owner.per_capture_views:
+                release_views(p.view for p in job.plans)   # even if a traceback holds them
+            job.plans = []
+            with self._cv:
+                self._queue.popleft()
                 if job.owner is not None:
-                    if job.epoch != job.owner.epoch:
-                        raise SnapstoreError("an earlier checkpoint of stream "
-                                             f"{job.owner.stream!r} failed, and this one builds "
-                                             f"on it: {job.owner.failure}")
-                    job.future.set_result(self._commit(job.owner, job.plans, job.meta))
-            except BaseException as exc:        # noqa: BLE001 - handed to the caller's future
-                if job.owner is not None:
-                    if job.epoch == job.owner.epoch:
-                        job.owner.failed(exc)
-                    job.future.set_exception(exc)
-            finally:
-                if job.region is not None:
-                    self.arena.free(job.region)
-                for p in job.plans:
-                    p.staged = None
-                with self._cv:
-                    self._queue.popleft()
-                    if job.owner is not None:
-                        self._pending[job.owner] -= 1
-                        if not self._pending[job.owner]:
-                            del self._pending[job.owner]
-                    self._cv.notify_all()
+                    self._pending[job.owner] -= 1
+                    if not self._pending[job.owner]:
+                        del self._pending[job.owner]
+                self._cv.notify_all()
 
     # -- waiting and closing
+    def pending(self, owner: Capturer) -> int:
+        """How many of owner's jobs are queued or running."""
+        with self._cv:
+            return self._pending[owner]
+
     def wait_idle(self, owner: Capturer | None = None) -> None:
         """Waits until no job (of owner, or at all) is queued or running. Never call it while
         holding the committer's writer lock: the worker needs that lock."""
@@ -256,14 +276,22 @@ class Persister:
                 self._cv.wait()
 
     def close(self) -> None:
-        """Flushes, stops the worker, closes every capturer (trackers included)."""
-        self.wait_idle()
+        """Flushes, stops the worker, closes every capturer (trackers included).
+
+        Called on the worker thread itself (store.close() in a future's done-callback, which
+        runs there) it cannot wait for the queue: the worker would wait for itself. Then it
+        closes at once: the job whose callback runs is committed, every job queued after it
+        fails with StoreClosedError, and the worker exits after them (freeing the arena)."""
+        on_worker = self._thread is threading.current_thread()
+        if not on_worker:
+            self.wait_idle()
         with self._cv:
             self._closed = True
             self._cv.notify_all()
-        if self._thread is not None:
+        if not on_worker and self._thread is not None:
             self._thread.join()
         for owner in list(self._owners.values()):
             owner.close()
         self._owners.clear()
-        self.arena.close()
+        if not on_worker:
+            self.arena.close()

@@ -9,9 +9,22 @@ from __future__ import annotations
 
 import collections
 import mmap
+import os
 import threading
 
+from snapstore.errors import StoreIOError
+
 DEFAULT_STAGING_BYTES = 1 << 30
+
+
+def max_staging_bytes() -> int:
+    """The largest staging arena a store accepts: the machine's physical memory (staging
+    memory is touched as captures fill it, so more could never be used), or the default."""
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        physical = 0
+    return max(physical, DEFAULT_STAGING_BYTES)
 
 
 class StagingArena:
@@ -27,7 +40,11 @@ class StagingArena:
 
     def _memory(self) -> memoryview:
         if self._view is None:
-            self._mm = mmap.mmap(-1, self.capacity)
+            try:
+                self._mm = mmap.mmap(-1, self.capacity)
+            except OSError as exc:      # e.g. ENOMEM: the address space or overcommit limit
+                raise StoreIOError(f"cannot map {self.capacity} bytes of staging memory "
+                                   f"(staging_bytes): {exc.strerror or exc}", exc.errno) from None
             if hasattr(self._mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
                 try:
                     self._mm.madvise(mmap.MADV_HUGEPAGE)
@@ -47,15 +64,17 @@ class StagingArena:
         return self._head if self._head + n <= tail else None   # free: [head, tail)
 
     def alloc(self, n: int) -> tuple[int, memoryview]:
-        """Blocks until n contiguous bytes are free; returns (region id, memory)."""
+        """Blocks until n contiguous bytes are free; returns (region id, memory). Raises
+        StoreIOError (taking nothing) when the arena's memory cannot be mapped."""
         if n > self.capacity:
             raise ValueError("larger than the arena")
         with self._cv:
+            memory = self._memory()         # first: a mapping failure must leak no region
             while (start := self._place(n)) is None:
                 self._cv.wait()
             self._regions.append((start, start + n))
             self._head = start + n
-            return start, self._memory()[start:start + n]
+            return start, memory[start:start + n]
 
     def free(self, start: int) -> None:
         with self._cv:

@@ -25,11 +25,25 @@ from snapstore.engine.validation import validate_buffers, validate_meta
 from snapstore.errors import StoreClosedError
 
 
+def release_views(views) -> None:
+    """Releases memoryviews of a caller's buffers (one still in use by a slice of it goes
+    with the slice)."""
+    for view in views:
+        try:
+            view.release()
+        except BufferError:
+            pass
+
+
 class Capturer:
     """A stream's capture state, owned by the persister's ownership table: the detectors, the
     base of the next delta, and the failure state the persister maintains.
 
     persister: the store's Persister (submit, wait_idle, capturing, committer)."""
+
+    # True when each capture's buffer views are its own (made per call), so the persister
+    # releases them once the capture's job landed; a Tracker's views serve every capture.
+    per_capture_views = False
 
     def __init__(self, persister, stream: str) -> None:
         self.persister = persister
@@ -57,7 +71,13 @@ class Capturer:
 
     def _capture(self, views: Mapping[str, memoryview], meta: Any) -> Future:
         with self._lock:
-            return self._capture_locked(views, meta)
+            try:
+                return self._capture_locked(views, meta)
+            except BaseException as exc:
+                # The detectors moved on (dirty() was called) but nothing was queued: the next
+                # capture must diff in full. Jobs queued earlier stay valid (same epoch).
+                self.failure = exc
+                raise
 
     def _capture_locked(self, views: Mapping[str, memoryview], meta: Any) -> Future:
         persister = self.persister
@@ -137,6 +157,11 @@ class Tracker(Capturer):
         self.persister.wait_idle(self)
         super().close()
         self.persister.release(self)
+        # The caller's buffers are free again (resize, free, mmap.close) once no job needs
+        # them: at once, or when the last pending job drops them (close() in a callback).
+        views, self.views = self.views, {}
+        if not self.persister.pending(self):
+            release_views(views.values())
 
     def __enter__(self) -> "Tracker":
         return self
@@ -152,22 +177,33 @@ class ImplicitCapturer(Capturer):
     """store.checkpoint_async's per-stream state: a hash detector per buffer, rebuilt when the
     caller hands in different memory."""
 
+    per_capture_views = True
+
     def __init__(self, persister, stream: str) -> None:
         super().__init__(persister, stream)
         self._memory: dict[str, tuple[int, int]] = {}   # buffer name -> (address, length)
 
     def capture(self, views: Mapping[str, memoryview], meta: Any) -> Future:
+        """Captures the buffers. Between captures the detectors hold only fingerprints, no
+        export of the caller's buffers (detach()), so once the capture's job has landed
+        (store.flush()) the caller may resize, free or close them."""
         from snapstore.capture import dirty    # on first use: it installs a fork handler
         page_size = self.persister.committer.options.page_size
-        for name, view in views.items():
-            key = (native.buffer_address(view), len(view))
-            det = self.detectors.get(name)
-            if det is None or self._memory.get(name) != key:
-                if det is not None:
-                    det.close()
-                self.detectors[name] = dirty.make_detector(view, "hash", page_size)
-                self._memory[name] = key
-        for name in set(self.detectors) - set(views):
-            self.detectors.pop(name).close()
-            self._memory.pop(name, None)
-        return self._capture(views, meta)
+        try:
+            for name, view in views.items():
+                key = (native.buffer_address(view) if len(view) else 0, len(view))
+                det = self.detectors.get(name)
+                if det is not None and self._memory.get(name) == key:
+                    det.attach(view)
+                else:
+                    if det is not None:
+                        det.close()
+                    self.detectors[name] = dirty.make_detector(view, "hash", page_size)
+                    self._memory[name] = key
+            for name in set(self.detectors) - set(views):
+                self.detectors.pop(name).close()
+                self._memory.pop(name, None)
+            return self._capture(views, meta)
+        finally:
+            for det in self.detectors.values():
+                det.detach()

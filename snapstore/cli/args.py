@@ -3,9 +3,12 @@ options, and the argument types (sizes, ranges, checkpoint ids, counts, fraction
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Callable, Iterable
 
 from snapstore.cli.common import STORE_ENV, UsageError
+from snapstore.engine.validation import validate_checkpoint_id
+from snapstore.errors import InvalidArgumentError
 from snapstore.formatting import parse_size
 
 
@@ -35,7 +38,7 @@ def add_global_options(parser: argparse.ArgumentParser, *, with_store: bool = Tr
     if with_store:
         option("-s", "--store", dest="store", metavar="PATH",
                help=f"the store directory (default: ${STORE_ENV})")
-        option("--timeout", dest="timeout", type=float, metavar="SECONDS",
+        option("--timeout", dest="timeout", type=seconds_arg, metavar="SECONDS",
                help="wait this long for another writer's lock (default 0)")
     option("--json", dest="json", action="store_true",
            help="print one JSON document instead of text")
@@ -55,8 +58,31 @@ def command_options(with_store: bool = True) -> argparse.ArgumentParser:
 def size_arg(text: str) -> int:
     try:
         return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    except (ValueError, OverflowError):      # OverflowError: more digits than a float holds
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (use e.g. 4096, 64KiB, "
+                                         "256MiB, 1GiB)") from None
+
+
+def size_between(low: int, high: int) -> Callable[[str], int]:
+    """An argument type: a size (as size_arg) from low to high bytes."""
+    def parse(text: str) -> int:
+        value = size_arg(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"size {text!r} must be from {low} to {high} "
+                                             "bytes")
+        return value
+    return parse
+
+
+def seconds_arg(text: str) -> float:
+    """A duration in seconds: a number >= 0 ('inf': forever)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+    if math.isnan(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"seconds must be >= 0, got {text!r}")
+    return value
 
 
 def parse_range(text: str) -> tuple:
@@ -74,6 +100,9 @@ def range_arg(text: str) -> tuple:
         return parse_range(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    except OverflowError:                    # more digits than a float holds
+        raise argparse.ArgumentTypeError(f"invalid range {text!r}: a size is too large") \
+            from None
 
 
 def id_arg(text: str):
@@ -82,13 +111,12 @@ def id_arg(text: str):
     if t == "latest" or t.startswith("latest:"):
         return t
     try:
-        value = int(t)
+        return validate_checkpoint_id(int(t))
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(f"invalid checkpoint id {text!r} ({exc})") from None
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"invalid checkpoint id {text!r} (an integer, 'latest' or 'latest:STREAM')") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"invalid checkpoint id {text!r} (ids are >= 0)")
-    return value
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:

@@ -3,10 +3,16 @@ itself is snapstore.diff)."""
 from __future__ import annotations
 
 from snapstore import diff
-from snapstore.cli.args import id_arg, size_arg
+from snapstore.cli.args import id_arg, nonneg_arg, size_arg, size_between
 from snapstore.cli.common import EXIT_OK, open_store, progress, resolve
 from snapstore.cli.output import print_json
 from snapstore.formatting import human_bytes
+
+
+# --window bounds: a tiny window makes a read per few bytes (hours for a large buffer), a huge
+# one holds two windows in memory.
+MIN_WINDOW = 4 << 10
+MAX_WINDOW = 1 << 30
 
 
 def add_diff(add) -> None:
@@ -21,11 +27,12 @@ def add_diff(add) -> None:
     p.add_argument("--gap", type=size_arg, default=diff.GAP, metavar="BYTES",
                    help="report differing runs fewer than BYTES apart as one range "
                         "(default 16; 0: exact runs); changed bytes are always exact")
-    p.add_argument("--max-ranges", type=int, default=20, metavar="N",
+    p.add_argument("--max-ranges", type=nonneg_arg, default=20, metavar="N",
                    help="ranges printed per buffer in text output (default 20; 0: all; "
                         "--json always lists all)")
-    p.add_argument("--window", type=size_arg, default=diff.WINDOW, metavar="SIZE",
-                   help="compare this many bytes at a time (default 8MiB)")
+    p.add_argument("--window", type=size_between(MIN_WINDOW, MAX_WINDOW), default=diff.WINDOW,
+                   metavar="SIZE", help="compare this many bytes at a time (default 8MiB; "
+                                        "4KiB to 1GiB: memory is twice this)")
 
 
 def cmd_diff(args) -> int:

@@ -1,8 +1,10 @@
 """Chunk records: read one, check it, decode it to the chunk's bytes. The one chunk decoder,
 used by the read path, compaction and verify, with one error policy: every failure (a record
-that cannot be read, is damaged, is not the chunk asked for, does not decompress, or decodes to
-the wrong length) raises DamagedRecord, a CorruptionError naming segment and offset. No caller
-ever gets wrong bytes, nor a zstandard or OS error.
+that cannot be read, is damaged, is not the chunk asked for, claims more than MAX_CHUNK_BYTES,
+holds a zstd frame whose declared content size is missing or not its raw length, does not
+decompress, or decodes to the wrong length) raises DamagedRecord, a CorruptionError naming
+segment and offset. No caller ever gets wrong bytes, nor a zstandard, memory or OS error; the
+declared size is checked before anything is allocated, so a decompression bomb costs nothing.
 
 Chunk record payload (docs/design.md): CHUNK_PREFIX (chunk id, raw length), then the stored
 bytes (a zstd frame when the record's codec says so, else the raw bytes).
@@ -71,7 +73,23 @@ def decode_chunk(chunk: StoredChunk) -> bytes | memoryview:
     """The chunk's raw bytes: decompressed, or the stored bytes themselves (a view, no copy)
     for a raw chunk; checked to be raw_len long. Raises DamagedRecord."""
     record = chunk.record
+    if chunk.raw_len > fmt.MAX_CHUNK_BYTES:
+        raise DamagedRecord(f"chunk claims {chunk.raw_len} bytes, more than the largest chunk "
+                            f"a store writes ({fmt.MAX_CHUNK_BYTES})", record.segment,
+                            record.offset, record.end)
     if record.codec == fmt.CODEC_ZSTD:
+        # python-zstandard allocates what the frame header declares: check the declaration
+        # against the (bounded) raw length before anything is allocated or decompressed.
+        try:
+            declared = zstandard.frame_content_size(chunk.stored)
+        except zstandard.ZstdError as exc:
+            raise DamagedRecord(f"chunk is not a zstd frame: {exc}", record.segment,
+                                record.offset, record.end) from exc
+        if declared != chunk.raw_len:
+            raise DamagedRecord("chunk's zstd frame declares "
+                                + ("no content size" if declared < 0 else f"{declared} bytes")
+                                + f", not its raw length {chunk.raw_len}", record.segment,
+                                record.offset, record.end)
         try:
             data = _decompressor().decompress(chunk.stored, max_output_size=chunk.raw_len)
         except zstandard.ZstdError as exc:

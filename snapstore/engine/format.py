@@ -93,6 +93,10 @@ DEFAULT_PAGE_SIZE = 4096
 DEFAULT_CHUNK_SIZE = 64 << 10     # full checkpoints: fixed grid of this size; deltas: runs split
                                   # into pieces of at most this size
 DEFAULT_CDC_SIZES = (16 << 10, 64 << 10, 256 << 10)   # FastCDC min / avg / max
+MAX_CHUNK_BYTES = 8 << 20         # the largest chunk a store writes: chunk_size and the CDC max
+                                  # are limited to it (a chunk is gathered whole into the write
+                                  # path's staging buffer of this size). Readers refuse a chunk
+                                  # record claiming more before decompressing anything.
 DEFAULT_MAX_CHAIN = 16            # restoring reads at most this many manifests: the delta that
                                   # would make it max_chain is rebased into a full manifest
 DEFAULT_FULL_THRESHOLD = 0.5      # ... or when more than this fraction of its pages changed

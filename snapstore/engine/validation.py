@@ -1,18 +1,88 @@
-"""Argument checks shared by every layer that takes names, metadata or option choices, so
-each rule exists once and gives the same error everywhere."""
+"""Argument checks shared by every layer that takes names, metadata, checkpoint ids or option
+values, so each rule exists once and gives the same error everywhere. Every check raises
+before anything is touched: InvalidArgumentTypeError (also a TypeError) for a wrong type,
+InvalidArgumentError (also a ValueError) for a wrong value."""
 from __future__ import annotations
 
 import json
+import math
+import os
 from typing import Any, Mapping
+
+import zstandard
 
 from snapstore import _native as native
 from snapstore.engine import format as fmt
-from snapstore.errors import InvalidArgumentError
+from snapstore.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+MAX_CHECKPOINT_ID = (1 << (8 * fmt.CKPT_KEY.size)) - 1
+# zstd's level range: ZSTD_minCLevel() (-ZSTD_TARGETLENGTH_MAX) to ZSTD_maxCLevel().
+MIN_COMPRESSION_LEVEL = -(1 << 17)
+MAX_COMPRESSION_LEVEL = zstandard.MAX_COMPRESSION_LEVEL
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def validate_int(value: Any, what: str, low: int | None = None, high: int | None = None) -> int:
+    """An int (not a bool) in [low, high] (either bound optional)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentTypeError(f"{what} must be an int, got {_type_name(value)}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = (f"from {low} to {high}" if low is not None and high is not None
+                  else f">= {low}" if low is not None else f"<= {high}")
+        raise InvalidArgumentError(f"{what} must be an int {bounds}, got {value!r}")
+    return value
+
+
+def validate_flag(value: Any, what: str) -> bool:
+    """A bool (0 and 1 accepted as such)."""
+    if value is True or value is False:
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise InvalidArgumentTypeError(f"{what} must be a bool, got {value!r}")
+
+
+def validate_checkpoint_id(value: Any) -> int:
+    """A checkpoint id: an int from 0 to 2**64 - 1 (what the index can hold)."""
+    return validate_int(value, "checkpoint id", 0, MAX_CHECKPOINT_ID)
+
+
+def validate_timeout(value: Any) -> float:
+    """Seconds to wait for a lock: a number >= 0 (inf: wait forever; not nan)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentTypeError(f"timeout must be a number of seconds, got "
+                                       f"{_type_name(value)}")
+    if math.isnan(value) or value < 0:
+        raise InvalidArgumentError(f"timeout must be >= 0 seconds, got {value!r}")
+    return float(value)
+
+
+def validate_compression_level(value: Any) -> int:
+    """A zstd compression level, in zstd's range."""
+    return validate_int(value, "compression_level", MIN_COMPRESSION_LEVEL,
+                        MAX_COMPRESSION_LEVEL)
+
+
+def validate_path(value: Any) -> str:
+    """A store path: a str, bytes or os.PathLike naming a file system path without NUL."""
+    try:
+        path = os.fspath(value)
+    except TypeError:
+        raise InvalidArgumentTypeError(f"path must be a str or os.PathLike, got "
+                                       f"{_type_name(value)}") from None
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not path or "\0" in path:
+        raise InvalidArgumentError(f"path must be a non-empty path without NUL, got {path!r}")
+    return path
 
 
 def validate_name(value: Any, what: str) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
+        raise InvalidArgumentTypeError(f"{what} must be a str, got {_type_name(value)}")
     try:
         raw = value.encode("utf-8")
     except UnicodeEncodeError:
@@ -24,17 +94,25 @@ def validate_name(value: Any, what: str) -> str:
     return value
 
 
+def buffer_view(obj: Any, what: str, writable: bool = False) -> memoryview:
+    """A flat byte view of a C-contiguous bytes-like object (writable when asked)."""
+    try:
+        return native.as_bytes_view(obj, writable=writable, name=what)
+    except TypeError as exc:
+        raise InvalidArgumentTypeError(str(exc)) from None
+
+
 def validate_buffers(buffers: Mapping[str, Any], stream: str) -> dict:
     """Checks a stream name and a {buffer name: bytes-like} mapping; returns {name: flat byte
-    memoryview} (TypeError for a buffer that is not C-contiguous bytes-like)."""
+    memoryview} (InvalidArgumentTypeError for a buffer that is not C-contiguous bytes-like)."""
     validate_name(stream, "stream")
     if not isinstance(buffers, Mapping):
-        raise TypeError(f"buffers must be a mapping of name to buffer, got "
-                        f"{type(buffers).__name__}")
+        raise InvalidArgumentTypeError(f"buffers must be a mapping of name to buffer, got "
+                                       f"{_type_name(buffers)}")
     views = {}
     for name, obj in buffers.items():
         validate_name(name, "buffer name")
-        views[name] = native.as_bytes_view(obj)
+        views[name] = buffer_view(obj, f"buffer {name!r}")
     return views
 
 
@@ -43,11 +121,11 @@ def validate_meta(meta: Any) -> Any:
     every later get() returns."""
     try:
         return json.loads(json.dumps(meta, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"meta must be JSON-serialisable: {exc}") from None
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidArgumentTypeError(f"meta must be JSON-serialisable: {exc}") from None
 
 
-def check_choice(value: str, choices: tuple, what: str) -> str:
-    if value not in choices:
+def check_choice(value: Any, choices: tuple, what: str) -> str:
+    if not isinstance(value, str) or value not in choices:
         raise InvalidArgumentError(f"{what} must be one of {', '.join(choices)}; got {value!r}")
     return value

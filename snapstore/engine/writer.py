@@ -24,7 +24,8 @@ from snapstore.engine.reader import buffer_layers
 from snapstore.engine.records import BufferEntry, Commit
 from snapstore.engine.wal import SegmentLog
 
-STAGING_BYTES = 8 << 20   # gather this much at a time (bounds memory, amortises calls)
+STAGING_BYTES = fmt.MAX_CHUNK_BYTES  # gather this much at a time (bounds memory, amortises
+                                    # calls); holds the largest chunk whole
 
 
 @dataclass
