@@ -56,6 +56,7 @@ class Capturer:
             d.close()
 
     def _capture(self, views: Mapping[str, memoryview], meta: Any) -> Future:
+        self.persister.committer.check_open(write=True)   # before touching the detectors
         with self._lock:
             return self._capture_locked(views, meta)
 
