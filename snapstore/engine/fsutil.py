@@ -11,6 +11,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import tempfile
+from typing import IO, Callable
 
 DEFAULT_FILE_MODE = 0o600       # new store files: only the owner may read them (restic's choice)
 
@@ -80,3 +82,28 @@ def fsync_directory(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_file(path: str, fill: Callable[[IO[bytes]], None], *,
+                 mode: int = DEFAULT_FILE_MODE, sync: bool = False) -> None:
+    """Writes a whole file atomically: fill(binary file object) writes the bytes into a new
+    temporary file next to path (tempfile.mkstemp: O_CREAT | O_EXCL | O_NOFOLLOW under an
+    unpredictable name, so no planted symlink is followed), given permission bits mode,
+    fsynced if sync, which then replaces path by rename (a symlink at path is replaced
+    itself, never followed). On any failure the temporary file is removed. Raises OSError."""
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(dir=directory or ".", prefix=f".{name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            fill(f)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

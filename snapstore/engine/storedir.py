@@ -9,9 +9,9 @@ atomically, the writer's lock, and the permissions of what a store creates.
 
 Creation. The creator holds the lock while it creates index/ and segments/, initialises the
 index (the Committer) and finally publishes FORMAT (publish_format). Other openers meanwhile
-see a directory holding only those names (and FORMAT temp files): "being created", not
+see a directory holding only those names (and .FORMAT.*.part temp files): "being created", not
 foreign. A writer waits for the lock (timeout), then finds FORMAT; a reader waits up to its
-timeout for FORMAT to appear.
+timeout for the directory and its FORMAT to appear.
 
 Permissions. A new store is private: the directory it creates is 0700, index/ and segments/
 are 0700, every file (FORMAT, lock, LMDB files, segments) 0600, as restic does: checkpoints
@@ -33,13 +33,12 @@ import fcntl
 import json
 import os
 import stat
-import tempfile
 import time
 from typing import NamedTuple
 
 from snapstore.engine import format as fmt
 from snapstore.engine.fsutil import (DEFAULT_FILE_MODE, NotRegularFile, file_kind,
-                                     fsync_directory, open_regular)
+                                     fsync_directory, open_regular, replace_file)
 from snapstore.errors import CorruptionError, FormatError, StoreIOError, StoreLocked
 
 _FORMAT_MAX_BYTES = 1 << 16
@@ -66,14 +65,14 @@ def open_directory(path: str, *, create: bool, readonly: bool, timeout: float) -
     StoreIOError (see the module docstring)."""
     deadline = time.monotonic() + max(0.0, float(timeout))
     try:
+        if readonly:
+            return Opened(None, _wait_for_store(path, deadline), False)
         if os.path.exists(path) and not os.path.isdir(path):
             raise FormatError(f"{path} is not a directory, so not a snapstore store")
         if not os.path.isdir(path):
-            if readonly or not create:
+            if not create:
                 raise FormatError(f"no snapstore store at {path}")
             os.makedirs(path, mode=dir_mode(DEFAULT_FILE_MODE), exist_ok=True)
-        if readonly:
-            return Opened(None, _wait_for_format(path, deadline), False)
         refuse_foreign_directory(path)          # before the lock file: leave nothing in one
         lock_fd = take_lock(path, deadline)
     except OSError as exc:
@@ -99,15 +98,19 @@ def open_directory(path: str, *, create: bool, readonly: bool, timeout: float) -
         raise
 
 
-def _wait_for_format(path: str, deadline: float) -> int:
+def _wait_for_store(path: str, deadline: float) -> int:
     """A reader's open: the store's file mode once FORMAT exists, waiting until the deadline
-    while the directory is a store being created."""
+    while there is no directory yet or it is a store being created."""
     while True:
-        refuse_foreign_directory(path)
-        if os.path.lexists(os.path.join(path, fmt.FORMAT_FILE)):
-            return _read_store(path)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise FormatError(f"{path} is not a directory, so not a snapstore store")
+        if os.path.isdir(path):
+            refuse_foreign_directory(path)
+            if os.path.lexists(os.path.join(path, fmt.FORMAT_FILE)):
+                return _read_store(path)
         if time.monotonic() >= deadline:
-            raise FormatError(f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)")
+            raise FormatError(f"no snapstore store at {path}" if not os.path.isdir(path) else
+                              f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)")
         time.sleep(_POLL_SECONDS)
 
 
@@ -125,7 +128,7 @@ def refuse_foreign_directory(path: str) -> None:
     if fmt.FORMAT_FILE in names:
         return
     ours = {fmt.LOCK_FILE, fmt.INDEX_DIR, fmt.SEGMENTS_DIR}
-    if any(n not in ours and not n.startswith(".FORMAT.") for n in names):
+    if any(n not in ours and not n.startswith(f".{fmt.FORMAT_FILE}.") for n in names):
         raise FormatError(f"{path} is a non-empty directory that is not a snapstore store")
 
 
@@ -188,21 +191,8 @@ def publish_format(path: str, file_mode: int = DEFAULT_FILE_MODE) -> None:
     last step of creating a store."""
     body = json.dumps({"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION,
                        "created": time.time()}).encode()
-    fd, tmp = tempfile.mkstemp(dir=path, prefix=".FORMAT.")      # O_EXCL | O_NOFOLLOW, 0600
-    try:
-        try:
-            os.fchmod(fd, file_mode)
-            os.write(fd, body)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, os.path.join(path, fmt.FORMAT_FILE))
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    replace_file(os.path.join(path, fmt.FORMAT_FILE), lambda f: f.write(body),
+                 mode=file_mode, sync=True)
     fsync_directory(path)
 
 
