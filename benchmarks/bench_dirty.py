@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import gc
 import os
-import re
 import statistics
 import sys
 import time
@@ -32,23 +31,9 @@ import numpy as np
 
 from snapstore import _native as nat
 from snapstore.capture import dirty
+from snapstore.formatting import human_bytes, parse_size
 
 PAGE = 4096
-
-
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b?)\s*", text.lower())
-    if not m:
-        raise SystemExit(f"bad size {text!r}: use e.g. 1GiB, 256MiB, 64M")
-    return int(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " ")
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def bench_mode(a: np.ndarray, mode: str, n_dirty: int, rounds: int, rng) -> dict:
@@ -117,12 +102,12 @@ def main() -> None:
         for mode in modes:
             r = bench_mode(a, mode, n_dirty, rounds, rng)
             if "skipped" in r:
-                print(f"| {human(size)} | {mode} | skipped: {r['skipped']} ||||||")
+                print(f"| {human_bytes(size)} | {mode} | skipped: {r['skipped']} ||||||")
                 continue
-            print(f"| {human(size)} | {mode} | {r['make'] * 1e3:.1f} ms | {r['arm'] * 1e3:.0f} ms "
+            print(f"| {human_bytes(size)} | {mode} | {r['make'] * 1e3:.1f} ms | {r['arm'] * 1e3:.0f} ms "
                   f"| {r['dirty'] * 1e3:.1f} ms ({r['cdirty'] * 1e3:.1f}) "
                   f"| {r['blocked'] * 1e3:.1f} ms "
-                  f"| {r['note1'] * 1e3:.1f} ms | {human(r['reported'])} |", flush=True)
+                  f"| {r['note1'] * 1e3:.1f} ms | {human_bytes(r['reported'])} |", flush=True)
         del a
         gc.collect()
 

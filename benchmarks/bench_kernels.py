@@ -9,7 +9,6 @@ two halves hashed concurrently. Needs about 3.1 x SIZE of memory (buffer, shadow
 from __future__ import annotations
 
 import os
-import re
 import sys
 import threading
 import time
@@ -19,16 +18,10 @@ import xxhash
 
 from snapstore import _native as nat
 from snapstore._ffi import ffi, lib
+from snapstore.formatting import parse_size
 
 PAGE = 4096
 DIRTY_FRACTION = 0.01
-
-
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b?)\s*", text.lower())
-    if not m:
-        raise SystemExit(f"bad size {text!r}: use e.g. 1GiB, 256MiB, 64M")
-    return int(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " ")
 
 
 def best_of(reps: int, fn, setup=None) -> float:

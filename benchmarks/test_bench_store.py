@@ -6,8 +6,8 @@ Run:  python3 -m pytest benchmarks/test_bench_store.py --benchmark-only
 Env:  SNAPSTORE_BENCH_SIZE (state size, default 64MiB; e.g. 1GiB), SNAPSTORE_BENCH_DIR (where
       stores are written; default pytest's tmp dir - use a real disk, not tmpfs).
 
-The state and its changes come from snapstore.bench (the `snapstore bench` harness), so the
-figures are comparable with that command's table.
+The state and its changes come from snapstore.bench.workloads (as in `snapstore bench`), so
+the figures are comparable with that command's table.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import tempfile
 import pytest
 
 import snapstore
-from snapstore.bench import harness as bench
-from snapstore.cli.main import parse_size
+from snapstore.bench import workloads
+from snapstore.formatting import parse_size
 
 SIZE = parse_size(os.environ.get("SNAPSTORE_BENCH_SIZE", "64MiB"))
 CHAIN = 8
@@ -38,7 +38,7 @@ def workdir(tmp_path_factory):
 def _workload(**kw):
     opts = dict(size=SIZE, buffers=4, dirty=0.01, pattern="scattered", checkpoints=CHAIN)
     opts.update(kw)
-    return bench.Workload(**opts).validate()
+    return workloads.Workload(**opts).validate()
 
 
 def _fresh(workdir, name):
@@ -52,7 +52,7 @@ _steps = itertools.count(1)
 
 # ---- checkpoint ------------------------------------------------------------------------------
 def test_raw_write_fsync_baseline(benchmark, workdir):
-    state = bench.make_state(_workload())
+    state = workloads.make_state(_workload())
     path = os.path.join(workdir, "raw.bin")
 
     def write():
@@ -66,7 +66,7 @@ def test_raw_write_fsync_baseline(benchmark, workdir):
 
 def test_checkpoint_full(benchmark, workdir):
     w = _workload()
-    state = bench.make_state(w)
+    state = workloads.make_state(w)
     holder = {}
 
     def setup():
@@ -83,13 +83,13 @@ def test_checkpoint_full(benchmark, workdir):
 @pytest.mark.parametrize("pattern", ["scattered", "clustered"])
 def test_checkpoint_incremental_1pct(benchmark, workdir, durability, pattern):
     w = _workload(durability=durability, pattern=pattern)
-    state = bench.make_state(w)
+    state = workloads.make_state(w)
     with snapstore.open(_fresh(workdir, f"inc-{durability}-{pattern}"),
                         durability=durability) as s:
         s.checkpoint(state)
 
         def setup():
-            bench.mutate(state, w, next(_steps))
+            workloads.mutate(state, w, next(_steps))
             return (state,), {}
         info = benchmark.pedantic(s.checkpoint, setup=setup, rounds=CHAIN)
         assert info.kind == "incremental"
@@ -98,12 +98,12 @@ def test_checkpoint_incremental_1pct(benchmark, workdir, durability, pattern):
 
 def test_checkpoint_cdc_shifted(benchmark, workdir):
     w = _workload(pattern="shifted", chunking="cdc", dirty=0.001)
-    state = bench.make_state(w)
+    state = workloads.make_state(w)
     with snapstore.open(_fresh(workdir, "cdc"), chunking="cdc") as s:
         s.checkpoint(state)
 
         def setup():
-            bench.mutate(state, w, next(_steps))
+            workloads.mutate(state, w, next(_steps))
             return (state,), {}
         info = benchmark.pedantic(s.checkpoint, setup=setup, rounds=4)
         benchmark.extra_info["bytes_new"] = info.bytes_new
@@ -115,14 +115,14 @@ def test_checkpoint_cdc_shifted(benchmark, workdir):
 def chained(workdir):
     """A store with one full checkpoint and CHAIN incremental ones (1% scattered each)."""
     w = _workload()
-    state = bench.make_state(w)
+    state = workloads.make_state(w)
     path = _fresh(workdir, "chained")
     with snapstore.open(path, durability="none", max_chain=CHAIN + 1) as s:
         first = s.checkpoint(state)
         for step in range(1, CHAIN + 1):
-            bench.mutate(state, w, step)
+            workloads.mutate(state, w, step)
             last = s.checkpoint(state)
-    return path, first.id, last.id, bench.digest(state)
+    return path, first.id, last.id, workloads.digest(state)
 
 
 def test_restore_oldest_full(benchmark, chained):
@@ -137,7 +137,7 @@ def test_restore_latest_chain(benchmark, chained):
     with snapstore.open(path) as s:
         assert s.get(last).chain_length == CHAIN
         out = benchmark.pedantic(s.restore, args=(last,), rounds=3)
-    assert bench.digest(out) == expected
+    assert workloads.digest(out) == expected
 
 
 def test_restore_into_preallocated(benchmark, chained):
@@ -145,7 +145,7 @@ def test_restore_into_preallocated(benchmark, chained):
     with snapstore.open(path) as s:
         targets = {n: bytearray(size) for n, size in s.get(last).sizes.items()}
         benchmark.pedantic(s.restore_into, args=(last, targets), rounds=3)
-    assert bench.digest(targets) == expected
+    assert workloads.digest(targets) == expected
 
 
 def test_read_8mib_window(benchmark, chained):
@@ -163,11 +163,11 @@ def test_compact_after_deleting_half(benchmark, workdir):
 
     def setup():
         shutil.rmtree(path, ignore_errors=True)
-        state = bench.make_state(w)
+        state = workloads.make_state(w)
         with snapstore.open(path, durability="none") as s:
             ids = [s.checkpoint(state).id]
             for step in range(1, CHAIN + 1):
-                bench.mutate(state, w, step)
+                workloads.mutate(state, w, step)
                 ids.append(s.checkpoint(state).id)
             for cid in ids[:-1:2]:
                 s.delete(cid)

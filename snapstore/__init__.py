@@ -10,7 +10,7 @@ from snapstore.errors import (CheckpointNotFound, CorruptionError, FormatError, 
 from snapstore.store import CheckpointInfo, Store, open
 from snapstore.arrays import load_arrays, save_arrays
 
-__version__ = "0.1.0"
+from snapstore.version import __version__
 __all__ = ["open", "Store", "CheckpointInfo", "errors", "SnapstoreError", "CheckpointNotFound",
            "CorruptionError", "FormatError", "StoreLocked", "__version__", "save_arrays",
            "load_arrays"]

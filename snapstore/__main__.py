@@ -1,7 +1,7 @@
 """``python -m snapstore``: the same command line as the ``snapstore`` console script."""
 import sys
 
-from snapstore.cli.main import main
+from snapstore.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -24,9 +24,10 @@ CDC_MAX_LIMIT: int = int(lib.SNAP_CDC_MAX_LIMIT)
 
 __all__ = [
     "FP_BYTES", "PAGE_MIN", "PAGE_MAX", "CDC_MIN_LIMIT", "CDC_MAX_LIMIT",
-    "as_bytes_view", "check", "page_count", "page_fingerprints", "fingerprint_diff",
-    "shadow_diff", "runs_to_ranges", "gather", "Chunker", "chunk_boundaries",
-    "fingerprint_diff_runs", "SCAN_HUGE", "uffd_open", "uffd_register", "uffd_unregister", "pagemap_scan",
+    "as_bytes_view", "byte_view", "check", "page_size_arg", "page_count", "page_fingerprints",
+    "fingerprint_diff", "fingerprint_diff_runs", "PageFingerprints", "shadow_diff",
+    "runs_to_ranges", "gather", "Chunker", "chunk_boundaries", "buffer_address",
+    "SCAN_HUGE", "uffd_open", "uffd_register", "uffd_unregister", "pagemap_scan",
 ]
 
 # C code -> exception class, built from the library's own constants and errors.NATIVE_ERRORS.
@@ -74,6 +75,14 @@ def as_bytes_view(obj, writable: bool = False, name: str = "buffer") -> memoryvi
     return mv.cast("B")
 
 
+def byte_view(obj, name: str = "buffer") -> memoryview:
+    """obj itself when it is a flat C-contiguous byte memoryview already (the cheap check of
+    hot paths), else as_bytes_view(obj, name=name)."""
+    if type(obj) is memoryview and obj.format == "B" and obj.ndim == 1 and obj.c_contiguous:
+        return obj
+    return as_bytes_view(obj, name=name)
+
+
 def _int_arg(value, name: str, limit: int, what: str) -> int:
     """An int in [0, limit), limit a power of two (TypeError if not an int,
     InvalidArgumentError if out of range)."""
@@ -92,8 +101,9 @@ def _size_arg(value, name: str) -> int:
     return _int_arg(value, name, 1 << 64, "an int")
 
 
-def _page_size_arg(page_size) -> int:
-    """A page size: a power of two in [PAGE_MIN, PAGE_MAX] (InvalidArgumentError otherwise)."""
+def page_size_arg(page_size) -> int:
+    """A page size argument, checked: a power of two in [PAGE_MIN, PAGE_MAX] (TypeError if not
+    an int, InvalidArgumentError otherwise)."""
     ps = _size_arg(page_size, "page_size")
     if not (PAGE_MIN <= ps <= PAGE_MAX) or ps & (ps - 1):
         raise errors.InvalidArgumentError(
@@ -115,23 +125,29 @@ def _runs_list(runs, n: int) -> List[Tuple[int, int]]:
 
 def page_count(nbytes: int, page_size: int) -> int:
     """Number of pages covering nbytes bytes (snap_page_count)."""
-    return int(lib.snap_page_count(_size_arg(nbytes, "nbytes"), _page_size_arg(page_size)))
+    return int(lib.snap_page_count(_size_arg(nbytes, "nbytes"), page_size_arg(page_size)))
+
+
+def _fp_pages(src: memoryview, ps: int, out, out_len: int) -> None:
+    """snap_fp_pages: the digests of src's pages into out (a uint8_t* of out_len bytes).
+    (Runs once per stored range in dirty-page tracking: written for speed.)"""
+    rc = lib.snap_fp_pages(ffi.from_buffer("uint8_t[]", src), len(src), ps, out, out_len)
+    if rc:
+        check(rc, "snap_fp_pages")
 
 
 def page_fingerprints(buf, page_size: int = 4096) -> bytearray:
     """XXH3-128 digest of every page, FP_BYTES each, low64 then high64 LE (snap_fp_pages)."""
-    ps = _page_size_arg(page_size)
+    ps = page_size_arg(page_size)
     src = as_bytes_view(buf, name="buf")
     out = bytearray(FP_BYTES * int(lib.snap_page_count(len(src), ps)))
-    check(lib.snap_fp_pages(_ptr(src), len(src), ps,
-                            _ptr(out, True), len(out)),
-          "snap_fp_pages")
+    _fp_pages(src, ps, _ptr(out, True), len(out))
     return out
 
 
 def _fp_diff_args(buf, fingerprints, page_size):
     """(page size, buf view, writable fingerprints view, pages) checked for the diff calls."""
-    ps = _page_size_arg(page_size)
+    ps = page_size_arg(page_size)
     src = as_bytes_view(buf, name="buf")
     fps = as_bytes_view(fingerprints, writable=True, name="fingerprints")
     pages = int(lib.snap_page_count(len(src), ps))
@@ -157,7 +173,7 @@ def fingerprint_diff(buf, fingerprints, page_size: int = 4096) -> List[Tuple[int
 
 def shadow_diff(buf, shadow, page_size: int = 4096) -> List[Tuple[int, int]]:
     """Changed-page runs of buf vs shadow; changed pages are copied into shadow (snap_shadow_diff)."""
-    ps = _page_size_arg(page_size)
+    ps = page_size_arg(page_size)
     src = as_bytes_view(buf, name="buf")
     sh = as_bytes_view(shadow, writable=True, name="shadow")
     if len(sh) != len(src):
@@ -176,7 +192,7 @@ def shadow_diff(buf, shadow, page_size: int = 4096) -> List[Tuple[int, int]]:
 def runs_to_ranges(runs: Iterable[Sequence[int]], nbytes: int,
                    page_size: int) -> List[Tuple[int, int]]:
     """Page runs (first_page, n_pages) -> byte ranges (offset, length), last page clipped (pure Python)."""
-    ps = _page_size_arg(page_size)
+    ps = page_size_arg(page_size)
     nbytes = _size_arg(nbytes, "nbytes")
     out = []
     for first, count in runs:
@@ -314,22 +330,83 @@ def fingerprint_diff_runs(buf, fingerprints, runs: Sequence[Sequence[int]],
     come back as runs; their digests are updated in place; other digests are untouched.
     """
     ps, src, fps, pages = _fp_diff_args(buf, fingerprints, page_size)
-    flat: List[int] = []
-    listed = 0
-    for item in runs:
-        first, count = item
-        flat.append(first)
-        flat.append(count)
-        listed += count
+    return _fp_diff_runs(src, ps, _ptr(fps, True), len(fps), pages, runs)
+
+
+def _runs_flat(runs) -> "array.array":
+    """Run pairs (first_page, n_pages) -> a flat uint64 array, at C speed for pairs of ints (a
+    negative number raises OverflowError, a malformed item TypeError or ValueError)."""
+    runs = runs if isinstance(runs, list) else list(runs)
+    try:
+        if all(n == 2 for n in map(len, runs)):
+            return array.array("Q", itertools.chain.from_iterable(runs))
+    except TypeError:
+        pass                                # an item without len() or a non-int: named below
+    flat = array.array("Q")
+    for first, count in runs:
+        flat.append(operator.index(first))
+        flat.append(operator.index(count))
+    return flat
+
+
+def _fp_diff_runs(src: memoryview, ps: int, fps, fps_len: int, pages: int,
+                  runs) -> List[Tuple[int, int]]:
+    """snap_fp_diff_runs over a checked byte view and digests (a uint8_t* of fps_len bytes)."""
+    flat = _runs_flat(runs)
     if not flat:
         return []
-    inp = ffi.new("uint64_t[]", flat)
+    # changed pages are among the listed ones, and there are at most `pages` of them (the C
+    # core refuses runs outside the buffer)
+    listed = min(sum(flat[1::2]), pages) or 1
     out = _new_uninit("uint64_t[]", 2 * listed)
     n = ffi.new("size_t *")
-    check(lib.snap_fp_diff_runs(_ptr(src), len(src), ps, _ptr(fps, True), len(fps),
-                                inp, len(flat) // 2, out, listed, n),
+    check(lib.snap_fp_diff_runs(_ptr(src), len(src), ps, fps, fps_len,
+                                ffi.from_buffer("uint64_t[]", flat), len(flat) // 2,
+                                out, listed, n),
           "snap_fp_diff_runs")
     return _runs_list(out, n[0])
+
+
+class PageFingerprints:
+    """The page digests of one buffer (page_fingerprints' layout), kept for repeated
+    comparisons: the baseline a "hash" dirty-page detector diffs against.
+
+    ``digests`` is the bytearray; it stays pinned for the C calls (it cannot be resized while
+    this object lives; assigning slices of it is fine). Every method is one C call over it.
+    """
+
+    __slots__ = ("page_size", "nbytes", "digests", "_pin")
+
+    def __init__(self, buf, page_size: int = 4096) -> None:
+        """Digests of buf's pages now (snap_fp_pages)."""
+        self.page_size = page_size_arg(page_size)
+        self.nbytes = len(as_bytes_view(buf, name="buf"))
+        self.digests = page_fingerprints(buf, self.page_size)
+        self._pin = _ptr(self.digests, True)
+
+    def diff(self, buf) -> List[Tuple[int, int]]:
+        """Changed-page runs of buf (same size) since the digests; digests updated (snap_fp_diff)."""
+        return fingerprint_diff(buf, self.digests, self.page_size)
+
+    def diff_runs(self, buf, runs: Sequence[Sequence[int]]) -> List[Tuple[int, int]]:
+        """diff() over only the pages of runs (see fingerprint_diff_runs; snap_fp_diff_runs)."""
+        src = as_bytes_view(buf, name="buf")
+        if len(src) != self.nbytes:
+            raise errors.InvalidArgumentError(
+                f"buf holds {len(src)} bytes; the fingerprints are of {self.nbytes}")
+        return _fp_diff_runs(src, self.page_size, self._pin, len(self.digests),
+                             len(self.digests) // FP_BYTES, runs)
+
+    def update(self, first_page: int, data) -> None:
+        """Sets the digests of pages first_page, first_page + 1, ... to those of data's pages
+        (snap_fp_pages): data holds whole pages of the buffer from first_page on; only the
+        buffer's last page may be short. Runs once per stored range: kept lean."""
+        data = byte_view(data, name="data")
+        at, size = operator.index(first_page) * FP_BYTES, len(self.digests)
+        if not 0 <= at <= size:
+            raise errors.InvalidArgumentError(
+                f"first_page {first_page} is outside the buffer's {size // FP_BYTES} pages")
+        _fp_pages(data, self.page_size, self._pin + at, size - at)
 
 
 # ---- kernel dirty-page tracking (csrc/uffd.c): system-call wrappers over plain integers ----

@@ -14,12 +14,12 @@ import pickle
 from collections.abc import Mapping
 from typing import Any
 
-from snapstore.objects import NotAnObjectCheckpointError, StructureMismatchError, _alloc, _resolve, \
-    _wrap_meta
+from snapstore.engine.memory import uninit_bytearray
+from snapstore.objectlayer import ARRAYS_META_KEY, resolve_checkpoint, wrap_meta
+from snapstore.objects import NotAnObjectCheckpointError, StructureMismatchError
 
 __all__ = ["save_arrays", "load_arrays", "ARRAYS_META_KEY", "ARRAY_PREFIX"]
 
-ARRAYS_META_KEY = "snapstore.arrays"
 ARRAYS_VERSION = 1
 ARRAY_PREFIX = "array/"
 
@@ -80,7 +80,7 @@ def save_arrays(store, arrays: Mapping[str, Any], stream: str = "default", meta:
     info = {"version": ARRAYS_VERSION, "arrays": layout}
     try:
         return store.checkpoint(buffers, stream=stream,
-                                meta=_wrap_meta(meta, info, ARRAYS_META_KEY))
+                                meta=wrap_meta(meta, info, ARRAYS_META_KEY))
     finally:
         for view in buffers.values():
             view.release()
@@ -108,7 +108,7 @@ def load_arrays(store, id_or_stream: Any, into: Mapping[str, Any] | None = None)
     Raises: CheckpointNotFound, NotAnObjectCheckpointError, StructureMismatchError.
     """
     import numpy as np
-    info = _resolve(store, id_or_stream)
+    info = resolve_checkpoint(store, id_or_stream)
     layout = _layout(info)
     specs = {}
     for name, spec in layout.items():
@@ -117,7 +117,7 @@ def load_arrays(store, id_or_stream: Any, into: Mapping[str, Any] | None = None)
     if into is None:
         out, targets = {}, {}
         for name, (dtype, shape, order) in specs.items():
-            buf = _alloc(info.sizes[ARRAY_PREFIX + name])
+            buf = uninit_bytearray(info.sizes[ARRAY_PREFIX + name])
             out[name] = np.ndarray(shape, dtype, buffer=buf, order=order)
             targets[ARRAY_PREFIX + name] = buf
         store.restore_into(info.id, targets)
@@ -143,7 +143,7 @@ def load_arrays(store, id_or_stream: Any, into: Mapping[str, Any] | None = None)
         if same and dst.size:
             targets[ARRAY_PREFIX + name] = _raw(dst)
         elif dst.size:
-            buf = _alloc(info.sizes[ARRAY_PREFIX + name])
+            buf = uninit_bytearray(info.sizes[ARRAY_PREFIX + name])
             targets[ARRAY_PREFIX + name] = buf
             copies.append((dst, np.ndarray(shape, dtype, buffer=buf, order=order)))
     store.restore_into(info.id, targets)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import os
 import random
 import re
 import sys
@@ -59,7 +58,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("snapstore.langgraph needs LangGraph's checkpoint package: "
                       "pip install 'snapstore[langgraph]'") from exc
 
-from snapstore import open as open_store
+from snapstore.store import open as open_store
+from snapstore.engine.registry import SharedByPath
 from snapstore.errors import CheckpointNotFound, InvalidArgumentError, StoreClosedError
 from snapstore.store import Store
 
@@ -254,24 +254,15 @@ def _shared_for(store: Store) -> _Shared:
 
 
 # ---- stores opened by path, shared within the process ---------------------------------------
-_OPEN: dict[str, list] = {}            # real path -> [Store, reference count, open options]
-_OPEN_LOCK = threading.Lock()
+# Stores closed behind the savers' back are replaced on the next acquire.
+_OPEN: SharedByPath[Store] = SharedByPath(close=lambda store: store.close(), is_alive=_is_open)
 
 
 def _acquire(path: str, options: dict) -> Store:
     """The process's Store for a path, opened on first use (snapstore allows one writer Store
-    per store directory; every saver of the path shares it)."""
-    key = os.path.realpath(os.fspath(path))
-    with _OPEN_LOCK:
-        entry = _OPEN.get(key)
-        if entry is not None and not _is_open(entry[0]):
-            del _OPEN[key]
-            entry = None
-        if entry is None:
-            store = open_store(path, **options)
-            _OPEN[key] = [store, 1, dict(options)]
-            return store
-        store, _, first = entry
+    per store directory; every saver of the path shares it, if it asks for the same open
+    options)."""
+    def admit(first: dict) -> None:
         wanted = dict(options)
         if wanted.get("readonly") and not first.get("readonly"):
             wanted.pop("readonly")          # a writer serves readers too
@@ -279,19 +270,9 @@ def _acquire(path: str, options: dict) -> Store:
             raise InvalidArgumentError(
                 f"{path} is already open in this process with options {first}; a saver opened "
                 f"by path shares that store, so it cannot use {options}")
-        entry[1] += 1
-        return store
 
-
-def _release(store: Store) -> None:
-    with _OPEN_LOCK:
-        for key, entry in list(_OPEN.items()):
-            if entry[0] is store:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del _OPEN[key]
-                    store.close()
-                return
+    return _OPEN.acquire(path, lambda _real_path: open_store(path, **options),
+                         settings=dict(options), admit=admit)
 
 
 class _SaverContext:
@@ -308,14 +289,14 @@ class _SaverContext:
         try:
             self._saver = cls(store, serde=serde, cache_bytes=cache_bytes)
         except BaseException:
-            _release(store)
+            _OPEN.release(store)
             raise
         return self._saver
 
     def __exit__(self, *exc: Any) -> None:
         saver, self._saver = self._saver, None
         if saver is not None:
-            _release(saver.store)
+            _OPEN.release(saver.store)
 
     async def __aenter__(self) -> "SnapstoreSaver":
         return await asyncio.to_thread(self.__enter__)

@@ -24,7 +24,6 @@ store directory can forge one. A store is trusted like any pickle file.
 """
 from __future__ import annotations
 
-import ctypes
 import io
 import pickle
 import sys
@@ -34,14 +33,16 @@ import warnings
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Iterator
 
+from snapstore.engine.memory import address_view, uninit_bytearray
 from snapstore.engine.validation import validate_meta, validate_name
-from snapstore.errors import CheckpointNotFound, InvalidArgumentError, SnapstoreError
+from snapstore.errors import InvalidArgumentError, SnapstoreError
+from snapstore.objectlayer import META_KEY, contiguous_tensor, resolve_checkpoint, user_meta, \
+    wrap_meta
 
 __all__ = ["save", "load", "user_meta", "is_object_checkpoint", "FRESH", "ObjectSaveError",
            "DeviceTensorError", "StructureMismatchError", "NotAnObjectCheckpointError",
            "META_KEY", "PICKLE_BUFFER", "DEFAULT_INBAND_LIMIT"]
 
-META_KEY = "snapstore.objects"        # reserved key of an object checkpoint's meta
 FORMAT_VERSION = 1
 PICKLE_BUFFER = "pickle"              # buffer name of the pickle stream
 OOB_PREFIX = "oob/"                   # out-of-band buffers: "oob/0", "oob/1", ...
@@ -96,21 +97,7 @@ FRESH = _Fresh()
 memory), without matching it against anything."""
 
 
-# ---- meta ---------------------------------------------------------------------------------
-_RESERVED_KEYS = (META_KEY, "snapstore.arrays")
-
-
-def _wrap_meta(meta: Any, info: dict, key: str = META_KEY) -> Any:
-    """The meta stored for a checkpoint of this layer: a dict meta keeps its keys (plus
-    key: info); any other meta (None too) is kept as info["user"]."""
-    if isinstance(meta, Mapping):
-        if any(k in meta for k in _RESERVED_KEYS):
-            raise InvalidArgumentError(f"meta keys {_RESERVED_KEYS} are reserved for snapstore")
-        return {**meta, key: info}
-    info["user"] = meta
-    return {key: info}
-
-
+# ---- meta (META_KEY and user_meta: snapstore.objectlayer, shared with arrays) ----------------
 def is_object_checkpoint(info: Any) -> bool:
     """True for a CheckpointInfo (or a meta value) of a checkpoint written by save()."""
     meta = getattr(info, "meta", info)
@@ -118,35 +105,7 @@ def is_object_checkpoint(info: Any) -> bool:
             and meta[META_KEY].get("version") == FORMAT_VERSION)
 
 
-def user_meta(info: Any) -> Any:
-    """The meta the caller passed to save() or save_arrays() (info: a CheckpointInfo or its
-    meta), exactly. Other checkpoints' meta is returned as is."""
-    meta = getattr(info, "meta", info)
-    if not isinstance(meta, dict):
-        return meta
-    for key in _RESERVED_KEYS:
-        ours = meta.get(key)
-        if isinstance(ours, dict):
-            if "user" in ours:
-                return ours["user"]
-            return {k: v for k, v in meta.items() if k != key}
-    return meta
-
-
 # ---- memory -------------------------------------------------------------------------------
-if sys.implementation.name == "cpython":
-    _new_bytearray = ctypes.pythonapi.PyByteArray_FromStringAndSize
-    _new_bytearray.restype = ctypes.py_object
-    _new_bytearray.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
-
-    def _alloc(n: int) -> bytearray:
-        """A writable bytearray of n bytes, not zeroed (the restore overwrites all of it)."""
-        return _new_bytearray(None, n) if n else bytearray()
-else:  # pragma: no cover
-    def _alloc(n: int) -> bytearray:
-        return bytearray(n)
-
-
 def _placeholder(n: int):
     """Skeleton memory of n bytes: anonymous mmap (no page is touched) for large sizes."""
     if n >= _LAZY_PLACEHOLDER:
@@ -155,14 +114,10 @@ def _placeholder(n: int):
     return bytearray(n)
 
 
-def _address_view(address: int, n: int) -> memoryview:
-    """A writable byte view of n bytes at address (torch memory); the owner must outlive it."""
-    if n == 0:
-        return memoryview(bytearray())
-    return memoryview((ctypes.c_ubyte * n).from_address(address)).cast("B")
-
-
-# ---- rebuild functions named in pickle streams (stable names: part of the format) ----------
+# ---- rebuild functions named in pickle streams ---------------------------------------------
+# PINNED BY THE FORMAT: pickle streams of object checkpoints name _datetime_array, _storage and
+# _tensor below (and FRESH, by _Fresh.__reduce__) as snapstore.objects.<name>. Stores written
+# once must load forever: never rename, move or change the signature of these.
 class _LoadContext:
     """What the rebuild functions need while load() unpickles (thread-local)."""
 
@@ -256,17 +211,6 @@ def _dense(size, stride) -> bool:
             return False
         expected *= n
     return True
-
-
-_SAME_SIZE_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
-
-
-def _contiguous(t, torch):
-    """A contiguous copy of t, also for dtypes without copy kernels (float4, bits...)."""
-    as_int = _SAME_SIZE_INT.get(t.element_size())
-    if as_int is None:
-        return t.contiguous()
-    return t.view(getattr(torch, as_int)).contiguous().view(t.dtype)
 
 
 class _Null:
@@ -371,7 +315,7 @@ class _Pickler(pickle.Pickler):
             if ref is None:
                 self._keep.append(storage)
                 ref = self._refs[key] = _StorageRef(
-                    _address_view(storage.data_ptr(), storage.nbytes()))
+                    address_view(storage.data_ptr(), storage.nbytes()))
             offset, size, stride = src.storage_offset(), tuple(src.shape), tuple(src.stride())
         else:
             # A view that does not fill its storage: only its elements, contiguous (if another
@@ -380,9 +324,9 @@ class _Pickler(pickle.Pickler):
                 self.conflicts.add(key)
             self._compacted.add(key)
             if not src.is_contiguous():
-                src = _contiguous(src, torch)
+                src = contiguous_tensor(src, torch)
             self._keep.append(src)
-            ref = _StorageRef(_address_view(src.data_ptr(), nbytes))
+            ref = _StorageRef(address_view(src.data_ptr(), nbytes))
             offset, size = 0, tuple(src.shape)
             stride = tuple(src.stride())
         attrs = dict(t.__dict__) if t.__dict__ else None
@@ -519,23 +463,13 @@ def save(store, obj: Any, stream: str = "default", meta: Any = None, *,
         buffers = {PICKLE_BUFFER: stream_bytes}
         for i, view in enumerate(pickler.views):
             buffers[f"{OOB_PREFIX}{i}"] = view
-        return store.checkpoint(buffers, stream=stream, meta=_wrap_meta(meta, info))
+        return store.checkpoint(buffers, stream=stream, meta=wrap_meta(meta, info, META_KEY))
     finally:
         pickler.release()
         stream_bytes.release()
 
 
 # ---- load -----------------------------------------------------------------------------------
-def _resolve(store, id_or_stream):
-    """CheckpointInfo of an id, a CheckpointInfo, or a stream name (its latest checkpoint)."""
-    if isinstance(id_or_stream, str):
-        info = store.latest(id_or_stream)
-        if info is None:
-            raise CheckpointNotFound(f"stream {id_or_stream!r} has no checkpoints")
-        return info
-    return store.get(id_or_stream)
-
-
 def _object_layout(info) -> tuple[list[str], list[int]]:
     """(out-of-band buffer names, their sizes) of an object checkpoint, checked."""
     if not is_object_checkpoint(info):
@@ -577,12 +511,12 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
     Raises: CheckpointNotFound, NotAnObjectCheckpointError, StructureMismatchError (nothing
         written), CorruptionError.
     """
-    info = _resolve(store, id_or_stream)
+    info = resolve_checkpoint(store, id_or_stream)
     names, sizes = _object_layout(info)
     if into is not None and into is not FRESH:
         return _load_into(store, info, names, sizes, into)
-    buffers = [_alloc(n) for n in sizes]
-    stream = _alloc(info.sizes[PICKLE_BUFFER])
+    buffers = [uninit_bytearray(n) for n in sizes]
+    stream = uninit_bytearray(info.sizes[PICKLE_BUFFER])
     store.restore_into(info.id, {PICKLE_BUFFER: stream, **dict(zip(names, buffers))})
     obj, _ = _unpickle(stream, buffers, skeleton=False)
     return obj
@@ -753,7 +687,7 @@ def _tensor_target(src, dst):
     n = src.numel() * src.element_size()
     if n != src.untyped_storage().nbytes() or not _dense(src.shape, src.stride()):
         return None
-    return _address_view(dst.data_ptr(), n)
+    return address_view(dst.data_ptr(), n)
 
 
 def _plan_buffer_leaf(src, dst, steps, plan: _Plan, ctx, index, nbytes, target) -> None:
@@ -791,7 +725,7 @@ def _load_into(store, info, names, sizes, into):
             direct_actions.add(action)
             targets_taken.add(dst_id)
     del skeleton, ctx, placeholders, plan.candidates
-    buffers = [direct[i] if i in direct else _alloc(n) for i, n in enumerate(sizes)]
+    buffers = [direct[i] if i in direct else uninit_bytearray(n) for i, n in enumerate(sizes)]
     store.restore_into(info.id, dict(zip(names, buffers)))
     final, _ = _unpickle(data, buffers, skeleton=False)
     for i, action in enumerate(plan.actions):

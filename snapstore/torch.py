@@ -40,7 +40,9 @@ from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPl
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 
 from snapstore.engine import format as fmt
+from snapstore.engine.memory import address_view
 from snapstore import objects
+from snapstore.objectlayer import contiguous_tensor
 from snapstore.errors import CheckpointNotFound, InvalidArgumentError, SnapstoreError
 from snapstore.engine.validation import validate_name
 from snapstore.store import CheckpointInfo, Store
@@ -74,7 +76,7 @@ def _opened(store, readonly: bool):
     if isinstance(store, Store):
         yield store
         return
-    from snapstore import open as open_store
+    from snapstore.store import open as open_store
     s = open_store(os.fspath(store), readonly=readonly)
     try:
         yield s
@@ -144,6 +146,8 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
 
 
 # ---- torch.distributed.checkpoint backend ------------------------------------------------------
+# PINNED BY THE FORMAT: the pickled DCP metadata of every DCP checkpoint (METADATA_BUFFER)
+# names this class as snapstore.torch._Location: never rename, move or change its fields.
 class _Location(NamedTuple):
     """Where a DCP write item lives: checkpoint (None: the main checkpoint of the save),
     buffer name, and the shape of the stored chunk (None for byte items)."""
@@ -173,8 +177,8 @@ def _tensor_bytes(tensor: torch.Tensor) -> tuple[memoryview, torch.Tensor]:
     if t.is_neg():
         t = t.resolve_neg()
     if not t.is_contiguous():
-        t = objects._contiguous(t, torch)
-    return objects._address_view(t.data_ptr(), t.numel() * t.element_size()), t
+        t = contiguous_tensor(t, torch)
+    return address_view(t.data_ptr(), t.numel() * t.element_size()), t
 
 
 def _dcp_id(checkpoint_id: Any) -> Any:
@@ -193,7 +197,8 @@ def _world_size() -> int:
 
 
 class _StoreUser:
-    """Opens the store (a path) for one operation, or uses a Store the caller owns."""
+    """What SnapstoreWriter and SnapstoreReader share: the store (a path opened for one
+    operation, or a Store the caller owns) and DCP's checkpoint_id protocol."""
 
     def __init__(self, path, stream: str, open_options: dict) -> None:
         if isinstance(path, Store):
@@ -202,11 +207,34 @@ class _StoreUser:
             self._store_obj, self.path = None, os.fspath(path)
         self.stream = validate_name(stream, "stream")
         self.open_options = dict(open_options)
+        self.checkpoint_id: Any = None
+        self._id_is_new = False
+
+    # DCP calls reset(checkpoint_id) before a save or load only when the caller gave an id, so
+    # an id not given again since the previous operation must not stick.
+    def reset(self, checkpoint_id=None) -> None:
+        self.checkpoint_id = _dcp_id(checkpoint_id)
+        self._id_is_new = True
+        self._discard()
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return isinstance(checkpoint_id, (str, os.PathLike))
+
+    def _begin(self) -> None:
+        """The first step of a save or load: forgets a checkpoint_id reset() did not just set."""
+        if not self._id_is_new:
+            self.checkpoint_id = None
+        self._id_is_new = False
+
+    def _discard(self) -> None:
+        """Drops what the previous save or load left behind."""
+        raise NotImplementedError
 
     def _open(self, readonly: bool) -> Store:
         if self._store_obj is not None:
             return self._store_obj
-        from snapstore import open as open_store
+        from snapstore.store import open as open_store
         options = dict(self.open_options)
         if readonly:
             options.pop("timeout", None)
@@ -237,20 +265,9 @@ class SnapstoreWriter(_StoreUser, StorageWriter):
     def __init__(self, path, stream: str = "dcp", *, timeout: float = 600.0,
                  **open_options) -> None:
         _StoreUser.__init__(self, path, stream, {"timeout": timeout, **open_options})
-        self.checkpoint_id: Any = None
         self.last_info: CheckpointInfo | None = None
         self.is_coordinator = True
         self._pending: dict | None = None
-        self._id_is_new = False
-
-    def reset(self, checkpoint_id=None) -> None:
-        self.checkpoint_id = _dcp_id(checkpoint_id)
-        self._id_is_new = True
-        self._release()
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return isinstance(checkpoint_id, (str, os.PathLike))
 
     def storage_meta(self) -> StorageMeta | None:
         cid = self.checkpoint_id
@@ -261,10 +278,8 @@ class SnapstoreWriter(_StoreUser, StorageWriter):
             raise InvalidArgumentError("SnapstoreWriter needs use_collectives=True with more "
                                        "than one rank (one save is one atomic checkpoint)")
         self.is_coordinator = bool(is_coordinator)
-        if not self._id_is_new:
-            self.checkpoint_id = None        # DCP calls reset() only when given an id
-        self._id_is_new = False
-        self._release()
+        self._begin()
+        self._discard()
         self._pending = {"buffers": {}, "keep": [], "rank": 0}
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
@@ -307,7 +322,7 @@ class SnapstoreWriter(_StoreUser, StorageWriter):
                                          "checkpoint_id": self.checkpoint_id}})
             finally:
                 self._done(store)
-                self._release()
+                self._discard()
             part = info.id
         results = [WriteResult(index=item.index, size_in_bytes=nbytes,
                                storage_data=_Location(part, name, sizes))
@@ -331,9 +346,10 @@ class SnapstoreWriter(_StoreUser, StorageWriter):
             self.last_info = store.checkpoint(buffers, stream=self.stream, meta=meta)
         finally:
             self._done(store)
-            self._release()
+            self._discard()
 
-    def _release(self) -> None:
+    def _discard(self) -> None:
+        """Drops the pending save's buffers (views of the caller's tensors)."""
         if self._pending is not None:
             for view in self._pending["buffers"].values():
                 with contextlib.suppress(BufferError):
@@ -377,29 +393,19 @@ class SnapstoreReader(_StoreUser, StorageReader):
 
     def __init__(self, path, stream: str = "dcp", **open_options) -> None:
         _StoreUser.__init__(self, path, stream, open_options)
-        self.checkpoint_id: Any = None
         self.info: CheckpointInfo | None = None
         self.storage_data: dict = {}
         self._store: Store | None = None
-        self._id_is_new = False
-
-    def reset(self, checkpoint_id=None) -> None:
-        self.checkpoint_id = _dcp_id(checkpoint_id)
-        self._id_is_new = True
-        self.close()
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return isinstance(checkpoint_id, (str, os.PathLike))
 
     def close(self) -> None:
         store, self._store = self._store, None
         self._done(store)
 
+    def _discard(self) -> None:
+        self.close()
+
     def read_metadata(self) -> Metadata:
-        if not self._id_is_new:
-            self.checkpoint_id = None        # DCP calls reset() only when given an id
-        self._id_is_new = False
+        self._begin()
         self.close()
         self._store = self._open(readonly=True)
         try:
@@ -461,8 +467,8 @@ class SnapstoreReader(_StoreUser, StorageReader):
             if whole and target.dtype == dtype and target.device.type == "cpu" \
                     and target.is_contiguous() and not target.is_conj() \
                     and not target.is_neg() and loc.buffer not in views:
-                views[loc.buffer] = objects._address_view(target.data_ptr(),
-                                                          target.numel() * target.element_size())
+                views[loc.buffer] = address_view(target.data_ptr(),
+                                                 target.numel() * target.element_size())
                 committed.append((item, target))
             else:
                 source = _read_box(store, cid, loc, dtype, item.storage_offsets, lengths)

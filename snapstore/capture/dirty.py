@@ -70,7 +70,6 @@ import weakref
 from typing import List, Optional, Tuple
 
 from snapstore import _native as nat
-from snapstore._ffi import ffi, lib
 from snapstore.errors import InvalidArgumentError, NativeSystemError, TrackingUnavailableError
 
 __all__ = ["Detector", "make_detector", "uffd_available", "MODES", "SYS_PAGE"]
@@ -151,8 +150,7 @@ class _Kernel:
         """Register 4 private anonymous pages, write one, scan: exactly that page must come back."""
         m = mmap.mmap(-1, 4 * SYS_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         try:
-            with ffi.from_buffer(m) as p:
-                addr = int(ffi.cast("uintptr_t", p))
+            addr = nat.buffer_address(m)
             try:
                 nat.uffd_register(fd, addr, 4 * SYS_PAGE)
             except NativeSystemError as e:
@@ -348,17 +346,15 @@ class _Hash(_Full):
 
     def __init__(self, view: memoryview, ps: int) -> None:
         self.n, self.ps = len(view), ps
-        self.fps = bytearray()
+        self.table: Optional[nat.PageFingerprints] = None
         self.forced: set = set()       # pages note_stored covered only partly: report them
 
     def arm(self, view: memoryview) -> None:
-        self.fps = nat.page_fingerprints(view, self.ps)
-        # note() runs once per stored range: keep a pointer (pins the bytearray; never resized)
-        self._fps_pin = ffi.from_buffer("uint8_t[]", self.fps, require_writable=True)
+        self.table = nat.PageFingerprints(view, self.ps)
         self.forced.clear()
 
     def diff(self, view: memoryview) -> Ranges:
-        runs = nat.fingerprint_diff(view, self.fps, self.ps)
+        runs = self.table.diff(view)
         ranges = _runs_ranges(runs, self.n, self.ps)
         if self.forced:
             extra = [(p * self.ps, self.ps) for p in sorted(self.forced)]
@@ -371,10 +367,7 @@ class _Hash(_Full):
         end = offset + len(data)
         if not offset % ps and (not end % ps or end == n):     # whole pages: the usual case
             first = offset // ps
-            rc = lib.snap_fp_pages(ffi.from_buffer("uint8_t[]", data), end - offset, ps,
-                                   self._fps_pin + first * _FP, (-(-end // ps) - first) * _FP)
-            if rc:
-                nat.check(rc, "snap_fp_pages")
+            self.table.update(first, data)
             if self.forced:
                 self.forced.difference_update(range(first, -(-end // ps)))
             return
@@ -387,11 +380,7 @@ class _Hash(_Full):
         if last <= first:
             return
         lo, hi = first * ps - offset, min(last * ps, n) - offset
-        src = data if lo == 0 and hi == len(data) else data[lo:hi]
-        rc = lib.snap_fp_pages(ffi.from_buffer("uint8_t[]", src), hi - lo, ps,
-                               self._fps_pin + first * _FP, (last - first) * _FP)
-        if rc:
-            nat.check(rc, "snap_fp_pages")
+        self.table.update(first, data if lo == 0 and hi == len(data) else data[lo:hi])
         if self.forced:
             self.forced.difference_update(range(first, last))
 
@@ -410,7 +399,7 @@ class _Hash(_Full):
         if not spans:
             return
         digests = nat.page_fingerprints(data, ps)     # page j of data = page j of the ranges
-        fps = self.fps
+        fps = self.table.digests
         for first, count, at in spans:
             a = at // ps * _FP
             fps[first * _FP:(first + count) * _FP] = digests[a:a + count * _FP]
@@ -459,8 +448,7 @@ class _Uffd(_Full):
         self.n, self.ps = len(view), ps
         self.base = 0
         if self.n:
-            with ffi.from_buffer(view) as p:
-                self.base = int(ffi.cast("uintptr_t", p))
+            self.base = nat.buffer_address(view)
         start = -(-self.base // SYS_PAGE) * SYS_PAGE
         end = (self.base + self.n) // SYS_PAGE * SYS_PAGE
         self.pages = (start, end) if start < end else None
@@ -515,7 +503,7 @@ class _Uffd(_Full):
         pairs = [(lo // ps, -(-hi // ps)) for lo, hi in self.edges if lo == 0]
         pairs += [((s - base) // ps, (e - base - 1) // ps + 1) for s, e, _flags in scanned]
         pairs += [(lo // ps, -(-hi // ps)) for lo, hi in self.edges if lo != 0]
-        flat: List[int] = []
+        runs: List[Tuple[int, int]] = []
         cf = ce = -1
         for f, e in pairs:                   # ascending: merge overlapping / adjacent
             if f <= ce:
@@ -523,23 +511,11 @@ class _Uffd(_Full):
                     ce = e
             else:
                 if ce >= 0:
-                    flat += (cf, ce - cf)
+                    runs.append((cf, ce - cf))
                 cf, ce = f, e
         if ce >= 0:
-            flat += (cf, ce - cf)
-        if not flat:
-            ranges: Ranges = []
-        else:
-            listed = sum(flat[1::2])
-            out = ffi.new("uint64_t[]", 2 * listed)
-            got = ffi.new("size_t *")
-            with ffi.from_buffer("uint8_t[]", view) as vp:
-                rc = lib.snap_fp_diff_runs(vp, n, ps, fp._fps_pin, len(fp.fps),
-                                           flat, len(flat) // 2, out, listed, got)
-            if rc:
-                nat.check(rc, "snap_fp_diff_runs")
-            it = iter(ffi.unpack(out, 2 * got[0]))
-            ranges = [(f * ps, min((f + c) * ps, n) - f * ps) for f, c in zip(it, it)]
+            runs.append((cf, ce - cf))
+        ranges = _runs_ranges(fp.table.diff_runs(view, runs), n, ps) if runs else []
         if fp.forced:
             ranges = _align(sorted(ranges + [(p * ps, ps) for p in fp.forced]), n, ps)
             fp.forced.clear()
@@ -626,9 +602,7 @@ class Detector:
     def note_stored(self, offset: int, data) -> None:
         """The caller stored `data` as the content of [offset, offset + len(data)), copied after
         dirty() returned: hash/shadow baselines (and uffd edge copies) take these bytes."""
-        if not (type(data) is memoryview and data.format == "B" and data.ndim == 1
-                and data.c_contiguous):
-            data = nat.as_bytes_view(data, name="data")
+        data = nat.byte_view(data, name="data")
         with self._lock:
             if self._closed:
                 return
@@ -745,7 +719,7 @@ def make_detector(view, mode: str = "auto", page_size: int = 4096) -> Detector:
     """
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
-    ps = nat._page_size_arg(page_size)
+    ps = nat.page_size_arg(page_size)
     mv = nat.as_bytes_view(view, name="view")
     mv = memoryview(mv)       # our own export, released by close()
     n = len(mv)

@@ -18,35 +18,7 @@ import threading
 import time
 from typing import IO, Optional
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def human_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB'; exact below 1 KiB."""
-    n = float(n)
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    if n < 1024:
-        return f"{sign}{int(n)} B"
-    for unit in _UNITS[1:]:
-        n /= 1024.0
-        if n < 1024 or unit == _UNITS[-1]:
-            return f"{sign}{n:.1f} {unit}"
-    raise AssertionError("unreachable")
-
-
-def human_seconds(s: float) -> str:
-    """0.0123 -> '12.3 ms'; 75 -> '1m15s'."""
-    if s != s:  # NaN
-        return "n/a"
-    if s < 1e-3:
-        return f"{s * 1e6:.0f} us"
-    if s < 1:
-        return f"{s * 1e3:.1f} ms"
-    if s < 60:
-        return f"{s:.2f} s"
-    m, sec = divmod(int(round(s)), 60)
-    return f"{m}m{sec:02d}s"
+from snapstore.formatting import human_bytes
 
 
 def enabled_for(stream: Optional[IO]) -> bool:

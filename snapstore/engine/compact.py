@@ -20,19 +20,18 @@ record: losing one to a crash only loses the work, never data.
 from __future__ import annotations
 
 import time
-
 from collections import defaultdict
 
-import zstandard
-
+from snapstore.engine import chunks
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
 from snapstore.engine import writer as wr
 from snapstore.engine.crashpoints import crashpoint
 from snapstore.errors import CorruptionError
 from snapstore.engine.index import ChunkEntry, Index
+from snapstore.engine.backends.base import SegmentBackend
 from snapstore.engine.reader import buffer_layers
-from snapstore.engine.segments import SegmentBackend, SegmentLog, read_chunk_record
+from snapstore.engine.wal import SegmentLog
 
 
 def fold_chains(index: Index, max_chain: int) -> int:
@@ -100,23 +99,22 @@ def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
     mark = log.position
     saved = read_bytes = 0
     remap: dict[bytes, tuple] = {}                     # old chunk -> (new chunk, intervals)
-    decompressor = zstandard.ZstdDecompressor()
     try:
-        with index.read() as r, backend.open_reader() as segments:
-            sink = wr.ChunkSink(log, r, opts)
-            for chunk, intervals in plans.items():
-                e = entries[chunk]
-                codec, raw_len, stored = read_chunk_record(segments, e.segment, e.offset,
-                                                           e.stored_len, chunk)
-                data = (decompressor.decompress(stored, max_output_size=raw_len)
-                        if codec == fmt.CODEC_ZSTD else bytes(stored))
-                kept = b"".join(data[a:b] for a, b in intervals)
-                remap[chunk] = (sink.put(memoryview(kept)), intervals)
-                saved += raw_len - len(kept)
-                read_bytes += fmt.RECORD_HEADER.size + e.stored_len
-            new_chunks = dict(sink.new)
-        log.sync()
-        backend.sync_directory()
+        # durable whatever the store's durability: the new records (and the segments they
+        # created, with their directory entries) are on disk before the index switches
+        with log.forced_durable():
+            with index.read() as r, backend.open_reader() as segments:
+                sink = wr.ChunkSink(log, r, opts)
+                for chunk, intervals in plans.items():
+                    e = entries[chunk]
+                    data = chunks.read_chunk(segments, e.segment, e.offset, e.stored_len,
+                                             chunk, e.raw_len)
+                    kept = b"".join(data[a:b] for a, b in intervals)
+                    remap[chunk] = (sink.put(memoryview(kept)), intervals)
+                    saved += e.raw_len - len(kept)
+                    read_bytes += fmt.RECORD_HEADER.size + e.stored_len
+                new_chunks = dict(sink.new)
+            log.sync()
     except BaseException:
         log.rollback(mark)
         raise
@@ -185,8 +183,9 @@ def rewrite_segments(index: Index, log: SegmentLog, backend: SegmentBackend,
         log.seal()      # the open segment is sparse too: seal it so it can be rewritten
     current = log.position[0]
     rewritten = removed = copied = 0
-    log.force_sync = True       # the copies must be on disk before an old segment goes,
-    try:                        # whatever the store's durability
+    # durable whatever the store's durability: the copies (and the segments they created,
+    # with their directory entries) are on disk before the segment they came from goes
+    with log.forced_durable():
         for n in backend.list():    # listed once: segments the copies create are not revisited
             if n >= current or live_fraction(n) >= threshold:
                 continue
@@ -195,14 +194,14 @@ def rewrite_segments(index: Index, log: SegmentLog, backend: SegmentBackend,
             try:
                 with backend.open_reader() as segments:
                     for cid, e in sorted(live.get(n, []), key=lambda item: item[1].offset):
-                        codec, raw_len, stored = read_chunk_record(segments, n, e.offset,
-                                                                   e.stored_len, cid)
-                        seg, off = log.append(fmt.REC_CHUNK, codec,
-                                              [fmt.CHUNK_PREFIX.pack(cid, raw_len), stored])
+                        chunk = chunks.read_stored_chunk(segments, n, e.offset, e.stored_len,
+                                                         cid)
+                        seg, off = log.append(fmt.REC_CHUNK, chunk.record.codec,
+                                              [fmt.CHUNK_PREFIX.pack(cid, chunk.raw_len),
+                                               chunk.stored])
                         moves.append((cid, seg, off))
                         copied += fmt.RECORD_HEADER.size + e.stored_len
                 log.sync()
-                backend.sync_directory()    # segments the copies created exist durably too
             except BaseException:
                 log.rollback(mark)   # the index never saw these copies
                 raise
@@ -216,12 +215,10 @@ def rewrite_segments(index: Index, log: SegmentLog, backend: SegmentBackend,
                 w.set_applied(log.position)
             index.sync()        # the index no longer points into n, durably, before n goes
             crashpoint("compact_before_remove")
-            backend.remove(n)
+            log.remove(n)
             crashpoint("compact_after_remove")
             rewritten += 1 if moves else 0
             removed += 1
-    finally:
-        log.force_sync = False
     return rewritten, removed, copied
 
 
@@ -231,12 +228,8 @@ def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold
     started = time.perf_counter()
     before = sum(backend.size(n) for n in backend.list())
     folded = fold_chains(index, max_chain)
-    log.force_sync = True
-    try:
-        trimmed, trimmed_bytes, trim_read, trim_written = trim_chunks(index, log, backend,
-                                                                      opts, threshold)
-    finally:
-        log.force_sync = False
+    trimmed, trimmed_bytes, trim_read, trim_written = trim_chunks(index, log, backend, opts,
+                                                                  threshold)
     freed, freed_bytes = collect_garbage(index)
     index.sync()
     rewritten, removed, copied = rewrite_segments(index, log, backend, threshold)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -20,6 +19,7 @@ from snapstore.engine import format as fmt
 from snapstore.errors import CorruptionError, FormatError, SnapstoreError, StoreIOError
 from snapstore.engine import records
 from snapstore.engine.records import Commit
+from snapstore.engine.registry import SharedByPath
 
 
 def _wrap(exc: lmdb.Error, what: str) -> SnapstoreError:
@@ -63,38 +63,22 @@ def _stream_key(stream: str, tail: bytes = b"") -> bytes:
 
 # One lmdb.Environment per store directory per process: LMDB forbids opening the same
 # environment twice in one process (closing one would drop the other's locks).
-_ENVS: dict[str, list] = {}
-_ENVS_LOCK = threading.Lock()
+_ENVS: SharedByPath[lmdb.Environment] = SharedByPath(close=lambda env: env.close())
 
 
 def _acquire_env(path: str, durable: bool) -> lmdb.Environment:
     """The process's environment of one store. Opened writable whenever the directory allows
     (read-only Stores never begin write transactions), so readers and a writer of the same
-    store can share it in either order; read-only only on read-only file systems."""
-    key = os.path.realpath(path)
-    with _ENVS_LOCK:
-        held = _ENVS.get(key)
-        if held is not None:
-            held[1] += 1
-            return held[0]
-        fs_readonly = not os.access(key, os.W_OK)
+    store can share it in either order; read-only only on read-only file systems. The first
+    opener's durability holds while it is shared."""
+    def open_env(real_path: str) -> lmdb.Environment:
+        fs_readonly = not os.access(real_path, os.W_OK)
         with _lmdb_errors("open"):
-            env = lmdb.open(key, map_size=fmt.INDEX_MAP_SIZE, subdir=True,
-                            max_dbs=fmt.INDEX_MAX_DBS, readonly=fs_readonly, create=False,
-                            sync=durable, metasync=False, readahead=False, lock=True)
-        _ENVS[key] = [env, 1]
-        return env
+            return lmdb.open(real_path, map_size=fmt.INDEX_MAP_SIZE, subdir=True,
+                             max_dbs=fmt.INDEX_MAX_DBS, readonly=fs_readonly, create=False,
+                             sync=durable, metasync=False, readahead=False, lock=True)
 
-
-def _release_env(env: lmdb.Environment) -> None:
-    with _ENVS_LOCK:
-        for key, held in list(_ENVS.items()):
-            if held[0] is env:
-                held[1] -= 1
-                if held[1] == 0:
-                    del _ENVS[key]
-                    env.close()
-                return
+    return _ENVS.acquire(path, open_env)
 
 
 class Index:
@@ -111,16 +95,16 @@ class Index:
                 self.dbs = {name: self.env.open_db(name, create=not readonly)
                             for name in fmt.INDEX_DBS}
         except (lmdb.NotFoundError, KeyError) as exc:
-            _release_env(self.env)
+            _ENVS.release(self.env)
             raise FormatError(f"index at {path} is missing databases; not a snapstore "
                               "store or not initialised") from exc
         except BaseException:
-            _release_env(self.env)
+            _ENVS.release(self.env)
             raise
         try:
             self._check_version()
         except BaseException:
-            _release_env(self.env)
+            _ENVS.release(self.env)
             raise
 
     def _check_version(self) -> None:
@@ -138,7 +122,7 @@ class Index:
 
     def close(self) -> None:
         if self.env is not None:
-            _release_env(self.env)
+            _ENVS.release(self.env)
             self.env = None
 
     @contextlib.contextmanager
@@ -204,9 +188,12 @@ class IndexView:
         if stream is None:
             with self.txn.cursor(db=self.dbs[fmt.DB_CHECKPOINTS]) as cur:
                 return [fmt.CKPT_KEY.unpack(k)[0] for k in cur.iternext(values=False)]
-        prefix = _stream_key(stream)
+        return self._ids_after(fmt.DB_STREAM_CKPTS, _stream_key(stream))
+
+    def _ids_after(self, db: bytes, prefix: bytes) -> list[int]:
+        """The checkpoint ids of the keys prefix + CKPT_KEY of db, ascending."""
         out = []
-        with self.txn.cursor(db=self.dbs[fmt.DB_STREAM_CKPTS]) as cur:
+        with self.txn.cursor(db=self.dbs[db]) as cur:
             if cur.set_range(prefix):
                 for k in cur.iternext(values=False):
                     if not k.startswith(prefix):
@@ -223,15 +210,7 @@ class IndexView:
         return v
 
     def children(self, checkpoint_id: int) -> list[int]:
-        prefix = fmt.CKPT_KEY.pack(checkpoint_id)
-        out = []
-        with self.txn.cursor(db=self.dbs[fmt.DB_CHILDREN]) as cur:
-            if cur.set_range(prefix):
-                for k in cur.iternext(values=False):
-                    if not k.startswith(prefix):
-                        break
-                    out.append(fmt.CKPT_KEY.unpack(k[8:])[0])
-        return out
+        return self._ids_after(fmt.DB_CHILDREN, fmt.CKPT_KEY.pack(checkpoint_id))
 
     # -- streams
     def streams(self) -> dict[str, int]:

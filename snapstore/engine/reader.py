@@ -8,26 +8,14 @@ naming the segment and offset, so wrong bytes are never returned.
 from __future__ import annotations
 
 import collections
-import threading
 from typing import Callable
 
-import zstandard
-
+from snapstore.engine import chunks
 from snapstore.engine import extents as ext
-from snapstore.engine import format as fmt
 from snapstore.errors import CheckpointNotFound, ConcurrentCompactionError, CorruptionError
+from snapstore.engine.backends.base import SegmentBackend, SegmentReader
 from snapstore.engine.index import IndexView
 from snapstore.engine.records import BufferEntry, Commit
-from snapstore.engine.segments import SegmentBackend, SegmentReader, read_chunk_record, segment_name
-
-_local = threading.local()
-
-
-def _decompressor() -> zstandard.ZstdDecompressor:
-    d = getattr(_local, "zstd", None)
-    if d is None:
-        d = _local.zstd = zstandard.ZstdDecompressor()
-    return d
 
 
 def buffer_layers(view: IndexView, commit: Commit, name: str) -> list[list]:
@@ -71,7 +59,7 @@ class ChunkReader:
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._cached = 0
 
-    def read(self, chunk_id: bytes) -> bytes:
+    def read(self, chunk_id: bytes) -> bytes | memoryview:
         hit = self._cache.get(chunk_id)
         if hit is not None:
             self._cache.move_to_end(chunk_id)
@@ -84,34 +72,20 @@ class ChunkReader:
             self._cached -= len(old)
         return data
 
-    def _read(self, chunk_id: bytes) -> bytes:
+    def _read(self, chunk_id: bytes) -> bytes | memoryview:
         entry = self.view.chunk(chunk_id)
         if entry is None:
             raise CorruptionError(f"index lacks chunk {chunk_id.hex()[:16]}… that a manifest "
                                   "references")
         try:
-            codec, raw_len, stored = read_chunk_record(self.segments, entry.segment,
-                                                       entry.offset, entry.stored_len, chunk_id)
+            return chunks.read_chunk(self.segments, entry.segment, entry.offset,
+                                     entry.stored_len, chunk_id, entry.raw_len)
         except CorruptionError:
             if self._moved(chunk_id, entry):
                 raise ConcurrentCompactionError(
                     f"chunk {chunk_id.hex()[:16]}… was moved by a compaction while this read "
                     "ran; retry the read") from None
             raise
-        if codec == fmt.CODEC_ZSTD:
-            try:
-                data = _decompressor().decompress(stored, max_output_size=raw_len)
-            except zstandard.ZstdError as exc:
-                raise CorruptionError(f"chunk does not decompress: {exc}",
-                                      segment=segment_name(entry.segment),
-                                      offset=entry.offset) from exc
-        else:
-            data = stored
-        if len(data) != raw_len or raw_len != entry.raw_len:
-            raise CorruptionError("chunk has the wrong length", segment=segment_name(entry.segment),
-                                  offset=entry.offset)
-        return data
-
 
     def _moved(self, chunk_id: bytes, entry) -> bool:
         """True when the index, read afresh, no longer places the chunk where this read's

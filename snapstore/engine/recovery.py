@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from snapstore.engine import format as fmt
 from snapstore.errors import CorruptionError
+from snapstore.engine.backends.base import SegmentBackend, segment_name
 from snapstore.engine.index import Index
-from snapstore.engine.segments import SegmentBackend, scan, segment_name
+from snapstore.engine.wal import scan
 
 
 def recover(index: Index, backend: SegmentBackend, durable: bool) -> None:
-    """Applies durable log records past the index's applied position; cuts a torn tail."""
+    """Applies durable log records past the index's applied position; cuts a torn tail (and
+    syncs the cut when durable). Raises CorruptionError, FormatError; OSError from the backend
+    passes through (the Store reports it as StoreIOError)."""
     with index.read() as r:
         applied = r.applied()
     numbers = backend.list()
@@ -39,7 +42,7 @@ def recover(index: Index, backend: SegmentBackend, durable: bool) -> None:
                     if number != numbers[-1]:
                         raise CorruptionError("invalid record in a sealed segment",
                                               segment=segment_name(number), offset=pos)
-                    truncate_tail(backend, number, pos)
+                    truncate_tail(backend, number, pos, durable)
                 break
             if item.rtype == fmt.REC_CHUNK:
                 continue
@@ -54,14 +57,15 @@ def recover(index: Index, backend: SegmentBackend, durable: bool) -> None:
                                       offset=item.offset) from exc
 
 
-def truncate_tail(backend: SegmentBackend, number: int, pos: int) -> None:
-    """Cuts segment `number` at pos; a torn segment header removes the segment."""
+def truncate_tail(backend: SegmentBackend, number: int, pos: int, durable: bool) -> None:
+    """Cuts segment `number` (the last) at pos; a torn segment header removes the segment.
+    Synced when durable."""
     if pos < fmt.SEGMENT_HEADER.size:
         backend.remove(number)
+        if durable:
+            backend.sync_directory()
         return
-    f = backend.open_append(number)
-    try:
+    with backend.open_append(number) as f:
         f.truncate(pos)
-        f.sync()
-    finally:
-        f.close()
+        if durable:
+            f.sync()

@@ -17,7 +17,7 @@ import time
 
 from snapstore.engine import format as fmt
 from snapstore.errors import FormatError, StoreLocked
-from snapstore.engine.segments import fsync_directory
+from snapstore.engine.fsutil import fsync_directory
 
 
 def open_directory(path: str, *, create: bool, readonly: bool, timeout: float) -> int | None:

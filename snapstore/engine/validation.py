@@ -3,8 +3,9 @@ each rule exists once and gives the same error everywhere."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Mapping
 
+from snapstore import _native as native
 from snapstore.engine import format as fmt
 from snapstore.errors import InvalidArgumentError
 
@@ -21,6 +22,20 @@ def validate_name(value: Any, what: str) -> str:
         raise InvalidArgumentError(f"{what} must be 1 to {fmt.MAX_NAME_BYTES} UTF-8 bytes "
                                    f"without NUL, got {value!r}")
     return value
+
+
+def validate_buffers(buffers: Mapping[str, Any], stream: str) -> dict:
+    """Checks a stream name and a {buffer name: bytes-like} mapping; returns {name: flat byte
+    memoryview} (TypeError for a buffer that is not C-contiguous bytes-like)."""
+    validate_name(stream, "stream")
+    if not isinstance(buffers, Mapping):
+        raise TypeError(f"buffers must be a mapping of name to buffer, got "
+                        f"{type(buffers).__name__}")
+    views = {}
+    for name, obj in buffers.items():
+        validate_name(name, "buffer name")
+        views[name] = native.as_bytes_view(obj)
+    return views
 
 
 def validate_meta(meta: Any) -> Any:

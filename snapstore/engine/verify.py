@@ -14,14 +14,15 @@ import time
 from collections import Counter, defaultdict
 
 import blake3
-import zstandard
 
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
 from snapstore.errors import CorruptionError
+from snapstore.engine.backends.base import SegmentBackend, segment_name
+from snapstore.engine.chunks import decode_chunk, read_stored_chunk, stored_chunk
 from snapstore.engine.index import Index
-from snapstore.engine.segments import (SegmentBackend, check_segment_header, parse_header, read_chunk_record,
-                       record_checksum, segment_name)
+from snapstore.engine.wal import (DamagedRecord, check_segment_header, parse_record_header,
+                                  read_record)
 
 
 class _Report:
@@ -149,13 +150,13 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
     bytes_checked = 0
     if not deep:
         for seg in sorted(set(by_segment) & present):
-            for off, cid, e in sorted(by_segment[seg], key=lambda t: t[0]):
-                try:
-                    with backend.open_reader() as segments:
-                        read_chunk_record(segments, seg, off, e.stored_len, cid)
-                    bytes_checked += fmt.RECORD_HEADER.size + e.stored_len
-                except CorruptionError as exc:
-                    report.add("damaged_chunk", str(exc), affected(cid), seg, off)
+            with backend.open_reader() as segments:
+                for off, cid, e in sorted(by_segment[seg], key=lambda t: t[0]):
+                    try:
+                        read_stored_chunk(segments, seg, off, e.stored_len, cid)
+                        bytes_checked += fmt.RECORD_HEADER.size + e.stored_len
+                    except CorruptionError as exc:
+                        report.add("damaged_chunk", str(exc), affected(cid), seg, off)
     else:
         for seg in sorted(present):
             known = {off: (cid, e) for off, cid, e in by_segment.get(seg, [])}
@@ -176,42 +177,28 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: _Report, affe
     flipped length field must not hide the records after it). Returns bytes read."""
     starts = sorted(known)
     seen = set()
-    decompressor = zstandard.ZstdDecompressor()
     try:
-        check_segment_header(segments.read(seg, 0, fmt.SEGMENT_HEADER.size), seg,
-                             segment_name(seg))
+        check_segment_header(segments.read(seg, 0, fmt.SEGMENT_HEADER.size), seg)
     except CorruptionError as exc:
         report.add("damaged_segment_header", str(exc), segment=seg, offset=0)
     pos = fmt.SEGMENT_HEADER.size
     while pos < size:
-        head = segments.read(seg, pos, fmt.RECORD_HEADER.size)
-        parsed = parse_header(head, "", pos)
-        problem = None
-        end = None
-        if parsed is None:
-            problem = "record header is damaged"
-        else:
-            rtype, codec, length, checksum = parsed
-            end = pos + fmt.RECORD_HEADER.size + length
-            if end > size:
-                problem = "record runs past the end of the segment"
-            else:
-                payload = segments.read(seg, pos + fmt.RECORD_HEADER.size, length)
-                if record_checksum(head[:fmt.RECORD_CHECKSUMMED_PREFIX], [payload]) != checksum:
-                    problem = "record checksum mismatch"
-                elif rtype == fmt.REC_CHUNK:
-                    problem = _check_chunk_payload(payload, codec, decompressor)
         seen.add(pos)
-        if problem is None:
-            pos = end
+        try:
+            record = read_record(segments, seg, pos, size=size)
+            if record.rtype == fmt.REC_CHUNK:
+                _check_chunk(record)
+            pos = record.end
             continue
+        except DamagedRecord as exc:
+            problem, end = exc.reason, exc.end
         cid = known.get(pos, (None,))[0]
         report.add("damaged_record", problem, affected(cid) if cid else (), seg, pos)
         i = bisect.bisect_right(starts, pos)
         next_known = starts[i] if i < len(starts) else None
         if end is not None and end <= size and (next_known is None or end <= next_known) and \
-                (end == size or parse_header(segments.read(seg, end, fmt.RECORD_HEADER.size),
-                                             "", end) is not None):
+                (end == size or parse_record_header(
+                    segments.read(seg, end, fmt.RECORD_HEADER.size)) is not None):
             pos = end
         elif next_known is not None:
             pos = next_known
@@ -225,18 +212,9 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: _Report, affe
     return size
 
 
-def _check_chunk_payload(payload: bytes, codec: int, decompressor) -> str | None:
-    if len(payload) < fmt.CHUNK_PREFIX.size:
-        return "chunk record too short"
-    cid, raw_len = fmt.CHUNK_PREFIX.unpack_from(payload)
-    data = memoryview(payload)[fmt.CHUNK_PREFIX.size:]
-    if codec == fmt.CODEC_ZSTD:
-        try:
-            data = decompressor.decompress(data, max_output_size=raw_len)
-        except zstandard.ZstdError as exc:
-            return f"chunk does not decompress: {exc}"
-    if len(data) != raw_len:
-        return "chunk has the wrong length"
-    if blake3.blake3(data).digest() != cid:
-        return "chunk bytes do not hash to the chunk id"
-    return None
+def _check_chunk(record) -> None:
+    """Decodes the chunk of a valid chunk record and re-hashes it. Raises DamagedRecord."""
+    chunk = stored_chunk(record)
+    if blake3.blake3(decode_chunk(chunk)).digest() != chunk.chunk_id:
+        raise DamagedRecord("chunk bytes do not hash to the chunk id", record.segment,
+                            record.offset, record.end)

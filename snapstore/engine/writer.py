@@ -22,7 +22,7 @@ from snapstore.engine import format as fmt
 from snapstore.engine.index import IndexView
 from snapstore.engine.reader import buffer_layers
 from snapstore.engine.records import BufferEntry, Commit
-from snapstore.engine.segments import SegmentLog
+from snapstore.engine.wal import SegmentLog
 
 STAGING_BYTES = 8 << 20   # gather this much at a time (bounds memory, amortises calls)
 
@@ -148,6 +148,29 @@ def plan_buffer(name: str, view: memoryview, parent: BufferEntry | None,
     fps = bytearray(native.page_count(size, opts.page_size) * native.FP_BYTES)
     chunks = [[r] for r in split_ranges([(0, size)] if size else [], opts.chunk_size)]
     return BufferPlan(name, view, "full", 0, "pages", opts.page_size, chunks, fps, reason)
+
+
+def usable_fingerprints(view: IndexView, stream: str, buffer: str, head: int | None,
+                        page_size: int) -> bytes | None:
+    """The page fingerprints recorded for (stream, buffer) if they may be diffed against: only
+    when they describe the stream's head and were taken with this page size (invariant 6 of
+    docs/design.md). None otherwise: the buffer is then stored full."""
+    prev = view.fingerprints(stream, buffer)
+    if prev is None or prev[0] != head or prev[1] != page_size:
+        return None
+    return prev[2]
+
+
+def plan_buffers(view: IndexView, stream: str, head: int | None, parent: Commit | None,
+                 buffers, opts: WriteOptions, layout: str) -> list:
+    """plan_buffer for each {name: memoryview} of buffers as the stream's next checkpoint:
+    `parent` is the head's Commit (None for a new stream); a delta is the fingerprint diff
+    against the head's usable_fingerprints."""
+    parents = {b.name: b for b in parent.buffers} if parent else {}
+    return [plan_buffer(name, buf, parents.get(name),
+                        usable_fingerprints(view, stream, name, head, opts.page_size),
+                        opts, layout)
+            for name, buf in buffers.items()]
 
 
 class ChunkSink:

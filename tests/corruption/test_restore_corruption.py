@@ -26,7 +26,8 @@ from snapstore.engine import format as fmt
 from snapstore.errors import CorruptionError, FormatError
 from snapstore.engine.index import Index
 from snapstore.engine.reader import buffer_layers
-from snapstore.engine.segments import LocalSegments, encode_record_header, scan, segment_name
+from snapstore.engine.backends import LocalSegments, segment_name
+from snapstore.engine.wal import encode_record_header, scan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -632,7 +633,7 @@ def test_undecodable_record_with_valid_checksum_is_corruption(tmp_path, seed, rt
 
 @pytest.mark.parametrize("header_bytes", [0, 1, 31])
 def test_headerless_new_last_segment_is_a_torn_tail(tmp_path, seed, header_bytes):
-    from snapstore.engine.segments import encode_segment_header
+    from snapstore.engine.wal import encode_segment_header
     path = str(tmp_path / "s")
     want = build_store(path, seed)
     last = LocalSegments(os.path.join(path, fmt.SEGMENTS_DIR)).list()[-1]

@@ -26,7 +26,8 @@ import pytest
 import snapstore
 from snapstore.engine import format as fmt
 from snapstore.errors import CorruptionError
-from snapstore.engine.segments import scan, segment_name
+from snapstore.engine.backends import segment_name
+from snapstore.engine.wal import scan
 
 TRIALS = int(os.environ.get("SNAPSTORE_FLIP_TRIALS", "160"))
 PAGE = 4096
@@ -108,7 +109,7 @@ def layout(s) -> list:
 
 
 def flip(s, seg: int, pos: int, mask: int) -> None:
-    fd = os.open(s.backend.path(seg), os.O_RDWR)
+    fd = os.open(os.path.join(s.path, fmt.SEGMENTS_DIR, segment_name(seg)), os.O_RDWR)
     try:
         old = os.pread(fd, 1, pos)
         os.pwrite(fd, bytes([old[0] ^ mask]), pos)

@@ -39,7 +39,8 @@ import writer_child as wc  # noqa: E402
 import snapstore  # noqa: E402
 from snapstore.engine import format as fmt  # noqa: E402
 from snapstore.errors import StoreLocked  # noqa: E402
-from snapstore.engine.segments import LocalSegments, encode_record_header, scan, segment_name  # noqa: E402
+from snapstore.engine.backends import LocalSegments, segment_name  # noqa: E402
+from snapstore.engine.wal import encode_record_header, scan  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -150,15 +150,18 @@ def run_die_in_create(store_path: str, journal: str, seed: int, header_bytes: in
 
     import snapstore
     from snapstore.engine import format as fmt
-    from snapstore.engine.segments import LocalSegments, encode_segment_header
+    from snapstore.engine.backends import LocalSegments
+    from snapstore.engine.wal import encode_segment_header
 
     class DieInCreate(LocalSegments):
+        """The log creates a segment, then appends its header: die in between."""
+
         def create(self, number):
+            f = super().create(number)
             if number > 1:
-                fd = os.open(self.path(number), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                os.write(fd, encode_segment_header(number)[:header_bytes])
+                f.append([encode_segment_header(number)[:header_bytes]])
                 os.kill(os.getpid(), signal.SIGKILL)
-            return super().create(number)
+            return f
 
     j = Journal(journal)
     backend = DieInCreate(os.path.join(store_path, fmt.SEGMENTS_DIR))

@@ -12,7 +12,8 @@ import textwrap
 
 import pytest
 
-from snapstore.bench import harness as bench
+from snapstore import bench
+from snapstore.bench import measuring, peers, runner, workloads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MiB = 1 << 20
@@ -29,64 +30,64 @@ def tiny(**kw):
 # ---- state and mutations ------------------------------------------------------------------
 def test_make_state_is_deterministic_and_page_aligned():
     w = tiny(size=3 * MiB + 100, buffers=3)
-    s1, s2 = bench.make_state(w), bench.make_state(w)
+    s1, s2 = workloads.make_state(w), workloads.make_state(w)
     assert s1 == s2 and list(s1) == ["buf000", "buf001", "buf002"]
     assert sum(map(len, s1.values())) == w.size
-    assert all(len(b) % bench.PAGE == 0 for b in list(s1.values())[:-1])
-    assert bench.make_state(tiny(seed=1)) != bench.make_state(tiny())
-    c = bench.make_state(tiny(content="compressible"))["buf000"]
+    assert all(len(b) % workloads.PAGE == 0 for b in list(s1.values())[:-1])
+    assert workloads.make_state(tiny(seed=1)) != workloads.make_state(tiny())
+    c = workloads.make_state(tiny(content="compressible"))["buf000"]
     assert max(c) < 16
 
 
 def _changed_pages(a: bytes, b: bytes) -> int:
-    return sum(1 for i in range(0, len(a), bench.PAGE)
-               if a[i:i + bench.PAGE] != b[i:i + bench.PAGE])
+    return sum(1 for i in range(0, len(a), workloads.PAGE)
+               if a[i:i + workloads.PAGE] != b[i:i + workloads.PAGE])
 
 
 @pytest.mark.parametrize("pattern", ["scattered", "clustered"])
 def test_page_patterns_dirty_the_requested_fraction(pattern):
     w = tiny(size=4 * MiB, dirty=0.05, pattern=pattern)
-    state = bench.make_state(w)
+    state = workloads.make_state(w)
     before = {n: bytes(b) for n, b in state.items()}
-    written = bench.mutate(state, w, 1)
+    written = workloads.mutate(state, w, 1)
     pages = sum(_changed_pages(before[n], state[n]) for n in state)
-    expect = round(0.05 * 4 * MiB / bench.PAGE)
-    assert pages == expect and written == expect * bench.DIRTY_WRITE
+    expect = round(0.05 * 4 * MiB / workloads.PAGE)
+    assert pages == expect and written == expect * workloads.DIRTY_WRITE
     assert {n: len(b) for n, b in state.items()} == {n: len(b) for n, b in before.items()}
     again = {n: bytearray(b) for n, b in before.items()}
-    bench.mutate(again, w, 1)
+    workloads.mutate(again, w, 1)
     assert again == state                          # deterministic per (seed, step)
 
 
 def test_clustered_pages_are_runs():
     w = tiny(size=4 * MiB, dirty=0.05, pattern="clustered", buffers=1)
-    state = bench.make_state(w)
+    state = workloads.make_state(w)
     before = bytes(state["buf000"])
-    bench.mutate(state, w, 1)
-    dirty = [i // bench.PAGE for i in range(0, len(before), bench.PAGE)
-             if before[i:i + bench.PAGE] != state["buf000"][i:i + bench.PAGE]]
+    workloads.mutate(state, w, 1)
+    dirty = [i // workloads.PAGE for i in range(0, len(before), workloads.PAGE)
+             if before[i:i + workloads.PAGE] != state["buf000"][i:i + workloads.PAGE]]
     breaks = sum(1 for a, b in zip(dirty, dirty[1:]) if b != a + 1)
-    assert breaks <= math.ceil(len(dirty) / bench.CLUSTER_PAGES)
+    assert breaks <= math.ceil(len(dirty) / workloads.CLUSTER_PAGES)
 
 
 def test_shifted_and_appended():
     w = tiny(size=2 * MiB, dirty=0.01, pattern="shifted", buffers=1)
-    state = bench.make_state(w)
+    state = workloads.make_state(w)
     before = bytes(state["buf000"])
-    assert bench.mutate(state, w, 1) == round(0.01 * 2 * MiB)
+    assert workloads.mutate(state, w, 1) == round(0.01 * 2 * MiB)
     assert len(state["buf000"]) == len(before) and state["buf000"] != before
     w = tiny(size=2 * MiB, dirty=0.01, pattern="appended", buffers=2)
-    state = bench.make_state(w)
+    state = workloads.make_state(w)
     sizes = [len(b) for b in state.values()]
-    bench.mutate(state, w, 1)
+    workloads.mutate(state, w, 1)
     assert [len(b) for b in state.values()] == [s + round(0.01 * 2 * MiB / 2) for s in sizes]
 
 
 def test_zero_dirty_changes_nothing():
     w = tiny(dirty=0.0)
-    state = bench.make_state(w)
+    state = workloads.make_state(w)
     before = {n: bytes(b) for n, b in state.items()}
-    assert bench.mutate(state, w, 1) == 0 and state == before
+    assert workloads.mutate(state, w, 1) == 0 and state == before
 
 
 @pytest.mark.parametrize("bad", [dict(size=10), dict(buffers=0), dict(dirty=1.5),
@@ -100,19 +101,19 @@ def test_workload_validation(bad):
 
 # ---- statistics and helpers ---------------------------------------------------------------
 def test_percentile_and_summary():
-    assert bench.percentile([5, 1, 4, 2, 3], 95) == 5
-    assert bench.percentile(list(range(1, 101)), 95) == 95
-    assert bench.percentile([7], 50) == 7
-    s = bench.summary([4, 1, 3, 2])
+    assert measuring.percentile([5, 1, 4, 2, 3], 95) == 5
+    assert measuring.percentile(list(range(1, 101)), 95) == 95
+    assert measuring.percentile([7], 50) == 7
+    s = measuring.summary([4, 1, 3, 2])
     assert s["median"] == 2.5 and s["min"] == 1 and s["max"] == 4 and s["p95"] == 4
     assert s["samples"] == [4, 1, 3, 2]
 
 
 def test_peak_memory_sees_c_allocations():
-    if not bench.PeakMemory.supported():
+    if not measuring.PeakMemory.supported():
         pytest.skip("no /proc/self/clear_refs")
     import mmap
-    with bench.PeakMemory() as m:
+    with measuring.PeakMemory() as m:
         # A fresh private mapping: malloc could hand back memory that earlier tests freed and
         # that is still resident, which would not raise the peak.
         buf = mmap.mmap(-1, 64 * MiB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -130,7 +131,7 @@ def test_to_json_replaces_non_finite():
 
 # ---- running workloads --------------------------------------------------------------------
 def _check_method(res, checkpoints):
-    for key in bench.METRIC_KEYS:
+    for key in runner.METRIC_KEYS:
         assert key in res, key
     assert res["available"] is True and res["skipped"] is None and res["verified"] is True
     assert len(res["checkpoint_seconds"]["samples"]) == checkpoints
@@ -141,7 +142,7 @@ def _check_method(res, checkpoints):
 
 
 def test_run_workload_measures_snapstore_and_baselines(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench.shutil, "which", lambda name: None)
+    monkeypatch.setattr(peers.shutil, "which", lambda name: None)
     methods = ["snapstore", "raw", "pickle", "numpy", "restic", "borg"]
     out = bench.run_workload(tiny(cache="cold", durability="fsync"), methods=methods,
                              workdir=str(tmp_path))
@@ -151,7 +152,7 @@ def test_run_workload_measures_snapstore_and_baselines(tmp_path, monkeypatch):
     assert res["snapstore"]["snapstore"]["kinds"] == ["full", "incremental", "incremental"]
     for name in ("raw", "pickle") + (("numpy",) if res["numpy"]["available"] else ()):
         _check_method(res[name], 2)
-        assert set(res[name]["vs_snapstore"]) == set(bench.RATIO_KEYS)
+        assert set(res[name]["vs_snapstore"]) == set(runner.RATIO_KEYS)
         # a whole-state baseline writes the whole state every time; snapstore ~2% of it
         assert res[name]["bytes_written_per_checkpoint"]["median"] >= MiB
         assert res[name]["vs_snapstore"]["bytes_written"] > 5
@@ -267,7 +268,7 @@ def test_cli_bench_json_has_the_documented_keys(tmp_path):
         for name in ("snapstore", "raw", "pickle"):
             _check_method(wl["results"][name], 2)
             assert [len(v) for v in wl["results"][name]["restore_samples"].values()] == [2, 2]
-        assert set(wl["results"]["raw"]["vs_snapstore"]) == set(bench.RATIO_KEYS)
+        assert set(wl["results"]["raw"]["vs_snapstore"]) == set(runner.RATIO_KEYS)
         if wl["results"]["restic"]["available"] is False:
             assert wl["results"]["restic"]["skipped"]
     assert os.listdir(tmp_path) == []
@@ -313,7 +314,7 @@ def test_cli_bench_plot(tmp_path):
 
 def test_library_usage_in_docstring_runs(tmp_path):
     code = textwrap.dedent(f"""
-        from snapstore.bench import harness as bench
+        from snapstore import bench
         result = bench.run([bench.Workload(size=1 << 20, checkpoints=1, durability="none")],
                            methods=["snapstore", "raw"], workdir={str(tmp_path)!r})
         print(bench.format_table(result).splitlines()[2].split()[0])

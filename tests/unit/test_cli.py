@@ -14,9 +14,11 @@ import pytest
 
 import snapstore
 from snapstore import errors
-import importlib
-cli = importlib.import_module("snapstore.cli.main")  # the module (snapstore.cli.main is the function)
-from snapstore.cli.progress import Progress, human_bytes, human_seconds
+from snapstore.cli import app as cli
+from snapstore.cli import args as cli_args
+from snapstore.cli import common, inspect_cmds, output
+from snapstore.cli.progress import Progress
+from snapstore.formatting import human_bytes, human_seconds, parse_size
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMANDS = ("init", "ls", "show", "diff", "restore", "rm", "tag", "retain", "compact", "verify",
@@ -323,11 +325,11 @@ def test_exit_code_mapping():
     assert cli.exit_code_for(errors.CheckpointNotFound("x")) == 2
     assert cli.exit_code_for(errors.InvalidArgumentError("x")) == 2
     assert cli.exit_code_for(errors.FormatError("x")) == 2
-    assert cli.exit_code_for(cli.UsageError("x")) == 2
+    assert cli.exit_code_for(common.UsageError("x")) == 2
     assert cli.exit_code_for(errors.CorruptionError("x")) == 1
     assert cli.exit_code_for(errors.StoreLocked("x")) == 1
     assert cli.exit_code_for(errors.StoreIOError("x")) == 1
-    assert cli.exit_code_for(cli.Problem("x")) == 1
+    assert cli.exit_code_for(common.Problem("x")) == 1
 
 
 # ---- progress -------------------------------------------------------------------------------
@@ -400,84 +402,31 @@ def test_human_units():
 
 # ---- helpers in-process -------------------------------------------------------------------------
 def test_parse_size_and_range():
-    assert cli.parse_size("4096") == 4096
-    assert cli.parse_size("64K") == cli.parse_size("64KiB") == cli.parse_size("64kb") == 65536
-    assert cli.parse_size("1.5MiB") == 1572864 and cli.parse_size("1G") == 1 << 30
+    assert parse_size("4096") == 4096
+    assert parse_size("64K") == parse_size("64KiB") == parse_size("64kb") == 65536
+    assert parse_size("1.5MiB") == 1572864 and parse_size("1G") == 1 << 30
     for bad in ("", "x", "1.3B", "-5", "1Q"):
         with pytest.raises(ValueError):
-            cli.parse_size(bad)
-    assert cli.parse_range("10:5") == (10, 5)
-    assert cli.parse_range("1K:") == (1024, None)
-    assert cli.parse_range(":8") == (0, 8)
+            parse_size(bad)
+    assert cli_args.parse_range("10:5") == (10, 5)
+    assert cli_args.parse_range("1K:") == (1024, None)
+    assert cli_args.parse_range(":8") == (0, 8)
     with pytest.raises(ValueError):
-        cli.parse_range("10")
-
-
-def test_coalesce():
-    assert cli.coalesce([], 16) == []
-    assert cli.coalesce([(0, 1), (1, 2), (5, 6)], 0) == [(0, 2), (5, 6)]
-    assert cli.coalesce([(0, 1), (5, 6), (30, 31)], 16) == [(0, 6), (30, 31)]
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_diff_bytes_numpy_and_python_agree(seed):
-    pytest.importorskip("numpy")
-    rng = random.Random(seed)
-    n = rng.choice([1, 15, 16, 17, 4095, 4096, 9000])
-    a = bytearray(rng.randbytes(n))
-    b = bytearray(a)
-    for _ in range(rng.randrange(0, 12)):
-        i = rng.randrange(n)
-        for j in range(i, min(n, i + rng.randrange(1, 40))):
-            b[j] = rng.randrange(256)
-    expect_changed = sum(1 for x, y in zip(a, b) if x != y)
-    runs_np, c_np = cli.diff_bytes(bytes(a), bytes(b), 100, use_numpy=True)
-    runs_py, c_py = cli.diff_bytes(bytes(a), bytes(b), 100, use_numpy=False)
-    assert runs_np == runs_py and c_np == c_py == expect_changed
-    assert sum(e - s for s, e in runs_np) == expect_changed
-    for s, e in runs_np:
-        assert all(a[i - 100] != b[i - 100] for i in range(s, e))
-
-
-def test_diff_buffer_resized():
-    a, b = b"abcdef", b"abXdefgh"
-    r = cli.diff_buffer(lambda o, n: a[o:o + n], lambda o, n: b[o:o + n], len(a), len(b),
-                        gap=0, window=4)
-    assert r == {"status": "resized", "changed_bytes": 3, "ranges": [[2, 1], [6, 2]]}
+        cli_args.parse_range("10")
 
 
 def test_safe_filenames():
-    m = cli.safe_filenames(["w", "a/b", "a_b", "A_B", ".hidden", "..", "x" * 300, "ü"])
+    m = output.safe_filenames(["w", "a/b", "a_b", "A_B", ".hidden", "..", "x" * 300, "ü"])
     assert m["w"] == "w" and m["a/b"] == "a_b"
     assert len({v.lower() for v in m.values()}) == len(m)
     assert not any(v.startswith(".") for v in m.values())
     assert all(len(v) <= 210 and "/" not in v for v in m.values())
 
 
-@pytest.mark.parametrize("seed", range(10))
-def test_diff_buffer_windows_equal_whole_diff(seed):
-    rng = random.Random(seed)
-    n = rng.randrange(1, 20000)
-    a = rng.randbytes(n)
-    b = bytearray(a)
-    for _ in range(rng.randrange(0, 30)):
-        i = rng.randrange(n)
-        k = min(rng.randrange(1, 50), n - i)
-        b[i:i + k] = rng.randbytes(k)
-    b = bytes(b)
-    gap = rng.choice([0, 1, 16, 300])
-    runs, changed = cli.diff_bytes(a, b)
-    expect = [[s, e - s] for s, e in cli.coalesce(runs, gap)]
-    for window in (1, 7, 4096, 1 << 20):
-        r = cli.diff_buffer(lambda o, k: a[o:o + k], lambda o, k: b[o:o + k], n, n,
-                            gap=gap, window=window)
-        assert r["ranges"] == expect and r["changed_bytes"] == changed
-
-
 def test_internal_errors_and_interrupts_in_process(monkeypatch, capsys, cli_store):
     def boom(args):
         raise RuntimeError("kaput\nsecond line")
-    monkeypatch.setattr(cli, "cmd_stats", boom)
+    monkeypatch.setattr(inspect_cmds, "cmd_stats", boom)
     assert cli.main(["-s", cli_store, "stats"]) == 1
     err = capsys.readouterr().err
     assert err == ("snapstore: error: internal error: RuntimeError: kaput second line "
@@ -487,7 +436,7 @@ def test_internal_errors_and_interrupts_in_process(monkeypatch, capsys, cli_stor
 
     def interrupted(args):
         raise KeyboardInterrupt
-    monkeypatch.setattr(cli, "cmd_stats", interrupted)
+    monkeypatch.setattr(inspect_cmds, "cmd_stats", interrupted)
     assert cli.main(["-s", cli_store, "stats"]) == 130
     assert capsys.readouterr().err == "snapstore: interrupted\n"
 

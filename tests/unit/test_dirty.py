@@ -761,6 +761,38 @@ def test_c_fp_diff_runs():
         nat.check(lib.SNAP_ESPACE, "x")
 
 
+def test_page_fingerprints_table():
+    """nat.PageFingerprints: the pinned digest table the hash and refined uffd detectors use."""
+    rng = np.random.default_rng(3)
+    b = rng.integers(0, 256, 10 * 4096 + 100, dtype=np.uint8)
+    table = nat.PageFingerprints(b)
+    assert bytes(table.digests) == bytes(nat.page_fingerprints(b)) and table.nbytes == b.size
+    b[[4096, 7 * 4096 + 3, b.size - 1]] ^= 0xFF
+    assert table.diff_runs(b, [(0, 5)]) == [(1, 1)]                  # only listed pages
+    assert table.diff(b) == [(7, 1), (10, 1)]
+    assert table.diff(b) == []
+    # update: digests of data's pages from first_page on (the short last page too)
+    b[2 * 4096:4 * 4096] = 7
+    table.update(2, memoryview(b)[2 * 4096:4 * 4096])
+    b[-50:] = 1
+    table.update(10, bytes(b[10 * 4096:]))                           # any bytes-like
+    assert table.diff(b) == []
+    assert bytes(table.digests) == bytes(nat.page_fingerprints(b))
+    table.update(11, b"")                                            # past the end: nothing
+    with pytest.raises(InvalidArgumentError):
+        table.update(12, b"")
+    with pytest.raises(NativeSpaceError):
+        table.update(10, bytes(2 * 4096))                            # more pages than are left
+    with pytest.raises(InvalidArgumentError):
+        table.diff_runs(b[:-1], [(0, 1)])                            # another size
+    with pytest.raises(NativeArgumentError):
+        table.diff_runs(b, [(11, 1)])
+    with pytest.raises(BufferError):
+        table.digests.extend(b"x")                                   # pinned: never resized
+    assert nat.byte_view(memoryview(b"ab")).obj == b"ab"
+    assert nat.byte_view(np.zeros(3, np.float64)).nbytes == 24
+
+
 def test_esys_maps_to_native_system_error():
     with pytest.raises(NativeSystemError) as ei:
         nat.check(lib.SNAP_ESYS, "snap_f")

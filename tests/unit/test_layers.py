@@ -25,16 +25,20 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(snapstore.__file__))
 # Rank of each layer (a prefix of dotted module names; the longest matching prefix wins).
 LAYER_RANKS = {
     "snapstore.errors": 0,
+    "snapstore.version": 0,
+    "snapstore.formatting": 0,  # leaf: sizes, durations, tables, JSON for cli and bench
     "snapstore._native": 1,
     "snapstore._ffi": 1,
     "snapstore.engine": 2,
     "snapstore.capture": 3,
     "snapstore.store": 4,
+    "snapstore.objectlayer": 5,  # what the object layers share
     "snapstore.objects": 5,
     "snapstore.arrays": 6,
     "snapstore.torch": 7,
     "snapstore.langgraph": 7,
     "snapstore.workflow": 7,
+    "snapstore.diff": 7,        # checkpoint diffs over the Store API
     "snapstore.bench": 8,
     "snapstore.cli": 9,
     "snapstore": 10,            # the package __init__ (the public API) and __main__

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import snapstore
 from snapstore.engine import format as fmt
+from snapstore.engine.backends import segment_name
 from snapstore.errors import (CheckpointNotFound, ConcurrentCompactionError, CorruptionError,
                               InvalidArgumentError)
 from snapstore.engine.index import ChunkEntry
@@ -35,6 +36,10 @@ REPORT_KEYS = {"bytes_before", "bytes_after", "bytes_returned", "chunks_freed",
 
 
 # ---- helpers ---------------------------------------------------------------------------------
+
+def segment_path(store, number: int) -> str:
+    return os.path.join(store.path, fmt.SEGMENTS_DIR, segment_name(number))
+
 
 def rbytes(seed, n: int) -> bytes:
     return random.Random(str(seed)).randbytes(n)
@@ -693,7 +698,7 @@ def _aborted_compaction_then_failed_write(store_path):
     assert len(first) >= 2
     victim = first[-1]                      # the others of its segment are copied before it
     pos = victim.offset + fmt.RECORD_HEADER.size + 50
-    fd = os.open(s.backend.path(1), os.O_RDWR)
+    fd = os.open(segment_path(s, 1), os.O_RDWR)
     try:
         old = os.pread(fd, 1, pos)
         os.pwrite(fd, bytes([old[0] ^ 1]), pos)
@@ -730,7 +735,7 @@ def test_compaction_stopped_by_a_damaged_chunk_leaves_the_store_usable(store_pat
                 broken.add(cid)
         assert len(broken) == 1 and max(model.content) not in broken
         assert sorted(c.id for c in s.checkpoints()) == sorted(model.content)
-        fd = os.open(s.backend.path(1), os.O_RDWR)
+        fd = os.open(segment_path(s, 1), os.O_RDWR)
         os.pwrite(fd, old, pos)
         os.close(fd)
         s.compact(threshold=0.9)
@@ -744,7 +749,7 @@ def test_compaction_stopped_by_a_damaged_chunk_leaves_the_store_usable(store_pat
 def test_aborted_compaction_then_failed_write_leaves_no_hole_in_the_log(store_path):
     s, model, pos, old = _aborted_compaction_then_failed_write(store_path)
     try:
-        fd = os.open(s.backend.path(1), os.O_RDWR)       # repair the damaged chunk
+        fd = os.open(segment_path(s, 1), os.O_RDWR)       # repair the damaged chunk
         os.pwrite(fd, old, pos)
         os.close(fd)
         rep = s.verify(deep=True)

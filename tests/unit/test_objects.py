@@ -2,6 +2,7 @@
 objects with arrays of every NumPy dtype, meta, incremental saves, load(into=) in place, and bad
 input (nothing written, target unchanged)."""
 import copy
+import io
 import pickle
 
 import numpy as np
@@ -431,3 +432,36 @@ def test_arrays_diff_by_name_and_refuse_mismatches(store):
         snapstore.save_arrays(store, {"x": [1, 2]}, stream="n")
     with pytest.raises(InvalidArgumentError, match="reserved"):
         snapstore.save_arrays(store, {}, stream="n", meta={"snapstore.arrays": 1})
+
+
+# ---- the names pickle streams use are part of the format -------------------------------------
+class _NamesSeen(pickle.Unpickler):
+    """Unpickler recording every global a stream names."""
+
+    def __init__(self, data, buffers):
+        super().__init__(io.BytesIO(data), buffers=buffers)
+        self.names = set()
+
+    def find_class(self, module, name):
+        self.names.add((module, name))
+        return super().find_class(module, name)
+
+
+def snapstore_globals(store, info) -> set:
+    """The snapstore.* globals the pickle stream of an object checkpoint names (loading it)."""
+    names = [f"{objects.OOB_PREFIX}{i}" for i in range(info.meta[objects.META_KEY]["buffers"])]
+    seen = _NamesSeen(store.read(info.id, objects.PICKLE_BUFFER),
+                      [bytearray(store.read(info.id, n)) for n in names])
+    seen.load()
+    return {(m, n) for m, n in seen.names if m.split(".")[0] == "snapstore"}
+
+
+def test_pickle_streams_name_the_pinned_rebuild_functions(store):
+    """Stores written once must load forever: the snapstore names in pickle streams resolve at
+    the same module path (objects.py keeps them; never rename or move them)."""
+    obj = {"when": np.arange(2000).astype("datetime64[ms]"),
+           "delta": np.arange(5).astype("timedelta64[s]"),
+           "fresh": FRESH}
+    assert snapstore_globals(store, store.save(obj, stream="pin")) == {
+        ("snapstore.objects", "_datetime_array"), ("snapstore.objects", "FRESH")}
+    assert objects.FRESH is FRESH and callable(objects._datetime_array)

@@ -1,6 +1,7 @@
 """Disk full and I/O errors during checkpoint()/delete(), injected through the segment backend
-(FaultyBackend wraps snapstore.engine.segments.LocalSegments and its segment files) and at the LMDB
-side (a real MDB_MAP_FULL from a tiny map, and lmdb errors raised from the index writer).
+(tests/faulty_backend.py: FaultyBackend implements the backend contract around LocalSegments)
+and at the LMDB side (a real MDB_MAP_FULL from a tiny map, and lmdb errors raised from the
+index writer).
 
 Every fault must: raise StoreIOError (a SnapstoreError and an OSError) saying what happened;
 leave the checkpoints, stream heads and log size as they were; keep earlier checkpoints
@@ -19,157 +20,13 @@ import pytest
 import snapstore
 from snapstore.engine import format as fmt
 from snapstore.errors import (CorruptionError, SnapstoreError, StoreIOError)
+from snapstore.engine.backends import LocalSegments
 from snapstore.engine.index import IndexWriter
-from snapstore.engine.segments import LocalSegments, scan
+from snapstore.engine.wal import scan
+
+from faulty_backend import FaultyBackend
 
 SEED = int(os.environ.get("SNAPSTORE_FAULT_SEED", "20240611"))
-
-
-# ---- the faulty backend --------------------------------------------------------------------
-
-class FaultyFile:
-    """A segment file of FaultyBackend: faults before delegating to the real file."""
-
-    def __init__(self, inner, backend: "FaultyBackend") -> None:
-        self.inner, self.backend = inner, backend
-
-    @property
-    def number(self) -> int:
-        return self.inner.number
-
-    @property
-    def size(self) -> int:
-        return self.inner.size
-
-    def append(self, parts) -> None:
-        fault = self.backend.hit("write")
-        if fault is None:
-            return self.inner.append(parts)
-        err, partial = fault
-        if not partial:
-            raise OSError(err, os.strerror(err))
-        # What the kernel does on a disk that fills up mid-write: the first writev() writes a
-        # prefix and returns a short count, the retry fails with the error.
-        real, calls = os.writev, []
-
-        def short_writev(fd, bufs):
-            calls.append(fd)
-            if len(calls) == 1:
-                flat = b"".join(bytes(b) for b in bufs)
-                return real(fd, [flat[:max(1, int(len(flat) * partial))]])
-            raise OSError(err, os.strerror(err))
-        os.writev = short_writev
-        try:
-            self.inner.append(parts)
-        finally:
-            os.writev = real
-
-    def sync(self, *args, **kwargs) -> None:
-        self.backend.raise_if("sync")
-        self.inner.sync(*args, **kwargs)
-
-    def truncate(self, size: int) -> None:
-        self.backend.raise_if("truncate")
-        self.inner.truncate(size)
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def __getattr__(self, name):            # anything else the file offers, unfaulted
-        return getattr(self.inner, name)
-
-
-class FaultyReader:
-    """A read session of FaultyBackend (backends that have open_reader())."""
-
-    def __init__(self, inner, backend: "FaultyBackend") -> None:
-        self.inner, self.backend = inner, backend
-
-    def read(self, number, offset, length):
-        self.backend.raise_if("read")
-        return self.inner.read(number, offset, length)
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
-class FaultyBackend:
-    """LocalSegments with armed faults: fail(op, nth) makes the nth next call of op raise
-    OSError(err). ops: write, sync, truncate (segment files), create, open_append, remove,
-    read (backend and its read sessions). Anything else is passed through to LocalSegments."""
-
-    def __init__(self, directory: str, durable: bool = True) -> None:
-        self.inner = LocalSegments(directory, durable=durable)
-        self.armed: dict[str, list] = {}
-        self.fired: list[str] = []
-
-    def fail(self, op: str, nth: int = 1, err: int = errno.ENOSPC, partial: float = 0.0,
-             repeat: bool = False) -> None:
-        self.armed[op] = [nth, err, partial, repeat]
-
-    def clear(self) -> None:
-        self.armed.clear()
-
-    def hit(self, op: str):
-        a = self.armed.get(op)
-        if a is None:
-            return None
-        a[0] -= 1
-        if a[0] > 0:
-            return None
-        if not a[3]:
-            del self.armed[op]
-        self.fired.append(op)
-        return a[1], a[2]
-
-    def raise_if(self, op: str) -> None:
-        fault = self.hit(op)
-        if fault is not None:
-            raise OSError(fault[0], os.strerror(fault[0]))
-
-    def list(self):
-        return self.inner.list()
-
-    def size(self, number):
-        return self.inner.size(number)
-
-    def read(self, number, offset, length):
-        self.raise_if("read")
-        return self.inner.read(number, offset, length)
-
-    def readinto(self, number, offset, buffers):
-        self.raise_if("read")
-        return self.inner.readinto(number, offset, buffers)
-
-    def open_reader(self):
-        return FaultyReader(self.inner.open_reader(), self)
-
-    def __getattr__(self, name):            # the rest of the backend interface, unfaulted
-        return getattr(self.inner, name)
-
-    def create(self, number):
-        self.raise_if("create")
-        return FaultyFile(self.inner.create(number), self)
-
-    def open_append(self, number):
-        self.raise_if("open_append")
-        return FaultyFile(self.inner.open_append(number), self)
-
-    def remove(self, number):
-        self.raise_if("remove")
-        self.inner.remove(number)
-
-    def close(self):
-        self.inner.close()
 
 
 # ---- helpers -------------------------------------------------------------------------------

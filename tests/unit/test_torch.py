@@ -3,7 +3,9 @@ shared storages, in place), device tensors refused, and the torch.distributed.ch
 backend (SnapstoreWriter / SnapstoreReader): round trips, incremental saves, checkpoint ids,
 a gloo process group of one rank and two ranks."""
 import copy
+import io
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -407,3 +409,37 @@ def test_dcp_async_save(tmp_path):
     target = {"w": torch.zeros(100, 100), "n": 0}
     dcp.load(target, checkpoint_id="x", storage_reader=st.SnapstoreReader(path))
     assert torch.equal(target["w"], state["w"]) and target["n"] == 3
+
+
+# ---- the names pickle streams use are part of the format -------------------------------------
+class _NamesSeen(pickle.Unpickler):
+    """Unpickler recording the snapstore globals a stream names."""
+
+    def find_class(self, module, name):
+        if module.split(".")[0] == "snapstore":
+            self.names.add((module, name))
+        return super().find_class(module, name)
+
+
+def snapstore_globals(data: bytes, buffers=()) -> set:
+    seen = _NamesSeen(io.BytesIO(data), buffers=buffers)
+    seen.names = set()
+    seen.load()
+    return seen.names
+
+
+def test_pickle_streams_name_the_pinned_names(tmp_path, store):
+    """Stores written once must load forever: object checkpoints name snapstore.objects._storage
+    and _tensor, DCP metadata names snapstore.torch._Location (never rename or move them)."""
+    w = torch.nn.Parameter(torch.randn(64, 64))
+    info = st.save({"w": w, "view": torch.randn(100, 100)[::2]}, store, "pin")
+    oob = [bytearray(store.read(info.id, f"{objects.OOB_PREFIX}{i}"))
+           for i in range(info.meta[objects.META_KEY]["buffers"])]
+    assert snapstore_globals(store.read(info.id, objects.PICKLE_BUFFER), oob) == {
+        ("snapstore.objects", "_storage"), ("snapstore.objects", "_tensor")}
+    path = str(tmp_path / "dcp-pin")
+    writer = st.SnapstoreWriter(path)
+    dcp.save({"w": torch.randn(8, 8)}, checkpoint_id="p", storage_writer=writer)
+    with snapstore.open(path, readonly=True) as s:
+        metadata = s.read(writer.last_info.id, st.METADATA_BUFFER)
+    assert snapstore_globals(metadata) == {("snapstore.torch", "_Location")}

@@ -1,4 +1,5 @@
-"""Trackers and asynchronous checkpoints (snapstore/tracker.py) through the public API."""
+"""Trackers and asynchronous checkpoints (snapstore/capture/: tracker, persister, staging)
+through the public API."""
 from __future__ import annotations
 
 import threading
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 import snapstore
+from snapstore.engine.commit import Committer
 from snapstore.errors import InvalidArgumentError, SnapstoreError, StoreClosedError
 
 pytest.importorskip("snapstore.capture.dirty")
@@ -98,7 +100,7 @@ def test_back_pressure_and_oversized_capture(tmp_path):
 def test_a_failed_async_checkpoint_fails_the_ones_built_on_it(store, monkeypatch):
     rng = np.random.default_rng(5)
     a = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
-    real = type(store)._persist
+    real = Committer.commit
     calls = {"n": 0}
     gate = threading.Event()
 
@@ -109,7 +111,7 @@ def test_a_failed_async_checkpoint_fails_the_ones_built_on_it(store, monkeypatch
             raise SnapstoreError("injected failure")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(type(store), "_persist", flaky)
+    monkeypatch.setattr(Committer, "commit", flaky)
     with store.track({"a": a}, stream="t", mode="hash") as tr:
         ok = tr.checkpoint()
         touch(a, rng, 3)
@@ -228,7 +230,7 @@ def test_deleting_the_head_of_an_async_stream_rebases_the_next_capture(store):
 
 
 def test_staging_arena_is_a_fifo_ring():
-    from snapstore.capture.tracker import StagingArena
+    from snapstore.capture.staging import StagingArena
     arena = StagingArena(1 << 20)
     a, ma = arena.alloc(600 << 10)
     b, mb = arena.alloc(300 << 10)
@@ -252,3 +254,25 @@ def test_staging_arena_is_a_fifo_ring():
     del ma, mb, mc
     arena.close()
     arena.close()                           # idempotent
+
+
+def test_retain_deleting_the_head_of_an_async_stream_with_pending_jobs(store):
+    """retain() may delete the head of a stream whose checkpoint_async jobs are still pending:
+    it must let them land first, not wait for them while holding the writer lock (which the
+    worker needs to commit them)."""
+    rng = np.random.default_rng(8)
+    x = rng.integers(0, 256, 8 << 20, dtype=np.uint8)
+    store.checkpoint_async({"x": x}, stream="imp").result()
+    pending = []
+    for _ in range(3):
+        touch(x, rng, 64)
+        pending.append(store.checkpoint_async({"x": x}, stream="imp"))
+    result = []
+    t = threading.Thread(target=lambda: result.append(
+        store.retain("imp", keep_last=0, keep_every=100)), daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "retain() deadlocked with the persister"
+    assert all(f.done() for f in pending)
+    assert len(result[0]) >= 1
+    assert all(c.id not in result[0] for c in store.checkpoints("imp"))

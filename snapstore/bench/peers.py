@@ -1,0 +1,129 @@
+"""The backup tools measured as baselines, run as child processes on the state written to one
+file: restic and borg (each only when it is on PATH)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from typing import Optional
+
+from snapstore.bench.errors import BenchError
+from snapstore.bench.methods import Method, read_buffers
+
+
+class ExternalTool(Method):
+    """A backup tool run as a child process on the state written to one file. max_rss: the
+    largest peak RSS of its runs so far."""
+    tool = ""
+    external = True
+
+    @classmethod
+    def unavailable(cls) -> Optional[str]:
+        return None if shutil.which(cls.tool) else f"{cls.tool} not found on PATH"
+
+    def setup(self) -> None:
+        super().setup()
+        self.max_rss = 0
+        self.repo = os.path.join(self.dir, "repo")
+        self.work = os.path.join(self.dir, "work")
+        os.makedirs(self.work)
+        self.env = dict(os.environ)
+        self._init_repo()
+
+    def _run(self, *argv, cwd=None) -> str:
+        """Runs the tool; records its peak RSS (wait4's rusage of exactly this child)."""
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(argv, cwd=cwd, env=self.env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=err)
+            try:
+                _, status, usage = os.wait4(proc.pid, 0)
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            self.max_rss = max(self.max_rss, usage.ru_maxrss * 1024)
+            out.seek(0)
+            err.seek(0)
+            stdout = out.read().decode(errors="replace")
+            stderr = err.read().decode(errors="replace")
+        if proc.returncode != 0:
+            raise BenchError(f"{' '.join(argv[:2])} failed ({proc.returncode}): "
+                             f"{stderr.strip()[-300:]}")
+        return stdout
+
+    def checkpoint(self, state: dict, step: int) -> None:
+        path = os.path.join(self.work, "state.bin")
+        with open(path, "wb", buffering=0) as f:
+            for buf in state.values():
+                f.write(buf)
+        self._backup(step)
+        self.sizes.append({n: len(b) for n, b in state.items()})
+
+    def restore(self, step: int) -> dict:
+        target = tempfile.mkdtemp(dir=self.dir, prefix="restore-")
+        try:
+            return read_buffers(self._restore_file(step, target), self.sizes[step])
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
+
+    def _init_repo(self) -> None:
+        raise NotImplementedError
+
+    def _backup(self, step: int) -> None:
+        raise NotImplementedError
+
+    def _restore_file(self, step: int, target: str) -> str:
+        raise NotImplementedError
+
+
+class ResticMethod(ExternalTool):
+    name = tool = "restic"
+    notes = "peak memory is restic's own max RSS; bytes written is the repository's growth"
+
+    def _init_repo(self) -> None:
+        self.env["RESTIC_PASSWORD"] = "snapstore-bench"
+        self.env["RESTIC_REPOSITORY"] = self.repo
+        self._run("restic", "init", "--quiet")
+        self.snapshots: list = []
+
+    def _backup(self, step: int) -> None:
+        out = self._run("restic", "backup", "--json", "--quiet", "state.bin", cwd=self.work)
+        snap = None
+        for line in out.splitlines():
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if msg.get("message_type") == "summary":
+                snap = msg.get("snapshot_id")
+        if snap is None:
+            raise BenchError("restic backup printed no snapshot id")
+        self.snapshots.append(snap)
+
+    def _restore_file(self, step: int, target: str) -> str:
+        self._run("restic", "restore", "--quiet", self.snapshots[step], "--target", target)
+        for root, _, files in os.walk(target):
+            if "state.bin" in files:
+                return os.path.join(root, "state.bin")
+        raise BenchError("restic restore produced no state.bin")
+
+
+class BorgMethod(ExternalTool):
+    name = tool = "borg"
+    notes = "peak memory is borg's own max RSS; bytes written is the repository's growth"
+
+    def _init_repo(self) -> None:
+        self.env["BORG_PASSPHRASE"] = ""
+        self.env["BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK"] = "yes"
+        self.env["BORG_RELOCATED_REPO_ACCESS_IS_OK"] = "yes"
+        self._run("borg", "init", "--encryption=none", self.repo)
+
+    def _backup(self, step: int) -> None:
+        self._run("borg", "create", f"{self.repo}::ckpt{step:05d}", "state.bin", cwd=self.work)
+
+    def _restore_file(self, step: int, target: str) -> str:
+        self._run("borg", "extract", f"{self.repo}::ckpt{step:05d}", cwd=target)
+        return os.path.join(target, "state.bin")

@@ -1,0 +1,151 @@
+"""The synthetic state a benchmark checkpoints and how it changes between checkpoints: the
+Workload (what to measure), make_state (build it), mutate (change it, deterministically per
+seed and step) and digest (check a restore byte for byte)."""
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from dataclasses import dataclass
+
+import blake3
+
+from snapstore.bench.errors import BenchError
+from snapstore.formatting import human_bytes
+
+PAGE = 4096
+DIRTY_WRITE = 64                  # bytes overwritten in each dirty page
+CLUSTER_PAGES = 64                # pages per run of the "clustered" pattern (256 KiB)
+PATTERNS = ("scattered", "clustered", "shifted", "appended")
+CONTENTS = ("random", "compressible")
+CACHE_MODES = ("cold", "warm")
+DURABILITIES = ("fsync", "none")
+CHUNKINGS = ("pages", "cdc")
+COMPRESSIONS = ("zstd", "none")
+DEFAULT_SIZE = 256 << 20
+
+
+@dataclass
+class Workload:
+    """One benchmark configuration: the state, how it changes and how it is stored."""
+    size: int = DEFAULT_SIZE          # bytes of state at the first checkpoint
+    buffers: int = 4                  # the state is split into this many named buffers
+    dirty: float = 0.01               # fraction of the state changed before each checkpoint
+    pattern: str = "scattered"        # scattered | clustered | shifted | appended
+    checkpoints: int = 5              # incremental checkpoints after the first, full one
+    durability: str = "fsync"         # fsync | none (applies to the baselines too)
+    chunking: str = "pages"           # snapstore: pages | cdc
+    compression: str = "zstd"         # snapstore: zstd | none
+    content: str = "random"           # random | compressible (about 2:1 for zstd)
+    cache: str = "cold"               # restores from a cold or warm page cache
+    seed: int = 0
+    restore_repeats: int = 3          # each restore is timed this often; the median is kept
+
+    def validate(self) -> "Workload":
+        """self, or BenchError naming the first field out of range."""
+        if not isinstance(self.size, int) or self.size < PAGE:
+            raise BenchError(f"state size must be at least {PAGE} bytes, got {self.size!r}")
+        if not isinstance(self.buffers, int) or not 1 <= self.buffers <= self.size // PAGE:
+            raise BenchError(f"buffers must be from 1 to size/{PAGE}, got {self.buffers!r}")
+        if not 0 <= self.dirty <= 1:
+            raise BenchError(f"dirty fraction must be from 0 to 1, got {self.dirty!r}")
+        if not isinstance(self.restore_repeats, int) or self.restore_repeats < 1:
+            raise BenchError(f"restore_repeats must be an int >= 1, got {self.restore_repeats!r}")
+        if not isinstance(self.checkpoints, int) or self.checkpoints < 1:
+            raise BenchError(f"checkpoints must be an int >= 1, got {self.checkpoints!r}")
+        for value, choices, what in ((self.pattern, PATTERNS, "pattern"),
+                                     (self.content, CONTENTS, "content"),
+                                     (self.cache, CACHE_MODES, "cache"),
+                                     (self.durability, DURABILITIES, "durability"),
+                                     (self.chunking, CHUNKINGS, "chunking"),
+                                     (self.compression, COMPRESSIONS, "compression")):
+            if value not in choices:
+                raise BenchError(f"{what} must be one of {', '.join(choices)}; got {value!r}")
+        return self
+
+    def describe(self) -> str:
+        """One line for people (the table's "workload:" line)."""
+        what = {"scattered": "scattered pages", "clustered": f"{CLUSTER_PAGES}-page runs",
+                "shifted": "bytes inserted (content shifted)",
+                "appended": "bytes appended"}[self.pattern]
+        return (f"{human_bytes(self.size)} in {self.buffers} buffer(s), {self.dirty:.4g} of "
+                f"state dirty per checkpoint as {what}, 1 full + {self.checkpoints} "
+                f"checkpoints, durability={self.durability}, chunking={self.chunking}, "
+                f"compression={self.compression}, {self.content} content, "
+                f"{self.cache} cache restores")
+
+
+_COMPRESSIBLE = bytes(i & 0x0F for i in range(256))   # 4 bits of entropy per byte
+
+
+def _bytes(seed: bytes, n: int, content: str) -> bytes:
+    data = blake3.blake3(seed).digest(length=n) if n else b""
+    return data.translate(_COMPRESSIBLE) if content == "compressible" else data
+
+
+def make_state(w: Workload) -> dict:
+    """{name: bytearray}: `w.size` bytes split page-aligned over `w.buffers` buffers."""
+    pages = w.size // PAGE
+    state = {}
+    for i in range(w.buffers):
+        n = (pages // w.buffers + (1 if i < pages % w.buffers else 0)) * PAGE
+        if i == w.buffers - 1:
+            n += w.size - pages * PAGE      # the remainder that is not a whole page
+        state[f"buf{i:03d}"] = bytearray(_bytes(b"snapstore-bench/%d/%d" % (w.seed, i), n,
+                                                w.content))
+    return state
+
+
+def mutate(state: dict, w: Workload, step: int) -> int:
+    """Changes the state for checkpoint `step` (deterministic per seed and step). Returns the
+    number of bytes written into the state."""
+    rng = random.Random(f"{w.seed}/{step}")
+    names = list(state)
+    dirty_bytes = 0
+
+    def scribble(n: int) -> bytes:
+        return _bytes(rng.randbytes(16), n, w.content)
+
+    if w.pattern in ("scattered", "clustered"):
+        sizes = [len(state[n]) // PAGE for n in names]
+        total = sum(sizes)
+        k = min(total, round(w.dirty * total))
+        if w.pattern == "scattered":
+            chosen = rng.sample(range(total), k) if k else []
+        else:                                   # runs of CLUSTER_PAGES consecutive pages
+            runs = math.ceil(k / CLUSTER_PAGES) if k else 0
+            starts = rng.sample(range(max(1, total - CLUSTER_PAGES + 1)), min(runs, total))
+            chosen = sorted({p for s in starts for p in range(s, min(total, s + CLUSTER_PAGES))})
+            chosen = chosen[:k] if len(chosen) > k else chosen
+        bounds, acc = [], 0
+        for s in sizes:
+            bounds.append(acc)
+            acc += s
+        for page in chosen:
+            b = bisect.bisect_right(bounds, page) - 1
+            buf = state[names[b]]
+            at = (page - bounds[b]) * PAGE + rng.randrange(PAGE - DIRTY_WRITE + 1)
+            buf[at:at + DIRTY_WRITE] = scribble(DIRTY_WRITE)
+            dirty_bytes += DIRTY_WRITE
+    elif w.pattern == "shifted":               # insert bytes, drop as many at the end
+        for n in names:
+            buf = state[n]
+            m = min(len(buf), round(w.dirty * len(buf)))
+            if m:
+                at = rng.randrange(len(buf) - m + 1)
+                buf[at:at] = scribble(m)
+                del buf[-m:]
+                dirty_bytes += m
+    else:                                       # appended: buffers grow
+        per = round(w.dirty * w.size / len(names))
+        for n in names:
+            if per:
+                state[n] += scribble(per)
+                dirty_bytes += per
+    return dirty_bytes
+
+
+def digest(state: dict) -> dict:
+    """{name: BLAKE3 hex digest} of a state (any buffer-protocol values)."""
+    return {n: blake3.blake3(memoryview(v).cast("B"), max_threads=blake3.blake3.AUTO).hexdigest()
+            for n, v in state.items()}

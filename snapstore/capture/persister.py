@@ -1,0 +1,269 @@
+"""The asynchronous persister: commits captured checkpoints on one background thread, and
+knows which capturer owns each stream.
+
+A capture (snapstore.capture.tracker) plans a checkpoint in the caller's time and hands it to
+submit(): the planned bytes are gathered into the staging arena (C gather) and the job is
+queued. One worker thread commits the jobs in the order they were submitted, each through the
+committer's one commit path (Committer.commit), so a stream's checkpoints commit in order; the
+job's future resolves with the checkpoint's description once it is durable, or with its error.
+A delta is relative to the owner's previous capture (owner.last_id), which the worker checks is
+the stream's head when it commits. If a job fails, the owner's later jobs that build on it fail
+too (owner.epoch), and its next capture diffs in full (owner.failure). A capture larger than
+the whole arena is committed from the live buffers in the caller's thread instead.
+
+Ownership: a stream is owned by at most one capturer — a Tracker (exclusively: plain
+checkpoint() and deleting the head are refused while it lives) or the ImplicitCapturer of
+store.checkpoint_async (dropped, once its jobs landed, when the stream is checkpointed or its
+head deleted some other way).
+
+Threads: the worker commits through the committer's writer lock; nothing here holds that lock
+while waiting for the worker (see the committer's locking contract). Captures have priority:
+while one runs, the worker pauses between chunks (capturing(), yield_to_captures()).
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from snapstore.capture.staging import StagingArena
+from snapstore.capture.tracker import Capturer, ImplicitCapturer, Tracker
+from snapstore.engine import writer as wr
+from snapstore.engine.commit import Committer
+from snapstore.engine.records import Commit
+from snapstore.errors import InvalidArgumentError, SnapstoreError, StoreClosedError
+
+
+class _Job:
+    __slots__ = ("owner", "epoch", "plans", "meta", "region", "future")
+
+    def __init__(self, owner, epoch, plans, meta, region) -> None:
+        self.owner, self.epoch, self.plans, self.meta, self.region = owner, epoch, plans, meta, region
+        self.future: Future = Future()
+
+
+class Persister:
+    """A store's background persister: one worker thread, one staging arena, the owners of
+    the streams. describe(Commit) is what the futures resolve to (the store's
+    CheckpointInfo)."""
+
+    def __init__(self, committer: Committer, staging_bytes: int,
+                 describe: Callable[[Commit], Any]) -> None:
+        self.committer = committer
+        self.arena = StagingArena(staging_bytes)
+        self._describe = describe
+        self._cv = threading.Condition()
+        self._queue: collections.deque = collections.deque()
+        self._pending: collections.Counter = collections.Counter()   # owner -> queued jobs
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._owners: dict[str, Capturer] = {}    # stream -> tracker or implicit capturer
+        self._captures = 0
+        self._capture_cv = threading.Condition()
+
+    # -- who owns a stream
+    def implicit_capturer(self, stream: str) -> ImplicitCapturer:
+        """store.checkpoint_async's capturer of the stream, made on first use.
+        InvalidArgumentError if a Tracker owns the stream."""
+        owner = self._owners.get(stream)
+        if isinstance(owner, Tracker):
+            raise InvalidArgumentError(f"stream {stream!r} is tracked by a Tracker; use "
+                                       "tracker.checkpoint_async()")
+        if owner is None:
+            owner = self._owners[stream] = ImplicitCapturer(self, stream)
+        return owner
+
+    def claim(self, tracker: Tracker) -> None:
+        """Gives tracker.stream to a new tracker: InvalidArgumentError if a tracker owns it
+        already; an implicit capturer's jobs land first and it is dropped."""
+        owner = self._owners.get(tracker.stream)
+        if isinstance(owner, Tracker):
+            raise InvalidArgumentError(f"stream {tracker.stream!r} already has a tracker")
+        if owner is not None:
+            self.wait_idle(owner)
+        self._owners[tracker.stream] = tracker
+
+    def release(self, owner: Capturer) -> None:
+        """Frees owner's stream (if owner still owns it)."""
+        if self._owners.get(owner.stream) is owner:
+            del self._owners[owner.stream]
+
+    def prepare_sync_checkpoint(self, stream: str) -> None:
+        """A plain checkpoint() of a stream: refuse if a tracker owns it; otherwise let the
+        stream's async checkpoints land and forget their capture state."""
+        owner = self._owners.get(stream)
+        if owner is None:
+            return
+        if isinstance(owner, Tracker):
+            raise InvalidArgumentError(f"stream {stream!r} is tracked by a Tracker; use "
+                                       "tracker.checkpoint() (or close the tracker)")
+        self.wait_idle(owner)
+        self.release(owner)
+
+    def prepare_delete(self, stream: str, is_head: bool) -> None:
+        """Deleting a stream's head would pull the base from under its captures: refuse for a
+        tracker; for checkpoint_async state, let its jobs land and forget it."""
+        owner = self._owners.get(stream)
+        if owner is None or not is_head:
+            return
+        if isinstance(owner, Tracker):
+            raise InvalidArgumentError(f"that checkpoint is the head of stream {stream!r}, "
+                                       "which a tracker owns; close the tracker first")
+        self.wait_idle(owner)
+        self.release(owner)
+
+    # -- captures have priority: the caller is blocked during them, the worker is not
+    @contextlib.contextmanager
+    def capturing(self):
+        """Marks a capture in progress: the worker pauses between chunks meanwhile, so the
+        caller's thread does not wait for the GIL behind background work."""
+        with self._capture_cv:
+            self._captures += 1
+        try:
+            yield
+        finally:
+            with self._capture_cv:
+                self._captures -= 1
+                if not self._captures:
+                    self._capture_cv.notify_all()
+
+    def yield_to_captures(self) -> None:
+        """Called by the worker between chunks: waits while a capture runs (bounded, so a
+        stuck caller never stalls persisting for long)."""
+        if self._captures:
+            with self._capture_cv:
+                self._capture_cv.wait_for(lambda: not self._captures, timeout=0.05)
+
+    # -- submitting
+    def submit(self, owner: Capturer, plans: list, meta: Any) -> Future:
+        """Stages the plans' bytes and queues the job; returns its future. A job larger than
+        the arena is committed now, from the live buffers (the caller waits)."""
+        total = sum(p.nbytes for p in plans)
+        if total > self.arena.capacity:
+            self.wait_idle(owner)
+            future: Future = Future()
+            try:
+                future.set_result(self._commit(owner, plans, meta, live=True))
+            except BaseException as exc:
+                owner.failed(exc)
+                future.set_exception(exc)
+            return future
+        region, memory = self.arena.alloc(total) if total else (None, None)
+        try:
+            with self.capturing():
+                self._stage_all(owner, plans, memory)
+        except BaseException:
+            if region is not None:
+                self._free_tail(region)
+            raise
+        return self._enqueue(owner, plans, meta, region)
+
+    @staticmethod
+    def _stage_all(owner: Capturer, plans: list, memory) -> None:
+        pos = 0
+        for p in plans:
+            det = owner.detectors[p.name]
+            wr.stage(p, memory[pos:pos + p.nbytes] if memory is not None else memoryview(b""),
+                     det.note_stored_many)
+            pos += p.nbytes
+
+    def _enqueue(self, owner: Capturer, plans: list, meta: Any, region) -> Future:
+        job = _Job(owner, owner.epoch, plans, meta, region)
+        with self._cv:
+            if self._closed:
+                raise StoreClosedError("store is closed")
+            self._queue.append(job)
+            self._pending[owner] += 1
+            self._start_worker()
+            self._cv.notify_all()
+        return job.future
+
+    def _free_tail(self, region: int) -> None:
+        # A region taken by a capture that failed before queueing: it is the newest, and
+        # every older one is queued; free it after them by queueing an empty job.
+        job = _Job(None, 0, [], None, region)
+        with self._cv:
+            self._queue.append(job)
+            self._start_worker()
+            self._cv.notify_all()
+
+    def _start_worker(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="snapstore-persist",
+                                            daemon=True)
+            self._thread.start()
+
+    # -- the worker
+    def _commit(self, owner: Capturer, plans: list, meta: Any, live: bool = False):
+        callbacks = {p.name: owner.detectors[p.name].note_stored for p in plans} if live else None
+
+        def relative_to_last_capture(view, head, parent) -> list:
+            if head != owner.last_id:
+                raise SnapstoreError(f"stream {owner.stream!r} head is checkpoint {head}, but "
+                                     f"this capture is relative to {owner.last_id}; the next "
+                                     "capture will diff in full")
+            return plans
+
+        commit = self.committer.commit(owner.stream, relative_to_last_capture, meta,
+                                       on_stored=callbacks,
+                                       pause=None if live else self.yield_to_captures)
+        owner.last_id = commit.id
+        return self._describe(commit)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue:
+                    if self._closed:
+                        return
+                    self._cv.wait()
+                job = self._queue[0]
+            try:
+                if job.owner is not None:
+                    if job.epoch != job.owner.epoch:
+                        raise SnapstoreError("an earlier checkpoint of stream "
+                                             f"{job.owner.stream!r} failed, and this one builds "
+                                             f"on it: {job.owner.failure}")
+                    job.future.set_result(self._commit(job.owner, job.plans, job.meta))
+            except BaseException as exc:        # noqa: BLE001 - handed to the caller's future
+                if job.owner is not None:
+                    if job.epoch == job.owner.epoch:
+                        job.owner.failed(exc)
+                    job.future.set_exception(exc)
+            finally:
+                if job.region is not None:
+                    self.arena.free(job.region)
+                for p in job.plans:
+                    p.staged = None
+                with self._cv:
+                    self._queue.popleft()
+                    if job.owner is not None:
+                        self._pending[job.owner] -= 1
+                        if not self._pending[job.owner]:
+                            del self._pending[job.owner]
+                    self._cv.notify_all()
+
+    # -- waiting and closing
+    def wait_idle(self, owner: Capturer | None = None) -> None:
+        """Waits until no job (of owner, or at all) is queued or running. Never call it while
+        holding the committer's writer lock: the worker needs that lock."""
+        if self._thread is threading.current_thread():
+            return
+        with self._cv:
+            while (self._pending[owner] if owner is not None else self._queue):
+                self._cv.wait()
+
+    def close(self) -> None:
+        """Flushes, stops the worker, closes every capturer (trackers included)."""
+        self.wait_idle()
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        for owner in list(self._owners.values()):
+            owner.close()
+        self._owners.clear()
+        self.arena.close()

@@ -1,0 +1,75 @@
+"""The staging arena of asynchronous checkpoints: a ring of memory that captures copy the
+changed bytes into, so the caller's buffers are free again as soon as the capture returns.
+
+Regions are taken in capture order and freed in the same order once their job is persisted
+(FIFO); a capture that does not fit waits for older jobs to land (back-pressure). The memory is
+mapped on first use, huge-page backed where the kernel allows.
+"""
+from __future__ import annotations
+
+import collections
+import mmap
+import threading
+
+DEFAULT_STAGING_BYTES = 1 << 30
+
+
+class StagingArena:
+    """A ring buffer of staging memory; regions are freed in the order they were taken."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._mm: mmap.mmap | None = None
+        self._view: memoryview | None = None
+        self._cv = threading.Condition()
+        self._regions: collections.deque = collections.deque()   # (start, end), oldest first
+        self._head = 0
+
+    def _memory(self) -> memoryview:
+        if self._view is None:
+            self._mm = mmap.mmap(-1, self.capacity)
+            if hasattr(self._mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+                try:
+                    self._mm.madvise(mmap.MADV_HUGEPAGE)
+                except OSError:
+                    pass
+            self._view = memoryview(self._mm)
+        return self._view
+
+    def _place(self, n: int) -> int | None:
+        if not self._regions:
+            return 0
+        tail = self._regions[0][0]          # the oldest region still in use
+        if self._head > tail:               # free: [head, capacity) and [0, tail)
+            if self.capacity - self._head >= n:
+                return self._head
+            return 0 if n <= tail else None
+        return self._head if self._head + n <= tail else None   # free: [head, tail)
+
+    def alloc(self, n: int) -> tuple[int, memoryview]:
+        """Blocks until n contiguous bytes are free; returns (region id, memory)."""
+        if n > self.capacity:
+            raise ValueError("larger than the arena")
+        with self._cv:
+            while (start := self._place(n)) is None:
+                self._cv.wait()
+            self._regions.append((start, start + n))
+            self._head = start + n
+            return start, self._memory()[start:start + n]
+
+    def free(self, start: int) -> None:
+        with self._cv:
+            first = self._regions.popleft()
+            assert first[0] == start, "staging regions must be freed in order"
+            if not self._regions:
+                self._head = 0
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        if self._view is not None:
+            view, mm, self._view, self._mm = self._view, self._mm, None, None
+            try:
+                view.release()
+                mm.close()
+            except BufferError:     # a view of it still lives: the mapping goes with it
+                pass

@@ -1,0 +1,104 @@
+"""`snapstore restore ID --out DIR|-`: writes a checkpoint's buffers (or a byte range of them)
+to one file per buffer, or one buffer to stdout, streaming in bounded windows."""
+from __future__ import annotations
+
+import os
+import sys
+
+from snapstore import errors
+from snapstore.cli.args import id_arg, range_arg
+from snapstore.cli.common import EXIT_OK, UsageError, open_store, progress, resolve
+from snapstore.cli.output import print_json, safe_filenames
+from snapstore.formatting import human_bytes
+
+WINDOW = 8 << 20           # bytes read from the store and written out at a time
+
+
+def add_restore(add) -> None:
+    p = add("restore", "write a checkpoint's buffers to files", cmd_restore,
+            description="Writes one file per buffer into --out DIR (file name = buffer name "
+            "made safe for the file system; the mapping is printed), streaming in bounded "
+            "windows. --out - writes one buffer's bytes to stdout.")
+    p.add_argument("id", type=id_arg, help="checkpoint id")
+    p.add_argument("-o", "--out", required=True, metavar="DIR",
+                   help="output directory (created if missing), or - for stdout")
+    p.add_argument("--buffer", action="append", default=[], help="only this buffer (repeat)")
+    p.add_argument("--range", type=range_arg, metavar="OFF:LEN",
+                   help="only these bytes of each selected buffer (OFF: = to the end)")
+    p.add_argument("-f", "--force", action="store_true", help="overwrite existing files")
+
+
+def cmd_restore(args) -> int:
+    to_stdout = args.out == "-"
+    if to_stdout and args.json:
+        raise UsageError("--out - writes raw bytes to stdout; it cannot be combined with --json")
+    with open_store(args) as store:
+        info = store.get(resolve(store, args.id))
+        names = list(info.sizes)
+        if args.buffer:
+            for n in args.buffer:
+                if n not in info.sizes:
+                    raise errors.CheckpointNotFound(
+                        f"checkpoint {info.id} has no buffer {n!r} (it has {sorted(names)})")
+            names = list(dict.fromkeys(args.buffer))
+        if to_stdout and len(names) != 1:
+            raise UsageError(f"--out - needs exactly one buffer (use --buffer NAME; "
+                             f"checkpoint {info.id} has {len(names)})")
+        spans = {}
+        for n in names:
+            size = info.sizes[n]
+            off, length = args.range if args.range else (0, None)
+            length = size - off if length is None else length
+            if off > size or off + length > size or length < 0:
+                raise UsageError(f"range {off}:{length} exceeds buffer {n!r} of {size} bytes")
+            spans[n] = (off, length)
+        files = safe_filenames(names)
+        if not to_stdout:
+            os.makedirs(args.out, exist_ok=True)
+            if not args.force:
+                for n in names:
+                    path = os.path.join(args.out, files[n])
+                    if os.path.exists(path):
+                        raise UsageError(f"{path} exists (use --force to overwrite)")
+        total = sum(length for _, length in spans.values())
+        written = []
+        with progress(args, total, "restore") as bar:
+            for n in names:
+                off, length = spans[n]
+                if to_stdout:
+                    sink = sys.stdout.buffer
+                    _copy_out(store, info.id, n, off, length, sink, bar)
+                    sink.flush()
+                    continue
+                path = os.path.join(args.out, files[n])
+                tmp = os.path.join(args.out, f".{files[n]}.part")
+                try:
+                    with open(tmp, "wb") as f:
+                        _copy_out(store, info.id, n, off, length, f, bar)
+                    os.replace(tmp, path)
+                except BaseException:
+                    try:
+                        os.unlink(tmp)
+                    except OSError:
+                        pass
+                    raise
+                written.append({"buffer": n, "path": path, "offset": off, "bytes": length})
+    if to_stdout:
+        return EXIT_OK
+    if args.json:
+        print_json({"checkpoint": info.id, "out": os.path.abspath(args.out), "files": written})
+        return EXIT_OK
+    print(f"restored checkpoint {info.id} into {args.out}")
+    for w in written:
+        where = f" [{w['offset']}:{w['bytes']}]" if args.range else ""
+        print(f"  {w['buffer']}{where} -> {w['path']} ({human_bytes(w['bytes'])})")
+    return EXIT_OK
+
+
+def _copy_out(store, cid: int, name: str, off: int, length: int, sink, bar) -> None:
+    end = off + length
+    while off < end:
+        n = min(WINDOW, end - off)
+        sink.write(store.read(cid, name, off, n))
+        off += n
+        bar.update(n)

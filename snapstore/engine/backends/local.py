@@ -1,0 +1,143 @@
+"""LocalSegments: the segments of a log as files NNNNNNNNNNNNNNNN.seg in one directory."""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from snapstore.engine import format as fmt
+from snapstore.engine.backends.base import (SegmentBackend, SegmentFile, SegmentReader,
+                                            missing_segment, segment_name)
+from snapstore.engine.fsutil import fsync_directory
+
+_IOV_MAX = 1024
+
+
+def _path(directory: str, number: int) -> str:
+    return os.path.join(directory, segment_name(number))
+
+
+class _LocalSegmentFile(SegmentFile):
+    def __init__(self, number: int, fd: int) -> None:
+        self._number, self._fd = number, fd
+        self._size = os.lseek(fd, 0, os.SEEK_END)
+
+    @property
+    def number(self) -> int:
+        return self._number
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def _open_fd(self) -> int:
+        if self._fd < 0:
+            raise ValueError(f"segment file {segment_name(self._number)} is closed")
+        return self._fd
+
+    def append(self, parts: Sequence) -> None:
+        fd = self._open_fd()
+        views = [memoryview(p).cast("B") for p in parts if len(p)]
+        try:
+            while views:
+                n = os.writev(fd, views[:_IOV_MAX])
+                self._size += n         # counted as it lands: a later failure leaves it right
+                while views and n >= len(views[0]):
+                    n -= len(views[0])
+                    views.pop(0)
+                if views and n:
+                    views[0] = views[0][n:]
+        finally:
+            self._size = os.lseek(fd, 0, os.SEEK_CUR)
+
+    def sync(self) -> None:
+        os.fdatasync(self._open_fd())
+
+    def truncate(self, size: int) -> None:
+        fd = self._open_fd()
+        if not 0 <= size <= self._size:
+            raise ValueError(f"cannot truncate segment {segment_name(self._number)} of "
+                             f"{self._size} bytes to {size}")
+        os.ftruncate(fd, size)
+        os.lseek(fd, size, os.SEEK_SET)
+        self._size = size
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+
+class _LocalSegmentReader(SegmentReader):
+    """Descriptors opened on first use and closed with the session, so a removed segment's
+    space returns to the file system as soon as the sessions reading it end."""
+
+    def __init__(self, directory: str) -> None:
+        self._directory = directory
+        self._fds: dict[int, int] | None = {}
+
+    def _fd(self, number: int) -> int:
+        if self._fds is None:
+            raise ValueError("read session is closed")
+        fd = self._fds.get(number)
+        if fd is None:
+            try:
+                fd = os.open(_path(self._directory, number), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise missing_segment(number) from None
+            self._fds[number] = fd
+        return fd
+
+    def read(self, number: int, offset: int, length: int) -> bytes:
+        return os.pread(self._fd(number), length, offset)
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, None
+        for fd in (fds or {}).values():
+            os.close(fd)
+
+
+class LocalSegments(SegmentBackend):
+    """Segments as files in one directory (which must exist)."""
+
+    def __init__(self, directory: str, durable: bool = True) -> None:
+        self._directory = directory
+        self._durable = bool(durable)
+
+    @property
+    def durable(self) -> bool:
+        return self._durable
+
+    def list(self) -> list[int]:
+        numbers = []
+        for name in os.listdir(self._directory):
+            stem, dot, ext = name.partition(".")
+            if "." + ext == fmt.SEGMENT_SUFFIX and stem.isdigit():
+                numbers.append(int(stem))
+        return sorted(numbers)
+
+    def size(self, number: int) -> int:
+        return os.stat(_path(self._directory, number)).st_size
+
+    def open_reader(self) -> _LocalSegmentReader:
+        return _LocalSegmentReader(self._directory)
+
+    def create(self, number: int) -> _LocalSegmentFile:
+        fd = os.open(_path(self._directory, number),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        return _LocalSegmentFile(number, fd)
+
+    def open_append(self, number: int) -> _LocalSegmentFile:
+        fd = os.open(_path(self._directory, number), os.O_WRONLY | os.O_CLOEXEC)
+        return _LocalSegmentFile(number, fd)
+
+    def remove(self, number: int) -> None:
+        try:
+            os.unlink(_path(self._directory, number))
+        except FileNotFoundError:
+            pass
+
+    def sync_directory(self) -> None:
+        fsync_directory(self._directory)
+
+    def close(self) -> None:
+        pass

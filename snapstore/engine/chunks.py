@@ -1,0 +1,96 @@
+"""Chunk records: read one, check it, decode it to the chunk's bytes. The one chunk decoder,
+used by the read path, compaction and verify, with one error policy: every failure (a record
+that cannot be read, is damaged, is not the chunk asked for, does not decompress, or decodes to
+the wrong length) raises DamagedRecord, a CorruptionError naming segment and offset. No caller
+ever gets wrong bytes, nor a zstandard or OS error.
+
+Chunk record payload (docs/design.md): CHUNK_PREFIX (chunk id, raw length), then the stored
+bytes (a zstd frame when the record's codec says so, else the raw bytes).
+"""
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+import zstandard
+
+from snapstore.engine import format as fmt
+from snapstore.engine.backends.base import SegmentReader
+from snapstore.engine.wal import DamagedRecord, Record, read_record
+
+_local = threading.local()
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    d = getattr(_local, "zstd", None)
+    if d is None:
+        d = _local.zstd = zstandard.ZstdDecompressor()
+    return d
+
+
+class StoredChunk(NamedTuple):
+    """A chunk as its record stores it (checked, not decoded)."""
+    record: Record                  # where it lies, its codec
+    chunk_id: bytes
+    raw_len: int                    # the length of the decoded chunk
+    stored: bytes | memoryview      # the bytes after the prefix, as stored (no copy)
+
+
+def stored_chunk(record: Record) -> StoredChunk:
+    """The chunk in a valid chunk record (see wal.read_record). Raises DamagedRecord when the
+    payload is too short to hold the chunk prefix."""
+    if len(record.payload) < fmt.CHUNK_PREFIX.size:
+        raise DamagedRecord("chunk record too short", record.segment, record.offset, record.end)
+    chunk_id, raw_len = fmt.CHUNK_PREFIX.unpack_from(record.payload)
+    return StoredChunk(record, chunk_id, raw_len,
+                       memoryview(record.payload)[fmt.CHUNK_PREFIX.size:])
+
+
+def read_stored_chunk(reader: SegmentReader, number: int, offset: int, stored_len: int,
+                      chunk_id: bytes) -> StoredChunk:
+    """Reads the chunk record the index places at (number, offset), with stored_len payload
+    bytes, in one read and checks it: a valid record (wal.read_record), a chunk record, of
+    chunk `chunk_id`. Raises DamagedRecord on any failure, a read error included; a missing
+    segment raises the read session's CorruptionError."""
+    try:
+        record = read_record(reader, number, offset, length=stored_len)
+    except OSError as exc:
+        raise DamagedRecord(f"cannot read chunk record: {exc.strerror or exc}",
+                            number, offset) from exc
+    if record.rtype != fmt.REC_CHUNK:
+        raise DamagedRecord("index points at a record that is not this chunk", number, offset,
+                            record.end)
+    chunk = stored_chunk(record)
+    if chunk.chunk_id != chunk_id:
+        raise DamagedRecord("chunk record holds a different chunk id", number, offset,
+                            record.end)
+    return chunk
+
+
+def decode_chunk(chunk: StoredChunk) -> bytes | memoryview:
+    """The chunk's raw bytes: decompressed, or the stored bytes themselves (a view, no copy)
+    for a raw chunk; checked to be raw_len long. Raises DamagedRecord."""
+    record = chunk.record
+    if record.codec == fmt.CODEC_ZSTD:
+        try:
+            data = _decompressor().decompress(chunk.stored, max_output_size=chunk.raw_len)
+        except zstandard.ZstdError as exc:
+            raise DamagedRecord(f"chunk does not decompress: {exc}", record.segment,
+                                record.offset, record.end) from exc
+    else:
+        data = chunk.stored
+    if len(data) != chunk.raw_len:
+        raise DamagedRecord("chunk has the wrong length", record.segment, record.offset,
+                            record.end)
+    return data
+
+
+def read_chunk(reader: SegmentReader, number: int, offset: int, stored_len: int,
+               chunk_id: bytes, raw_len: int) -> bytes | memoryview:
+    """Reads, checks and decodes the chunk the index describes (segment, offset, stored and
+    raw length): its raw bytes. Raises CorruptionError (DamagedRecord) naming segment and
+    offset on any failure."""
+    chunk = read_stored_chunk(reader, number, offset, stored_len, chunk_id)
+    if chunk.raw_len != raw_len:
+        raise DamagedRecord("chunk has the wrong length", number, offset, chunk.record.end)
+    return decode_chunk(chunk)

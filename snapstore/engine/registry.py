@@ -1,0 +1,89 @@
+"""One shared object per directory within the process, reference-counted.
+
+Some things must exist at most once per directory in a process: an LMDB environment (LMDB
+forbids opening one environment twice in a process: closing either would drop the other's
+locks), or the Store that LangGraph savers opened by path share (one writer Store per store
+directory). A SharedByPath hands out the object of a path, opening it on first use, and closes
+it when its last user releases it.
+
+Paths are compared as real paths: a symlink or a relative spelling of the same directory
+shares its object. Opening, closing and the bookkeeping happen under one lock, so two threads
+never open the same path twice, and an object is closed before anyone can open its path again.
+Like any module state, the entries are inherited by a fork()ed child, which must not use
+what its parent opened.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, Generic, TypeVar
+
+__all__ = ["SharedByPath"]
+
+T = TypeVar("T")
+
+
+class _Entry:
+    __slots__ = ("obj", "users", "settings")
+
+    def __init__(self, obj: Any, settings: Any) -> None:
+        self.obj, self.users, self.settings = obj, 1, settings
+
+
+class SharedByPath(Generic[T]):
+    """The process's object of each path, shared by reference count (thread-safe).
+
+    Args:
+        close: closes an object once its last user released it.
+        is_alive: optional; False for a held object that can no longer be used (closed by
+            someone else): the next acquire() of its path opens a new one.
+    """
+
+    def __init__(self, close: Callable[[T], None], *,
+                 is_alive: Callable[[T], bool] | None = None) -> None:
+        self._close = close
+        self._is_alive = is_alive
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+
+    def acquire(self, path, open_object: Callable[[str], T], *, settings: Any = None,
+                admit: Callable[[Any], None] | None = None) -> T:
+        """The object of path, with one more user.
+
+        On first use (or when the held object is no longer alive) open_object(real path) opens
+        it, remembered with settings; if it raises, nothing is held. Otherwise
+        admit(settings of the first acquire) may raise to refuse sharing: nothing changes.
+        """
+        key = os.path.realpath(os.fspath(path))
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and self._is_alive is not None \
+                    and not self._is_alive(entry.obj):
+                del self._entries[key]          # its holders' release() will find nothing
+                entry = None
+            if entry is None:
+                obj = open_object(key)
+                self._entries[key] = _Entry(obj, settings)
+                return obj
+            if admit is not None:
+                admit(entry.settings)
+            entry.users += 1
+            return entry.obj
+
+    def release(self, obj: T) -> None:
+        """One user less for obj (found by identity); at the last one it is forgotten, then
+        closed. An object not held (released already, or replaced after it died) is ignored."""
+        with self._lock:
+            for key, entry in self._entries.items():
+                if entry.obj is obj:
+                    entry.users -= 1
+                    if entry.users == 0:
+                        del self._entries[key]
+                        self._close(obj)
+                    return
+
+    def users(self, path) -> int:
+        """How many users the object of path has (0: none is open)."""
+        with self._lock:
+            entry = self._entries.get(os.path.realpath(os.fspath(path)))
+            return entry.users if entry is not None else 0

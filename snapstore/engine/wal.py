@@ -1,0 +1,378 @@
+"""The write-ahead log: append-only, checksummed records in numbered segments.
+
+Protocol (docs/design.md, "Commit and recovery"): a writer appends chunk records, then one
+commit record, then makes them durable (fsync) before it applies them to the index. A record
+is valid iff its header magic, type and length are sane and its XXH3-64 checksum matches
+(`read_record`, the one validator: scan, recovery, the chunk reader and verify all use it).
+Recovery scans past the index's applied position and truncates the log at the first invalid
+record of the last segment (a torn tail); an invalid record anywhere else is corruption.
+
+This module owns the bytes inside a segment (segment header, record framing); where segments
+live is a SegmentBackend's job (snapstore.engine.backends), used only through its contract.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import xxhash
+
+from snapstore.engine import format as fmt
+from snapstore.engine.backends.base import SegmentBackend, SegmentFile, SegmentReader, segment_name
+from snapstore.errors import CorruptionError, FormatError, StoreIOError
+
+
+# ---- segment header ------------------------------------------------------------------------
+
+def encode_segment_header(number: int) -> bytes:
+    head = fmt.SEGMENT_HEADER.pack(fmt.SEGMENT_MAGIC, fmt.FORMAT_VERSION, 0, number, 0)[:24]
+    return head + fmt.U64.pack(xxhash.xxh3_64_intdigest(head))
+
+
+def check_segment_header(data: bytes, number: int) -> None:
+    """Raises CorruptionError unless data is a valid header of segment `number`, FormatError
+    when the segment has a newer format version."""
+    name = segment_name(number)
+    if len(data) < fmt.SEGMENT_HEADER.size:
+        raise CorruptionError("segment header is truncated", segment=name, offset=0)
+    magic, version, _, got_number, checksum = fmt.SEGMENT_HEADER.unpack_from(data)
+    if magic != fmt.SEGMENT_MAGIC or xxhash.xxh3_64_intdigest(data[:24]) != checksum:
+        raise CorruptionError("segment header is damaged", segment=name, offset=0)
+    if version > fmt.FORMAT_VERSION:
+        raise FormatError(f"segment {name} has format version {version}; this snapstore "
+                          f"reads up to {fmt.FORMAT_VERSION}")
+    if got_number != number:
+        raise CorruptionError(f"segment header names segment {got_number}", segment=name, offset=0)
+
+
+# ---- records: encoding ---------------------------------------------------------------------
+
+def record_checksum(header16: bytes, parts: Sequence) -> int:
+    """XXH3-64 over the checksummed header prefix and the payload parts, in order."""
+    h = xxhash.xxh3_64(header16)
+    for p in parts:
+        h.update(p)
+    return h.intdigest()
+
+
+def encode_record_header(rtype: int, codec: int, parts: Sequence) -> bytes:
+    length = sum(len(p) for p in parts)
+    if length > fmt.MAX_RECORD_PAYLOAD:
+        raise ValueError(f"record payload of {length} bytes exceeds the format's limit")
+    prefix = fmt.RECORD_HEADER.pack(fmt.RECORD_MAGIC, rtype, codec, 0, length, 0, 0)
+    prefix = prefix[:fmt.RECORD_CHECKSUMMED_PREFIX]
+    checksum = record_checksum(prefix, parts)
+    return fmt.RECORD_HEADER.pack(fmt.RECORD_MAGIC, rtype, codec, 0, length, 0, checksum)
+
+
+# ---- records: reading and validating -------------------------------------------------------
+
+def parse_record_header(data) -> tuple[int, int, int, int] | None:
+    """(type, codec, payload length, checksum) of the header at the start of data, or None
+    when those bytes are not a record header (too short, wrong magic, unknown type or codec,
+    non-zero flags or reserved field). (A plain tuple: this is on every chunk read's path.)"""
+    if len(data) < fmt.RECORD_HEADER.size:
+        return None
+    magic, rtype, codec, flags, length, reserved, checksum = fmt.RECORD_HEADER.unpack_from(data)
+    if (magic != fmt.RECORD_MAGIC or rtype not in fmt.RECORD_TYPES or codec not in fmt.CODECS
+            or flags or reserved):
+        return None
+    return rtype, codec, length, checksum
+
+
+class DamagedRecord(CorruptionError):
+    """A record that fails validation (or whose content does not decode). `reason` is the
+    bare message; `end` is where the record's header says it ends (None when the header
+    itself is damaged)."""
+
+    def __init__(self, reason: str, number: int, offset: int, end: int | None = None) -> None:
+        super().__init__(reason, segment=segment_name(number), offset=offset)
+        self.reason, self.end = reason, end
+
+
+@dataclass(slots=True)
+class Record:
+    """One valid record (treat as immutable; not frozen only because a frozen dataclass costs
+    microseconds to build, and this is on every chunk read's path)."""
+    segment: int
+    offset: int        # of the record header
+    rtype: int
+    codec: int
+    length: int        # of the payload in the segment (payload may hold only its prefix)
+    payload: bytes | memoryview
+
+    @property
+    def end(self) -> int:
+        return self.offset + fmt.RECORD_HEADER.size + self.length
+
+
+def read_record(reader: SegmentReader, number: int, offset: int, *, size: int | None = None,
+                length: int | None = None) -> Record:
+    """Reads the record at (number, offset) and validates it: header fields, length bounds,
+    checksum. `size`: the segment's size, past which no record may run. `length`: the payload
+    length the caller expects (the index knows it): header and payload are then read with one
+    read, and a header that says otherwise is invalid.
+
+    Raises DamagedRecord (a CorruptionError naming segment and offset) for an invalid or
+    incomplete record; the reader's own errors (OSError, missing segment) pass through."""
+    hsize = fmt.RECORD_HEADER.size
+    if length is None:
+        head = reader.read(number, offset, hsize)
+        header = parse_record_header(head)
+        if header is None:
+            raise DamagedRecord("record header is damaged", number, offset)
+        rtype, codec, got_length, checksum = header
+        end = offset + hsize + got_length
+        if size is not None and end > size:
+            raise DamagedRecord("record runs past the end of the segment", number, offset, end)
+        payload = reader.read(number, offset + hsize, got_length)
+    else:
+        data = reader.read(number, offset, hsize + length)
+        head = data[:hsize]
+        header = parse_record_header(head)
+        if header is None:
+            raise DamagedRecord("record header is damaged", number, offset)
+        rtype, codec, got_length, checksum = header
+        end = offset + hsize + got_length
+        if got_length != length:
+            raise DamagedRecord(f"record holds {got_length} payload bytes, not the {length} "
+                                "expected", number, offset, end)
+        payload = memoryview(data)[hsize:]
+    if len(payload) != got_length:
+        raise DamagedRecord("record is truncated", number, offset, end)
+    if record_checksum(head[:fmt.RECORD_CHECKSUMMED_PREFIX], [payload]) != checksum:
+        raise DamagedRecord("record checksum mismatch", number, offset, end)
+    return Record(number, offset, rtype, codec, got_length, payload)
+
+
+def scan(backend: SegmentBackend, number: int, start: int,
+         chunk_payloads: bool = True) -> Iterator[Record | tuple[str, int]]:
+    """Yields the valid records of one segment from `start`, then ("end", offset) or
+    ("torn", offset) where the first invalid or incomplete record begins.
+
+    With chunk_payloads=False, chunk record payloads are still read and checked but only
+    their prefix (chunk id, raw length) is kept.
+    """
+    size = backend.size(number)
+    with backend.open_reader() as reader:
+        yield from _scan(reader, number, size, start, chunk_payloads)
+
+
+def _scan(reader: SegmentReader, number: int, size: int, start: int, chunk_payloads: bool):
+    if start == 0:
+        try:
+            check_segment_header(reader.read(number, 0, fmt.SEGMENT_HEADER.size), number)
+        except CorruptionError:
+            if size <= fmt.SEGMENT_HEADER.size:     # killed while creating the segment
+                yield ("torn", 0)
+                return
+            raise
+        start = fmt.SEGMENT_HEADER.size
+    pos = start
+    while pos < size:
+        try:
+            record = read_record(reader, number, pos, size=size)
+        except DamagedRecord:
+            yield ("torn", pos)
+            return
+        if record.rtype == fmt.REC_CHUNK and not chunk_payloads:
+            record = Record(record.segment, record.offset, record.rtype, record.codec,
+                            record.length, record.payload[:fmt.CHUNK_PREFIX.size])
+        yield record
+        pos = record.end
+    yield ("end", pos)
+
+
+def _io_error(what: str, exc: OSError) -> StoreIOError:
+    reason = ("disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+              else (exc.strerror or str(exc)))
+    return StoreIOError(f"{what}: {reason}", exc.errno)
+
+
+# ---- appending records ---------------------------------------------------------------------
+
+class SegmentLog:
+    """The writer's side of the log: batched appends, rollover, sync, rollback to a mark.
+
+    Durability policy (the backend only syncs when asked): when the log is `durable` a new
+    segment's header and directory entry are synced as it is created, a segment is synced
+    before the next one starts (sealing it), and a rollback's cut and every removal are
+    synced. sync() always syncs: the open segment, and the segments directory too unless
+    every create and remove so far was synced (callers ask for it when they need it: the
+    Store after a commit with durability "fsync", compaction always).
+
+    Errors: OSError from the backend becomes StoreIOError here. After any I/O failure that
+    rollback cannot repair the log is broken and refuses further writes (reopen the store;
+    recovery repairs the tail).
+    """
+
+    def __init__(self, backend: SegmentBackend, segment_size: int) -> None:
+        self.backend = backend
+        self.segment_size = segment_size
+        self._current: SegmentFile | None = None
+        self._pending: list = []
+        self._pending_bytes = 0
+        self._forced_durable = False
+        # whether a create or remove may not be durable yet: unknown for what earlier
+        # sessions did, so the first sync() also syncs the directory
+        self._directory_unsynced = True
+        self.broken: str | None = None
+
+    @property
+    def durable(self) -> bool:
+        """Whether the log syncs as it goes: the store's durability, or forced_durable()."""
+        return self.backend.durable or self._forced_durable
+
+    @contextlib.contextmanager
+    def forced_durable(self) -> Iterator[None]:
+        """Within it the log is durable whatever the store's durability (compaction: copies
+        must be on disk before the segment they were copied from is removed)."""
+        saved, self._forced_durable = self._forced_durable, True
+        try:
+            yield
+        finally:
+            self._forced_durable = saved
+
+    # -- positions
+    def open_tail(self) -> None:
+        """Continue the last segment, or start segment 1 in an empty log."""
+        numbers = self.backend.list()
+        try:
+            self._current = (self.backend.open_append(numbers[-1]) if numbers
+                             else self._create(1))
+        except OSError as exc:
+            raise _io_error("cannot open the log for appending", exc)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """Where the next record will start (after pending bytes are flushed)."""
+        if self._current is None:
+            self._check()       # a rollback that failed part-way left no open segment
+        assert self._current is not None
+        return self._current.number, self._current.size + self._pending_bytes
+
+    # -- segments
+    def _create(self, number: int) -> SegmentFile:
+        """Creates segment `number` and writes its header (synced with the directory entry
+        when durable). On failure nothing of it is left. Raises OSError."""
+        f = self.backend.create(number)
+        try:
+            f.append([encode_segment_header(number)])
+            if self.durable:
+                f.sync()
+                self.backend.sync_directory()
+            else:
+                self._directory_unsynced = True
+        except BaseException:
+            f.close()
+            self.backend.remove(number)
+            raise
+        return f
+
+    def remove(self, number: int) -> None:
+        """Removes a segment the log no longer appends to (durably when durable). Raises
+        OSError."""
+        self.backend.remove(number)
+        if self.durable:
+            self.backend.sync_directory()
+        else:
+            self._directory_unsynced = True
+
+    # -- writing
+    def _check(self) -> None:
+        if self.broken:
+            raise StoreIOError(f"the log refuses writes after an earlier failure ({self.broken}); "
+                               "reopen the store")
+
+    def append(self, rtype: int, codec: int, parts: Sequence) -> tuple[int, int]:
+        """Queues one record; returns (segment, offset) where it will start."""
+        self._check()
+        assert self._current is not None
+        length = sum(len(p) for p in parts)
+        seg, off = self.position
+        if off > fmt.SEGMENT_HEADER.size and off + length > self.segment_size:
+            self._roll()
+            seg, off = self.position
+        header = encode_record_header(rtype, codec, parts)
+        self._pending.append(header)
+        self._pending.extend(parts)
+        self._pending_bytes += fmt.RECORD_HEADER.size + length
+        if self._pending_bytes >= (4 << 20) or len(self._pending) >= 1000:
+            self.flush()
+        return seg, off
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        self._check()
+        parts, self._pending, self._pending_bytes = self._pending, [], 0
+        try:
+            self._current.append(parts)
+        except OSError as exc:
+            raise _io_error(f"cannot write segment {segment_name(self._current.number)}", exc)
+
+    def _roll(self) -> None:
+        """Seals the current segment (flush, and sync when durable) and starts the next."""
+        self.flush()
+        try:
+            if self.durable:
+                self._current.sync()
+            nxt = self._create(self._current.number + 1)
+        except OSError as exc:
+            raise _io_error("cannot start a new segment", exc)
+        self._current.close()
+        self._current = nxt
+
+    def seal(self) -> None:
+        """Seals the open segment (if it holds records) and starts a new one."""
+        self._check()
+        if self.position[1] > fmt.SEGMENT_HEADER.size:
+            self._roll()
+
+    def sync(self) -> None:
+        """Flushes and makes everything appended so far durable (always), with the directory
+        entries of the segments holding it."""
+        self._check()
+        self.flush()
+        try:
+            self._current.sync()
+            if self._directory_unsynced:
+                self.backend.sync_directory()
+                self._directory_unsynced = False
+        except OSError as exc:
+            # After a failed fsync the kernel may have dropped the dirty pages: nothing
+            # written since the last good sync can be trusted. Refuse further writes.
+            self.broken = f"fsync failed: {exc.strerror or exc}"
+            raise _io_error("cannot make the log durable", exc)
+
+    def rollback(self, mark: tuple[int, int]) -> None:
+        """Drops everything appended after mark (a former .position). Marks the log broken
+        when that fails."""
+        self._pending, self._pending_bytes = [], 0
+        if self._current is None:
+            return              # an earlier rollback failed part-way: only recovery repairs
+        seg, off = mark
+        try:
+            while self._current.number > seg:
+                current, self._current = self._current, None
+                current.close()
+                self.remove(current.number)
+                self._current = self.backend.open_append(current.number - 1)
+            if off > self._current.size:
+                # The mark counted bytes that never reached the file: truncating would
+                # extend it with zeros. A caller bug; refuse to write on.
+                self.broken = f"rollback mark {off} lies past the end of the segment"
+                return
+            # Always: after a short write the file may hold bytes past the mark.
+            self._current.truncate(off)
+            if self.durable:
+                self._current.sync()
+        except OSError as exc:
+            self.broken = f"rollback failed: {exc.strerror or exc}"
+
+    def close(self) -> None:
+        if self._current is not None:
+            self._current.close()
+            self._current = None

@@ -1,0 +1,347 @@
+"""The segment-backend contract (snapstore.engine.backends.base): one conformance suite run
+against every backend implementation, and checks that the abstract classes are complete.
+
+Each test exercises one documented semantic; a new backend (an object store, per-writer logs)
+joins by adding a factory to BACKENDS.
+"""
+from __future__ import annotations
+
+import os
+from abc import ABC
+
+import pytest
+
+from snapstore.engine import format as fmt
+from snapstore.engine.backends import (LocalSegments, SegmentBackend, SegmentFile, SegmentReader,
+                                       segment_name)
+from snapstore.errors import CorruptionError
+
+from faulty_backend import FaultyBackend, FaultyFile, FaultyReader
+
+
+def _local(directory: str, durable: bool) -> SegmentBackend:
+    return LocalSegments(directory, durable=durable)
+
+
+def _faulty_pass_through(directory: str, durable: bool) -> SegmentBackend:
+    return FaultyBackend(directory, durable=durable)     # nothing armed: every call passes
+
+
+BACKENDS = {"local": _local, "faulty-pass-through": _faulty_pass_through}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def make(request, tmp_path):
+    """make(durable=True) -> a backend over an empty directory (closed after the test)."""
+    made = []
+
+    def factory(durable: bool = True) -> SegmentBackend:
+        directory = tmp_path / f"segments{len(made)}"
+        directory.mkdir()
+        made.append(BACKENDS[request.param](str(directory), durable))
+        return made[-1]
+    yield factory
+    for backend in made:
+        backend.close()
+
+
+@pytest.fixture
+def backend(make):
+    return make()
+
+
+def _read_all(backend: SegmentBackend, number: int) -> bytes:
+    with backend.open_reader() as r:
+        return r.read(number, 0, backend.size(number))
+
+
+# ---- the abstract classes --------------------------------------------------------------------
+
+CONTRACT = {
+    SegmentBackend: {"durable", "list", "size", "open_reader", "create", "open_append", "remove",
+                     "sync_directory", "close"},
+    SegmentFile: {"number", "size", "append", "sync", "truncate", "close"},
+    SegmentReader: {"read", "close"},
+}
+
+
+@pytest.mark.parametrize("abc", list(CONTRACT), ids=lambda c: c.__name__)
+def test_the_contract_is_what_the_abstract_class_declares(abc):
+    assert issubclass(abc, ABC)
+    assert set(abc.__abstractmethods__) == CONTRACT[abc]
+    for name in CONTRACT[abc]:
+        assert getattr(abc, name).__doc__, f"{abc.__name__}.{name} documents no semantics"
+
+
+@pytest.mark.parametrize("abc", list(CONTRACT), ids=lambda c: c.__name__)
+def test_a_subclass_missing_any_method_cannot_be_instantiated(abc):
+    def stub(self, *args, **kwargs):
+        return None
+    for missing in sorted(CONTRACT[abc]):
+        members = {name: (property(stub) if isinstance(getattr(abc, name), property) else stub)
+                   for name in CONTRACT[abc] - {missing}}
+        partial = type(f"Without_{missing}", (abc,), members)
+        with pytest.raises(TypeError, match=missing):
+            partial()
+    complete = type("Complete", (abc,), {name: stub for name in CONTRACT[abc]})
+    assert isinstance(complete(), abc)
+
+
+def _public(cls) -> set:
+    return {n for n in dir(cls) if not n.startswith("_")}
+
+
+def test_implementations_offer_exactly_the_contract(tmp_path):
+    """No public extras that callers could come to depend on (test-only fault controls
+    aside)."""
+    backend = LocalSegments(str(tmp_path))
+    with backend.create(1) as f, backend.open_reader() as r:
+        assert _public(type(backend)) == _public(SegmentBackend)
+        assert _public(type(f)) == _public(SegmentFile)
+        assert _public(type(r)) == _public(SegmentReader)
+    faults = {"fail", "clear", "hit", "raise_if"}
+    assert _public(FaultyBackend) - faults == _public(SegmentBackend)
+    assert _public(FaultyFile) == _public(SegmentFile)
+    assert _public(FaultyReader) == _public(SegmentReader)
+
+
+# ---- the catalog -----------------------------------------------------------------------------
+
+def test_durable_is_the_setting_given(make):
+    assert make(durable=True).durable is True
+    assert make(durable=False).durable is False
+
+
+def test_list_is_ascending_whatever_the_creation_order(backend):
+    assert backend.list() == []
+    for n in (3, 1, 12, 2):
+        backend.create(n).close()
+    assert backend.list() == [1, 2, 3, 12]
+
+
+def test_create_makes_an_empty_segment_open_for_appending(backend):
+    with backend.create(7) as f:
+        assert f.number == 7 and f.size == 0
+        assert backend.list() == [7] and backend.size(7) == 0
+
+
+def test_create_of_an_existing_segment_fails_and_leaves_it_alone(backend):
+    with backend.create(1) as f:
+        f.append([b"keep me"])
+    with pytest.raises(FileExistsError):
+        backend.create(1)
+    assert _read_all(backend, 1) == b"keep me"
+
+
+def test_size_counts_every_append_that_returned(backend):
+    with backend.create(1) as f:
+        f.append([b"abc"])
+        assert backend.size(1) == 3
+        f.append([b"defg"])
+        assert backend.size(1) == 7
+
+
+def test_size_of_a_missing_segment_is_file_not_found(backend):
+    with pytest.raises(FileNotFoundError):
+        backend.size(5)
+
+
+def test_remove_unlists_and_is_idempotent(backend):
+    for n in (1, 2):
+        backend.create(n).close()
+    backend.remove(1)
+    assert backend.list() == [2]
+    backend.remove(1)                       # a missing segment: nothing happens
+    backend.remove(99)
+    assert backend.list() == [2]
+    with backend.open_reader() as r, pytest.raises(CorruptionError):
+        r.read(1, 0, 1)
+
+
+def test_sync_directory_is_idempotent(backend):
+    backend.sync_directory()                # nothing changed
+    backend.create(1).close()
+    backend.sync_directory()
+    backend.sync_directory()
+    backend.remove(1)
+    backend.sync_directory()
+    assert backend.list() == []
+
+
+def test_close_is_idempotent(make):
+    b = make()
+    b.close()
+    b.close()
+
+
+# ---- the appendable segment ------------------------------------------------------------------
+
+def test_append_writes_parts_in_order_at_the_end(backend):
+    parts = [b"head", bytearray(b"-ba"), memoryview(b"xxmid-yy")[2:-2], b"", b"tail"]
+    with backend.create(1) as f:
+        f.append(parts)
+        assert f.size == len(b"head-bamid-tail")
+        f.append([b"!"])
+        assert f.size == 16
+    assert _read_all(backend, 1) == b"head-bamid-tail!"
+
+
+def test_open_append_continues_at_the_end(backend):
+    with backend.create(1) as f:
+        f.append([b"12345"])
+    with backend.open_append(1) as f:
+        assert f.number == 1 and f.size == 5
+        f.append([b"678"])
+        assert f.size == 8
+    assert _read_all(backend, 1) == b"12345678"
+
+
+def test_open_append_of_a_missing_segment_is_file_not_found(backend):
+    with pytest.raises(FileNotFoundError):
+        backend.open_append(4)
+
+
+def test_sync_keeps_what_was_appended(backend):
+    with backend.create(1) as f:
+        f.sync()                            # nothing appended yet
+        f.append([b"durable"])
+        f.sync()
+        f.sync()
+        assert f.size == 7
+    assert _read_all(backend, 1) == b"durable"
+
+
+def test_truncate_cuts_back_and_the_next_append_lands_there(backend):
+    with backend.create(1) as f:
+        f.append([b"0123456789"])
+        f.truncate(4)
+        assert f.size == 4 and backend.size(1) == 4
+        f.append([b"ab"])
+        assert f.size == 6
+        f.truncate(6)                       # to the current size: nothing changes
+        f.sync()
+    assert _read_all(backend, 1) == b"0123ab"
+
+
+def test_truncate_never_grows_a_segment(backend):
+    with backend.create(1) as f:
+        f.append([b"abc"])
+        for bad in (4, -1):
+            with pytest.raises(ValueError):
+                f.truncate(bad)
+        assert f.size == 3
+    assert _read_all(backend, 1) == b"abc"
+
+
+def test_a_failed_append_leaves_size_counting_the_bytes_that_landed(backend, monkeypatch):
+    """A disk filling up mid-write: a short write, then ENOSPC. size is exact, so truncating
+    back to the size before the append repairs the segment."""
+    import errno
+    real, calls = os.writev, []
+
+    def short_then_full(fd, bufs):
+        calls.append(fd)
+        if len(calls) == 1:
+            return real(fd, [bytes(bufs[0])[:3]])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    with backend.create(1) as f:
+        f.append([b"ok"])
+        monkeypatch.setattr(os, "writev", short_then_full)
+        with pytest.raises(OSError):
+            f.append([b"abcdef", b"ghi"])
+        monkeypatch.setattr(os, "writev", real)
+        assert f.size == 5 == backend.size(1)
+        f.truncate(2)
+        f.append([b"!"])
+    assert _read_all(backend, 1) == b"ok!"
+
+
+def test_a_closed_file_refuses_use_and_closes_idempotently(backend):
+    f = backend.create(1)
+    f.append([b"x"])
+    f.close()
+    f.close()
+    for use in (lambda: f.append([b"y"]), f.sync, lambda: f.truncate(0)):
+        with pytest.raises(ValueError):
+            use()
+    assert _read_all(backend, 1) == b"x"
+
+
+def test_the_file_is_a_context_manager_that_closes(backend):
+    with backend.create(1) as f:
+        assert isinstance(f, SegmentFile)
+    with pytest.raises(ValueError):
+        f.append([b"late"])
+
+
+# ---- read sessions ---------------------------------------------------------------------------
+
+def test_read_returns_the_range_or_less_at_the_end(backend):
+    with backend.create(1) as f:
+        f.append([b"0123456789"])
+    with backend.open_reader() as r:
+        assert r.read(1, 0, 10) == b"0123456789"
+        assert r.read(1, 3, 4) == b"3456"
+        assert r.read(1, 8, 5) == b"89"             # the segment ends first
+        assert r.read(1, 10, 5) == b""              # at the end
+        assert r.read(1, 50, 5) == b""              # past it
+
+
+def test_read_sees_appends_of_the_open_segment(backend):
+    with backend.create(1) as f, backend.open_reader() as r:
+        f.append([b"abc"])
+        assert r.read(1, 0, 3) == b"abc"
+        f.append([b"def"])
+        assert r.read(1, 0, 6) == b"abcdef"
+
+
+def test_read_of_a_missing_segment_is_corruption_naming_it(backend):
+    with backend.open_reader() as r:
+        with pytest.raises(CorruptionError) as ei:
+            r.read(42, 0, fmt.SEGMENT_HEADER.size)
+    assert ei.value.segment == segment_name(42)
+    assert segment_name(42) in str(ei.value)
+
+
+def test_the_session_is_a_context_manager_that_closes(backend):
+    backend.create(1).close()
+    with backend.open_reader() as r:
+        assert isinstance(r, SegmentReader)
+        assert r.read(1, 0, 1) == b""
+    with pytest.raises(ValueError):
+        r.read(1, 0, 1)
+    r.close()                               # idempotent
+    r.close()
+
+
+def test_close_without_with_ends_the_session(backend):
+    backend.create(1).close()
+    r = backend.open_reader()
+    r.read(1, 0, 1)
+    r.close()
+    with pytest.raises(ValueError):
+        r.read(1, 0, 1)
+
+
+def test_a_session_keeps_reading_a_segment_removed_after_it_read_it(backend):
+    """The documented lifetime: removal frees a segment once the sessions reading it end."""
+    with backend.create(1) as f:
+        f.append([b"still here"])
+    with backend.open_reader() as r:
+        assert r.read(1, 0, 5) == b"still"
+        backend.remove(1)
+        assert backend.list() == []
+        assert r.read(1, 6, 4) == b"here"
+    with backend.open_reader() as r, pytest.raises(CorruptionError):
+        r.read(1, 0, 1)
+
+
+# ---- the local backend's own promise ---------------------------------------------------------
+
+def test_local_lists_only_segment_files(tmp_path):
+    for name in ("notes.txt", "12.seg.tmp", "abc.seg", ".0000000000000003.seg"):
+        (tmp_path / name).write_bytes(b"")
+    backend = LocalSegments(str(tmp_path))
+    backend.create(2).close()
+    assert backend.list() == [2]
+    assert segment_name(2) in os.listdir(tmp_path)          # the file name the log documents
