@@ -274,6 +274,8 @@ def _write_store(path: str, seed: int) -> dict:
 def build(directory: str) -> dict:
     """Builds DIR/store, DIR/twin and DIR/expected.json (see the module docstring)."""
     store, twin = os.path.join(directory, "store"), os.path.join(directory, "twin")
+    if os.path.exists(store) or os.path.exists(twin):
+        raise FileExistsError(f"{directory} already holds a fixture: build into a new directory")
     expected = _write_store(store, 14)
     _write_store(twin, 41)
     segs = sorted(os.listdir(os.path.join(store, "segments")))
@@ -1501,7 +1503,9 @@ def main(argv: list) -> int:
             prefix="snapstore-fault-")
         build_dir = os.path.join(keep, "build")
         work = os.path.join(keep, "work")
-        os.makedirs(work, exist_ok=True)
+        for old in (build_dir, work, os.path.join(keep, "damaged")):
+            shutil.rmtree(old, ignore_errors=True)
+        os.makedirs(work)
         _build_in(build_dir)
         v = run_matrix([case_id], build_dir, work, seed, workers=1)[case_id]
         print(json.dumps(v, indent=1))
