@@ -67,8 +67,8 @@ if ROOT not in sys.path:
 
 PAGE = 4096
 SEGMENT_SIZE = 1 << 16
-# The options every writer of the fixture opens it with (only durability differs from the
-# defaults that matter: nothing here needs fsync, and it keeps the matrix fast).
+# The options every writer opens the fixture with: small segments (so there are several) and
+# chunks, and no fsync (nothing here needs it; it keeps the matrix fast).
 STORE_OPTIONS = dict(durability="none", segment_size=SEGMENT_SIZE, chunk_size=16 << 10)
 SEGMENT_TARGETS = 5            # the fixture has exactly this many segment files (checked)
 
@@ -112,6 +112,7 @@ def all_cases() -> list:
 
 @dataclasses.dataclass(frozen=True)
 class Case:
+    """One case: a damage done to a target, then an entry point used."""
     id: str
     target: str
     damage: str

@@ -18,7 +18,8 @@ in pytest's temp directory).
 
 SNAPSTORE_FAULT_SEED fixes the seed of the bit flips (default random, printed and named in
 every failure); SNAPSTORE_FAULT_TIMEOUT is the seconds after which a running case is a hang
-(default 20; a case blocked without using CPU is one after 2 s); SNAPSTORE_FAULT_WORKERS the
+(default 20; a case sleeping without using CPU is one after 2 s, after 0.3 s when it waits on
+a FIFO); SNAPSTORE_FAULT_WORKERS the
 number of worker processes (default 2); SNAPSTORE_FAULT_WORKDIR where the store copies go
 (default /dev/shm when usable).
 """
