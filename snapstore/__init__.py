@@ -5,12 +5,12 @@
     store.restore_into(info.id, {"weights": w})
 """
 from snapstore import errors
-from snapstore.errors import (CheckpointNotFound, CorruptionError, FormatError, SnapstoreError,
-                              StoreLocked)
+from snapstore.errors import (CheckpointNotFound, CorruptionError, ForkedStoreError, FormatError,
+                              SnapstoreError, StoreLocked)
 from snapstore.store import CheckpointInfo, Store, open
 from snapstore.arrays import load_arrays, save_arrays
 
 from snapstore.version import __version__
 __all__ = ["open", "Store", "CheckpointInfo", "errors", "SnapstoreError", "CheckpointNotFound",
-           "CorruptionError", "FormatError", "StoreLocked", "__version__", "save_arrays",
+           "CorruptionError", "ForkedStoreError", "FormatError", "StoreLocked", "__version__", "save_arrays",
            "load_arrays"]

@@ -105,6 +105,15 @@ class StoreClosedError(SnapstoreError):
     """The store was closed; open it again."""
 
 
+class ForkedStoreError(SnapstoreError):
+    """The store was opened by another process: this one is a fork()ed child of it.
+
+    A child inherits its parent's lock, LMDB environment and segment descriptors, which only
+    the opening process may use; every call on such a Store (and on its trackers) raises this.
+    Open the store again in the child (snapstore.open(path)): the child's own Store works.
+    """
+
+
 class ReadOnlyError(SnapstoreError):
     """A write was attempted on a store opened with readonly=True."""
 

@@ -54,14 +54,29 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
+def printable(text: Any, keep: str = "") -> str:
+    """str(text) safe to show on a terminal: every character that is not printable (control
+    characters such as ESC, which start terminal escape sequences, C1 controls, newlines, tabs,
+    format characters such as bidirectional overrides, line separators, unassigned code
+    points...) becomes a Python-style escape (\\x1b, \\n, \\u202e). Characters in `keep`
+    pass unchanged. Names from a store (streams, tags, buffers) are shown through it: a crafted
+    store must not be able to write to the terminal."""
+    text = str(text)
+    if text.isprintable() and not keep:
+        return text
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
 def text_table(header: list, rows: list, right: Iterable[int] = ()) -> str:
     """Lines of columns two spaces apart, each padded to its widest cell (cells shown with
-    str()); the columns numbered in `right` right-aligned, the others left-aligned."""
+    str(), non-printable characters escaped: see printable()); the columns numbered in
+    `right` right-aligned, the others left-aligned."""
     right = set(right)
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    rows = [[printable(c) for c in r] for r in [header] + rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = []
-    for r in [header] + rows:
-        cells = [str(c).rjust(widths[i]) if i in right else str(c).ljust(widths[i])
+    for r in rows:
+        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i])
                  for i, c in enumerate(r)]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)

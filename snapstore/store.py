@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -54,8 +55,24 @@ class CheckpointInfo:
                    tuple(c.tags), c.seq)
 
 
+# Every Store of this process, so that a fork()ed child can disown them (_after_fork_in_child).
+_STORES: "weakref.WeakSet[Store]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_STORES):
+        store._committer.after_fork_in_child()
+        store._persister.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Store:
-    """An open store. Use snapstore.open(); safe to share between threads of one process."""
+    """An open store. Use snapstore.open(); safe to share between threads of one process,
+    usable only in the process that opened it: in a fork()ed child every call raises
+    ForkedStoreError (open the store again there)."""
 
     def __init__(self, path: str, *, durability: str = "fsync", create: bool = True,
                  readonly: bool = False, timeout: float = 0.0,
@@ -86,6 +103,7 @@ class Store:
                                     segment_size=segment_size, backend=backend)
         self.backend = self._committer.backend
         self._persister = Persister(self._committer, staging_bytes, CheckpointInfo.from_commit)
+        _STORES.add(self)
 
     # ---- opening and closing ------------------------------------------------------------
     @staticmethod
@@ -128,8 +146,10 @@ class Store:
         In a done-callback of a checkpoint_async()/tracker future (callbacks run on the
         store's background thread, which cannot wait for itself) it closes at once instead:
         the checkpoint whose callback runs is committed, checkpoints queued after it fail
-        with StoreClosedError, and the background thread exits after them."""
-        if not self._committer.closed and not self.readonly:
+        with StoreClosedError, and the background thread exits after them. In a fork()ed
+        child of the opening process it only marks this Store closed (what it holds is the
+        parent's)."""
+        if not self._committer.closed and not self.readonly and not self._committer.forked:
             self._persister.close()      # first: its worker commits through the committer
         self._committer.close()
 
@@ -210,6 +230,8 @@ class Store:
 
     def flush(self) -> None:
         """Waits until every pending asynchronous checkpoint is durable (or failed)."""
+        if self._committer.forked:
+            self._committer.check_open()
         if not self.readonly:
             self._persister.wait_idle()
 

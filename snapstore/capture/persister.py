@@ -33,7 +33,8 @@ from snapstore.capture.tracker import Capturer, ImplicitCapturer, Tracker, relea
 from snapstore.engine import writer as wr
 from snapstore.engine.commit import Committer
 from snapstore.engine.records import Commit
-from snapstore.errors import InvalidArgumentError, SnapstoreError, StoreClosedError
+from snapstore.errors import (ForkedStoreError, InvalidArgumentError, SnapstoreError,
+                              StoreClosedError)
 
 
 class _Job:
@@ -260,6 +261,28 @@ class Persister:
                         del self._pending[job.owner]
                 self._cv.notify_all()
 
+    # -- a fork()ed child
+    def after_fork_in_child(self) -> None:
+        """Run in a fork()ed child (by the Store's fork handler): the worker thread did not
+        survive the fork, so the queued jobs fail with ForkedStoreError (their futures would
+        never resolve), and the persister is closed; its conditions are new (a thread of the
+        parent may have held them)."""
+        self._cv = threading.Condition()
+        self._capture_cv = threading.Condition()
+        self._captures = 0
+        self._closed = True
+        self._thread = None
+        jobs, self._queue = list(self._queue), collections.deque()
+        self._pending = collections.Counter()
+        for job in jobs:
+            if job.future is not None and not job.future.done():
+                try:
+                    job.future.set_exception(ForkedStoreError(
+                        "this checkpoint was pending in the parent process when it fork()ed; "
+                        "the parent commits it, not this child"))
+                except Exception:       # (a parent thread resolved it at the fork instant)
+                    pass
+
     # -- waiting and closing
     def pending(self, owner: Capturer) -> int:
         """How many of owner's jobs are queued or running."""
@@ -269,7 +292,7 @@ class Persister:
     def wait_idle(self, owner: Capturer | None = None) -> None:
         """Waits until no job (of owner, or at all) is queued or running. Never call it while
         holding the committer's writer lock: the worker needs that lock."""
-        if self._thread is threading.current_thread():
+        if self._thread is threading.current_thread() or self.committer.forked:
             return
         with self._cv:
             while (self._pending[owner] if owner is not None else self._queue):

@@ -70,6 +70,7 @@ class Capturer:
             d.close()
 
     def _capture(self, views: Mapping[str, memoryview], meta: Any) -> Future:
+        self.persister.committer.check_open(write=True)   # before touching the detectors
         with self._lock:
             try:
                 return self._capture_locked(views, meta)

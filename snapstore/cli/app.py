@@ -21,6 +21,7 @@ from snapstore.cli import (bench_cmd, diff_cmd, inspect_cmds, maintain_cmds, res
 from snapstore.cli.args import Parser, add_global_options, command_options
 from snapstore.cli.common import (EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, PROG, STORE_ENV, Problem,
                                   UsageError)
+from snapstore.cli.output import terminal_safe_output
 from snapstore.version import __version__
 
 EPILOG = f"""\
@@ -95,7 +96,13 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main(argv: Optional[list] = None) -> int:
-    """Runs the command line on argv (default: sys.argv[1:]); returns the exit status."""
+    """Runs the command line on argv (default: sys.argv[1:]); returns the exit status. What
+    it prints is terminal-safe (snapstore.cli.output)."""
+    with terminal_safe_output():
+        return _run(argv)
+
+
+def _run(argv: Optional[list]) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv or os.environ.get("SNAPSTORE_DEBUG", "") not in ("", "0")
     try:

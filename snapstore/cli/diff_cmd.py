@@ -6,7 +6,7 @@ from snapstore import diff
 from snapstore.cli.args import id_arg, nonneg_arg, size_arg, size_between
 from snapstore.cli.common import EXIT_OK, open_store, progress, resolve
 from snapstore.cli.output import print_json
-from snapstore.formatting import human_bytes
+from snapstore.formatting import human_bytes, printable
 
 
 # --window bounds: a tiny window makes a read per few bytes (hours for a large buffer), a huge
@@ -54,7 +54,7 @@ def _print_text(report: dict, max_ranges: int) -> None:
     results = report["buffers"]
     print(f"diff {report['from']} -> {report['to']}")
     for r in results:
-        name = r["name"]
+        name = printable(r["name"])
         if r["status"] == "removed":
             print(f"  {name}: removed ({human_bytes(r['size_from'])})")
         elif r["status"] == "added":

@@ -9,7 +9,7 @@ from snapstore.cli.args import count_arg, id_arg
 from snapstore.cli.common import EXIT_OK, open_store, resolve, store_path
 from snapstore.cli.output import (human_value, info_dict, iso_time, local_time, print_json,
                                   print_report, short)
-from snapstore.formatting import human_bytes, text_table
+from snapstore.formatting import human_bytes, printable, text_table
 
 
 def add_ls(add) -> None:
@@ -89,7 +89,7 @@ def cmd_show(args) -> int:
             ("size", f"{human_value('bytes', total)} in {len(info.sizes)} buffer(s)"),
             ("bytes new", human_value("bytes", info.bytes_new))]
     for k, v in rows:
-        print(f"  {k:<10} {v}")
+        print(f"  {k:<10} {printable(v)}")
     if info.sizes:
         print()
         print(text_table(["BUFFER", "SIZE", "BYTES"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from snapstore.cli.args import count_arg
 from snapstore.cli.common import EXIT_OK, EXIT_PROBLEM, need, open_store, spinner_for
 from snapstore.cli.output import print_json, print_report
-from snapstore.formatting import human_bytes
+from snapstore.formatting import human_bytes, printable
 
 
 def add_compact(add) -> None:
@@ -66,7 +66,7 @@ def cmd_verify(args) -> int:
             if p.get("segment") is not None:
                 where.append(f"segment {p['segment']}"
                              + (f" offset {p['offset']}" if p.get("offset") is not None else ""))
-            print(f"  {p.get('kind', 'problem')}: {p.get('message', '')}"
+            print(f"  {printable(p.get('kind', 'problem'))}: {printable(p.get('message', ''))}"
                   + (f" ({'; '.join(where)})" if where else ""))
         print_report("", {k: v for k, v in report.items() if k not in ("ok", "problems")})
     return EXIT_OK if ok else EXIT_PROBLEM

@@ -1,7 +1,19 @@
 """How commands print: the --json document, text tables and key/value reports, times,
-checkpoint metadata as JSON, and buffer names made safe as file names."""
+checkpoint metadata as JSON, buffer names made safe as file names, and output made safe for
+terminals.
+
+Terminal safety: names in a store (streams, tags, buffers) are whatever its writer chose, or
+whatever a crafted store holds, so nothing from a store reaches the terminal raw. Commands
+show such values through printable() (every non-printable character escaped: newlines, tabs,
+ESC...), and main() runs every command with stdout and stderr behind TerminalSafeStream,
+which escapes every non-printable character except the newlines, tabs and carriage returns of
+the layout, so a value printed some other way (an error message) cannot carry an escape
+sequence either. JSON output is escaped by the encoder (ensure_ascii) and binary output
+(restore --out -) goes to the underlying byte stream untouched.
+"""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
@@ -9,9 +21,42 @@ import math
 import re
 import sys
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
-from snapstore.formatting import human_bytes, human_seconds, json_safe
+from snapstore.formatting import human_bytes, human_seconds, json_safe, printable
+
+_LAYOUT = "\n\r\t"
+
+
+class TerminalSafeStream:
+    """A text stream that writes printable(text, keep=newline, carriage return, tab) to the
+    stream it wraps; everything else (buffer, fileno, isatty, flush...) is the wrapped
+    stream's."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(printable(text, keep=_LAYOUT))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def terminal_safe_output() -> Iterator[None]:
+    """Runs the with block with sys.stdout and sys.stderr behind TerminalSafeStream."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = TerminalSafeStream(sys.stdout), TerminalSafeStream(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
 
 
 def print_json(obj: Any) -> None:
@@ -58,10 +103,10 @@ def human_value(key: str, value: Any) -> str:
     if isinstance(value, float):
         return "inf" if math.isinf(value) else f"{value:.3g}"
     if isinstance(value, (list, tuple)):
-        return ", ".join(str(v) for v in value) or "-"
+        return ", ".join(printable(v) for v in value) or "-"
     if isinstance(value, dict):
         return short(value, 100)
-    return str(value)
+    return printable(value)
 
 
 def print_report(title: str, report: dict) -> None:

@@ -9,7 +9,8 @@ from snapstore import errors
 from snapstore.cli.args import id_arg, range_arg
 from snapstore.cli.common import EXIT_OK, UsageError, open_store, progress, resolve
 from snapstore.cli.output import print_json, safe_filenames
-from snapstore.formatting import human_bytes
+from snapstore.engine.fsutil import replace_file
+from snapstore.formatting import human_bytes, printable
 
 WINDOW = 8 << 20           # bytes read from the store and written out at a time
 
@@ -58,7 +59,7 @@ def cmd_restore(args) -> int:
             if not args.force:
                 for n in names:
                     path = os.path.join(args.out, files[n])
-                    if os.path.exists(path):
+                    if os.path.lexists(path):
                         raise UsageError(f"{path} exists (use --force to overwrite)")
         total = sum(length for _, length in spans.values())
         written = []
@@ -71,17 +72,9 @@ def cmd_restore(args) -> int:
                     sink.flush()
                     continue
                 path = os.path.join(args.out, files[n])
-                tmp = os.path.join(args.out, f".{files[n]}.part")
-                try:
-                    with open(tmp, "wb") as f:
-                        _copy_out(store, info.id, n, off, length, f, bar)
-                    os.replace(tmp, path)
-                except BaseException:
-                    try:
-                        os.unlink(tmp)
-                    except OSError:
-                        pass
-                    raise
+                # A new 0600 file (checkpoints hold private state) replacing path by rename:
+                # never written through a symlink planted in the output directory.
+                replace_file(path, lambda f: _copy_out(store, info.id, n, off, length, f, bar))
                 written.append({"buffer": n, "path": path, "offset": off, "bytes": length})
     if to_stdout:
         return EXIT_OK
@@ -91,7 +84,8 @@ def cmd_restore(args) -> int:
     print(f"restored checkpoint {info.id} into {args.out}")
     for w in written:
         where = f" [{w['offset']}:{w['bytes']}]" if args.range else ""
-        print(f"  {w['buffer']}{where} -> {w['path']} ({human_bytes(w['bytes'])})")
+        print(f"  {printable(w['buffer'])}{where} -> {printable(w['path'])} "
+              f"({human_bytes(w['bytes'])})")
     return EXIT_OK
 
 

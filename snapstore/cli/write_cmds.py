@@ -8,6 +8,7 @@ from snapstore.cli.args import count_arg, id_arg, nonneg_arg
 from snapstore.cli.common import EXIT_OK, UsageError, need, open_store, resolve, store_path
 from snapstore.cli.output import print_json
 from snapstore.engine import format as fmt
+from snapstore.formatting import printable
 from snapstore.store import open as open_snapstore
 
 
@@ -77,7 +78,7 @@ def cmd_tag(args) -> int:
     if args.json:
         print_json({"id": cid, "tags": list(info.tags or ())})
     else:
-        print(f"checkpoint {cid} tags: {', '.join(info.tags or ()) or '-'}")
+        print(f"checkpoint {cid} tags: {', '.join(map(printable, info.tags or ())) or '-'}")
     return EXIT_OK
 
 
@@ -96,6 +97,6 @@ def cmd_retain(args) -> int:
                     "deleted_count": sum(len(v) for v in deleted.values())})
     else:
         for s, ids in deleted.items():
-            print(f"{s}: deleted {len(ids)} checkpoint(s)"
+            print(f"{printable(s)}: deleted {len(ids)} checkpoint(s)"
                   + (f": {', '.join(map(str, ids))}" if ids else ""))
     return EXIT_OK

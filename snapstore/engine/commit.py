@@ -44,6 +44,10 @@ LOCKING CONTRACT
     on (MVCC). Use the view only inside its with block, in the thread that opened it; it is
     not protected against close(), so close a store only once its readers are done.
   * Any thread may call any operation; the callbacks run in the calling thread.
+  * Only the opening process: in a fork()ed child every operation raises ForkedStoreError
+    (the lock, the LMDB environment and the descriptors are the parent's), and close() only
+    marks the committer closed (after_fork_in_child, run by the Store's fork handler, gave up
+    the child's copy of the lock descriptor and the writer lock a parent thread may hold).
 """
 from __future__ import annotations
 
@@ -62,7 +66,8 @@ from snapstore.engine.records import Commit
 from snapstore.engine.recovery import recover
 from snapstore.engine.backends import LocalSegments, SegmentBackend
 from snapstore.engine.wal import SegmentLog
-from snapstore.errors import ReadOnlyError, SnapstoreError, StoreClosedError, StoreIOError
+from snapstore.errors import (ForkedStoreError, ReadOnlyError, SnapstoreError, StoreClosedError,
+                              StoreIOError)
 
 # make_plans(view, head id or None, head Commit or None) -> [BufferPlan]
 PlanMaker = Callable[[IndexView, "int | None", "Commit | None"], list]
@@ -101,14 +106,20 @@ class Committer:
         self._lock_fd: int | None = None          # the flock of STORE/lock (writer only)
         self._staging: bytearray | None = None
         self._closed = False
+        self._pid = os.getpid()
         durable = durability == "fsync"
         try:
-            self._lock_fd = storedir.open_directory(path, create=create, readonly=readonly,
-                                                    timeout=timeout)
+            opened = storedir.open_directory(path, create=create, readonly=readonly,
+                                             timeout=timeout)
+            self._lock_fd = opened.lock_fd
             self.index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=readonly,
-                               durable=durable)
+                               durable=durable, file_mode=opened.file_mode)
             self.backend = backend or LocalSegments(os.path.join(path, fmt.SEGMENTS_DIR),
-                                                    durable=durable)
+                                                    durable=durable,
+                                                    file_mode=opened.file_mode)
+            if opened.creating:     # the index is initialised: now it is a store
+                with io_errors(f"cannot create store {path}"):
+                    storedir.publish_format(path, opened.file_mode)
             if not readonly:
                 with io_errors("cannot recover the log"):
                     recover(self.index, self.backend, durable)
@@ -134,7 +145,10 @@ class Committer:
 
     def close(self) -> None:
         """Waits for the operation in progress, then closes log, index, backend and lock.
-        Idempotent."""
+        Idempotent. In a fork()ed child it only marks the committer closed."""
+        if self.forked:
+            self._closed = True
+            return
         with self._lock:
             if not self._closed:
                 self._closed = True
@@ -144,8 +158,33 @@ class Committer:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def forked(self) -> bool:
+        """True in a fork()ed child of the process that opened the store."""
+        return self._pid != os.getpid()
+
+    def after_fork_in_child(self) -> None:
+        """Run in a fork()ed child (os.register_at_fork): a fresh writer lock (a thread of the
+        parent may have held it), and the child's copy of the flock descriptor closed, which
+        leaves the parent's lock held (flock belongs to the open file, which the parent keeps
+        open) but lets the child, or anyone, take it once the parent closes. Nothing else
+        of the parent's is touched."""
+        self._lock = threading.RLock()
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
     def check_open(self, write: bool = False) -> None:
-        """Raises StoreClosedError after close(), ReadOnlyError for a write to a reader."""
+        """Raises StoreClosedError after close(), ForkedStoreError in a fork()ed child,
+        ReadOnlyError for a write to a reader."""
+        if self.forked and not self._closed:
+            raise ForkedStoreError(
+                f"store {self.path} was opened by process {self._pid}; this process "
+                f"({os.getpid()}) is a fork()ed child of it and must not use that Store: open "
+                "the store again in the child (snapstore.open(path))")
         if self._closed or self.index is None:
             raise StoreClosedError(f"store {self.path} is closed")
         if write and self.readonly:

@@ -1,8 +1,77 @@
-"""File-system helpers shared by the local segment backend, the store directory and the bench
-harness."""
+"""File-system helpers shared by the local segment backend, the store directory, the index and
+the bench harness.
+
+Store files are opened without following symbolic links and without blocking, and must be
+regular files: a directory, FIFO, device, socket or symlink where a store file belongs is
+damage (a FIFO would block a reader forever; a symlink could make the store read or write
+another file), reported by callers as a snapstore error naming the file.
+"""
 from __future__ import annotations
 
+import errno
 import os
+import stat
+import tempfile
+from typing import IO, Callable
+
+DEFAULT_FILE_MODE = 0o600       # new store files: only the owner may read them (restic's choice)
+
+
+class NotRegularFile(OSError):
+    """A store path is something else than a regular file; `kind` says what ("a directory",
+    "a FIFO", "a symbolic link", ...). Callers turn it into a snapstore error naming the file."""
+
+    def __init__(self, path: str, kind: str) -> None:
+        super().__init__(errno.EINVAL, f"{path} is {kind}, not a regular file", path)
+        self.kind = kind
+
+
+def file_kind(mode: int) -> str:
+    """What an st_mode is, for messages: "a regular file", "a directory", "a FIFO"..."""
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_regular(path: str) -> bool:
+    """True when path is a regular file (not followed if a symlink), False when it does not
+    exist. Raises NotRegularFile for anything else, OSError when it cannot be looked at."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(mode):
+        raise NotRegularFile(path, file_kind(mode))
+    return True
+
+
+def open_regular(path: str, flags: int, mode: int = DEFAULT_FILE_MODE) -> int:
+    """os.open(path, flags, mode) of a regular file only: never follows a symlink in the last
+    component, never blocks on a FIFO (O_NOFOLLOW | O_NONBLOCK), closed on exec. Raises
+    NotRegularFile for anything but a regular file (checked on the open descriptor: no race),
+    FileNotFoundError / FileExistsError / OSError as os.open does."""
+    if not flags & os.O_CREAT:
+        check_regular(path)         # before opening: opening a device may have side effects
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularFile(path, "a symbolic link") from None
+        if exc.errno == errno.EISDIR:
+            raise NotRegularFile(path, "a directory") from None
+        raise
+    try:
+        st_mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(st_mode):
+            raise NotRegularFile(path, file_kind(st_mode))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def fsync_directory(path: str) -> None:
@@ -13,3 +82,28 @@ def fsync_directory(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_file(path: str, fill: Callable[[IO[bytes]], None], *,
+                 mode: int = DEFAULT_FILE_MODE, sync: bool = False) -> None:
+    """Writes a whole file atomically: fill(binary file object) writes the bytes into a new
+    temporary file next to path (tempfile.mkstemp: O_CREAT | O_EXCL | O_NOFOLLOW under an
+    unpredictable name, so no planted symlink is followed), given permission bits mode,
+    fsynced if sync, which then replaces path by rename (a symlink at path is replaced
+    itself, never followed). On any failure the temporary file is removed. Raises OSError."""
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(dir=directory or ".", prefix=f".{name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            fill(f)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

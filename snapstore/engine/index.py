@@ -19,6 +19,7 @@ from snapstore.engine import format as fmt
 from snapstore.errors import CorruptionError, FormatError, SnapstoreError, StoreIOError
 from snapstore.engine import records
 from snapstore.engine.records import Commit
+from snapstore.engine.fsutil import DEFAULT_FILE_MODE, NotRegularFile, check_regular
 from snapstore.engine.registry import SharedByPath
 
 
@@ -62,21 +63,58 @@ def _stream_key(stream: str, tail: bytes = b"") -> bytes:
 
 
 # One lmdb.Environment per store directory per process: LMDB forbids opening the same
-# environment twice in one process (closing one would drop the other's locks).
+# environment twice in one process (closing one would drop the other's locks). A fork()ed
+# child forgets its parent's (registry.SharedByPath), never using nor closing them.
 _ENVS: SharedByPath[lmdb.Environment] = SharedByPath(close=lambda env: env.close())
 
 
-def _acquire_env(path: str, durable: bool) -> lmdb.Environment:
+def _namespace_env_keys_in_child() -> None:
+    """In a fork()ed child: lets the child open its own environment of a store its parent has
+    open. py-lmdb refuses an environment whose files an Environment of this process holds,
+    and a child inherits that set with its parent's Environments, which it must never use nor
+    close (closing would abort the parent's transactions, freeing their slots in the shared
+    reader table, so the parent's writer could recycle pages the parent is reading). The
+    files are identified by lmdb._envid.env_keys, which py-lmdb looks up on every open: in the
+    child, keys carry the child's pid, so they never match the inherited ones (and still
+    match each other within the child)."""
+    try:
+        from lmdb import _envid
+    except ImportError:             # a py-lmdb without the guard: nothing to do
+        return
+    original = getattr(_envid.env_keys, "__wrapped__", _envid.env_keys)
+    pid = os.getpid()
+
+    def env_keys(path, subdir):
+        return tuple(("pid", pid) + tuple(key) for key in original(path, subdir))
+    env_keys.__wrapped__ = original
+    _envid.env_keys = env_keys
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_namespace_env_keys_in_child)
+
+
+def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
     """The process's environment of one store. Opened writable whenever the directory allows
     (read-only Stores never begin write transactions), so readers and a writer of the same
     store can share it in either order; read-only only on read-only file systems. The first
-    opener's durability holds while it is shared."""
+    opener's durability holds while it is shared. New LMDB files get permission bits
+    file_mode. Its files must be regular files (CorruptionError otherwise: LMDB would block
+    on a FIFO, or write its lock table into whatever a symlink names)."""
     def open_env(real_path: str) -> lmdb.Environment:
+        for name in ("data.mdb", "lock.mdb"):
+            try:
+                check_regular(os.path.join(real_path, name))
+            except NotRegularFile as exc:
+                raise CorruptionError(f"index file {os.path.join(path, name)} is {exc.kind}, "
+                                      "not a regular file: the index is damaged (rebuild it "
+                                      "with `snapstore repair`)") from None
         fs_readonly = not os.access(real_path, os.W_OK)
         with _lmdb_errors("open"):
             return lmdb.open(real_path, map_size=fmt.INDEX_MAP_SIZE, subdir=True,
                              max_dbs=fmt.INDEX_MAX_DBS, readonly=fs_readonly, create=False,
-                             sync=durable, metasync=False, readahead=False, lock=True)
+                             sync=durable, metasync=False, readahead=False, lock=True,
+                             mode=file_mode)
 
     return _ENVS.acquire(path, open_env)
 
@@ -84,12 +122,13 @@ def _acquire_env(path: str, durable: bool) -> lmdb.Environment:
 class Index:
     """The open index of one store."""
 
-    def __init__(self, path: str, *, readonly: bool, durable: bool) -> None:
+    def __init__(self, path: str, *, readonly: bool, durable: bool,
+                 file_mode: int = DEFAULT_FILE_MODE) -> None:
         self.readonly = readonly
         self.durable = durable
         if not os.path.isdir(path):
             raise FormatError(f"no index at {path}; not a snapstore store")
-        self.env = _acquire_env(path, durable)
+        self.env = _acquire_env(path, durable, file_mode)
         try:
             with _lmdb_errors("open databases"):
                 self.dbs = {name: self.env.open_db(name, create=not readonly)

@@ -9,18 +9,34 @@ it when its last user releases it.
 Paths are compared as real paths: a symlink or a relative spelling of the same directory
 shares its object. Opening, closing and the bookkeeping happen under one lock, so two threads
 never open the same path twice, and an object is closed before anyone can open its path again.
-Like any module state, the entries are inherited by a fork()ed child, which must not use
-what its parent opened.
+A fork()ed child inherits the entries, but must not use what its parent opened (nor close it:
+closing an LMDB environment in the child would release the parent's reader slots). So in the
+child every SharedByPath forgets its entries (os.register_at_fork): the child's first acquire()
+of a path opens its own object. The inherited objects are kept referenced, never closed.
 """
 from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import Any, Callable, Generic, TypeVar
 
 __all__ = ["SharedByPath"]
 
 T = TypeVar("T")
+
+_REGISTRIES: "weakref.WeakSet[SharedByPath]" = weakref.WeakSet()
+_INHERITED: list = []         # what a forked child's parent opened: kept, never closed
+
+
+def _forget_inherited() -> None:
+    """In a fork()ed child: every registry forgets the parent's objects."""
+    for registry in list(_REGISTRIES):
+        registry._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited)
 
 
 class _Entry:
@@ -45,6 +61,13 @@ class SharedByPath(Generic[T]):
         self._is_alive = is_alive
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
+        _REGISTRIES.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        # A new lock: a thread of the parent may have held the old one when it forked.
+        self._lock = threading.Lock()
+        _INHERITED.extend(e.obj for e in self._entries.values())
+        self._entries = {}
 
     def acquire(self, path, open_object: Callable[[str], T], *, settings: Any = None,
                 admit: Callable[[Any], None] | None = None) -> T:

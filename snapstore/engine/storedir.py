@@ -1,66 +1,161 @@
-"""The store directory: its FORMAT file, refusing foreign directories, and the writer's lock.
+"""The store directory: its FORMAT file, refusing foreign directories, creating a store
+atomically, the writer's lock, and the permissions of what a store creates.
 
     STORE/FORMAT     JSON {"format": "snapstore", "version": N, "created": t}, published by temp
-                     file + fsync + rename + directory fsync
+                     file + fsync + rename + directory fsync, LAST when a store is created: a
+                     directory with FORMAT is a complete store (index initialised)
     STORE/lock       flock()ed exclusively by the one writer
     STORE/index/     LMDB        STORE/segments/   the log
+
+Creation. The creator holds the lock while it creates index/ and segments/, initialises the
+index (the Committer) and finally publishes FORMAT (publish_format). Other openers meanwhile
+see a directory holding only those names (and .FORMAT.*.part temp files): "being created", not
+foreign. A writer waits for the lock (timeout), then finds FORMAT; a reader waits up to its
+timeout for the directory and its FORMAT to appear.
+
+Permissions. A new store is private: the directory it creates is 0700, index/ and segments/
+are 0700, every file (FORMAT, lock, LMDB files, segments) 0600, as restic does: checkpoints
+hold process state and secrets. New files of an existing store get the permission bits of
+its FORMAT file (owner read/write always), new directories the same plus search where read is
+allowed: `chmod -R g+rX STORE` (FORMAT included) shares a store with its group from then on,
+subject to the umask.
+
+Errors. Not a store (no FORMAT, an unreadable or foreign FORMAT, a non-empty foreign
+directory) or a newer format: FormatError. A store whose own files are damaged (segments/ or
+index/ missing or not a directory, the lock file not a regular file): CorruptionError naming
+the file. Another writer holding the lock: StoreLocked. Other OS errors: StoreIOError. Store
+files are never opened through a symlink, and never in a way that blocks on a FIFO.
 """
 from __future__ import annotations
 
 import errno
 import fcntl
-import io
 import json
 import os
-import tempfile
+import stat
 import time
+from typing import NamedTuple
 
 from snapstore.engine import format as fmt
-from snapstore.errors import FormatError, StoreLocked
-from snapstore.engine.fsutil import fsync_directory
+from snapstore.engine.fsutil import (DEFAULT_FILE_MODE, NotRegularFile, file_kind,
+                                     fsync_directory, open_regular, replace_file)
+from snapstore.errors import CorruptionError, FormatError, StoreIOError, StoreLocked
+
+_FORMAT_MAX_BYTES = 1 << 16
+_POLL_SECONDS = 0.05
 
 
-def open_directory(path: str, *, create: bool, readonly: bool, timeout: float) -> int | None:
-    """Checks (or creates) the store directory; for a writer takes the lock and returns its
-    descriptor (closed again if anything after it fails). Raises FormatError, StoreLocked."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise FormatError(f"{path} is not a directory, so not a snapstore store")
-    if not os.path.isdir(path):
-        if readonly or not create:
-            raise FormatError(f"no snapstore store at {path}")
-        os.makedirs(path, exist_ok=True)
-    refuse_foreign_directory(path)          # before the lock file: leave nothing in one
-    lock_fd = None if readonly else take_lock(path, timeout)
+class Opened(NamedTuple):
+    """What open_directory found: the writer's lock descriptor (None for a reader), the
+    permission bits for new files, and whether this opener is creating the store (then it
+    must call publish_format once the index is initialised)."""
+    lock_fd: int | None
+    file_mode: int
+    creating: bool
+
+
+def dir_mode(file_mode: int) -> int:
+    """The mode of a new directory for files of file_mode: search allowed where read is."""
+    return file_mode | ((file_mode & 0o444) >> 2)
+
+
+def open_directory(path: str, *, create: bool, readonly: bool, timeout: float) -> Opened:
+    """Checks (or starts creating) the store directory; for a writer takes the lock (closed
+    again if anything after it fails). Raises FormatError, CorruptionError, StoreLocked,
+    StoreIOError (see the module docstring)."""
+    deadline = time.monotonic() + max(0.0, float(timeout))
     try:
-        if not os.path.exists(os.path.join(path, fmt.FORMAT_FILE)):
-            if readonly or not create:
+        if readonly:
+            return Opened(None, _wait_for_store(path, deadline), False)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise FormatError(f"{path} is not a directory, so not a snapstore store")
+        if not os.path.isdir(path):
+            if not create:
+                raise FormatError(f"no snapstore store at {path}")
+            os.makedirs(path, mode=dir_mode(DEFAULT_FILE_MODE), exist_ok=True)
+        refuse_foreign_directory(path)          # before the lock file: leave nothing in one
+        lock_fd = take_lock(path, deadline)
+    except OSError as exc:
+        if isinstance(exc, (StoreIOError, StoreLocked)):
+            raise
+        raise StoreIOError(f"cannot open store {path}: {exc.strerror or exc}", exc.errno) from exc
+    try:
+        if not os.path.lexists(os.path.join(path, fmt.FORMAT_FILE)):
+            if not create:
                 raise FormatError(f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)")
-            refuse_foreign_directory(path)  # again under the lock: creation races
-            os.makedirs(os.path.join(path, fmt.SEGMENTS_DIR), exist_ok=True)
-            os.makedirs(os.path.join(path, fmt.INDEX_DIR), exist_ok=True)
-            write_format_file(path)
-        read_format_file(path)
-    except BaseException:
-        if lock_fd is not None:
-            os.close(lock_fd)
+            refuse_foreign_directory(path)      # again under the lock: another creator finished
+            mode = dir_mode(DEFAULT_FILE_MODE)
+            for name in (fmt.SEGMENTS_DIR, fmt.INDEX_DIR):
+                os.makedirs(os.path.join(path, name), mode=mode, exist_ok=True)
+            _check_layout(path)
+            return Opened(lock_fd, DEFAULT_FILE_MODE, True)
+        return Opened(lock_fd, _read_store(path), False)
+    except BaseException as exc:
+        os.close(lock_fd)
+        if isinstance(exc, OSError) and not isinstance(exc, (StoreIOError, StoreLocked)):
+            raise StoreIOError(f"cannot open store {path}: {exc.strerror or exc}",
+                               exc.errno) from exc
         raise
-    return lock_fd
+
+
+def _wait_for_store(path: str, deadline: float) -> int:
+    """A reader's open: the store's file mode once FORMAT exists, waiting until the deadline
+    while there is no directory yet or it is a store being created."""
+    while True:
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise FormatError(f"{path} is not a directory, so not a snapstore store")
+        if os.path.isdir(path):
+            refuse_foreign_directory(path)
+            if os.path.lexists(os.path.join(path, fmt.FORMAT_FILE)):
+                return _read_store(path)
+        if time.monotonic() >= deadline:
+            raise FormatError(f"no snapstore store at {path}" if not os.path.isdir(path) else
+                              f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)")
+        time.sleep(_POLL_SECONDS)
+
+
+def _read_store(path: str) -> int:
+    """Checks FORMAT and the layout of an existing store; returns its file mode."""
+    mode = read_format_file(path)
+    _check_layout(path)
+    return mode
 
 
 def refuse_foreign_directory(path: str) -> None:
-    """A directory without FORMAT may only hold what a store being created holds."""
-    if os.path.exists(os.path.join(path, fmt.FORMAT_FILE)):
+    """A directory without FORMAT may only hold what a store being created holds. One
+    listing: FORMAT published between two looks must not make the store look foreign."""
+    names = os.listdir(path)
+    if fmt.FORMAT_FILE in names:
         return
     ours = {fmt.LOCK_FILE, fmt.INDEX_DIR, fmt.SEGMENTS_DIR}
-    if any(n not in ours and not n.startswith(".FORMAT.") for n in os.listdir(path)):
+    if any(n not in ours and not n.startswith(f".{fmt.FORMAT_FILE}.") for n in names):
         raise FormatError(f"{path} is a non-empty directory that is not a snapstore store")
 
 
-def take_lock(path: str, timeout: float) -> int:
-    """The writer's exclusive flock on STORE/lock, waiting up to timeout seconds."""
-    fd = os.open(os.path.join(path, fmt.LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                 0o644)
-    deadline = time.monotonic() + max(0.0, float(timeout))
+def _check_layout(path: str) -> None:
+    """segments/ and index/ must be directories (not symlinks): CorruptionError otherwise."""
+    for name, what in ((fmt.SEGMENTS_DIR, "the log, which holds every checkpoint"),
+                       (fmt.INDEX_DIR, "the index (rebuild it with `snapstore repair`)")):
+        full = os.path.join(path, name)
+        try:
+            st_mode = os.lstat(full).st_mode
+        except FileNotFoundError:
+            raise CorruptionError(f"store {path} has no {name}/ directory: {what} is "
+                                  "missing") from None
+        if not stat.S_ISDIR(st_mode):
+            raise CorruptionError(f"{full} is {file_kind(st_mode)}, not a directory: the store "
+                                  f"is damaged ({what})")
+
+
+def take_lock(path: str, deadline: float) -> int:
+    """The writer's exclusive flock on STORE/lock, waiting until the deadline."""
+    started = time.monotonic()
+    lock_path = os.path.join(path, fmt.LOCK_FILE)
+    try:
+        fd = open_regular(lock_path, os.O_RDWR | os.O_CREAT, _store_file_mode(path))
+    except NotRegularFile as exc:
+        raise CorruptionError(f"{lock_path} is {exc.kind}, not a regular file: the store is "
+                              "damaged (the lock file holds no data; remove it)") from None
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -72,31 +167,51 @@ def take_lock(path: str, timeout: float) -> int:
         if time.monotonic() >= deadline:
             os.close(fd)
             raise StoreLocked(f"{path} is locked: another process or store object has it open "
-                              f"for writing (waited {timeout}s); open it with readonly=True to "
-                              "read meanwhile, or pass timeout=")
-        time.sleep(0.05)
+                              f"for writing (waited {time.monotonic() - started:.3g}s); open it "
+                              "with readonly=True to read meanwhile, or pass timeout=")
+        time.sleep(_POLL_SECONDS)
 
 
-def write_format_file(path: str) -> None:
-    """Publishes the FORMAT file atomically: temp file, fsync, rename, directory fsync."""
+def _store_file_mode(path: str) -> int:
+    """The file mode of an existing store (its FORMAT's bits), else the private default."""
+    try:
+        st = os.lstat(os.path.join(path, fmt.FORMAT_FILE))
+    except FileNotFoundError:
+        return DEFAULT_FILE_MODE
+    return file_mode_of(st.st_mode) if stat.S_ISREG(st.st_mode) else DEFAULT_FILE_MODE
+
+
+def file_mode_of(st_mode: int) -> int:
+    """New files' mode from FORMAT's st_mode: its read/write bits, owner read/write always."""
+    return (st_mode & 0o666) | 0o600
+
+
+def publish_format(path: str, file_mode: int = DEFAULT_FILE_MODE) -> None:
+    """Publishes the FORMAT file atomically (temp file, fsync, rename, directory fsync): the
+    last step of creating a store."""
     body = json.dumps({"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION,
                        "created": time.time()}).encode()
-    fd, tmp = tempfile.mkstemp(dir=path, prefix=".FORMAT.")
-    try:
-        os.write(fd, body)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, os.path.join(path, fmt.FORMAT_FILE))
+    replace_file(os.path.join(path, fmt.FORMAT_FILE), lambda f: f.write(body),
+                 mode=file_mode, sync=True)
     fsync_directory(path)
 
 
-def read_format_file(path: str) -> None:
+def read_format_file(path: str) -> int:
+    """Checks the FORMAT file (FormatError if it is not snapstore's or is newer); returns the
+    file mode its permission bits give new files."""
+    name = os.path.join(path, fmt.FORMAT_FILE)
     try:
-        with io.open(os.path.join(path, fmt.FORMAT_FILE), "rb") as f:
-            data = json.loads(f.read())
+        fd = open_regular(name, os.O_RDONLY)
+        try:
+            st_mode = os.fstat(fd).st_mode
+            data = json.loads(os.read(fd, _FORMAT_MAX_BYTES))
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         raise FormatError(f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)") from None
+    except NotRegularFile as exc:
+        raise FormatError(f"{path}: {fmt.FORMAT_FILE} is {exc.kind}, not a regular file; not "
+                          "a snapstore store, or a damaged one") from None
     except (ValueError, OSError) as exc:
         raise FormatError(f"{path}: unreadable {fmt.FORMAT_FILE} file: {exc}") from exc
     if not isinstance(data, dict) or data.get("format") != fmt.FORMAT_NAME:
@@ -105,3 +220,4 @@ def read_format_file(path: str) -> None:
     if not isinstance(version, int) or version > fmt.FORMAT_VERSION:
         raise FormatError(f"{path} has store format version {version}; this snapstore reads "
                           f"versions up to {fmt.FORMAT_VERSION}: upgrade snapstore")
+    return file_mode_of(st_mode)

@@ -345,3 +345,42 @@ def test_local_lists_only_segment_files(tmp_path):
     backend.create(2).close()
     assert backend.list() == [2]
     assert segment_name(2) in os.listdir(tmp_path)          # the file name the log documents
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "symlink", "dangling_symlink"])
+def test_defect8_local_refuses_a_segment_that_is_not_a_regular_file(tmp_path, kind):
+    """Issue 14 (8b, 10): never a hang on a FIFO, never a read through a symlink, never a raw
+    IsADirectoryError: every method meeting the entry raises CorruptionError naming it."""
+    backend = LocalSegments(str(tmp_path))
+    with backend.create(1) as f:
+        f.append([b"real"])
+    path = tmp_path / segment_name(2)
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "symlink":
+        path.symlink_to(tmp_path / segment_name(1))
+    else:
+        path.symlink_to(tmp_path / "gone")
+    name = segment_name(2)
+    for call in (backend.list, lambda: backend.size(2), lambda: backend.open_append(2)):
+        with pytest.raises(CorruptionError, match=name):
+            call()
+    with backend.open_reader() as r, pytest.raises(CorruptionError, match=name):
+        r.read(2, 0, 4)
+    with pytest.raises((FileExistsError, CorruptionError)):
+        backend.create(2)
+    with backend.open_reader() as r:
+        assert r.read(1, 0, 4) == b"real"
+
+
+def test_defect11_local_creates_segments_with_the_file_mode(tmp_path):
+    old = os.umask(0)
+    try:
+        LocalSegments(str(tmp_path)).create(1).close()
+        LocalSegments(str(tmp_path), file_mode=0o640).create(2).close()
+    finally:
+        os.umask(old)
+    assert oct(os.stat(tmp_path / segment_name(1)).st_mode & 0o777) == oct(0o600)
+    assert oct(os.stat(tmp_path / segment_name(2)).st_mode & 0o777) == oct(0o640)

@@ -28,10 +28,13 @@ Errors. Backends raise OSError as the OS (or the remote service, mapped to OSErr
 (FileExistsError, FileNotFoundError, ENOSPC, EIO...) and never StoreIOError: the writing side
 of the log (wal.SegmentLog) turns OSError into StoreIOError, the Store does so for what
 recovery and compaction let through, and the chunk reader (snapstore.engine.chunks) turns a
-failed read of a chunk record into CorruptionError naming segment and offset. The one error a
+failed read of a chunk record into CorruptionError naming segment and offset. The errors a
 backend raises itself: a read session asked for a segment that does not exist raises
 `missing_segment(number)`, a CorruptionError naming it (readers only read segments the index
-or a listing named, so a missing one is damage or a concurrent compaction's removal).
+or a listing named, so a missing one is damage or a concurrent compaction's removal); and a
+segment that exists but is not a segment at all (locally: a directory, FIFO, device or
+symlink named like one) raises `not_a_segment(number, kind)`, a CorruptionError naming it,
+from every method that meets it (list, size, read, open_append, create).
 Caller errors (truncating past the end, using a closed file or session) raise ValueError.
 
 Concurrency. A backend is shared by the threads of one process (readers, the one writer, the
@@ -63,6 +66,13 @@ def segment_name(number: int) -> str:
 def missing_segment(number: int) -> CorruptionError:
     """The error a read session raises for a segment that does not exist."""
     return CorruptionError("segment file is missing", segment=segment_name(number))
+
+
+def not_a_segment(number: int, kind: str) -> CorruptionError:
+    """The error for an entry named like segment `number` that is not one (kind: what it is,
+    e.g. "a directory", "a FIFO", "a symbolic link")."""
+    return CorruptionError(f"segment file is {kind}, not a regular file",
+                           segment=segment_name(number))
 
 
 class SegmentReader(ABC):
@@ -145,13 +155,14 @@ class SegmentBackend(ABC):
 
     @abstractmethod
     def list(self) -> list[int]:
-        """The numbers of the existing segments, ascending. Raises OSError."""
+        """The numbers of the existing segments, ascending. Raises not_a_segment() for an
+        entry named like a segment that is not one, OSError."""
 
     @abstractmethod
     def size(self, number: int) -> int:
         """The size in bytes of segment `number`, counting every append that returned (also
         while the segment is open). Raises FileNotFoundError (an OSError) when it does not
-        exist, OSError when asking fails."""
+        exist, not_a_segment() when it is not a segment, OSError when asking fails."""
 
     @abstractmethod
     def open_reader(self) -> SegmentReader:

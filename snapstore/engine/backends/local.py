@@ -1,19 +1,36 @@
-"""LocalSegments: the segments of a log as files NNNNNNNNNNNNNNNN.seg in one directory."""
+"""LocalSegments: the segments of a log as files NNNNNNNNNNNNNNNN.seg in one directory.
+
+Segments are regular files, created with the store's file mode (0600 unless the store is
+shared: see snapstore.engine.storedir). Anything else named like a segment (a directory, a
+FIFO, a symlink...) is damage: listing, sizing, reading or appending to it raises
+not_a_segment() (CorruptionError naming the file); nothing is ever opened through a symlink
+or blocks on a FIFO.
+"""
 from __future__ import annotations
 
 import os
+import stat
 from typing import Sequence
 
 from snapstore.engine import format as fmt
 from snapstore.engine.backends.base import (SegmentBackend, SegmentFile, SegmentReader,
-                                            missing_segment, segment_name)
-from snapstore.engine.fsutil import fsync_directory
+                                            missing_segment, not_a_segment, segment_name)
+from snapstore.engine.fsutil import (DEFAULT_FILE_MODE, NotRegularFile, file_kind,
+                                     fsync_directory, open_regular)
 
 _IOV_MAX = 1024
 
 
 def _path(directory: str, number: int) -> str:
     return os.path.join(directory, segment_name(number))
+
+
+def _open(directory: str, number: int, flags: int, mode: int = DEFAULT_FILE_MODE) -> int:
+    """A descriptor of segment `number`; not_a_segment() if it is not a regular file."""
+    try:
+        return open_regular(_path(directory, number), flags, mode)
+    except NotRegularFile as exc:
+        raise not_a_segment(number, exc.kind) from None
 
 
 class _LocalSegmentFile(SegmentFile):
@@ -81,7 +98,7 @@ class _LocalSegmentReader(SegmentReader):
         fd = self._fds.get(number)
         if fd is None:
             try:
-                fd = os.open(_path(self._directory, number), os.O_RDONLY | os.O_CLOEXEC)
+                fd = _open(self._directory, number, os.O_RDONLY)
             except FileNotFoundError:
                 raise missing_segment(number) from None
             self._fds[number] = fd
@@ -97,11 +114,14 @@ class _LocalSegmentReader(SegmentReader):
 
 
 class LocalSegments(SegmentBackend):
-    """Segments as files in one directory (which must exist)."""
+    """Segments as files in one directory (which must exist), created with permission bits
+    file_mode."""
 
-    def __init__(self, directory: str, durable: bool = True) -> None:
+    def __init__(self, directory: str, durable: bool = True,
+                 file_mode: int = DEFAULT_FILE_MODE) -> None:
         self._directory = directory
         self._durable = bool(durable)
+        self._file_mode = file_mode
 
     @property
     def durable(self) -> bool:
@@ -109,26 +129,32 @@ class LocalSegments(SegmentBackend):
 
     def list(self) -> list[int]:
         numbers = []
-        for name in os.listdir(self._directory):
-            stem, dot, ext = name.partition(".")
-            if "." + ext == fmt.SEGMENT_SUFFIX and stem.isdigit():
-                numbers.append(int(stem))
+        with os.scandir(self._directory) as entries:
+            for entry in entries:
+                stem, dot, ext = entry.name.partition(".")
+                if "." + ext == fmt.SEGMENT_SUFFIX and stem.isdigit():
+                    if not entry.is_file(follow_symlinks=False):
+                        raise not_a_segment(int(stem), file_kind(
+                            entry.stat(follow_symlinks=False).st_mode))
+                    numbers.append(int(stem))
         return sorted(numbers)
 
     def size(self, number: int) -> int:
-        return os.stat(_path(self._directory, number)).st_size
+        st = os.lstat(_path(self._directory, number))
+        if not stat.S_ISREG(st.st_mode):
+            raise not_a_segment(number, file_kind(st.st_mode))
+        return st.st_size
 
     def open_reader(self) -> _LocalSegmentReader:
         return _LocalSegmentReader(self._directory)
 
     def create(self, number: int) -> _LocalSegmentFile:
-        fd = os.open(_path(self._directory, number),
-                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = _open(self._directory, number, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                   self._file_mode)
         return _LocalSegmentFile(number, fd)
 
     def open_append(self, number: int) -> _LocalSegmentFile:
-        fd = os.open(_path(self._directory, number), os.O_WRONLY | os.O_CLOEXEC)
-        return _LocalSegmentFile(number, fd)
+        return _LocalSegmentFile(number, _open(self._directory, number, os.O_WRONLY))
 
     def remove(self, number: int) -> None:
         try:

@@ -1,0 +1,508 @@
+"""Issue 14, defects 2, 7, 8b, 10 (file-system errors) and 11: a Store used after fork(), the
+creation race, FIFOs / directories / symlinks where store files belong, private permissions,
+terminal-safe CLI output and restore --out never following a planted symlink."""
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import signal
+import stat
+import sys
+import traceback
+
+import pytest
+
+import snapstore
+from snapstore.cli import app as cli
+from snapstore.engine import format as fmt
+from snapstore.errors import (CorruptionError, ForkedStoreError, FormatError, SnapstoreError,
+                              StoreClosedError)
+
+OPTS = dict(durability="none", segment_size=1 << 16)
+
+
+@contextlib.contextmanager
+def no_hang(seconds: int = 20):
+    """Fails the test (instead of blocking the suite) if the block takes longer."""
+    def expired(*_):
+        raise AssertionError(f"hang: still running after {seconds}s")
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def in_child(fn, *args) -> dict:
+    """Runs fn(*args) in a fork()ed child; returns what it returned (a JSON-able dict), or
+    raises AssertionError with the child's traceback."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                  # the child: never returns into pytest
+        os.close(r)
+        try:
+            out = {"ok": True, "result": fn(*args)}
+        except BaseException:
+            out = {"ok": False, "error": traceback.format_exc()}
+        try:
+            os.write(w, json.dumps(out).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child died: {status}"
+    out = json.loads(data)
+    assert out["ok"], out["error"]
+    return out["result"]
+
+
+def forked_errors(calls: dict) -> dict:
+    """{name: exception class name or "no error"} of each call."""
+    out = {}
+    for name, call in calls.items():
+        try:
+            call()
+            out[name] = "no error"
+        except Exception as exc:      # noqa: BLE001 - reported to the parent
+            out[name] = type(exc).__name__
+    return out
+
+
+# ---- defect 2: fork ----------------------------------------------------------------------------
+
+def test_defect2_fork_every_call_in_the_child_raises_forked_store_error(store_path):
+    s = snapstore.open(store_path, **OPTS)
+    info = s.checkpoint({"a": b"p" * 10000}, "s")
+    tracker = s.track({"t": bytearray(8192)}, "tracked", mode="hash")
+    reader = snapstore.open(store_path, readonly=True)
+
+    def child() -> dict:
+        got = forked_errors({
+            "checkpoint": lambda: s.checkpoint({"a": b"c" * 10000}, "s"),
+            "checkpoint_async": lambda: s.checkpoint_async({"a": b"c"}, "x").result(),
+            "track": lambda: s.track({"b": bytearray(4096)}, "y"),
+            "tracker.checkpoint": lambda: tracker.checkpoint(),
+            "checkpoints": lambda: s.checkpoints(),
+            "get": lambda: s.get(info.id),
+            "restore": lambda: s.restore(info.id),
+            "read": lambda: s.read(info.id, "a", 0, 10),
+            "delete": lambda: s.delete(info.id),
+            "tag": lambda: s.tag(info.id, "t"),
+            "compact": lambda: s.compact(),
+            "verify": lambda: s.verify(),
+            "stats": lambda: s.stats(),
+            "flush": lambda: s.flush(),
+            "reader.checkpoints": lambda: reader.checkpoints(),
+            "reader.restore": lambda: reader.restore(info.id),
+        })
+        s.close()          # only marks it closed: the parent's lock and files are untouched
+        reader.close()
+        tracker.close()
+        got["after close"] = forked_errors({"checkpoints": lambda: s.checkpoints()})
+        return got
+
+    with no_hang():
+        got = in_child(child)
+    closed = got.pop("after close")
+    assert got == {name: "ForkedStoreError" for name in got}
+    assert closed == {"checkpoints": "StoreClosedError"}
+    # The parent's store is unaffected: it still holds the lock, reads and writes.
+    assert s.restore(info.id) == {"a": b"p" * 10000}
+    tracker.close()
+    assert s.checkpoint({"a": b"q" * 10000}, "s").parent == info.id
+    assert [c.id for c in reader.checkpoints()] == [c.id for c in s.checkpoints()]
+    with pytest.raises(snapstore.StoreLocked):
+        snapstore.open(store_path, **OPTS)
+    reader.close()
+    s.close()
+    assert issubclass(ForkedStoreError, SnapstoreError)
+    assert snapstore.ForkedStoreError is ForkedStoreError
+
+
+def test_defect2_fork_the_child_opens_the_store_again(store_path):
+    """The child opens its own Store (readonly while the parent writes; as the writer once
+    the parent closed), and the parent's LMDB environment keeps working meanwhile."""
+    s = snapstore.open(store_path, **OPTS)
+    first = s.checkpoint({"a": b"1" * 5000}, "s")
+    parent_done_r, parent_done_w = os.pipe()
+
+    def child() -> dict:
+        os.close(parent_done_w)
+        with snapstore.open(store_path, readonly=True) as r:
+            seen = [c.id for c in r.checkpoints()]
+            restored = r.restore(first.id)["a"] == b"1" * 5000
+        with pytest.raises(snapstore.StoreLocked):
+            snapstore.open(store_path, **OPTS)
+        os.read(parent_done_r, 1)                 # the parent closed its store
+        with snapstore.open(store_path, timeout=10, **OPTS) as w:
+            made = w.checkpoint({"a": b"2" * 5000}, "s").id
+        return {"seen": seen, "restored": restored, "made": made}
+
+    r_pid = os.fork()
+    if r_pid == 0:
+        result = {"ok": False}
+        try:
+            result = {"ok": True, **child()}
+        except BaseException:
+            result["error"] = traceback.format_exc()
+        with open(os.path.join(store_path, "..", "child.json"), "w") as f:
+            json.dump(result, f)
+        os._exit(0)
+    os.close(parent_done_r)
+    with no_hang(60):
+        # While the child reads, the parent keeps writing and reading through its env.
+        second = s.checkpoint({"a": b"3" * 5000}, "s")
+        assert s.restore(second.id) == {"a": b"3" * 5000}
+        s.close()
+        os.write(parent_done_w, b"x")
+        os.close(parent_done_w)
+        _, status = os.waitpid(r_pid, 0)
+    with open(os.path.join(store_path, "..", "child.json")) as f:
+        result = json.load(f)
+    assert result["ok"], result.get("error")
+    assert first.id in result["seen"] and result["restored"]
+    with snapstore.open(store_path, readonly=True) as r:
+        ids = [c.id for c in r.checkpoints()]
+        assert result["made"] in ids and second.id in ids and result["made"] != second.id
+        assert r.restore(result["made"]) == {"a": b"2" * 5000}
+        assert r.restore(second.id) == {"a": b"3" * 5000}
+        assert r.verify(deep=True)["ok"]
+
+
+def test_defect2_fork_no_id_is_acknowledged_to_both_processes(store_path):
+    """The issue's 200 x 200 scenario, smaller: parent and child checkpoint at once through
+    the one Store. Only the parent's succeed; each restores its own bytes."""
+    s = snapstore.open(store_path, **OPTS)
+    s.checkpoint({"a": b"0" * 8192}, "s")
+
+    def child() -> dict:
+        acked, refused = [], 0
+        for i in range(40):
+            try:
+                acked.append(s.checkpoint({"a": bytes([i]) * 8192}, "s").id)
+            except ForkedStoreError:
+                refused += 1
+        return {"acked": acked, "refused": refused}
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            out = child()
+        except BaseException:
+            out = {"error": traceback.format_exc()}
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    mine = {}
+    with no_hang(60):
+        for i in range(40):
+            data = bytes([100 + i]) * 8192
+            mine[s.checkpoint({"a": data}, "s").id] = data
+        with os.fdopen(r, "rb") as f:
+            out = json.loads(f.read())
+        os.waitpid(pid, 0)
+    assert "error" not in out, out.get("error")
+    assert out == {"acked": [], "refused": 40}
+    for cid, data in mine.items():
+        assert s.restore(cid) == {"a": data}
+    assert s.verify(deep=True)["ok"]
+    s.close()
+
+
+def test_defect2_fork_a_checkpoint_pending_at_the_fork_fails_in_the_child(store_path):
+    """A future the parent's worker had not resolved when it forked would never resolve in
+    the child (the worker thread is the parent's): it fails with ForkedStoreError there."""
+    s = snapstore.open(store_path, **OPTS)
+    big = bytearray(os.urandom(8 << 20))
+    future = s.checkpoint_async({"a": big}, "s")
+
+    def child() -> str:
+        try:
+            future.result(timeout=10)
+            return "resolved"           # (the parent's worker finished before the fork)
+        except ForkedStoreError:
+            return "ForkedStoreError"
+
+    with no_hang(60):
+        got = in_child(child)
+    assert got in ("ForkedStoreError", "resolved")
+    assert s.restore(future.result().id) == {"a": bytes(big)}
+    s.close()
+
+
+# ---- defect 7: the creation race -------------------------------------------------------------
+
+def _open_at_once(base: str, rounds: int, barrier, worker: int, errors) -> None:
+    for k in range(rounds):
+        path = os.path.join(base, f"store{k}")
+        try:
+            barrier.wait(timeout=60)
+            if worker == 0:         # one reader per round: it waits for the creators
+                with snapstore.open(path, readonly=True, timeout=10) as s:
+                    s.checkpoints()
+            else:
+                with snapstore.open(path, timeout=10, durability="none") as s:
+                    s.checkpoint({"w": bytes([worker]) * 100}, f"w{worker}")
+        except BaseException as exc:   # noqa: BLE001
+            errors.put(f"round {k} worker {worker}: {type(exc).__name__}: {exc}")
+
+
+def test_defect7_processes_opening_a_new_store_at_once_never_fail(tmp_path):
+    processes, rounds = 6, 20
+    ctx = multiprocessing.get_context("fork")
+    barrier, errors = ctx.Barrier(processes), ctx.Queue()
+    workers = [ctx.Process(target=_open_at_once, args=(str(tmp_path), rounds, barrier, i, errors))
+               for i in range(processes)]
+    for p in workers:
+        p.start()
+    for p in workers:
+        p.join(180)
+    assert all(p.exitcode == 0 for p in workers)
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    assert failures == []
+    for k in range(rounds):
+        with snapstore.open(str(tmp_path / f"store{k}"), readonly=True) as s:
+            assert s.streams() == [f"w{i}" for i in range(1, processes)]
+
+
+def test_defect7_a_store_being_created_is_not_foreign(tmp_path):
+    """Only what a creator leaves before FORMAT (lock, index/, segments/, a FORMAT temp file):
+    a writer creates the store there; a reader waits for FORMAT, then says it is missing."""
+    path = tmp_path / "s"
+    path.mkdir()
+    for name in ("index", "segments"):
+        (path / name).mkdir()
+    (path / "lock").write_bytes(b"")
+    (path / ".FORMAT.abc.part").write_bytes(b"{")
+    with pytest.raises(FormatError, match="no FORMAT"):
+        snapstore.open(str(path), readonly=True, timeout=0.2)
+    with snapstore.open(str(path), **OPTS) as s:
+        s.checkpoint({"a": b"x"})
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    with pytest.raises(FormatError, match="not a snapstore store"):
+        snapstore.open(str(tmp_path / "foreign"))
+    assert os.listdir(tmp_path / "foreign") == ["notes.txt"]
+
+
+# ---- defects 8b and 10: what is not a regular file -----------------------------------------
+
+def _store_with_segments(path: str) -> list:
+    with snapstore.open(path, **OPTS) as s:
+        for i in range(6):
+            s.checkpoint({"a": os.urandom(40 << 10)}, "s")
+    return sorted(os.listdir(os.path.join(path, fmt.SEGMENTS_DIR)))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "dangling_symlink", "symlink_other"])
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_defect8_defect10_a_segment_that_is_not_a_regular_file(store_path, kind, which):
+    segs = _store_with_segments(store_path)
+    assert len(segs) >= 2
+    victim = os.path.join(store_path, fmt.SEGMENTS_DIR, segs[0 if which == "first" else -1])
+    os.unlink(victim)
+    if kind == "fifo":
+        os.mkfifo(victim)
+    elif kind == "directory":
+        os.mkdir(victim)
+    elif kind == "dangling_symlink":
+        os.symlink(victim + ".gone", victim)
+    else:
+        os.symlink(os.path.join(store_path, fmt.SEGMENTS_DIR, segs[1 if which == "first" else 0]),
+                   victim)
+    name = os.path.basename(victim)
+    with no_hang():
+        with snapstore.open(store_path, readonly=True) as r:
+            ids = [c.id for c in r.checkpoints()]
+            outcomes = []
+            for cid in ids:
+                try:
+                    outcomes.append(len(r.restore(cid)["a"]) == 40 << 10)
+                except CorruptionError as exc:
+                    assert name in str(exc)
+                    outcomes.append("damaged")
+            assert "damaged" in outcomes and True in outcomes
+            for deep in (False, True):
+                with pytest.raises(CorruptionError, match=name):
+                    r.verify(deep=deep)
+        with pytest.raises(CorruptionError, match=name):
+            snapstore.open(store_path, **OPTS)
+        from snapstore.cli import main
+        assert main(["-s", store_path, "verify", "--deep", "--no-progress"]) == 1
+
+
+def test_defect10_store_layout_damage_is_a_snapstore_error(tmp_path):
+    def fresh(name: str) -> str:
+        path = str(tmp_path / name)
+        _store_with_segments(path)
+        return path
+
+    path = fresh("no-segments")
+    import shutil
+    shutil.rmtree(os.path.join(path, fmt.SEGMENTS_DIR))
+    for readonly in (True, False):
+        with pytest.raises(CorruptionError, match="no segments/ directory"):
+            snapstore.open(path, readonly=readonly, **({} if readonly else OPTS))
+
+    path = fresh("lock-dir")
+    os.unlink(os.path.join(path, fmt.LOCK_FILE))
+    os.mkdir(os.path.join(path, fmt.LOCK_FILE))
+    with pytest.raises(CorruptionError, match="lock is a directory"):
+        snapstore.open(path, **OPTS)
+    with snapstore.open(path, readonly=True) as r:        # readers take no lock
+        assert len(r.checkpoints()) == 6
+
+    path = fresh("lock-symlink")
+    outside = tmp_path / "outside"
+    os.unlink(os.path.join(path, fmt.LOCK_FILE))
+    os.symlink(str(outside), os.path.join(path, fmt.LOCK_FILE))
+    with pytest.raises(CorruptionError, match="symbolic link"):
+        snapstore.open(path, **OPTS)
+    assert not outside.exists()                            # never created through the link
+
+    path = fresh("format-fifo")
+    os.unlink(os.path.join(path, fmt.FORMAT_FILE))
+    os.mkfifo(os.path.join(path, fmt.FORMAT_FILE))
+    with no_hang():
+        for readonly in (True, False):
+            with pytest.raises(FormatError, match="FIFO"):
+                snapstore.open(path, readonly=readonly, create=False)
+
+    path = fresh("index-files")
+    data = os.path.join(path, fmt.INDEX_DIR, "data.mdb")
+    os.rename(data, data + ".saved")
+    os.mkfifo(data)
+    with no_hang():
+        with pytest.raises(CorruptionError, match="data.mdb is a FIFO"):
+            snapstore.open(path, readonly=True)
+    os.unlink(data)
+    os.rename(data + ".saved", data)
+    lock_mdb = os.path.join(path, fmt.INDEX_DIR, "lock.mdb")
+    os.unlink(lock_mdb)
+    os.symlink(data, lock_mdb)        # LMDB would write its reader table into data.mdb
+    with pytest.raises(CorruptionError, match="lock.mdb is a symbolic link"):
+        snapstore.open(path, **OPTS)
+
+
+# ---- defect 11: permissions ---------------------------------------------------------------
+
+def _modes(path: str) -> dict:
+    out = {".": stat.S_IMODE(os.lstat(path).st_mode)}
+    for root, dirs, files in os.walk(path):
+        for n in dirs + files:
+            full = os.path.join(root, n)
+            out[os.path.relpath(full, path)] = stat.S_IMODE(os.lstat(full).st_mode)
+    return out
+
+
+def test_defect11_a_new_store_is_private(store_path):
+    old = os.umask(0o022)
+    try:
+        with snapstore.open(store_path, **OPTS) as s:
+            for i in range(4):
+                s.checkpoint({"a": os.urandom(40 << 10)}, "s")
+            s.delete(s.checkpoints()[0].id)
+            s.compact(threshold=1.0)
+    finally:
+        os.umask(old)
+    modes = _modes(store_path)
+    assert len([n for n in modes if n.endswith(fmt.SEGMENT_SUFFIX)]) >= 2
+    for name, mode in modes.items():
+        is_dir = os.path.isdir(os.path.join(store_path, name))
+        assert mode == (0o700 if is_dir else 0o600), (name, oct(mode))
+
+
+def test_defect11_a_store_shared_with_its_group_stays_shared(store_path):
+    """chmod -R g+rX (FORMAT included): files created later are group-readable too."""
+    with snapstore.open(store_path, **OPTS) as s:
+        s.checkpoint({"a": os.urandom(40 << 10)}, "s")
+    for root, dirs, files in os.walk(store_path):
+        for n in dirs + files + ["."]:
+            full = os.path.join(root, n)
+            os.chmod(full, os.stat(full).st_mode | stat.S_IRGRP |
+                     (stat.S_IXGRP if os.path.isdir(full) else 0))
+    os.chmod(store_path, 0o750)
+    before = set(os.listdir(os.path.join(store_path, fmt.SEGMENTS_DIR)))
+    old = os.umask(0o022)
+    try:
+        with snapstore.open(store_path, **OPTS) as s:
+            for i in range(4):
+                s.checkpoint({"a": os.urandom(40 << 10)}, "s")
+    finally:
+        os.umask(old)
+    new = set(os.listdir(os.path.join(store_path, fmt.SEGMENTS_DIR))) - before
+    assert new
+    for n in new:
+        assert stat.S_IMODE(os.stat(os.path.join(store_path, fmt.SEGMENTS_DIR, n)).st_mode) \
+            == 0o640
+
+
+# ---- defect 11: the CLI ---------------------------------------------------------------------
+
+EVIL_STREAM = "s\x1b[2J\x1b]0;pwned\x07"
+EVIL_BUFFER = "b\x1b[31m\nFAKE LINE\r"
+EVIL_TAG = "t\x9b1m\u202e"
+
+
+def test_defect11_cli_escapes_names_from_the_store(store_path, capsys):
+    with snapstore.open(store_path, **OPTS) as s:
+        a = s.checkpoint({EVIL_BUFFER: b"x" * 5000}, EVIL_STREAM).id
+        b = s.checkpoint({EVIL_BUFFER: b"y" * 5000}, EVIL_STREAM).id
+        s.tag(a, EVIL_TAG)
+    capsys.readouterr()
+    out_dir = os.path.join(store_path, "..", "out")
+    commands = [["ls"], ["show", str(a)], ["diff", str(a), str(b)], ["tag", str(a), "x"],
+                ["restore", str(a), "--out", out_dir], ["verify"], ["stats"],
+                ["restore", "99", "--out", out_dir],
+                ["restore", str(a), "--out", out_dir, "--buffer", "no\x1b[1mpe"]]
+    for argv in commands:
+        cli.main(["-s", store_path, "--no-progress"] + argv)
+        out, err = capsys.readouterr()
+        for text in (out, err):
+            assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text, argv
+            assert "\r" not in text and "\u202e" not in text, argv
+            assert "FAKE LINE" not in text or "\\nFAKE LINE" in text, argv
+    cli.main(["-s", store_path, "--no-progress", "ls"])
+    out, _ = capsys.readouterr()
+    assert "s\\x1b[2J" in out and "t\\x9b1m\\u202e" in out
+    cli.main(["-s", store_path, "--json", "ls"])           # JSON: escaped by the encoder, exact
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["checkpoints"][0]["stream"] == EVIL_STREAM
+
+
+def test_defect11_restore_out_never_follows_a_planted_symlink(store_path, tmp_path, capsys):
+    with snapstore.open(store_path, **OPTS) as s:
+        cid = s.checkpoint({"w": b"secret" * 1000}, "s").id
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    # A symlink at the old temporary name: not followed.
+    os.symlink(str(victim), str(out / ".w.part"))
+    assert cli.main(["-s", store_path, "--no-progress", "restore", str(cid), "--out",
+                     str(out)]) == 0
+    assert victim.read_bytes() == b"precious"
+    # A symlink at the final name: "exists" without --force; replaced, not followed, with it.
+    os.unlink(out / "w")
+    os.symlink(str(victim), str(out / "w"))
+    assert cli.main(["-s", store_path, "--no-progress", "restore", str(cid), "--out",
+                     str(out)]) == 2
+    assert cli.main(["-s", store_path, "--no-progress", "restore", str(cid), "--out",
+                     str(out), "--force"]) == 0
+    assert victim.read_bytes() == b"precious"
+    st = os.lstat(out / "w")
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    assert (out / "w").read_bytes() == b"secret" * 1000
+    assert sorted(os.listdir(out)) == [".w.part", "w"]     # the planted link, left alone
+    assert os.path.islink(out / ".w.part")
+    capsys.readouterr()
