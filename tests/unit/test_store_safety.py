@@ -131,14 +131,18 @@ def test_defect2_fork_the_child_opens_the_store_again(store_path):
     s = snapstore.open(store_path, **OPTS)
     first = s.checkpoint({"a": b"1" * 5000}, "s")
     parent_done_r, parent_done_w = os.pipe()
+    child_ready_r, child_ready_w = os.pipe()
 
     def child() -> dict:
         os.close(parent_done_w)
-        with snapstore.open(store_path, readonly=True) as r:
-            seen = [c.id for c in r.checkpoints()]
-            restored = r.restore(first.id)["a"] == b"1" * 5000
-        with pytest.raises(snapstore.StoreLocked):
-            snapstore.open(store_path, **OPTS)
+        try:
+            with snapstore.open(store_path, readonly=True) as r:
+                seen = [c.id for c in r.checkpoints()]
+                restored = r.restore(first.id)["a"] == b"1" * 5000
+            with pytest.raises(snapstore.StoreLocked):      # the parent is still the writer
+                snapstore.open(store_path, **OPTS)
+        finally:
+            os.write(child_ready_w, b"x")
         os.read(parent_done_r, 1)                 # the parent closed its store
         with snapstore.open(store_path, timeout=10, **OPTS) as w:
             made = w.checkpoint({"a": b"2" * 5000}, "s").id
@@ -155,10 +159,14 @@ def test_defect2_fork_the_child_opens_the_store_again(store_path):
             json.dump(result, f)
         os._exit(0)
     os.close(parent_done_r)
+    os.close(child_ready_w)
     with no_hang(60):
         # While the child reads, the parent keeps writing and reading through its env.
         second = s.checkpoint({"a": b"3" * 5000}, "s")
         assert s.restore(second.id) == {"a": b"3" * 5000}
+        os.read(child_ready_r, 1)
+        os.close(child_ready_r)
+        assert s.restore(first.id) == {"a": b"1" * 5000}
         s.close()
         os.write(parent_done_w, b"x")
         os.close(parent_done_w)
