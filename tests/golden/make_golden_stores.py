@@ -1,0 +1,490 @@
+"""Makes the golden stores of one on-disk format version: tests/golden/stores/v<N>/<name>/.
+
+    RUN ONLY WITH THE VERSION THAT DEFINES A FORMAT. NEVER REGENERATE TO MAKE A TEST PASS.
+
+The golden stores are what a released format looks like on disk. The tests in this directory
+open them with today's code; when one fails, today's code no longer reads a store that a user
+may have on disk. The fix is in the code (or a new format version with an upgrade path, whose
+stores go under stores/v<N+1>/, made by that version), never a fresh set of v1 stores: those
+would only prove that today's code reads today's files.
+
+How the v1 stores were made (commit 3331490, the last commit before the package was split
+into subpackages):
+
+    git -C /work/main worktree add /tmp/snap-v1 3331490
+    (cd /tmp/snap-v1 && python3 setup.py -q build_ext --inplace)
+    PYTHONPATH=/tmp/snap-v1 python3 tests/golden/make_golden_stores.py
+    git -C /work/main worktree remove --force /tmp/snap-v1
+
+It refuses to write into an existing stores/v<N>/ (pass --out to make a scratch copy
+elsewhere, e.g. to see what a version would write). Content is deterministic (seeded NumPy and
+torch generators); "created" timestamps and zstd's output bytes are data of the run, recorded
+in each store's expected.json:
+
+    {"format_version", "made_by", "options",
+     "checkpoints": [{"id", "stream", "seq", "parent", "kind", "chain_length", "tags", "meta",
+                      "created", "bytes_new", "buffers": [{"name", "size", "sha256"}],
+                      "load": null | {"api": "objects"|"arrays"|"torch"|"dcp", ...,
+                                      "value": describe(loaded value)}}],
+     "readonly_ids": ids a reader sees before a writer's recovery ran,
+     "streams": {stream: {"head", "next_seq"}}, "next_id", "deleted": [ids],
+     "segments": [segment numbers], "covers": [what the store exercises]}
+
+Only the store directory's FORMAT, index/data.mdb and segments/*.seg are kept (never
+index/lock.mdb nor the writer's `lock` file): tests copy a store to a temporary directory
+before opening it, since opening may write.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+import snapstore
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from golden_values import describe, sha256  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SEGMENT = 65536          # small segments: several per store
+
+
+# ---- deterministic content -------------------------------------------------------------------
+def rand_bytes(rng, n: int) -> bytes:
+    return rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def text_bytes(rng, n: int) -> bytes:
+    """Compressible but not trivially repetitive: words drawn from a small vocabulary."""
+    words = [b"snapshot", b"segment", b"chunk", b"extent", b"manifest", b"delta", b"stream",
+             b"commit", b"record", b"index", b"page", b"golden"]
+    out = bytearray()
+    while len(out) < n:
+        out += words[int(rng.integers(len(words)))] + b" "
+    return bytes(out[:n])
+
+
+# ---- recording what was written -----------------------------------------------------------------
+class Recorder:
+    """Tracks a store being made: the buffers given to each checkpoint and what loads give."""
+
+    def __init__(self, path: str, options: dict, covers: list) -> None:
+        self.path, self.options, self.covers = path, options, covers
+        self.inputs: dict[int, dict[str, str]] = {}       # id -> {buffer: sha256 of input}
+        self.loads: dict[int, dict] = {}
+        self.deleted: list[int] = []
+        self.taken: dict[str, int] = {}                   # stream -> checkpoints ever taken
+        self.max_id = 0
+
+    def open(self, **extra):
+        return snapstore.open(self.path, **self.options, **extra)
+
+    def took(self, info, buffers: dict | None = None) -> None:
+        assert info.id > self.max_id, (info.id, self.max_id)
+        self.max_id = info.id
+        self.taken[info.stream] = self.taken.get(info.stream, 0) + 1
+        assert info.seq == self.taken[info.stream], (info.stream, info.seq)
+        if buffers is not None:
+            assert list(info.sizes) == list(buffers), (info.sizes, list(buffers))
+            self.inputs[info.id] = {k: sha256(bytes(memoryview(v).cast("B")))
+                                    for k, v in buffers.items()}
+
+    def checkpoint(self, store, buffers: dict, stream: str, meta=None, **kw):
+        info = store.checkpoint(buffers, stream=stream, meta=meta, **kw)
+        self.took(info, buffers)
+        return info
+
+    def delete(self, store, cid: int) -> None:
+        store.delete(cid)
+        self.deleted.append(cid)
+
+    def finish(self, *, readonly_ids: list | None = None) -> dict:
+        """Writes expected.json from what v1 reads back (checked against the inputs)."""
+        with snapstore.open(self.path, readonly=True) as store:
+            infos = store.checkpoints()
+            visible = [c.id for c in infos]
+        with tempfile.TemporaryDirectory() as tmp:
+            # a writer (recovery) on a copy: the final state every test expects
+            work = os.path.join(tmp, "s")
+            shutil.copytree(self.path, work)
+            with snapstore.open(work, durability="none") as store:
+                report = store.verify(deep=True)
+                assert report["ok"], report
+                infos = store.checkpoints()
+                checkpoints = []
+                for c in infos:
+                    data = store.restore(c.id)
+                    bufs = [{"name": k, "size": len(v), "sha256": sha256(v)}
+                            for k, v in data.items()]
+                    assert [b["name"] for b in bufs] == list(c.sizes)
+                    if c.id in self.inputs:
+                        assert {b["name"]: b["sha256"] for b in bufs} == self.inputs[c.id], c.id
+                    checkpoints.append({
+                        "id": c.id, "stream": c.stream, "seq": c.seq, "parent": c.parent,
+                        "kind": c.kind, "chain_length": c.chain_length,
+                        "tags": sorted(c.tags), "meta": c.meta, "created": c.created,
+                        "bytes_new": c.bytes_new, "buffers": bufs,
+                        "load": self.loads.get(c.id)})
+                streams = {s: {"head": store.latest(s).id, "next_seq": self.taken[s] + 1}
+                           for s in store.streams()}
+                segments = sorted(int(n[:-4]) for n in os.listdir(os.path.join(work, "segments")))
+        assert not set(self.deleted) & {c["id"] for c in checkpoints}
+        with open(os.path.join(self.path, "FORMAT")) as f:
+            version = json.load(f)["version"]
+        expected = {
+            "format_version": version,
+            "made_by": made_by(),
+            "options": self.options,
+            "covers": self.covers,
+            "checkpoints": checkpoints,
+            "readonly_ids": visible if readonly_ids is None else readonly_ids,
+            "streams": streams,
+            "next_id": self.max_id + 1,
+            "deleted": sorted(self.deleted),
+            "segments": segments,
+        }
+        if readonly_ids is None:
+            assert visible == [c["id"] for c in checkpoints]
+        strip(self.path)
+        with open(os.path.join(self.path, "expected.json"), "w") as f:
+            json.dump(expected, f, indent=1, sort_keys=False)
+            f.write("\n")
+        return expected
+
+
+def made_by() -> dict:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(snapstore.__file__)))
+    try:
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    out = {"snapstore": snapstore.__version__, "commit": commit,
+           "python": platform.python_version(), "numpy": np.__version__}
+    if "torch" in sys.modules:
+        out["torch"] = sys.modules["torch"].__version__
+    return out
+
+
+def strip(path: str) -> None:
+    """Keeps only FORMAT, index/data.mdb and segments/*.seg."""
+    for name in ("lock", os.path.join("index", "lock.mdb")):
+        p = os.path.join(path, name)
+        if os.path.exists(p):
+            os.remove(p)
+    allowed = {"FORMAT", "expected.json", os.path.join("index", "data.mdb")}
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            rel = os.path.relpath(os.path.join(dirpath, f), path)
+            if rel not in allowed and not (rel.startswith("segments" + os.sep)
+                                           and rel.endswith(".seg")):
+                raise AssertionError(f"unexpected file in a golden store: {rel}")
+
+
+# ---- the stores -------------------------------------------------------------------------------
+def make_basic(path: str) -> dict:
+    """Pages chunking with zstd: full and delta checkpoints, tags, deletes, dedup across
+    streams, empty / 1-byte / odd-sized buffers, an empty delta, CDC checkpoints, and a
+    compaction that rewrote a segment (so segment numbers have a gap)."""
+    rng = np.random.default_rng(1001)
+    opts = dict(durability="none", segment_size=SEGMENT, chunk_size=16384,
+                cdc_sizes=(1024, 4096, 16384))
+    rec = Recorder(path, opts, [
+        "full checkpoint (zstd and raw chunks)", "delta checkpoints, chain length 3",
+        "deleted middle checkpoint (child absorbed its manifests)",
+        "deleted stream head (seq continues)", "tags added and removed",
+        "empty, 1-byte and odd-sized buffers", "unchanged buffer: delta with no extents",
+        "dedup across streams", "cdc chunking (per checkpoint) with shifted content",
+        "compaction: deleted stream, gc, a segment rewritten and removed",
+        "checkpoint appended after compaction"])
+    with rec.open() as s:
+        weights = bytearray(text_bytes(rng, 48 << 10) + rand_bytes(rng, 48 << 10))
+        opt = bytearray(rand_bytes(rng, 32 << 10))
+        c1 = rec.checkpoint(s, {"weights": weights, "opt": opt}, "train",
+                            {"step": 1, "lr": 0.1, "note": "full"})
+        assert c1.kind == "full"
+        w1 = bytes(weights)
+        for page in (13, 20):
+            weights[page * 4096:(page + 1) * 4096] = rand_bytes(rng, 4096)
+        opt[2 * 4096:3 * 4096] = rand_bytes(rng, 4096)
+        c2 = rec.checkpoint(s, {"weights": weights, "opt": opt}, "train", {"step": 2})
+        assert c2.kind == "incremental" and c2.chain_length == 1
+        weights[3 * 4096:4 * 4096] = text_bytes(rng, 4096)
+        c3 = rec.checkpoint(s, {"weights": weights, "opt": opt}, "train", {"step": 3})
+        assert c3.chain_length == 2
+        weights[5000:5100] = rand_bytes(rng, 100)
+        opt[0:4096] = bytes(4096)
+        c4 = rec.checkpoint(s, {"weights": weights, "opt": opt}, "train", {"step": 4})
+        assert c4.chain_length == 3
+
+        odd = bytearray(rand_bytes(rng, 5000))
+        rec.checkpoint(s, {"empty": b"", "one": b"\x07", "odd": bytes(odd)}, "misc", None)
+        odd[4500] ^= 0xFF
+        rec.checkpoint(s, {"empty": b"", "one": b"\x08", "odd": bytes(odd)}, "misc",
+                       ["a", "list", 1])
+
+        e1 = rec.checkpoint(s, {"weights": w1}, "eval", {"source": c1.id})
+        assert e1.bytes_new < 1024, e1.bytes_new    # only its commit record: all chunks deduped
+        e2 = rec.checkpoint(s, {"weights": w1}, "eval", {"source": c1.id})
+        assert e2.kind == "incremental", e2
+        e3 = rec.checkpoint(s, {"weights": w1}, "eval", {"source": c1.id})
+
+        doc = text_bytes(rng, 40 << 10)
+        rec.checkpoint(s, {"doc": doc}, "text", {"v": 1}, chunking="cdc")
+        doc2 = doc[:10000] + rand_bytes(rng, 100) + doc[10000:]
+        t2 = rec.checkpoint(s, {"doc": doc2}, "text", {"v": 2}, chunking="cdc")
+        assert t2.bytes_new < len(doc2) // 2, t2.bytes_new
+
+        s.tag(c3.id, "best")
+        s.tag(c4.id, "latest")
+        s.tag(c4.id, "tmp")
+        s.untag(c4.id, "tmp")
+        s.tag(e1.id, "eval")
+        s.tag(e1.id, "golden")
+        rec.delete(s, c2.id)                   # middle of a chain: c3 absorbs c2
+        rec.delete(s, e3.id)                   # a stream head: head goes back to e2
+
+        # compaction: a kept and a deleted checkpoint share a segment, which is rewritten
+        s.compact()                            # start from a clean slate of sealed segments
+        rec.checkpoint(s, {"k": rand_bytes(rng, 12 << 10)}, "keep", {"keep": True})
+        scratch = rec.checkpoint(s, {"x": rand_bytes(rng, 40 << 10)}, "scratch", None)
+        rec.delete(s, scratch.id)              # the stream's only checkpoint: stream gone
+        rec.checkpoint(s, {"pad": rand_bytes(rng, 24 << 10)}, "keep", {"keep": False})
+        report = s.compact(threshold=0.5)
+        assert report["segments_rewritten"] >= 1 and report["chunks_freed"] >= 1, report
+
+        weights[0:64] = b"after compaction".ljust(64, b".")
+        c5 = rec.checkpoint(s, {"weights": weights, "opt": opt}, "train", {"step": 5})
+        assert c5.kind == "incremental"
+    return rec.finish()
+
+
+def make_raw_cdc(path: str) -> dict:
+    """compression="none" (every chunk raw, compressible or not), chunking="cdc" by default
+    (a repeated chunk inside one buffer, dedup of shifted content), a pages override."""
+    rng = np.random.default_rng(2002)
+    opts = dict(durability="none", segment_size=SEGMENT, compression="none", chunking="cdc",
+                cdc_sizes=(1024, 4096, 16384))
+    rec = Recorder(path, opts, [
+        "compression none: compressible chunks stored raw", "cdc chunking as store default",
+        "one chunk referenced twice by one manifest (zeros)", "cdc dedup of shifted content",
+        "pages chunking override with a delta", "tag"])
+    with rec.open() as s:
+        doc = text_bytes(rng, 48 << 10)
+        c1 = rec.checkpoint(s, {"doc": doc, "zeros": bytes(40000)}, "docs", {"rev": 1})
+        doc2 = doc[:5000] + b"INSERTED " * 20 + doc[5000:30000] + doc[31000:]
+        c2 = rec.checkpoint(s, {"doc": doc2, "zeros": bytes(40000)}, "docs", {"rev": 2})
+        assert c2.kind == "full" and c2.bytes_new < len(doc2) // 2, c2
+        blob = bytearray(text_bytes(rng, 32 << 10))
+        rec.checkpoint(s, {"blob": blob}, "pages", {"n": 1}, chunking="pages")
+        blob[8192:12288] = rand_bytes(rng, 4096)
+        c4 = rec.checkpoint(s, {"blob": blob}, "pages", {"n": 2}, chunking="pages")
+        assert c4.kind == "incremental"
+        s.tag(c1.id, "first")
+    return rec.finish()
+
+
+def make_objects(path: str) -> dict:
+    """Object checkpoints (store.save: NumPy arrays in and out of band, C / Fortran /
+    datetime arrays, a PickleBuffer, plain Python values; non-dict meta) and save_arrays."""
+    rng = np.random.default_rng(3003)
+    opts = dict(durability="none", segment_size=SEGMENT)
+    rec = Recorder(path, opts, [
+        "store.save: float64 array (out of band), Fortran int32 array, datetime64 array, "
+        "small in-band array, PickleBuffer, nested Python values",
+        "store.save incremental (one row changed)", "store.save with non-dict meta",
+        "save_arrays: C, Fortran, structured, 0-d and empty arrays; incremental",
+        "plain (non-object) checkpoint"])
+
+    def saved(s, obj, stream, meta):
+        info = s.save(obj, stream=stream, meta=meta)
+        rec.took(info)
+        value = s.load(info.id)
+        rec.loads[info.id] = {"api": "objects", "value": describe(value)}
+        return info, value
+
+    with rec.open() as s:
+        array = rng.standard_normal((64, 64))
+        obj = {
+            "array": array,
+            "counts": np.asfortranarray(np.arange(4096, dtype=np.int32).reshape(64, 64)),
+            "when": np.datetime64("2024-01-01T00:00:00", "s") + np.arange(1024) * 3600,
+            "small": np.array([1, 2, 3], dtype=np.int16),
+            "blob": pickle.PickleBuffer(bytearray(text_bytes(rng, 8192))),
+            "config": {"lr": 0.001, "name": "golden", "layers": [64, 64],
+                       "flags": (True, False, None), "raw": b"\x00\x01snap", "big": 2 ** 70,
+                       "pi": 3.141592653589793},
+            "step": 10,
+        }
+        info, value = saved(s, obj, "obj", {"step": 10})
+        assert np.array_equal(value["array"], array) and value["counts"].flags.f_contiguous
+        assert set(info.sizes) == {"pickle", "oob/0", "oob/1", "oob/2", "oob/3"}, info.sizes
+        array[0, :] = 0.5
+        info2, _ = saved(s, obj, "obj", {"step": 20})
+        assert info2.kind == "incremental", info2
+        saved(s, [1, 2.5, "x", None, np.arange(10)], "obj", 5)
+
+        arrays = {
+            "u": rng.standard_normal((64, 64)).astype(np.float32),
+            "v": np.array(42, dtype=np.int64),
+            "s": np.zeros(256, dtype=[("a", "<i4"), ("b", "<f8")]),
+            "f": np.asfortranarray(rng.standard_normal((32, 32))),
+            "e": np.zeros((0, 3), dtype=np.float32),
+        }
+        arrays["s"]["a"] = np.arange(256)
+        arrays["s"]["b"] = np.linspace(0, 1, 256)
+        for n in (1, 2):
+            if n == 2:
+                arrays["u"][5, :] = 7.0
+            info = snapstore.save_arrays(s, arrays, stream="arrays", meta={"t": 1.5 * n})
+            rec.took(info)
+            loaded = snapstore.load_arrays(s, info.id)
+            for k, a in arrays.items():
+                assert loaded[k].dtype == a.dtype and np.array_equal(loaded[k], a), k
+            rec.loads[info.id] = {"api": "arrays", "value": describe(loaded)}
+        assert info.kind == "incremental", info
+        rec.checkpoint(s, {"raw": rand_bytes(rng, 100)}, "plain", {"plain": True})
+    return rec.finish()
+
+
+def make_torch(path: str) -> dict:
+    """snapstore.torch.save of a state dict (float32 and bfloat16 tensors out of band, shared
+    storage, a partial view, an nn.Parameter, 0-d and in-band tensors, Python values), an
+    incremental save, and two torch.distributed.checkpoint saves through SnapstoreWriter."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    import snapstore.torch as st
+
+    g = torch.Generator().manual_seed(4004)
+    opts = dict(durability="none", segment_size=SEGMENT)
+    rec = Recorder(path, opts, [
+        "snapstore.torch.save: float32 + bfloat16 tensors, tied weights (one storage), "
+        "a row slice of a larger storage, nn.Parameter, 0-d int64 tensor, small in-band "
+        "tensor, Python values", "incremental torch save",
+        "DCP saves (SnapstoreWriter, no process group) with checkpoint ids"])
+    with rec.open() as s:
+        w = torch.randn(32, 64, generator=g)
+        big = torch.randn(128, 64, generator=g)
+        sd = {
+            "enc.weight": w,
+            "dec.weight": w,                                   # tied
+            "emb": torch.randn(64, 64, generator=g).to(torch.bfloat16),
+            "head": big[:32],                                   # partial view of a storage
+            "bias": torch.arange(64, dtype=torch.float32) / 7,  # in band (256 bytes)
+            "scale": torch.nn.Parameter(torch.randn(16, 16, generator=g)),
+            "steps": torch.tensor(5, dtype=torch.int64),
+            "epoch": 1, "name": "golden",
+        }
+        for epoch in (1, 2):
+            if epoch == 2:
+                with torch.no_grad():
+                    w[0].fill_(0.25)
+                sd["epoch"] = 2
+            info = st.save(sd, s, "model", meta={"epoch": epoch})
+            rec.took(info)
+            loaded = st.load(s, info.id)
+            assert torch.equal(loaded["enc.weight"], w) and torch.equal(loaded["emb"], sd["emb"])
+            assert loaded["enc.weight"].untyped_storage().data_ptr() == \
+                loaded["dec.weight"].untyped_storage().data_ptr()
+            rec.loads[info.id] = {"api": "torch", "value": describe(loaded),
+                                  "shared": [["enc.weight", "dec.weight"]]}
+        assert info.kind == "incremental", info
+
+        state = {"w": torch.randn(32, 64, generator=g),
+                 "emb": torch.randn(64, 64, generator=g).to(torch.bfloat16),
+                 "bias": torch.arange(10, dtype=torch.float32)}
+        for n in (1, 2):
+            if n == 2:
+                state["w"][3].fill_(-1.0)
+            writer = st.SnapstoreWriter(s)
+            dcp.save(state, checkpoint_id=f"step-{n}", storage_writer=writer)
+            info = writer.last_info
+            rec.took(info)
+            target = {k: torch.zeros_like(v) for k, v in state.items()}
+            dcp.load(target, checkpoint_id=f"step-{n}", storage_reader=st.SnapstoreReader(s))
+            assert all(torch.equal(target[k], state[k]) for k in state)
+            rec.loads[info.id] = {"api": "dcp", "checkpoint_id": f"step-{n}",
+                                  "value": describe(target)}
+    return rec.finish()
+
+
+_CRASH_CHILD = r"""
+import sys, numpy as np, snapstore
+path, seed = sys.argv[1], int(sys.argv[2])
+rng = np.random.default_rng(seed)
+a = bytearray(rng.integers(0, 256, 16384, dtype=np.uint8).tobytes())
+s = snapstore.open(path, durability="none", segment_size=65536)
+s.checkpoint({"a": a}, stream="s", meta={"child": seed})
+raise SystemExit("the crash point did not fire")
+"""
+
+
+def make_unapplied(path: str) -> dict:
+    """A log the index has not caught up with: unreferenced chunk records (a writer killed
+    after appending data), then a commit record the index never applied (killed before the
+    index commit), then a torn record. A reader sees one checkpoint; a writer's recovery
+    applies the commit and cuts the torn tail."""
+    rng = np.random.default_rng(5005)
+    opts = dict(durability="none", segment_size=SEGMENT)
+    rec = Recorder(path, opts, [
+        "recovery: unreferenced chunk records, an unapplied commit record, a torn tail"])
+    with rec.open() as s:
+        a = bytearray(rand_bytes(rng, 8192) + text_bytes(rng, 8192))
+        rec.checkpoint(s, {"a": a}, "s", {"n": 1})
+    env = dict(os.environ)
+    for point, seed in (("after_data_append", 1), ("before_index_commit", 2)):
+        env["SNAPSTORE_CRASH_AT"] = point
+        p = subprocess.run([sys.executable, "-c", _CRASH_CHILD, path, str(seed)], env=env)
+        assert p.returncode == -9, (point, p.returncode)
+    seg_dir = os.path.join(path, "segments")
+    last = os.path.join(seg_dir, sorted(os.listdir(seg_dir))[-1])
+    with open(last, "ab") as f:      # a torn record: a header promising 1000 bytes, 6 given
+        f.write(b"SREC\x01\x00\x00\x00" + (1000).to_bytes(4, "little") + bytes(12) + b"torn!!")
+    # what the killed child committed, as the writer's recovery sees it
+    rng2 = np.random.default_rng(2)
+    child = rng2.integers(0, 256, 16384, dtype=np.uint8).tobytes()
+    rec.max_id += 1
+    rec.taken["s"] += 1
+    rec.inputs[rec.max_id] = {"a": sha256(child)}
+    return rec.finish(readonly_ids=[1])
+
+
+STORES = {"basic": make_basic, "raw_cdc": make_raw_cdc, "objects": make_objects,
+          "torch": make_torch, "unapplied": make_unapplied}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", help="directory for stores/<version>/ (default: tests/golden); "
+                    "must not hold that version already")
+    ap.add_argument("--only", nargs="*", choices=sorted(STORES))
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:         # what version does this code write?
+        with snapstore.open(os.path.join(tmp, "probe")):
+            pass
+        with open(os.path.join(tmp, "probe", "FORMAT")) as f:
+            version = json.load(f)["version"]
+    root = os.path.join(args.out or HERE, "stores", f"v{version}")
+    if os.path.exists(root):
+        raise SystemExit(f"{root} exists: golden stores are never regenerated (see the module "
+                         "doc); use --out for a scratch copy")
+    os.makedirs(root)
+    print(f"snapstore {snapstore.__file__}: format version {version} -> {root}")
+    for name in args.only or STORES:
+        path = os.path.join(root, name)
+        expected = STORES[name](path)
+        size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+        print(f"  {name}: {len(expected['checkpoints'])} checkpoints, segments "
+              f"{expected['segments']}, {size} bytes")
+
+
+if __name__ == "__main__":
+    main()
