@@ -34,6 +34,7 @@ from snapstore.engine.reader import find_buffer, restore_range
 from snapstore.engine.records import Commit
 from snapstore.engine.recovery import recover
 from snapstore.engine.segments import LocalSegments, SegmentBackend, SegmentLog
+from snapstore.engine.upgrade import upgrade as upgrade_store
 from snapstore.capture.tracker import DEFAULT_STAGING_BYTES, AsyncCheckpointer, ImplicitCapturer, Tracker
 from snapstore.engine.validation import check_choice, validate_meta, validate_name
 from snapstore.engine.verify import verify as verify_store
@@ -100,6 +101,7 @@ class Store:
             self.backend = backend or LocalSegments(os.path.join(self.path, fmt.SEGMENTS_DIR),
                                                     durable=durable)
             if not self.readonly:
+                upgrade_store(self.path, self._index)   # before anything writes to the index
                 try:
                     recover(self._index, self.backend, durable)
                 except OSError as exc:
