@@ -147,17 +147,24 @@ def _check_data_file(index_path: str, rebuilding: bool) -> str:
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise damaged(f"the index file {data} is not a regular file")
     if (st is None or st.st_size == 0) and not rebuilding and _log_exists(index_path):
-        raise damaged(f"the index file {data} is missing or empty but the log holds segments")
+        raise damaged(f"the index file {data} is missing or empty but the log holds records")
     return data
 
 
 def _log_exists(index_path: str) -> bool:
-    """Whether the store that holds this index directory has segment files."""
+    """Whether the store that holds this index directory has a segment file with records."""
     segments = os.path.join(os.path.dirname(os.path.abspath(index_path)), fmt.SEGMENTS_DIR)
     try:
-        return any(n.endswith(fmt.SEGMENT_SUFFIX) for n in os.listdir(segments))
+        names = [n for n in os.listdir(segments) if n.endswith(fmt.SEGMENT_SUFFIX)]
     except OSError:
         return False
+    for name in names:
+        try:
+            if os.stat(os.path.join(segments, name)).st_size > fmt.SEGMENT_HEADER.size:
+                return True
+        except OSError:
+            return True                 # there, but unreadable: not an empty log
+    return False
 
 
 def _check_not_truncated(env: lmdb.Environment, data: str) -> None:

@@ -17,6 +17,8 @@ What is pinned:
                  extents (48 bytes each, <QII32s) buffer by buffer.
   delete (3):    u64 checkpoint id.          tag (4): JSON {"id", "tag", "add"}.
   LMDB index:    see test_lmdb_* below.
+Format 2 (test_todays_code_writes_format_2): FORMAT and segment headers say 2, records keep
+these layouts, and every LMDB value is its v1 payload followed by index_checksum().
 """
 from __future__ import annotations
 
