@@ -60,6 +60,7 @@ from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.index import Index, IndexView
 from snapstore.engine.records import Commit
 from snapstore.engine.recovery import recover
+from snapstore.engine.upgrade import upgrade as upgrade_store
 from snapstore.engine.backends import LocalSegments, SegmentBackend
 from snapstore.engine.wal import SegmentLog
 from snapstore.errors import ReadOnlyError, SnapstoreError, StoreClosedError, StoreIOError
@@ -110,6 +111,7 @@ class Committer:
             self.backend = backend or LocalSegments(os.path.join(path, fmt.SEGMENTS_DIR),
                                                     durable=durable)
             if not readonly:
+                upgrade_store(path, self.index)     # before anything writes to the index
                 with io_errors("cannot recover the log"):
                     recover(self.index, self.backend, durable)
                 self.log = SegmentLog(self.backend, segment_size)

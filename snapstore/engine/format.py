@@ -9,8 +9,13 @@ import struct
 # ---- store directory --------------------------------------------------------------------
 FORMAT_FILE = "FORMAT"          # JSON: {"format": FORMAT_NAME, "version": FORMAT_VERSION, ...}
 FORMAT_NAME = "snapstore"
-FORMAT_VERSION = 1              # bump on any incompatible change; newer -> FormatError
+FORMAT_VERSION = 2              # bump on any incompatible change; newer -> FormatError
+MIN_FORMAT_VERSION = 1          # the oldest version this library reads (and upgrades: upgrade.py)
+# Format history:
+#   1  the first on-disk format (tests/golden/stores/v1)
+#   2  every LMDB index value carries a checksum (INDEX_VALUE_CHECKSUM below)
 INDEX_DIR = "index"             # the LMDB environment (data.mdb, lock.mdb)
+INDEX_DATA_FILE = "data.mdb"    # LMDB's data file inside INDEX_DIR
 SEGMENTS_DIR = "segments"       # the write-ahead log: NNNNNNNNNNNNNNNN.seg files
 SEGMENT_SUFFIX = ".seg"
 LOCK_FILE = "lock"              # flock()ed exclusively by the one writer process
@@ -70,7 +75,9 @@ INDEX_DBS = (DB_META, DB_CHUNKS, DB_CHECKPOINTS, DB_MANIFESTS, DB_STREAMS, DB_ST
 
 META_APPLIED = b"applied"         # LOG_POSITION just past the last record applied to the index
 META_NEXT_ID = b"next_id"         # u64: the next checkpoint id
-META_FORMAT = b"format"           # u32: FORMAT_VERSION the index was written with
+META_FORMAT = b"format"           # U64: FORMAT_VERSION of the index's layout; from format 2
+                                  # on followed by its checksum like every value (a value of
+                                  # exactly 8 bytes is a format 1 index, whose values have none)
 
 CKPT_KEY = struct.Struct(">Q")                # big-endian so LMDB sorts ids numerically
 MANIFEST_KEY = struct.Struct(">QI")           # checkpoint id, buffer index
@@ -80,6 +87,14 @@ LOG_POSITION = struct.Struct("<QQ")           # segment number, byte offset
 U64 = struct.Struct("<Q")
 FP_HEADER = struct.Struct("<QII")             # checkpoint id the digests describe, page size,
 assert FP_HEADER.size == 16                   # reserved 0
+
+# From format 2 on, every value of every database is its payload (the layouts above; b"" for
+# stream_ckpts and children) followed by INDEX_VALUE_CHECKSUM: XXH3-64 (seed 0) of
+#   database name + b"\0" + INDEX_KEY_LENGTH(len(key)) + key + payload
+# so a flipped bit, or a value stored under another key or database, never validates.
+INDEX_VALUE_CHECKSUM = struct.Struct("<Q")
+INDEX_KEY_LENGTH = struct.Struct("<I")
+INDEX_CHECKSUMS_SINCE = 2                     # format 1 index values carry no checksum
 
 # LMDB map size: address space only (the file grows as needed). 64 GiB of index holds ~40 TiB
 # of unique data (an entry per 64 KiB chunk is ~100 bytes), and a process can still open about

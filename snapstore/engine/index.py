@@ -2,6 +2,15 @@
 position. It is a cache of the log applied up to META_APPLIED; apply_* are the only mutators
 of checkpoint state and are used both live and by recovery, so both paths agree.
 
+The index is a checked cache. From format 2 on, every value of every database carries an
+XXH3-64 of (database, key, payload) (format.INDEX_VALUE_CHECKSUM): seal() adds it and unseal()
+verifies it, and every put and get of this module goes through that one pair; a mismatch
+raises CorruptionError naming the database and key. A view knows the format of its snapshot
+(META_FORMAT) and takes format 1 values, which have no checksum, as they are (upgrade.py
+converts a format 1 index when a writer opens it). At open, LMDB's data file is checked
+against the last page LMDB will touch, so a truncated index raises CorruptionError instead of
+killing the process with SIGBUS.
+
 lmdb.Error never escapes this module: it becomes a snapstore.errors exception.
 """
 from __future__ import annotations
@@ -9,23 +18,34 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
+import struct
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import lmdb
+import xxhash
 
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
+from snapstore.engine.crashpoints import crashpoint
 from snapstore.errors import CorruptionError, FormatError, SnapstoreError, StoreIOError
 from snapstore.engine import records
 from snapstore.engine.records import Commit
 from snapstore.engine.registry import SharedByPath
 
+REPAIR_HINT = "run `snapstore repair` to rebuild the index from the log"
+
+
+def damaged(message: str) -> CorruptionError:
+    """The CorruptionError for damage in the index: it names the way out."""
+    return CorruptionError(f"{message}: the index is damaged; {REPAIR_HINT}")
+
 
 def _wrap(exc: lmdb.Error, what: str) -> SnapstoreError:
     if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError,
                         lmdb.VersionMismatchError, lmdb.BadValsizeError)):
-        return CorruptionError(f"index {what}: {exc}")
+        return damaged(f"index {what}: {exc}")
     if isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)):
         return StoreIOError(f"index {what}: {exc}")
     return StoreIOError(f"index {what}: {exc}")
@@ -37,6 +57,130 @@ def _lmdb_errors(what: str):
         yield
     except lmdb.Error as exc:
         raise _wrap(exc, what) from exc
+
+
+# ---- the value envelope (format 2): payload + XXH3-64 of (database, key, payload) -----------
+def _checksum(db: bytes, key: bytes, payload: bytes) -> bytes:
+    return fmt.INDEX_VALUE_CHECKSUM.pack(xxhash.xxh3_64_intdigest(
+        b"".join((db, b"\0", fmt.INDEX_KEY_LENGTH.pack(len(key)), key, payload))))
+
+
+def seal(db: bytes, key: bytes, payload: bytes) -> bytes:
+    """The value stored for `payload` under `key` in database `db` (format 2 and later)."""
+    return payload + _checksum(db, key, payload)
+
+
+def unseal(db: bytes, key: bytes, value: bytes, version: int) -> bytes:
+    """The payload of a value read from database `db` under `key`, in an index of format
+    `version`; CorruptionError (naming database and key) unless its checksum matches."""
+    if version < fmt.INDEX_CHECKSUMS_SINCE:
+        return value
+    n = len(value) - fmt.INDEX_VALUE_CHECKSUM.size
+    if n < 0 or value[n:] != _checksum(db, key, value[:n]):
+        raise damaged(f"index value {describe_key(db, key)} fails its checksum")
+    return value[:n]
+
+
+def describe_key(db: bytes, key: bytes) -> str:
+    """A database and key as a message names them (control characters escaped)."""
+    try:
+        if db == fmt.DB_CHECKPOINTS:
+            what = f"checkpoint {fmt.CKPT_KEY.unpack(key)[0]}"
+        elif db == fmt.DB_MANIFESTS:
+            what = "checkpoint {} buffer #{}".format(*fmt.MANIFEST_KEY.unpack(key))
+        elif db == fmt.DB_CHUNKS:
+            what = f"chunk {key.hex()[:16]}…"
+        else:
+            what = repr(key)
+    except struct.error:
+        what = repr(key)
+    return f"{db.decode()}[{what}]"
+
+
+def _read_version(txn: lmdb.Transaction, meta_db) -> int | None:
+    """The format of the index in this snapshot from META_FORMAT (None: a new, empty index).
+    Raises FormatError for a format newer than this library's, CorruptionError for damage."""
+    raw = txn.get(fmt.META_FORMAT, db=meta_db)
+    if raw is None:
+        return None
+    if len(raw) < fmt.U64.size:
+        raise damaged(f"index value {describe_key(fmt.DB_META, fmt.META_FORMAT)} is too short")
+    (claimed,) = fmt.U64.unpack_from(raw)
+    if len(raw) == fmt.U64.size:                # format 1: the bare version, no checksum
+        if claimed > fmt.FORMAT_VERSION:
+            raise _newer(claimed)
+        if claimed < fmt.MIN_FORMAT_VERSION or claimed >= fmt.INDEX_CHECKSUMS_SINCE:
+            raise damaged(f"index value {describe_key(fmt.DB_META, fmt.META_FORMAT)} holds "
+                          f"format {claimed} without a checksum")
+        return claimed
+    try:
+        payload = unseal(fmt.DB_META, fmt.META_FORMAT, raw, fmt.FORMAT_VERSION)
+    except CorruptionError:
+        if claimed > fmt.FORMAT_VERSION:        # a newer format may seal differently
+            raise _newer(claimed) from None
+        raise
+    if len(payload) != fmt.U64.size or claimed < fmt.INDEX_CHECKSUMS_SINCE:
+        raise damaged(f"index value {describe_key(fmt.DB_META, fmt.META_FORMAT)} is invalid")
+    if claimed > fmt.FORMAT_VERSION:
+        raise _newer(claimed)
+    return claimed
+
+
+def _newer(version: int) -> FormatError:
+    return FormatError(f"index was written by snapstore format {version}; this snapstore reads "
+                       f"up to {fmt.FORMAT_VERSION}: upgrade snapstore")
+
+
+# ---- the data file: never let LMDB touch a page past its end (that is a SIGBUS) ------------
+def _check_data_file(index_path: str, rebuilding: bool) -> str:
+    """Before LMDB opens it: data.mdb must be a regular file, and may be missing or empty
+    (LMDB then starts a new, empty index) only while the store has no log yet, or when the
+    caller is rebuilding the index from the log. Returns its path."""
+    data = os.path.join(index_path, fmt.INDEX_DATA_FILE)
+    try:
+        st = os.stat(data)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise StoreIOError(f"cannot stat the index file {data}: {exc.strerror}", exc.errno) \
+            from exc
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise damaged(f"the index file {data} is not a regular file")
+    if (st is None or st.st_size == 0) and not rebuilding and _log_exists(index_path):
+        raise damaged(f"the index file {data} is missing or empty but the log holds records")
+    return data
+
+
+def _log_exists(index_path: str) -> bool:
+    """Whether the store that holds this index directory has a segment file with records."""
+    segments = os.path.join(os.path.dirname(os.path.abspath(index_path)), fmt.SEGMENTS_DIR)
+    try:
+        names = [n for n in os.listdir(segments) if n.endswith(fmt.SEGMENT_SUFFIX)]
+    except OSError:
+        return False
+    for name in names:
+        try:
+            if os.stat(os.path.join(segments, name)).st_size > fmt.SEGMENT_HEADER.size:
+                return True
+        except OSError:
+            return True                 # there, but unreadable: not an empty log
+    return False
+
+
+def _check_not_truncated(env: lmdb.Environment, data: str) -> None:
+    """LMDB maps the file and reads pages up to its last page in place: past the end of the
+    file that is SIGBUS. So the file must reach the end of LMDB's last page. (A file too short
+    for LMDB's two meta pages already failed lmdb.open with MDB_INVALID.)"""
+    with _lmdb_errors("open"):
+        need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    try:
+        size = os.stat(data).st_size
+    except OSError as exc:
+        raise StoreIOError(f"cannot stat the index file {data}: {exc.strerror}", exc.errno) \
+            from exc
+    if size < need:
+        raise damaged(f"the index file {data} is truncated: it has {size} bytes, LMDB's last "
+                      f"page ends at byte {need}")
 
 
 @dataclass(frozen=True)
@@ -82,15 +226,21 @@ def _acquire_env(path: str, durable: bool) -> lmdb.Environment:
 
 
 class Index:
-    """The open index of one store."""
+    """The open index of one store.
 
-    def __init__(self, path: str, *, readonly: bool, durable: bool) -> None:
+    rebuilding=True is for rebuilding the index from the log (`snapstore repair`): a missing
+    or empty data file is then expected, not damage."""
+
+    def __init__(self, path: str, *, readonly: bool, durable: bool,
+                 rebuilding: bool = False) -> None:
         self.readonly = readonly
         self.durable = durable
         if not os.path.isdir(path):
             raise FormatError(f"no index at {path}; not a snapstore store")
+        data = _check_data_file(path, rebuilding)
         self.env = _acquire_env(path, durable)
         try:
+            _check_not_truncated(self.env, data)
             with _lmdb_errors("open databases"):
                 self.dbs = {name: self.env.open_db(name, create=not readonly)
                             for name in fmt.INDEX_DBS}
@@ -102,23 +252,42 @@ class Index:
             _ENVS.release(self.env)
             raise
         try:
-            self._check_version()
+            self.version = self._check_version()
         except BaseException:
             _ENVS.release(self.env)
             raise
 
-    def _check_version(self) -> None:
-        """Refuses an index written by a newer format (readers too); stamps a new one."""
-        with self.read() as r:
-            version = r.txn.get(fmt.META_FORMAT, db=self.dbs[fmt.DB_META])
-        if version is not None and fmt.U64.unpack(version)[0] > fmt.FORMAT_VERSION:
-            raise FormatError(f"index was written by snapstore format "
-                              f"{fmt.U64.unpack(version)[0]}; this snapstore reads up to "
-                              f"{fmt.FORMAT_VERSION}: upgrade snapstore")
+    def _check_version(self) -> int:
+        """The index's format. Refuses an index written by a newer format (readers too);
+        stamps a new one with this library's."""
+        with _lmdb_errors("read"):
+            with self.env.begin() as txn:
+                version = _read_version(txn, self.dbs[fmt.DB_META])
         if version is None and not self.readonly:
             with self.write() as w:
-                w.txn.put(fmt.META_FORMAT, fmt.U64.pack(fmt.FORMAT_VERSION),
-                          db=self.dbs[fmt.DB_META])
+                w.set_format(fmt.FORMAT_VERSION)
+        return fmt.FORMAT_VERSION if version is None else version
+
+    def add_value_checksums(self) -> bool:
+        """The index step of the upgrade to format 2 (upgrade.py): in one write transaction,
+        seals every value of every database with its checksum and sets META_FORMAT to 2.
+        All or nothing, so a crash leaves format 1 to upgrade again; returns False, doing
+        nothing, when the index already is format 2 or later."""
+        with _lmdb_errors("upgrade"):
+            with self.env.begin(write=True) as txn:
+                version = _read_version(txn, self.dbs[fmt.DB_META])
+                if version is None or version >= fmt.INDEX_CHECKSUMS_SINCE:
+                    return False
+                for name in fmt.INDEX_DBS:
+                    with txn.cursor(db=self.dbs[name]) as cur:
+                        for key, value in cur:
+                            cur.put(key, seal(name, key, value))
+                txn.put(fmt.META_FORMAT, seal(fmt.DB_META, fmt.META_FORMAT,
+                                              fmt.U64.pack(fmt.INDEX_CHECKSUMS_SINCE)),
+                        db=self.dbs[fmt.DB_META])
+                crashpoint("upgrade_before_index_commit")
+        self.version = fmt.INDEX_CHECKSUMS_SINCE
+        return True
 
     def close(self) -> None:
         if self.env is not None:
@@ -147,79 +316,109 @@ class Index:
 
 
 class IndexView:
-    """Read access inside one LMDB transaction."""
+    """Read access inside one LMDB transaction. Every value read is checked (unseal) against
+    the format of this snapshot (`version`)."""
 
     def __init__(self, index: Index, txn: lmdb.Transaction) -> None:
         self.index, self.txn, self.dbs = index, txn, index.dbs
+        version = _read_version(txn, self.dbs[fmt.DB_META])
+        self.version = fmt.FORMAT_VERSION if version is None else version
+
+    # -- the one way values are read
+    def _get(self, db: bytes, key: bytes) -> bytes | None:
+        """The checked payload stored under key, or None."""
+        value = self.txn.get(key, db=self.dbs[db])
+        return None if value is None else unseal(db, key, value, self.version)
+
+    def _items(self, db: bytes, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        """(key, checked payload) of the keys starting with prefix, in key order."""
+        with self.txn.cursor(db=self.dbs[db]) as cur:
+            if not cur.set_range(prefix):
+                return
+            for key, value in cur:
+                if not key.startswith(prefix):
+                    break
+                yield key, unseal(db, key, value, self.version)
+
+    @staticmethod
+    def _decode(db: bytes, key: bytes, payload: bytes, decode: Callable):
+        """decode(payload), with any failure to decode reported as index damage."""
+        try:
+            return decode(payload)
+        except (struct.error, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise damaged(f"index value {describe_key(db, key)} does not decode: "
+                          f"{exc!r}") from exc
+
+    def _decoded(self, db: bytes, key: bytes, decode: Callable):
+        payload = self._get(db, key)
+        return None if payload is None else self._decode(db, key, payload, decode)
 
     # -- meta
     def applied(self) -> tuple[int, int] | None:
-        v = self.txn.get(fmt.META_APPLIED, db=self.dbs[fmt.DB_META])
-        return fmt.LOG_POSITION.unpack(v) if v is not None else None
+        return self._decoded(fmt.DB_META, fmt.META_APPLIED, fmt.LOG_POSITION.unpack)
 
     def next_id(self) -> int:
-        v = self.txn.get(fmt.META_NEXT_ID, db=self.dbs[fmt.DB_META])
-        return fmt.U64.unpack(v)[0] if v is not None else 1
+        v = self._decoded(fmt.DB_META, fmt.META_NEXT_ID, fmt.U64.unpack)
+        return v[0] if v is not None else 1
 
     # -- chunks
     def chunk(self, chunk_id: bytes) -> ChunkEntry | None:
-        v = self.txn.get(chunk_id, db=self.dbs[fmt.DB_CHUNKS])
-        return ChunkEntry.unpack(v) if v is not None else None
+        return self._decoded(fmt.DB_CHUNKS, chunk_id, ChunkEntry.unpack)
 
     def has_chunk(self, chunk_id: bytes) -> bool:
-        return self.txn.get(chunk_id, db=self.dbs[fmt.DB_CHUNKS]) is not None
+        return self.chunk(chunk_id) is not None
 
     def chunks(self) -> Iterator[tuple[bytes, ChunkEntry]]:
-        with self.txn.cursor(db=self.dbs[fmt.DB_CHUNKS]) as cur:
-            for k, v in cur:
-                yield bytes(k), ChunkEntry.unpack(v)
+        for k, v in self._items(fmt.DB_CHUNKS):
+            yield k, self._decode(fmt.DB_CHUNKS, k, v, ChunkEntry.unpack)
 
     # -- checkpoints
     def checkpoint(self, checkpoint_id: int) -> Commit | None:
-        v = self.txn.get(fmt.CKPT_KEY.pack(checkpoint_id), db=self.dbs[fmt.DB_CHECKPOINTS])
-        if v is None:
-            return None
-        try:
-            return Commit.from_info_json(json.loads(v))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptionError(f"index entry of checkpoint {checkpoint_id} is damaged: {exc}")
+        return self._decoded(fmt.DB_CHECKPOINTS, fmt.CKPT_KEY.pack(checkpoint_id),
+                             lambda v: Commit.from_info_json(json.loads(v)))
 
     def checkpoint_ids(self, stream: str | None = None) -> list[int]:
         if stream is None:
             with self.txn.cursor(db=self.dbs[fmt.DB_CHECKPOINTS]) as cur:
                 return [fmt.CKPT_KEY.unpack(k)[0] for k in cur.iternext(values=False)]
-        return self._ids_after(fmt.DB_STREAM_CKPTS, _stream_key(stream))
-
-    def _ids_after(self, db: bytes, prefix: bytes) -> list[int]:
-        """The checkpoint ids of the keys prefix + CKPT_KEY of db, ascending."""
-        out = []
-        with self.txn.cursor(db=self.dbs[db]) as cur:
-            if cur.set_range(prefix):
-                for k in cur.iternext(values=False):
-                    if not k.startswith(prefix):
-                        break
-                    out.append(fmt.CKPT_KEY.unpack(k[len(prefix):])[0])
-        return out
+        prefix = _stream_key(stream)
+        return [fmt.CKPT_KEY.unpack(k[len(prefix):])[0]
+                for k, _ in self._items(fmt.DB_STREAM_CKPTS, prefix)]
 
     def manifest(self, checkpoint_id: int, buffer_index: int) -> bytes:
-        v = self.txn.get(fmt.MANIFEST_KEY.pack(checkpoint_id, buffer_index),
-                         db=self.dbs[fmt.DB_MANIFESTS])
+        """The packed extents of one buffer of a checkpoint (checksum checked)."""
+        key = fmt.MANIFEST_KEY.pack(checkpoint_id, buffer_index)
+        v = self._get(fmt.DB_MANIFESTS, key)
         if v is None:
             raise CorruptionError(f"index lacks manifest {buffer_index} of checkpoint "
                                   f"{checkpoint_id}")
         return v
 
+    def extents(self, commit: Commit, buffer_index: int) -> list:
+        """The extents of buffer `buffer_index` of `commit`, checked to be a valid manifest
+        of that buffer (extents.check_manifest) before anything uses them."""
+        b = commit.buffers[buffer_index]
+        what = f"checkpoint {commit.id} buffer {b.name!r}"
+        try:
+            out = ext.unpack(self.manifest(commit.id, buffer_index))
+            ext.check_manifest(out, b.size, b.base == "full", what)
+        except CorruptionError as exc:
+            raise damaged(str(exc)) from exc
+        return out
+
     def children(self, checkpoint_id: int) -> list[int]:
-        return self._ids_after(fmt.DB_CHILDREN, fmt.CKPT_KEY.pack(checkpoint_id))
+        prefix = fmt.CKPT_KEY.pack(checkpoint_id)
+        return [fmt.CKPT_KEY.unpack(k[len(prefix):])[0]
+                for k, _ in self._items(fmt.DB_CHILDREN, prefix)]
 
     # -- streams
     def streams(self) -> dict[str, int]:
-        with self.txn.cursor(db=self.dbs[fmt.DB_STREAMS]) as cur:
-            return {k.decode(): json.loads(v)["head"] for k, v in cur}
+        return {self._decode(fmt.DB_STREAMS, k, k, bytes.decode):
+                self._decode(fmt.DB_STREAMS, k, v, lambda p: json.loads(p)["head"])
+                for k, v in self._items(fmt.DB_STREAMS)}
 
     def _stream(self, stream: str) -> dict | None:
-        v = self.txn.get(stream.encode(), db=self.dbs[fmt.DB_STREAMS])
-        return json.loads(v) if v is not None else None
+        return self._decoded(fmt.DB_STREAMS, stream.encode(), _stream_json)
 
     def stream_head(self, stream: str) -> int | None:
         s = self._stream(stream)
@@ -232,25 +431,41 @@ class IndexView:
 
     def fingerprints(self, stream: str, buffer: str) -> tuple[int, int, bytes] | None:
         """(checkpoint id, page size, digests) recorded for a stream's buffer, or None."""
-        v = self.txn.get(_stream_key(stream, buffer.encode()), db=self.dbs[fmt.DB_FINGERPRINTS])
-        if v is None:
-            return None
-        ckpt, page_size, _ = fmt.FP_HEADER.unpack_from(v)
-        return ckpt, page_size, v[fmt.FP_HEADER.size:]
+        def decode(v: bytes) -> tuple[int, int, bytes]:
+            ckpt, page_size, _ = fmt.FP_HEADER.unpack_from(v)
+            return ckpt, page_size, v[fmt.FP_HEADER.size:]
+        return self._decoded(fmt.DB_FINGERPRINTS, _stream_key(stream, buffer.encode()), decode)
+
+
+def _stream_json(payload: bytes) -> dict:
+    d = json.loads(payload)
+    if not isinstance(d, dict) or not isinstance(d["head"], int):
+        raise ValueError("not a stream record")
+    return d
 
 
 class IndexWriter(IndexView):
-    """Write access inside one LMDB write transaction (all or nothing)."""
+    """Write access inside one LMDB write transaction (all or nothing). Writes only an index
+    of this library's format: upgrade.py converts an older one first."""
 
+    def __init__(self, index: Index, txn: lmdb.Transaction) -> None:
+        super().__init__(index, txn)
+        if self.version != fmt.FORMAT_VERSION:
+            raise FormatError(f"the index is format {self.version}; it must be upgraded to "
+                              f"{fmt.FORMAT_VERSION} before it is written")
+
+    # -- the one way values are written
     def _put(self, db: bytes, key: bytes, value: bytes) -> None:
-        self.txn.put(key, value, db=self.dbs[db])
+        self.txn.put(key, seal(db, key, value), db=self.dbs[db])
 
     def _delete(self, db: bytes, key: bytes) -> None:
         self.txn.delete(key, db=self.dbs[db])
 
+    def set_format(self, version: int) -> None:
+        self._put(fmt.DB_META, fmt.META_FORMAT, fmt.U64.pack(version))
+
     def set_applied(self, position: tuple[int, int]) -> None:
         self._put(fmt.DB_META, fmt.META_APPLIED, fmt.LOG_POSITION.pack(*position))
-
     def put_chunk(self, chunk_id: bytes, entry: ChunkEntry) -> None:
         self._put(fmt.DB_CHUNKS, chunk_id, entry.pack())
 

@@ -21,17 +21,18 @@ from snapstore.engine.records import BufferEntry, Commit
 def buffer_layers(view: IndexView, commit: Commit, name: str) -> list[list]:
     """Extent lists of buffer `name` from its nearest full manifest to `commit`, oldest first."""
     layers = []
+    size = find_buffer(commit, name).size
     current = commit
     while True:
         idx = next((i for i, b in enumerate(current.buffers) if b.name == name), None)
-        if idx is None:
-            raise CorruptionError(f"checkpoint {current.id} lacks buffer {name!r} that checkpoint "
-                                  f"{commit.id} builds on")
-        layers.append(ext.unpack(view.manifest(current.id, idx)))
+        if idx is None or current.buffers[idx].size != size:
+            raise CorruptionError(f"checkpoint {current.id} lacks buffer {name!r} of {size} bytes "
+                                  f"that checkpoint {commit.id} builds on")
+        layers.append(view.extents(current, idx))      # checked: sorted, inside, covering
         if current.buffers[idx].base == "full":
             break
-        if current.parent is None:
-            raise CorruptionError(f"checkpoint {current.id} is a delta without a parent")
+        if current.parent is None or current.parent >= current.id:   # parents are older
+            raise CorruptionError(f"checkpoint {current.id} is a delta without a valid parent")
         parent = view.checkpoint(current.parent)
         if parent is None:
             raise CorruptionError(f"checkpoint {current.id} names missing parent {current.parent}")
@@ -105,8 +106,11 @@ def restore_range(view: IndexView, backend: SegmentBackend, commit: Commit, name
     whole = start == 0 and end == find_buffer(commit, name).size
     with backend.open_reader() as segments:
         reader = ChunkReader(backend, segments, view)
-        for layer in buffer_layers(view, commit, name):
-            for off, coff, length, cid in (layer if whole else ext.clip(layer, start, end)):
+        for depth, layer in enumerate(buffer_layers(view, commit, name)):
+            extents = layer if whole else ext.clip(layer, start, end)
+            if depth == 0:      # the full base writes every byte of out: none is left unfilled
+                ext.check_fills(extents, start, end, f"checkpoint {commit.id} buffer {name!r}")
+            for off, coff, length, cid in extents:
                 data = reader.read(cid)
                 if coff + length > len(data):
                     raise CorruptionError(f"manifest extent exceeds chunk {cid.hex()[:16]}…")

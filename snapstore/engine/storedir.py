@@ -77,10 +77,10 @@ def take_lock(path: str, timeout: float) -> int:
         time.sleep(0.05)
 
 
-def write_format_file(path: str) -> None:
+def write_format_file(path: str, created: float | None = None) -> None:
     """Publishes the FORMAT file atomically: temp file, fsync, rename, directory fsync."""
     body = json.dumps({"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION,
-                       "created": time.time()}).encode()
+                       "created": time.time() if created is None else created}).encode()
     fd, tmp = tempfile.mkstemp(dir=path, prefix=".FORMAT.")
     try:
         os.write(fd, body)
@@ -91,7 +91,9 @@ def write_format_file(path: str) -> None:
     fsync_directory(path)
 
 
-def read_format_file(path: str) -> None:
+def read_format_file(path: str) -> dict:
+    """The FORMAT file's contents, checked: FormatError unless a snapstore store of a version
+    this library reads."""
     try:
         with io.open(os.path.join(path, fmt.FORMAT_FILE), "rb") as f:
             data = json.loads(f.read())
@@ -105,3 +107,6 @@ def read_format_file(path: str) -> None:
     if not isinstance(version, int) or version > fmt.FORMAT_VERSION:
         raise FormatError(f"{path} has store format version {version}; this snapstore reads "
                           f"versions up to {fmt.FORMAT_VERSION}: upgrade snapstore")
+    if version < fmt.MIN_FORMAT_VERSION:
+        raise FormatError(f"{path} has an invalid store format version {version}")
+    return data
