@@ -111,7 +111,7 @@ class Committer:
             self.backend = backend or LocalSegments(os.path.join(path, fmt.SEGMENTS_DIR),
                                                     durable=durable)
             if not readonly:
-                upgrade_store(path, self.index)     # before anything writes to the index
+                upgrade_store(path, self.index, self.backend)   # before anything else writes
                 with io_errors("cannot recover the log"):
                     recover(self.index, self.backend, durable)
                 self.log = SegmentLog(self.backend, segment_size)

@@ -225,6 +225,11 @@ def _acquire_env(path: str, durable: bool) -> lmdb.Environment:
     return _ENVS.acquire(path, open_env)
 
 
+def open_in_process(path: str) -> bool:
+    """Whether this process has the index at `path` open (through any Store)."""
+    return _ENVS.users(path) > 0
+
+
 class Index:
     """The open index of one store.
 
@@ -301,10 +306,13 @@ class Index:
                 yield IndexView(self, txn)
 
     @contextlib.contextmanager
-    def write(self) -> Iterator["IndexWriter"]:
+    def write(self, *, rebuilding: bool = False) -> Iterator["IndexWriter"]:
+        """A write transaction. rebuilding=True (repair.py only): reference counts are not
+        maintained (the rebuild recounts them at the end), so a manifest may name a chunk the
+        index lacks (the rebuild reports it)."""
         with _lmdb_errors("write"):
             with self.env.begin(write=True) as txn:
-                yield IndexWriter(self, txn)
+                yield IndexWriter(self, txn, rebuilding=rebuilding)
 
     def sync(self) -> None:
         """Forces every committed transaction to disk (even with durability "none")."""
@@ -360,6 +368,12 @@ class IndexView:
     def next_id(self) -> int:
         v = self._decoded(fmt.DB_META, fmt.META_NEXT_ID, fmt.U64.unpack)
         return v[0] if v is not None else 1
+
+    def log_state(self) -> tuple[tuple[int, int], tuple[int, int]] | None:
+        """Where the newest durable state section of the log lies: (log position of its first
+        record, log position just past its last); None when none was written."""
+        v = self._decoded(fmt.DB_META, fmt.META_LOG_STATE, fmt.STATE_MARK.unpack)
+        return None if v is None else ((v[0], v[1]), (v[2], v[3]))
 
     # -- chunks
     def chunk(self, chunk_id: bytes) -> ChunkEntry | None:
@@ -448,8 +462,9 @@ class IndexWriter(IndexView):
     """Write access inside one LMDB write transaction (all or nothing). Writes only an index
     of this library's format: upgrade.py converts an older one first."""
 
-    def __init__(self, index: Index, txn: lmdb.Transaction) -> None:
+    def __init__(self, index: Index, txn: lmdb.Transaction, *, rebuilding: bool = False) -> None:
         super().__init__(index, txn)
+        self.rebuilding = rebuilding
         if self.version != fmt.FORMAT_VERSION:
             raise FormatError(f"the index is format {self.version}; it must be upgraded to "
                               f"{fmt.FORMAT_VERSION} before it is written")
@@ -466,6 +481,13 @@ class IndexWriter(IndexView):
 
     def set_applied(self, position: tuple[int, int]) -> None:
         self._put(fmt.DB_META, fmt.META_APPLIED, fmt.LOG_POSITION.pack(*position))
+
+    def set_log_state(self, begin: tuple[int, int], end: tuple[int, int]) -> None:
+        self._put(fmt.DB_META, fmt.META_LOG_STATE, fmt.STATE_MARK.pack(*begin, *end))
+
+    def set_next_id(self, next_id: int) -> None:
+        self._put(fmt.DB_META, fmt.META_NEXT_ID, fmt.U64.pack(next_id))
+
     def put_chunk(self, chunk_id: bytes, entry: ChunkEntry) -> None:
         self._put(fmt.DB_CHUNKS, chunk_id, entry.pack())
 
@@ -473,6 +495,8 @@ class IndexWriter(IndexView):
         self._delete(fmt.DB_CHUNKS, chunk_id)
 
     def _add_refs(self, blob: bytes, delta: int) -> None:
+        if self.rebuilding:
+            return
         counts: dict[bytes, int] = {}
         for _, _, _, cid in fmt.EXTENT.iter_unpack(blob):
             counts[cid] = counts.get(cid, 0) + delta
@@ -490,6 +514,10 @@ class IndexWriter(IndexView):
     def _put_info(self, commit: Commit) -> None:
         self._put(fmt.DB_CHECKPOINTS, fmt.CKPT_KEY.pack(commit.id),
                   json.dumps(commit.info_json(), separators=(",", ":")).encode())
+
+    def put_stream(self, stream: str, head: int, seq: int) -> None:
+        """Sets a stream's head and last seq (a rebuild from a state section)."""
+        self._put_stream(stream, head, seq)
 
     def _put_stream(self, stream: str, head: int, seq: int) -> None:
         self._put(fmt.DB_STREAMS, stream.encode(), json.dumps({"head": head, "seq": seq}).encode())
@@ -541,7 +569,7 @@ class IndexWriter(IndexView):
     def apply_commit(self, commit: Commit, position: tuple[int, int]) -> None:
         """Makes a committed checkpoint visible; `position` is just past its commit record."""
         for cid, seg, off, stored, raw, codec in fmt.NEW_CHUNK.iter_unpack(commit.new_chunks):
-            if not self.has_chunk(cid):
+            if not self.rebuilding and not self.has_chunk(cid):   # a rebuild scans for them
                 self.put_chunk(cid, ChunkEntry(seg, off, stored, raw, 0, codec))
         for i, b in enumerate(commit.buffers):
             self._add_refs(b.extents, +1)
@@ -552,8 +580,7 @@ class IndexWriter(IndexView):
         if commit.parent is not None:
             self._put(fmt.DB_CHILDREN, fmt.CKPT_KEY.pack(commit.parent) + key, b"")
         self._put_stream(commit.stream, commit.id, max(commit.seq, self.stream_seq(commit.stream)))
-        next_id = max(self.next_id(), commit.id + 1)
-        self._put(fmt.DB_META, fmt.META_NEXT_ID, fmt.U64.pack(next_id))
+        self.set_next_id(max(self.next_id(), commit.id + 1))
         self.set_applied(position)
 
     def apply_delete(self, checkpoint_id: int, position: tuple[int, int]) -> None:

@@ -27,6 +27,7 @@ import pytest
 import snapstore
 from snapstore.engine import format as fmt
 from snapstore.engine import upgrade
+from snapstore.engine.backends import LocalSegments
 from snapstore.engine.index import Index, unseal
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -116,17 +117,26 @@ def test_writer_open_upgrades_each_v1_store(store, tmp_path):
     exp = expected_of(store)
     created = format_file(path)["created"]
     before = raw_index(path)
-    # the upgrade alone (no recovery yet): exactly the old payloads, sealed
+    # the index step alone (no recovery yet): exactly the old payloads, sealed
     lock = os.open(os.path.join(path, fmt.LOCK_FILE), os.O_RDWR | os.O_CREAT)
     index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
+    backend = LocalSegments(os.path.join(path, fmt.SEGMENTS_DIR))
     try:
         assert index.version == 1
-        assert upgrade.upgrade(path, index) == 1
+        assert upgrade.STEPS[0].run(path, index, backend)
         assert index.version == 2
     finally:
         index.close()
-        os.close(lock)
     assert_sealed(before, raw_index(path))
+    # then the whole upgrade: the log step notes the state section it wrote
+    index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
+    try:
+        assert upgrade.upgrade(path, index, backend) == 1
+        with index.read() as r:
+            assert r.log_state() is not None
+    finally:
+        index.close()
+        os.close(lock)
     assert format_file(path) == {"format": "snapstore", "version": 2, "created": created}
     # and through the public API: recovery, verify, restores, readers
     ids = [c["id"] for c in exp["checkpoints"]]
@@ -148,7 +158,9 @@ def test_upgrade_is_idempotent(tmp_path):
     index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
     try:
         assert not index.add_value_checksums()               # nothing left to do
-        assert upgrade.upgrade(path, index) == 2
+        backend = LocalSegments(os.path.join(path, fmt.SEGMENTS_DIR))
+        assert not any(step.run(path, index, backend) for step in upgrade.STEPS)
+        assert upgrade.upgrade(path, index, backend) == 2
     finally:
         index.close()
     snapstore.open(path, durability="none").close()
@@ -160,7 +172,8 @@ def test_upgrade_is_idempotent(tmp_path):
 
 def test_format_file_older_than_its_index_is_finished(tmp_path):
     """FORMAT still 1 over a format 2 index (a crash between the two): a reader reads it, the
-    next writer publishes FORMAT 2 and leaves the index as it is."""
+    next writer publishes FORMAT 2 and leaves the index as it is (but for the note of the log
+    step, which had not run)."""
     path = copy("raw_cdc", tmp_path)
     exp = expected_of("raw_cdc")
     index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
@@ -174,7 +187,10 @@ def test_format_file_older_than_its_index_is_finished(tmp_path):
         check_exact(s, exp, exp["readonly_ids"])
     snapstore.open(path, durability="none").close()
     assert format_file(path)["version"] == 2
-    assert raw_index(path) == sealed
+    after = raw_index(path)
+    # the one change: the log step (a state section for the format 1 log) noted in the index
+    assert after[fmt.DB_META].pop(fmt.META_LOG_STATE) is not None
+    assert after == sealed
 
 
 CHILD = r"""
@@ -188,6 +204,7 @@ print("finished")
 
 @pytest.mark.parametrize("point, index_after, format_after", [
     ("upgrade_before_index_commit", 1, 1),
+    ("upgrade_before_state_mark", 2, 1),
     ("upgrade_before_format", 2, 1),
     ("upgrade_after_format", 2, 2),
 ])
@@ -202,8 +219,12 @@ def test_crash_during_upgrade(tmp_path, store, point, index_after, format_after)
     assert p.returncode == -signal.SIGKILL, (p.returncode, p.stdout, p.stderr)
     assert index_version(path) == index_after
     assert format_file(path)["version"] == format_after
-    with snapstore.open(path, readonly=True) as s:          # readers read it as it is
-        check_exact(s, exp, exp["readonly_ids"])
+    # readers read it as it is: the log step recovered the log before it wrote its state
+    # section, so from its crash point on they see the recovered checkpoints
+    recovered = point != "upgrade_before_index_commit"
+    with snapstore.open(path, readonly=True) as s:
+        check_exact(s, exp, [c["id"] for c in exp["checkpoints"]] if recovered
+                    else exp["readonly_ids"])
     with snapstore.open(path, durability="none") as s:      # the next writer finishes the job
         report = s.verify(deep=True)
         assert report["ok"], report["problems"][:5]
