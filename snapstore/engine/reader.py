@@ -16,6 +16,7 @@ from snapstore.errors import CheckpointNotFound, ConcurrentCompactionError, Corr
 from snapstore.engine.backends.base import SegmentBackend, SegmentReader
 from snapstore.engine.index import IndexView
 from snapstore.engine.records import BufferEntry, Commit
+from snapstore.engine.wal import segment_version
 
 
 def buffer_layers(view: IndexView, commit: Commit, name: str) -> list[list]:
@@ -59,6 +60,7 @@ class ChunkReader:
         self.backend, self.segments, self.view = backend, segments, view
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._cached = 0
+        self._versions_checked: set[int] = set()
 
     def read(self, chunk_id: bytes) -> bytes | memoryview:
         hit = self._cache.get(chunk_id)
@@ -78,6 +80,8 @@ class ChunkReader:
         if entry is None:
             raise CorruptionError(f"index lacks chunk {chunk_id.hex()[:16]}… that a manifest "
                                   "references")
+        if entry.segment not in self._versions_checked:
+            self._check_version(entry.segment)
         try:
             return chunks.read_chunk(self.segments, entry.segment, entry.offset,
                                      entry.stored_len, chunk_id, entry.raw_len)
@@ -87,6 +91,16 @@ class ChunkReader:
                     f"chunk {chunk_id.hex()[:16]}… was moved by a compaction while this read "
                     "ran; retry the read") from None
             raise
+
+    def _check_version(self, number: int) -> None:
+        """FormatError for a segment of a newer version than this library reads (checked once
+        per segment and read session). A damaged header is left to the records, each of which
+        is checked on its own."""
+        try:
+            segment_version(self.segments, number)
+        except CorruptionError:
+            pass
+        self._versions_checked.add(number)
 
     def _moved(self, chunk_id: bytes, entry) -> bool:
         """True when the index, read afresh, no longer places the chunk where this read's
