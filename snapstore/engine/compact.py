@@ -3,9 +3,8 @@
 Order and invariants (docs/design.md, "Compaction"):
   1. fold: a buffer whose chain is longer than max_chain gets one full manifest resolved from
      its layers. Only manifests change (no bytes are copied); what it restores to is unchanged.
-  2. choose: the segments to rewrite are those whose still-needed bytes (chunks some manifest
-     uses, counting only the used part of a chunk step 3 would trim; the newest state section)
-     are below `threshold` of them. The open segment is sealed first when it qualifies, so a
+  2. choose: the segments to rewrite are those whose still-needed bytes (the part of each
+     chunk some manifest uses; the newest state section) are below `threshold` of them. The open segment is sealed first when it qualifies, so a
      store smaller than one segment gets space back too.
   3. trim: a chunk of a chosen segment of which manifests reference less than `threshold` of
      its bytes (the rest was overwritten in every checkpoint that still uses it) is replaced
@@ -112,18 +111,18 @@ class ChunkUses:
         """{segment: bytes of it} the newest state section occupies."""
         return section_bytes(backend, *self.state) if self.state is not None else {}
 
-    def needed_bytes(self, threshold: float) -> dict[int, float]:
-        """{segment: chunk record bytes it holds that are still needed}: a chunk no manifest
-        uses needs none, one compaction would trim needs the used fraction of its record."""
+    def needed_bytes(self) -> dict[int, float]:
+        """{segment: chunk record bytes it holds that are still needed}: each chunk's record
+        in the proportion of its bytes some manifest uses (none for a chunk no manifest uses).
+        A rewrite keeps at least that, and at least `threshold` of every chunk it keeps (it
+        trims the others), so a rewritten segment does not qualify again."""
         out: dict[int, float] = defaultdict(float)
         for chunk, e in self.entries.items():
-            if chunk not in self.uses:
-                continue
-            record = fmt.RECORD_HEADER.size + e.stored_len
-            plan = self.trim_plan(chunk, threshold)
-            if plan is not None:
-                record *= sum(b - a for a, b in plan) / max(1, e.raw_len)
-            out[e.segment] += record
+            ranges = self.uses.get(chunk)
+            if ranges:
+                used = sum(b - a for a, b in _merge(ranges))
+                out[e.segment] += (fmt.RECORD_HEADER.size + e.stored_len) * \
+                    min(1.0, used / max(1, e.raw_len))
         return out
 
 
@@ -327,7 +326,7 @@ def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold
     before = sum(backend.size(n) for n in backend.list())
     folded = fold_chains(index, max_chain)
     found = ChunkUses(index)
-    targets = choose_segments(log, backend, found.needed_bytes(threshold),
+    targets = choose_segments(log, backend, found.needed_bytes(),
                               found.state_bytes(backend), threshold)
     trimmed, trimmed_bytes, trim_read, trim_written = trim_chunks(index, log, backend, opts,
                                                                   threshold, found, set(targets))

@@ -353,7 +353,7 @@ def _load_section(index: Index, reader: SegmentReader, section: StateSection,
     with index.write(rebuilding=True) as w:
         for seg, off, length in section.checkpoints:
             record = read_record(reader, seg, off, length=length)
-            commit = Commit.decode(record.payload)
+            commit = Commit.decode(bytes(record.payload))
             w.apply_commit(commit, (seg, record.end))
             loaded += 1
         ids = set(w.checkpoint_ids())
