@@ -6,7 +6,8 @@ delta manifest covers only what changed since the parent checkpoint.
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Tuple
+from operator import add, itemgetter
+from typing import Iterable, List, Sequence, Tuple
 
 from snapstore.engine import format as fmt
 from snapstore.errors import CorruptionError
@@ -27,7 +28,7 @@ def unpack(blob: bytes) -> List[Extent]:
     return list(fmt.EXTENT.iter_unpack(blob))
 
 
-def check_manifest(extents: List[Extent], size: int, full: bool, what: str) -> None:
+def check_manifest(extents: Sequence[Extent], size: int, full: bool, what: str) -> None:
     """Raises CorruptionError unless `extents` is a valid manifest of a buffer of `size` bytes:
     every length > 0, sorted by buffer offset, non-overlapping, inside the buffer; a full
     manifest covers the buffer exactly (so a restore from it writes every byte). `what` names
@@ -49,16 +50,14 @@ def check_manifest(extents: List[Extent], size: int, full: bool, what: str) -> N
                               f"{at} of {size} bytes")
 
 
-def check_fills(extents: List[Extent], start: int, end: int, what: str) -> None:
-    """Raises CorruptionError unless sorted, non-overlapping `extents` cover [start, end)
-    without a gap: the proof, before any byte is written, that a restore of that range from
-    them leaves no byte of the output unwritten (fresh output memory may hold old data)."""
-    at = start
-    for off, _, length, _ in extents:
-        if off != at:
-            break
-        at += length
-    if at != end:
+def check_fills(extents: Sequence[Extent], start: int, end: int, what: str) -> None:
+    """Raises CorruptionError unless `extents` lie back to back from start to end: the proof,
+    before any byte is written, that a restore of [start, end) from them leaves no byte of
+    the output unwritten (fresh output memory may hold old data)."""
+    offsets = list(map(itemgetter(0), extents))
+    ends = list(map(add, offsets, map(itemgetter(2), extents)))
+    if [start] + ends != offsets + [end]:
+        at = next(a for a, o in zip([start] + ends, offsets + [end]) if a != o)
         raise CorruptionError(f"{what}: the base manifest leaves bytes from {at} unwritten "
                               f"in {start}..{end}")
 

@@ -15,11 +15,13 @@ lmdb.Error never escapes this module: it becomes a snapstore.errors exception.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
 import stat
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -60,14 +62,19 @@ def _lmdb_errors(what: str):
 
 
 # ---- the value envelope (format 2): payload + XXH3-64 of (database, key, payload) -----------
-def _checksum(db: bytes, key: bytes, payload: bytes) -> bytes:
-    return fmt.INDEX_VALUE_CHECKSUM.pack(xxhash.xxh3_64_intdigest(
-        b"".join((db, b"\0", fmt.INDEX_KEY_LENGTH.pack(len(key)), key, payload))))
+# unseal runs for every value read (a restore reads one chunk entry per chunk), so the digest
+# input is one concatenation: _HEAD[db][len(key)] is the database name, NUL and key length
+# (LMDB keys are at most 511 bytes), followed by the key and the payload.
+_HEAD = {db: tuple(db + b"\0" + fmt.INDEX_KEY_LENGTH.pack(n) for n in range(512))
+         for db in fmt.INDEX_DBS}
+_CHECKSUM_AT = fmt.INDEX_VALUE_CHECKSUM.unpack_from
+_CHECKSUM_BYTES = fmt.INDEX_VALUE_CHECKSUM.size
+_xxh3_64 = xxhash.xxh3_64_intdigest
 
 
 def seal(db: bytes, key: bytes, payload: bytes) -> bytes:
     """The value stored for `payload` under `key` in database `db` (format 2 and later)."""
-    return payload + _checksum(db, key, payload)
+    return payload + fmt.INDEX_VALUE_CHECKSUM.pack(_xxh3_64(_HEAD[db][len(key)] + key + payload))
 
 
 def unseal(db: bytes, key: bytes, value: bytes, version: int) -> bytes:
@@ -75,10 +82,11 @@ def unseal(db: bytes, key: bytes, value: bytes, version: int) -> bytes:
     `version`; CorruptionError (naming database and key) unless its checksum matches."""
     if version < fmt.INDEX_CHECKSUMS_SINCE:
         return value
-    n = len(value) - fmt.INDEX_VALUE_CHECKSUM.size
-    if n < 0 or value[n:] != _checksum(db, key, value[:n]):
+    payload = value[:-_CHECKSUM_BYTES]
+    if len(value) < _CHECKSUM_BYTES or _CHECKSUM_AT(value, len(payload))[0] != \
+            _xxh3_64(_HEAD[db][len(key)] + key + payload):
         raise damaged(f"index value {describe_key(db, key)} fails its checksum")
-    return value[:n]
+    return payload
 
 
 def describe_key(db: bytes, key: bytes) -> str:
@@ -230,6 +238,43 @@ def open_in_process(path: str) -> bool:
     return _ENVS.users(path) > 0
 
 
+class CheckedManifests:
+    """The extents of recently read manifests that passed extents.check_manifest, so a read
+    that resolves the same chain again (every read() of a range does) skips unpacking and
+    checking them; bounded by their total number of extents (LRU), thread-safe.
+
+    Keyed by (manifest key, the payload's verified checksum, buffer size, base): a manifest
+    rewritten under the same key (delete, fold, trim) has another payload, so another
+    checksum; that two payloads of one key share an XXH3-64 is the same 2^-64 chance the
+    checksum itself rests on. Format 1 manifests have no checksum and are not kept."""
+
+    LIMIT = 1 << 16                      # extents (~200 bytes each as Python tuples)
+
+    def __init__(self) -> None:
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self._extents = 0
+        self._lock = threading.Lock()
+
+    def get(self, memo: tuple) -> tuple | None:
+        with self._lock:
+            hit = self._entries.get(memo)
+            if hit is not None:
+                self._entries.move_to_end(memo)
+            return hit
+
+    def put(self, memo: tuple, extents: tuple) -> None:
+        if len(extents) > self.LIMIT:
+            return
+        with self._lock:
+            if memo in self._entries:
+                return
+            self._entries[memo] = extents
+            self._extents += len(extents)
+            while self._extents > self.LIMIT:
+                _, old = self._entries.popitem(last=False)
+                self._extents -= len(old)
+
+
 class Index:
     """The open index of one store.
 
@@ -240,6 +285,7 @@ class Index:
                  rebuilding: bool = False) -> None:
         self.readonly = readonly
         self.durable = durable
+        self.checked_manifests = CheckedManifests()
         if not os.path.isdir(path):
             raise FormatError(f"no index at {path}; not a snapstore store")
         data = _check_data_file(path, rebuilding)
@@ -377,7 +423,15 @@ class IndexView:
 
     # -- chunks
     def chunk(self, chunk_id: bytes) -> ChunkEntry | None:
-        return self._decoded(fmt.DB_CHUNKS, chunk_id, ChunkEntry.unpack)
+        # _decoded written out: a restore reads one chunk entry per chunk
+        value = self.txn.get(chunk_id, db=self.dbs[fmt.DB_CHUNKS])
+        if value is None:
+            return None
+        payload = unseal(fmt.DB_CHUNKS, chunk_id, value, self.version)
+        if len(payload) != fmt.CHUNK_ENTRY.size:
+            raise damaged(f"index value {describe_key(fmt.DB_CHUNKS, chunk_id)} has "
+                          f"{len(payload)} bytes, not {fmt.CHUNK_ENTRY.size}")
+        return ChunkEntry.unpack(payload)
 
     def has_chunk(self, chunk_id: bytes) -> bool:
         return self.chunk(chunk_id) is not None
@@ -408,16 +462,31 @@ class IndexView:
                                   f"{checkpoint_id}")
         return v
 
-    def extents(self, commit: Commit, buffer_index: int) -> list:
-        """The extents of buffer `buffer_index` of `commit`, checked to be a valid manifest
-        of that buffer (extents.check_manifest) before anything uses them."""
+    def extents(self, commit: Commit, buffer_index: int) -> tuple:
+        """The extents of buffer `buffer_index` of `commit` (an immutable sequence), checked
+        to be a valid manifest of that buffer (extents.check_manifest) before anything uses
+        them. A manifest already checked is taken from the index's CheckedManifests."""
         b = commit.buffers[buffer_index]
-        what = f"checkpoint {commit.id} buffer {b.name!r}"
+        key = fmt.MANIFEST_KEY.pack(commit.id, buffer_index)
+        value = self.txn.get(key, db=self.dbs[fmt.DB_MANIFESTS])
+        if value is None:
+            raise CorruptionError(f"index lacks manifest {buffer_index} of checkpoint "
+                                  f"{commit.id}")
+        blob = unseal(fmt.DB_MANIFESTS, key, value, self.version)
+        memo = None
+        if len(blob) < len(value):       # sealed: the verified checksum names the payload
+            memo = (key, value[len(blob):], b.size, b.base)
+            hit = self.index.checked_manifests.get(memo)
+            if hit is not None:
+                return hit
         try:
-            out = ext.unpack(self.manifest(commit.id, buffer_index))
-            ext.check_manifest(out, b.size, b.base == "full", what)
+            out = tuple(ext.unpack(blob))
+            ext.check_manifest(out, b.size, b.base == "full",
+                               f"checkpoint {commit.id} buffer {b.name!r}")
         except CorruptionError as exc:
             raise damaged(str(exc)) from exc
+        if memo is not None:
+            self.index.checked_manifests.put(memo, out)
         return out
 
     def children(self, checkpoint_id: int) -> list[int]:
@@ -459,15 +528,15 @@ def _stream_json(payload: bytes) -> dict:
 
 
 class IndexWriter(IndexView):
-    """Write access inside one LMDB write transaction (all or nothing). Writes only an index
-    of this library's format: upgrade.py converts an older one first."""
+    """Write access inside one LMDB write transaction (all or nothing). Every value it writes
+    is sealed, so it refuses an index whose values are not: upgrade.py converts it first."""
 
     def __init__(self, index: Index, txn: lmdb.Transaction, *, rebuilding: bool = False) -> None:
         super().__init__(index, txn)
         self.rebuilding = rebuilding
-        if self.version != fmt.FORMAT_VERSION:
-            raise FormatError(f"the index is format {self.version}; it must be upgraded to "
-                              f"{fmt.FORMAT_VERSION} before it is written")
+        if self.version < fmt.INDEX_CHECKSUMS_SINCE:
+            raise FormatError(f"the index is format {self.version}; it must be upgraded "
+                              "before it is written (a writer open does that)")
 
     # -- the one way values are written
     def _put(self, db: bytes, key: bytes, value: bytes) -> None:

@@ -234,6 +234,7 @@ def test_check_manifest_rules():
     ext.check_manifest(ok, 16, True, "m")
     ext.check_manifest(ok, 20, False, "m")
     ext.check_manifest([], 0, True, "m")
+    ext.check_manifest([], 7, False, "m")
     bad = [
         ([(0, 0, 0, cid)], 0, False),                       # empty extent
         ([(0, 0, 10, cid), (9, 0, 2, cid)], 20, False),     # overlap
@@ -246,8 +247,11 @@ def test_check_manifest_rules():
     for extents, size, full in bad:
         with pytest.raises(CorruptionError, match="damaged manifest"):
             ext.check_manifest(extents, size, full, "m")
-    with pytest.raises(CorruptionError):
-        ext.unpack(bytes(fmt.EXTENT.size + 3))
+    for blob in (bytes(fmt.EXTENT.size + 3), bytes(5)):
+        with pytest.raises(CorruptionError, match="not a whole number"):
+            ext.unpack(blob)
+    with pytest.raises(CorruptionError, match="covers only 0"):
+        ext.check_manifest([], 5, True, "m")
     ext.check_fills([(5, 0, 5, cid), (10, 0, 2, cid)], 5, 12, "r")
     ext.check_fills([], 7, 7, "r")
     for extents in ([(5, 0, 5, cid)], [(6, 0, 6, cid)], [(5, 0, 2, cid), (8, 0, 4, cid)]):
