@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 from snapstore.cli.args import count_arg
-from snapstore.cli.common import (EXIT_OK, EXIT_PROBLEM, UsageError, need, open_store, progress,
-                                  spinner_for, store_path)
+from snapstore.cli.common import (EXIT_OK, EXIT_PROBLEM, Problem, UsageError, need, open_store,
+                                  progress, spinner_for, store_path)
 from snapstore.cli.output import print_json, print_report
 from snapstore.formatting import human_bytes
 from snapstore.store import repair as repair_store
@@ -98,7 +98,10 @@ def cmd_repair(args) -> int:
               f"({human_bytes(report['bytes_scanned'])} at {report['mb_per_s']:.0f} MB/s): "
               f"{report['checkpoints']} checkpoint(s), {report['streams']} stream(s)")
         print_problems(problems)
-    return EXIT_OK if report["ok"] else EXIT_PROBLEM
+    if not report["ok"]:
+        raise Problem(f"repair rebuilt the index, but the log holds {len(problems)} "
+                      "problem(s) (listed on stdout): what they touched is lost")
+    return EXIT_OK
 
 
 def print_problems(problems: list) -> None:

@@ -14,7 +14,9 @@ state the old index is in (missing, truncated, damaged, intact):
   4. recount every chunk's references from the manifests; drop unreferenced chunk entries;
      report referenced chunks no valid record holds;
   5. set the applied position to the end of the log's valid records (a torn tail is left to
-     the next writer's recovery, which cuts it), sync the new index, and swap it in.
+     the next writer's recovery, which cuts it), sync the new index, and swap it in -- unless
+     the log is damaged and the old index is sound (it opens, every value passes its checksum,
+     verify finds nothing wrong inside it): it knows more than the damaged log, so it stays.
 The new index is built in STORE/.index.new and exchanged with STORE/index in one atomic
 renameat2(RENAME_EXCHANGE) (then the old one is removed), so a crash at any moment leaves the
 old or the new index; where the exchange is unsupported, two renames (a crash between them
@@ -49,8 +51,10 @@ from snapstore.engine.index import ChunkEntry, Index, open_in_process
 from snapstore.engine.logstate import SectionFinder, StateSection
 from snapstore.engine.records import Commit
 from snapstore.engine.upgrade import upgrade
-from snapstore.engine.wal import DamagedRecord, Record, read_record, segment_version
-from snapstore.errors import CorruptionError, FormatError, SnapstoreError, StoreIOError
+from snapstore.engine.verify import verify
+from snapstore.engine.wal import (DamagedRecord, MisplacedSegment, Record, read_record,
+                                  segment_version)
+from snapstore.errors import CorruptionError, SnapstoreError, StoreIOError
 
 Progress = Callable[[int, int], None]     # (segment bytes scanned, total segment bytes)
 
@@ -87,10 +91,11 @@ class _Scan:
 def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0) -> dict:
     """Rebuilds the index of the store at `path` from its segments (see the module
     docstring). Takes the writer's lock (waiting up to `timeout` seconds). Returns a report:
-    {"ok", "problems": [{kind, message, checkpoints, segment, offset}], "checkpoints",
-    "streams", "chunks", "segments", "bytes_scanned", "records", "records_replayed",
-    "state_section", "seconds", "mb_per_s"}; "ok" is False when the log itself is damaged
-    (what it still holds is indexed). Raises FormatError (not a store, a newer format),
+    {"ok", "problems": [{kind, message, checkpoints, segment, offset}], "index_replaced",
+    "checkpoints", "streams", "chunks", "segments", "bytes_scanned", "records",
+    "records_replayed", "state_section", "seconds", "mb_per_s"} (the counts: what the log
+    holds); "ok" is False when the log itself is damaged: then the rebuilt index replaces
+    the old one only if the old one is unsound (it would know more: it is kept). Raises FormatError (not a store, a newer format),
     StoreLocked, StoreIOError, and SnapstoreError when this process has the store open."""
     started = time.perf_counter()
     path = os.fspath(path)
@@ -148,6 +153,7 @@ def _upgrade_first(path: str, backend: SegmentBackend, report: _Report) -> None:
 
 def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
              report: _Report) -> dict:
+    old_applied = _old_applied(path)
     new_dir = os.path.join(path, fmt.INDEX_REBUILD_DIR)
     remove_entry(new_dir)                   # what an interrupted repair left
     remove_entry(os.path.join(path, fmt.INDEX_OLD_DIR))
@@ -156,6 +162,12 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
     try:
         with backend.open_reader() as reader:
             scan = _scan_log(index, backend, reader, progress, report)
+            if old_applied is not None and (scan.end is None or old_applied > scan.end):
+                end = scan.end or (0, 0)
+                report.add("lost_tail", f"the old index had applied the log up to "
+                           f"{segment_name(old_applied[0])}:{old_applied[1]}, but its valid "
+                           f"records end at {segment_name(end[0])}:{end[1]}: acknowledged "
+                           "records were lost", segment=end[0] or None, offset=end[1])
             section = scan.finder.newest
             _check_segment_gaps(backend, section, report)
             loaded = _load_section(index, reader, section, report) if section else 0
@@ -175,16 +187,63 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
     finally:
         index.close()
     fsync_directory(new_dir)
-    crashpoint("repair_before_swap")
-    swap_in(path, new_dir)
-    crashpoint("repair_after_swap")
-    return {"checkpoints": checkpoints, "streams": with_streams, "chunks": chunks,
+    replaced = not (report.problems and _sound_index(path, backend))
+    if replaced:
+        crashpoint("repair_before_swap")
+        swap_in(path, new_dir)
+        crashpoint("repair_after_swap")
+    else:
+        remove_entry(new_dir)
+        report.add("index_kept", "the log is damaged and the existing index is sound, so it "
+                   "was kept (it describes what the damaged records held; restoring what "
+                   "needs them fails cleanly); the index rebuilt from the log was discarded")
+    return {"index_replaced": replaced, "checkpoints": checkpoints, "streams": with_streams, "chunks": chunks,
             "segments": scan.segments, "bytes_scanned": scan.bytes, "records": scan.records,
             "state_section": (f"{segment_name(section.end[0])}:{section.end[1]}"
                               if section else None),
             "state_checkpoints": loaded, "records_replayed": replayed,
             "torn_tail": (f"{segment_name(scan.torn_tail[0])}:{scan.torn_tail[1]}"
                           if scan.torn_tail else None)}
+
+
+# Problems verify finds inside the index itself (not in the log it points at).
+_INDEX_ONLY = frozenset({"missing_manifest", "missing_parent", "bad_extent", "missing_chunk",
+                         "incomplete_manifest", "broken_chain", "stream", "refcount",
+                         "index_mismatch"})
+
+
+def _old_applied(path: str) -> tuple[int, int] | None:
+    """The applied log position the store's existing index holds, if it opens and that value
+    passes its checksum (else None): a torn tail never reaches back before it, so a log
+    whose valid records end earlier lost acknowledged records."""
+    try:
+        index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=True, durable=False)
+    except (SnapstoreError, OSError):
+        return None
+    try:
+        with index.read() as r:
+            return r.applied()
+    except (SnapstoreError, OSError):
+        return None
+    finally:
+        index.close()
+
+
+def _sound_index(path: str, backend: SegmentBackend) -> bool:
+    """Whether the store's existing index opens, every value it holds passes its checksum and
+    (shallow) verify finds nothing wrong inside it: then, when the log is damaged, it knows
+    more than a rebuild from that log, and repair keeps it."""
+    try:
+        index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=True, durable=False)
+    except (SnapstoreError, OSError):
+        return False
+    try:
+        found = verify(index, backend, deep=False)
+    except (SnapstoreError, OSError):
+        return False
+    finally:
+        index.close()
+    return not any(p["kind"] in _INDEX_ONLY for p in found["problems"])
 
 
 # ---- 1. the scan ------------------------------------------------------------------------------
@@ -260,8 +319,11 @@ def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan:
         return
     try:
         types = fmt.SEGMENT_RECORD_TYPES[segment_version(reader, n)]
-    except FormatError:
-        raise
+    except MisplacedSegment as exc:
+        scan.finder.interrupt()
+        report.add("misplaced_segment", f"{exc}: the file is not this segment; none of its "
+                   "records were used", segment=n, offset=0)
+        return
     except CorruptionError as exc:
         report.add("damaged_segment_header", str(exc), segment=n, offset=0)
         types = fmt.RECORD_TYPES

@@ -31,6 +31,11 @@ def encode_segment_header(number: int, version: int = fmt.SEGMENT_VERSION) -> by
     return head + fmt.U64.pack(xxhash.xxh3_64_intdigest(head))
 
 
+class MisplacedSegment(CorruptionError):
+    """A valid segment header that names another segment: the file is not this segment (a
+    copy, a symlink to another store's segment). None of its records belong here."""
+
+
 def check_segment_header(data: bytes, number: int) -> int:
     """The header version of segment `number` whose header is `data`. Raises CorruptionError
     unless data is a valid header of that segment, FormatError when the segment has a newer
@@ -48,7 +53,8 @@ def check_segment_header(data: bytes, number: int) -> int:
         raise CorruptionError(f"segment header names unknown version {version}", segment=name,
                               offset=0)
     if got_number != number:
-        raise CorruptionError(f"segment header names segment {got_number}", segment=name, offset=0)
+        raise MisplacedSegment(f"segment header names segment {got_number}", segment=name,
+                               offset=0)
     return version
 
 

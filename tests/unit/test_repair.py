@@ -82,6 +82,11 @@ def view(path: str) -> dict:
                 "heads": {n: s.latest(n).id for n in s.streams()}}
 
 
+def view_ids(path: str) -> list:
+    with snapstore.open(path, readonly=True) as s:
+        return sorted(c.id for c in s.checkpoints())
+
+
 def repair(path: str) -> dict:
     report = snapstore.repair(path)
     assert report["ok"], report["problems"]
@@ -222,7 +227,8 @@ def test_repair_replaces_whatever_sits_where_the_index_was(store_path, tmp_path)
 
 def test_repair_reports_damage_in_the_log_and_keeps_the_rest(store_path):
     """A flipped byte inside a chunk record of a sealed segment: repair says so (not ok, the
-    segment and offset), keeps every checkpoint, and what needed that chunk fails cleanly."""
+    segment and offset), keeps the sound old index, and without it rebuilds one that keeps
+    every checkpoint, where what needed that chunk fails cleanly."""
     build(store_path)
     before = view(store_path)
     backend = LocalSegments(os.path.join(store_path, fmt.SEGMENTS_DIR))
@@ -245,6 +251,14 @@ def test_repair_reports_damage_in_the_log_and_keeps_the_rest(store_path):
     kinds = {p["kind"] for p in report["problems"]}
     assert "damaged_record" in kinds
     assert any(p["offset"] == target.offset for p in report["problems"])
+    # the old index is sound and knows more than the damaged log: it is kept
+    assert not report["index_replaced"] and "index_kept" in kinds
+    assert view_ids(store_path) == sorted(before["ckpts"])
+    # without it, the index rebuilt from the damaged log replaces it
+    shutil.rmtree(os.path.join(store_path, fmt.INDEX_DIR))
+    report = snapstore.repair(store_path)
+    assert not report["ok"] and report["index_replaced"]
+    kinds = {p["kind"] for p in report["problems"]}
     with snapstore.open(store_path, readonly=True) as s:
         assert sorted(c.id for c in s.checkpoints()) == sorted(before["ckpts"])
         failed = 0
