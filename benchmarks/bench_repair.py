@@ -3,12 +3,12 @@ scanned.
 
 Workload: a buffer of random bytes (default 256 MiB) checkpointed --checkpoints times with
 --dirty of its 4 KiB pages overwritten between checkpoints (about 1 GiB of segments with the
-defaults), half of the checkpoints deleted and the store compacted (so the log holds a state
-section and records after it), then the index directory deleted and `snapstore.repair` timed
+defaults), the older half of the checkpoints deleted, the store compacted (so the log holds a
+state section) and two more checkpoints taken (records after it), then the index directory deleted and `snapstore.repair` timed
 (--repeat runs; each starts from a deleted index). Afterwards every checkpoint's listing is
 compared with the one before and the newest checkpoint is restored and hashed.
 
-    python3 benchmarks/bench_repair.py [--size-mib 256] [--checkpoints 12] [--dirty 0.25]
+    python3 benchmarks/bench_repair.py [--size-mib 256] [--checkpoints 16] [--dirty 0.25]
         [--dir /path/on/real/disk] [--repeat 3] [--cold] [--keep]
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mib", type=int, default=256)
-    ap.add_argument("--checkpoints", type=int, default=12)
+    ap.add_argument("--checkpoints", type=int, default=16)
     ap.add_argument("--dirty", type=float, default=0.25)
     ap.add_argument("--dir", default=None, help="where to put the store (default: a temp dir)")
     ap.add_argument("--repeat", type=int, default=3)
@@ -82,6 +82,10 @@ def main() -> int:
             for cid in ids[: len(ids) // 2]:
                 s.delete(cid)
             report = s.compact()
+            for k in range(args.checkpoints, args.checkpoints + 2):    # records after it
+                for p in rng.choice(pages, int(pages * args.dirty), replace=False):
+                    arr[p * PAGE:(p + 1) * PAGE] = rng.integers(0, 256, PAGE, dtype=np.uint8)
+                ids.append(s.checkpoint({"a": arr}, stream="train", meta={"k": k}).id)
             newest = hashlib.sha256(s.restore(ids[-1])["a"]).hexdigest()
         built = time.perf_counter() - t0
         size = segment_bytes(path)
