@@ -429,6 +429,11 @@ def _load_section(index: Index, reader: SegmentReader, section: StateSection,
     return loaded
 
 
+# A valid record whose content does not apply (damage the record checksum could not see, a
+# record of another store): skipped and reported. I/O errors (StoreIOError) are not this.
+_UNAPPLIABLE = (CorruptionError, ValueError, KeyError, TypeError, IndexError)
+
+
 def _replay(index: Index, reader: SegmentReader, todo: list, report: _Report) -> int:
     """Applies the index records at the positions in todo, in order, in batches; a batch that
     fails is redone one record at a time, so only the records that cannot apply are skipped
@@ -442,14 +447,14 @@ def _replay(index: Index, reader: SegmentReader, todo: list, report: _Report) ->
                     _apply(w, reader, item)
             applied += len(batch)
             continue
-        except (SnapstoreError, ValueError, KeyError, TypeError, IndexError):
+        except _UNAPPLIABLE:
             pass
         for item in batch:
             try:
                 with index.write(rebuilding=True) as w:
                     _apply(w, reader, item)
                 applied += 1
-            except (SnapstoreError, ValueError, KeyError, TypeError, IndexError) as exc:
+            except _UNAPPLIABLE as exc:
                 report.add("unappliable_record", f"a valid log record does not apply: {exc}",
                            segment=item[0], offset=item[1])
     return applied
