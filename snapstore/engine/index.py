@@ -22,8 +22,7 @@ import os
 import stat
 import struct
 import threading
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import lmdb
 import xxhash
@@ -191,8 +190,9 @@ def _check_not_truncated(env: lmdb.Environment, data: str) -> None:
                       f"page ends at byte {need}")
 
 
-@dataclass(frozen=True)
-class ChunkEntry:
+class ChunkEntry(NamedTuple):
+    """Where a chunk's record is and how many extents use it. A named tuple: a restore makes
+    one per chunk, and a frozen dataclass costs several times more to build."""
     segment: int
     offset: int
     stored_len: int
@@ -201,12 +201,11 @@ class ChunkEntry:
     codec: int
 
     def pack(self) -> bytes:
-        return fmt.CHUNK_ENTRY.pack(self.segment, self.offset, self.stored_len, self.raw_len,
-                                    self.refs, self.codec)
+        return fmt.CHUNK_ENTRY.pack(*self)
 
     @classmethod
     def unpack(cls, data: bytes) -> "ChunkEntry":
-        return cls(*fmt.CHUNK_ENTRY.unpack(data))
+        return cls._make(fmt.CHUNK_ENTRY.unpack(data))
 
 
 def _stream_key(stream: str, tail: bytes = b"") -> bytes:
@@ -453,25 +452,26 @@ class IndexView:
         return [fmt.CKPT_KEY.unpack(k[len(prefix):])[0]
                 for k, _ in self._items(fmt.DB_STREAM_CKPTS, prefix)]
 
-    def manifest(self, checkpoint_id: int, buffer_index: int) -> bytes:
-        """The packed extents of one buffer of a checkpoint (checksum checked)."""
+    def _stored_manifest(self, checkpoint_id: int, buffer_index: int) -> tuple[bytes, bytes]:
+        """(key, value as stored) of one manifest; CorruptionError if the index lacks it."""
         key = fmt.MANIFEST_KEY.pack(checkpoint_id, buffer_index)
-        v = self._get(fmt.DB_MANIFESTS, key)
-        if v is None:
+        value = self.txn.get(key, db=self.dbs[fmt.DB_MANIFESTS])
+        if value is None:
             raise CorruptionError(f"index lacks manifest {buffer_index} of checkpoint "
                                   f"{checkpoint_id}")
-        return v
+        return key, value
+
+    def manifest(self, checkpoint_id: int, buffer_index: int) -> bytes:
+        """The packed extents of one buffer of a checkpoint (checksum checked)."""
+        key, value = self._stored_manifest(checkpoint_id, buffer_index)
+        return unseal(fmt.DB_MANIFESTS, key, value, self.version)
 
     def extents(self, commit: Commit, buffer_index: int) -> tuple:
         """The extents of buffer `buffer_index` of `commit` (an immutable sequence), checked
         to be a valid manifest of that buffer (extents.check_manifest) before anything uses
         them. A manifest already checked is taken from the index's CheckedManifests."""
         b = commit.buffers[buffer_index]
-        key = fmt.MANIFEST_KEY.pack(commit.id, buffer_index)
-        value = self.txn.get(key, db=self.dbs[fmt.DB_MANIFESTS])
-        if value is None:
-            raise CorruptionError(f"index lacks manifest {buffer_index} of checkpoint "
-                                  f"{commit.id}")
+        key, value = self._stored_manifest(commit.id, buffer_index)
         blob = unseal(fmt.DB_MANIFESTS, key, value, self.version)
         memo = None
         if len(blob) < len(value):       # sealed: the verified checksum names the payload
