@@ -7,10 +7,11 @@
 from snapstore import errors
 from snapstore.errors import (CheckpointNotFound, CorruptionError, ForkedStoreError, FormatError,
                               SnapstoreError, StoreLocked)
-from snapstore.store import CheckpointInfo, Store, open
+from snapstore.store import CheckpointInfo, Store, open, repair
 from snapstore.arrays import load_arrays, save_arrays
 
 from snapstore.version import __version__
-__all__ = ["open", "Store", "CheckpointInfo", "errors", "SnapstoreError", "CheckpointNotFound",
-           "CorruptionError", "ForkedStoreError", "FormatError", "StoreLocked", "__version__", "save_arrays",
+__all__ = ["open", "repair", "Store", "CheckpointInfo", "errors", "SnapstoreError",
+           "CheckpointNotFound", "CorruptionError", "ForkedStoreError", "FormatError",
+           "StoreLocked", "__version__", "save_arrays",
            "load_arrays"]

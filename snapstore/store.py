@@ -9,7 +9,7 @@ import math
 import os
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from snapstore import _native as native
 from snapstore.capture.persister import Persister
@@ -23,6 +23,7 @@ from snapstore.engine.commit import Committer, io_errors
 from snapstore.engine.index import IndexView
 from snapstore.engine.memory import OutputBytes
 from snapstore.engine.reader import find_buffer, restore_range
+from snapstore.engine.repair import repair as rebuild_index
 from snapstore.engine.records import Commit
 from snapstore.engine.backends import SegmentBackend
 from snapstore.engine.validation import (buffer_view, check_choice, validate_buffers,
@@ -478,3 +479,27 @@ def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool
     """Opens (and by default creates) a store. See Store for the options."""
     return Store(path, durability=durability, create=create, readonly=readonly, timeout=timeout,
                  **options)
+
+
+def repair(path, *, progress: Callable[[int, int], None] | None = None,
+           timeout: float = 0.0) -> dict:
+    """Rebuilds the index of the store at `path` from its segments alone (docs/design.md,
+    "Repair"): for an index that is missing, truncated or damaged so badly the store cannot
+    open, or any time. Afterwards the same checkpoints, streams, seqs and tags exist and
+    restore byte-exact (as far as the log is intact). A module-level function, not a Store
+    method: it works on a store that cannot open, takes the writer's lock itself (waiting up
+    to `timeout` seconds) and refuses while this process has the store open.
+
+    progress(bytes scanned, total bytes) is called as the segments are scanned. Returns a
+    report {"ok", "problems", "checkpoints", "streams", "chunks", "segments", "bytes_scanned",
+    "records_replayed", "state_section", "seconds", "mb_per_s", ...}; "ok" is False when the
+    log itself is damaged (each problem names what and where; what it still holds is kept).
+    Raises FormatError (not a store, or a newer format), StoreLocked, StoreIOError."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+            not math.isfinite(timeout) or timeout < 0:
+        raise InvalidArgumentError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+    if progress is not None and not callable(progress):
+        raise InvalidArgumentError("progress must be callable or None")
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise InvalidArgumentError(f"path must be a path, got {type(path).__name__}")
+    return rebuild_index(os.fsdecode(path), progress=progress, timeout=float(timeout))

@@ -46,6 +46,7 @@ examples:
   snapstore -s ckpts diff 3 latest
   snapstore -s ckpts restore latest --out restored/
   snapstore -s ckpts verify --deep --json
+  snapstore repair ckpts
   snapstore bench --size 1GiB --dirty 0.001,0.01,0.1 --plot overhead.png
 """
 
@@ -53,7 +54,7 @@ examples:
 COMMANDS = (write_cmds.add_init, inspect_cmds.add_ls, inspect_cmds.add_show, diff_cmd.add_diff,
             restore_cmd.add_restore, write_cmds.add_rm, write_cmds.add_tag,
             write_cmds.add_retain, maintain_cmds.add_compact, maintain_cmds.add_verify,
-            inspect_cmds.add_stats, bench_cmd.add_bench)
+            maintain_cmds.add_repair, inspect_cmds.add_stats, bench_cmd.add_bench)
 
 # Store errors that mean "you asked for something that does not exist or is invalid".
 _USAGE_ERRORS = (UsageError, errors.CheckpointNotFound, errors.InvalidArgumentError,

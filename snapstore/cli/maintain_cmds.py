@@ -1,11 +1,16 @@
-"""`snapstore compact` and `verify`: reclaim space and fold chains; check integrity (exit 1
-when verify finds a problem)."""
+"""`snapstore compact`, `verify` and `repair`: reclaim space and fold chains; check integrity
+(exit 1 when verify finds a problem); rebuild the index from the log (exit 1 when the log
+itself is damaged)."""
 from __future__ import annotations
 
+import os
+
 from snapstore.cli.args import count_arg
-from snapstore.cli.common import EXIT_OK, EXIT_PROBLEM, need, open_store, spinner_for
+from snapstore.cli.common import (EXIT_OK, EXIT_PROBLEM, Problem, UsageError, need, open_store,
+                                  progress, spinner_for, store_path)
 from snapstore.cli.output import print_json, print_report
 from snapstore.formatting import human_bytes, printable
+from snapstore.store import repair as repair_store
 
 
 def add_compact(add) -> None:
@@ -21,6 +26,14 @@ def add_verify(add) -> None:
     p = add("verify", "check the store's integrity (exit 1 if a problem is found)", cmd_verify)
     p.add_argument("--deep", action="store_true",
                    help="also read and check every chunk's bytes (slow)")
+
+
+def add_repair(add) -> None:
+    p = add("repair", "rebuild the index from the log (exit 1 if the log itself is damaged)",
+            cmd_repair, description="Rebuilds the store's index from its segments alone, for "
+            "an index that is missing, truncated or damaged (or any time): afterwards the same "
+            "checkpoints, streams, seqs and tags exist. Takes the writer's lock (--timeout).")
+    p.add_argument("path", nargs="?", help="directory of the store (default: --store)")
 
 
 def cmd_compact(args) -> int:
@@ -59,14 +72,46 @@ def cmd_verify(args) -> int:
             print(f"verify{' --deep' if args.deep else ''}: OK")
         else:
             print(f"verify{' --deep' if args.deep else ''}: {len(problems)} problem(s)")
-        for p in problems:
-            where = []
-            if p.get("checkpoints"):
-                where.append("checkpoints " + ", ".join(map(str, p["checkpoints"])))
-            if p.get("segment") is not None:
-                where.append(f"segment {p['segment']}"
-                             + (f" offset {p['offset']}" if p.get("offset") is not None else ""))
-            print(f"  {printable(p.get('kind', 'problem'))}: {printable(p.get('message', ''))}"
-                  + (f" ({'; '.join(where)})" if where else ""))
-        print_report("", {k: v for k, v in report.items() if k not in ("ok", "problems")})
+        print_problems(problems)
+        if report.get("hint"):
+            print(f"  hint: {report['hint']}")
+        print_report("", {k: v for k, v in report.items()
+                          if k not in ("ok", "problems", "hint")})
     return EXIT_OK if ok else EXIT_PROBLEM
+
+
+def cmd_repair(args) -> int:
+    path = args.path or store_path(args)
+    if not os.path.isdir(path):
+        raise UsageError(f"no snapstore store at {path}")
+    with progress(args, total=0, label="repair: scanning the log") as bar:
+        def on_progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.done)
+        report = repair_store(path, progress=on_progress, timeout=args.timeout)
+    problems = list(report.get("problems") or [])
+    if args.json:
+        print_json(report)
+    else:
+        head = "OK" if report["ok"] else f"{len(problems)} problem(s) in the log"
+        print(f"repair: {head}: rebuilt the index from {report['segments']} segment(s) "
+              f"({human_bytes(report['bytes_scanned'])} at {report['mb_per_s']:.0f} MB/s): "
+              f"{report['checkpoints']} checkpoint(s), {report['streams']} stream(s)")
+        print_problems(problems)
+    if not report["ok"]:
+        raise Problem(f"repair rebuilt the index, but the log holds {len(problems)} "
+                      "problem(s) (listed on stdout): what they touched is lost")
+    return EXIT_OK
+
+
+def print_problems(problems: list) -> None:
+    """One line per problem of a verify or repair report: kind, message, where."""
+    for p in problems:
+        where = []
+        if p.get("checkpoints"):
+            where.append("checkpoints " + ", ".join(map(str, p["checkpoints"])))
+        if p.get("segment") is not None:
+            where.append(f"segment {p['segment']}"
+                         + (f" offset {p['offset']}" if p.get("offset") is not None else ""))
+        print(f"  {printable(p.get('kind', 'problem'))}: {printable(p.get('message', ''))}"
+              + (f" ({'; '.join(where)})" if where else ""))

@@ -64,6 +64,7 @@ from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.index import Index, IndexView
 from snapstore.engine.records import Commit
 from snapstore.engine.recovery import recover
+from snapstore.engine.upgrade import upgrade as upgrade_store
 from snapstore.engine.backends import LocalSegments, SegmentBackend
 from snapstore.engine.wal import SegmentLog
 from snapstore.errors import (ForkedStoreError, ReadOnlyError, SnapstoreError, StoreClosedError,
@@ -121,6 +122,7 @@ class Committer:
                 with io_errors(f"cannot create store {path}"):
                     storedir.publish_format(path, opened.file_mode)
             if not readonly:
+                upgrade_store(path, self.index, self.backend)   # before anything else writes
                 with io_errors("cannot recover the log"):
                     recover(self.index, self.backend, durable)
                 self.log = SegmentLog(self.backend, segment_size)

@@ -3,19 +3,28 @@
 Order and invariants (docs/design.md, "Compaction"):
   1. fold: a buffer whose chain is longer than max_chain gets one full manifest resolved from
      its layers. Only manifests change (no bytes are copied); what it restores to is unchanged.
-  2. trim: a chunk of which manifests reference less than `threshold` of its bytes (the rest
-     was overwritten in every checkpoint that still uses it) is replaced by a chunk holding
-     only the referenced bytes; extents are remapped. The new records are synced (with the
+  2. choose: the segments to rewrite are those whose still-needed bytes (the part of each
+     chunk some manifest uses; the newest state section) are below `threshold` of them. The open segment is sealed first when it qualifies, so a
+     store smaller than one segment gets space back too.
+  3. trim: a chunk of a chosen segment of which manifests reference less than `threshold` of
+     its bytes (the rest was overwritten in every checkpoint that still uses it) is replaced
+     by a chunk holding only the referenced bytes; extents are remapped. (Only there: in a
+     segment that stays, the copy would only add bytes.) The new records are synced (with the
      segments directory) before the index transaction that switches to them.
-  3. gc: chunk entries with reference count 0 leave the index.
-  4. rewrite: every sealed segment whose live fraction is below the threshold has its live
-     chunk records copied to the log's tail; the log is synced, the index is pointed at the
-     copies and the applied position moved to the tail in one transaction, LMDB is flushed to
-     disk, and only then is the old segment removed. So the index never points into a removed
-     segment, even after a crash or power cut at any moment; running compact() again after a
-     crash finishes the job (left-over copies are unreferenced records, reclaimed next time).
-All steps are index transactions that leave checkpoint contents unchanged, so they need no log
-record: losing one to a crash only loses the work, never data.
+  4. gc: chunk entries with reference count 0 leave the index.
+  5. state: if anything is to be removed, a state section of the index (logstate.py) is
+     appended and synced, after every index change above and before any removal; so every
+     commit, delete and tag record of a removed segment is covered by a durable section, and
+     the log alone still describes every checkpoint (repair.py).
+  6. rewrite: every chosen segment has its live chunk records copied to the log's tail; the
+     log is synced, the index is pointed at the copies and the applied position moved to the
+     tail in one transaction, LMDB is flushed to disk, and only then is the old segment
+     removed. So the index never points into a removed segment, even after a crash or power
+     cut at any moment; running compact() again after a crash finishes the job (left-over
+     copies are unreferenced records, reclaimed next time).
+Steps 1-4 are index transactions that leave checkpoint contents unchanged and remove nothing
+from the log, so they need no log record: losing one to a crash only loses the work, never
+data, and the records still in the log restore the same bytes.
 """
 from __future__ import annotations
 
@@ -29,6 +38,7 @@ from snapstore.engine import writer as wr
 from snapstore.engine.crashpoints import crashpoint
 from snapstore.errors import CorruptionError
 from snapstore.engine.index import ChunkEntry, Index
+from snapstore.engine.logstate import append_state_section
 from snapstore.engine.backends.base import SegmentBackend
 from snapstore.engine.reader import buffer_layers
 from snapstore.engine.wal import SegmentLog
@@ -70,30 +80,66 @@ def _merge(ranges: list) -> list:
     return out
 
 
-def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
-                opts: "wr.WriteOptions", threshold: float) -> tuple[int, int, int, int]:
-    """Replaces chunks mostly unreferenced by their manifests with chunks of only the
-    referenced bytes. Returns (chunks trimmed, raw bytes no longer kept, record bytes read,
-    record bytes written)."""
-    uses: dict[bytes, list] = defaultdict(list)        # chunk -> [(chunk offset, length)]
-    where: dict[bytes, set] = defaultdict(set)         # chunk -> {(checkpoint, buffer index)}
-    with index.read() as r:
-        for cid in r.checkpoint_ids():
-            commit = r.checkpoint(cid)
-            for bi in range(len(commit.buffers)):
-                for _, coff, length, chunk in fmt.EXTENT.iter_unpack(r.manifest(cid, bi)):
-                    uses[chunk].append((coff, length))
-                    where[chunk].add((cid, bi))
-        entries = {c: r.chunk(c) for c in uses}
-    plans = {}
-    for chunk, ranges in uses.items():
-        entry = entries[chunk]
-        if entry is None:
-            raise CorruptionError(f"a manifest references missing chunk {chunk.hex()[:16]}…")
-        intervals = _merge(ranges)
+class ChunkUses:
+    """Which bytes of which chunks the manifests use (read after folding): uses[chunk] the
+    (chunk offset, length) ranges, where[chunk] the (checkpoint, buffer index) pairs, entries
+    every chunk entry of the index."""
+
+    def __init__(self, index: Index) -> None:
+        self.uses: dict[bytes, list] = defaultdict(list)
+        self.where: dict[bytes, set] = defaultdict(set)
+        with index.read() as r:
+            for cid in r.checkpoint_ids():
+                commit = r.checkpoint(cid)
+                for bi in range(len(commit.buffers)):
+                    for _, coff, length, chunk in fmt.EXTENT.iter_unpack(r.manifest(cid, bi)):
+                        self.uses[chunk].append((coff, length))
+                        self.where[chunk].add((cid, bi))
+            self.entries: dict[bytes, ChunkEntry] = dict(r.chunks())
+            self.state = r.log_state()          # the newest state section: live too
+        for chunk in self.uses:
+            if chunk not in self.entries:
+                raise CorruptionError(f"a manifest references missing chunk {chunk.hex()[:16]}…")
+
+    def trim_plan(self, chunk: bytes, threshold: float) -> list | None:
+        """The merged intervals of a chunk worth trimming (less than threshold of it used)."""
+        intervals = _merge(self.uses[chunk])
         live = sum(b - a for a, b in intervals)
-        if live < threshold * entry.raw_len:
-            plans[chunk] = intervals
+        return intervals if live < threshold * self.entries[chunk].raw_len else None
+
+    def state_bytes(self, backend: SegmentBackend) -> dict[int, int]:
+        """{segment: bytes of it} the newest state section occupies."""
+        return section_bytes(backend, *self.state) if self.state is not None else {}
+
+    def needed_bytes(self) -> dict[int, float]:
+        """{segment: chunk record bytes it holds that are still needed}: each chunk's record
+        in the proportion of its bytes some manifest uses (none for a chunk no manifest uses).
+        A rewrite keeps at least that, and at least `threshold` of every chunk it keeps (it
+        trims the others), so a rewritten segment does not qualify again."""
+        out: dict[int, float] = defaultdict(float)
+        for chunk, e in self.entries.items():
+            ranges = self.uses.get(chunk)
+            if ranges:
+                used = sum(b - a for a, b in _merge(ranges))
+                out[e.segment] += (fmt.RECORD_HEADER.size + e.stored_len) * \
+                    min(1.0, used / max(1, e.raw_len))
+        return out
+
+
+def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
+                opts: "wr.WriteOptions", threshold: float, found: ChunkUses,
+                segments: set) -> tuple[int, int, int, int]:
+    """Replaces chunks of the given segments (those about to be rewritten: elsewhere the
+    original would stay and the copy only add) that their manifests use less than threshold
+    of with chunks of only the used bytes. Returns (chunks trimmed, raw bytes no longer
+    kept, record bytes read, record bytes written)."""
+    entries, where = found.entries, found.where
+    plans = {}
+    for chunk in found.uses:
+        if entries[chunk].segment in segments:
+            intervals = found.trim_plan(chunk, threshold)
+            if intervals is not None:
+                plans[chunk] = intervals
     if not plans:
         return 0, 0, 0, 0
     mark = log.position
@@ -167,28 +213,79 @@ def _live_by_segment(index: Index) -> dict[int, list]:
     return out
 
 
+def choose_segments(log: SegmentLog, backend: SegmentBackend, needed: dict[int, float],
+                    state: dict[int, int], threshold: float) -> list[int]:
+    """The segments to rewrite: those of which the still needed bytes (`needed`: chunks, and
+    `state`: the newest state section) are less than threshold. The open segment is sealed
+    first when it qualifies (a store smaller than a segment gets space back too: issue 14,
+    defect 9). When anything is chosen, the rewrite writes a new state section, so the one
+    there is is needed no more: the segments that qualify without it are chosen too (and
+    compaction reaches a fixed point: run again, it finds nothing to do)."""
+    def qualifies(n: int, with_state: bool) -> bool:
+        used = needed.get(n, 0) + (state.get(n, 0) if with_state else 0)
+        return used < threshold * max(1, backend.size(n) - fmt.SEGMENT_HEADER.size)
+
+    numbers = backend.list()
+    tail = log.position
+    chosen = [n for n in numbers if qualifies(n, True)]
+    if chosen:
+        chosen = [n for n in numbers if qualifies(n, False)]
+    if tail[0] in chosen:
+        if tail[1] > fmt.SEGMENT_HEADER.size:
+            log.seal()      # the open segment is sparse too: seal it so it can be rewritten
+        else:
+            chosen.remove(tail[0])
+    return [n for n in chosen if n < log.position[0]]
+
+
+def write_state_section(index: Index, log: SegmentLog) -> int:
+    """Appends a state section of the index (logstate.py) and makes it durable, whatever the
+    store's durability, then notes it in the index. Compaction calls it before it removes any
+    segment, so every record of a removed segment is covered by a durable section. Returns
+    its size in bytes."""
+    mark = log.position
+    try:
+        with log.forced_durable():
+            with index.read() as r:
+                begin, end = append_state_section(log, r)
+            log.sync()
+    except BaseException:
+        log.rollback(mark)
+        raise
+    crashpoint("compact_after_state")
+    with index.write() as w:
+        w.set_log_state(begin, end)
+        w.set_applied(log.position)
+    return sum(section_bytes(log.backend, begin, end).values())
+
+
+def section_bytes(backend: SegmentBackend, begin: tuple, end: tuple) -> dict[int, int]:
+    """{segment: bytes of it} the state section between begin and end occupies."""
+    out = {}
+    for n in range(begin[0], end[0] + 1):
+        start = begin[1] if n == begin[0] else fmt.SEGMENT_HEADER.size
+        try:
+            stop = end[1] if n == end[0] else backend.size(n)
+        except FileNotFoundError:
+            continue
+        out[n] = max(0, stop - start)
+    return out
+
+
 def rewrite_segments(index: Index, log: SegmentLog, backend: SegmentBackend,
-                     threshold: float) -> tuple[int, int, int]:
-    """Copies the live chunks of sparse sealed segments forward and removes those segments.
-    Returns (segments rewritten, segments removed, live bytes copied)."""
+                     targets: list[int]) -> tuple[int, int, int, int]:
+    """Copies the live chunks of the target segments (sealed) forward and removes those
+    segments, after a durable state section. Returns (segments rewritten, segments removed,
+    live bytes copied, state section bytes written)."""
+    if not targets:
+        return 0, 0, 0, 0
+    state_bytes = write_state_section(index, log)
     live = _live_by_segment(index)
-
-    def live_fraction(n: int) -> float:
-        size = backend.size(n)
-        used = sum(fmt.RECORD_HEADER.size + e.stored_len for _, e in live.get(n, []))
-        return used / max(1, size - fmt.SEGMENT_HEADER.size)
-
-    if log.position[1] > fmt.SEGMENT_HEADER.size and \
-            live_fraction(log.position[0]) < threshold:
-        log.seal()      # the open segment is sparse too: seal it so it can be rewritten
-    current = log.position[0]
     rewritten = removed = copied = 0
     # durable whatever the store's durability: the copies (and the segments they created,
     # with their directory entries) are on disk before the segment they came from goes
     with log.forced_durable():
-        for n in backend.list():    # listed once: segments the copies create are not revisited
-            if n >= current or live_fraction(n) >= threshold:
-                continue
+        for n in targets:
             mark = log.position
             moves = []
             try:
@@ -219,7 +316,7 @@ def rewrite_segments(index: Index, log: SegmentLog, backend: SegmentBackend,
             crashpoint("compact_after_remove")
             rewritten += 1 if moves else 0
             removed += 1
-    return rewritten, removed, copied
+    return rewritten, removed, copied, state_bytes
 
 
 def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold: float,
@@ -228,11 +325,15 @@ def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold
     started = time.perf_counter()
     before = sum(backend.size(n) for n in backend.list())
     folded = fold_chains(index, max_chain)
+    found = ChunkUses(index)
+    targets = choose_segments(log, backend, found.needed_bytes(),
+                              found.state_bytes(backend), threshold)
     trimmed, trimmed_bytes, trim_read, trim_written = trim_chunks(index, log, backend, opts,
-                                                                  threshold)
+                                                                  threshold, found, set(targets))
+    del found
     freed, freed_bytes = collect_garbage(index)
     index.sync()
-    rewritten, removed, copied = rewrite_segments(index, log, backend, threshold)
+    rewritten, removed, copied, state_bytes = rewrite_segments(index, log, backend, targets)
     after = sum(backend.size(n) for n in backend.list())
     return {"bytes_before": before, "bytes_after": after, "bytes_returned": before - after,
             "chunks_freed": freed, "garbage_bytes_freed": freed_bytes,
@@ -240,4 +341,5 @@ def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold
             "live_bytes_copied": copied, "chains_folded": folded,
             "chunks_trimmed": trimmed, "trimmed_bytes": trimmed_bytes,
             "trim_bytes_read": trim_read, "trim_bytes_written": trim_written,
+            "state_section_bytes": state_bytes,
             "seconds": time.perf_counter() - started}

@@ -6,9 +6,11 @@ delta manifest covers only what changed since the parent checkpoint.
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Tuple
+from operator import add, itemgetter
+from typing import Iterable, List, Sequence, Tuple
 
 from snapstore.engine import format as fmt
+from snapstore.errors import CorruptionError
 
 Extent = Tuple[int, int, int, bytes]
 
@@ -19,7 +21,45 @@ def pack(extents: Iterable[Extent]) -> bytes:
 
 
 def unpack(blob: bytes) -> List[Extent]:
+    """The extents of a packed manifest; CorruptionError if it is not a whole number of them."""
+    if len(blob) % fmt.EXTENT.size:
+        raise CorruptionError(f"a manifest of {len(blob)} bytes is not a whole number of "
+                              f"{fmt.EXTENT.size}-byte extents")
     return list(fmt.EXTENT.iter_unpack(blob))
+
+
+def check_manifest(extents: Sequence[Extent], size: int, full: bool, what: str) -> None:
+    """Raises CorruptionError unless `extents` is a valid manifest of a buffer of `size` bytes:
+    every length > 0, sorted by buffer offset, non-overlapping, inside the buffer; a full
+    manifest covers the buffer exactly (so a restore from it writes every byte). `what` names
+    the manifest in the message. (That each extent lies inside its chunk is checked where the
+    chunk is read: its raw length is known there.)"""
+    at = 0
+    for off, _, length, _ in extents:
+        if length <= 0 or off < at or (full and off != at):
+            problem = ("an empty extent" if length <= 0 else
+                       "overlapping or unsorted extents" if off < at else
+                       f"a hole at bytes {at}..{off}")
+            raise CorruptionError(f"damaged manifest of {what}: {problem}")
+        at = off + length
+    if at > size:
+        raise CorruptionError(f"damaged manifest of {what}: extents reach byte {at} of a "
+                              f"{size}-byte buffer")
+    if full and at != size:
+        raise CorruptionError(f"damaged manifest of {what}: the full manifest covers only "
+                              f"{at} of {size} bytes")
+
+
+def check_fills(extents: Sequence[Extent], start: int, end: int, what: str) -> None:
+    """Raises CorruptionError unless `extents` lie back to back from start to end: the proof,
+    before any byte is written, that a restore of [start, end) from them leaves no byte of
+    the output unwritten (fresh output memory may hold old data)."""
+    offsets = list(map(itemgetter(0), extents))
+    ends = list(map(add, offsets, map(itemgetter(2), extents)))
+    if [start] + ends != offsets + [end]:
+        at = next(a for a, o in zip([start] + ends, offsets + [end]) if a != o)
+        raise CorruptionError(f"{what}: the base manifest leaves bytes from {at} unwritten "
+                              f"in {start}..{end}")
 
 
 def count(blob: bytes) -> int:

@@ -9,8 +9,17 @@ import struct
 # ---- store directory --------------------------------------------------------------------
 FORMAT_FILE = "FORMAT"          # JSON: {"format": FORMAT_NAME, "version": FORMAT_VERSION, ...}
 FORMAT_NAME = "snapstore"
-FORMAT_VERSION = 1              # bump on any incompatible change; newer -> FormatError
+FORMAT_VERSION = 2              # bump on any incompatible change; newer -> FormatError
+MIN_FORMAT_VERSION = 1          # the oldest version this library reads (and upgrades: upgrade.py)
+# Format history:
+#   1  the first on-disk format (tests/golden/stores/v1)
+#   2  every LMDB index value carries a checksum (INDEX_VALUE_CHECKSUM below); the log is
+#      complete: state sections (REC_STATE_*) in segments of header version 2 describe what
+#      compaction removed, so the index can be rebuilt from the segments alone (repair.py)
 INDEX_DIR = "index"             # the LMDB environment (data.mdb, lock.mdb)
+INDEX_DATA_FILE = "data.mdb"    # LMDB's data file inside INDEX_DIR
+INDEX_REBUILD_DIR = ".index.new"  # repair builds the new index here, then swaps it in
+INDEX_OLD_DIR = ".index.old"      # the replaced index, removed once the swap is durable
 SEGMENTS_DIR = "segments"       # the write-ahead log: NNNNNNNNNNNNNNNN.seg files
 SEGMENT_SUFFIX = ".seg"
 LOCK_FILE = "lock"              # flock()ed exclusively by the one writer process
@@ -20,6 +29,9 @@ LOCK_FILE = "lock"              # flock()ed exclusively by the one writer proces
 SEGMENT_MAGIC = b"SNAPSEG\x00"
 SEGMENT_HEADER = struct.Struct("<8sIIQQ")   # magic, format version, reserved 0, segment number,
 assert SEGMENT_HEADER.size == 32            # XXH3-64 of the preceding 24 bytes
+SEGMENT_VERSION = 2             # the header version of the segments this library creates; a
+                                # segment only ever holds records of its header's version
+SEGMENT_RECORD_TYPES = {1: (1, 2, 3, 4), 2: (1, 2, 3, 4, 5, 6, 7)}  # version -> record types
 
 # Every record: header, then `length` payload bytes. The checksum is XXH3-64 (seed 0) over the
 # first 16 header bytes followed by the payload, so a torn or flipped record never validates.
@@ -34,7 +46,17 @@ REC_CHUNK = 1      # payload: CHUNK_PREFIX + chunk bytes (compressed per codec)
 REC_COMMIT = 2     # payload: a checkpoint commit (see records.py)
 REC_DELETE = 3     # payload: DELETE_PAYLOAD (checkpoint id)
 REC_TAG = 4        # payload: UTF-8 JSON {"id": checkpoint id, "tag": str, "add": bool}
-RECORD_TYPES = (REC_CHUNK, REC_COMMIT, REC_DELETE, REC_TAG)
+# A state section (segment version 2): the whole checkpoint state at one moment, so that the
+# records before it are no longer needed (compaction writes one before removing segments).
+REC_STATE_BEGIN = 5       # payload: UTF-8 JSON {"next_id": int, "checkpoints": count,
+                          #   "streams": {name: {"head": id, "seq": last seq}}}
+REC_STATE_CHECKPOINT = 6  # payload: a commit payload (records.py) without new-chunk table:
+                          #   one live checkpoint, its current manifests, tags, depths
+REC_STATE_END = 7         # payload: STATE_END
+RECORD_TYPES = (REC_CHUNK, REC_COMMIT, REC_DELETE, REC_TAG, REC_STATE_BEGIN,
+                REC_STATE_CHECKPOINT, REC_STATE_END)
+INDEX_RECORD_TYPES = (REC_COMMIT, REC_DELETE, REC_TAG)      # applied by apply_record
+STATE_RECORD_TYPES = (REC_STATE_BEGIN, REC_STATE_CHECKPOINT, REC_STATE_END)
 
 # Chunk codecs (the record header's codec byte; 0 for non-chunk records).
 CODEC_RAW = 0
@@ -45,6 +67,8 @@ CHUNK_ID_BYTES = 32                          # BLAKE3-256 of the uncompressed ch
 CHUNK_PREFIX = struct.Struct("<32sI")        # chunk id, raw (uncompressed) length
 assert CHUNK_PREFIX.size == 36
 DELETE_PAYLOAD = struct.Struct("<Q")         # checkpoint id
+STATE_END = struct.Struct("<QQ")             # number of STATE_CHECKPOINT records, XXH3-64 of
+                                             # the BEGIN payload and every CHECKPOINT payload
 
 # ---- commit record payload -----------------------------------------------------------------
 # u32 length of a UTF-8 JSON header, the JSON header, then the new-chunk table
@@ -70,16 +94,30 @@ INDEX_DBS = (DB_META, DB_CHUNKS, DB_CHECKPOINTS, DB_MANIFESTS, DB_STREAMS, DB_ST
 
 META_APPLIED = b"applied"         # LOG_POSITION just past the last record applied to the index
 META_NEXT_ID = b"next_id"         # u64: the next checkpoint id
-META_FORMAT = b"format"           # u32: FORMAT_VERSION the index was written with
+META_FORMAT = b"format"           # U64: FORMAT_VERSION of the index's layout; from format 2
+                                  # on followed by its checksum like every value (a value of
+                                  # exactly 8 bytes is a format 1 index, whose values have none)
+META_LOG_STATE = b"log_state"     # STATE_MARK: where the newest durable state section lies
+                                  # (absent: none written since the index was created)
 
 CKPT_KEY = struct.Struct(">Q")                # big-endian so LMDB sorts ids numerically
 MANIFEST_KEY = struct.Struct(">QI")           # checkpoint id, buffer index
 CHUNK_ENTRY = struct.Struct("<QQIIQB")        # segment, record offset, stored payload length,
 assert CHUNK_ENTRY.size == 33                 # raw length, reference count, codec
 LOG_POSITION = struct.Struct("<QQ")           # segment number, byte offset
+STATE_MARK = struct.Struct("<QQQQ")           # LOG_POSITION of a state section's first record,
+                                              # LOG_POSITION just past its last
 U64 = struct.Struct("<Q")
 FP_HEADER = struct.Struct("<QII")             # checkpoint id the digests describe, page size,
 assert FP_HEADER.size == 16                   # reserved 0
+
+# From format 2 on, every value of every database is its payload (the layouts above; b"" for
+# stream_ckpts and children) followed by INDEX_VALUE_CHECKSUM: XXH3-64 (seed 0) of
+#   database name + b"\0" + INDEX_KEY_LENGTH(len(key)) + key + payload
+# so a flipped bit, or a value stored under another key or database, never validates.
+INDEX_VALUE_CHECKSUM = struct.Struct("<Q")
+INDEX_KEY_LENGTH = struct.Struct("<I")
+INDEX_CHECKSUMS_SINCE = 2                     # format 1 index values carry no checksum
 
 # LMDB map size: address space only (the file grows as needed). 64 GiB of index holds ~40 TiB
 # of unique data (an entry per 64 KiB chunk is ~100 bytes), and a process can still open about

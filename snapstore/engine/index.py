@@ -2,31 +2,52 @@
 position. It is a cache of the log applied up to META_APPLIED; apply_* are the only mutators
 of checkpoint state and are used both live and by recovery, so both paths agree.
 
+The index is a checked cache. From format 2 on, every value of every database carries an
+XXH3-64 of (database, key, payload) (format.INDEX_VALUE_CHECKSUM): seal() adds it and unseal()
+verifies it, and every put and get of this module goes through that one pair; a mismatch
+raises CorruptionError naming the database and key. A view knows the format of its snapshot
+(META_FORMAT) and takes format 1 values, which have no checksum, as they are (upgrade.py
+converts a format 1 index when a writer opens it). At open, LMDB's data file is checked
+against the last page LMDB will touch, so a truncated index raises CorruptionError instead of
+killing the process with SIGBUS.
+
 lmdb.Error never escapes this module: it becomes a snapstore.errors exception.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
-from dataclasses import dataclass
-from typing import Iterator
+import stat
+import struct
+import threading
+from typing import Callable, Iterator, NamedTuple
 
 import lmdb
+import xxhash
 
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
+from snapstore.engine.crashpoints import crashpoint
 from snapstore.errors import CorruptionError, FormatError, SnapstoreError, StoreIOError
 from snapstore.engine import records
 from snapstore.engine.records import Commit
 from snapstore.engine.fsutil import DEFAULT_FILE_MODE, NotRegularFile, check_regular
 from snapstore.engine.registry import SharedByPath
 
+REPAIR_HINT = "run `snapstore repair` to rebuild the index from the log"
+
+
+def damaged(message: str) -> CorruptionError:
+    """The CorruptionError for damage in the index: it names the way out."""
+    return CorruptionError(f"{message}: the index is damaged; {REPAIR_HINT}")
+
 
 def _wrap(exc: lmdb.Error, what: str) -> SnapstoreError:
     if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError,
                         lmdb.VersionMismatchError, lmdb.BadValsizeError)):
-        return CorruptionError(f"index {what}: {exc}")
+        return damaged(f"index {what}: {exc}")
     if isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)):
         return StoreIOError(f"index {what}: {exc}")
     return StoreIOError(f"index {what}: {exc}")
@@ -40,8 +61,139 @@ def _lmdb_errors(what: str):
         raise _wrap(exc, what) from exc
 
 
-@dataclass(frozen=True)
-class ChunkEntry:
+# ---- the value envelope (format 2): payload + XXH3-64 of (database, key, payload) -----------
+# unseal runs for every value read (a restore reads one chunk entry per chunk), so the digest
+# input is one concatenation: _HEAD[db][len(key)] is the database name, NUL and key length
+# (LMDB keys are at most 511 bytes), followed by the key and the payload.
+_HEAD = {db: tuple(db + b"\0" + fmt.INDEX_KEY_LENGTH.pack(n) for n in range(512))
+         for db in fmt.INDEX_DBS}
+_CHECKSUM_AT = fmt.INDEX_VALUE_CHECKSUM.unpack_from
+_CHECKSUM_BYTES = fmt.INDEX_VALUE_CHECKSUM.size
+_xxh3_64 = xxhash.xxh3_64_intdigest
+
+
+def seal(db: bytes, key: bytes, payload: bytes) -> bytes:
+    """The value stored for `payload` under `key` in database `db` (format 2 and later)."""
+    return payload + fmt.INDEX_VALUE_CHECKSUM.pack(_xxh3_64(_HEAD[db][len(key)] + key + payload))
+
+
+def unseal(db: bytes, key: bytes, value: bytes, version: int) -> bytes:
+    """The payload of a value read from database `db` under `key`, in an index of format
+    `version`; CorruptionError (naming database and key) unless its checksum matches."""
+    if version < fmt.INDEX_CHECKSUMS_SINCE:
+        return value
+    payload = value[:-_CHECKSUM_BYTES]
+    if len(value) < _CHECKSUM_BYTES or _CHECKSUM_AT(value, len(payload))[0] != \
+            _xxh3_64(_HEAD[db][len(key)] + key + payload):
+        raise damaged(f"index value {describe_key(db, key)} fails its checksum")
+    return payload
+
+
+def describe_key(db: bytes, key: bytes) -> str:
+    """A database and key as a message names them (control characters escaped)."""
+    try:
+        if db == fmt.DB_CHECKPOINTS:
+            what = f"checkpoint {fmt.CKPT_KEY.unpack(key)[0]}"
+        elif db == fmt.DB_MANIFESTS:
+            what = "checkpoint {} buffer #{}".format(*fmt.MANIFEST_KEY.unpack(key))
+        elif db == fmt.DB_CHUNKS:
+            what = f"chunk {key.hex()[:16]}…"
+        else:
+            what = repr(key)
+    except struct.error:
+        what = repr(key)
+    return f"{db.decode()}[{what}]"
+
+
+def _read_version(txn: lmdb.Transaction, meta_db) -> int | None:
+    """The format of the index in this snapshot from META_FORMAT (None: a new, empty index).
+    Raises FormatError for a format newer than this library's, CorruptionError for damage."""
+    raw = txn.get(fmt.META_FORMAT, db=meta_db)
+    if raw is None:
+        return None
+    if len(raw) < fmt.U64.size:
+        raise damaged(f"index value {describe_key(fmt.DB_META, fmt.META_FORMAT)} is too short")
+    (claimed,) = fmt.U64.unpack_from(raw)
+    if len(raw) == fmt.U64.size:                # format 1: the bare version, no checksum
+        if claimed > fmt.FORMAT_VERSION:
+            raise _newer(claimed)
+        if claimed < fmt.MIN_FORMAT_VERSION or claimed >= fmt.INDEX_CHECKSUMS_SINCE:
+            raise damaged(f"index value {describe_key(fmt.DB_META, fmt.META_FORMAT)} holds "
+                          f"format {claimed} without a checksum")
+        return claimed
+    try:
+        payload = unseal(fmt.DB_META, fmt.META_FORMAT, raw, fmt.FORMAT_VERSION)
+    except CorruptionError:
+        if claimed > fmt.FORMAT_VERSION:        # a newer format may seal differently
+            raise _newer(claimed) from None
+        raise
+    if len(payload) != fmt.U64.size or claimed < fmt.INDEX_CHECKSUMS_SINCE:
+        raise damaged(f"index value {describe_key(fmt.DB_META, fmt.META_FORMAT)} is invalid")
+    if claimed > fmt.FORMAT_VERSION:
+        raise _newer(claimed)
+    return claimed
+
+
+def _newer(version: int) -> FormatError:
+    return FormatError(f"index was written by snapstore format {version}; this snapstore reads "
+                       f"up to {fmt.FORMAT_VERSION}: upgrade snapstore")
+
+
+# ---- the data file: never let LMDB touch a page past its end (that is a SIGBUS) ------------
+def _check_data_file(index_path: str, rebuilding: bool) -> str:
+    """Before LMDB opens it: data.mdb must be a regular file, and may be missing or empty
+    (LMDB then starts a new, empty index) only while the store has no log yet, or when the
+    caller is rebuilding the index from the log. Returns its path."""
+    data = os.path.join(index_path, fmt.INDEX_DATA_FILE)
+    try:
+        st = os.stat(data)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise StoreIOError(f"cannot stat the index file {data}: {exc.strerror}", exc.errno) \
+            from exc
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise damaged(f"the index file {data} is not a regular file")
+    if (st is None or st.st_size == 0) and not rebuilding and _log_exists(index_path):
+        raise damaged(f"the index file {data} is missing or empty but the log holds records")
+    return data
+
+
+def _log_exists(index_path: str) -> bool:
+    """Whether the store that holds this index directory has a segment file with records."""
+    segments = os.path.join(os.path.dirname(os.path.abspath(index_path)), fmt.SEGMENTS_DIR)
+    try:
+        names = [n for n in os.listdir(segments) if n.endswith(fmt.SEGMENT_SUFFIX)]
+    except OSError:
+        return False
+    for name in names:
+        try:
+            if os.stat(os.path.join(segments, name)).st_size > fmt.SEGMENT_HEADER.size:
+                return True
+        except OSError:
+            return True                 # there, but unreadable: not an empty log
+    return False
+
+
+def _check_not_truncated(env: lmdb.Environment, data: str) -> None:
+    """LMDB maps the file and reads pages up to its last page in place: past the end of the
+    file that is SIGBUS. So the file must reach the end of LMDB's last page. (A file too short
+    for LMDB's two meta pages already failed lmdb.open with MDB_INVALID.)"""
+    with _lmdb_errors("open"):
+        need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    try:
+        size = os.stat(data).st_size
+    except OSError as exc:
+        raise StoreIOError(f"cannot stat the index file {data}: {exc.strerror}", exc.errno) \
+            from exc
+    if size < need:
+        raise damaged(f"the index file {data} is truncated: it has {size} bytes, LMDB's last "
+                      f"page ends at byte {need}")
+
+
+class ChunkEntry(NamedTuple):
+    """Where a chunk's record is and how many extents use it. A named tuple: a restore makes
+    one per chunk, and a frozen dataclass costs several times more to build."""
     segment: int
     offset: int
     stored_len: int
@@ -50,12 +202,11 @@ class ChunkEntry:
     codec: int
 
     def pack(self) -> bytes:
-        return fmt.CHUNK_ENTRY.pack(self.segment, self.offset, self.stored_len, self.raw_len,
-                                    self.refs, self.codec)
+        return fmt.CHUNK_ENTRY.pack(*self)
 
     @classmethod
     def unpack(cls, data: bytes) -> "ChunkEntry":
-        return cls(*fmt.CHUNK_ENTRY.unpack(data))
+        return cls._make(fmt.CHUNK_ENTRY.unpack(data))
 
 
 def _stream_key(stream: str, tail: bytes = b"") -> bytes:
@@ -119,17 +270,65 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
     return _ENVS.acquire(path, open_env)
 
 
+def open_in_process(path: str) -> bool:
+    """Whether this process has the index at `path` open (through any Store)."""
+    return _ENVS.users(path) > 0
+
+
+class CheckedManifests:
+    """The extents of recently read manifests that passed extents.check_manifest, so a read
+    that resolves the same chain again (every read() of a range does) skips unpacking and
+    checking them; bounded by their total number of extents (LRU), thread-safe.
+
+    Keyed by (manifest key, the payload's verified checksum, buffer size, base): a manifest
+    rewritten under the same key (delete, fold, trim) has another payload, so another
+    checksum; that two payloads of one key share an XXH3-64 is the same 2^-64 chance the
+    checksum itself rests on. Format 1 manifests have no checksum and are not kept."""
+
+    LIMIT = 1 << 16                      # extents (~200 bytes each as Python tuples)
+
+    def __init__(self) -> None:
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self._extents = 0
+        self._lock = threading.Lock()
+
+    def get(self, memo: tuple) -> tuple | None:
+        with self._lock:
+            hit = self._entries.get(memo)
+            if hit is not None:
+                self._entries.move_to_end(memo)
+            return hit
+
+    def put(self, memo: tuple, extents: tuple) -> None:
+        if len(extents) > self.LIMIT:
+            return
+        with self._lock:
+            if memo in self._entries:
+                return
+            self._entries[memo] = extents
+            self._extents += len(extents)
+            while self._extents > self.LIMIT:
+                _, old = self._entries.popitem(last=False)
+                self._extents -= len(old)
+
+
 class Index:
-    """The open index of one store."""
+    """The open index of one store.
+
+    rebuilding=True is for rebuilding the index from the log (`snapstore repair`): a missing
+    or empty data file is then expected, not damage."""
 
     def __init__(self, path: str, *, readonly: bool, durable: bool,
-                 file_mode: int = DEFAULT_FILE_MODE) -> None:
+                 file_mode: int = DEFAULT_FILE_MODE, rebuilding: bool = False) -> None:
         self.readonly = readonly
         self.durable = durable
+        self.checked_manifests = CheckedManifests()
         if not os.path.isdir(path):
             raise FormatError(f"no index at {path}; not a snapstore store")
+        data = _check_data_file(path, rebuilding)
         self.env = _acquire_env(path, durable, file_mode)
         try:
+            _check_not_truncated(self.env, data)
             with _lmdb_errors("open databases"):
                 self.dbs = {name: self.env.open_db(name, create=not readonly)
                             for name in fmt.INDEX_DBS}
@@ -141,23 +340,42 @@ class Index:
             _ENVS.release(self.env)
             raise
         try:
-            self._check_version()
+            self.version = self._check_version()
         except BaseException:
             _ENVS.release(self.env)
             raise
 
-    def _check_version(self) -> None:
-        """Refuses an index written by a newer format (readers too); stamps a new one."""
-        with self.read() as r:
-            version = r.txn.get(fmt.META_FORMAT, db=self.dbs[fmt.DB_META])
-        if version is not None and fmt.U64.unpack(version)[0] > fmt.FORMAT_VERSION:
-            raise FormatError(f"index was written by snapstore format "
-                              f"{fmt.U64.unpack(version)[0]}; this snapstore reads up to "
-                              f"{fmt.FORMAT_VERSION}: upgrade snapstore")
+    def _check_version(self) -> int:
+        """The index's format. Refuses an index written by a newer format (readers too);
+        stamps a new one with this library's."""
+        with _lmdb_errors("read"):
+            with self.env.begin() as txn:
+                version = _read_version(txn, self.dbs[fmt.DB_META])
         if version is None and not self.readonly:
             with self.write() as w:
-                w.txn.put(fmt.META_FORMAT, fmt.U64.pack(fmt.FORMAT_VERSION),
-                          db=self.dbs[fmt.DB_META])
+                w.set_format(fmt.FORMAT_VERSION)
+        return fmt.FORMAT_VERSION if version is None else version
+
+    def add_value_checksums(self) -> bool:
+        """The index step of the upgrade to format 2 (upgrade.py): in one write transaction,
+        seals every value of every database with its checksum and sets META_FORMAT to 2.
+        All or nothing, so a crash leaves format 1 to upgrade again; returns False, doing
+        nothing, when the index already is format 2 or later."""
+        with _lmdb_errors("upgrade"):
+            with self.env.begin(write=True) as txn:
+                version = _read_version(txn, self.dbs[fmt.DB_META])
+                if version is None or version >= fmt.INDEX_CHECKSUMS_SINCE:
+                    return False
+                for name in fmt.INDEX_DBS:
+                    with txn.cursor(db=self.dbs[name]) as cur:
+                        for key, value in cur:
+                            cur.put(key, seal(name, key, value))
+                txn.put(fmt.META_FORMAT, seal(fmt.DB_META, fmt.META_FORMAT,
+                                              fmt.U64.pack(fmt.INDEX_CHECKSUMS_SINCE)),
+                        db=self.dbs[fmt.DB_META])
+                crashpoint("upgrade_before_index_commit")
+        self.version = fmt.INDEX_CHECKSUMS_SINCE
+        return True
 
     def close(self) -> None:
         if self.env is not None:
@@ -171,10 +389,13 @@ class Index:
                 yield IndexView(self, txn)
 
     @contextlib.contextmanager
-    def write(self) -> Iterator["IndexWriter"]:
+    def write(self, *, rebuilding: bool = False) -> Iterator["IndexWriter"]:
+        """A write transaction. rebuilding=True (repair.py only): reference counts are not
+        maintained (the rebuild recounts them at the end), so a manifest may name a chunk the
+        index lacks (the rebuild reports it)."""
         with _lmdb_errors("write"):
             with self.env.begin(write=True) as txn:
-                yield IndexWriter(self, txn)
+                yield IndexWriter(self, txn, rebuilding=rebuilding)
 
     def sync(self) -> None:
         """Forces every committed transaction to disk (even with durability "none")."""
@@ -186,79 +407,139 @@ class Index:
 
 
 class IndexView:
-    """Read access inside one LMDB transaction."""
+    """Read access inside one LMDB transaction. Every value read is checked (unseal) against
+    the format of this snapshot (`version`)."""
 
     def __init__(self, index: Index, txn: lmdb.Transaction) -> None:
         self.index, self.txn, self.dbs = index, txn, index.dbs
+        version = _read_version(txn, self.dbs[fmt.DB_META])
+        self.version = fmt.FORMAT_VERSION if version is None else version
+
+    # -- the one way values are read
+    def _get(self, db: bytes, key: bytes) -> bytes | None:
+        """The checked payload stored under key, or None."""
+        value = self.txn.get(key, db=self.dbs[db])
+        return None if value is None else unseal(db, key, value, self.version)
+
+    def _items(self, db: bytes, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        """(key, checked payload) of the keys starting with prefix, in key order."""
+        with self.txn.cursor(db=self.dbs[db]) as cur:
+            if not cur.set_range(prefix):
+                return
+            for key, value in cur:
+                if not key.startswith(prefix):
+                    break
+                yield key, unseal(db, key, value, self.version)
+
+    @staticmethod
+    def _decode(db: bytes, key: bytes, payload: bytes, decode: Callable):
+        """decode(payload), with any failure to decode reported as index damage."""
+        try:
+            return decode(payload)
+        except (struct.error, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise damaged(f"index value {describe_key(db, key)} does not decode: "
+                          f"{exc!r}") from exc
+
+    def _decoded(self, db: bytes, key: bytes, decode: Callable):
+        payload = self._get(db, key)
+        return None if payload is None else self._decode(db, key, payload, decode)
 
     # -- meta
     def applied(self) -> tuple[int, int] | None:
-        v = self.txn.get(fmt.META_APPLIED, db=self.dbs[fmt.DB_META])
-        return fmt.LOG_POSITION.unpack(v) if v is not None else None
+        return self._decoded(fmt.DB_META, fmt.META_APPLIED, fmt.LOG_POSITION.unpack)
 
     def next_id(self) -> int:
-        v = self.txn.get(fmt.META_NEXT_ID, db=self.dbs[fmt.DB_META])
-        return fmt.U64.unpack(v)[0] if v is not None else 1
+        v = self._decoded(fmt.DB_META, fmt.META_NEXT_ID, fmt.U64.unpack)
+        return v[0] if v is not None else 1
+
+    def log_state(self) -> tuple[tuple[int, int], tuple[int, int]] | None:
+        """Where the newest durable state section of the log lies: (log position of its first
+        record, log position just past its last); None when none was written."""
+        v = self._decoded(fmt.DB_META, fmt.META_LOG_STATE, fmt.STATE_MARK.unpack)
+        return None if v is None else ((v[0], v[1]), (v[2], v[3]))
 
     # -- chunks
     def chunk(self, chunk_id: bytes) -> ChunkEntry | None:
-        v = self.txn.get(chunk_id, db=self.dbs[fmt.DB_CHUNKS])
-        return ChunkEntry.unpack(v) if v is not None else None
+        # _decoded written out: a restore reads one chunk entry per chunk
+        value = self.txn.get(chunk_id, db=self.dbs[fmt.DB_CHUNKS])
+        if value is None:
+            return None
+        payload = unseal(fmt.DB_CHUNKS, chunk_id, value, self.version)
+        if len(payload) != fmt.CHUNK_ENTRY.size:
+            raise damaged(f"index value {describe_key(fmt.DB_CHUNKS, chunk_id)} has "
+                          f"{len(payload)} bytes, not {fmt.CHUNK_ENTRY.size}")
+        return ChunkEntry.unpack(payload)
 
     def has_chunk(self, chunk_id: bytes) -> bool:
-        return self.txn.get(chunk_id, db=self.dbs[fmt.DB_CHUNKS]) is not None
+        return self.chunk(chunk_id) is not None
 
     def chunks(self) -> Iterator[tuple[bytes, ChunkEntry]]:
-        with self.txn.cursor(db=self.dbs[fmt.DB_CHUNKS]) as cur:
-            for k, v in cur:
-                yield bytes(k), ChunkEntry.unpack(v)
+        for k, v in self._items(fmt.DB_CHUNKS):
+            yield k, self._decode(fmt.DB_CHUNKS, k, v, ChunkEntry.unpack)
 
     # -- checkpoints
     def checkpoint(self, checkpoint_id: int) -> Commit | None:
-        v = self.txn.get(fmt.CKPT_KEY.pack(checkpoint_id), db=self.dbs[fmt.DB_CHECKPOINTS])
-        if v is None:
-            return None
-        try:
-            return Commit.from_info_json(json.loads(v))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptionError(f"index entry of checkpoint {checkpoint_id} is damaged: {exc}")
+        return self._decoded(fmt.DB_CHECKPOINTS, fmt.CKPT_KEY.pack(checkpoint_id),
+                             lambda v: Commit.from_info_json(json.loads(v)))
 
     def checkpoint_ids(self, stream: str | None = None) -> list[int]:
         if stream is None:
             with self.txn.cursor(db=self.dbs[fmt.DB_CHECKPOINTS]) as cur:
                 return [fmt.CKPT_KEY.unpack(k)[0] for k in cur.iternext(values=False)]
-        return self._ids_after(fmt.DB_STREAM_CKPTS, _stream_key(stream))
+        prefix = _stream_key(stream)
+        return [fmt.CKPT_KEY.unpack(k[len(prefix):])[0]
+                for k, _ in self._items(fmt.DB_STREAM_CKPTS, prefix)]
 
-    def _ids_after(self, db: bytes, prefix: bytes) -> list[int]:
-        """The checkpoint ids of the keys prefix + CKPT_KEY of db, ascending."""
-        out = []
-        with self.txn.cursor(db=self.dbs[db]) as cur:
-            if cur.set_range(prefix):
-                for k in cur.iternext(values=False):
-                    if not k.startswith(prefix):
-                        break
-                    out.append(fmt.CKPT_KEY.unpack(k[len(prefix):])[0])
-        return out
-
-    def manifest(self, checkpoint_id: int, buffer_index: int) -> bytes:
-        v = self.txn.get(fmt.MANIFEST_KEY.pack(checkpoint_id, buffer_index),
-                         db=self.dbs[fmt.DB_MANIFESTS])
-        if v is None:
+    def _stored_manifest(self, checkpoint_id: int, buffer_index: int) -> tuple[bytes, bytes]:
+        """(key, value as stored) of one manifest; CorruptionError if the index lacks it."""
+        key = fmt.MANIFEST_KEY.pack(checkpoint_id, buffer_index)
+        value = self.txn.get(key, db=self.dbs[fmt.DB_MANIFESTS])
+        if value is None:
             raise CorruptionError(f"index lacks manifest {buffer_index} of checkpoint "
                                   f"{checkpoint_id}")
-        return v
+        return key, value
+
+    def manifest(self, checkpoint_id: int, buffer_index: int) -> bytes:
+        """The packed extents of one buffer of a checkpoint (checksum checked)."""
+        key, value = self._stored_manifest(checkpoint_id, buffer_index)
+        return unseal(fmt.DB_MANIFESTS, key, value, self.version)
+
+    def extents(self, commit: Commit, buffer_index: int) -> tuple:
+        """The extents of buffer `buffer_index` of `commit` (an immutable sequence), checked
+        to be a valid manifest of that buffer (extents.check_manifest) before anything uses
+        them. A manifest already checked is taken from the index's CheckedManifests."""
+        b = commit.buffers[buffer_index]
+        key, value = self._stored_manifest(commit.id, buffer_index)
+        blob = unseal(fmt.DB_MANIFESTS, key, value, self.version)
+        memo = None
+        if len(blob) < len(value):       # sealed: the verified checksum names the payload
+            memo = (key, value[len(blob):], b.size, b.base)
+            hit = self.index.checked_manifests.get(memo)
+            if hit is not None:
+                return hit
+        try:
+            out = tuple(ext.unpack(blob))
+            ext.check_manifest(out, b.size, b.base == "full",
+                               f"checkpoint {commit.id} buffer {b.name!r}")
+        except CorruptionError as exc:
+            raise damaged(str(exc)) from exc
+        if memo is not None:
+            self.index.checked_manifests.put(memo, out)
+        return out
 
     def children(self, checkpoint_id: int) -> list[int]:
-        return self._ids_after(fmt.DB_CHILDREN, fmt.CKPT_KEY.pack(checkpoint_id))
+        prefix = fmt.CKPT_KEY.pack(checkpoint_id)
+        return [fmt.CKPT_KEY.unpack(k[len(prefix):])[0]
+                for k, _ in self._items(fmt.DB_CHILDREN, prefix)]
 
     # -- streams
     def streams(self) -> dict[str, int]:
-        with self.txn.cursor(db=self.dbs[fmt.DB_STREAMS]) as cur:
-            return {k.decode(): json.loads(v)["head"] for k, v in cur}
+        return {self._decode(fmt.DB_STREAMS, k, k, bytes.decode):
+                self._decode(fmt.DB_STREAMS, k, v, lambda p: json.loads(p)["head"])
+                for k, v in self._items(fmt.DB_STREAMS)}
 
     def _stream(self, stream: str) -> dict | None:
-        v = self.txn.get(stream.encode(), db=self.dbs[fmt.DB_STREAMS])
-        return json.loads(v) if v is not None else None
+        return self._decoded(fmt.DB_STREAMS, stream.encode(), _stream_json)
 
     def stream_head(self, stream: str) -> int | None:
         s = self._stream(stream)
@@ -271,24 +552,48 @@ class IndexView:
 
     def fingerprints(self, stream: str, buffer: str) -> tuple[int, int, bytes] | None:
         """(checkpoint id, page size, digests) recorded for a stream's buffer, or None."""
-        v = self.txn.get(_stream_key(stream, buffer.encode()), db=self.dbs[fmt.DB_FINGERPRINTS])
-        if v is None:
-            return None
-        ckpt, page_size, _ = fmt.FP_HEADER.unpack_from(v)
-        return ckpt, page_size, v[fmt.FP_HEADER.size:]
+        def decode(v: bytes) -> tuple[int, int, bytes]:
+            ckpt, page_size, _ = fmt.FP_HEADER.unpack_from(v)
+            return ckpt, page_size, v[fmt.FP_HEADER.size:]
+        return self._decoded(fmt.DB_FINGERPRINTS, _stream_key(stream, buffer.encode()), decode)
+
+
+def _stream_json(payload: bytes) -> dict:
+    d = json.loads(payload)
+    if not isinstance(d, dict) or not isinstance(d["head"], int):
+        raise ValueError("not a stream record")
+    return d
 
 
 class IndexWriter(IndexView):
-    """Write access inside one LMDB write transaction (all or nothing)."""
+    """Write access inside one LMDB write transaction (all or nothing). Every value it writes
+    is sealed, so it refuses an index whose values are not: upgrade.py converts it first."""
 
+    def __init__(self, index: Index, txn: lmdb.Transaction, *, rebuilding: bool = False) -> None:
+        super().__init__(index, txn)
+        self.rebuilding = rebuilding
+        if self.version < fmt.INDEX_CHECKSUMS_SINCE:
+            raise FormatError(f"the index is format {self.version}; it must be upgraded "
+                              "before it is written (a writer open does that)")
+
+    # -- the one way values are written
     def _put(self, db: bytes, key: bytes, value: bytes) -> None:
-        self.txn.put(key, value, db=self.dbs[db])
+        self.txn.put(key, seal(db, key, value), db=self.dbs[db])
 
     def _delete(self, db: bytes, key: bytes) -> None:
         self.txn.delete(key, db=self.dbs[db])
 
+    def set_format(self, version: int) -> None:
+        self._put(fmt.DB_META, fmt.META_FORMAT, fmt.U64.pack(version))
+
     def set_applied(self, position: tuple[int, int]) -> None:
         self._put(fmt.DB_META, fmt.META_APPLIED, fmt.LOG_POSITION.pack(*position))
+
+    def set_log_state(self, begin: tuple[int, int], end: tuple[int, int]) -> None:
+        self._put(fmt.DB_META, fmt.META_LOG_STATE, fmt.STATE_MARK.pack(*begin, *end))
+
+    def set_next_id(self, next_id: int) -> None:
+        self._put(fmt.DB_META, fmt.META_NEXT_ID, fmt.U64.pack(next_id))
 
     def put_chunk(self, chunk_id: bytes, entry: ChunkEntry) -> None:
         self._put(fmt.DB_CHUNKS, chunk_id, entry.pack())
@@ -297,6 +602,8 @@ class IndexWriter(IndexView):
         self._delete(fmt.DB_CHUNKS, chunk_id)
 
     def _add_refs(self, blob: bytes, delta: int) -> None:
+        if self.rebuilding:
+            return
         counts: dict[bytes, int] = {}
         for _, _, _, cid in fmt.EXTENT.iter_unpack(blob):
             counts[cid] = counts.get(cid, 0) + delta
@@ -314,6 +621,10 @@ class IndexWriter(IndexView):
     def _put_info(self, commit: Commit) -> None:
         self._put(fmt.DB_CHECKPOINTS, fmt.CKPT_KEY.pack(commit.id),
                   json.dumps(commit.info_json(), separators=(",", ":")).encode())
+
+    def put_stream(self, stream: str, head: int, seq: int) -> None:
+        """Sets a stream's head and last seq (a rebuild from a state section)."""
+        self._put_stream(stream, head, seq)
 
     def _put_stream(self, stream: str, head: int, seq: int) -> None:
         self._put(fmt.DB_STREAMS, stream.encode(), json.dumps({"head": head, "seq": seq}).encode())
@@ -365,7 +676,7 @@ class IndexWriter(IndexView):
     def apply_commit(self, commit: Commit, position: tuple[int, int]) -> None:
         """Makes a committed checkpoint visible; `position` is just past its commit record."""
         for cid, seg, off, stored, raw, codec in fmt.NEW_CHUNK.iter_unpack(commit.new_chunks):
-            if not self.has_chunk(cid):
+            if not self.rebuilding and not self.has_chunk(cid):   # a rebuild scans for them
                 self.put_chunk(cid, ChunkEntry(seg, off, stored, raw, 0, codec))
         for i, b in enumerate(commit.buffers):
             self._add_refs(b.extents, +1)
@@ -376,8 +687,7 @@ class IndexWriter(IndexView):
         if commit.parent is not None:
             self._put(fmt.DB_CHILDREN, fmt.CKPT_KEY.pack(commit.parent) + key, b"")
         self._put_stream(commit.stream, commit.id, max(commit.seq, self.stream_seq(commit.stream)))
-        next_id = max(self.next_id(), commit.id + 1)
-        self._put(fmt.DB_META, fmt.META_NEXT_ID, fmt.U64.pack(next_id))
+        self.set_next_id(max(self.next_id(), commit.id + 1))
         self.set_applied(position)
 
     def apply_delete(self, checkpoint_id: int, position: tuple[int, int]) -> None:

@@ -50,7 +50,12 @@ def address_view(address: int, n: int) -> memoryview:
 
 
 class OutputBytes:
-    """A bytes result under construction: fill .view, then take .finish() exactly once."""
+    """A bytes result under construction: fill .view, then take .finish() exactly once.
+
+    A large result's memory is NOT initialised: it may hold bytes this process freed earlier
+    (other data). The filler must write every byte before finish(); the restore path proves
+    it will before it writes any (reader.restore_range: extents.check_fills) and raises
+    CorruptionError otherwise, so an unfilled result is never handed out."""
 
     def __init__(self, size: int) -> None:
         if _CPYTHON and size >= _IN_PLACE_MIN:

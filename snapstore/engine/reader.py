@@ -16,22 +16,24 @@ from snapstore.errors import CheckpointNotFound, ConcurrentCompactionError, Corr
 from snapstore.engine.backends.base import SegmentBackend, SegmentReader
 from snapstore.engine.index import IndexView
 from snapstore.engine.records import BufferEntry, Commit
+from snapstore.engine.wal import segment_version
 
 
 def buffer_layers(view: IndexView, commit: Commit, name: str) -> list[list]:
     """Extent lists of buffer `name` from its nearest full manifest to `commit`, oldest first."""
     layers = []
+    size = find_buffer(commit, name).size
     current = commit
     while True:
         idx = next((i for i, b in enumerate(current.buffers) if b.name == name), None)
-        if idx is None:
-            raise CorruptionError(f"checkpoint {current.id} lacks buffer {name!r} that checkpoint "
-                                  f"{commit.id} builds on")
-        layers.append(ext.unpack(view.manifest(current.id, idx)))
+        if idx is None or current.buffers[idx].size != size:
+            raise CorruptionError(f"checkpoint {current.id} lacks buffer {name!r} of {size} bytes "
+                                  f"that checkpoint {commit.id} builds on")
+        layers.append(view.extents(current, idx))      # checked: sorted, inside, covering
         if current.buffers[idx].base == "full":
             break
-        if current.parent is None:
-            raise CorruptionError(f"checkpoint {current.id} is a delta without a parent")
+        if current.parent is None or current.parent >= current.id:   # parents are older
+            raise CorruptionError(f"checkpoint {current.id} is a delta without a valid parent")
         parent = view.checkpoint(current.parent)
         if parent is None:
             raise CorruptionError(f"checkpoint {current.id} names missing parent {current.parent}")
@@ -58,6 +60,7 @@ class ChunkReader:
         self.backend, self.segments, self.view = backend, segments, view
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._cached = 0
+        self._versions_checked: set[int] = set()
 
     def read(self, chunk_id: bytes) -> bytes | memoryview:
         hit = self._cache.get(chunk_id)
@@ -77,6 +80,8 @@ class ChunkReader:
         if entry is None:
             raise CorruptionError(f"index lacks chunk {chunk_id.hex()[:16]}… that a manifest "
                                   "references")
+        if entry.segment not in self._versions_checked:
+            self._check_version(entry.segment)
         try:
             return chunks.read_chunk(self.segments, entry.segment, entry.offset,
                                      entry.stored_len, chunk_id, entry.raw_len)
@@ -86,6 +91,16 @@ class ChunkReader:
                     f"chunk {chunk_id.hex()[:16]}… was moved by a compaction while this read "
                     "ran; retry the read") from None
             raise
+
+    def _check_version(self, number: int) -> None:
+        """FormatError for a segment of a newer version than this library reads (checked once
+        per segment and read session). A damaged header is left to the records, each of which
+        is checked on its own."""
+        try:
+            segment_version(self.segments, number)
+        except CorruptionError:
+            pass
+        self._versions_checked.add(number)
 
     def _moved(self, chunk_id: bytes, entry) -> bool:
         """True when the index, read afresh, no longer places the chunk where this read's
@@ -105,8 +120,11 @@ def restore_range(view: IndexView, backend: SegmentBackend, commit: Commit, name
     whole = start == 0 and end == find_buffer(commit, name).size
     with backend.open_reader() as segments:
         reader = ChunkReader(backend, segments, view)
-        for layer in buffer_layers(view, commit, name):
-            for off, coff, length, cid in (layer if whole else ext.clip(layer, start, end)):
+        for depth, layer in enumerate(buffer_layers(view, commit, name)):
+            extents = layer if whole else ext.clip(layer, start, end)
+            if depth == 0:      # the full base writes every byte of out: none is left unfilled
+                ext.check_fills(extents, start, end, f"checkpoint {commit.id} buffer {name!r}")
+            for off, coff, length, cid in extents:
                 data = reader.read(cid)
                 if coff + length > len(data):
                     raise CorruptionError(f"manifest extent exceeds chunk {cid.hex()[:16]}…")

@@ -1,7 +1,10 @@
-"""Typed payloads of the log's index records (commit, delete): encoding and decoding.
+"""Typed payloads of the log's index records (commit, delete, tag) and of its state sections
+(begin, checkpoint, end): encoding and decoding.
 
 A commit record is self-describing: replaying it onto the index needs nothing else from the
-log (the chunk records it introduces are listed with their positions).
+log (the chunk records it introduces are listed with their positions). A state section's
+checkpoint record is a commit payload without new-chunk table (Commit.encode of the checkpoint
+as the index holds it: current manifests, tags, depths, seq, parent).
 """
 from __future__ import annotations
 
@@ -122,3 +125,40 @@ def decode_delete(payload: bytes) -> int:
         return fmt.DELETE_PAYLOAD.unpack(payload)[0]
     except struct.error as exc:
         raise CorruptionError(f"undecodable delete record: {exc}") from exc
+
+
+def encode_state_begin(next_id: int, streams: dict, checkpoints: int) -> List[bytes]:
+    """streams: {name: (head id, last seq)}."""
+    return [json.dumps({"next_id": next_id, "checkpoints": checkpoints,
+                        "streams": {name: {"head": head, "seq": seq}
+                                    for name, (head, seq) in streams.items()}},
+                       separators=(",", ":")).encode()]
+
+
+def decode_state_begin(payload: bytes) -> tuple[int, dict, int]:
+    """(next id, {stream: (head id, last seq)}, number of checkpoints) of a STATE_BEGIN."""
+    try:
+        d = json.loads(bytes(payload))
+        streams = {str(name): (_uint(s["head"]), _uint(s["seq"]))
+                   for name, s in d["streams"].items()}
+        return _uint(d["next_id"]), streams, _uint(d["checkpoints"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptionError(f"undecodable state section record: {exc}") from exc
+
+
+def _uint(v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{v!r} is not a non-negative integer")
+    return v
+
+
+def encode_state_end(checkpoints: int, checksum: int) -> List[bytes]:
+    return [fmt.STATE_END.pack(checkpoints, checksum)]
+
+
+def decode_state_end(payload: bytes) -> tuple[int, int]:
+    """(number of checkpoint records, checksum) of a STATE_END."""
+    try:
+        return fmt.STATE_END.unpack(bytes(payload))
+    except struct.error as exc:
+        raise CorruptionError(f"undecodable state section end: {exc}") from exc

@@ -3,7 +3,8 @@ applied yet, and cut a torn tail (docs/design.md, "Commit and recovery protocol"
 
 The first invalid or incomplete record ends the scan: in the last segment it is a torn tail and
 the segment is truncated there (a segment killed while being created is removed); anywhere else
-it is corruption and nothing is cut. Chunk records without a following commit stay as garbage.
+it is corruption and nothing is cut. Chunk records without a following commit stay as garbage;
+state sections (logstate.py) describe what the index already holds and are passed over.
 """
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ def recover(index: Index, backend: SegmentBackend, durable: bool) -> None:
                                               segment=segment_name(number), offset=pos)
                     truncate_tail(backend, number, pos, durable)
                 break
-            if item.rtype == fmt.REC_CHUNK:
-                continue
+            if item.rtype not in fmt.INDEX_RECORD_TYPES:
+                continue        # chunks wait for their commit; a state section is the index
             try:
                 with index.write() as w:
                     w.apply_record(item.rtype, item.payload, (number, item.end))

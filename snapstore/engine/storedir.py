@@ -116,7 +116,7 @@ def _wait_for_store(path: str, deadline: float) -> int:
 
 def _read_store(path: str) -> int:
     """Checks FORMAT and the layout of an existing store; returns its file mode."""
-    mode = read_format_file(path)
+    mode = read_format_file(path)["file_mode"]
     _check_layout(path)
     return mode
 
@@ -186,19 +186,21 @@ def file_mode_of(st_mode: int) -> int:
     return (st_mode & 0o666) | 0o600
 
 
-def publish_format(path: str, file_mode: int = DEFAULT_FILE_MODE) -> None:
-    """Publishes the FORMAT file atomically (temp file, fsync, rename, directory fsync): the
-    last step of creating a store."""
+def publish_format(path: str, file_mode: int = DEFAULT_FILE_MODE,
+                   created: float | None = None) -> None:
+    """Publishes the FORMAT file of this library's version atomically (temp file, fsync,
+    rename, directory fsync): the last step of creating a store, and of upgrading one (which
+    keeps its `created` time)."""
     body = json.dumps({"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION,
-                       "created": time.time()}).encode()
+                       "created": time.time() if created is None else created}).encode()
     replace_file(os.path.join(path, fmt.FORMAT_FILE), lambda f: f.write(body),
                  mode=file_mode, sync=True)
     fsync_directory(path)
 
 
-def read_format_file(path: str) -> int:
-    """Checks the FORMAT file (FormatError if it is not snapstore's or is newer); returns the
-    file mode its permission bits give new files."""
+def read_format_file(path: str) -> dict:
+    """The FORMAT file's contents, checked (FormatError unless a snapstore store of a version
+    this library reads), plus "file_mode": the mode its permission bits give new files."""
     name = os.path.join(path, fmt.FORMAT_FILE)
     try:
         fd = open_regular(name, os.O_RDONLY)
@@ -220,4 +222,6 @@ def read_format_file(path: str) -> int:
     if not isinstance(version, int) or version > fmt.FORMAT_VERSION:
         raise FormatError(f"{path} has store format version {version}; this snapstore reads "
                           f"versions up to {fmt.FORMAT_VERSION}: upgrade snapstore")
-    return file_mode_of(st_mode)
+    if version < fmt.MIN_FORMAT_VERSION:
+        raise FormatError(f"{path} has an invalid store format version {version}")
+    return dict(data, file_mode=file_mode_of(st_mode))

@@ -4,8 +4,11 @@ stored byte still matches its checksum and its chunk id.
 Shallow: checkpoints, chains, manifests, streams and exact reference counts; every chunk
 record the index points at has a valid header and checksum. Deep: additionally every record
 of every segment (live or not) is read and checked, and every chunk is decompressed and
-re-hashed with BLAKE3. Each problem lists the checkpoints whose restore it would break
-(including later checkpoints that build on them through delta chains).
+re-hashed with BLAKE3, and every index entry is matched with the record at its offset (the
+chunk id, lengths and codec it names; several entries at one offset are each checked). Each
+problem lists the checkpoints whose restore it would break (including later checkpoints that
+build on them through delta chains). When a problem lies in the index (INDEX_KINDS), the report
+carries a "hint" naming `snapstore repair`, which rebuilds the index from the log.
 """
 from __future__ import annotations
 
@@ -20,9 +23,13 @@ from snapstore.engine import format as fmt
 from snapstore.errors import CorruptionError
 from snapstore.engine.backends.base import SegmentBackend, segment_name
 from snapstore.engine.chunks import decode_chunk, read_stored_chunk, stored_chunk
-from snapstore.engine.index import Index
-from snapstore.engine.wal import (DamagedRecord, check_segment_header, parse_record_header,
-                                  read_record)
+from snapstore.engine.index import REPAIR_HINT, Index
+from snapstore.engine.wal import DamagedRecord, parse_record_header, read_record, segment_version
+
+# Problems of the index itself (the log may be intact): `snapstore repair` rebuilds it.
+INDEX_KINDS = frozenset({"missing_manifest", "missing_parent", "bad_extent", "missing_chunk",
+                         "incomplete_manifest", "broken_chain", "stream", "refcount",
+                         "lost_record", "index_mismatch", "missing_segment"})
 
 
 class _Report:
@@ -153,21 +160,45 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
             with backend.open_reader() as segments:
                 for off, cid, e in sorted(by_segment[seg], key=lambda t: t[0]):
                     try:
-                        read_stored_chunk(segments, seg, off, e.stored_len, cid)
+                        chunk = read_stored_chunk(segments, seg, off, e.stored_len, cid)
                         bytes_checked += fmt.RECORD_HEADER.size + e.stored_len
                     except CorruptionError as exc:
                         report.add("damaged_chunk", str(exc), affected(cid), seg, off)
+                        continue
+                    mismatch = _entry_mismatch(chunk.record, cid, e)
+                    if mismatch:
+                        report.add("index_mismatch", mismatch, affected(cid), seg, off)
     else:
         for seg in sorted(present):
-            known = {off: (cid, e) for off, cid, e in by_segment.get(seg, [])}
+            known = defaultdict(list)       # offset -> [(chunk id, entry)]: all of them
+            for off, cid, e in by_segment.get(seg, []):
+                known[off].append((cid, e))
             with backend.open_reader() as segments:
                 bytes_checked += _deep_scan(segments, backend.size(seg), seg, known, report,
                                             affected)
 
     problems = report.problems
-    return {"ok": not problems, "deep": deep, "problems": problems,
-            "checkpoints": len(commits), "chunks": len(chunks), "segments": len(present),
-            "bytes_checked": bytes_checked, "seconds": time.perf_counter() - started}
+    out = {"ok": not problems, "deep": deep, "problems": problems,
+           "checkpoints": len(commits), "chunks": len(chunks), "segments": len(present),
+           "bytes_checked": bytes_checked, "seconds": time.perf_counter() - started}
+    if any(p["kind"] in INDEX_KINDS for p in problems):
+        out["hint"] = f"the index is damaged or out of step with the log: {REPAIR_HINT}"
+    return out
+
+
+def _entry_mismatch(record, cid: bytes, e) -> str | None:
+    """What an index entry gets wrong about the valid record at its offset, or None."""
+    if record.rtype != fmt.REC_CHUNK:
+        return "the index places a chunk where the log holds another kind of record"
+    chunk = stored_chunk(record)
+    if chunk.chunk_id != cid:
+        return (f"the index places chunk {cid.hex()[:16]}… where the log holds chunk "
+                f"{chunk.chunk_id.hex()[:16]}…")
+    if record.length != e.stored_len or chunk.raw_len != e.raw_len or record.codec != e.codec:
+        return (f"the index entry of chunk {cid.hex()[:16]}… (stored {e.stored_len}, raw "
+                f"{e.raw_len}, codec {e.codec}) does not match its record (stored "
+                f"{record.length}, raw {chunk.raw_len}, codec {record.codec})")
+    return None
 
 
 def _deep_scan(segments, size: int, seg: int, known: dict, report: _Report, affected) -> int:
@@ -177,8 +208,9 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: _Report, affe
     flipped length field must not hide the records after it). Returns bytes read."""
     starts = sorted(known)
     seen = set()
+    types = fmt.RECORD_TYPES
     try:
-        check_segment_header(segments.read(seg, 0, fmt.SEGMENT_HEADER.size), seg)
+        types = fmt.SEGMENT_RECORD_TYPES[segment_version(segments, seg)]
     except CorruptionError as exc:
         report.add("damaged_segment_header", str(exc), segment=seg, offset=0)
     pos = fmt.SEGMENT_HEADER.size
@@ -186,14 +218,21 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: _Report, affe
         seen.add(pos)
         try:
             record = read_record(segments, seg, pos, size=size)
+            if record.rtype not in types:
+                raise DamagedRecord("record of a type segments of this version do not hold",
+                                    seg, pos, record.end)
             if record.rtype == fmt.REC_CHUNK:
                 _check_chunk(record)
+            for cid, e in known.get(pos, ()):
+                mismatch = _entry_mismatch(record, cid, e)
+                if mismatch:
+                    report.add("index_mismatch", mismatch, affected(cid), seg, pos)
             pos = record.end
             continue
         except DamagedRecord as exc:
             problem, end = exc.reason, exc.end
-        cid = known.get(pos, (None,))[0]
-        report.add("damaged_record", problem, affected(cid) if cid else (), seg, pos)
+        users = set().union(*(affected(cid) for cid, _ in known.get(pos, ())))
+        report.add("damaged_record", problem, users, seg, pos)
         i = bisect.bisect_right(starts, pos)
         next_known = starts[i] if i < len(starts) else None
         if end is not None and end <= size and (next_known is None or end <= next_known) and \
@@ -206,9 +245,9 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: _Report, affe
             break
     for off in starts:
         if off not in seen:
-            cid = known[off][0]
-            report.add("lost_record", "the index points at an offset where the scan found no "
-                       "record", affected(cid), seg, off)
+            for cid, _ in known[off]:
+                report.add("lost_record", "the index points at an offset where the scan found "
+                           "no record", affected(cid), seg, off)
     return size
 
 

@@ -26,25 +26,41 @@ from snapstore.errors import CorruptionError, FormatError, StoreIOError
 
 # ---- segment header ------------------------------------------------------------------------
 
-def encode_segment_header(number: int) -> bytes:
-    head = fmt.SEGMENT_HEADER.pack(fmt.SEGMENT_MAGIC, fmt.FORMAT_VERSION, 0, number, 0)[:24]
+def encode_segment_header(number: int, version: int = fmt.SEGMENT_VERSION) -> bytes:
+    head = fmt.SEGMENT_HEADER.pack(fmt.SEGMENT_MAGIC, version, 0, number, 0)[:24]
     return head + fmt.U64.pack(xxhash.xxh3_64_intdigest(head))
 
 
-def check_segment_header(data: bytes, number: int) -> None:
-    """Raises CorruptionError unless data is a valid header of segment `number`, FormatError
-    when the segment has a newer format version."""
+class MisplacedSegment(CorruptionError):
+    """A valid segment header that names another segment: the file is not this segment (a
+    copy, a symlink to another store's segment). None of its records belong here."""
+
+
+def check_segment_header(data: bytes, number: int) -> int:
+    """The header version of segment `number` whose header is `data`. Raises CorruptionError
+    unless data is a valid header of that segment, FormatError when the segment has a newer
+    version than this library reads (fmt.SEGMENT_RECORD_TYPES)."""
     name = segment_name(number)
     if len(data) < fmt.SEGMENT_HEADER.size:
         raise CorruptionError("segment header is truncated", segment=name, offset=0)
     magic, version, _, got_number, checksum = fmt.SEGMENT_HEADER.unpack_from(data)
     if magic != fmt.SEGMENT_MAGIC or xxhash.xxh3_64_intdigest(data[:24]) != checksum:
         raise CorruptionError("segment header is damaged", segment=name, offset=0)
-    if version > fmt.FORMAT_VERSION:
+    if version > fmt.SEGMENT_VERSION:
         raise FormatError(f"segment {name} has format version {version}; this snapstore "
-                          f"reads up to {fmt.FORMAT_VERSION}")
+                          f"reads up to {fmt.SEGMENT_VERSION}: upgrade snapstore")
+    if version not in fmt.SEGMENT_RECORD_TYPES:
+        raise CorruptionError(f"segment header names unknown version {version}", segment=name,
+                              offset=0)
     if got_number != number:
-        raise CorruptionError(f"segment header names segment {got_number}", segment=name, offset=0)
+        raise MisplacedSegment(f"segment header names segment {got_number}", segment=name,
+                               offset=0)
+    return version
+
+
+def segment_version(reader: SegmentReader, number: int) -> int:
+    """Reads and checks the header of segment `number` (check_segment_header): its version."""
+    return check_segment_header(reader.read(number, 0, fmt.SEGMENT_HEADER.size), number)
 
 
 # ---- records: encoding ---------------------------------------------------------------------
@@ -150,7 +166,10 @@ def read_record(reader: SegmentReader, number: int, offset: int, *, size: int | 
 def scan(backend: SegmentBackend, number: int, start: int,
          chunk_payloads: bool = True) -> Iterator[Record | tuple[str, int]]:
     """Yields the valid records of one segment from `start`, then ("end", offset) or
-    ("torn", offset) where the first invalid or incomplete record begins.
+    ("torn", offset) where the first invalid or incomplete record begins. A record of a type
+    the segment's header version does not hold is invalid. Raises FormatError for a segment
+    of a newer version, CorruptionError for a damaged header (from start 0: unless the
+    segment holds no more than a header, which is "torn" at 0).
 
     With chunk_payloads=False, chunk record payloads are still read and checked but only
     their prefix (chunk id, raw length) is kept.
@@ -161,20 +180,23 @@ def scan(backend: SegmentBackend, number: int, start: int,
 
 
 def _scan(reader: SegmentReader, number: int, size: int, start: int, chunk_payloads: bool):
-    if start == 0:
-        try:
-            check_segment_header(reader.read(number, 0, fmt.SEGMENT_HEADER.size), number)
-        except CorruptionError:
+    try:
+        types = fmt.SEGMENT_RECORD_TYPES[segment_version(reader, number)]
+    except CorruptionError:
+        if start == 0:
             if size <= fmt.SEGMENT_HEADER.size:     # killed while creating the segment
                 yield ("torn", 0)
                 return
             raise
-        start = fmt.SEGMENT_HEADER.size
-    pos = start
+        types = fmt.RECORD_TYPES        # resuming after the header: it was read before
+    pos = max(start, fmt.SEGMENT_HEADER.size)
     while pos < size:
         try:
             record = read_record(reader, number, pos, size=size)
         except DamagedRecord:
+            yield ("torn", pos)
+            return
+        if record.rtype not in types:
             yield ("torn", pos)
             return
         if record.rtype == fmt.REC_CHUNK and not chunk_payloads:
@@ -237,11 +259,23 @@ class SegmentLog:
 
     # -- positions
     def open_tail(self) -> None:
-        """Continue the last segment, or start segment 1 in an empty log."""
-        numbers = self.backend.list()
+        """Continue the last segment, or start segment 1 in an empty log. A segment only holds
+        records of its header's version: when the last one has another version (an older
+        store's) or a damaged header, the log starts the next segment instead. Raises
+        FormatError when the last segment is of a newer version."""
         try:
-            self._current = (self.backend.open_append(numbers[-1]) if numbers
-                             else self._create(1))
+            numbers = self.backend.list()
+            if not numbers:
+                self._current = self._create(1)
+                return
+            last = numbers[-1]
+            try:
+                with self.backend.open_reader() as reader:
+                    same = segment_version(reader, last) == fmt.SEGMENT_VERSION
+            except CorruptionError:
+                same = False
+            self._current = (self.backend.open_append(last) if same
+                             else self._create(last + 1))
         except OSError as exc:
             raise _io_error("cannot open the log for appending", exc)
 

@@ -70,7 +70,8 @@ SEGMENT_SIZE = 1 << 16
 # The options every writer opens the fixture with: small segments (so there are several) and
 # chunks, and no fsync (nothing here needs it; it keeps the matrix fast).
 STORE_OPTIONS = dict(durability="none", segment_size=SEGMENT_SIZE, chunk_size=16 << 10)
-SEGMENT_TARGETS = 5            # the fixture has exactly this many segment files (checked)
+SEGMENT_TARGETS = 6            # the fixture has exactly this many segment files (checked;
+                               # 6 since compaction writes a state section: issue 14)
 
 FILE_DAMAGES = ("trunc0", "trunc_half", "trunc_minus1", "flip1", "flip2", "flip3", "delete",
                 "zero", "as_dir", "as_fifo", "symlink_dangling", "symlink_other",
@@ -282,7 +283,9 @@ def build(directory: str) -> dict:
     segs = sorted(os.listdir(os.path.join(store, "segments")))
     expected["segments"] = segs
     expected["twin_segments"] = sorted(os.listdir(os.path.join(twin, "segments")))
-    if len(segs) != SEGMENT_TARGETS or len(expected["twin_segments"]) != SEGMENT_TARGETS:
+    # the twin lends its segment of each rank to symlink_foreign: it needs ranks 0..K-2 and
+    # a last one
+    if len(segs) != SEGMENT_TARGETS or len(expected["twin_segments"]) < SEGMENT_TARGETS - 1:
         raise AssertionError(f"the fixture store has segments {segs} and its twin "
                              f"{expected['twin_segments']}; the matrix names {SEGMENT_TARGETS}: "
                              "adjust SEGMENT_TARGETS or the content")
@@ -628,14 +631,14 @@ class Context:
 
     # -- opening
     @contextlib.contextmanager
-    def open(self, readonly: bool, op: str = ""):
+    def open(self, readonly: bool, op: str = "", repaired: bool = False):
         """Yields the open store, or None when open raised (recorded). Applies the
-        truncated-index rule."""
+        truncated-index rule (not after a repair, which replaced the truncated index)."""
         import snapstore
         op = op or ("open(readonly=True)" if readonly else "open()")
         ok, store = attempt(self.v, op, snapstore.open, self.store, readonly=readonly,
                             create=False, **({} if readonly else STORE_OPTIONS))
-        if self.case.strict_truncated_index:
+        if self.case.strict_truncated_index and not repaired:
             from snapstore.errors import CorruptionError
             if ok:
                 self.v.fail("index-truncation-undetected", f"{op} succeeded on a truncated "
@@ -1028,7 +1031,7 @@ def entry_repair(c: Context) -> None:
         return
     strict = c.case.strict_repair
     before = len(c.v.failures)
-    with c.open(readonly=True, op="open(readonly=True) after repair") as s:
+    with c.open(readonly=True, op="open(readonly=True) after repair", repaired=True) as s:
         if s is None:
             if strict:
                 c.v.fail("repair-failed", "the repaired store does not open")

@@ -24,7 +24,7 @@ import pytest
 import snapstore
 from snapstore.engine import format as fmt
 from snapstore.errors import CorruptionError, FormatError
-from snapstore.engine.index import Index
+from snapstore.engine.index import Index, seal
 from snapstore.engine.reader import buffer_layers
 from snapstore.engine.backends import LocalSegments, segment_name
 from snapstore.engine.wal import encode_record_header, scan
@@ -221,7 +221,9 @@ def test_flipped_bytes_in_chunk_records(tmp_path, seed):
 
 def test_index_pointing_at_another_chunk_record_is_caught(tmp_path, seed):
     """The record checksum is fine, but it is not the chunk the index means: the chunk-id
-    check (and the length check) must catch it."""
+    check (and the length check) must catch it. The forged entry is sealed with a valid
+    index checksum (an index that lies consistently), so the reader's own checks are what
+    is tested."""
     path = str(tmp_path / "s")
     want = build_store(path, seed)
     cmap = ChunkMap(path)
@@ -237,8 +239,8 @@ def test_index_pointing_at_another_chunk_record_is_caught(tmp_path, seed):
     try:
         db = env.open_db(fmt.DB_CHUNKS)
         with env.begin(write=True) as txn:
-            txn.put(a, fmt.CHUNK_ENTRY.pack(eb.segment, eb.offset, eb.stored_len, ea.raw_len,
-                                            ea.refs, ea.codec), db=db)
+            txn.put(a, seal(fmt.DB_CHUNKS, a, fmt.CHUNK_ENTRY.pack(
+                eb.segment, eb.offset, eb.stored_len, ea.raw_len, ea.refs, ea.codec)), db=db)
     finally:
         env.close()
     bad = {cid: (eb.segment, eb.offset) for (cid, _), uses in cmap.uses.items()

@@ -41,6 +41,7 @@ from snapstore.engine import format as fmt  # noqa: E402
 from snapstore.errors import StoreLocked  # noqa: E402
 from snapstore.engine.backends import LocalSegments, segment_name  # noqa: E402
 from snapstore.engine.wal import encode_record_header, scan  # noqa: E402
+from snapstore.engine.index import unseal  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +66,10 @@ def index_state(path: str):
         with env.begin() as txn:
             v = txn.get(fmt.META_APPLIED, db=meta)
             ids = {fmt.CKPT_KEY.unpack(k)[0] for k in txn.cursor(db=ckpts).iternext(values=False)}
-        return (fmt.LOG_POSITION.unpack(v) if v is not None else None), ids
+        if v is None:
+            return None, ids
+        return fmt.LOG_POSITION.unpack(unseal(fmt.DB_META, fmt.META_APPLIED, v,
+                                              fmt.FORMAT_VERSION)), ids
     finally:
         env.close()
 

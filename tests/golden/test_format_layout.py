@@ -17,6 +17,8 @@ What is pinned:
                  extents (48 bytes each, <QII32s) buffer by buffer.
   delete (3):    u64 checkpoint id.          tag (4): JSON {"id", "tag", "add"}.
   LMDB index:    see test_lmdb_* below.
+Format 2 (test_todays_code_writes_format_2): FORMAT and segment headers say 2, records keep
+these layouts, and every LMDB value is its v1 payload followed by index_checksum().
 """
 from __future__ import annotations
 
@@ -122,16 +124,17 @@ class Record:
         self.end = offset + REC_HEADER.size + len(payload)
 
 
-def parse_segment(path: str, torn: bytes = b"") -> tuple[int, list]:
+def parse_segment(path: str, torn: bytes = b"", version: int = 1) -> tuple[int, list]:
     """(segment number, records), checking every header and checksum; the walk must end
-    exactly at the end of the file, or exactly at `torn` which must be all that is left."""
+    exactly at the end of the file, or exactly at `torn` which must be all that is left.
+    `version` is the format the segment header must name (its records have the v1 layouts)."""
     with open(path, "rb") as f:
         data = f.read()
     name = os.path.basename(path)
     assert len(name) == 20 and name.endswith(".seg") and name[:16].isdigit(), name
-    magic, version, reserved, number, checksum = SEG_HEADER.unpack_from(data, 0)
+    magic, seg_version, reserved, number, checksum = SEG_HEADER.unpack_from(data, 0)
     assert magic == b"SNAPSEG\x00"
-    assert version == 1
+    assert seg_version == version
     assert reserved == 0
     assert number == int(name[:16])
     assert checksum == xxhash.xxh3_64_intdigest(data[:24], seed=0)
@@ -632,9 +635,17 @@ def test_hand_built_records_are_recovered_by_todays_code(tmp_path):
     parse_segment(seg_path)                              # still a clean v1 log to its end
 
 
-def test_todays_code_writes_format_1(tmp_path):
-    """A store made by today's code: FORMAT says version 1 and every file parses with the
-    hard-coded v1 layouts."""
+def index_checksum(db: bytes, key: bytes, payload: bytes) -> bytes:
+    """Format 2: every LMDB value is its payload followed by this: XXH3-64 (seed 0, u64 LE) of
+    the database name, a NUL, the key's length (u32 LE), the key and the payload."""
+    return struct.pack("<Q", xxhash.xxh3_64_intdigest(
+        db + b"\0" + struct.pack("<I", len(key)) + key + payload, seed=0))
+
+
+def test_todays_code_writes_format_2(tmp_path):
+    """A store made by today's code: FORMAT and the segment headers say version 2, every
+    record parses with the hard-coded v1 record layouts, and every LMDB value is its v1
+    payload followed by its checksum (index_checksum)."""
     path = os.path.join(str(tmp_path), "fresh")
     with snapstore.open(path, durability="none", segment_size=65536) as store:
         a = store.checkpoint({"x": bytes(range(256)) * 64, "y": os.urandom(5000)}, "s", {"m": 1})
@@ -644,10 +655,10 @@ def test_todays_code_writes_format_1(tmp_path):
     with open(os.path.join(path, "FORMAT")) as f:
         d = json.load(f)
     assert set(d) == {"format", "version", "created"}
-    assert (d["format"], d["version"]) == ("snapstore", 1)
+    assert (d["format"], d["version"]) == ("snapstore", 2)
     records = []
     for p in sorted(glob.glob(os.path.join(path, "segments", "*.seg"))):
-        records += parse_segment(p)[1]
+        records += parse_segment(p, version=2)[1]
     kinds = [r.rtype for r in records]
     assert kinds.count(COMMIT) == 2 and kinds.count(TAG) == 1 and kinds.count(DELETE) == 1
     assert kinds[-2:] == [TAG, DELETE]
@@ -661,9 +672,28 @@ def test_todays_code_writes_format_1(tmp_path):
     try:
         with env.begin() as txn:
             assert {k for k, _ in txn.cursor()} == INDEX_DBS
-            meta = env.open_db(b"meta", txn=txn, create=False)
-            assert txn.get(b"format", db=meta) == struct.pack("<Q", 1)
-            ck = env.open_db(b"checkpoints", txn=txn, create=False)
-            assert [struct.unpack(">Q", k)[0] for k, _ in txn.cursor(db=ck)] == [b.id]
+            payloads = {}
+            for name in INDEX_DBS:
+                db = env.open_db(name, txn=txn, create=False)
+                payloads[name] = {}
+                for key, value in txn.cursor(db=db):
+                    assert len(value) >= 8, (name, key)
+                    assert value[-8:] == index_checksum(name, key, value[:-8]), (name, key)
+                    payloads[name][key] = value[:-8]
     finally:
         env.close()
+    # the payloads are the v1 values
+    assert payloads[b"meta"][b"format"] == struct.pack("<Q", 2)
+    assert len(payloads[b"meta"][b"next_id"]) == 8 and len(payloads[b"meta"][b"applied"]) == 16
+    assert [struct.unpack(">Q", k)[0] for k in payloads[b"checkpoints"]] == [b.id]
+    info = json.loads(payloads[b"checkpoints"][struct.pack(">Q", b.id)])
+    assert set(info) == COMMIT_KEYS - {"new_chunks"} and info["parent"] is None
+    for i, buf in enumerate(info["buffers"]):
+        blob = payloads[b"manifests"][struct.pack(">QI", b.id, i)]
+        check_extents([EXTENT.unpack_from(blob, k) for k in range(0, len(blob), 48)],
+                      buf["size"], buf["base"] == "full", lambda cid: None)
+    assert all(len(v) == 33 for v in payloads[b"chunks"].values())
+    assert json.loads(payloads[b"streams"][b"s"]) == {"head": b.id, "seq": 2}
+    assert payloads[b"stream_ckpts"] == {b"s\0" + struct.pack(">Q", b.id): b""}
+    assert payloads[b"children"] == {}
+    assert {FP_HEADER.unpack_from(v)[0] for v in payloads[b"fingerprints"].values()} == {b.id}

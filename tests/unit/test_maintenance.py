@@ -489,11 +489,14 @@ def test_compact_report_and_garbage_leaves_the_file_system(store_path):
         model.check(s, deep=True)
 
         # threshold 1.0 rewrites every sealed segment that is not entirely live chunk records
+        # (and the newest state section, which the log keeps: issue 14)
         rep = s.compact(threshold=1.0)
         assert rep["chunks_freed"] == 0
         st2 = s.stats()
         overhead = st2["segment_bytes"] - st2["live_chunk_bytes"]
-        assert overhead <= (st2["segments"] + 1) * fmt.SEGMENT_HEADER.size + 4096, st2
+        assert 0 < rep["state_section_bytes"] < 64 << 10
+        assert overhead <= (st2["segments"] + 1) * fmt.SEGMENT_HEADER.size + 4096 + \
+            rep["state_section_bytes"], st2
         model.check(s, deep=True)
 
         # nothing left to do: a further compact changes nothing
@@ -1093,7 +1096,10 @@ def test_trimming_drops_the_overwritten_bytes_of_live_chunks(store_path):
             model.add(info, {"b": buf})
         model.drop(s.retain("t", keep_last=1))
         before = s.stats()["segment_bytes"]
-        report = s.compact()
+        # Trimming only happens in segments compaction rewrites (elsewhere the copy would
+        # only add bytes: issue 14, defect 9), and 4/16 of the base plus every delta, 57% of
+        # the segment, is still needed: a threshold above that rewrites it.
+        report = s.compact(threshold=0.6)
         assert report["chunks_trimmed"] >= 8, report            # the 8 base chunks
         assert report["trimmed_bytes"] >= 8 * 12 * PAGE, report
         assert s.stats()["segment_bytes"] < before, (before, report)

@@ -1,0 +1,553 @@
+"""Repair: rebuild the index from the segments alone (docs/design.md, "Repair").
+
+The log is the whole truth; the index is a cache of it. repair() rebuilds that cache whatever
+state the old index is in (missing, truncated, damaged, intact):
+  1. scan every segment in log order, validating every record (wal.read_record); a damaged
+     record is reported and skipped (the scan resynchronises at the next valid record), never
+     trusted. Every valid chunk record's location goes into a new index (the newest copy of a
+     chunk wins); commit, delete and tag records are remembered by position; state sections
+     are checked as they pass (logstate.SectionFinder);
+  2. load the newest complete state section (its checkpoints through IndexWriter.apply_commit,
+     then its streams' heads and seqs and its next id);
+  3. replay the commit, delete and tag records after it in log order, through the one apply
+     function the live path uses (IndexWriter.apply_record);
+  4. recount every chunk's references from the manifests; drop unreferenced chunk entries;
+     report referenced chunks no valid record holds;
+  5. set the applied position to the end of the log's valid records (a torn tail is left to
+     the next writer's recovery, which cuts it), sync the new index, and swap it in -- unless
+     the log is damaged and the old index is sound (it opens, every value passes its checksum,
+     verify finds nothing wrong inside it): it knows more than the damaged log, so it stays.
+The new index is built in STORE/.index.new and exchanged with STORE/index in one atomic
+renameat2(RENAME_EXCHANGE) (then the old one is removed), so a crash at any moment leaves the
+old or the new index; where the exchange is unsupported, two renames (a crash between them
+leaves no index: run repair again). Page fingerprints are not in the log: after a repair the
+next checkpoint of each buffer compares pages without them.
+
+repair() takes the writer's lock itself, so it works when the store cannot open at all. A
+format 1 store is upgraded first when its index still opens (so the log describes what
+compaction removed from it); otherwise the rebuild says what it could not know.
+
+Crash points: repair_before_swap, repair_after_swap.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+import stat
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+from snapstore.engine import format as fmt
+from snapstore.engine import storedir
+from snapstore.engine.backends.base import SegmentBackend, SegmentReader, segment_name
+from snapstore.engine.backends.local import LocalSegments
+from snapstore.engine.crashpoints import crashpoint
+from snapstore.engine.fsutil import fsync_directory
+from snapstore.engine.index import ChunkEntry, Index, open_in_process
+from snapstore.engine.logstate import SectionFinder, StateSection
+from snapstore.engine.records import Commit
+from snapstore.engine.upgrade import upgrade
+from snapstore.engine.verify import verify
+from snapstore.engine.wal import (DamagedRecord, MisplacedSegment, Record, read_record,
+                                  segment_version)
+from snapstore.errors import CorruptionError, SnapstoreError, StoreIOError
+
+Progress = Callable[[int, int], None]     # (segment bytes scanned, total segment bytes)
+
+_PROGRESS_STEP = 4 << 20
+_RESYNC_WINDOW = 1 << 20
+_REPLAY_BATCH = 256
+
+
+class _Report:
+    def __init__(self) -> None:
+        self.problems: list[dict] = []
+
+    def add(self, kind: str, message: str, checkpoints=(), segment: int | None = None,
+            offset: int | None = None) -> None:
+        self.problems.append({"kind": kind, "message": message,
+                              "checkpoints": sorted(set(checkpoints)),
+                              "segment": segment_name(segment) if segment is not None else None,
+                              "offset": offset})
+
+
+@dataclass
+class _Scan:
+    """What the scan of the log found besides the chunks it indexed."""
+    finder: SectionFinder = field(default_factory=SectionFinder)
+    index_records: list = field(default_factory=list)   # [(segment, offset, length, type)]
+    end: tuple[int, int] | None = None      # just past the last valid record (or header)
+    segments: int = 0
+    bytes: int = 0
+    records: int = 0
+    chunks: int = 0
+    torn_tail: tuple[int, int] | None = None
+
+
+def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0) -> dict:
+    """Rebuilds the index of the store at `path` from its segments (see the module
+    docstring). Takes the writer's lock (waiting up to `timeout` seconds). Returns a report:
+    {"ok", "problems": [{kind, message, checkpoints, segment, offset}], "index_replaced",
+    "checkpoints", "streams", "chunks", "segments", "bytes_scanned", "records",
+    "records_replayed", "state_section", "seconds", "mb_per_s"} (the counts: what the log
+    holds); "ok" is False when the log itself is damaged: then the rebuilt index replaces
+    the old one only if the old one is unsound (it would know more: it is kept). Raises FormatError (not a store, a newer format),
+    StoreLocked, StoreIOError, and SnapstoreError when this process has the store open."""
+    started = time.perf_counter()
+    path = os.fspath(path)
+    lock_fd = storedir.open_directory(path, create=False, readonly=False, timeout=timeout)
+    try:
+        index_path = os.path.join(path, fmt.INDEX_DIR)
+        if open_in_process(index_path):
+            raise SnapstoreError(f"this process has the store {path} open: close it before "
+                                 "repairing it")
+        segments_dir = os.path.join(path, fmt.SEGMENTS_DIR)
+        if not os.path.isdir(segments_dir) or os.path.islink(segments_dir):
+            raise CorruptionError(f"the store {path} has no segments directory: the log is "
+                                  "lost and there is nothing to rebuild the index from")
+        backend = LocalSegments(segments_dir, durable=True)
+        report = _Report()
+        try:
+            _upgrade_first(path, backend, report)
+            result = _rebuild(path, backend, progress, report)
+        except OSError as exc:
+            if isinstance(exc, SnapstoreError):
+                raise
+            raise StoreIOError(f"repair failed: {exc.strerror or exc}", exc.errno) from exc
+        finally:
+            backend.close()
+    finally:
+        os.close(lock_fd)
+    seconds = time.perf_counter() - started
+    result.update({"ok": not report.problems, "problems": report.problems,
+                   "seconds": seconds,
+                   "mb_per_s": result["bytes_scanned"] / 1e6 / seconds if seconds else 0.0})
+    return result
+
+
+def _upgrade_first(path: str, backend: SegmentBackend, report: _Report) -> None:
+    """A store of an older format whose index still opens is upgraded first (upgrade.py), so
+    its log gains the state section that describes what compaction removed."""
+    if storedir.read_format_file(path)["version"] >= fmt.FORMAT_VERSION:
+        return
+    try:
+        index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
+    except SnapstoreError as exc:
+        report.add("old_format", f"the store has an older format and its index does not open "
+                   f"({exc}): checkpoints whose records an old compaction removed from the "
+                   "log cannot be rebuilt")
+        return
+    try:
+        upgrade(path, index, backend)
+    except SnapstoreError as exc:
+        report.add("old_format", f"the store has an older format and its index could not be "
+                   f"upgraded ({exc}): checkpoints whose records an old compaction removed "
+                   "from the log cannot be rebuilt")
+    finally:
+        index.close()
+
+
+def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
+             report: _Report) -> dict:
+    old_applied = _old_applied(path)
+    new_dir = os.path.join(path, fmt.INDEX_REBUILD_DIR)
+    remove_entry(new_dir)                   # what an interrupted repair left
+    remove_entry(os.path.join(path, fmt.INDEX_OLD_DIR))
+    os.mkdir(new_dir, 0o700)
+    index = Index(new_dir, readonly=False, durable=False, rebuilding=True)
+    try:
+        with backend.open_reader() as reader:
+            scan = _scan_log(index, backend, reader, progress, report)
+            if old_applied is not None and (scan.end is None or old_applied > scan.end):
+                end = scan.end or (0, 0)
+                report.add("lost_tail", f"the old index had applied the log up to "
+                           f"{segment_name(old_applied[0])}:{old_applied[1]}, but its valid "
+                           f"records end at {segment_name(end[0])}:{end[1]}: acknowledged "
+                           "records were lost", segment=end[0] or None, offset=end[1])
+            section = scan.finder.newest
+            _check_segment_gaps(backend, section, report)
+            loaded = _load_section(index, reader, section, report) if section else 0
+            start = section.end if section else (0, 0)
+            todo = [r for r in scan.index_records if (r[0], r[1]) >= start]
+            replayed = _replay(index, reader, todo, report)
+        _recount(index, report)
+        with index.write(rebuilding=True) as w:
+            if scan.end is not None:
+                w.set_applied(scan.end)
+            if section is not None:
+                w.set_log_state(section.begin, section.end)
+            with_streams = len(w.streams())
+            checkpoints = len(w.checkpoint_ids())
+            chunks = sum(1 for _ in w.chunks())
+        index.sync()
+    finally:
+        index.close()
+    fsync_directory(new_dir)
+    replaced = not (report.problems and _sound_index(path, backend))
+    if replaced:
+        crashpoint("repair_before_swap")
+        swap_in(path, new_dir)
+        crashpoint("repair_after_swap")
+    else:
+        remove_entry(new_dir)
+        report.add("index_kept", "the log is damaged and the existing index is sound, so it "
+                   "was kept (it describes what the damaged records held; restoring what "
+                   "needs them fails cleanly); the index rebuilt from the log was discarded")
+    return {"index_replaced": replaced, "checkpoints": checkpoints, "streams": with_streams, "chunks": chunks,
+            "segments": scan.segments, "bytes_scanned": scan.bytes, "records": scan.records,
+            "state_section": (f"{segment_name(section.end[0])}:{section.end[1]}"
+                              if section else None),
+            "state_checkpoints": loaded, "records_replayed": replayed,
+            "torn_tail": (f"{segment_name(scan.torn_tail[0])}:{scan.torn_tail[1]}"
+                          if scan.torn_tail else None)}
+
+
+# Problems verify finds inside the index itself (not in the log it points at).
+_INDEX_ONLY = frozenset({"missing_manifest", "missing_parent", "bad_extent", "missing_chunk",
+                         "incomplete_manifest", "broken_chain", "stream", "refcount",
+                         "index_mismatch"})
+
+
+def _old_applied(path: str) -> tuple[int, int] | None:
+    """The applied log position the store's existing index holds, if it opens and that value
+    passes its checksum (else None): a torn tail never reaches back before it, so a log
+    whose valid records end earlier lost acknowledged records."""
+    try:
+        index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=True, durable=False)
+    except (SnapstoreError, OSError):
+        return None
+    try:
+        with index.read() as r:
+            return r.applied()
+    except (SnapstoreError, OSError):
+        return None
+    finally:
+        index.close()
+
+
+def _sound_index(path: str, backend: SegmentBackend) -> bool:
+    """Whether the store's existing index opens, every value it holds passes its checksum and
+    (shallow) verify finds nothing wrong inside it: then, when the log is damaged, it knows
+    more than a rebuild from that log, and repair keeps it."""
+    try:
+        index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=True, durable=False)
+    except (SnapstoreError, OSError):
+        return False
+    try:
+        found = verify(index, backend, deep=False)
+    except (SnapstoreError, OSError):
+        return False
+    finally:
+        index.close()
+    return not any(p["kind"] in _INDEX_ONLY for p in found["problems"])
+
+
+# ---- 1. the scan ------------------------------------------------------------------------------
+
+def _scan_log(index: Index, backend: SegmentBackend, reader: SegmentReader,
+              progress: Progress | None, report: _Report) -> _Scan:
+    scan = _Scan()
+    numbers = backend.list()
+    sizes = {}
+    for n in numbers:
+        try:
+            sizes[n] = backend.size(n)
+        except OSError as exc:
+            report.add("unreadable_segment", f"cannot read the segment: {exc.strerror or exc}",
+                       segment=n)
+    total = sum(sizes.values())
+    done = reported = 0
+    previous = None
+    for n in numbers:
+        if n not in sizes:
+            scan.finder.interrupt()
+            continue
+        if previous is not None and n != previous + 1:
+            scan.finder.interrupt()
+        previous = n
+        size, last = sizes[n], n == numbers[-1]
+        try:
+            with index.write(rebuilding=True) as w:
+                for record in _segment_records(reader, n, size, last, scan, report):
+                    scan.records += 1
+                    if record.rtype == fmt.REC_CHUNK:
+                        _index_chunk(w, record, report)
+                        scan.chunks += 1
+                    elif record.rtype in fmt.INDEX_RECORD_TYPES:
+                        scan.index_records.append((n, record.offset, record.length,
+                                                   record.rtype))
+                    scan.finder.feed(record)
+                    if progress is not None and done + record.end - reported >= _PROGRESS_STEP:
+                        reported = done + record.end
+                        progress(reported, total)
+        except OSError as exc:
+            if isinstance(exc, SnapstoreError):
+                raise
+            scan.finder.interrupt()
+            report.add("unreadable_segment", f"cannot read the segment: {exc.strerror or exc}",
+                       segment=n)
+        scan.segments += 1
+        scan.bytes += size
+        done += size
+    if progress is not None:
+        progress(total, total)
+    return scan
+
+
+def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan: _Scan,
+                     report: _Report):
+    """The valid records of segment n, in order. Damage is reported (and interrupts any state
+    section); the scan resumes at the next valid record. A damaged stretch at the end of the
+    last segment with nothing valid after it is the torn tail of a crash: not a problem (the
+    next writer's recovery cuts it)."""
+    if size <= fmt.SEGMENT_HEADER.size:     # never read: a FIFO, or killed while creating it
+        if size < fmt.SEGMENT_HEADER.size and not last:
+            report.add("damaged_segment_header", "segment is shorter than its header",
+                       segment=n, offset=0)
+        elif size == fmt.SEGMENT_HEADER.size:
+            try:
+                segment_version(reader, n)
+                scan.end = (n, size)
+            except CorruptionError:
+                if not last:
+                    report.add("damaged_segment_header", "segment header is damaged",
+                               segment=n, offset=0)
+        return
+    try:
+        types = fmt.SEGMENT_RECORD_TYPES[segment_version(reader, n)]
+    except MisplacedSegment as exc:
+        scan.finder.interrupt()
+        report.add("misplaced_segment", f"{exc}: the file is not this segment; none of its "
+                   "records were used", segment=n, offset=0)
+        return
+    except CorruptionError as exc:
+        report.add("damaged_segment_header", str(exc), segment=n, offset=0)
+        types = fmt.RECORD_TYPES
+    else:
+        scan.end = (n, fmt.SEGMENT_HEADER.size)
+    pos = fmt.SEGMENT_HEADER.size
+    while pos < size:
+        try:
+            record = read_record(reader, n, pos, size=size)
+            if record.rtype not in types:
+                raise DamagedRecord("record type not held by segments of this version", n, pos,
+                                    record.end)
+        except DamagedRecord as exc:
+            scan.finder.interrupt()
+            nxt = _next_valid(reader, n, exc.end, pos + 1, size, types)
+            if nxt is None and last:
+                scan.torn_tail = (n, pos)
+            else:
+                report.add("damaged_record", f"{exc.reason}; skipped up to offset "
+                           f"{size if nxt is None else nxt}", segment=n, offset=pos)
+            if nxt is None:
+                return
+            pos = nxt
+            continue
+        scan.end = (n, record.end)
+        yield record
+        pos = record.end
+
+
+def _valid_at(reader: SegmentReader, n: int, pos: int, size: int, types) -> bool:
+    try:
+        return read_record(reader, n, pos, size=size).rtype in types
+    except DamagedRecord:
+        return False
+
+
+def _next_valid(reader: SegmentReader, n: int, hint: int | None, start: int, size: int,
+                types) -> int | None:
+    """Where the next valid record after a damaged one starts: where the damaged record's
+    header says it ends if a valid record is there, else the first offset from `start` at
+    which one is (found by its magic), else None."""
+    if hint is not None and start <= hint < size and _valid_at(reader, n, hint, size, types):
+        return hint
+    pos = start
+    magic = fmt.RECORD_MAGIC
+    while pos < size:
+        window = reader.read(n, pos, _RESYNC_WINDOW + len(magic) - 1)
+        if not window:
+            return None
+        at = window.find(magic)
+        while at != -1:
+            if _valid_at(reader, n, pos + at, size, types):
+                return pos + at
+            at = window.find(magic, at + 1)
+        pos += _RESYNC_WINDOW
+    return None
+
+
+def _index_chunk(w, record: Record, report: _Report) -> None:
+    if record.length < fmt.CHUNK_PREFIX.size:
+        report.add("damaged_record", "chunk record too short", segment=record.segment,
+                   offset=record.offset)
+        return
+    chunk_id, raw_len = fmt.CHUNK_PREFIX.unpack_from(record.payload)
+    w.put_chunk(chunk_id, ChunkEntry(record.segment, record.offset, record.length, raw_len, 0,
+                                     record.codec))
+
+
+def _check_segment_gaps(backend: SegmentBackend, section: StateSection | None,
+                        report: _Report) -> None:
+    """Segments are only ever removed by compaction, before the state section it writes (or
+    as the torn newest one): a missing number after the newest section means lost records."""
+    numbers = backend.list()
+    if not numbers:
+        return
+    first = section.end[0] if section is not None else 1
+    missing = [n for n in range(first, numbers[-1]) if n not in set(numbers)]
+    if missing:
+        report.add("missing_segment", f"{len(missing)} segment(s) of the log after its newest "
+                   f"state section are missing (first {segment_name(missing[0])}): what their "
+                   "records held is lost", segment=missing[0])
+
+
+# ---- 2. and 3.: the state section, then the records after it ---------------------------------
+
+def _load_section(index: Index, reader: SegmentReader, section: StateSection,
+                  report: _Report) -> int:
+    loaded = 0
+    with index.write(rebuilding=True) as w:
+        for seg, off, length in section.checkpoints:
+            record = read_record(reader, seg, off, length=length)
+            commit = Commit.decode(bytes(record.payload))
+            w.apply_commit(commit, (seg, record.end))
+            loaded += 1
+        ids = set(w.checkpoint_ids())
+        for name, (head, seq) in section.streams.items():
+            if head not in ids:
+                report.add("state_section", f"the state section names head {head} of stream "
+                           f"{name!r}, which it does not hold", segment=section.end[0])
+                continue
+            w.put_stream(name, head, seq)
+        w.set_next_id(max(section.next_id, w.next_id()))
+    return loaded
+
+
+# A valid record whose content does not apply (damage the record checksum could not see, a
+# record of another store): skipped and reported. I/O errors (StoreIOError) are not this.
+_UNAPPLIABLE = (CorruptionError, ValueError, KeyError, TypeError, IndexError)
+
+
+def _replay(index: Index, reader: SegmentReader, todo: list, report: _Report) -> int:
+    """Applies the index records at the positions in todo, in order, in batches; a batch that
+    fails is redone one record at a time, so only the records that cannot apply are skipped
+    (and reported)."""
+    applied = 0
+    for i in range(0, len(todo), _REPLAY_BATCH):
+        batch = todo[i:i + _REPLAY_BATCH]
+        try:
+            with index.write(rebuilding=True) as w:
+                for item in batch:
+                    _apply(w, reader, item)
+            applied += len(batch)
+            continue
+        except _UNAPPLIABLE:
+            pass
+        for item in batch:
+            try:
+                with index.write(rebuilding=True) as w:
+                    _apply(w, reader, item)
+                applied += 1
+            except _UNAPPLIABLE as exc:
+                report.add("unappliable_record", f"a valid log record does not apply: {exc}",
+                           segment=item[0], offset=item[1])
+    return applied
+
+
+def _apply(w, reader: SegmentReader, item: tuple) -> None:
+    seg, off, length, rtype = item
+    record = read_record(reader, seg, off, length=length)
+    w.apply_record(rtype, bytes(record.payload), (seg, record.end))
+
+
+# ---- 4. reference counts ---------------------------------------------------------------------
+
+def _recount(index: Index, report: _Report) -> None:
+    """Sets every chunk's reference count from the manifests; removes unreferenced chunk
+    entries; reports chunks manifests reference that no valid chunk record holds."""
+    counts: Counter = Counter()
+    with index.write(rebuilding=True) as w:
+        for cid in w.checkpoint_ids():
+            commit = w.checkpoint(cid)
+            for i in range(len(commit.buffers)):
+                for _, _, _, chunk in fmt.EXTENT.iter_unpack(w.manifest(cid, i)):
+                    counts[chunk] += 1
+        entries = list(w.chunks())
+        for chunk, e in entries:
+            n = counts.pop(chunk, 0)
+            if n == 0:
+                w.delete_chunk(chunk)
+            elif n != e.refs:
+                w.put_chunk(chunk, ChunkEntry(e.segment, e.offset, e.stored_len, e.raw_len, n,
+                                              e.codec))
+        if counts:
+            users = set()
+            for cid in w.checkpoint_ids():
+                commit = w.checkpoint(cid)
+                for i in range(len(commit.buffers)):
+                    if any(chunk in counts for _, _, _, chunk
+                           in fmt.EXTENT.iter_unpack(w.manifest(cid, i))):
+                        users.add(cid)
+            report.add("missing_chunk", f"{len(counts)} chunk(s) the checkpoints reference are "
+                       "in no valid chunk record of the log: restoring what uses them fails",
+                       users)
+
+
+# ---- 5. the swap -----------------------------------------------------------------------------
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Atomically exchanges the directory entries a and b (renameat2 RENAME_EXCHANGE). False
+    when the system or file system does not support it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                          ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), a)
+
+
+def swap_in(path: str, new_dir: str) -> None:
+    """Makes new_dir the store's index: exchanged with the old one atomically where possible,
+    each step made durable by a directory fsync; then the old one is removed."""
+    index_dir = os.path.join(path, fmt.INDEX_DIR)
+    old_dir = os.path.join(path, fmt.INDEX_OLD_DIR)
+    if os.path.lexists(index_dir):
+        if _exchange(new_dir, index_dir):
+            fsync_directory(path)
+            remove_entry(new_dir)           # the old index, now under the new one's name
+            return
+        os.rename(index_dir, old_dir)
+        fsync_directory(path)
+    os.rename(new_dir, index_dir)
+    fsync_directory(path)
+    remove_entry(old_dir)
+
+
+def remove_entry(path: str) -> None:
+    """Removes whatever is at path (a directory tree, a file, a FIFO, a symlink: never what a
+    symlink points at)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)

@@ -1,0 +1,114 @@
+"""Upgrading a store written by an older format, when a writer opens it (docs/design.md,
+"Store directory").
+
+STEPS is an ordered list. Each step converts one part of the store to the format that
+introduced it, and each is
+  * idempotent: it finds out from the store itself whether its work is done (never from the
+    FORMAT file) and then does nothing, so every writer open can run every step;
+  * crash-safe: it commits atomically (one LMDB transaction, a rename), or its partial work is
+    harmless and redone by the next run;
+  * readable half-way: after it, readers of the old and the new library version still read
+    the store (a reader copes with a store whose FORMAT file is older than its parts).
+After the last step the index is forced to disk and only then the FORMAT file is published
+with this library's version (temp file, fsync, rename, directory fsync). So a crash at any
+point leaves a store whose FORMAT still names the old version, which opens, and whose next
+writer open runs the steps again. A new format version appends its step(s) to STEPS.
+
+Crash points (crashpoints.py): upgrade_before_index_commit (inside the index step's
+transaction), upgrade_before_state_mark (the log step's state section durable, the index not
+yet told), upgrade_before_format (everything converted and synced, FORMAT not yet published),
+upgrade_after_format.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from snapstore.engine import format as fmt
+from snapstore.engine import storedir
+from snapstore.engine.backends.base import SegmentBackend
+from snapstore.engine.crashpoints import crashpoint
+from snapstore.engine.index import Index
+from snapstore.engine.logstate import append_state_section
+from snapstore.engine.recovery import recover
+from snapstore.engine.wal import SegmentLog, segment_version
+from snapstore.errors import CorruptionError
+
+
+@dataclass(frozen=True)
+class Step:
+    version: int                           # the format version that introduced the change
+    what: str
+    # (store path, open index, segment backend) -> did it change anything
+    run: Callable[[str, Index, SegmentBackend], bool]
+
+
+def _index_value_checksums(path: str, index: Index, backend: SegmentBackend) -> bool:
+    return index.add_value_checksums()
+
+
+def _log_state_section(path: str, index: Index, backend: SegmentBackend) -> bool:
+    """Format 2's log is complete: a format 1 store's compactions removed segments together
+    with the commit, delete and tag records in them, so its log alone may not describe its
+    checkpoints (repair could not rebuild them). This step appends a state section
+    (logstate.py) written from the trusted format 1 index, after recovery applied every
+    durable record to it, in a new segment of version 2; synced, then noted in the index
+    (META_LOG_STATE). Done when the index notes a state section, or when the first segment
+    is of version 2 (a store created by format 2 has a complete log). A crash before the
+    note only writes another section next time."""
+    with index.read() as r:
+        if r.log_state() is not None:
+            return False
+    numbers = backend.list()
+    if not numbers:
+        return False
+    try:
+        with backend.open_reader() as reader:
+            if segment_version(reader, numbers[0]) >= 2:
+                return False
+    except CorruptionError:
+        pass                        # cannot tell: a section does no harm
+    recover(index, backend, backend.durable)
+    log = SegmentLog(backend, fmt.DEFAULT_SEGMENT_SIZE)
+    try:
+        log.open_tail()             # the last segment is of version 1: starts a new one
+        mark = log.position
+        try:
+            with log.forced_durable(), index.read() as r:
+                where = append_state_section(log, r)
+                log.sync()
+        except BaseException:
+            log.rollback(mark)
+            raise
+    finally:
+        log.close()
+    crashpoint("upgrade_before_state_mark")
+    with index.write() as w:
+        w.set_log_state(*where)
+    return True
+
+
+STEPS: tuple[Step, ...] = (
+    Step(2, "every index value carries a checksum", _index_value_checksums),
+    Step(2, "the log describes every checkpoint (a state section)", _log_state_section),
+)
+
+
+def upgrade(path: str, index: Index, backend: SegmentBackend) -> int:
+    """Brings the store at `path` (its writer's lock held, `index` open for writing, its
+    segments in `backend`) to fmt.FORMAT_VERSION. Returns the version the FORMAT file named
+    before."""
+    found = storedir.read_format_file(path)
+    changed = False
+    for step in STEPS:
+        changed |= step.run(path, index, backend)
+    if changed:
+        index.sync()                        # the converted index is durable before FORMAT says so
+    if found["version"] >= fmt.FORMAT_VERSION:
+        return found["version"]
+    crashpoint("upgrade_before_format")
+    created = found.get("created")
+    storedir.publish_format(path, found["file_mode"],
+                            created if isinstance(created, (int, float)) else None)
+    crashpoint("upgrade_after_format")
+    return found["version"]
