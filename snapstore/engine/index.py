@@ -33,7 +33,7 @@ from snapstore.engine.crashpoints import crashpoint
 from snapstore.errors import CorruptionError, FormatError, SnapstoreError, StoreIOError
 from snapstore.engine import records
 from snapstore.engine.records import Commit
-from snapstore.engine.fsutil import DEFAULT_FILE_MODE, NotRegularFile, check_regular
+from snapstore.engine.fsutil import DEFAULT_FILE_MODE, NotRegularFile, check_regular, file_kind
 from snapstore.engine.registry import SharedByPath
 
 REPAIR_HINT = "run `snapstore repair` to rebuild the index from the log"
@@ -146,14 +146,14 @@ def _check_data_file(index_path: str, rebuilding: bool) -> str:
     caller is rebuilding the index from the log. Returns its path."""
     data = os.path.join(index_path, fmt.INDEX_DATA_FILE)
     try:
-        st = os.stat(data)
+        st = os.lstat(data)           # a symlink is damage too: LMDB would follow it
     except FileNotFoundError:
         st = None
     except OSError as exc:
         raise StoreIOError(f"cannot stat the index file {data}: {exc.strerror}", exc.errno) \
             from exc
     if st is not None and not stat.S_ISREG(st.st_mode):
-        raise damaged(f"the index file {data} is not a regular file")
+        raise damaged(f"the index file {data} is {file_kind(st.st_mode)}, not a regular file")
     if (st is None or st.st_size == 0) and not rebuilding and _log_exists(index_path):
         raise damaged(f"the index file {data} is missing or empty but the log holds records")
     return data

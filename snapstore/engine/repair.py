@@ -99,7 +99,8 @@ def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0)
     StoreLocked, StoreIOError, and SnapstoreError when this process has the store open."""
     started = time.perf_counter()
     path = os.fspath(path)
-    lock_fd = storedir.open_directory(path, create=False, readonly=False, timeout=timeout)
+    lock_fd = storedir.open_directory(path, create=False, readonly=False, timeout=timeout,
+                                      repairing=True).lock_fd
     try:
         index_path = os.path.join(path, fmt.INDEX_DIR)
         if open_in_process(index_path):

@@ -59,10 +59,12 @@ def dir_mode(file_mode: int) -> int:
     return file_mode | ((file_mode & 0o444) >> 2)
 
 
-def open_directory(path: str, *, create: bool, readonly: bool, timeout: float) -> Opened:
+def open_directory(path: str, *, create: bool, readonly: bool, timeout: float,
+                   repairing: bool = False) -> Opened:
     """Checks (or starts creating) the store directory; for a writer takes the lock (closed
-    again if anything after it fails). Raises FormatError, CorruptionError, StoreLocked,
-    StoreIOError (see the module docstring)."""
+    again if anything after it fails). repairing=True (`snapstore repair`, which rebuilds the
+    index) accepts a missing or damaged index/. Raises FormatError, CorruptionError,
+    StoreLocked, StoreIOError (see the module docstring)."""
     deadline = time.monotonic() + max(0.0, float(timeout))
     try:
         if readonly:
@@ -89,7 +91,7 @@ def open_directory(path: str, *, create: bool, readonly: bool, timeout: float) -
                 os.makedirs(os.path.join(path, name), mode=mode, exist_ok=True)
             _check_layout(path)
             return Opened(lock_fd, DEFAULT_FILE_MODE, True)
-        return Opened(lock_fd, _read_store(path), False)
+        return Opened(lock_fd, _read_store(path, check_index=not repairing), False)
     except BaseException as exc:
         os.close(lock_fd)
         if isinstance(exc, OSError) and not isinstance(exc, (StoreIOError, StoreLocked)):
@@ -114,10 +116,10 @@ def _wait_for_store(path: str, deadline: float) -> int:
         time.sleep(_POLL_SECONDS)
 
 
-def _read_store(path: str) -> int:
+def _read_store(path: str, check_index: bool = True) -> int:
     """Checks FORMAT and the layout of an existing store; returns its file mode."""
     mode = read_format_file(path)["file_mode"]
-    _check_layout(path)
+    _check_layout(path, check_index)
     return mode
 
 
@@ -132,10 +134,13 @@ def refuse_foreign_directory(path: str) -> None:
         raise FormatError(f"{path} is a non-empty directory that is not a snapstore store")
 
 
-def _check_layout(path: str) -> None:
-    """segments/ and index/ must be directories (not symlinks): CorruptionError otherwise."""
-    for name, what in ((fmt.SEGMENTS_DIR, "the log, which holds every checkpoint"),
-                       (fmt.INDEX_DIR, "the index (rebuild it with `snapstore repair`)")):
+def _check_layout(path: str, check_index: bool = True) -> None:
+    """segments/ and (unless check_index is False) index/ must be directories (not
+    symlinks): CorruptionError otherwise."""
+    layout = [(fmt.SEGMENTS_DIR, "the log, which holds every checkpoint")]
+    if check_index:
+        layout.append((fmt.INDEX_DIR, "the index (rebuild it with `snapstore repair`)"))
+    for name, what in layout:
         full = os.path.join(path, name)
         try:
             st_mode = os.lstat(full).st_mode
