@@ -51,7 +51,7 @@ from snapstore.engine.index import ChunkEntry, Index, open_in_process
 from snapstore.engine.logstate import SectionFinder, StateSection
 from snapstore.engine.records import Commit
 from snapstore.engine.upgrade import upgrade
-from snapstore.engine.verify import verify
+from snapstore.engine.verify import ProblemReport, verify
 from snapstore.engine.wal import (DamagedRecord, MisplacedSegment, Record, read_record,
                                   segment_version)
 from snapstore.errors import CorruptionError, SnapstoreError, StoreIOError
@@ -61,18 +61,6 @@ Progress = Callable[[int, int], None]     # (segment bytes scanned, total segmen
 _PROGRESS_STEP = 4 << 20
 _RESYNC_WINDOW = 1 << 20
 _REPLAY_BATCH = 256
-
-
-class _Report:
-    def __init__(self) -> None:
-        self.problems: list[dict] = []
-
-    def add(self, kind: str, message: str, checkpoints=(), segment: int | None = None,
-            offset: int | None = None) -> None:
-        self.problems.append({"kind": kind, "message": message,
-                              "checkpoints": sorted(set(checkpoints)),
-                              "segment": segment_name(segment) if segment is not None else None,
-                              "offset": offset})
 
 
 @dataclass
@@ -111,7 +99,7 @@ def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0)
             raise CorruptionError(f"the store {path} has no segments directory: the log is "
                                   "lost and there is nothing to rebuild the index from")
         backend = LocalSegments(segments_dir, durable=True)
-        report = _Report()
+        report = ProblemReport()
         try:
             _upgrade_first(path, backend, report)
             result = _rebuild(path, backend, progress, report)
@@ -130,7 +118,7 @@ def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0)
     return result
 
 
-def _upgrade_first(path: str, backend: SegmentBackend, report: _Report) -> None:
+def _upgrade_first(path: str, backend: SegmentBackend, report: ProblemReport) -> None:
     """A store of an older format whose index still opens is upgraded first (upgrade.py), so
     its log gains the state section that describes what compaction removed."""
     if storedir.read_format_file(path)["version"] >= fmt.FORMAT_VERSION:
@@ -153,7 +141,7 @@ def _upgrade_first(path: str, backend: SegmentBackend, report: _Report) -> None:
 
 
 def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
-             report: _Report) -> dict:
+             report: ProblemReport) -> dict:
     old_applied = _old_applied(path)
     new_dir = os.path.join(path, fmt.INDEX_REBUILD_DIR)
     remove_entry(new_dir)                   # what an interrupted repair left
@@ -250,7 +238,7 @@ def _sound_index(path: str, backend: SegmentBackend) -> bool:
 # ---- 1. the scan ------------------------------------------------------------------------------
 
 def _scan_log(index: Index, backend: SegmentBackend, reader: SegmentReader,
-              progress: Progress | None, report: _Report) -> _Scan:
+              progress: Progress | None, report: ProblemReport) -> _Scan:
     scan = _Scan()
     numbers = backend.list()
     sizes = {}
@@ -300,7 +288,7 @@ def _scan_log(index: Index, backend: SegmentBackend, reader: SegmentReader,
 
 
 def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan: _Scan,
-                     report: _Report):
+                     report: ProblemReport):
     """The valid records of segment n, in order. Damage is reported (and interrupts any state
     section); the scan resumes at the next valid record. A damaged stretch at the end of the
     last segment with nothing valid after it is the torn tail of a crash: not a problem (the
@@ -383,7 +371,7 @@ def _next_valid(reader: SegmentReader, n: int, hint: int | None, start: int, siz
     return None
 
 
-def _index_chunk(w, record: Record, report: _Report) -> None:
+def _index_chunk(w, record: Record, report: ProblemReport) -> None:
     if record.length < fmt.CHUNK_PREFIX.size:
         report.add("damaged_record", "chunk record too short", segment=record.segment,
                    offset=record.offset)
@@ -394,7 +382,7 @@ def _index_chunk(w, record: Record, report: _Report) -> None:
 
 
 def _check_segment_gaps(backend: SegmentBackend, section: StateSection | None,
-                        report: _Report) -> None:
+                        report: ProblemReport) -> None:
     """Segments are only ever removed by compaction, before the state section it writes (or
     as the torn newest one): a missing number after the newest section means lost records."""
     numbers = backend.list()
@@ -411,7 +399,7 @@ def _check_segment_gaps(backend: SegmentBackend, section: StateSection | None,
 # ---- 2. and 3.: the state section, then the records after it ---------------------------------
 
 def _load_section(index: Index, reader: SegmentReader, section: StateSection,
-                  report: _Report) -> int:
+                  report: ProblemReport) -> int:
     loaded = 0
     with index.write(rebuilding=True) as w:
         for seg, off, length in section.checkpoints:
@@ -435,7 +423,7 @@ def _load_section(index: Index, reader: SegmentReader, section: StateSection,
 _UNAPPLIABLE = (CorruptionError, ValueError, KeyError, TypeError, IndexError)
 
 
-def _replay(index: Index, reader: SegmentReader, todo: list, report: _Report) -> int:
+def _replay(index: Index, reader: SegmentReader, todo: list, report: ProblemReport) -> int:
     """Applies the index records at the positions in todo, in order, in batches; a batch that
     fails is redone one record at a time, so only the records that cannot apply are skipped
     (and reported)."""
@@ -469,7 +457,7 @@ def _apply(w, reader: SegmentReader, item: tuple) -> None:
 
 # ---- 4. reference counts ---------------------------------------------------------------------
 
-def _recount(index: Index, report: _Report) -> None:
+def _recount(index: Index, report: ProblemReport) -> None:
     """Sets every chunk's reference count from the manifests; removes unreferenced chunk
     entries; reports chunks manifests reference that no valid chunk record holds."""
     counts: Counter = Counter()

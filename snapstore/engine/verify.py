@@ -32,7 +32,10 @@ INDEX_KINDS = frozenset({"missing_manifest", "missing_parent", "bad_extent", "mi
                          "lost_record", "index_mismatch", "missing_segment"})
 
 
-class _Report:
+class ProblemReport:
+    """The problems a check finds (verify, repair), each a dict: kind, message, the
+    checkpoints whose restore it breaks, segment and offset."""
+
     def __init__(self) -> None:
         self.problems: list[dict] = []
 
@@ -64,7 +67,7 @@ def _dependents(commits: dict, children: dict, start) -> set[int]:
 
 def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict:
     started = time.perf_counter()
-    report = _Report()
+    report = ProblemReport()
     with index.read() as r:
         commits = {i: r.checkpoint(i) for i in r.checkpoint_ids()}
         chunks = dict(r.chunks())
@@ -201,7 +204,7 @@ def _entry_mismatch(record, cid: bytes, e) -> str | None:
     return None
 
 
-def _deep_scan(segments, size: int, seg: int, known: dict, report: _Report, affected) -> int:
+def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport, affected) -> int:
     """Checks every record of one segment. After a damaged record it resumes where the damaged
     record's length says the next one starts only if no record the index knows of lies in
     between and a valid header is there; otherwise at the next record the index knows of (a
