@@ -142,28 +142,22 @@ def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
                 plans[chunk] = intervals
     if not plans:
         return 0, 0, 0, 0
-    mark = log.position
     saved = read_bytes = 0
     remap: dict[bytes, tuple] = {}                     # old chunk -> (new chunk, intervals)
-    try:
-        # durable whatever the store's durability: the new records (and the segments they
-        # created, with their directory entries) are on disk before the index switches
-        with log.forced_durable():
-            with index.read() as r, backend.open_reader() as segments:
-                sink = wr.ChunkSink(log, r, opts)
-                for chunk, intervals in plans.items():
-                    e = entries[chunk]
-                    data = chunks.read_chunk(segments, e.segment, e.offset, e.stored_len,
-                                             chunk, e.raw_len)
-                    kept = b"".join(data[a:b] for a, b in intervals)
-                    remap[chunk] = (sink.put(memoryview(kept)), intervals)
-                    saved += e.raw_len - len(kept)
-                    read_bytes += fmt.RECORD_HEADER.size + e.stored_len
-                new_chunks = dict(sink.new)
-            log.sync()
-    except BaseException:
-        log.rollback(mark)
-        raise
+    # durable whatever the store's durability: the new records (and the segments they
+    # created, with their directory entries) are on disk before the index switches
+    with log.durable_append():
+        with index.read() as r, backend.open_reader() as segments:
+            sink = wr.ChunkSink(log, r, opts)
+            for chunk, intervals in plans.items():
+                e = entries[chunk]
+                data = chunks.read_chunk(segments, e.segment, e.offset, e.stored_len,
+                                         chunk, e.raw_len)
+                kept = b"".join(data[a:b] for a, b in intervals)
+                remap[chunk] = (sink.put(memoryview(kept)), intervals)
+                saved += e.raw_len - len(kept)
+                read_bytes += fmt.RECORD_HEADER.size + e.stored_len
+            new_chunks = dict(sink.new)
     crashpoint("compact_after_trim_copy")
     with index.write() as w:
         for cid, (seg, off, stored, raw, codec) in new_chunks.items():
@@ -243,15 +237,9 @@ def write_state_section(index: Index, log: SegmentLog) -> int:
     store's durability, then notes it in the index. Compaction calls it before it removes any
     segment, so every record of a removed segment is covered by a durable section. Returns
     its size in bytes."""
-    mark = log.position
-    try:
-        with log.forced_durable():
-            with index.read() as r:
-                begin, end = append_state_section(log, r)
-            log.sync()
-    except BaseException:
-        log.rollback(mark)
-        raise
+    with log.durable_append():
+        with index.read() as r:
+            begin, end = append_state_section(log, r)
     crashpoint("compact_after_state")
     with index.write() as w:
         w.set_log_state(begin, end)

@@ -257,6 +257,21 @@ class SegmentLog:
         finally:
             self._forced_durable = saved
 
+    @contextlib.contextmanager
+    def durable_append(self) -> Iterator[None]:
+        """Appends made within it are durable when it ends, whatever the store's durability
+        (forced_durable, then sync); if anything in it fails, they are rolled back out of the
+        log and the error propagates. Compaction's new records use it before the index
+        switches to them."""
+        mark = self.position
+        try:
+            with self.forced_durable():
+                yield
+                self.sync()
+        except BaseException:
+            self.rollback(mark)
+            raise
+
     # -- positions
     def open_tail(self) -> None:
         """Continue the last segment, or start segment 1 in an empty log. A segment only holds
