@@ -24,6 +24,12 @@ SEGMENTS_DIR = "segments"       # the write-ahead log: NNNNNNNNNNNNNNNN.seg file
 SEGMENT_SUFFIX = ".seg"
 LOCK_FILE = "lock"              # flock()ed exclusively by the one writer process
 
+# ---- checkpoint meta --------------------------------------------------------------------
+# Top-level keys of a checkpoint's meta dict that start with this prefix belong to snapstore's
+# own layers ("snapstore.objects", "snapstore.dcp", "snapstore.workflow", ...): never the
+# user's, hidden from CheckpointInfo.meta and `ls` (snapstore.engine.meta splits them).
+RESERVED_META_PREFIX = "snapstore."
+
 # ---- segment files ------------------------------------------------------------------------
 # A segment starts with a fixed header, then records back to back until its end.
 SEGMENT_MAGIC = b"SNAPSEG\x00"
