@@ -26,6 +26,7 @@ import sys
 import lmdb
 import pytest
 
+from cli_runner import console_script
 import snapstore
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
@@ -310,8 +311,8 @@ def test_defect3_truncated_index_is_refused_not_sigbus(indexed_store, tmp_path, 
            "last_byte": size - 1}[cut]
     os.truncate(data, new)
     runs = {
-        "ls": [sys.executable, "-m", "snapstore", "-s", path, "ls"],
-        "cli verify": [sys.executable, "-m", "snapstore", "-s", path, "verify"],
+        "ls": [console_script(), "-s", path, "ls"],
+        "cli verify": [console_script(), "-s", path, "verify"],
         "readonly": [sys.executable, "-c", CHILD, path, "readonly"],
         "verify": [sys.executable, "-c", CHILD, path, "verify"],
         "writer": [sys.executable, "-c", CHILD, path, "writer"],

@@ -33,6 +33,8 @@ import time
 
 import pytest
 
+from cli_runner import console_script
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
@@ -175,7 +177,7 @@ class RepairHarness(Harness):
             self.compactions["finished"] += 1
 
     def repair(self) -> None:
-        proc = subprocess.run([sys.executable, "-m", "snapstore", "--no-progress", "repair",
+        proc = subprocess.run([console_script(), "--no-progress", "repair",
                                self.path], env=_env(), capture_output=True, text=True,
                               timeout=300)
         self.repairs += 1

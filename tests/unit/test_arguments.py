@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+from cli_runner import console_script
 import snapstore
 from snapstore import diff
 from snapstore.engine.validation import MAX_CHECKPOINT_ID, validate_checkpoint_id
@@ -160,7 +161,7 @@ def test_defect8_diff_window_must_be_positive_in_the_api():
 def cli(*args, timeout=60):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPSTORE_")}
     env["PYTHONPATH"] = ROOT
-    return subprocess.run([sys.executable, "-m", "snapstore"] + [str(a) for a in args],
+    return subprocess.run([console_script()] + [str(a) for a in args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 

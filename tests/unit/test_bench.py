@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 
+from cli_runner import console_script
 from snapstore import bench
 from snapstore.bench import measuring, peers, runner, workloads
 
@@ -246,7 +247,7 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch):
 def _bench(*args):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("SNAPSTORE_PROGRESS", None)
-    return subprocess.run([sys.executable, "-m", "snapstore", "bench", *map(str, args)],
+    return subprocess.run([console_script(), "bench", *map(str, args)],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 

@@ -1,18 +1,18 @@
-"""The `snapstore` command line, run as a real program in a subprocess (python -m snapstore,
-and the installed console script when it is on PATH), plus its pure helpers in-process."""
+"""The `snapstore` command line, run as a real program in a subprocess (the installed console
+script, as users run it; `python -m snapstore` once), plus its pure helpers in-process."""
 from __future__ import annotations
 
 import io
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 import snapstore
+from cli_runner import console_script
 from snapstore import errors
 from snapstore.cli import app as cli
 from snapstore.cli import args as cli_args
@@ -36,7 +36,8 @@ def _env(**extra):
 
 
 def run(*args, env=None, stdin=None, binary=False, cmd=None, **kw):
-    argv = (cmd or [sys.executable, "-m", "snapstore"]) + [str(a) for a in args]
+    """Runs the installed console script (what users run); cmd= another entry point."""
+    argv = (cmd or [console_script()]) + [str(a) for a in args]
     return subprocess.run(argv, env=_env(**(env or {})), cwd=ROOT, capture_output=True,
                           text=not binary, timeout=120, stdin=stdin, **kw)
 
@@ -109,16 +110,15 @@ def test_no_command_prints_usage_and_exits_2():
     assert p.returncode == 2 and "usage:" in p.stderr
 
 
-def test_installed_console_script(cli_store):
-    exe = shutil.which("snapstore")
-    if exe is None:
-        pytest.skip("the snapstore console script is not on PATH (pip install -e .)")
-    p = run("--version", cmd=[exe])
+def test_python_dash_m_entry_point(cli_store):
+    """`python -m snapstore` is the same program as the console script the other tests run."""
+    exe = [sys.executable, "-m", "snapstore"]
+    p = run("--version", cmd=exe)
     assert p.returncode == 0 and p.stdout.strip() == f"snapstore {snapstore.__version__}"
-    p = run("-s", cli_store, "ls", "--json", cmd=[exe])
+    p = run("-s", cli_store, "ls", "--json", cmd=exe)
     assert p.returncode == 0, p.stderr
     assert [c["id"] for c in json.loads(p.stdout)["checkpoints"]] == [1, 2, 3]
-    assert_one_line_error(run("-s", cli_store, "show", "99", cmd=[exe]), 2, "99")
+    assert_one_line_error(run("-s", cli_store, "show", "99", cmd=exe), 2, "99")
 
 
 # ---- init, ls, show -------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import lmdb
 import pytest
 import xxhash
 
+from cli_runner import console_script
 import snapstore
 from snapstore.engine import format as fmt
 from snapstore.engine.backends import LocalSegments
@@ -397,7 +398,7 @@ def test_sigkill_during_compaction_then_repair(store_path, point):
 
 def _cli(*argv):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "snapstore", "--no-progress", *argv], env=env,
+    return subprocess.run([console_script(), "--no-progress", *argv], env=env,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import zstandard
 
+from cli_runner import console_script
 import snapstore
 from snapstore.engine import chunks, format as fmt
 from snapstore.engine import writer as wr
@@ -140,7 +141,7 @@ def test_defect6_zstd_bomb_in_the_cli_is_reported_as_corruption(tmp_path, monkey
     make_bombed_store(path, BOMBS["declares_1TiB"](), monkeypatch)
     env = {**os.environ, "PYTHONPATH": ROOT}
     for argv in (["restore", "1", "--out", str(tmp_path / "out")], ["verify", "--deep"]):
-        p = subprocess.run([sys.executable, "-m", "snapstore", "-s", path] + argv, cwd=ROOT,
+        p = subprocess.run([console_script(), "-s", path] + argv, cwd=ROOT,
                            capture_output=True, text=True, timeout=120, env=env)
         assert p.returncode == 1, (argv, p.stdout, p.stderr)
         assert "internal error" not in p.stderr, (argv, p.stderr)
