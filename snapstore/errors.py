@@ -69,6 +69,21 @@ class CheckpointNotFound(SnapstoreError, KeyError):
         return str(self.args[0]) if self.args else "checkpoint not found"
 
 
+class AmbiguousCheckpointName(InvalidArgumentError):
+    """A checkpoint name (a tag, a stream name or a DCP checkpoint_id: see Store.resolve) names
+    more than one checkpoint. The message lists them; ``candidates`` holds them as dicts
+    {"id", "stream", "seq", "match"} (match: how the name matched: "tag", "stream",
+    "dcp checkpoint_id", joined with "+" when several ways). An InvalidArgumentError (the name
+    does not identify a checkpoint: pick one by id, STREAM@SEQ, or tag:/dcp:/latest:), not a
+    CheckpointNotFound: a caller treating CheckpointNotFound as "not there" must not take an
+    ambiguous name for a missing one."""
+
+    def __init__(self, message: str, *, name: str = "", candidates: tuple = ()) -> None:
+        super().__init__(message)
+        self.name = name
+        self.candidates = list(candidates)
+
+
 class CorruptionError(SnapstoreError):
     """Stored bytes do not match their checksum or id, or the index contradicts the log.
 
@@ -94,7 +109,33 @@ class ConcurrentCompactionError(SnapstoreError):
 
 
 class StoreLocked(SnapstoreError):
-    """Another writer holds the store's lock (open(..., timeout=s) waits for it)."""
+    """Another writer holds the store's lock (open(..., timeout=s) waits for it).
+
+    Attributes: ``path`` (the store), ``waited`` (seconds waited), and what the holder
+    recorded in the lock file when it took the lock (docs/design.md, "The lock file"):
+    ``pid``, ``host`` and ``since`` (ISO 8601 UTC time), each None when unknown (a holder
+    that wrote no record, a torn or stale one). ``holder`` is them as words."""
+
+    def __init__(self, message: str, *, path: str | None = None, pid: int | None = None,
+                 host: str | None = None, since: str | None = None,
+                 waited: float | None = None) -> None:
+        super().__init__(message)
+        self.path, self.pid, self.host, self.since, self.waited = path, pid, host, since, waited
+
+    @property
+    def holder(self) -> str:
+        """'pid 1234 on host x since 2026-11-23T10:00:00Z' (as much as is known), or
+        'another process or Store object' when nothing is."""
+        if self.pid is None:
+            return "another process or Store object"
+        text = f"pid {self.pid}"
+        if self.pid == _os.getpid() and self.host in (None, _os.uname().nodename):
+            text += " (this process: another Store object)"
+        if self.host:
+            text += f" on host {self.host}"
+        if self.since:
+            text += f" since {self.since}"
+        return text
 
 
 class FormatError(SnapstoreError):

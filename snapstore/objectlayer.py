@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from snapstore.errors import CheckpointNotFound, InvalidArgumentError
+from snapstore.errors import InvalidArgumentError
 
 __all__ = ["META_KEY", "ARRAYS_META_KEY", "RESERVED_META_KEYS", "wrap_meta", "user_meta",
            "resolve_checkpoint", "contiguous_tensor"]
@@ -51,15 +51,11 @@ def user_meta(info: Any) -> Any:
     return meta
 
 
-def resolve_checkpoint(store, id_or_stream: Any):
-    """The CheckpointInfo a load names: a checkpoint id, a CheckpointInfo, or a stream name
-    (its latest checkpoint). Raises CheckpointNotFound."""
-    if isinstance(id_or_stream, str):
-        info = store.latest(id_or_stream)
-        if info is None:
-            raise CheckpointNotFound(f"stream {id_or_stream!r} has no checkpoints")
-        return info
-    return store.get(id_or_stream)
+def resolve_checkpoint(store, name: Any):
+    """The CheckpointInfo a load names: anything Store.resolve takes (an id, a CheckpointInfo,
+    "latest", "latest:STREAM", "STREAM@SEQ", a tag, a stream name for its newest checkpoint, a
+    DCP checkpoint_id). Raises CheckpointNotFound, AmbiguousCheckpointName."""
+    return store.resolve(name)
 
 
 _SAME_SIZE_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}

@@ -17,6 +17,7 @@ from snapstore.capture.staging import DEFAULT_STAGING_BYTES, max_staging_bytes
 from snapstore.capture.tracker import Tracker
 from snapstore.engine import compact as compaction
 from snapstore.engine import format as fmt
+from snapstore.engine import names as checkpoint_names
 from snapstore.engine import records
 from snapstore.engine import writer as wr
 from snapstore.engine.commit import Committer, io_errors
@@ -27,11 +28,11 @@ from snapstore.engine.repair import repair as rebuild_index
 from snapstore.engine.records import Commit
 from snapstore.engine.backends import SegmentBackend
 from snapstore.engine.validation import (buffer_view, check_choice, validate_buffers,
-                                         validate_checkpoint_id, validate_compression_level,
-                                         validate_flag, validate_int, validate_meta,
-                                         validate_name, validate_path, validate_timeout)
+                                         validate_compression_level, validate_flag,
+                                         validate_int, validate_meta, validate_name,
+                                         validate_path, validate_timeout)
 from snapstore.engine.verify import verify as verify_store
-from snapstore.errors import CheckpointNotFound, InvalidArgumentError, InvalidArgumentTypeError
+from snapstore.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
 @dataclass(frozen=True)
@@ -246,30 +247,37 @@ class Store:
         return objects.save(self, obj, stream=stream, meta=meta, **options)
 
     def load(self, id_or_stream: Any, into: Any = None) -> Any:
-        """The object of a save() checkpoint (an id, a CheckpointInfo, or a stream name for
-        its latest); with into=, restores in place into an existing object graph of the same
-        structure. See snapstore.objects."""
+        """The object of a save() checkpoint, named as for resolve() (an id, a tag, "latest",
+        "STREAM@SEQ", a stream name for its newest...); with into=, restores in place into an
+        existing object graph of the same structure. See snapstore.objects."""
         from snapstore import objects
         return objects.load(self, id_or_stream, into=into)
 
-    def delete(self, checkpoint_id: int) -> None:
-        """Deletes a checkpoint. Later checkpoints built on it stay restorable (they absorb its
-        manifests). Its chunks become garbage once unreferenced (reclaimed by compact())."""
-        self.delete_many([checkpoint_id])
+    def delete(self, name: Any) -> None:
+        """Deletes a checkpoint (named as for resolve()). Later checkpoints built on it stay
+        restorable (they absorb its manifests). Its chunks become garbage once unreferenced
+        (reclaimed by compact())."""
+        self.delete_many([name])
 
-    def delete_many(self, checkpoint_ids) -> None:
-        """Deletes several checkpoints at once: one log append, one sync, one index transaction
-        (all or none). Unknown ids raise CheckpointNotFound before anything is deleted."""
+    def delete_many(self, names) -> None:
+        """Deletes several checkpoints at once (an iterable of names as for resolve(), resolved
+        on one snapshot): one log append, one sync, one index transaction (all or none). A name
+        that names nothing (CheckpointNotFound) or several (AmbiguousCheckpointName) raises
+        before anything is deleted."""
+        if isinstance(names, (str, bytes)):
+            raise InvalidArgumentTypeError(f"names must be an iterable of checkpoint names, "
+                                           f"got the {type(names).__name__} {names!r} (for one "
+                                           "checkpoint use delete(name))")
         try:
-            ids = [validate_checkpoint_id(getattr(i, "id", i)) for i in checkpoint_ids]
+            wanted = [self._checked_name(n) for n in names]
         except TypeError as exc:
             if isinstance(exc, InvalidArgumentTypeError):
                 raise
-            raise InvalidArgumentTypeError(f"checkpoint_ids must be an iterable of ids, got "
-                                           f"{type(checkpoint_ids).__name__}") from None
+            raise InvalidArgumentTypeError(f"names must be an iterable of checkpoint names, "
+                                           f"got {type(names).__name__}") from None
         self._committer.check_open(write=True)
         with self._committer.read() as r:
-            victims = [self._get_commit(r, i) for i in ids]
+            victims = [self._get_commit(r, n) for n in wanted]
             heads = {c.stream: r.stream_head(c.stream) for c in victims}
         for c in victims:
             self._persister.prepare_delete(c.stream, heads[c.stream] == c.id)
@@ -283,19 +291,23 @@ class Store:
             return [(fmt.REC_DELETE, records.encode_delete(i)) for i in unique]
         self._committer.append_records(delete_records)
 
-    def tag(self, checkpoint_id: int, tag: str) -> None:
-        """Adds a tag to a checkpoint. Tagged checkpoints survive retain() (keep_tagged)."""
-        self._set_tag(checkpoint_id, tag, True)
+    def tag(self, name: Any, tag: str) -> None:
+        """Adds a tag to a checkpoint (named as for resolve()). Tagged checkpoints survive
+        retain() (keep_tagged), and the tag names the checkpoint from then on (resolve(tag))
+        while no other checkpoint has it too."""
+        self._set_tag(name, tag, True)
 
-    def untag(self, checkpoint_id: int, tag: str) -> None:
-        """Removes a tag from a checkpoint (no error if it did not have it)."""
-        self._set_tag(checkpoint_id, tag, False)
+    def untag(self, name: Any, tag: str) -> None:
+        """Removes a tag from a checkpoint (named as for resolve(); no error if it did not
+        have the tag)."""
+        self._set_tag(name, tag, False)
 
-    def _set_tag(self, checkpoint_id: int, tag: str, add: bool) -> None:
+    def _set_tag(self, name: Any, tag: str, add: bool) -> None:
         validate_name(tag, "tag")
+        name = self._checked_name(name)
 
         def tag_record(view: IndexView) -> list:
-            commit = self._get_commit(view, checkpoint_id)
+            commit = self._get_commit(view, name)
             return [(fmt.REC_TAG, records.encode_tag(commit.id, tag, add))]
         self._committer.append_records(tag_record)
 
@@ -360,18 +372,45 @@ class Store:
 
     # ---- reading ------------------------------------------------------------------------------
     @staticmethod
-    def _get_commit(r: IndexView, checkpoint_id: Any) -> Commit:
-        if isinstance(checkpoint_id, CheckpointInfo):
-            checkpoint_id = checkpoint_id.id
-        commit = r.checkpoint(validate_checkpoint_id(checkpoint_id))
-        if commit is None:
-            raise CheckpointNotFound(f"no checkpoint {checkpoint_id}")
-        return commit
+    def _checked_name(name: Any) -> Any:
+        """name, checked to be a well-formed checkpoint name (a CheckpointInfo: its id)."""
+        if isinstance(name, CheckpointInfo):
+            name = name.id
+        checkpoint_names.parse(name)
+        return name
 
-    def get(self, checkpoint_id: int) -> CheckpointInfo:
-        """The CheckpointInfo of one checkpoint; CheckpointNotFound if there is none."""
+    @classmethod
+    def _get_commit(cls, r: IndexView, name: Any) -> Commit:
+        """The checkpoint a name names in the snapshot r (engine/names.py)."""
+        return checkpoint_names.resolve(r, cls._checked_name(name))
+
+    def resolve(self, name: Any) -> CheckpointInfo:
+        """The checkpoint a name names. Every method that takes a checkpoint (get, restore,
+        restore_into, read, load, delete, delete_many, tag, untag; the object layers' load and
+        the CLI) accepts the same names, in this order of precedence:
+
+            an int (or a CheckpointInfo)   that checkpoint id
+            "latest"                       the newest checkpoint of the store
+            "latest:STREAM"                the newest checkpoint of that stream (verbatim)
+            "STREAM@SEQ"                   seq SEQ (CheckpointInfo.seq) of that stream; split
+                                           at the last "@", SEQ digits
+            "tag:TAG", "dcp:ID"            the checkpoint with that tag / DCP checkpoint_id
+            any other str                  a tag, a stream name (its newest checkpoint) and a
+                                           DCP checkpoint_id at once
+
+        A name must name exactly one checkpoint: several (a tag on two checkpoints, a stream
+        named like another's tag...) raise AmbiguousCheckpointName listing them (an
+        InvalidArgumentError, not a CheckpointNotFound); a DCP checkpoint_id saved twice in a
+        stream names the newest (as dcp.load reads it). Nothing: CheckpointNotFound. Ids,
+        "latest" and stream names are index lookups; tags and DCP ids scan every checkpoint's
+        record (no secondary index). Details: snapstore.engine.names."""
         with self._committer.read() as r:
-            return CheckpointInfo.from_commit(self._get_commit(r, checkpoint_id))
+            return CheckpointInfo.from_commit(self._get_commit(r, name))
+
+    def get(self, name: Any) -> CheckpointInfo:
+        """The CheckpointInfo of one checkpoint (named as for resolve(): usually an id);
+        CheckpointNotFound if there is none."""
+        return self.resolve(name)
 
     def checkpoints(self, stream: str | None = None) -> list[CheckpointInfo]:
         """All checkpoints (of one stream), oldest first."""
@@ -388,13 +427,15 @@ class Store:
             return CheckpointInfo.from_commit(r.checkpoint(head)) if head is not None else None
 
     def streams(self) -> list[str]:
+        """The names of the streams that have checkpoints, sorted."""
         with self._committer.read() as r:
             return sorted(r.streams())
 
-    def restore(self, checkpoint_id: int) -> dict[str, bytes]:
-        """All buffers of a checkpoint, byte-exact, as {name: bytes}."""
+    def restore(self, name: Any) -> dict[str, bytes]:
+        """All buffers of a checkpoint (named as for resolve()), byte-exact, as
+        {buffer name: bytes}."""
         with self._committer.read() as r:
-            commit = self._get_commit(r, checkpoint_id)
+            commit = self._get_commit(r, name)
             out = {}
             for b in commit.buffers:
                 target = OutputBytes(b.size)
@@ -402,14 +443,15 @@ class Store:
                 out[b.name] = target.finish()
             return out
 
-    def restore_into(self, checkpoint_id: int, buffers: Mapping[str, Any]) -> None:
-        """Restores named buffers of a checkpoint in place into writable buffers of the same
-        sizes (a subset of the checkpoint's buffers is fine). Sizes and names are checked
-        before anything is written; on CorruptionError the targets' contents are undefined."""
+    def restore_into(self, name: Any, buffers: Mapping[str, Any]) -> None:
+        """Restores named buffers of a checkpoint (named as for resolve()) in place into
+        writable buffers of the same sizes (a subset of the checkpoint's buffers is fine).
+        Sizes and names are checked before anything is written; on CorruptionError the
+        targets' contents are undefined."""
         if not isinstance(buffers, Mapping):
             raise InvalidArgumentTypeError("buffers must be a mapping of name to writable buffer")
         with self._committer.read() as r:
-            commit = self._get_commit(r, checkpoint_id)
+            commit = self._get_commit(r, name)
             targets = {}
             for name, obj in buffers.items():
                 entry = find_buffer(commit, name)
@@ -421,11 +463,12 @@ class Store:
             for name, view in targets.items():
                 restore_range(r, self.backend, commit, name, view)
 
-    def read(self, checkpoint_id: int, name: str, offset: int = 0,
+    def read(self, checkpoint: Any, name: str, offset: int = 0,
              length: int | None = None) -> bytes:
-        """Bytes [offset, offset + length) of one buffer; reads only the chunks it needs."""
+        """Bytes [offset, offset + length) of buffer `name` of a checkpoint (named as for
+        resolve()); reads only the chunks it needs."""
         with self._committer.read() as r:
-            commit = self._get_commit(r, checkpoint_id)
+            commit = self._get_commit(r, checkpoint)
             entry = find_buffer(commit, name)
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                 raise InvalidArgumentError(f"offset must be an int >= 0, got {offset!r}")

@@ -50,7 +50,7 @@ from snapstore.store import CheckpointInfo, Store
 __all__ = ["save", "load", "SnapstoreWriter", "SnapstoreReader", "DCP_META_KEY",
            "METADATA_BUFFER"]
 
-DCP_META_KEY = "snapstore.dcp"          # meta key of a DCP checkpoint (and "snapstore.dcp_part")
+DCP_META_KEY = fmt.DCP_META_KEY        # meta key of a DCP checkpoint (see also DCP_PART_KEY)
 DCP_PART_KEY = "snapstore.dcp_part"
 DCP_VERSION = 1
 METADATA_BUFFER = "dcp/metadata"

@@ -29,6 +29,10 @@ LOCK_FILE = "lock"              # flock()ed exclusively by the one writer proces
 # own layers ("snapstore.objects", "snapstore.dcp", "snapstore.workflow", ...): never the
 # user's, hidden from CheckpointInfo.meta and `ls` (snapstore.engine.meta splits them).
 RESERVED_META_PREFIX = "snapstore."
+# The reserved key of a DCP checkpoint (snapstore.torch.SnapstoreWriter): {"checkpoint_id": the
+# id given to dcp.save, "version", "parts", "ranks"}. Here, not in torch.py, so the engine's name
+# resolver (engine/names.py) finds checkpoints by DCP checkpoint_id without importing torch.
+DCP_META_KEY = "snapstore.dcp"
 
 # ---- segment files ------------------------------------------------------------------------
 # A segment starts with a fixed header, then records back to back until its end.

@@ -490,6 +490,27 @@ class IndexView:
         return [fmt.CKPT_KEY.unpack(k[len(prefix):])[0]
                 for k, _ in self._items(fmt.DB_STREAM_CKPTS, prefix)]
 
+    def checkpoints_mentioning(self, text: str) -> Iterator[Commit]:
+        """Every checkpoint whose record may hold the string `text` (as a tag, a stream, a meta
+        value...), oldest first: a superset, for a scan by something not indexed. Records
+        whose bytes cannot hold it (text printable ASCII without quote or backslash, which
+        every JSON encoder writes as is) are skipped before decoding, which is most of the
+        cost; otherwise every checkpoint is decoded."""
+        plain = text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
+        needle = f'"{text}"'.encode() if plain else b""
+        with self.txn.cursor(db=self.dbs[fmt.DB_CHECKPOINTS]) as cur:
+            for key, value in cur:          # the search runs on the stored value, unchecked
+                if needle in value:
+                    payload = unseal(fmt.DB_CHECKPOINTS, key, value, self.version)
+                    yield self._decode(fmt.DB_CHECKPOINTS, key, payload,
+                                       lambda v: Commit.from_info_json(json.loads(v)))
+
+    def last_checkpoint_id(self) -> int | None:
+        """The highest checkpoint id in the index (the newest checkpoint), or None: one
+        cursor step, not a scan."""
+        with self.txn.cursor(db=self.dbs[fmt.DB_CHECKPOINTS]) as cur:
+            return fmt.CKPT_KEY.unpack(cur.key())[0] if cur.last() else None
+
     def _stored_manifest(self, checkpoint_id: int, buffer_index: int) -> tuple[bytes, bytes]:
         """(key, value as stored) of one manifest; CorruptionError if the index lacks it."""
         key = fmt.MANIFEST_KEY.pack(checkpoint_id, buffer_index)

@@ -393,9 +393,12 @@ def test_get_accepts_checkpoint_info_and_rejects_bad_ids(store):
         store.get(info.id + 100)
     with pytest.raises(KeyError):
         store.get(info.id + 100)
-    for bad in ("1", 1.0, None, True):
+    for bad in (1.0, None, True, b"1"):
         with pytest.raises(TypeError):
             store.get(bad)
+    # A str is a checkpoint name (issue 15), not an id: "1" names no tag or stream here.
+    with pytest.raises(CheckpointNotFound, match="an id is an int"):
+        store.get(str(info.id))
 
 
 @pytest.mark.parametrize("meta", [None, 0, -5, 3.25, "text ü", [1, "two", None],
@@ -681,8 +684,13 @@ def test_restore_unknown_id(store):
     info = store.checkpoint({"a": b"1"})
     with pytest.raises(CheckpointNotFound):
         store.restore(info.id + 1)
-    with pytest.raises(TypeError):
+    # A str is a checkpoint name since issue 15 (store.restore("stream") raised TypeError while
+    # store.load("stream") worked): "1" names nothing here, the stream names its newest.
+    with pytest.raises(CheckpointNotFound):
         store.restore(str(info.id))
+    assert store.restore("default") == {"a": b"1"}
+    with pytest.raises(TypeError):
+        store.restore(float(info.id))
 
 
 def test_restore_into_in_place(store):
@@ -1219,9 +1227,11 @@ def test_delete_unknown_or_bad_id(store):
         store.delete(info.id + 1)
     with pytest.raises(CheckpointNotFound):
         store.delete(0)
-    for bad in ("1", None, 1.0):
+    for bad in (None, 1.0, b"1"):
         with pytest.raises(TypeError):
             store.delete(bad)
+    with pytest.raises(CheckpointNotFound):     # a str is a name since issue 15: none here
+        store.delete(str(info.id))
     assert snapshot(store) == before
     store.delete(info.id)
     with pytest.raises(CheckpointNotFound):
