@@ -124,18 +124,15 @@ class StoreLocked(SnapstoreError):
 
     @property
     def holder(self) -> str:
-        """'pid 1234 on host x since 2026-11-23T10:00:00Z' (as much as is known), or
-        'another process or Store object' when nothing is."""
+        """Who holds the lock, in words: 'another process (pid 1234 on host x since
+        2026-11-23T10:00:00Z)', 'another Store object of this process (...)', or 'another
+        process or Store object' when the lock file names no live holder."""
         if self.pid is None:
             return "another process or Store object"
-        text = f"pid {self.pid}"
-        if self.pid == _os.getpid() and self.host in (None, _os.uname().nodename):
-            text += " (this process: another Store object)"
-        if self.host:
-            text += f" on host {self.host}"
-        if self.since:
-            text += f" since {self.since}"
-        return text
+        ours = self.pid == _os.getpid() and self.host in (None, _os.uname().nodename)
+        who = "another Store object of this process" if ours else "another process"
+        return (f"{who} (pid {self.pid}" + (f" on host {self.host}" if self.host else "")
+                + (f" since {self.since}" if self.since else "") + ")")
 
 
 class FormatError(SnapstoreError):

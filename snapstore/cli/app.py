@@ -26,9 +26,20 @@ from snapstore.version import __version__
 
 EPILOG = f"""\
 The store is given with -s/--store PATH (before or after the command) or ${STORE_ENV}.
-Checkpoint ids are integers as shown by `ls`; `latest` is the newest checkpoint of the store
-and `latest:STREAM` the newest of one stream. Sizes accept suffixes K, M, G, T (powers of
-1024; KiB/MiB/... and KB/MB/... mean the same).
+Writing commands (init, rm, tag, retain, compact, repair) take the writer's lock; another
+writer holding it fails them at once, naming its pid, host and since-when: --timeout SECONDS
+waits for it. Reading commands never wait.
+
+checkpoint names (show, restore, diff, rm, tag), in this order of precedence:
+  7              the checkpoint id, as `ls` shows it (digits are always an id)
+  latest         the newest checkpoint of the store
+  latest:STREAM  the newest checkpoint of STREAM (STREAM verbatim, may hold : or @)
+  STREAM@SEQ     checkpoint number SEQ of STREAM (1, 2, 3... as taken; split at the last @)
+  tag:TAG        the checkpoint tagged TAG          dcp:ID   the DCP checkpoint_id ID
+  NAME           a tag, a stream name (its newest checkpoint) or a DCP checkpoint_id
+A name that matches several checkpoints is an error listing them (name one by id or
+STREAM@SEQ); a tag on two checkpoints is ambiguous. Sizes accept suffixes K, M, G, T (powers
+of 1024; KiB/MiB/... and KB/MB/... mean the same).
 
 exit status:
   0  success
@@ -44,7 +55,9 @@ examples:
   snapstore init ckpts
   snapstore -s ckpts ls --stream train
   snapstore -s ckpts diff 3 latest
-  snapstore -s ckpts restore latest --out restored/
+  snapstore -s ckpts show best
+  snapstore -s ckpts restore train@12 --out restored/
+  snapstore -s ckpts rm 4 --timeout 30
   snapstore -s ckpts verify --deep --json
   snapstore repair ckpts
   snapstore bench --size 1GiB --dirty 0.001,0.01,0.1 --plot overhead.png
@@ -92,8 +105,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, errors.StoreLocked):
+        text = _locked_message(exc)
+    else:
+        text = str(exc).strip() or type(exc).__name__
     return " ".join(text.split())
+
+
+def _locked_message(exc: errors.StoreLocked) -> str:
+    """StoreLocked with command-line advice (the exception's own gives Python's)."""
+    if exc.path is None:
+        return str(exc)
+    waited = f" (waited {exc.waited:.3g}s)" if exc.waited else ""
+    return (f"{exc.path} is locked by {exc.holder}, which has it open for writing{waited}. "
+            "Wait for it with --timeout SECONDS; reading commands (ls, show, restore, diff, "
+            "verify, stats) work meanwhile.")
 
 
 def main(argv: Optional[list] = None) -> int:

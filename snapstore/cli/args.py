@@ -105,18 +105,24 @@ def range_arg(text: str) -> tuple:
             from None
 
 
+# The help of every argument naming a checkpoint (show, restore, diff, rm, tag).
+NAME_HELP = ("checkpoint: an id, latest, latest:STREAM, STREAM@SEQ, a tag (or tag:T), a stream "
+             "name (its newest) or a DCP checkpoint_id (or dcp:ID)")
+
+
 def id_arg(text: str):
-    """A checkpoint id (int >= 0), 'latest' or 'latest:STREAM' (see common.resolve)."""
+    """A checkpoint name (resolved by common.resolve, so Store.resolve): digits only -> the
+    int id; any other non-empty text as is (latest, latest:STREAM, STREAM@SEQ, a tag, a stream,
+    a DCP checkpoint_id). A stream or tag spelled in digits is named latest:42 / tag:42."""
     t = text.strip()
-    if t == "latest" or t.startswith("latest:"):
-        return t
-    try:
-        return validate_checkpoint_id(int(t))
-    except InvalidArgumentError as exc:
-        raise argparse.ArgumentTypeError(f"invalid checkpoint id {text!r} ({exc})") from None
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid checkpoint id {text!r} (an integer, 'latest' or 'latest:STREAM')") from None
+    if t.isascii() and t.isdigit():
+        try:
+            return validate_checkpoint_id(int(t))
+        except InvalidArgumentError as exc:
+            raise argparse.ArgumentTypeError(f"invalid checkpoint id {text!r} ({exc})") from None
+    if not text or (t[:1] in "+-" and t[1:].isascii() and t[1:].isdigit()):
+        raise argparse.ArgumentTypeError(f"invalid checkpoint {text!r} ({NAME_HELP})")
+    return text
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:

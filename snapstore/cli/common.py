@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from typing import Callable, Optional
 
-from snapstore import errors
 from snapstore.cli.progress import Progress, spinner
 from snapstore.store import open as open_snapstore
 
@@ -53,20 +52,10 @@ def need(store, method: str) -> Callable:
 
 
 def resolve(store, ref) -> int:
-    """A checkpoint id from an id_arg value: an id, 'latest' (the newest checkpoint of the
-    store) or 'latest:STREAM' (the newest of that stream). CheckpointNotFound if none."""
-    if isinstance(ref, int):
-        return ref
-    stream = ref.split(":", 1)[1] if ":" in ref else None
-    if stream is not None:
-        info = store.latest(stream)
-        if info is None:
-            raise errors.CheckpointNotFound(f"stream {stream!r} has no checkpoints")
-        return info.id
-    infos = store.checkpoints()
-    if not infos:
-        raise errors.CheckpointNotFound("the store has no checkpoints")
-    return max(i.id for i in infos)
+    """The checkpoint id an id_arg value names, by Store.resolve (an id, latest,
+    latest:STREAM, STREAM@SEQ, a tag, a stream name, a DCP checkpoint_id). CheckpointNotFound
+    if none, AmbiguousCheckpointName (listing them) if several."""
+    return store.resolve(ref).id
 
 
 def progress(args, total: Optional[float] = None, label: str = "", unit: str = "B") -> Progress:

@@ -3,7 +3,7 @@ itself is snapstore.diff)."""
 from __future__ import annotations
 
 from snapstore import diff
-from snapstore.cli.args import id_arg, nonneg_arg, size_arg, size_between
+from snapstore.cli.args import NAME_HELP, id_arg, nonneg_arg, size_arg, size_between
 from snapstore.cli.common import EXIT_OK, open_store, progress, resolve
 from snapstore.cli.output import print_json
 from snapstore.formatting import human_bytes, printable
@@ -21,8 +21,8 @@ def add_diff(add) -> None:
             "bounded windows (never whole buffers in memory) and reports, per buffer, the "
             "changed byte ranges (OFF:LEN, usable with `restore --range`) and how many bytes "
             "differ. Buffers present on one side only are listed as added/removed.")
-    p.add_argument("id1", type=id_arg, help="the older checkpoint")
-    p.add_argument("id2", type=id_arg, help="the newer checkpoint")
+    p.add_argument("id1", type=id_arg, metavar="NAME1", help=f"the older {NAME_HELP}")
+    p.add_argument("id2", type=id_arg, metavar="NAME2", help="the newer checkpoint (as NAME1)")
     p.add_argument("--buffer", action="append", default=[], help="only this buffer (repeat)")
     p.add_argument("--gap", type=size_arg, default=diff.GAP, metavar="BYTES",
                    help="report differing runs fewer than BYTES apart as one range "

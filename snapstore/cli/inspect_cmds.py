@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from snapstore import errors
-from snapstore.cli.args import count_arg, id_arg
+from snapstore.cli.args import NAME_HELP, count_arg, id_arg
 from snapstore.cli.common import EXIT_OK, open_store, resolve, store_path
 from snapstore.cli.output import (human_value, info_dict, iso_time, local_time, print_json,
                                   print_report, short)
@@ -22,7 +22,7 @@ def add_ls(add) -> None:
 
 def add_show(add) -> None:
     p = add("show", "metadata, buffers, chain and sizes of one checkpoint", cmd_show)
-    p.add_argument("id", type=id_arg, help="checkpoint id")
+    p.add_argument("id", type=id_arg, metavar="NAME", help=NAME_HELP)
 
 
 def add_stats(add) -> None:

@@ -6,7 +6,7 @@ import os
 import sys
 
 from snapstore import errors
-from snapstore.cli.args import id_arg, range_arg
+from snapstore.cli.args import NAME_HELP, id_arg, range_arg
 from snapstore.cli.common import EXIT_OK, UsageError, open_store, progress, resolve
 from snapstore.cli.output import print_json, safe_filenames
 from snapstore.engine.fsutil import replace_file
@@ -20,7 +20,7 @@ def add_restore(add) -> None:
             description="Writes one file per buffer into --out DIR (file name = buffer name "
             "made safe for the file system; the mapping is printed), streaming in bounded "
             "windows. --out - writes one buffer's bytes to stdout.")
-    p.add_argument("id", type=id_arg, help="checkpoint id")
+    p.add_argument("id", type=id_arg, metavar="NAME", help=NAME_HELP)
     p.add_argument("-o", "--out", required=True, metavar="DIR",
                    help="output directory (created if missing), or - for stdout")
     p.add_argument("--buffer", action="append", default=[], help="only this buffer (repeat)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from snapstore.cli.args import count_arg, id_arg, nonneg_arg
+from snapstore.cli.args import NAME_HELP, count_arg, id_arg, nonneg_arg
 from snapstore.cli.common import EXIT_OK, UsageError, need, open_store, resolve, store_path
 from snapstore.cli.output import print_json
 from snapstore.engine import format as fmt
@@ -19,12 +19,13 @@ def add_init(add) -> None:
 
 def add_rm(add) -> None:
     p = add("rm", "delete checkpoints (later ones stay restorable)", cmd_rm)
-    p.add_argument("ids", type=id_arg, nargs="+", metavar="ID")
+    p.add_argument("ids", type=id_arg, nargs="+", metavar="NAME",
+                   help=f"{NAME_HELP}; all are resolved before any is deleted")
 
 
 def add_tag(add) -> None:
     p = add("tag", "add (or --remove) tags of a checkpoint", cmd_tag)
-    p.add_argument("id", type=id_arg, help="checkpoint id")
+    p.add_argument("id", type=id_arg, metavar="NAME", help=NAME_HELP)
     p.add_argument("tags", nargs="+", metavar="TAG")
     p.add_argument("-r", "--remove", action="store_true", help="remove these tags instead")
 

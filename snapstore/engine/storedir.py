@@ -4,7 +4,9 @@ atomically, the writer's lock, and the permissions of what a store creates.
     STORE/FORMAT     JSON {"format": "snapstore", "version": N, "created": t}, published by temp
                      file + fsync + rename + directory fsync, LAST when a store is created: a
                      directory with FORMAT is a complete store (index initialised)
-    STORE/lock       flock()ed exclusively by the one writer
+    STORE/lock       flock()ed exclusively by the one writer, which then writes into it who it
+                     is: JSON {"pid", "host", "since"} padded to 256 bytes (information for
+                     StoreLocked messages only; the flock decides)
     STORE/index/     LMDB        STORE/segments/   the log
 
 Creation. The creator holds the lock while it creates index/ and segments/, initialises the
@@ -153,7 +155,8 @@ def _check_layout(path: str, check_index: bool = True) -> None:
 
 
 def take_lock(path: str, deadline: float) -> int:
-    """The writer's exclusive flock on STORE/lock, waiting until the deadline."""
+    """The writer's exclusive flock on STORE/lock, waiting until the deadline; once taken, the
+    holder's record (pid, host, since) is written into the file for StoreLocked messages."""
     started = time.monotonic()
     lock_path = os.path.join(path, fmt.LOCK_FILE)
     try:
@@ -164,17 +167,80 @@ def take_lock(path: str, deadline: float) -> int:
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            write_holder(fd)
             return fd
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 os.close(fd)
                 raise
         if time.monotonic() >= deadline:
-            os.close(fd)
-            raise StoreLocked(f"{path} is locked: another process or store object has it open "
-                              f"for writing (waited {time.monotonic() - started:.3g}s); open it "
-                              "with readonly=True to read meanwhile, or pass timeout=")
+            try:
+                holder = read_holder(fd)
+            finally:
+                os.close(fd)
+            raise _locked(path, time.monotonic() - started, holder)
         time.sleep(_POLL_SECONDS)
+
+
+def _locked(path: str, waited: float, holder: dict) -> StoreLocked:
+    exc = StoreLocked("", path=path, waited=waited, **holder)
+    exc.args = (f"{path} is locked by {exc.holder}, which has it open for writing (waited "
+                f"{waited:.3g}s). Open it with readonly=True to read meanwhile, or pass "
+                "timeout=SECONDS to snapstore.open() to wait for the lock.",)
+    return exc
+
+
+# ---- the lock holder's record --------------------------------------------------------------
+# The flock is the truth; the record is information only. Written by the holder right after it
+# takes the flock, in one write of a fixed size (RECORD_BYTES, JSON padded with spaces) over
+# the previous one, never read to decide anything: a stale record (a holder that died: its
+# flock went with it) is overwritten by the next holder, and a torn, foreign or garbage one
+# reads as "holder unknown".
+_RECORD_BYTES = 256
+_HOLDER_KEYS = ("pid", "host", "since")
+
+
+def write_holder(fd: int) -> None:
+    """Records this process as the holder of the flock on fd (best effort: a failure to
+    write it changes nothing but the messages others get)."""
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    body = json.dumps({"pid": os.getpid(), "host": os.uname().nodename[:128], "since": since})
+    try:
+        os.pwrite(fd, body.encode().ljust(_RECORD_BYTES), 0)
+        os.ftruncate(fd, _RECORD_BYTES)
+    except OSError:
+        pass
+
+
+def read_holder(fd: int) -> dict:
+    """{"pid", "host", "since"} as the lock file records them (each None when unknown: no
+    record, a torn or foreign one, or one naming a process of this host that is gone)."""
+    holder = dict.fromkeys(_HOLDER_KEYS)
+    try:
+        data = json.loads(os.pread(fd, _RECORD_BYTES, 0))
+    except (OSError, ValueError):
+        return holder
+    if not isinstance(data, dict):
+        return holder
+    pid, host, since = (data.get(k) for k in _HOLDER_KEYS)
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return holder
+    if not all(isinstance(t, str) and t.isprintable() and len(t) <= 128 for t in (host, since)):
+        return holder
+    if host == os.uname().nodename and not _alive(pid):
+        return holder            # stale: its holder died (the flock is someone else's)
+    return {"pid": pid, "host": host, "since": since}
+
+
+def _alive(pid: int) -> bool:
+    """True if a process with this pid exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True
+    return True
 
 
 def _store_file_mode(path: str) -> int:

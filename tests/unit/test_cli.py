@@ -298,7 +298,8 @@ def test_stats(cli_store):
 def test_usage_errors_are_one_line_exit_2(cli_store, tmp_path):
     assert_one_line_error(run("frobnicate"), 2, "invalid choice")
     assert_one_line_error(run("-s", cli_store, "show"), 2, "required")
-    assert_one_line_error(run("-s", cli_store, "show", "abc"), 2, "invalid checkpoint id")
+    assert_one_line_error(run("-s", cli_store, "show", "abc"), 2, "named 'abc'")  # a name
+    assert_one_line_error(run("-s", cli_store, "show", "-1"), 2, "invalid checkpoint")
     assert_one_line_error(run("-s", cli_store, "show", "99"), 2, "no checkpoint 99")
     assert_one_line_error(run("ls"), 2, "no store given")
     assert_one_line_error(run("-s", tmp_path / "nope", "ls"), 2, "no snapstore store")
