@@ -31,15 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import snapstore  # noqa: E402
-
-
-def disk_usage(path: str) -> int:
-    """Allocated bytes (st_blocks) of every file under path: what du counts."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            total += os.lstat(os.path.join(root, name)).st_blocks * 512
-    return total
+from snapstore.bench.measuring import disk_usage  # noqa: E402  (st_blocks: what du counts)
 
 
 def run(size_mib: int, saves: int, keep_last: int, prune: bool, base: str | None,

@@ -5,13 +5,13 @@ arguments, and the README's training loop staying bounded on disk.
 from __future__ import annotations
 
 import datetime
-import os
 import time
 
 import numpy as np
 import pytest
 
 import snapstore
+from snapstore.bench.measuring import disk_usage
 from snapstore.engine import retention as rt
 from snapstore.engine.retention import Candidate, Policy, parse_duration, plan
 from snapstore.errors import (CheckpointNotFound, InvalidArgumentError, InvalidArgumentTypeError,
@@ -306,11 +306,6 @@ def test_retain_all_or_none_when_a_doomed_checkpoint_vanished(store, monkeypatch
 
 
 # ---- the README's training loop ----------------------------------------------------------
-def du(path):
-    return sum(os.lstat(os.path.join(root, f)).st_blocks * 512
-               for root, _, files in os.walk(path) for f in files)
-
-
 def readme_loop(path, prune, saves=12, keep_last=3, size=2 << 20):
     """store.save of a dense state (every byte changes), retain(keep_last) after each save;
     returns the store's bytes on disk after each retain."""
@@ -322,7 +317,7 @@ def readme_loop(path, prune, saves=12, keep_last=3, size=2 << 20):
             w[:] = rng.integers(0, 256, size, dtype=np.uint8)
             s.save({"w": w, "step": step}, "train")
             s.retain("train", keep_last=keep_last, prune=prune)
-            sizes.append(du(path))
+            sizes.append(disk_usage(path))
         assert len(s.checkpoints("train")) == keep_last
         assert np.array_equal(s.load("train")["w"], w)
     return sizes
