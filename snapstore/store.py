@@ -368,11 +368,11 @@ class Store:
         dry_run = validate_flag(dry_run, "dry_run")
         prune = validate_flag(prune, "prune")
         self._committer.check_open(write=not dry_run)
+        before = self._bytes_on_disk()      # first: the plan and the deletes stay close
         ckpts = self.checkpoints(stream)
         kept = retention.plan((retention.Candidate(c.id, c.seq, c.created, bool(c.tags))
                                for c in ckpts), policy)
         doomed = [c.id for c in ckpts if c.id not in kept]
-        before = self._bytes_on_disk()
         compaction_report = None
         if not dry_run:
             # Not under the writer lock: deleting a head first lets the stream's pending
