@@ -19,6 +19,7 @@ from snapstore.engine import compact as compaction
 from snapstore.engine import format as fmt
 from snapstore.engine import names as checkpoint_names
 from snapstore.engine import records
+from snapstore.engine import retention
 from snapstore.engine import writer as wr
 from snapstore.engine.commit import Committer, io_errors
 from snapstore.engine.index import IndexView
@@ -33,6 +34,39 @@ from snapstore.engine.validation import (buffer_view, check_choice, validate_buf
                                          validate_path, validate_timeout)
 from snapstore.engine.verify import verify as verify_store
 from snapstore.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+
+class RetainResult(list):
+    """What Store.retain() did: the list of deleted checkpoint ids (oldest first; a plain
+    list of ints, so code that used retain()'s old list keeps working), plus
+    deleted: the same ids; kept: {id: [rules that keep it]} ("last", "every", "within",
+    "hourly", "daily", "weekly", "monthly", "yearly", "tagged"); dry_run: nothing was
+    deleted, the ids are what a real run would delete; bytes_before / bytes_after: the
+    store's bytes (segments + index, as stats() counts them) before the deletes and after
+    the prune (bytes_after None on a dry run); bytes_freed: their difference (None on a
+    dry run); compaction: compact()'s report when the prune ran, else None (prune=False,
+    dry run, or nothing deleted)."""
+
+    def __init__(self, deleted, *, kept: dict, dry_run: bool, bytes_before: int,
+                 bytes_after: int | None, compaction: dict | None) -> None:
+        super().__init__(deleted)
+        self.kept, self.dry_run, self.compaction = kept, dry_run, compaction
+        self.bytes_before, self.bytes_after = bytes_before, bytes_after
+
+    @property
+    def deleted(self) -> list[int]:
+        return list(self)
+
+    @property
+    def bytes_freed(self) -> int | None:
+        return None if self.bytes_after is None else self.bytes_before - self.bytes_after
+
+    def report(self) -> dict:
+        """A JSON-ready dict of all of it (kept ids as strings, JSON's keys)."""
+        return {"deleted": self.deleted, "kept": {str(k): v for k, v in self.kept.items()},
+                "dry_run": self.dry_run, "bytes_before": self.bytes_before,
+                "bytes_after": self.bytes_after, "bytes_freed": self.bytes_freed,
+                "compaction": self.compaction}
 
 
 @dataclass(frozen=True)
@@ -312,35 +346,61 @@ class Store:
         self._committer.append_records(tag_record)
 
     def retain(self, stream: str, keep_last: int | None = None, keep_every: int | None = None,
-               keep_tagged: bool = True) -> list[int]:
-        """Deletes the checkpoints of a stream that no rule keeps; returns their ids.
+               keep_tagged: bool = True, *, keep_within: float | str | None = None,
+               keep_hourly: int | None = None, keep_daily: int | None = None,
+               keep_weekly: int | None = None, keep_monthly: int | None = None,
+               keep_yearly: int | None = None, tz: Any = None, dry_run: bool = False,
+               prune: bool = True) -> "RetainResult":
+        """Deletes the checkpoints of a stream that no rule keeps, then prunes (compact()) so
+        their space returns to the file system, as `restic forget --prune` does. Returns a
+        RetainResult: the list of deleted ids (oldest first), with what was kept and why and
+        the space freed.
 
-        Rules (a checkpoint is kept if any applies): keep_last=N keeps the N newest;
-        keep_every=K keeps those whose seq is a multiple of K (stable: running retain again
-        deletes nothing more); keep_tagged keeps tagged ones. At least one of keep_last and
-        keep_every is required, so a typo cannot wipe a stream. The doomed set is decided on a
+        Rules (a checkpoint is kept if any applies; snapstore.engine.retention):
+        keep_last=N the N newest; keep_every=K those whose seq is a multiple of K (stable:
+        running retain again deletes nothing more); keep_within=D those created at most D
+        before the stream's newest checkpoint (seconds, a timedelta, or "90m", "36h", "7d",
+        "2w", "1y", "1d12h"); keep_hourly/keep_daily/keep_weekly/keep_monthly/keep_yearly=N
+        the newest checkpoint of each of the last N hours/days/ISO weeks/months/years that
+        have checkpoints, in time zone tz (a datetime.tzinfo; None: local time, as restic);
+        keep_tagged keeps tagged ones. At least one rule other than keep_tagged is required,
+        so a typo cannot wipe a stream (InvalidArgumentError).
+
+        dry_run=True deletes nothing and reports what a real run would delete (works on a
+        read-only store). prune=False only deletes (space comes back at the next compact()).
+        The prune runs only when something was deleted. The doomed set is decided on a
         snapshot and deleted all or none (CheckpointNotFound, nothing deleted, if another
         thread deleted one of them meanwhile)."""
         validate_name(stream, "stream")
-        for value, what, low in ((keep_last, "keep_last", 0), (keep_every, "keep_every", 1)):
-            if value is not None:
-                validate_int(value, what, low)
-        keep_tagged = validate_flag(keep_tagged, "keep_tagged")
-        if keep_last is None and keep_every is None:
-            raise InvalidArgumentError("retain needs keep_last and/or keep_every")
+        policy = retention.Policy.of(keep_last=keep_last, keep_every=keep_every,
+                                     keep_within=keep_within, keep_hourly=keep_hourly,
+                                     keep_daily=keep_daily, keep_weekly=keep_weekly,
+                                     keep_monthly=keep_monthly, keep_yearly=keep_yearly,
+                                     keep_tagged=keep_tagged, tz=tz)
+        dry_run = validate_flag(dry_run, "dry_run")
+        prune = validate_flag(prune, "prune")
+        self._committer.check_open(write=not dry_run)
+        before = self._bytes_on_disk()      # first: the plan and the deletes stay close
         ckpts = self.checkpoints(stream)
-        keep = set()
-        if keep_last:
-            keep.update(c.id for c in ckpts[-keep_last:])
-        if keep_every:
-            keep.update(c.id for c in ckpts if c.seq % keep_every == 0)
-        if keep_tagged:
-            keep.update(c.id for c in ckpts if c.tags)
-        doomed = [c.id for c in ckpts if c.id not in keep]
-        # Not under the writer lock: deleting a head first lets the stream's pending
-        # asynchronous checkpoints land, and they commit through that lock.
-        self.delete_many(reversed(doomed))     # newest first: merges stay small
-        return doomed
+        kept = retention.plan((retention.Candidate(c.id, c.seq, c.created, bool(c.tags))
+                               for c in ckpts), policy)
+        doomed = [c.id for c in ckpts if c.id not in kept]
+        compaction_report = None
+        if not dry_run:
+            # Not under the writer lock: deleting a head first lets the stream's pending
+            # asynchronous checkpoints land, and they commit through that lock.
+            self.delete_many(reversed(doomed))     # newest first: merges stay small
+            if prune and doomed:
+                compaction_report = self.compact()
+        after = None if dry_run else self._bytes_on_disk()
+        return RetainResult(doomed, kept=kept, dry_run=dry_run, bytes_before=before,
+                            bytes_after=after, compaction=compaction_report)
+
+    def _bytes_on_disk(self) -> int:
+        """Bytes of the segments plus the index (as stats() counts them)."""
+        c = self._committer
+        with c.exclusive(write=False):
+            return sum(c.backend.size(n) for n in c.backend.list()) + c.index.disk_bytes()
 
     def compact(self, threshold: float = fmt.DEFAULT_COMPACT_THRESHOLD,
                 max_chain: int | None = None) -> dict:

@@ -1,14 +1,20 @@
-"""`snapstore init`, `rm`, `tag` and `retain`: create a store, delete checkpoints, label them
-(these take the writer's lock, waiting up to --timeout)."""
+"""`snapstore init`, `rm`, `tag` and `retain`: create a store, delete checkpoints, label them,
+apply a retention policy and free its space (these take the writer's lock, waiting up to
+--timeout; `retain --dry-run` only reads)."""
 from __future__ import annotations
 
+import argparse
+import datetime
 import os
+import textwrap
 
 from snapstore.cli.args import NAME_HELP, count_arg, id_arg, nonneg_arg
 from snapstore.cli.common import EXIT_OK, UsageError, need, open_store, resolve, store_path
 from snapstore.cli.output import print_json
 from snapstore.engine import format as fmt
-from snapstore.formatting import printable
+from snapstore.engine.retention import parse_duration
+from snapstore.errors import InvalidArgumentError
+from snapstore.formatting import human_bytes, printable
 from snapstore.store import open as open_snapstore
 
 
@@ -30,16 +36,68 @@ def add_tag(add) -> None:
     p.add_argument("-r", "--remove", action="store_true", help="remove these tags instead")
 
 
+def duration_arg(text: str) -> float:
+    """An argument type: a duration (engine.retention.parse_duration) in seconds."""
+    try:
+        return parse_duration(text, "value")
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# (option, dest, what it keeps): the count rules of `retain`.
+RETAIN_COUNTS = (
+    ("--keep-last", "keep_last", "the N newest checkpoints"),
+    ("--keep-hourly", "keep_hourly", "the newest checkpoint of each of the last N hours that "
+                                     "have checkpoints"),
+    ("--keep-daily", "keep_daily", "the newest of each of the last N days with checkpoints"),
+    ("--keep-weekly", "keep_weekly", "the newest of each of the last N ISO weeks (Monday to "
+                                     "Sunday) with checkpoints"),
+    ("--keep-monthly", "keep_monthly", "the newest of each of the last N calendar months "
+                                       "with checkpoints"),
+    ("--keep-yearly", "keep_yearly", "the newest of each of the last N years with "
+                                     "checkpoints"))
+RETAIN_RULES = ("keep_last", "keep_every", "keep_within", "keep_hourly", "keep_daily",
+                "keep_weekly", "keep_monthly", "keep_yearly")
+
+
 def add_retain(add) -> None:
-    p = add("retain", "delete checkpoints outside a retention policy", cmd_retain,
-            description="Keeps, per stream, the newest --keep-last checkpoints and every "
-            "--keep-every-th one (and tagged ones unless --no-keep-tagged); deletes the rest.")
-    p.add_argument("--stream", action="append", default=[],
-                   help="apply to this stream (repeat; default: every stream)")
-    p.add_argument("--keep-last", type=nonneg_arg, metavar="N")
-    p.add_argument("--keep-every", type=count_arg, metavar="K")
+    p = add("retain", "delete checkpoints outside a retention policy, and free their space",
+            cmd_retain, description=textwrap.fill(
+                "Keeps, in each chosen stream, every checkpoint that at least one rule keeps "
+                "(and tagged ones unless --no-keep-tagged), deletes the rest, then compacts "
+                "so their space returns to the file system (as `restic forget --prune`; "
+                "--no-prune skips that). At least one --keep-* rule is required. Periods "
+                "(hours, days, weeks, months, years) are local time (--utc: UTC); 'last N "
+                "periods' counts only periods that have checkpoints, as restic does. "
+                "--dry-run lists what would be deleted and which rules keep the rest.", 79)
+            + "\n\nexample: snapstore retain --stream train --keep-last 3 --keep-daily 7 "
+            "--keep-within 36h")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--stream", action="append", default=[],
+                       help="apply to this stream (repeat for several)")
+    where.add_argument("--all-streams", action="store_true",
+                       help="apply to every stream of the store (each on its own)")
+    counts = dict((dest, (flag, what)) for flag, dest, what in RETAIN_COUNTS)
+    flag, what = counts["keep_last"]
+    p.add_argument(flag, type=nonneg_arg, metavar="N", help=f"keep {what}")
+    p.add_argument("--keep-every", type=count_arg, metavar="K",
+                   help="keep the checkpoints whose seq (1, 2, 3... per stream) is a multiple "
+                        "of K (stable: a second run deletes nothing more)")
+    p.add_argument("--keep-within", type=duration_arg, metavar="DURATION",
+                   help="keep those created at most DURATION before the stream's newest "
+                        "checkpoint (not before now): seconds or e.g. 90m, 36h, 7d, 2w, 1y, "
+                        "1d12h (units s m h d w y; m is minutes, y is 365 days)")
+    for dest in ("keep_hourly", "keep_daily", "keep_weekly", "keep_monthly", "keep_yearly"):
+        flag, what = counts[dest]
+        p.add_argument(flag, type=nonneg_arg, metavar="N", help=f"keep {what}")
     p.add_argument("--no-keep-tagged", dest="keep_tagged", action="store_false", default=True,
                    help="tagged checkpoints are not protected")
+    p.add_argument("--utc", action="store_true",
+                   help="periods are UTC hours, days... (default: local time)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="delete nothing; list what would be deleted and why the rest is kept")
+    p.add_argument("--no-prune", dest="prune", action="store_false", default=True,
+                   help="only delete; leave the space to a later `snapstore compact`")
 
 
 def cmd_init(args) -> int:
@@ -84,20 +142,62 @@ def cmd_tag(args) -> int:
 
 
 def cmd_retain(args) -> int:
-    if args.keep_last is None and args.keep_every is None:
-        raise UsageError("retain needs --keep-last N and/or --keep-every K")
-    with open_store(args, write=True) as store:
+    rules = {name: getattr(args, name) for name in RETAIN_RULES}
+    if all(v is None for v in rules.values()):
+        raise UsageError("retain needs at least one rule: --keep-last N, --keep-every K, "
+                         "--keep-within DURATION or --keep-hourly/daily/weekly/monthly/yearly N")
+    if not args.stream and not args.all_streams:
+        raise UsageError("retain needs --stream NAME (repeatable) or --all-streams")
+    rules.update(keep_tagged=args.keep_tagged, tz=datetime.timezone.utc if args.utc else None)
+    with open_store(args, write=not args.dry_run) as store:
         fn = need(store, "retain")
-        streams = args.stream or store.streams()
-        deleted = {}
-        for s in streams:
-            deleted[s] = list(fn(s, keep_last=args.keep_last, keep_every=args.keep_every,
-                                 keep_tagged=args.keep_tagged))
+        streams = list(dict.fromkeys(args.stream)) or store.streams()
+        plans = {s: fn(s, dry_run=True, **rules) for s in streams}
+        results = plans
+        if not args.dry_run:
+            # one prune for all: on the last stream that deletes anything
+            doomed = [s for s in streams if plans[s]]
+            results = {s: fn(s, prune=args.prune and s == doomed[-1], **rules) if plans[s]
+                       else plans[s] for s in streams}
+    report = retain_report(streams, results, args.dry_run)
     if args.json:
-        print_json({"deleted": deleted,
-                    "deleted_count": sum(len(v) for v in deleted.values())})
+        print_json(report)
     else:
-        for s, ids in deleted.items():
-            print(f"{printable(s)}: deleted {len(ids)} checkpoint(s)"
-                  + (f": {', '.join(map(str, ids))}" if ids else ""))
+        print_retain(report)
     return EXIT_OK
+
+
+def retain_report(streams: list, results: dict, dry_run: bool) -> dict:
+    """The JSON document of `retain`: per stream what went (or would go) and what stays and
+    why, and the space before and after (the first real run's before, the last one's after)."""
+    real = [results[s] for s in streams if results[s] and not dry_run]
+    before = real[0].bytes_before if real else (results[streams[0]].bytes_before
+                                                if streams else None)
+    after = None if dry_run else (real[-1].bytes_after if real else before)
+    pruned = [r.compaction for r in real if r.compaction is not None]
+    return {"dry_run": dry_run,
+            "deleted": {s: list(results[s]) for s in streams},
+            "deleted_count": sum(len(results[s]) for s in streams),
+            "kept": {s: {str(i): why for i, why in results[s].kept.items()} for s in streams},
+            "bytes_before": before, "bytes_after": after,
+            "bytes_freed": None if after is None or before is None else before - after,
+            "compaction": pruned[-1] if pruned else None}
+
+
+def print_retain(report: dict) -> None:
+    verb = "would delete" if report["dry_run"] else "deleted"
+    if not report["deleted"]:
+        print("the store has no streams: nothing to do")
+    for s, ids in report["deleted"].items():
+        print(f"{printable(s)}: {verb} {len(ids)} checkpoint(s)"
+              + (f": {', '.join(map(str, ids))}" if ids else ""))
+        for cid, why in report["kept"][s].items() if report["dry_run"] else ():
+            print(f"  keep {cid}: {', '.join(why)}")
+    if report["dry_run"]:
+        print("dry run: nothing was deleted")
+    elif report["bytes_freed"] is not None:
+        how = "pruned" if report["compaction"] else "not pruned; run `snapstore compact`" \
+            if report["deleted_count"] else "nothing to prune"
+        print(f"space: {human_bytes(report['bytes_before'])} -> "
+              f"{human_bytes(report['bytes_after'])} "
+              f"({human_bytes(report['bytes_freed'])} freed; {how})")

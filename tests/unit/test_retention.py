@@ -1,0 +1,335 @@
+"""Retention (issue 15): the pure policy (snapstore.engine.retention) on hand-made cases, and
+Store.retain end to end: time rules, dry_run, the prune in the same step, RetainResult, bad
+arguments, and the README's training loop staying bounded on disk.
+(The policy against a pure-Python reference: tests/property/test_retention_property.py.)"""
+from __future__ import annotations
+
+import datetime
+import time
+
+import numpy as np
+import pytest
+
+import snapstore
+from snapstore.bench.measuring import disk_usage
+from snapstore.engine import retention as rt
+from snapstore.engine.retention import Candidate, Policy, parse_duration, plan
+from snapstore.errors import (CheckpointNotFound, InvalidArgumentError, InvalidArgumentTypeError,
+                              ReadOnlyError, StoreClosedError)
+from snapstore.store import RetainResult
+
+UTC = datetime.timezone.utc
+HOUR, DAY = 3600, 86400
+T0 = datetime.datetime(2026, 3, 2, 0, 0, tzinfo=UTC).timestamp()     # a Monday, 00:00 UTC
+
+
+def cands(times, tagged=()):
+    """Candidates with ids and seqs 1..n at the given times (seconds after T0)."""
+    return [Candidate(i, i, T0 + t, i in tagged) for i, t in enumerate(times, 1)]
+
+
+# ---- durations --------------------------------------------------------------------------------
+@pytest.mark.parametrize("text,seconds", [
+    (0, 0), (90, 90), (1.5, 1.5), ("90", 90), ("90s", 90), ("90m", 5400), ("36h", 36 * HOUR),
+    ("7d", 7 * DAY), ("2w", 14 * DAY), ("1y", 365 * DAY), ("1d12h", 36 * HOUR),
+    (" 1.5h ", 5400), ("1H", HOUR), (datetime.timedelta(hours=2), 2 * HOUR)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "h", "1x", "1mo", "1 d", "-1d", "d1", "1d-", "nan", "inf",
+                                 -1, float("nan"), float("inf"), 10 ** 400, "1" * 400 + "y",
+                                 datetime.timedelta(seconds=-1)])
+def test_parse_duration_rejects(bad):
+    with pytest.raises(InvalidArgumentError):
+        parse_duration(bad)
+
+
+@pytest.mark.parametrize("bad", [None, True, [1], b"1d"])
+def test_parse_duration_rejects_types(bad):
+    with pytest.raises(InvalidArgumentTypeError):
+        parse_duration(bad)
+
+
+# ---- the policy -----------------------------------------------------------------------------
+def test_policy_needs_a_rule_and_checks_each():
+    for kw in [dict(), dict(keep_tagged=True), dict(keep_tagged=False)]:
+        with pytest.raises(InvalidArgumentError, match="at least one keep rule"):
+            Policy.of(**kw)
+    for name in ("keep_last", "keep_hourly", "keep_daily", "keep_weekly", "keep_monthly",
+                 "keep_yearly"):
+        for bad in (-1, 1.5, "2", True):
+            with pytest.raises(InvalidArgumentError, match=name):
+                Policy.of(**{name: bad})
+        assert getattr(Policy.of(**{name: 0}), name) == 0       # 0 is a rule (keeps none)
+    with pytest.raises(InvalidArgumentError, match="keep_every"):
+        Policy.of(keep_every=0)
+    with pytest.raises(InvalidArgumentError, match="keep_within"):
+        Policy.of(keep_within="7 days")
+    with pytest.raises(InvalidArgumentTypeError, match="tz"):
+        Policy.of(keep_last=1, tz="UTC")
+    with pytest.raises(InvalidArgumentTypeError, match="keep_tagged"):
+        Policy.of(keep_last=1, keep_tagged="yes")
+
+
+def test_plan_empty_and_one():
+    for rules in (dict(keep_last=0), dict(keep_daily=3), dict(keep_within=0)):
+        assert plan([], Policy.of(**rules)) == {}
+    one = cands([5])
+    assert plan(one, Policy.of(keep_last=0)) == {}
+    assert plan(one, Policy.of(keep_last=5)) == {1: ["last"]}
+    assert plan(one, Policy.of(keep_within=0)) == {1: ["within"]}
+    assert plan(one, Policy.of(keep_yearly=1, tz=UTC)) == {1: ["yearly"]}
+
+
+def test_plan_keep_last_more_than_there_are_keeps_all():
+    c = cands([0, 1, 2])
+    assert plan(c, Policy.of(keep_last=10)) == {1: ["last"], 2: ["last"], 3: ["last"]}
+
+
+def test_plan_daily_keeps_newest_of_each_of_the_last_days_with_checkpoints():
+    # day 0: 3 checkpoints, day 1: none, day 2: 2, day 5: 1
+    times = [1 * HOUR, 5 * HOUR, 23 * HOUR, 2 * DAY + HOUR, 2 * DAY + 2 * HOUR, 5 * DAY]
+    c = cands(times)
+    assert plan(c, Policy.of(keep_daily=2, tz=UTC)) == {5: ["daily"], 6: ["daily"]}
+    assert plan(c, Policy.of(keep_daily=3, tz=UTC)) == {3: ["daily"], 5: ["daily"],
+                                                         6: ["daily"]}
+    assert set(plan(c, Policy.of(keep_daily=99, tz=UTC))) == {3, 5, 6}
+    assert plan(c, Policy.of(keep_hourly=4, tz=UTC)) == {
+        3: ["hourly"], 4: ["hourly"], 5: ["hourly"], 6: ["hourly"]}
+    # weeks start on Monday (ISO): T0 is a Monday, day 5 is the same week
+    assert plan(c, Policy.of(keep_weekly=5, tz=UTC)) == {6: ["weekly"]}
+    assert plan(c, Policy.of(keep_monthly=1, keep_yearly=1, tz=UTC)) == {6: ["monthly",
+                                                                              "yearly"]}
+
+
+def test_plan_weekly_monthly_yearly_boundaries():
+    sunday_late = 6 * DAY + 23 * HOUR               # Sunday 23:00, week 10
+    monday = 7 * DAY                                # next Monday 00:00, week 11
+    c = cands([sunday_late, monday])
+    assert set(plan(c, Policy.of(keep_weekly=2, tz=UTC))) == {1, 2}
+    assert set(plan(c, Policy.of(keep_weekly=1, tz=UTC))) == {2}
+    eom = datetime.datetime(2026, 3, 31, 23, 59, tzinfo=UTC).timestamp() - T0
+    nye = datetime.datetime(2026, 12, 31, 23, 0, tzinfo=UTC).timestamp() - T0
+    ny = datetime.datetime(2027, 1, 1, 1, 0, tzinfo=UTC).timestamp() - T0
+    c = cands([0, eom, eom + 120, nye, ny])
+    assert set(plan(c, Policy.of(keep_monthly=10, tz=UTC))) == {2, 3, 4, 5}
+    assert set(plan(c, Policy.of(keep_yearly=10, tz=UTC))) == {4, 5}
+
+
+def test_plan_time_zone_moves_the_day_boundary():
+    c = cands([22 * HOUR, 23 * HOUR + 30 * 60])     # Monday 22:00 and 23:30 UTC
+    assert set(plan(c, Policy.of(keep_daily=2, tz=UTC))) == {2}
+    plus1 = datetime.timezone(datetime.timedelta(hours=1))   # 23:00 Monday, 00:30 Tuesday
+    assert set(plan(c, Policy.of(keep_daily=2, tz=plus1))) == {1, 2}
+
+
+@pytest.mark.skipif(not hasattr(time, "tzset"), reason="needs time.tzset")
+def test_plan_default_is_local_time(monkeypatch):
+    c = cands([22 * HOUR, 23 * HOUR + 30 * 60])
+    monkeypatch.setenv("TZ", "Asia/Kolkata")        # UTC+5:30, no DST
+    time.tzset()
+    try:
+        if time.localtime(T0).tm_gmtoff != 19800:
+            pytest.skip("no time zone database")
+        # 03:30 and 05:00 Tuesday local: one day, one kept
+        assert set(plan(c, Policy.of(keep_daily=2))) == {2}
+        c2 = cands([18 * HOUR, 19 * HOUR])          # 23:30 Monday and 00:30 Tuesday local
+        assert set(plan(c2, Policy.of(keep_daily=2))) == {1, 2}
+        assert set(plan(c2, Policy.of(keep_daily=2, tz=UTC))) == {2}
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_plan_within_is_measured_from_the_newest_checkpoint_not_now():
+    c = cands([0, DAY, 2 * DAY, 3 * DAY])           # in 2026: long ago or far ahead, no matter
+    assert set(plan(c, Policy.of(keep_within="1d"))) == {3, 4}       # >= newest - 1d
+    assert set(plan(c, Policy.of(keep_within=DAY - 1))) == {4}
+    assert set(plan(c, Policy.of(keep_within="1y"))) == {1, 2, 3, 4}
+
+
+def test_plan_reasons_list_every_rule_in_order_and_tags():
+    c = cands([0, HOUR, 2 * HOUR, 3 * HOUR], tagged={1})
+    got = plan(c, Policy.of(keep_last=1, keep_every=2, keep_within="1h", keep_hourly=1,
+                            keep_daily=1, tz=UTC))
+    assert got == {1: ["tagged"], 2: ["every"], 3: ["within"],
+                   4: ["last", "every", "within", "hourly", "daily"]}
+    assert 1 not in plan(c, Policy.of(keep_last=1, keep_tagged=False))
+    assert list(rt.RULES) == ["last", "every", "within", "hourly", "daily", "weekly",
+                              "monthly", "yearly", "tagged"]
+
+
+def test_plan_period_rules_follow_time_not_seq_when_the_clock_went_back():
+    # seq 3 was taken after a clock step back: by time it is the oldest
+    c = [Candidate(1, 1, T0 + 10 * HOUR, False), Candidate(2, 2, T0 + 30 * HOUR, False),
+         Candidate(3, 3, T0 + 1 * HOUR, False)]
+    assert set(plan(c, Policy.of(keep_daily=1, tz=UTC))) == {2}
+    assert set(plan(c, Policy.of(keep_last=1))) == {3}
+
+
+# ---- Store.retain -----------------------------------------------------------------------------
+def data(i, seed=0, size=64 << 10):
+    return np.random.default_rng([seed, i]).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+DATA = [data(i) for i in range(8)]
+
+
+def fill(s, n, stream="t", seed=0):
+    """n checkpoints of 64 KiB random bytes (data(i, seed)) in stream."""
+    return [s.checkpoint({"a": data(i, seed)}, stream) for i in range(n)]
+
+
+def test_retain_result_is_the_old_list_plus_a_report(store):
+    infos = fill(store, 6)
+    r = store.retain("t", keep_last=2, keep_every=3)
+    assert isinstance(r, RetainResult) and isinstance(r, list)
+    assert r == [infos[i].id for i in (0, 1, 3)] == r.deleted
+    assert r.kept == {infos[2].id: ["every"], infos[4].id: ["last"],
+                      infos[5].id: ["last", "every"]}
+    assert not r.dry_run
+    assert r.compaction is not None and r.compaction["bytes_returned"] > 0
+    assert r.bytes_freed == r.bytes_before - r.bytes_after > 3 * (64 << 10) * 0.9
+    st = store.stats()
+    assert r.bytes_after == st["segment_bytes"] + st["index_bytes"]
+    rep = r.report()
+    assert rep["deleted"] == list(r) and rep["bytes_freed"] == r.bytes_freed
+    assert rep["kept"] == {str(k): v for k, v in r.kept.items()}
+    assert [c.id for c in store.checkpoints("t")] == [infos[i].id for i in (2, 4, 5)]
+    assert store.verify(deep=True)["ok"]
+    for i in (2, 4, 5):
+        assert store.restore(infos[i].id) == {"a": DATA[i]}
+
+
+def test_retain_twice_second_run_deletes_nothing_and_does_not_prune(store):
+    fill(store, 5)
+    first = store.retain("t", keep_last=2)
+    assert len(first) == 3 and first.compaction is not None
+    again = store.retain("t", keep_last=2)
+    assert again == [] and again.compaction is None and again.bytes_freed == 0
+
+
+def test_retain_dry_run_deletes_nothing_and_predicts_the_real_run(store):
+    infos = fill(store, 7)
+    store.tag(infos[0].id, "keep")
+    rules = dict(keep_last=2, keep_every=3, keep_within=0, keep_daily=1)
+    before = store.checkpoints("t")
+    dry = store.retain("t", dry_run=True, **rules)
+    assert dry.dry_run and dry.bytes_after is None and dry.bytes_freed is None
+    assert dry.compaction is None
+    assert store.checkpoints("t") == before
+    real = store.retain("t", **rules)
+    assert list(real) == list(dry) and real.kept == dry.kept and len(real) == 3
+    assert dry.kept[infos[0].id] == ["tagged"]
+
+
+def test_retain_dry_run_works_read_only_and_a_real_run_does_not(store_path):
+    with snapstore.open(store_path, durability="none") as s:
+        fill(s, 3)
+    with snapstore.open(store_path, readonly=True) as r:
+        assert len(r.retain("t", keep_last=1, dry_run=True)) == 2
+        with pytest.raises(ReadOnlyError):
+            r.retain("t", keep_last=1)
+        assert len(r.checkpoints("t")) == 3
+
+
+def test_retain_no_prune_leaves_space_for_compact(store):
+    fill(store, 4)
+    r = store.retain("t", keep_last=1, prune=False)
+    assert len(r) == 3 and r.compaction is None
+    assert r.bytes_freed < (64 << 10)                  # nothing came back yet
+    assert store.compact()["bytes_returned"] > 3 * (64 << 10) * 0.9
+
+
+def test_retain_time_rules_on_a_real_store(store):
+    infos = fill(store, 4)
+    assert store.retain("t", keep_within="1h", dry_run=True) == []
+    assert store.retain("t", keep_daily=1, dry_run=True) == [c.id for c in infos[:3]]
+    assert store.retain("t", keep_within=0, keep_yearly=1, tz=datetime.timezone.utc) \
+        == [c.id for c in infos[:3]]
+    assert [c.id for c in store.checkpoints("t")] == [infos[3].id]
+
+
+def test_retain_keeps_other_streams_and_tolerates_unknown_and_empty(store):
+    a = fill(store, 3, "a")
+    b = fill(store, 3, "b", seed=1)
+    r = store.retain("no-such-stream", keep_last=0)
+    assert r == [] and r.kept == {} and r.compaction is None
+    assert store.retain("a", keep_last=0) == [c.id for c in a]
+    assert [c.id for c in store.checkpoints("b")] == [c.id for c in b]
+    assert store.checkpoints("a") == []
+    assert store.retain("a", keep_last=0) == []      # the stream is now empty
+    assert store.verify(deep=True)["ok"]
+
+
+def test_retain_all_kept(store):
+    infos = fill(store, 3)
+    r = store.retain("t", keep_last=3)
+    assert r == [] and set(r.kept) == {c.id for c in infos} and r.compaction is None
+
+
+def test_retain_bad_values_delete_nothing(store):
+    fill(store, 3)
+    bad = [dict(), dict(keep_tagged=False), dict(keep_daily=-1), dict(keep_hourly=1.0),
+           dict(keep_within="soon"), dict(keep_within=-5), dict(keep_weekly="1"),
+           dict(keep_last=1, dry_run="no"), dict(keep_last=1, prune=2),
+           dict(keep_last=1, tz="Europe/Paris"), dict(keep_monthly=True)]
+    for kw in bad:
+        with pytest.raises(InvalidArgumentError):
+            store.retain("t", **kw)
+    assert len(store.checkpoints("t")) == 3
+
+
+def test_retain_after_close_is_a_clear_error(store_path):
+    s = snapstore.open(store_path, durability="none")
+    fill(s, 2)
+    s.close()
+    for kw in (dict(keep_last=1), dict(keep_last=1, dry_run=True)):
+        with pytest.raises(StoreClosedError, match="closed"):
+            s.retain("t", **kw)
+
+
+def test_retain_all_or_none_when_a_doomed_checkpoint_vanished(store, monkeypatch):
+    infos = fill(store, 4)
+    real_checkpoints = store.checkpoints
+
+    def stale(stream=None):        # the snapshot still lists infos[0]; it is already gone
+        out = real_checkpoints(stream)
+        store.delete(infos[0].id)
+        return out
+    monkeypatch.setattr(store, "checkpoints", stale)
+    with pytest.raises(CheckpointNotFound):
+        store.retain("t", keep_last=1)
+    monkeypatch.undo()
+    assert [c.id for c in store.checkpoints("t")] == [c.id for c in infos[1:]]
+
+
+# ---- the README's training loop ----------------------------------------------------------
+def readme_loop(path, prune, saves=12, keep_last=3, size=2 << 20):
+    """store.save of a dense state (every byte changes), retain(keep_last) after each save;
+    returns the store's bytes on disk after each retain."""
+    rng = np.random.default_rng(1)
+    w = np.empty(size, dtype=np.uint8)
+    sizes = []
+    with snapstore.open(path, durability="none") as s:
+        for step in range(saves):
+            w[:] = rng.integers(0, 256, size, dtype=np.uint8)
+            s.save({"w": w, "step": step}, "train")
+            s.retain("train", keep_last=keep_last, prune=prune)
+            sizes.append(disk_usage(path))
+        assert len(s.checkpoints("train")) == keep_last
+        assert np.array_equal(s.load("train")["w"], w)
+    return sizes
+
+
+def test_readme_training_loop_stays_bounded(tmp_path):
+    state, keep_last = 2 << 20, 3
+    sizes = readme_loop(str(tmp_path / "pruned"), prune=True)
+    # compact()'s default (threshold 0.5) rewrites a segment once less than half of it is
+    # live: at most 2x the kept checkpoints, plus the index; and no growth with more saves
+    bound = (2 * keep_last + 0.5) * state + (1 << 20)
+    assert max(sizes) <= bound, [s / state for s in sizes]
+    assert max(sizes[-4:]) <= max(sizes[:8]) + (256 << 10)
+    grown = readme_loop(str(tmp_path / "unpruned"), prune=False)
+    assert grown[-1] > 11 * state > bound        # what the loop did before retain pruned
