@@ -1,6 +1,7 @@
 # snapstore: one entry point for set-up, demo, tests, sanitizers and benchmarks.
 #   make demo   install what is needed, build, run the demo (checkpoint, mutate, restore)
 #   make test   install what is needed, build, run the whole test suite (what CI runs)
+#   make dist-check  build the sdist and wheel, install the sdist in a fresh virtualenv, smoke-test it
 PYTHON ?= python3
 PYTEST ?= $(PYTHON) -m pytest
 ASAN_LIB := $(shell gcc -print-file-name=libasan.so 2>/dev/null)
@@ -11,7 +12,11 @@ ASAN_DIR := build/asan
 ASAN_ENV := LD_PRELOAD="$(ASAN_LIB) $(UBSAN_LIB)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: deps test-deps build demo test test-fast asan bench clean
+DIST_DIR := build/dist
+DIST_VENV := build/dist-venv
+PIP_VENV := $(PYTHON) -m pip --disable-pip-version-check --python $(DIST_VENV)/bin/python
+
+.PHONY: deps test-deps build demo test test-fast asan dist dist-check bench clean
 
 deps:  ## system header + Python packages (idempotent)
 	@test -f /usr/include/xxhash.h || { apt-get update -qq && apt-get install -y -qq libxxhash-dev; }
@@ -26,8 +31,8 @@ build: deps
 demo: build
 	$(PYTHON) examples/demo.py
 
-test: build test-deps asan
-	$(PYTEST) -q tests
+test: build test-deps asan dist-check
+	SNAPSTORE_DIST_DIR=$(CURDIR)/$(DIST_DIR) $(PYTEST) -q tests
 
 test-fast:  ## tests without re-installing (developer loop)
 	$(PYTEST) -q -x tests
@@ -46,6 +51,20 @@ asan: deps  ## C core built with AddressSanitizer + UBSan, running the C-core te
 	  "import snapstore._ffi as m; assert '/$(ASAN_DIR)/pkg/' in m.__file__, m.__file__"
 	cd $(ASAN_DIR)/pkg && $(ASAN_ENV) $(PYTEST) -q -p no:cacheprovider \
 	  --rootdir=$(CURDIR) -c $(CURDIR)/pyproject.toml $(addprefix $(CURDIR)/,$(NATIVE_TESTS))
+
+dist: deps  ## the sdist, and the wheel pip builds from it, into build/dist
+	rm -rf $(DIST_DIR) $(DIST_VENV)
+	$(PYTHON) -m build --sdist --outdir $(DIST_DIR) .
+	$(PYTHON) -m venv --without-pip $(DIST_VENV)
+	$(PIP_VENV) wheel -q --no-deps -w $(DIST_DIR) $(DIST_DIR)/snapstore-*.tar.gz
+
+dist-check: dist  ## the sdist's wheel installed in a fresh virtualenv, smoke-tested outside the tree
+	@# What `pip install snapstore-*.tar.gz` does, in two steps so the wheel is kept: pip
+	@# builds the wheel from the sdist (isolated build), then installs it with its
+	@# dependencies. tests/unit/test_packaging.py checks both files' contents (`make test`
+	@# passes it SNAPSTORE_DIST_DIR, so they are built once).
+	$(PIP_VENV) install -q $(DIST_DIR)/snapstore-*.whl
+	cd $(DIST_VENV) && bin/python $(CURDIR)/tests/dist_smoke.py
 
 bench: build  ## benchmarks (not part of `make test`)
 	$(PYTHON) benchmarks/bench_kernels.py

@@ -22,7 +22,8 @@ Methods: "snapstore" (the store; ``durability``, ``chunking``, ``compression`` a
 durability is "fsync"); "pickle" (pickle.dump of the whole {name: bytearray} state, protocol 5,
 to one file per checkpoint, + fsync); "numpy" (numpy.save of every buffer into one file per
 checkpoint, + fsync; when numpy is importable); "restic" / "borg" (the state written to a file,
-then ``restic backup`` / ``borg create`` of it; when the tool is on PATH). Baselines keep every
+then ``restic backup`` / ``borg create`` of it; when the tool is on PATH and asked for: the
+default methods, ``runner.DEFAULT_METHODS``, leave these peers out). Baselines keep every
 checkpoint (one file each), as a snapshot store must to restore old states.
 
 Figures per method (keys of the result dicts, see ``runner.METRIC_KEYS``): caller-blocked
@@ -35,9 +36,12 @@ over its RSS before the call - C allocations included, unlike tracemalloc (for r
 the tool process's own peak RSS, from wait4). Baseline dicts carry ``vs_snapstore``: their
 figure divided by snapstore's (so 30.0 means the baseline costs 30x what snapstore does).
 
+``runner.plan(workloads, methods)`` says before a run which methods run, how many progress
+steps it makes and roughly how long it takes.
+
 Modules: workloads (the state and its changes), measuring (timers, memory, disk, machine),
 methods (snapstore and the in-process baselines), peers (restic, borg), runner (running
-workloads), report (table, plot, JSON), errors (BenchError).
+workloads, plans), report (table, plot, JSON), errors (BenchError).
 """
 from snapstore.bench.errors import BenchError
 from snapstore.bench.report import format_table, plot, to_json

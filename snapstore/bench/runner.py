@@ -1,13 +1,14 @@
 """Running workloads: every method on the same state, interleaved step by step
 (run_workload), several workloads with a description of the machine (run), the ratios to
-snapstore (add_ratios), and which methods can run here (available_methods)."""
+snapstore (add_ratios), which methods can run here (available_methods) and what a run will do
+and roughly how long it takes, before it starts (plan)."""
 from __future__ import annotations
 
 import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
 from snapstore.bench.errors import BenchError
@@ -22,6 +23,12 @@ from snapstore.bench.workloads import Workload, digest, make_state, mutate
 METHOD_CLASSES = {c.name: c for c in (SnapstoreMethod, RawMethod, PickleMethod, NumpyMethod,
                                       ResticMethod, BorgMethod)}
 METHODS = tuple(METHOD_CLASSES)
+# Peers: backup tools run as child processes (restic, borg). Each of their checkpoints and
+# restores passes the whole state through the tool, which made the default run take 74 s
+# when both were installed; so they run only when asked for (--peers, or named in --methods).
+PEERS = tuple(n for n, c in METHOD_CLASSES.items() if c.external)
+# What a run measures when no methods are named: snapstore and the in-process baselines.
+DEFAULT_METHODS = tuple(n for n in METHODS if n not in PEERS)
 
 # Keys of every method's result dict (None where not measured); "vs_snapstore" maps the
 # ratio keys below to baseline / snapstore.
@@ -42,9 +49,17 @@ RATIO_KEYS = {
 }
 
 
+def method_names(requested=None) -> list:
+    """The methods a run measures, in order: `requested` (default DEFAULT_METHODS) with
+    "snapstore" first, added when missing (every figure is relative to it)."""
+    names = list(DEFAULT_METHODS if requested is None else requested)
+    return ["snapstore"] + [n for n in names if n != "snapstore"]
+
+
 def available_methods(requested=None) -> dict:
-    """{method: None if it can run here, else the reason it cannot}."""
-    names = list(METHODS) if requested is None else list(requested)
+    """{method: None if it can run here, else the reason it cannot}, for `requested`
+    (default: DEFAULT_METHODS)."""
+    names = list(DEFAULT_METHODS) if requested is None else list(requested)
     out = {}
     for n in names:
         if n not in METHOD_CLASSES:
@@ -146,9 +161,7 @@ def run_workload(w: Workload, *, methods=None, workdir: Optional[str] = None,
     A baseline that fails (a tool's error, disk full...) is reported as failed, not fatal.
     """
     w.validate()
-    names = list(METHODS) if methods is None else list(methods)
-    if "snapstore" not in names:
-        names.insert(0, "snapstore")
+    names = method_names(methods)
     reasons = available_methods(names)     # validates names
     own = workdir is None
     workdir = tempfile.mkdtemp(prefix="snapstore-bench-") if own else workdir
@@ -250,12 +263,51 @@ def _close(method: Method) -> None:
         shutil.rmtree(method.dir, ignore_errors=True)
 
 
-def steps_per_workload(w: Workload, methods) -> int:
-    """How many tick() calls run_workload makes (for a progress bar)."""
-    runnable = [m for m, why in available_methods(methods).items() if why is None]
-    if "snapstore" not in runnable:
-        runnable.append("snapstore")
-    return len(runnable) * (w.checkpoints + 1 + 2 * w.restore_repeats)
+# Rates of the rough duration estimate (plan().seconds), from runs on a 2-cpu cloud VM with an
+# ext4 disk (the default run: ~40 s; with restic and borg: 74 s): fsync'd full-state writes,
+# cold-cache full-state reads, a peer tool's pass over the state (restic / borg: chunk, hash,
+# compress; or restore) and building the random state.
+WRITE_RATE = 200 << 20
+READ_RATE = 400 << 20
+PEER_RATE = 300 << 20
+BUILD_RATE = 300 << 20
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What run() will do, known before it starts: the methods that run (snapstore first),
+    those skipped {name: why}, the number of progress steps (tick() calls) and a rough
+    duration estimate in seconds (the WRITE/READ/PEER/BUILD_RATE model: a loaded machine or
+    a slow disk takes longer)."""
+    methods: tuple
+    skipped: dict
+    steps: int
+    seconds: float
+
+
+def _method_seconds(w: Workload, name: str) -> float:
+    """Estimated seconds one method spends on workload w: its checkpoints and restores."""
+    restored = 2 * w.restore_repeats * w.size
+    if name == "snapstore":      # one full checkpoint, then only the dirty part
+        return (w.size + w.size * w.dirty * w.checkpoints) / WRITE_RATE + restored / READ_RATE
+    passes = (w.checkpoints + 1) * w.size
+    if name in PEERS:            # the state file is written, then the tool passes over it
+        return passes / WRITE_RATE + (passes + restored) / PEER_RATE
+    return passes / WRITE_RATE + restored / READ_RATE   # in-process baselines: full copies
+
+
+def plan(workloads, methods=None) -> Plan:
+    """The Plan of run(workloads, methods=methods): which methods run, how many progress
+    steps, and about how long it takes. Validates the workloads and method names."""
+    workloads = [w.validate() for w in workloads]
+    names = method_names(methods)
+    reasons = available_methods(names)
+    runnable = tuple(n for n in names if reasons[n] is None or n == "snapstore")
+    steps = sum(len(runnable) * (w.checkpoints + 1 + 2 * w.restore_repeats) for w in workloads)
+    seconds = sum(w.size / BUILD_RATE + sum(_method_seconds(w, n) for n in runnable)
+                  for w in workloads)
+    return Plan(methods=runnable, skipped={n: r for n, r in reasons.items() if r},
+                steps=steps, seconds=seconds)
 
 
 def run(workloads, *, methods=None, workdir: Optional[str] = None,
@@ -272,7 +324,7 @@ def run(workloads, *, methods=None, workdir: Optional[str] = None,
             "command": list(sys.argv if argv is None else argv),
             "started": started,
             "methods": {m: (why or "ok") for m, why in available_methods(
-                list(METHODS) if methods is None else methods).items()},
+                method_names(methods)).items()},
             "workloads": [run_workload(w, methods=methods, workdir=base, tick=tick)
                           for w in workloads],
         }

@@ -21,7 +21,7 @@ from snapstore.cli import (bench_cmd, diff_cmd, inspect_cmds, maintain_cmds, res
 from snapstore.cli.args import Parser, add_global_options, command_options
 from snapstore.cli.common import (EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, PROG, STORE_ENV, Problem,
                                   UsageError)
-from snapstore.cli.output import terminal_safe_output
+from snapstore.cli.output import print_json, terminal_safe_output
 from snapstore.version import __version__
 
 EPILOG = f"""\
@@ -132,10 +132,12 @@ def main(argv: Optional[list] = None) -> int:
 def _run(argv: Optional[list]) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv or os.environ.get("SNAPSTORE_DEBUG", "") not in ("", "0")
+    as_json = "--json" in argv     # until the arguments are parsed
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
         debug = debug or args.debug
+        as_json = bool(args.json)
         if not getattr(args, "func", None):
             parser.print_help(sys.stderr)
             return EXIT_USAGE
@@ -156,14 +158,23 @@ def _run(argv: Optional[list]) -> int:
     except (UsageError, Problem, errors.SnapstoreError, OSError) as exc:
         if debug:
             traceback.print_exc()
-        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
-        return exit_code_for(exc)
+        return _error(_one_line(exc), exit_code_for(exc), as_json)
     except Exception as exc:   # a bug: say so, in one line unless --debug
         if debug:
             traceback.print_exc()
-        print(f"{PROG}: error: internal error: {type(exc).__name__}: {_one_line(exc)}"
-              + ("" if debug else " (run with --debug for the traceback)"), file=sys.stderr)
-        return EXIT_PROBLEM
+        return _error(f"internal error: {type(exc).__name__}: {_one_line(exc)}"
+                      + ("" if debug else " (run with --debug for the traceback)"),
+                      EXIT_PROBLEM, as_json)
+
+
+def _error(message: str, status: int, as_json: bool) -> int:
+    """Reports an error: one `snapstore: error:` line on stderr and, with --json, the document
+    {"error": message, "exit_status": status} on stdout (so a program reading stdout gets JSON
+    either way). Returns status."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    if as_json:
+        print_json({"error": message, "exit_status": status})
+    return status
 
 
 if __name__ == "__main__":   # pragma: no cover

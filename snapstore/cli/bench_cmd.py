@@ -12,6 +12,10 @@ from snapstore.bench import measuring, runner, workloads
 from snapstore.cli.args import (choice_list, command_options, count_arg, fraction_list,
                                 size_arg)
 from snapstore.cli.common import EXIT_OK, PROG, Problem, UsageError, progress
+from snapstore.formatting import human_seconds
+
+# A run whose plan is estimated to take at least this long says so before it starts.
+ESTIMATE_NOTICE_SECONDS = 20
 
 
 def add_bench(add) -> None:
@@ -20,12 +24,14 @@ def add_bench(add) -> None:
             description=textwrap.fill(
                 "Measures snapstore's checkpoint overhead on a synthetic state, and the same "
                 "figures for baselines run in this process on the same bytes: raw file write, "
-                "pickle, numpy.save (each + fsync with --durability fsync), and restic / borg "
-                "when they are on PATH. Every combination of --dirty and --pattern is one "
-                "workload. The default (256 MiB, 1% scattered, 5 checkpoints) takes well "
-                "under a minute.", 88) +
+                "pickle, numpy.save (each + fsync with --durability fsync), and, with --peers, "
+                "restic / borg when they are on PATH. Every combination of --dirty and "
+                "--pattern is one workload. The default (256 MiB, 1% scattered, 5 checkpoints, "
+                "no peers) takes well under a minute; a run estimated to take longer than "
+                f"{ESTIMATE_NOTICE_SECONDS} s says so on stderr before it starts.", 88) +
             "\n\nexamples:\n  snapstore bench --size 1GiB                 # the 1 GiB run"
             "\n  snapstore bench --dirty 0.001,0.01,0.1,0.5 --plot overhead.png"
+            "\n  snapstore bench --peers                     # also restic and borg"
             "\n  snapstore bench --pattern shifted --chunking cdc --json > result.json")
     p.add_argument("--size", type=size_arg, default=workloads.DEFAULT_SIZE,
                    help="state size (default 256MiB)")
@@ -54,8 +60,12 @@ def add_bench(add) -> None:
     p.add_argument("--restore-repeats", type=count_arg, default=3, metavar="N",
                    help="time each restore N times and keep the median (default 3)")
     p.add_argument("--methods", type=choice_list(runner.METHODS), default=None,
-                   metavar="M[,M...]", help=f"methods to run (default all: "
-                   f"{','.join(runner.METHODS)}; unavailable ones are skipped)")
+                   metavar="M[,M...]", help=f"methods to run (default "
+                   f"{','.join(runner.DEFAULT_METHODS)}; unavailable ones are skipped)")
+    p.add_argument("--peers", action="store_true",
+                   help=f"also run the backup tools {' and '.join(runner.PEERS)} (when on "
+                   "PATH); each pass over the state through a tool takes seconds, so they are "
+                   "not in the default run")
     p.add_argument("--no-baselines", action="store_true", help="run snapstore only")
     p.add_argument("--dir", default=None, help="where to write (default: the temp dir); "
                    "use a real disk, not tmpfs")
@@ -66,6 +76,18 @@ def add_bench(add) -> None:
                    help="plot median checkpoint time vs dirty fraction (needs matplotlib)")
 
 
+def _methods(args):
+    """The methods to run from --methods / --peers / --no-baselines (None: the default)."""
+    if args.no_baselines:
+        if args.peers or args.methods:
+            raise UsageError("--no-baselines runs snapstore only: drop --peers / --methods")
+        return ["snapstore"]
+    if not args.peers:
+        return args.methods
+    chosen = list(runner.DEFAULT_METHODS if args.methods is None else args.methods)
+    return chosen + [p for p in runner.PEERS if p not in chosen]
+
+
 def cmd_bench(args) -> int:
     if args.plot:
         try:
@@ -73,7 +95,7 @@ def cmd_bench(args) -> int:
         except ImportError:
             raise Problem("--plot needs matplotlib, which is not installed "
                           "(pip install matplotlib); nothing was run") from None
-    methods = ["snapstore"] if args.no_baselines else args.methods
+    methods = _methods(args)
     loads = [bench.Workload(size=args.size, buffers=args.buffers, dirty=d, pattern=p,
                             checkpoints=args.checkpoints, durability=args.durability,
                             chunking=args.chunking, compression=args.compression,
@@ -81,10 +103,7 @@ def cmd_bench(args) -> int:
                             restore_repeats=args.restore_repeats)
              for p in args.pattern for d in args.dirty]
     try:
-        for w in loads:
-            w.validate()
-        if methods is not None:
-            bench.available_methods(methods)
+        plan = runner.plan(loads, methods)
     except bench.BenchError as exc:
         raise UsageError(str(exc)) from None
     if args.dir is not None and not os.path.isdir(args.dir):
@@ -94,8 +113,11 @@ def cmd_bench(args) -> int:
     if fs in ("tmpfs", "ramfs"):
         print(f"{PROG}: warning: {where} is on {fs}: fsync and disk figures are not those "
               "of a disk (use --dir on a real disk)", file=sys.stderr)
-    steps = sum(runner.steps_per_workload(w, methods) for w in loads)
-    with progress(args, steps, "bench", unit="steps") as bar:
+    if plan.seconds >= ESTIMATE_NOTICE_SECONDS:
+        print(f"{PROG}: bench: {len(plan.methods)} method(s) x {len(loads)} workload(s), "
+              f"about {human_seconds(plan.seconds)} (a rough estimate; longer on a busy "
+              "machine or a slow disk)", file=sys.stderr)
+    with progress(args, plan.steps, "bench", unit="steps") as bar:
         def tick(label: str) -> None:
             bar.label = f"bench {label}"
             bar.update(1)

@@ -1,0 +1,141 @@
+"""`snapstore bench` through the real console script: errors under --json come out as JSON,
+the default run leaves restic and borg out (they run with --peers) and is planned to take
+under a minute, and a long run says how long it will take before it starts."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+from cli_runner import cli_json, snapstore_cli
+
+from snapstore import bench
+from snapstore.bench import runner
+from snapstore.cli import bench_cmd
+from snapstore.cli import main as cli_main
+
+TINY = ("--size", "64KiB", "--buffers", "2", "--checkpoints", "1", "--durability", "none",
+        "--restore-repeats", "1")
+
+
+def _fake_tools(tmp_path, *names) -> dict:
+    """A PATH on which each named tool exists and fails loudly if it is ever run."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in names:
+        tool = bindir / name
+        tool.write_text("#!/bin/sh\necho ran >&2\nexit 3\n")
+        tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    return {"PATH": str(bindir) + os.pathsep + os.environ["PATH"]}
+
+
+# ---- errors as JSON ---------------------------------------------------------------------------
+@pytest.mark.parametrize("args,status,needle", [
+    (["--dirty", "2"], 2, "between 0 and 1"),
+    (["--methods", "tar"], 2, "invalid choice"),
+    (["--bogus"], 2, "unrecognized arguments"),
+    (["--dir", "/nonexistent/x"], 2, "not a directory"),
+    (["--no-baselines", "--peers"], 2, "--no-baselines"),
+])
+def test_json_errors_come_out_as_json(args, status, needle):
+    p = snapstore_cli("bench", *args, "--json")
+    assert p.returncode == status, (p.stdout, p.stderr)
+    doc = json.loads(p.stdout)                      # stdout is one JSON document
+    assert set(doc) == {"error", "exit_status"}
+    assert doc["exit_status"] == status and needle in doc["error"]
+    lines = p.stderr.splitlines()                   # and people still get the one line
+    assert len(lines) == 1 and lines[0] == f"snapstore: error: {doc['error']}"
+
+
+def test_a_problem_after_the_run_is_json_too(tmp_path):
+    """The measurements ran; writing the plot fails (exit 1): only the error is on stdout."""
+    pytest.importorskip("matplotlib")
+    p = snapstore_cli("bench", *TINY, "--no-baselines", "--plot",
+                      tmp_path / "missing" / "p.png", "--json", cwd=str(tmp_path))
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    doc = json.loads(p.stdout)
+    assert doc["exit_status"] == 1 and "p.png" in doc["error"]
+
+
+def test_without_json_errors_stay_off_stdout():
+    p = snapstore_cli("bench", "--dirty", "2")
+    assert p.returncode == 2 and p.stdout == "" and "between 0 and 1" in p.stderr
+
+
+def test_json_error_before_the_command_name():
+    p = snapstore_cli("--json", "nosuchcommand")
+    assert p.returncode == 2
+    assert json.loads(p.stdout)["exit_status"] == 2
+
+
+# ---- what the default run does ----------------------------------------------------------------
+def test_the_default_plan_leaves_peers_out_even_when_installed(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", _fake_tools(tmp_path, "restic", "borg")["PATH"])
+    assert runner.available_methods(["restic", "borg"]) == {"restic": None, "borg": None}
+    default = runner.plan([bench.Workload()])
+    assert default.methods == ("snapstore", "raw", "pickle", "numpy") == runner.DEFAULT_METHODS
+    assert default.skipped == {}
+    # The estimate of the default run is under a minute; the same run with both peers is
+    # not (it took 74 s): why the peers are opt-in.
+    assert 20 < default.seconds < 60
+    with_peers = runner.plan([bench.Workload()], runner.DEFAULT_METHODS + runner.PEERS)
+    assert with_peers.methods[-2:] == ("restic", "borg") and with_peers.seconds > 60
+    assert default.steps == 4 * (5 + 1 + 2 * 3)
+
+
+def test_plan_matches_what_run_does(tmp_path):
+    w = bench.Workload(size=1 << 16, buffers=2, checkpoints=2, durability="none",
+                       restore_repeats=1)
+    plan = runner.plan([w, w], ["raw", "restic"])
+    ticks = []
+    result = bench.run([w, w], methods=["raw", "restic"], workdir=str(tmp_path),
+                       tick=ticks.append)
+    assert len(ticks) == plan.steps
+    ran = {n for wl in result["workloads"] for n, r in wl["results"].items() if r["available"]}
+    assert ran == set(plan.methods) == {"snapstore", "raw"}
+    assert set(plan.skipped) == ({"restic"} if runner.available_methods(["restic"])["restic"]
+                                 else set())
+
+
+def test_plan_validates():
+    with pytest.raises(bench.BenchError, match="unknown method"):
+        runner.plan([bench.Workload()], ["tar"])
+    with pytest.raises(bench.BenchError, match="dirty"):
+        runner.plan([bench.Workload(dirty=2)])
+
+
+def test_cli_default_methods_and_peers(tmp_path):
+    env = _fake_tools(tmp_path, "restic", "borg")
+    doc = cli_json("bench", *TINY, env=env)
+    assert list(doc["methods"]) == ["snapstore", "raw", "pickle", "numpy"]
+    assert list(doc["workloads"][0]["results"]) == ["snapstore", "raw", "pickle", "numpy"]
+    # --peers adds them (here they fail at once: reported as failed, not fatal)
+    doc = cli_json("bench", *TINY, "--peers", "--methods", "snapstore,raw", env=env)
+    results = doc["workloads"][0]["results"]
+    assert list(results) == ["snapstore", "raw", "restic", "borg"]
+    assert results["restic"]["available"] is False and "failed" in results["restic"]["skipped"]
+
+
+def test_a_long_run_says_how_long_before_it_starts(monkeypatch, capsys):
+    monkeypatch.setattr(runner, "plan", lambda loads, methods=None: runner.Plan(
+        methods=("snapstore",), skipped={}, steps=1, seconds=75.0))
+
+    def stop(*a, **kw):
+        raise bench.BenchError("stopped by the test")
+    monkeypatch.setattr(bench, "run", stop)
+    assert cli_main(["bench", "--no-progress"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("snapstore: bench: 1 method(s) x 1 workload(s), about 1m15s")
+    assert err[1] == "snapstore: error: stopped by the test"
+
+
+def test_a_short_run_says_nothing_before_it_starts(tmp_path):
+    p = snapstore_cli("bench", *TINY, "--no-baselines", "--json")
+    assert p.returncode == 0 and p.stderr == ""
+    assert bench_cmd.ESTIMATE_NOTICE_SECONDS == 20
+
+
+def test_help_documents_peers_and_the_default():
+    out = snapstore_cli("bench", "--help").stdout
+    assert "--peers" in out and "restic" in out and "under a minute" in out
