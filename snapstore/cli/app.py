@@ -18,14 +18,15 @@ from typing import Optional
 from snapstore import errors
 from snapstore.cli import (bench_cmd, diff_cmd, inspect_cmds, maintain_cmds, restore_cmd,
                            write_cmds)
-from snapstore.cli.args import Parser, add_global_options, command_options
-from snapstore.cli.common import (EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, PROG, STORE_ENV, Problem,
-                                  UsageError)
+from snapstore.cli.args import (STORE_RULE, Parser, add_global_options,
+                                add_store_positional, command_options, parse_command_line)
+from snapstore.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, PROG, Problem, UsageError
 from snapstore.cli.output import terminal_safe_output
 from snapstore.version import __version__
 
 EPILOG = f"""\
-The store is given with -s/--store PATH (before or after the command) or ${STORE_ENV}.
+{STORE_RULE}
+
 Checkpoint ids are integers as shown by `ls`; `latest` is the newest checkpoint of the store
 and `latest:STREAM` the newest of one stream. Sizes accept suffixes K, M, G, T (powers of
 1024; KiB/MiB/... and KB/MB/... mean the same).
@@ -42,10 +43,11 @@ is a terminal (SNAPSTORE_PROGRESS=0 or --no-progress turns them off).
 
 examples:
   snapstore init ckpts
-  snapstore -s ckpts ls --stream train
-  snapstore -s ckpts diff 3 latest
+  snapstore ls ckpts --stream train --where 'step>=100'
+  snapstore show ckpts latest
+  snapstore diff ckpts 3 latest
   snapstore -s ckpts restore latest --out restored/
-  snapstore -s ckpts verify --deep --json
+  SNAPSTORE_STORE=ckpts snapstore verify --deep --json
   snapstore repair ckpts
   snapstore bench --size 1GiB --dirty 0.001,0.01,0.1 --plot overhead.png
 """
@@ -68,8 +70,10 @@ def exit_code_for(exc: BaseException) -> int:
     return EXIT_PROBLEM
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `snapstore` parser: global options, then one subparser per command (COMMANDS)."""
+def build_parser(store_positional: bool = True) -> argparse.ArgumentParser:
+    """The `snapstore` parser: global options, then one subparser per command (COMMANDS).
+    With store_positional, every command that opens a store takes the store as its first
+    positional argument (required: parse_command_line also parses without it)."""
     raw = argparse.RawDescriptionHelpFormatter
     parser = Parser(prog=PROG, description="snapstore: incremental snapshots of in-memory "
                     "state. Inspect, restore and maintain a store; benchmark checkpoint "
@@ -82,8 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name, help_, func, *, parents=(common,), description=None):
         """Adds the subparser of one command, running func(args) -> exit code."""
         p = sub.add_parser(name, help=help_, description=description or help_,
-                           parents=list(parents), formatter_class=raw)
-        p.set_defaults(func=func)
+                           parents=list(parents), formatter_class=raw,
+                           epilog=STORE_RULE if common in parents else None)
+        p.set_defaults(func=func, takes_store=common in parents)
+        if store_positional and common in parents:
+            add_store_positional(p)
         return p
 
     for add_command in COMMANDS:
@@ -107,11 +114,10 @@ def _run(argv: Optional[list]) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv or os.environ.get("SNAPSTORE_DEBUG", "") not in ("", "0")
     try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
+        args = parse_command_line(build_parser, argv)
         debug = debug or args.debug
         if not getattr(args, "func", None):
-            parser.print_help(sys.stderr)
+            build_parser().print_help(sys.stderr)
             return EXIT_USAGE
         return int(args.func(args))
     except KeyboardInterrupt:
