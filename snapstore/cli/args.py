@@ -94,6 +94,8 @@ def parse_command_line(build: Callable[[bool], argparse.ArgumentParser], argv: l
         chosen = with_store or without
     if chosen is without:
         if not (flag or env):
+            if err_with is not None and any(is_store_dir(t) for t in argv):
+                raise err_with                  # the store is there, an argument is missing
             raise UsageError(f"no store given: name it first (snapstore {without.command} "
                              f"STORE ...), or use -s/--store PATH or set ${STORE_ENV}")
         return _settled(without, "-s" if flag else None)

@@ -117,6 +117,7 @@ def test_no_store_given(store, tmp_path):
     # with no -s and no $SNAPSTORE_STORE the first argument is the store: say so
     cli_error(2, "rm", "1", "2", needles=("no snapstore store at 1", "first argument"))
     cli_error(2, "show", store, needles=("required",))
+    cli_error(2, "tag", store, "1", needles=("required",))      # the store, but no tag
 
 
 def test_one_argument_too_many_is_a_usage_error(store):
@@ -139,3 +140,33 @@ def test_help_documents_the_rule():
     assert "STORE" not in bench                       # bench has no store
     p = snapstore_cli("bench", "somewhere")
     assert p.returncode == 2 and "unrecognized arguments" in p.stderr
+
+
+# ---- the rule itself, in-process (fast): which argument is the store ---------------------------
+def _parse(argv, env=None):
+    from snapstore.cli.app import build_parser
+    from snapstore.cli.args import parse_command_line
+    return parse_command_line(build_parser, list(argv), environ=env or {})
+
+
+def test_rule_in_process(store, tmp_path):
+    from snapstore.cli.common import UsageError
+    other = make_store(tmp_path / "other", n=1)
+    a = _parse(["show", store, "7"])
+    assert (a.store, a.id, a.store_source) == (store, 7, "argument")
+    a = _parse(["show", "7"], env={"SNAPSTORE_STORE": other})
+    assert (a.store, a.id, a.store_source) == (None, 7, None)
+    a = _parse(["rm", "1", "2"], env={"SNAPSTORE_STORE": other})
+    assert (a.store, a.ids) == (None, [1, 2])
+    a = _parse(["rm", store, "2"], env={"SNAPSTORE_STORE": other})
+    assert (a.store, a.ids) == (store, [2])
+    a = _parse(["rm", "nostore", "2"])                  # no -s, no env: first is the store
+    assert (a.store, a.ids) == ("nostore", [2])
+    a = _parse(["-s", store, "rm", "1", "2"])
+    assert (a.store, a.ids, a.store_source) == (store, [1, 2], "-s")
+    assert not hasattr(a, "store_arg")
+    a = _parse(["bench", "--size", "4096"])
+    assert a.command == "bench" and a.store_source is None
+    for argv in (["show", "7"], ["-s", other, "show", store, "7"], ["ls", store, "x"]):
+        with pytest.raises(UsageError):
+            _parse(argv)
