@@ -40,7 +40,6 @@ import asyncio
 import base64
 import hashlib
 import random
-import re
 import sys
 import threading
 import weakref
@@ -61,6 +60,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from snapstore.store import open as open_store
 from snapstore.engine.registry import SharedByPath
 from snapstore.errors import CheckpointNotFound, InvalidArgumentError, StoreClosedError
+from snapstore.langgraph_streams import stream_key as _key
+from snapstore.langgraph_streams import thread_streams as _streams
 from snapstore.store import Store
 
 __all__ = ["SnapstoreSaver", "INLINE_MAX", "DEFAULT_CACHE_BYTES"]
@@ -70,7 +71,6 @@ DEFAULT_CACHE_BYTES = 256 << 20      # serialized bytes of current channel value
 _NAME_MAX = 200                      # longest channel name used verbatim in a buffer name
 _MIN_CAPACITY = 4096                 # smallest padded buffer (one page)
 _MAX_INDEXES = 1024                  # streams whose index a store's savers keep in memory
-_SAFE = re.compile(r"[^A-Za-z0-9_.:@+=-]")
 _DONE = object()
 
 
@@ -79,19 +79,7 @@ def _writes_sort_key(task_path: str, task_id: str, idx: int) -> tuple:
     return (task_path, task_id, idx)
 
 
-# ---- names ----------------------------------------------------------------------------------
-def _key(value: str) -> str:
-    """A stream-name component for any string: readable prefix + hash (no '/', bounded)."""
-    raw = value.encode("utf-8", "surrogatepass")
-    return f"{_SAFE.sub('_', value[:40])}~{hashlib.blake2b(raw, digest_size=10).hexdigest()}"
-
-
-def _streams(thread_id: str, ns: str) -> tuple[str, str]:
-    """(checkpoint stream, writes stream) of one thread and namespace."""
-    tail = f"{_key(thread_id)}/{_key(ns)}"
-    return f"lg/{tail}", f"lw/{tail}"
-
-
+# ---- names (streams: snapstore.langgraph_streams) -------------------------------------------
 def _buffer_name(prefix: str, channel: str) -> str:
     try:
         raw = channel.encode("utf-8")

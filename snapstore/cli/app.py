@@ -18,14 +18,15 @@ from typing import Optional
 from snapstore import errors
 from snapstore.cli import (bench_cmd, diff_cmd, inspect_cmds, maintain_cmds, restore_cmd,
                            write_cmds)
-from snapstore.cli.args import Parser, add_global_options, command_options
-from snapstore.cli.common import (EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, PROG, STORE_ENV, Problem,
-                                  UsageError)
+from snapstore.cli.args import (STORE_RULE, Parser, add_global_options,
+                                add_store_positional, command_options, parse_command_line)
+from snapstore.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, PROG, Problem, UsageError
 from snapstore.cli.output import print_json, terminal_safe_output
 from snapstore.version import __version__
 
 EPILOG = f"""\
-The store is given with -s/--store PATH (before or after the command) or ${STORE_ENV}.
+{STORE_RULE}
+
 Writing commands (init, rm, tag, retain, compact, repair) take the writer's lock; another
 writer holding it fails them at once, naming its pid, host and since-when: --timeout SECONDS
 waits for it. Reading commands never wait.
@@ -53,12 +54,12 @@ is a terminal (SNAPSTORE_PROGRESS=0 or --no-progress turns them off).
 
 examples:
   snapstore init ckpts
-  snapstore -s ckpts ls --stream train
-  snapstore -s ckpts diff 3 latest
-  snapstore -s ckpts show best
-  snapstore -s ckpts restore train@12 --out restored/
-  snapstore -s ckpts rm 4 --timeout 30
-  snapstore -s ckpts verify --deep --json
+  snapstore ls ckpts --stream train --where 'step>=100'
+  snapstore show ckpts best
+  snapstore diff ckpts 3 latest
+  snapstore restore ckpts train@12 --out restored/
+  snapstore rm ckpts 4 --timeout 30
+  SNAPSTORE_STORE=ckpts snapstore verify --deep --json
   snapstore repair ckpts
   snapstore bench --size 1GiB --dirty 0.001,0.01,0.1 --plot overhead.png
 """
@@ -81,8 +82,10 @@ def exit_code_for(exc: BaseException) -> int:
     return EXIT_PROBLEM
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `snapstore` parser: global options, then one subparser per command (COMMANDS)."""
+def build_parser(store_positional: bool = True) -> argparse.ArgumentParser:
+    """The `snapstore` parser: global options, then one subparser per command (COMMANDS).
+    With store_positional, every command that opens a store takes the store as its first
+    positional argument (required: parse_command_line also parses without it)."""
     raw = argparse.RawDescriptionHelpFormatter
     parser = Parser(prog=PROG, description="snapstore: incremental snapshots of in-memory "
                     "state. Inspect, restore and maintain a store; benchmark checkpoint "
@@ -95,8 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name, help_, func, *, parents=(common,), description=None):
         """Adds the subparser of one command, running func(args) -> exit code."""
         p = sub.add_parser(name, help=help_, description=description or help_,
-                           parents=list(parents), formatter_class=raw)
-        p.set_defaults(func=func)
+                           parents=list(parents), formatter_class=raw,
+                           epilog=STORE_RULE if common in parents else None)
+        p.set_defaults(func=func, takes_store=common in parents)
+        if store_positional and common in parents:
+            add_store_positional(p)
         return p
 
     for add_command in COMMANDS:
@@ -134,12 +140,11 @@ def _run(argv: Optional[list]) -> int:
     debug = "--debug" in argv or os.environ.get("SNAPSTORE_DEBUG", "") not in ("", "0")
     as_json = "--json" in argv     # until the arguments are parsed
     try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
+        args = parse_command_line(build_parser, argv)
         debug = debug or args.debug
         as_json = bool(args.json)
         if not getattr(args, "func", None):
-            parser.print_help(sys.stderr)
+            build_parser().print_help(sys.stderr)
             return EXIT_USAGE
         return int(args.func(args))
     except KeyboardInterrupt:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from typing import Callable, Iterable
 
-from snapstore.cli.common import STORE_ENV, UsageError
+from snapstore.cli.common import STORE_ENV, UsageError, is_store_dir, same_path
 from snapstore.engine.validation import validate_checkpoint_id
 from snapstore.errors import InvalidArgumentError
 from snapstore.formatting import parse_size
@@ -52,6 +53,83 @@ def command_options(with_store: bool = True) -> argparse.ArgumentParser:
     p = Parser(add_help=False)
     add_global_options(p, with_store=with_store, defaults=False)
     return p
+
+
+# ---- the store as a positional argument -----------------------------------------------------
+STORE_RULE = f"""\
+the store: `snapstore COMMAND [STORE] ARGS...` (`snapstore ls ckpts`, `snapstore show ckpts 7`),
+or -s/--store PATH (before or after the command), or ${STORE_ENV}. The first argument is
+STORE when the command gets one more argument than it takes, when neither -s nor
+${STORE_ENV} is set, or (rm, tag: any number of arguments) when it is a store directory.
+STORE wins over ${STORE_ENV}; STORE and a different -s are a usage error (exit 2)."""
+
+
+def add_store_positional(parser: argparse.ArgumentParser) -> None:
+    """Adds the STORE positional, first (before the command's own positionals)."""
+    parser.add_argument("store_arg", metavar="[STORE]",
+                        help=f"the store directory (may be left out when -s/--store or "
+                             f"${STORE_ENV} gives it)")
+
+
+def parse_command_line(build: Callable[[bool], argparse.ArgumentParser], argv: list,
+                       environ=os.environ) -> argparse.Namespace:
+    """Parses argv with the positional-store rule (STORE_RULE): build(True) is the parser
+    whose store-taking commands start with a STORE positional (add_store_positional),
+    build(False) the one without it. Both parse argv; the rule picks one result. On return
+    args.store is the store named on the command line (or None: $SNAPSTORE_STORE applies) and
+    args.store_source says how ("-s", "argument" or None). UsageError as the rule says."""
+    with_store, err_with = _try_parse(build(True), argv)
+    without, err_without = _try_parse(build(False), argv)
+    env = environ.get(STORE_ENV) or None
+    if with_store is None and without is None:
+        named = env or _mentions_store_option(argv)
+        raise err_without if named else err_with
+    if without is not None and not getattr(without, "takes_store", False):
+        return _settled(without, None)          # no command, or one without a store (bench)
+    flag = (with_store or without).store
+    if with_store is not None and without is not None:      # the count cannot tell
+        positional = not (flag or env) or is_store_dir(with_store.store_arg)
+        chosen = with_store if positional else without
+    else:
+        chosen = with_store or without
+    if chosen is without:
+        if not (flag or env):
+            if err_with is not None and any(is_store_dir(t) for t in argv):
+                raise err_with                  # the store is there, an argument is missing
+            raise UsageError(f"no store given: name it first (snapstore {without.command} "
+                             f"STORE ...), or use -s/--store PATH or set ${STORE_ENV}")
+        return _settled(without, "-s" if flag else None)
+    if flag and not same_path(flag, chosen.store_arg):
+        raise UsageError(f"two different stores given: -s {flag} and {chosen.store_arg} "
+                         "(give one)")
+    chosen.store = chosen.store_arg
+    return _settled(chosen, "argument")
+
+
+def _try_parse(parser: argparse.ArgumentParser, argv: list):
+    """(namespace, None) or (None, the UsageError)."""
+    try:
+        return parser.parse_args(argv), None
+    except UsageError as exc:
+        return None, exc
+
+
+def _settled(args: argparse.Namespace, source) -> argparse.Namespace:
+    if hasattr(args, "store_arg"):
+        del args.store_arg
+    args.store_source = source
+    return args
+
+
+def _mentions_store_option(argv: list) -> bool:
+    """Whether argv gives -s/--store (only to pick which parse error to report)."""
+    for token in argv:
+        if token == "--":
+            return False
+        if token in ("-s", "--store") or token.startswith("--store=") or \
+                (token.startswith("-s") and not token.startswith("--")):
+            return True
+    return False
 
 
 # ---- argument types ------------------------------------------------------------------------

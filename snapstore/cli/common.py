@@ -6,6 +6,7 @@ import os
 from typing import Callable, Optional
 
 from snapstore.cli.progress import Progress, spinner
+from snapstore.engine import format as fmt
 from snapstore.store import open as open_snapstore
 
 EXIT_OK = 0
@@ -25,11 +26,24 @@ class Problem(Exception):
 
 
 def store_path(args) -> str:
-    """The store directory: --store, else $SNAPSTORE_STORE (UsageError if neither is set)."""
+    """The store directory: the STORE argument or -s/--store (args.store, see
+    args.parse_command_line), else $SNAPSTORE_STORE (UsageError if none is given)."""
     path = getattr(args, "store", None) or os.environ.get(STORE_ENV)
     if not path:
-        raise UsageError(f"no store given: use -s/--store PATH or set ${STORE_ENV}")
+        raise UsageError(f"no store given: name it first (snapstore COMMAND STORE ...), or "
+                         f"use -s/--store PATH or set ${STORE_ENV}")
     return path
+
+
+def is_store_dir(path) -> bool:
+    """True when path is a directory holding a snapstore store (its FORMAT file)."""
+    return isinstance(path, str) and bool(path) and \
+        os.path.isfile(os.path.join(path, fmt.FORMAT_FILE))
+
+
+def same_path(a: str, b: str) -> bool:
+    """True when a and b name the same file system location (after symlinks, '..', '/')."""
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def open_store(args, *, write: bool = False):
@@ -37,7 +51,11 @@ def open_store(args, *, write: bool = False):
     the writer when `write`, waiting up to --timeout for the lock."""
     path = store_path(args)
     if not os.path.isdir(path):
-        raise UsageError(f"no snapstore store at {path}")
+        hint = ""
+        if getattr(args, "store_source", None) == "argument" and not os.environ.get(STORE_ENV):
+            hint = (" (the first argument names the store when neither -s nor "
+                    f"${STORE_ENV} does)")
+        raise UsageError(f"no snapstore store at {path}{hint}")
     if write:
         return open_snapstore(path, create=False, timeout=args.timeout)
     return open_snapstore(path, create=False, readonly=True)

@@ -29,11 +29,10 @@ def add_verify(add) -> None:
 
 
 def add_repair(add) -> None:
-    p = add("repair", "rebuild the index from the log (exit 1 if the log itself is damaged)",
-            cmd_repair, description="Rebuilds the store's index from its segments alone, for "
-            "an index that is missing, truncated or damaged (or any time): afterwards the same "
-            "checkpoints, streams, seqs and tags exist. Takes the writer's lock (--timeout).")
-    p.add_argument("path", nargs="?", help="directory of the store (default: --store)")
+    add("repair", "rebuild the index from the log (exit 1 if the log itself is damaged)",
+        cmd_repair, description="Rebuilds the store's index from its segments alone, for "
+        "an index that is missing, truncated or damaged (or any time): afterwards the same "
+        "checkpoints, streams, seqs and tags exist. Takes the writer's lock (--timeout).")
 
 
 def cmd_compact(args) -> int:
@@ -81,7 +80,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_repair(args) -> int:
-    path = args.path or store_path(args)
+    path = store_path(args)
     if not os.path.isdir(path):
         raise UsageError(f"no snapstore store at {path}")
     with progress(args, total=0, label="repair: scanning the log") as bar:

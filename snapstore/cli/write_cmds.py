@@ -19,8 +19,7 @@ from snapstore.store import open as open_snapstore
 
 
 def add_init(add) -> None:
-    p = add("init", "create a new, empty store (nothing happens if it exists)", cmd_init)
-    p.add_argument("path", nargs="?", help="directory of the store (default: --store)")
+    add("init", "create a new, empty store (nothing happens if it exists)", cmd_init)
 
 
 def add_rm(add) -> None:
@@ -101,7 +100,7 @@ def add_retain(add) -> None:
 
 
 def cmd_init(args) -> int:
-    path = args.path or store_path(args)
+    path = store_path(args)
     existed = os.path.exists(os.path.join(path, fmt.FORMAT_FILE))
     if existed:     # validate it without taking the writer's lock (a job may hold it)
         open_snapstore(path, create=False, readonly=True).close()

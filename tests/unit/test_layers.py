@@ -37,6 +37,7 @@ LAYER_RANKS = {
     "snapstore.arrays": 6,
     "snapstore.torch": 7,
     "snapstore.langgraph": 7,
+    "snapstore.langgraph_streams": 7,   # its stream names, importable without LangGraph
     "snapstore.workflow": 7,
     "snapstore.diff": 7,        # checkpoint diffs over the Store API
     "snapstore.bench": 8,
