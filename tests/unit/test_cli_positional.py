@@ -59,7 +59,7 @@ def test_write_commands_in_every_form(form, store):
         ["best", "keep"]
     assert run_form(form, store, "tag", "2", "keep", "--remove", json=True)["tags"] == ["best"]
     assert run_form(form, store, "rm", "1", json=True)["deleted"] == [1]
-    run_form(form, store, "retain", "--keep-last", "1", "--no-keep-tagged")
+    run_form(form, store, "retain", "--all-streams", "--keep-last", "1", "--no-keep-tagged")
     run_form(form, store, "compact")
     assert run_form(form, store, "repair", json=True)["ok"] is True
     with snapstore.open(store, readonly=True) as s:
@@ -135,7 +135,7 @@ def test_help_documents_the_rule():
     text = cli_ok("--help").stdout
     assert "[STORE]" in text and "STORE wins over $SNAPSTORE_STORE" in text
     show = cli_ok("show", "--help").stdout
-    assert "[STORE] id" in " ".join(show.split()) and "different -s" in show
+    assert "[STORE] NAME" in " ".join(show.split()) and "different -s" in show
     bench = cli_ok("bench", "--help").stdout
     assert "STORE" not in bench                       # bench has no store
     p = snapstore_cli("bench", "somewhere")
