@@ -48,7 +48,7 @@ def store(tmp_path):
 
 def test_module_imports_without_torch_or_langgraph():
     code = ("import sys; sys.modules['torch'] = None; sys.modules['langgraph'] = None; "
-            "import snapstore.tensors; print('ok')")
+            "import snapstore.tensors, snapstore.exporter; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": ROOT})
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

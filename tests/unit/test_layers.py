@@ -36,7 +36,7 @@ LAYER_RANKS = {
     "snapstore.objects": 5,
     "snapstore.arrays": 6,
     "snapstore.tensors": 6,     # what tensors a checkpoint holds (object, arrays, DCP)
-    "snapstore.export": 7,      # checkpoints out as safetensors / pt / npz files
+    "snapstore.exporter": 7,    # checkpoints out as safetensors / pt / npz files
     "snapstore.torch": 7,
     "snapstore.langgraph": 7,
     "snapstore.workflow": 7,
