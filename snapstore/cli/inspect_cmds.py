@@ -6,6 +6,7 @@ import json
 
 from snapstore import errors
 from snapstore.cli.args import count_arg, id_arg
+from snapstore.cli.contents import contents_json, print_contents
 from snapstore.cli.common import EXIT_OK, open_store, resolve, store_path
 from snapstore.cli.output import (human_value, info_dict, iso_time, local_time, print_json,
                                   print_report, short)
@@ -72,9 +73,11 @@ def cmd_show(args) -> int:
     with open_store(args) as store:
         info = store.get(resolve(store, args.id))
         chain = _chain(store, info)
+        contents = contents_json(store, info)
     if args.json:
         d = info_dict(info)
         d["chain"] = chain
+        d["contents"] = contents
         d["buffers"] = [{"name": n, "bytes": s} for n, s in info.sizes.items()]
         print_json(d)
         return EXIT_OK
@@ -95,6 +98,7 @@ def cmd_show(args) -> int:
         print(text_table(["BUFFER", "SIZE", "BYTES"],
                          [[n, human_bytes(s), f"{s:,}"] for n, s in info.sizes.items()],
                          right=(1, 2)))
+    print_contents(contents)
     return EXIT_OK
 
 

@@ -233,3 +233,80 @@ def test_dcp_metadata_is_read_without_unpickling_torch_objects(store, monkeypatc
         raise AssertionError("pickle.loads called")
     monkeypatch.setattr(pickle, "loads", boom)
     assert len(tensors.tensor_catalogue(store, info)) == len(m.state_dict())
+
+
+# ---- snapstore show (the real console script) ------------------------------------------------
+def test_show_lists_tensors_truncated_and_json_full(tmp_path):
+    path = str(tmp_path / "s")
+    state = {f"layer{i}": {"w": np.full((4, 3), i, np.float32)} for i in range(100)}
+    with snapstore.open(path) as s:
+        s.save({"model": state, "step": 42}, "train")
+        s.checkpoint({"raw": b"x"}, stream="plain")
+    out = cli_ok("-s", path, "show", "1").stdout
+    assert "contents (objects): 100 tensor(s)" in out
+    assert "model.layer0.w" in out and "float32" in out and "(4, 3)" in out
+    assert "model.layer99.w" not in out and "70 more tensors (--json lists all)" in out
+    assert "step=42" in out
+    doc = cli_json("-s", path, "show", "1")
+    names = [t["name"] for t in doc["contents"]["tensors"]]
+    assert names == [f"model.layer{i}.w" for i in range(100)]
+    assert doc["contents"]["values"] == {"step": 42}
+    plain = cli_ok("-s", path, "show", "2").stdout
+    assert "contents" not in plain
+    assert cli_json("-s", path, "show", "2")["contents"] is None
+
+
+def test_show_torch_checkpoint(tmp_path):
+    torch = pytest.importorskip("torch")
+    path = str(tmp_path / "s")
+    m = torch.nn.Linear(300, 20).to(torch.bfloat16)
+    with snapstore.open(path) as s:
+        s.save({"model": m.state_dict()}, "t")
+    out = cli_ok("-s", path, "show", "latest").stdout
+    assert "model.weight" in out and "bfloat16" in out and "(20, 300)" in out
+    assert "oob/0" in out
+
+
+def _lg_store(path):
+    pytest.importorskip("langgraph.graph")
+    from langchain_core.messages import AIMessage
+    from langgraph.graph import START, MessagesState, StateGraph
+    from snapstore.langgraph import SnapstoreSaver
+
+    def bot(state):
+        return {"messages": [AIMessage(content="echo " + state["messages"][-1].content)]}
+    b = StateGraph(MessagesState)
+    b.add_node("bot", bot)
+    b.add_edge(START, "bot")
+    with SnapstoreSaver.from_path(path) as saver:
+        g = b.compile(checkpointer=saver)
+        for i in range(3):
+            g.invoke({"messages": [("user", f"question {i}")]},
+                     {"configurable": {"thread_id": "t1"}})
+
+
+def test_show_langgraph_decodes_channels_and_messages(tmp_path):
+    path = str(tmp_path / "lg")
+    _lg_store(path)
+    out = cli_ok("-s", path, "show", "latest").stdout
+    assert "contents (LangGraph): thread 't1'" in out
+    assert "human: question 2" in out and "ai: echo question 2" in out
+    assert "messages" in out and "6 message(s)" in out
+    doc = cli_json("-s", path, "show", "latest")["contents"]
+    assert doc["decoded"] and doc["thread_id"] == "t1"
+    assert [m["role"] for m in doc["messages"]] == ["human", "ai"] * 3
+    assert any(c["name"] == "messages" for c in doc["channels"])
+
+
+def test_show_langgraph_without_langgraph_installed(tmp_path):
+    path = str(tmp_path / "lg")
+    _lg_store(path)
+    shadow = tmp_path / "shadow" / "langgraph"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no langgraph here')\n")
+    env = {"PYTHONPATH": str(tmp_path / "shadow") + os.pathsep + ROOT}
+    out = cli_ok("-s", path, "show", "latest", env=env).stdout
+    assert "not decoded: install snapstore[langgraph]" in out
+    doc = cli_json("-s", path, "show", "latest", env=env)["contents"]
+    assert doc == {"kind": "langgraph", "decoded": False,
+                   "note": "install snapstore[langgraph] to decode channels and messages"}
