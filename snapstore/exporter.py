@@ -119,7 +119,9 @@ def export(store, name: Any, path, format: Optional[str] = None, *,
     else:
         skipped.update({k: f"value {v!r:.40} (kept only by safetensors)"
                         for k, v in cat.values.items()})
-    data = [(e, _tensor_data(store, info, e, swap=fmt != "npz")) for e in cat.tensors]
+    buffers = _read_buffers(store, info, cat.tensors)
+    data = [(e, _tensor_data(buffers, info, e, swap=fmt != "npz")) for e in cat.tensors]
+    del buffers
     writer(path, data, info, values)
     return ExportResult(path, fmt, info.id, len(data), sum(len(d) for _, d in data), values,
                         skipped)
@@ -156,10 +158,28 @@ def _native_name(dtype: str) -> str:
     return f"{base}{int(size) * 8}" if base and size.isdigit() else dtype
 
 
-def _tensor_data(store, info, e: TensorEntry, swap: bool) -> bytes:
+def _read_buffers(store, info, entries: list) -> dict:
+    """{(checkpoint id, buffer name): its bytes} of every buffer the entries use, each read
+    once, one restore per checkpoint (a read per tensor would decode the checkpoint's buffer
+    table once per tensor)."""
+    wanted: dict = {}
+    for e in entries:
+        if e.nbytes:
+            cid = info.id if e.checkpoint is None else e.checkpoint
+            wanted.setdefault(cid, set()).add(e.buffer)
+    out = {}
+    for cid, names in wanted.items():
+        sizes = info.sizes if cid == info.id else store.get(cid).sizes
+        targets = {n: bytearray(sizes[n]) for n in names}
+        store.restore_into(cid, targets)
+        out.update({(cid, n): memoryview(b) for n, b in targets.items()})
+    return out
+
+
+def _tensor_data(buffers: dict, info, e: TensorEntry, swap: bool) -> bytes:
     """The entry's elements in C order (little-endian if swap; npz keeps the byte order)."""
     cid = info.id if e.checkpoint is None else e.checkpoint
-    raw = store.read(cid, e.buffer, e.offset, e.nbytes) if e.nbytes else b""
+    raw = bytes(buffers[(cid, e.buffer)][e.offset:e.offset + e.nbytes]) if e.nbytes else b""
     swap = swap and e.dtype[:1] == ">"
     if e.strides is None and not swap:
         return raw
