@@ -64,7 +64,7 @@ from snapstore.langgraph_streams import stream_key as _key
 from snapstore.langgraph_streams import thread_streams as _streams
 from snapstore.store import Store
 
-__all__ = ["SnapstoreSaver", "INLINE_MAX", "DEFAULT_CACHE_BYTES"]
+__all__ = ["SnapstoreSaver", "INLINE_MAX", "DEFAULT_CACHE_BYTES", "describe_checkpoint"]
 
 INLINE_MAX = 64                      # serialized values up to this many bytes live in the meta
 DEFAULT_CACHE_BYTES = 256 << 20      # serialized bytes of current channel values kept per store
@@ -97,6 +97,33 @@ def _b64(data: bytes) -> str:
 
 def _unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"))
+
+
+def _read_values(store: Store, serde: Any, sid: int, entries: Mapping[Any, dict]) -> dict:
+    """{key: value} of the entries (of checkpoint sid) that hold a value."""
+    out: dict = {}
+    targets: dict = {}
+    for key, entry in entries.items():
+        k = entry["k"]
+        if k == "e":
+            continue
+        if k == "i":
+            out[key] = serde.loads_typed((entry["t"], _unb64(entry["d"])))
+        elif k == "s":
+            data = store.read(sid, entry["b"], 0, entry["n"])
+            out[key] = serde.loads_typed((entry["t"], data))
+        elif k == "y":
+            data = store.read(sid, entry["b"], 0, entry["n"])
+            out[key] = data if entry["t"] == "bytes" else bytearray(data)
+        else:
+            import numpy as np
+            arr = np.empty(entry["sh"], dtype=np.dtype(entry["dt"]), order=entry["o"])
+            flat = arr.T if entry["o"] == "F" else arr
+            targets[entry["b"]] = flat.reshape(-1).view(np.uint8)
+            out[key] = arr
+    if targets:
+        store.restore_into(sid, targets)
+    return out
 
 
 def _config_ids(config: Any, *, need_id: bool = False) -> tuple[str, str, str | None]:
@@ -375,29 +402,7 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
 
     def _read_values(self, sid: int, entries: Mapping[Any, dict]) -> dict:
         """{key: value} of the entries (of checkpoint sid) that hold a value."""
-        out: dict = {}
-        targets: dict = {}
-        for key, entry in entries.items():
-            k = entry["k"]
-            if k == "e":
-                continue
-            if k == "i":
-                out[key] = self.serde.loads_typed((entry["t"], _unb64(entry["d"])))
-            elif k == "s":
-                data = self.store.read(sid, entry["b"], 0, entry["n"])
-                out[key] = self.serde.loads_typed((entry["t"], data))
-            elif k == "y":
-                data = self.store.read(sid, entry["b"], 0, entry["n"])
-                out[key] = data if entry["t"] == "bytes" else bytearray(data)
-            else:
-                import numpy as np
-                arr = np.empty(entry["sh"], dtype=np.dtype(entry["dt"]), order=entry["o"])
-                flat = arr.T if entry["o"] == "F" else arr
-                targets[entry["b"]] = flat.reshape(-1).view(np.uint8)
-                out[key] = arr
-        if targets:
-            self.store.restore_into(sid, targets)
-        return out
+        return _read_values(self.store, self.serde, sid, entries)
 
     # ---- indexes ----------------------------------------------------------------------------
     def _head_token(self, stream: str) -> int | None:
@@ -788,3 +793,63 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+
+
+# ---- inspection (snapstore show) -------------------------------------------------------------
+_PREVIEW = 80
+
+
+def _preview(value: Any, limit: int = _PREVIEW) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _message(value: Any) -> dict | None:
+    """{"role", "content"} of a chat message (LangChain message or {"role", "content"} dict)."""
+    if isinstance(value, Mapping) and "content" in value and ("role" in value or
+                                                                "type" in value):
+        role, content = value.get("role", value.get("type")), value["content"]
+    elif hasattr(value, "content") and isinstance(getattr(value, "type", None), str):
+        role, content = value.type, value.content
+    else:
+        return None
+    out = {"role": str(role), "content": _preview(content)}
+    calls = value.get("tool_calls") if isinstance(value, Mapping) else \
+        getattr(value, "tool_calls", None)
+    if calls:
+        out["tool_calls"] = [str(c.get("name") if isinstance(c, Mapping) else c)
+                             for c in calls]
+    return out
+
+
+def describe_checkpoint(store: Store, info: Any, *, serde: Any = None) -> dict:
+    """What a LangGraph checkpoint (a checkpoint of an lg/ stream) holds, decoded for people:
+    {"thread_id", "checkpoint_ns", "checkpoint_id", "parent", "metadata" (step, source...),
+    "channels": [{"name", "version", "type", "preview"}], "messages": [{"channel", "role",
+    "content" (a preview), "tool_calls"?}]}. serde: the saver's serializer (default
+    JsonPlusSerializer). Raises InvalidArgumentError for other checkpoints."""
+    meta = info.meta
+    if not (isinstance(meta, dict) and {"t", "ns", "id", "ck", "md", "ch"} <= set(meta)):
+        raise InvalidArgumentError(f"checkpoint {info.id} is not a LangGraph checkpoint")
+    serde = serde if serde is not None else JsonPlusSerializer()
+    checkpoint = serde.loads_typed((meta["ck"][0], _unb64(meta["ck"][1])))
+    metadata = serde.loads_typed((meta["md"][0], _unb64(meta["md"][1])))
+    values = _read_values(store, serde, info.id, meta["ch"])
+    channels, messages = [], []
+    for name, entry in meta["ch"].items():
+        value = values.get(name)
+        channels.append({"name": name, "version": _preview(entry.get("v"), 40),
+                         "type": "empty" if entry.get("k") == "e" else type(value).__name__,
+                         "preview": "" if entry.get("k") == "e" else _preview(value)})
+        items = value if isinstance(value, (list, tuple)) else [value]
+        found = [m for m in map(_message, items) if m is not None]
+        messages += [{"channel": name, **m} for m in found]
+        if found and len(found) == len(items) and isinstance(value, (list, tuple)):
+            channels[-1]["preview"] = f"{len(found)} message(s)"
+    return {"thread_id": meta["t"], "checkpoint_ns": meta["ns"], "checkpoint_id": meta["id"],
+            "parent": meta.get("p"),
+            "metadata": {k: _preview(v, 60) if not isinstance(v, (int, float, bool, type(None)))
+                         else v for k, v in (metadata or {}).items()},
+            "versions_seen": len(checkpoint.get("versions_seen") or {}),
+            "channels": channels, "messages": messages}

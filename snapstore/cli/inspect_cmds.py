@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from snapstore import errors
 from snapstore.cli.args import NAME_HELP, count_arg, id_arg
+from snapstore.cli.contents import contents_json, print_contents
 from snapstore.cli.common import EXIT_OK, open_store, resolve, store_path
 from snapstore.cli.output import (human_value, info_dict, iso_time, local_time, print_json,
                                   print_report)
@@ -242,13 +243,12 @@ def cmd_show(args) -> int:
     with open_store(args) as store:
         info = store.get(resolve(store, args.id))
         chain = _chain(store, info)
-        # i15-contents: the one call site of cli/contents.py goes here (the store is still
-        # open): what the buffers hold (tensors; LangGraph channels and messages), printed
-        # after the buffers table and added to the --json document.
+        contents = contents_json(store, info)
     if args.json:
         d = _info_json(info)
         d["reserved_meta"] = reserved_meta(info.meta)
         d["chain"] = chain
+        d["contents"] = contents
         d["buffers"] = [{"name": n, "bytes": s} for n, s in info.sizes.items()]
         print_json(d)
         return EXIT_OK
@@ -273,6 +273,7 @@ def cmd_show(args) -> int:
         print(text_table(["BUFFER", "SIZE", "BYTES"],
                          [[n, human_bytes(s), f"{s:,}"] for n, s in info.sizes.items()],
                          right=(1, 2)))
+    print_contents(contents)
     return EXIT_OK
 
 
