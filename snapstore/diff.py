@@ -87,7 +87,8 @@ _KINDS.update({"long": ("int", "int64"), "int": ("int", "int32"), "short": ("int
 def dtype_kind(dtype) -> Optional[tuple]:
     """(kind, numpy dtype name) for a dtype given as a numpy or torch name ("float32",
     "torch.bfloat16", numpy/torch dtype objects), or None for one compared bitwise only."""
-    name = str(dtype)
+    name = dtype.__name__ if isinstance(dtype, type) else \
+        dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or str(dtype)
     name = name[len("torch."):] if name.startswith("torch.") else name
     return _KINDS.get(name)
 

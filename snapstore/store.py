@@ -461,6 +461,11 @@ class Store:
             commit = self._get_commit(r, checkpoint_id)
             size = find_buffer(commit, name).size
             checked = []
+            try:
+                ranges = list(ranges)
+            except TypeError:
+                raise InvalidArgumentTypeError(f"ranges must be an iterable of (offset, "
+                                               f"length), got {type(ranges).__name__}") from None
             for item in ranges:
                 try:
                     offset, length = item
