@@ -9,9 +9,10 @@ from snapstore.errors import (CheckpointNotFound, CorruptionError, ForkedStoreEr
                               SnapstoreError, StoreLocked)
 from snapstore.store import CheckpointInfo, Store, open, repair
 from snapstore.arrays import load_arrays, save_arrays
+from snapstore.exporter import export
 
 from snapstore.version import __version__
 __all__ = ["open", "repair", "Store", "CheckpointInfo", "errors", "SnapstoreError",
            "CheckpointNotFound", "CorruptionError", "ForkedStoreError", "FormatError",
            "StoreLocked", "__version__", "save_arrays",
-           "load_arrays"]
+           "load_arrays", "export"]

@@ -133,6 +133,13 @@ class StoreIOError(SnapstoreError, OSError):
         return self.strerror
 
 
+class ExportError(InvalidArgumentError):
+    """snapstore.export cannot write the checkpoint as asked: it holds no tensors, a dtype the
+    format lacks (bfloat16 in npz), a name given twice, a sharded DCP tensor, an output file
+    that exists (without force), or the format's library is not installed. Nothing was
+    written."""
+
+
 # C return code (SNAP_E*) -> exception class. The single source of truth for that mapping;
 # the codes themselves come from the compiled library (snapstore._native checks them).
 NATIVE_ERRORS: dict[str, type[NativeError]] = {

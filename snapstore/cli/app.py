@@ -18,6 +18,7 @@ from typing import Optional
 from snapstore import errors
 from snapstore.cli import (bench_cmd, diff_cmd, inspect_cmds, maintain_cmds, restore_cmd,
                            write_cmds)
+from snapstore.cli import export_cmd
 from snapstore.cli.args import Parser, add_global_options, command_options
 from snapstore.cli.common import (EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, PROG, STORE_ENV, Problem,
                                   UsageError)
@@ -54,7 +55,8 @@ examples:
 COMMANDS = (write_cmds.add_init, inspect_cmds.add_ls, inspect_cmds.add_show, diff_cmd.add_diff,
             restore_cmd.add_restore, write_cmds.add_rm, write_cmds.add_tag,
             write_cmds.add_retain, maintain_cmds.add_compact, maintain_cmds.add_verify,
-            maintain_cmds.add_repair, inspect_cmds.add_stats, bench_cmd.add_bench)
+            maintain_cmds.add_repair, inspect_cmds.add_stats, bench_cmd.add_bench,
+            export_cmd.add_export)
 
 # Store errors that mean "you asked for something that does not exist or is invalid".
 _USAGE_ERRORS = (UsageError, errors.CheckpointNotFound, errors.InvalidArgumentError,

@@ -7,10 +7,11 @@ import sys
 
 from snapstore import errors
 from snapstore.cli.args import id_arg, range_arg
-from snapstore.cli.common import EXIT_OK, UsageError, open_store, progress, resolve
+from snapstore.cli.common import EXIT_OK, PROG, UsageError, open_store, progress, resolve
 from snapstore.cli.output import print_json, safe_filenames
 from snapstore.engine.fsutil import replace_file
 from snapstore.formatting import human_bytes, printable
+from snapstore.tensors import checkpoint_kind
 
 WINDOW = 8 << 20           # bytes read from the store and written out at a time
 
@@ -19,7 +20,10 @@ def add_restore(add) -> None:
     p = add("restore", "write a checkpoint's buffers to files", cmd_restore,
             description="Writes one file per buffer into --out DIR (file name = buffer name "
             "made safe for the file system; the mapping is printed), streaming in bounded "
-            "windows. --out - writes one buffer's bytes to stdout.")
+            "windows. --out - writes one buffer's bytes to stdout. For a checkpoint of "
+            "tensors (snapstore.torch.save, Store.save, save_arrays, DCP) these are its raw "
+            "buffers (pickle, oob/N...): `snapstore export ID -o FILE.safetensors|.pt|.npz` "
+            "writes its tensors by name as a file other tools read.")
     p.add_argument("id", type=id_arg, help="checkpoint id")
     p.add_argument("-o", "--out", required=True, metavar="DIR",
                    help="output directory (created if missing), or - for stdout")
@@ -82,6 +86,9 @@ def cmd_restore(args) -> int:
         print_json({"checkpoint": info.id, "out": os.path.abspath(args.out), "files": written})
         return EXIT_OK
     print(f"restored checkpoint {info.id} into {args.out}")
+    if checkpoint_kind(info) != "other":
+        print(f"  (raw buffers; `{PROG} export {info.id} -o FILE.safetensors` writes its "
+              "tensors by name)")
     for w in written:
         where = f" [{w['offset']}:{w['bytes']}]" if args.range else ""
         print(f"  {printable(w['buffer'])}{where} -> {printable(w['path'])} "

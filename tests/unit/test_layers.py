@@ -35,6 +35,8 @@ LAYER_RANKS = {
     "snapstore.objectlayer": 5,  # what the object layers share
     "snapstore.objects": 5,
     "snapstore.arrays": 6,
+    "snapstore.tensors": 6,     # what tensors a checkpoint holds (object, arrays, DCP)
+    "snapstore.exporter": 7,    # checkpoints out as safetensors / pt / npz files
     "snapstore.torch": 7,
     "snapstore.langgraph": 7,
     "snapstore.workflow": 7,
