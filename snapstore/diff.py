@@ -147,7 +147,9 @@ def element_diff(a, b, dtype, itemsize: Optional[int] = None) -> tuple:
         d = np.abs(va.astype(np.complex128) - vb.astype(np.complex128))
     else:
         with np.errstate(invalid="ignore", over="ignore"):
-            d = np.abs(va.astype(np.float64) - vb.astype(np.float64))
+            d = va.astype(np.float64)
+            np.subtract(d, vb, out=d)           # vb widened on the fly: no second copy
+            np.abs(d, out=d)
     return changed, float(d.max())
 
 
@@ -156,7 +158,7 @@ class _TensorStats:
 
     def __init__(self, entry, kind) -> None:
         self.entry, self.kind = entry, kind
-        self.itemsize = entry.nbytes // max(1, math.prod(entry.shape)) if entry.nbytes else 1
+        self.itemsize = _itemsize(entry)
         self.changed = 0
         self.max: object = (0 if kind and kind[0] == "int" else 0.0) if kind else None
 
@@ -314,7 +316,18 @@ def bytes_to_compare(a, b, names: Iterable[str]) -> int:
 
 
 def _tensor_key(t) -> tuple:
-    return (str(t.dtype), tuple(t.shape))
+    return (str(t.dtype), tuple(t.shape), getattr(t, "strides", None), t.nbytes)
+
+
+def _itemsize(t) -> int:
+    """Bytes per element of catalogue entry t (its own figure, else nbytes / elements)."""
+    size = getattr(t, "itemsize", None)
+    return size if size else t.nbytes // max(1, math.prod(t.shape)) or 1
+
+
+def _dense(t) -> bool:
+    """True when t's bytes are exactly its elements (no gaps between strided elements)."""
+    return t.nbytes == math.prod(t.shape) * _itemsize(t)
 
 
 def _plan_tensors(cat_a: list, cat_b: list, names: list, a, b) -> tuple:
@@ -336,19 +349,22 @@ def _plan_tensors(cat_a: list, cat_b: list, names: list, a, b) -> tuple:
         if u is None:
             entry["status"] = "removed"
             continue
-        if _tensor_key(t) != _tensor_key(u) or t.nbytes != u.nbytes:
+        if _tensor_key(t) != _tensor_key(u):
             entry.update(status="retyped", dtype_to=str(u.dtype), shape_to=list(u.shape))
             continue
-        if t.buffer not in wanted or u.buffer not in wanted or \
-                t.offset + t.nbytes > a.sizes.get(t.buffer, -1) or \
-                u.offset + u.nbytes > b.sizes.get(u.buffer, -1):
-            entry["status"] = "skipped"
+        elsewhere = getattr(t, "checkpoint", None) is not None or \
+            getattr(u, "checkpoint", None) is not None          # DCP: another rank's part
+        if not _dense(t) or not elsewhere and (
+                t.buffer not in wanted or u.buffer not in wanted or
+                t.offset + t.nbytes > a.sizes.get(t.buffer, -1) or
+                u.offset + u.nbytes > b.sizes.get(u.buffer, -1)):
+            entry["status"] = "skipped"       # buffer not compared, or elements with gaps
             continue
         stats = _TensorStats(t, dtype_kind(t.dtype))
         entry["stats"] = stats
         itemsize = stats.itemsize
-        if (t.buffer, t.offset) == (u.buffer, u.offset) and t.offset % itemsize == 0 \
-                and ALIGN % itemsize == 0:
+        if not elsewhere and (t.buffer, t.offset) == (u.buffer, u.offset) and \
+                t.offset % itemsize == 0 and ALIGN % itemsize == 0:
             in_place.setdefault(t.buffer, []).append((t.offset, t.offset + t.nbytes, stats))
         else:
             apart.append((t, u, stats))
@@ -362,10 +378,12 @@ def _plan_tensors(cat_a: list, cat_b: list, names: list, a, b) -> tuple:
 def _diff_apart(store, a, b, t, u, stats, window: int) -> None:
     """Compares one tensor that lies at different places on the two sides, in windows."""
     step = max(stats.itemsize, window - window % stats.itemsize)
+    id_a = a.id if getattr(t, "checkpoint", None) is None else t.checkpoint
+    id_b = b.id if getattr(u, "checkpoint", None) is None else u.checkpoint
     for pos in range(0, t.nbytes, step):
         n = min(step, t.nbytes - pos)
-        stats.add(store.read_ranges(a.id, t.buffer, [(t.offset + pos, n)]),
-                  store.read_ranges(b.id, u.buffer, [(u.offset + pos, n)]))
+        stats.add(store.read_ranges(id_a, t.buffer, [(t.offset + pos, n)]),
+                  store.read_ranges(id_b, u.buffer, [(u.offset + pos, n)]))
 
 
 def _tensor_report(entries: list) -> list:
@@ -392,11 +410,12 @@ def diff_checkpoints(store, a, b, names: Optional[Iterable[str]] = None, *, gap:
     (and no ranges) for a buffer only a / only b has.
 
     `tensors`: (catalogue of a, catalogue of b), lists of entries with name, dtype, shape,
-    buffer, offset, nbytes (snapstore.tensors.tensor_catalogue). The report then also has
+    buffer, offset, nbytes and optionally strides, checkpoint (a buffer of another
+    checkpoint), itemsize: snapstore.tensors.tensor_catalogue. The report then also has
     "tensors": one entry per name {"name", "dtype", "shape", "elements", "status"}: status
     "changed" / "unchanged" with "changed_elements" and "max_abs_diff" (element_diff),
-    "added" / "removed", "retyped" (dtype or shape differ: "dtype_to", "shape_to"), or
-    "skipped" (its buffer is not compared).
+    "added" / "removed", "retyped" (dtype, shape or layout differ: "dtype_to", "shape_to"),
+    or "skipped" (its buffer is not compared, or its elements lie apart: a strided view).
     """
     _check_window(window)
     names = select_buffers(a, b) if names is None else list(names)
