@@ -89,6 +89,18 @@ int snap_fp_diff_runs(const uint8_t *buf, size_t len, size_t page_size,
 int snap_gather(const uint8_t *buf, size_t len, const uint64_t *ranges, size_t n_ranges,
                 uint8_t *out, size_t out_cap, size_t *n_out);
 
+/* ---- byte diff (csrc/bytediff.c) --------------------------------------------------------- */
+/* snap_diff_bytes: where a[0:len] and b[0:len] differ. runs receives *n_runs pairs (offset,
+ * length), ascending, non-empty: the maximal differing runs, with runs fewer than max(gap, 1)
+ * equal bytes apart merged into one (gap 0 or 1: only touching runs merge, i.e. exact runs).
+ * *n_changed receives the exact number of differing bytes (not the merged runs' total).
+ *   max_runs  capacity of runs in pairs; len / (max(gap, 1) + 1) + 1 always suffices.
+ * a == b is allowed. *n_runs and *n_changed are 0 after any error.
+ * Errors: SNAP_EINVAL (NULL pointers with nonzero sizes, NULL n_runs or n_changed),
+ * SNAP_ESPACE (more runs than max_runs). */
+int snap_diff_bytes(const uint8_t *a, const uint8_t *b, size_t len, size_t gap,
+                    uint64_t *runs, size_t max_runs, size_t *n_runs, uint64_t *n_changed);
+
 /* ---- content-defined chunking (FastCDC, gear hash, normalized chunking level 2) ---------- */
 /* For each byte b, with L the length of the open chunk before b:
  *   L <  min_size        b is skipped (not hashed; the hash restarts at 0 for every chunk);

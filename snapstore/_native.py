@@ -26,7 +26,7 @@ __all__ = [
     "FP_BYTES", "PAGE_MIN", "PAGE_MAX", "CDC_MIN_LIMIT", "CDC_MAX_LIMIT",
     "as_bytes_view", "byte_view", "check", "page_size_arg", "page_count", "page_fingerprints",
     "fingerprint_diff", "fingerprint_diff_runs", "PageFingerprints", "shadow_diff",
-    "runs_to_ranges", "gather", "Chunker", "chunk_boundaries", "buffer_address",
+    "runs_to_ranges", "gather", "diff_bytes", "Chunker", "chunk_boundaries", "buffer_address",
     "SCAN_HUGE", "uffd_open", "uffd_register", "uffd_unregister", "pagemap_scan",
 ]
 
@@ -252,6 +252,41 @@ def gather(buf, ranges: Iterable[Sequence[int]], out=None) -> memoryview:
     n_out = ffi.new("size_t *")
     check(lib.snap_gather(src_p, len(src), arr, n, dst_p, len(dst), n_out), "snap_gather")
     return dst[:n_out[0]]
+
+
+# diff_bytes calls the C kernel on slices of at most this many bytes, so its scratch run array
+# stays bounded (16 bytes per possible run) whatever the input size; seams are merged here.
+DIFF_SLICE = 1 << 20
+
+
+def diff_bytes(a, b, gap: int = 0) -> Tuple[List[Tuple[int, int]], int]:
+    """(runs, changed) of two equal-length buffers (snap_diff_bytes): runs are (offset, length)
+    pairs, ascending, where a and b differ, runs fewer than max(gap, 1) bytes apart merged
+    (gap 0: exact runs); changed is the exact number of differing bytes."""
+    x, y = as_bytes_view(a, name="a"), as_bytes_view(b, name="b")
+    if len(x) != len(y):
+        raise errors.InvalidArgumentError(f"a holds {len(x)} bytes and b {len(y)}: "
+                                          "diff_bytes needs equal lengths")
+    g = _size_arg(gap, "gap")
+    cap = min(len(x), DIFF_SLICE) // (max(g, 1) + 1) + 1
+    runs = _new_uninit("uint64_t[]", 2 * cap)
+    n_runs, n_changed = ffi.new("size_t *"), ffi.new("uint64_t *")
+    px, py = _ptr(x), _ptr(y)
+    out: List[Tuple[int, int]] = []
+    changed = 0
+    for base in range(0, len(x), DIFF_SLICE):
+        n = min(DIFF_SLICE, len(x) - base)
+        check(lib.snap_diff_bytes(px + base, py + base, n, g, runs, cap, n_runs, n_changed),
+              "snap_diff_bytes")
+        changed += int(n_changed[0])
+        flat = ffi.unpack(runs, 2 * n_runs[0]) if n_runs[0] else []
+        for i in range(0, len(flat), 2):
+            off, length = base + flat[i], flat[i + 1]
+            if out and off - (out[-1][0] + out[-1][1]) < max(g, 1):   # merge across the seam
+                out[-1] = (out[-1][0], off + length - out[-1][0])
+            else:
+                out.append((off, length))
+    return out, changed
 
 
 class Chunker:

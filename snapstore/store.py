@@ -24,7 +24,8 @@ from snapstore.engine import writer as wr
 from snapstore.engine.commit import Committer, io_errors
 from snapstore.engine.index import IndexView
 from snapstore.engine.memory import OutputBytes
-from snapstore.engine.reader import find_buffer, restore_range
+from snapstore.engine.reader import (buffer_manifest, find_buffer, restore_range,
+                                     restore_ranges)
 from snapstore.engine.repair import repair as rebuild_index
 from snapstore.engine.records import Commit
 from snapstore.engine.backends import SegmentBackend
@@ -542,6 +543,56 @@ class Store:
             out = OutputBytes(length)
             restore_range(r, self.backend, commit, name, out.view, offset)
             return out.finish()
+
+    def layout(self, checkpoint_id: int, name: str) -> list[tuple[int, int, bytes, int]]:
+        """Where one buffer's bytes are stored: [(offset, length, chunk_id, chunk_offset), ...],
+        sorted by offset, covering the buffer. Two byte ranges (of any checkpoints of this
+        store) that map to the same chunk id at the same chunk offset hold the same bytes:
+        snapstore.diff skips them without reading. (Different chunks may still hold equal
+        bytes.) Reads only the index."""
+        with self._committer.read() as r:
+            commit = self._get_commit(r, checkpoint_id)
+            find_buffer(commit, name)
+            return [(off, length, cid, coff)
+                    for off, coff, length, cid in buffer_manifest(r, commit, name)]
+
+    def read_ranges(self, checkpoint_id: int, name: str, ranges, out=None):
+        """Byte ranges [(offset, length), ...] of one buffer, back to back: into `out` (a
+        writable buffer of exactly their total size; returned) or as new bytes. One read
+        session however many ranges; only the chunks they touch are read."""
+        with self._committer.read() as r:
+            commit = self._get_commit(r, checkpoint_id)
+            size = find_buffer(commit, name).size
+            checked = []
+            try:
+                ranges = list(ranges)
+            except TypeError:
+                raise InvalidArgumentTypeError(f"ranges must be an iterable of (offset, "
+                                               f"length), got {type(ranges).__name__}") from None
+            for item in ranges:
+                try:
+                    offset, length = item
+                except (TypeError, ValueError):
+                    raise InvalidArgumentTypeError(f"a range must be (offset, length), got "
+                                                   f"{item!r}") from None
+                for v in (offset, length):
+                    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                        raise InvalidArgumentError(f"range offsets and lengths must be ints "
+                                                   f">= 0, got {item!r}")
+                if offset + length > size:
+                    raise InvalidArgumentError(f"range {offset}:{offset + length} exceeds "
+                                               f"buffer {name!r} of {size} bytes")
+                checked.append((offset, length))
+            total = sum(length for _, length in checked)
+            if out is None:
+                result = OutputBytes(total)
+                restore_ranges(r, self.backend, commit, name, checked, result.view)
+                return result.finish()
+            view = buffer_view(out, "out", writable=True)
+            if len(view) != total:
+                raise InvalidArgumentError(f"out has {len(view)} bytes; the ranges hold {total}")
+            restore_ranges(r, self.backend, commit, name, checked, view)
+            return out
 
     def stats(self) -> dict:
         """Sizes, counts, deduplication ratio and chain lengths of the store."""

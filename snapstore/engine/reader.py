@@ -7,6 +7,7 @@ naming the segment and offset, so wrong bytes are never returned.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 from typing import Callable
 
@@ -124,10 +125,46 @@ def restore_range(view: IndexView, backend: SegmentBackend, commit: Commit, name
             extents = layer if whole else ext.clip(layer, start, end)
             if depth == 0:      # the full base writes every byte of out: none is left unfilled
                 ext.check_fills(extents, start, end, f"checkpoint {commit.id} buffer {name!r}")
-            for off, coff, length, cid in extents:
-                data = reader.read(cid)
-                if coff + length > len(data):
-                    raise CorruptionError(f"manifest extent exceeds chunk {cid.hex()[:16]}…")
-                out[off - start:off - start + length] = memoryview(data)[coff:coff + length]
-                if progress is not None:
-                    progress(length)
+            copy_extents(reader, extents, out, start, progress)
+
+
+def copy_extents(reader: ChunkReader, extents, out: memoryview, start: int,
+                 progress: Callable[[int], None] | None = None) -> None:
+    """Copies each extent's chunk bytes to out[offset - start:], checking it lies inside its
+    chunk."""
+    for off, coff, length, cid in extents:
+        data = reader.read(cid)
+        if coff + length > len(data):
+            raise CorruptionError(f"manifest extent exceeds chunk {cid.hex()[:16]}…")
+        out[off - start:off - start + length] = memoryview(data)[coff:coff + length]
+        if progress is not None:
+            progress(length)
+
+
+def buffer_manifest(view: IndexView, commit: Commit, name: str) -> list:
+    """The one manifest of buffer `name` of `commit`: its layers written over each other, so
+    it covers the buffer (checked)."""
+    manifest = ext.flatten(buffer_layers(view, commit, name))
+    ext.check_fills(manifest, 0, find_buffer(commit, name).size,
+                    f"checkpoint {commit.id} buffer {name!r}")
+    return manifest
+
+
+def restore_ranges(view: IndexView, backend: SegmentBackend, commit: Commit, name: str,
+                   ranges, out: memoryview) -> None:
+    """Writes the byte ranges [(offset, length), ...] of buffer `name` of `commit` back to
+    back into out (len(out) == their total; each inside the buffer): one manifest lookup and
+    one read session for them all, however many and scattered they are."""
+    manifest = buffer_manifest(view, commit, name)
+    starts = [e[0] for e in manifest]
+    pos = 0
+    with backend.open_reader() as segments:
+        reader = ChunkReader(backend, segments, view)
+        for start, length in ranges:
+            if length <= 0:
+                continue
+            first = max(0, bisect.bisect_right(starts, start) - 1)
+            last = bisect.bisect_left(starts, start + length, first)
+            piece = ext.clip(manifest[first:last], start, start + length)
+            copy_extents(reader, piece, out[pos:pos + length], start)
+            pos += length

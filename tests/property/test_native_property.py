@@ -197,3 +197,33 @@ def test_cdc_byte_at_a_time_prefix(params, raw, k):
         got += chunker.feed(raw[i:i + 1])
     got += chunker.finish()
     assert got == nat.chunk_boundaries(raw, *params)
+
+
+def diff_bytes_reference(a: bytes, b: bytes, gap: int):
+    """Differing runs byte by byte, merged when fewer than max(gap, 1) bytes apart."""
+    runs: list = []
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            if runs and i - (runs[-1][0] + runs[-1][1]) < max(gap, 1):
+                runs[-1][1] = i + 1 - runs[-1][0]
+            else:
+                runs.append([i, 1])
+    return [tuple(r) for r in runs], sum(x != y for x, y in zip(a, b))
+
+
+@settings(max_examples=examples(150))
+@given(st.integers(0, 2**32), st.integers(0, 3000), st.data())
+def test_diff_bytes_matches_reference(seed, n, d):
+    a = random_bytes(seed, n)
+    b = bytearray(a)
+    for _ in range(d.draw(st.integers(0, 12))):
+        if n:
+            i = d.draw(st.integers(0, n - 1))
+            k = d.draw(st.integers(1, 70))
+            for j in range(i, min(n, i + k)):
+                if d.draw(st.booleans()):
+                    b[j] ^= d.draw(st.integers(1, 255))
+    gap = d.draw(st.sampled_from([0, 1, 2, 7, 8, 9, 16, 100, 1 << 40]))
+    off = d.draw(st.integers(0, 15))
+    assert nat.diff_bytes(unaligned(a, off), unaligned(bytes(b), 15 - off), gap) == \
+        diff_bytes_reference(a, bytes(b), gap)

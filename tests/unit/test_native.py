@@ -541,3 +541,83 @@ def test_chunk_sizes_respect_min_and_max():
 def test_chunker_tiny_min_large_feed_uses_bounded_scratch():
     buf = data(200_000, seed=9)
     assert nat.chunk_boundaries(buf, 64, 64, 64) == list(range(64, len(buf), 64)) + [len(buf)]
+
+
+# ---- snap_diff_bytes (csrc/bytediff.c) --------------------------------------------------------
+
+def _c_diff(a, b, gap, max_runs):
+    runs = ffi.new("uint64_t[]", 2 * max(max_runs, 1))
+    n, changed = ffi.new("size_t *", 9), ffi.new("uint64_t *", 9)
+    rc = lib.snap_diff_bytes(a, b, len(a), gap, runs, max_runs, n, changed)
+    pairs = ffi.unpack(runs, 2 * n[0]) if n[0] else []
+    return rc, [tuple(pairs[i:i + 2]) for i in range(0, len(pairs), 2)], int(changed[0])
+
+
+def test_c_diff_bytes_argument_errors():
+    runs = ffi.new("uint64_t[]", 8)
+    n, changed = ffi.new("size_t *", 5), ffi.new("uint64_t *", 5)
+    buf = bytes(64)
+    E = lib.SNAP_EINVAL
+    assert lib.snap_diff_bytes(NULL, buf, 1, 0, runs, 4, n, changed) == E
+    assert n[0] == 0 and changed[0] == 0
+    assert lib.snap_diff_bytes(buf, NULL, 1, 0, runs, 4, n, changed) == E
+    assert lib.snap_diff_bytes(buf, buf, 64, 0, NULL, 4, n, changed) == E
+    assert lib.snap_diff_bytes(buf, buf, 64, 0, runs, 4, NULL, changed) == E
+    assert lib.snap_diff_bytes(buf, buf, 64, 0, runs, 4, n, NULL) == E
+    assert lib.snap_diff_bytes(NULL, NULL, 0, 0, NULL, 0, n, changed) == 0
+    assert n[0] == 0 and changed[0] == 0
+
+
+def test_c_diff_bytes_capacity():
+    a = bytes(1000)
+    b = bytearray(a)
+    for i in range(0, 1000, 2):          # every other byte differs: the most exact runs
+        b[i] = 1
+    bound = 1000 // 2 + 1                # len / (max(gap, 1) + 1) + 1 (documented)
+    rc, runs, changed = _c_diff(a, bytes(b), 0, 499)
+    assert rc == lib.SNAP_ESPACE and runs == [] and changed == 0
+    rc, runs, changed = _c_diff(a, bytes(b), 0, bound)
+    assert rc == 0 and changed == 500 and runs == [(i, 1) for i in range(0, 1000, 2)]
+    rc, runs, changed = _c_diff(a, bytes(b), 2, 1)       # gap 2 bridges the 1-byte holes
+    assert rc == 0 and runs == [(0, 999)] and changed == 500
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 255, 256, 257, 1000, 4096 + 3])
+def test_diff_bytes_every_position_and_tail(n):
+    a = data(n)
+    for i in {0, n // 2, n - 1} if n else set():
+        b = bytearray(a)
+        b[i] ^= 0x40
+        assert nat.diff_bytes(a, bytes(b)) == ([(i, 1)], 1)
+        assert nat.diff_bytes(a, bytes(b), 1 << 40) == ([(i, 1)], 1)
+    assert nat.diff_bytes(a, a) == ([], 0)
+    assert nat.diff_bytes(a, bytes(x ^ 0xFF for x in a), 16) == (([(0, n)], n) if n else ([], 0))
+
+
+def test_diff_bytes_merges_across_its_slices():
+    n = 2 * nat.DIFF_SLICE + 10
+    a = bytes(n)
+    b = bytearray(a)
+    b[nat.DIFF_SLICE - 2:nat.DIFF_SLICE + 2] = b"xxxx"             # a run across the seam
+    b[2 * nat.DIFF_SLICE - 1] = 1
+    b[2 * nat.DIFF_SLICE + 3] = 1                                   # 3 bytes apart: gap 4
+    assert nat.diff_bytes(a, bytes(b)) == (
+        [(nat.DIFF_SLICE - 2, 4), (2 * nat.DIFF_SLICE - 1, 1), (2 * nat.DIFF_SLICE + 3, 1)], 6)
+    assert nat.diff_bytes(a, bytes(b), 4)[0] == [(nat.DIFF_SLICE - 2, 4),
+                                                 (2 * nat.DIFF_SLICE - 1, 5)]
+
+
+def test_diff_bytes_arguments():
+    with pytest.raises(errors.InvalidArgumentError, match="equal lengths"):
+        nat.diff_bytes(b"ab", b"abc")
+    with pytest.raises(TypeError):
+        nat.diff_bytes("ab", b"ab")
+    with pytest.raises(TypeError):
+        nat.diff_bytes(b"ab", b"ab", 1.5)
+    with pytest.raises(errors.InvalidArgumentError):
+        nat.diff_bytes(b"ab", b"ab", -1)
+    arr = np.arange(10, dtype=np.float64)
+    other = arr.copy()
+    other[3] = 99
+    assert nat.diff_bytes(arr, other, 0)[1] == sum(
+        x != y for x, y in zip(arr.tobytes(), other.tobytes()))
