@@ -191,7 +191,7 @@ def test_repair_names_the_holder_too(path, holders):
 
 # ---- the command line -----------------------------------------------------------------------
 WRITING = {
-    "rm": ["rm", "1"], "tag": ["tag", "1", "t"], "retain": ["retain", "--keep-last", "1"],
+    "rm": ["rm", "1"], "tag": ["tag", "1", "t"], "retain": ["retain", "--all-streams", "--keep-last", "1"],
     "compact": ["compact"], "repair": ["repair"], "init": ["init"]}
 
 
