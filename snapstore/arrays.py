@@ -15,8 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from snapstore.engine.memory import uninit_bytearray
-from snapstore.objectlayer import ARRAYS_META_KEY, resolve_checkpoint, wrap_meta
-from snapstore.objects import NotAnObjectCheckpointError, StructureMismatchError
+from snapstore.errors import (InvalidArgumentTypeError, NotAnObjectCheckpointError,
+                              StructureMismatchError)
+from snapstore.objectlayer import (ARRAYS_META_KEY, layer_meta, reader_hint, require_store,
+                                   resolve_checkpoint, wrap_meta)
 
 __all__ = ["save_arrays", "load_arrays", "ARRAYS_META_KEY", "ARRAY_PREFIX"]
 
@@ -58,18 +60,20 @@ def save_arrays(store, arrays: Mapping[str, Any], stream: str = "default", meta:
     Returns: CheckpointInfo. Raises TypeError / InvalidArgumentError before writing anything.
     """
     import numpy as np
+    require_store(store, "snapstore.save_arrays")
     if not isinstance(arrays, Mapping):
-        raise TypeError(f"arrays must be a mapping of name to array, got "
-                        f"{type(arrays).__name__}")
+        raise InvalidArgumentTypeError(f"arrays must be a mapping of name to array, got "
+                                       f"{type(arrays).__name__}")
     buffers, layout, keep = {}, {}, []
     for name, a in arrays.items():
         if not isinstance(name, str):
-            raise TypeError(f"array names must be str, got {name!r}")
+            raise InvalidArgumentTypeError(f"array names must be str, got {name!r}")
         if not isinstance(a, np.ndarray):
-            raise TypeError(f"arrays[{name!r}] is a {type(a).__name__}, not a NumPy array")
+            raise InvalidArgumentTypeError(f"arrays[{name!r}] is a {type(a).__name__}, not a "
+                                           "NumPy array")
         if a.dtype.hasobject:
-            raise TypeError(f"arrays[{name!r}] holds Python objects ({a.dtype}); use "
-                            "store.save() for it")
+            raise InvalidArgumentTypeError(f"arrays[{name!r}] holds Python objects "
+                                           f"({a.dtype}); use store.save() for it")
         if not (a.flags.c_contiguous or a.flags.f_contiguous):
             a = np.ascontiguousarray(a)
             keep.append(a)
@@ -87,11 +91,12 @@ def save_arrays(store, arrays: Mapping[str, Any], stream: str = "default", meta:
 
 
 def _layout(info) -> dict:
-    meta = info.meta
-    ours = meta.get(ARRAYS_META_KEY) if isinstance(meta, dict) else None
+    ours = layer_meta(info, ARRAYS_META_KEY)
     if not isinstance(ours, dict) or ours.get("version") != ARRAYS_VERSION \
             or not isinstance(ours.get("arrays"), dict):
-        raise NotAnObjectCheckpointError(f"checkpoint {info.id} was not written by save_arrays()")
+        raise NotAnObjectCheckpointError(
+            f"checkpoint {info.id} of stream {info.stream!r} was not written by save_arrays(), "
+            f"so load_arrays() cannot read it: use {reader_hint(info)}")
     return ours["arrays"]
 
 
@@ -108,6 +113,7 @@ def load_arrays(store, id_or_stream: Any, into: Mapping[str, Any] | None = None)
     Raises: CheckpointNotFound, NotAnObjectCheckpointError, StructureMismatchError.
     """
     import numpy as np
+    require_store(store, "snapstore.load_arrays")
     info = resolve_checkpoint(store, id_or_stream)
     layout = _layout(info)
     specs = {}
