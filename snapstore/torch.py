@@ -160,8 +160,13 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
         CheckpointNotFound, NotAnObjectCheckpointError (names the call that reads it),
         StructureMismatchError (nothing written), CorruptionError.
     """
+    where = "snapstore.torch.load(store, id_or_stream, into=None)"
+    if isinstance(id_or_stream, Store):
+        raise InvalidArgumentTypeError(f"{where}: the first argument must be an open "
+                                       "snapstore.Store (the store comes first), got "
+                                       f"{type(store).__name__} then a Store")
     if not isinstance(store, (str, bytes, os.PathLike)):
-        require_store(store, "snapstore.torch.load(store, id_or_stream, into=None)")
+        require_store(store, where)
     with _opened(store, readonly=True) as s:
         if into is None:
             return objects.load(s, id_or_stream)
