@@ -57,7 +57,10 @@ def save_arrays(store, arrays: Mapping[str, Any], stream: str = "default", meta:
             layouts are stored as a C-contiguous copy).
         stream, meta: as for Store.checkpoint (a dict meta keeps its keys; the reserved key
             "snapstore.arrays" holds dtype, shape and order of each array).
-    Returns: CheckpointInfo. Raises TypeError / InvalidArgumentError before writing anything.
+    Returns: CheckpointInfo.
+    Raises: InvalidArgumentTypeError (store not first, arrays not a mapping of str to arrays of
+        a dtype other than object), InvalidArgumentError (names, meta), StoreIOError; nothing
+        is written then.
     """
     import numpy as np
     require_store(store, "snapstore.save_arrays")
@@ -110,7 +113,9 @@ def load_arrays(store, id_or_stream: Any, into: Mapping[str, Any] | None = None)
             straight into those arrays (any layout; a copy only when it differs from the
             stored order). Checked before anything is written.
     Returns: {name: writable array in the saved order}, or into.
-    Raises: CheckpointNotFound, NotAnObjectCheckpointError, StructureMismatchError.
+    Raises: InvalidArgumentTypeError (store not first), CheckpointNotFound,
+        NotAnObjectCheckpointError (not a save_arrays() checkpoint: names the call that reads
+        it), StructureMismatchError (into=: nothing written), CorruptionError.
     """
     import numpy as np
     require_store(store, "snapstore.load_arrays")

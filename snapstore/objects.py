@@ -421,8 +421,9 @@ def save(store, obj: Any, stream: str = "default", meta: Any = None, *,
         allow_device_copy: copy tensors on other devices to the CPU instead of refusing them.
         inband_limit: buffers smaller than this stay inside the pickle stream.
     Returns: CheckpointInfo.
-    Raises: ObjectSaveError (unpicklable part, named), DeviceTensorError, TypeError /
-        InvalidArgumentError (meta, stream), StoreIOError. Nothing is written on error.
+    Raises: ObjectSaveError (unpicklable part, named), DeviceTensorError,
+        InvalidArgumentTypeError (store is not a Store: the store comes first; meta, stream),
+        InvalidArgumentError, StoreIOError. Nothing is written on error.
     """
     require_store(store, "snapstore.objects.save")
     validate_name(stream, "stream")
@@ -481,8 +482,9 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
             target takes the loaded value as is). Everything is checked before anything is
             written.
     Returns: the object (arrays and tensors writable, in memory owned by the caller), or into.
-    Raises: CheckpointNotFound, NotAnObjectCheckpointError, StructureMismatchError (nothing
-        written), CorruptionError.
+    Raises: InvalidArgumentTypeError (store is not a Store: the store comes first),
+        CheckpointNotFound, NotAnObjectCheckpointError (names the call that reads the
+        checkpoint), StructureMismatchError (nothing written), CorruptionError.
     """
     require_store(store, "snapstore.objects.load")
     info = resolve_checkpoint(store, id_or_stream)
