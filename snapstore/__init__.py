@@ -3,10 +3,18 @@
     store = snapstore.open("ckpts")
     info = store.checkpoint({"weights": w}, stream="train", meta={"step": 10})
     store.restore_into(info.id, {"weights": w})
+
+API convention: a module-level function takes the store first, as if it were a Store method
+(f(store, data, stream, meta=...) / f(store, name, ...)). Every exception snapstore raises is
+in snapstore.errors; the common ones are exported here too.
 """
 from snapstore import errors
-from snapstore.errors import (CheckpointNotFound, CorruptionError, ForkedStoreError, FormatError,
-                              SnapstoreError, StoreLocked)
+from snapstore.errors import (AmbiguousCheckpointName, CheckpointNotFound, CorruptionError,
+                              ForkedStoreError, FormatError,
+                              InvalidArgumentError, InvalidArgumentTypeError,
+                              NotAnObjectCheckpointError, ReadOnlyError, SnapstoreError,
+                              StoreClosedError, StoreIOError, StoreLocked,
+                              StructureMismatchError)
 from snapstore.store import CheckpointInfo, Store, open, repair
 from snapstore.arrays import load_arrays, save_arrays
 from snapstore.exporter import export
@@ -14,5 +22,7 @@ from snapstore.exporter import export
 from snapstore.version import __version__
 __all__ = ["open", "repair", "Store", "CheckpointInfo", "errors", "SnapstoreError",
            "CheckpointNotFound", "CorruptionError", "ForkedStoreError", "FormatError",
-           "StoreLocked", "__version__", "save_arrays",
+           "InvalidArgumentError", "InvalidArgumentTypeError", "NotAnObjectCheckpointError",
+           "ReadOnlyError", "StoreClosedError", "StoreIOError", "StoreLocked",
+           "StructureMismatchError", "AmbiguousCheckpointName", "__version__", "save_arrays",
            "load_arrays", "export"]

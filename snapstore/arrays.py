@@ -15,8 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from snapstore.engine.memory import uninit_bytearray
-from snapstore.objectlayer import ARRAYS_META_KEY, resolve_checkpoint, wrap_meta
-from snapstore.objects import NotAnObjectCheckpointError, StructureMismatchError
+from snapstore.errors import (InvalidArgumentTypeError, NotAnObjectCheckpointError,
+                              StructureMismatchError)
+from snapstore.objectlayer import (ARRAYS_META_KEY, layer_meta, reader_hint, require_store,
+                                   resolve_checkpoint, wrap_meta)
 
 __all__ = ["save_arrays", "load_arrays", "ARRAYS_META_KEY", "ARRAY_PREFIX"]
 
@@ -55,21 +57,26 @@ def save_arrays(store, arrays: Mapping[str, Any], stream: str = "default", meta:
             layouts are stored as a C-contiguous copy).
         stream, meta: as for Store.checkpoint (a dict meta keeps its keys; the reserved key
             "snapstore.arrays" holds dtype, shape and order of each array).
-    Returns: CheckpointInfo. Raises TypeError / InvalidArgumentError before writing anything.
+    Returns: CheckpointInfo.
+    Raises: InvalidArgumentTypeError (store not first, arrays not a mapping of str to arrays of
+        a dtype other than object), InvalidArgumentError (names, meta), StoreIOError; nothing
+        is written then.
     """
     import numpy as np
+    require_store(store, "snapstore.save_arrays")
     if not isinstance(arrays, Mapping):
-        raise TypeError(f"arrays must be a mapping of name to array, got "
-                        f"{type(arrays).__name__}")
+        raise InvalidArgumentTypeError(f"arrays must be a mapping of name to array, got "
+                                       f"{type(arrays).__name__}")
     buffers, layout, keep = {}, {}, []
     for name, a in arrays.items():
         if not isinstance(name, str):
-            raise TypeError(f"array names must be str, got {name!r}")
+            raise InvalidArgumentTypeError(f"array names must be str, got {name!r}")
         if not isinstance(a, np.ndarray):
-            raise TypeError(f"arrays[{name!r}] is a {type(a).__name__}, not a NumPy array")
+            raise InvalidArgumentTypeError(f"arrays[{name!r}] is a {type(a).__name__}, not a "
+                                           "NumPy array")
         if a.dtype.hasobject:
-            raise TypeError(f"arrays[{name!r}] holds Python objects ({a.dtype}); use "
-                            "store.save() for it")
+            raise InvalidArgumentTypeError(f"arrays[{name!r}] holds Python objects "
+                                           f"({a.dtype}); use store.save() for it")
         if not (a.flags.c_contiguous or a.flags.f_contiguous):
             a = np.ascontiguousarray(a)
             keep.append(a)
@@ -87,11 +94,12 @@ def save_arrays(store, arrays: Mapping[str, Any], stream: str = "default", meta:
 
 
 def _layout(info) -> dict:
-    meta = info.meta
-    ours = meta.get(ARRAYS_META_KEY) if isinstance(meta, dict) else None
+    ours = layer_meta(info, ARRAYS_META_KEY)
     if not isinstance(ours, dict) or ours.get("version") != ARRAYS_VERSION \
             or not isinstance(ours.get("arrays"), dict):
-        raise NotAnObjectCheckpointError(f"checkpoint {info.id} was not written by save_arrays()")
+        raise NotAnObjectCheckpointError(
+            f"checkpoint {info.id} of stream {info.stream!r} was not written by save_arrays(), "
+            f"so load_arrays() cannot read it: use {reader_hint(info)}")
     return ours["arrays"]
 
 
@@ -105,9 +113,12 @@ def load_arrays(store, id_or_stream: Any, into: Mapping[str, Any] | None = None)
             straight into those arrays (any layout; a copy only when it differs from the
             stored order). Checked before anything is written.
     Returns: {name: writable array in the saved order}, or into.
-    Raises: CheckpointNotFound, NotAnObjectCheckpointError, StructureMismatchError.
+    Raises: InvalidArgumentTypeError (store not first), CheckpointNotFound,
+        NotAnObjectCheckpointError (not a save_arrays() checkpoint: names the call that reads
+        it), StructureMismatchError (into=: nothing written), CorruptionError.
     """
     import numpy as np
+    require_store(store, "snapstore.load_arrays")
     info = resolve_checkpoint(store, id_or_stream)
     layout = _layout(info)
     specs = {}

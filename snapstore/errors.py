@@ -178,6 +178,78 @@ class ExportError(InvalidArgumentError):
     written."""
 
 
+# ---- the object layers (snapstore.objects, snapstore.arrays, snapstore.torch) ----------------
+class ObjectSaveError(SnapstoreError, TypeError):
+    """An object (or a part of it, named by ``path``) cannot be pickled. Nothing was written."""
+
+    def __init__(self, message: str, path: str = "obj") -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class DeviceTensorError(InvalidArgumentError):
+    """A tensor is not on the CPU (named by ``path``); save(..., allow_device_copy=True)
+    copies it to the CPU first. Nothing was written."""
+
+    def __init__(self, message: str, path: str = "obj") -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class StructureMismatchError(InvalidArgumentError):
+    """load(into=...) / load_arrays(into=...): the target's structure, shapes or dtypes differ
+    from the checkpoint's (first difference at ``path``). Nothing was written; the target is
+    unchanged."""
+
+    def __init__(self, message: str, path: str = "obj") -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class NotAnObjectCheckpointError(InvalidArgumentError):
+    """The checkpoint was not written by the loader's own save: store.load() needs a
+    store.save() / snapstore.torch.save() checkpoint, load_arrays() a save_arrays() one. The
+    message names the call that reads the checkpoint (load_arrays(), load(), restore()...)."""
+
+
+# ---- workflows (snapstore.workflow) ----------------------------------------------------------
+class StepError(SnapstoreError):
+    """A workflow step raised. ``step`` and ``workflow_id`` name it; the step's exception is
+    the ``__cause__``. The workflow's last checkpoint is unchanged; run() again retries the
+    step."""
+
+    def __init__(self, message: str, *, workflow_id: str = "", step: str = "") -> None:
+        super().__init__(message)
+        self.workflow_id = workflow_id
+        self.step = step
+
+
+class CheckpointSaveError(SnapstoreError):
+    """The state after a workflow step could not be checkpointed (disk full, I/O error, closed
+    store, ...). The workflow stopped; the error that caused it is the ``__cause__``."""
+
+    def __init__(self, message: str, *, workflow_id: str = "", step: str = "") -> None:
+        super().__init__(message)
+        self.workflow_id = workflow_id
+        self.step = step
+
+
+class WorkflowInputMismatchError(InvalidArgumentError):
+    """Workflow.run(state) got an input other than the one the workflow's stored run was
+    started with: run() resumes (or returns the result of) that run, so a different input
+    would be silently ignored. run() with the same input or none resumes; rerun(state) starts a
+    new run with the new input (history is kept); reset() forgets the runs."""
+
+    def __init__(self, message: str, *, workflow_id: str = "") -> None:
+        super().__init__(message)
+        self.workflow_id = workflow_id
+
+
+class WorkflowFinishedError(WorkflowInputMismatchError):
+    """Workflow.run(state) on a finished workflow with an input other than the finished run's:
+    use rerun(state) for a new run on the same workflow id, or reset() then run(state)."""
+
+
 # C return code (SNAP_E*) -> exception class. The single source of truth for that mapping;
 # the codes themselves come from the compiled library (snapstore._native checks them).
 NATIVE_ERRORS: dict[str, type[NativeError]] = {

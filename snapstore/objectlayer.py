@@ -13,14 +13,32 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from snapstore.errors import InvalidArgumentError
+from snapstore.engine import format as fmt
+from snapstore.errors import CheckpointNotFound, InvalidArgumentError, InvalidArgumentTypeError
 
-__all__ = ["META_KEY", "ARRAYS_META_KEY", "RESERVED_META_KEYS", "wrap_meta", "user_meta",
-           "resolve_checkpoint", "contiguous_tensor"]
+__all__ = ["META_KEY", "ARRAYS_META_KEY", "DCP_META_KEY", "DCP_PART_KEY",
+           "DCP_METADATA_BUFFER", "WORKFLOW_META_KEY",
+           "RESERVED_META_KEYS", "wrap_meta", "user_meta", "layer_meta", "reader_hint",
+           "require_store", "resolve_checkpoint", "contiguous_tensor"]
 
 META_KEY = "snapstore.objects"          # meta key of an objects.save() checkpoint
 ARRAYS_META_KEY = "snapstore.arrays"    # meta key of an arrays.save_arrays() checkpoint
+DCP_META_KEY = fmt.DCP_META_KEY         # meta key of a DCP checkpoint (snapstore.torch)
+DCP_PART_KEY = fmt.DCP_PART_KEY         # ... of one rank's part of a DCP checkpoint
+DCP_METADATA_BUFFER = "dcp/metadata"    # the buffer of a DCP checkpoint holding DCP's Metadata
+WORKFLOW_META_KEY = "snapstore.workflow"   # ... of a workflow's checkpoint (snapstore.workflow)
 RESERVED_META_KEYS = (META_KEY, ARRAYS_META_KEY)
+
+_STORE_METHODS = ("checkpoint", "restore_into", "read", "latest", "get")
+
+# The call that reads a checkpoint, by the reserved key its writer set (most specific first).
+_READERS = ((META_KEY, "store.load() (or snapstore.torch.load())"),
+            (ARRAYS_META_KEY, "snapstore.load_arrays()"),
+            (DCP_META_KEY, "torch.distributed.checkpoint.load() with "
+                           "snapstore.torch.SnapstoreReader"),
+            (DCP_PART_KEY, "torch.distributed.checkpoint.load() (it is one rank's part of a "
+                           "DCP checkpoint)"),
+            (WORKFLOW_META_KEY, "Workflow.load()"))
 
 
 def wrap_meta(meta: Any, info: dict, key: str) -> Any:
@@ -36,10 +54,43 @@ def wrap_meta(meta: Any, info: dict, key: str) -> Any:
     return {key: info}
 
 
+def layer_meta(info: Any, key: str) -> Any:
+    """The reserved entry `key` of a checkpoint (info: a CheckpointInfo, whose reserved part
+    is info.reserved_meta, or a stored meta value); None when it has none."""
+    reserved = getattr(info, "reserved_meta", None)
+    if reserved is None:
+        reserved = info if isinstance(info, dict) else {}
+    return reserved.get(key)
+
+
+def reader_hint(info: Any) -> str:
+    """The call that reads this checkpoint (by the layer that wrote it), for error messages:
+    "store.restore()" for a plain checkpoint."""
+    for key, reader in _READERS:
+        if layer_meta(info, key) is not None:
+            return reader
+    return "store.restore() (a plain checkpoint of named buffers)"
+
+
+def require_store(store: Any, function: str) -> None:
+    """Raises InvalidArgumentTypeError unless store is a snapstore.Store (the first argument
+    of every module-level function of the object layers). Checked by its methods: this layer
+    sits below snapstore.store's users and must not import it (the import graph has no
+    cycles)."""
+    if isinstance(store, (str, bytes, Mapping)) or \
+            not all(callable(getattr(store, m, None)) for m in _STORE_METHODS):
+        raise InvalidArgumentTypeError(
+            f"{function}: the first argument must be an open snapstore.Store (the store comes "
+            f"first, as for a Store method), got {type(store).__name__}")
+
+
 def user_meta(info: Any) -> Any:
-    """The meta the caller passed to save() or save_arrays() (info: a CheckpointInfo or its
-    meta), exactly. Other checkpoints' meta is returned as is."""
-    meta = getattr(info, "meta", info)
+    """The meta the caller passed to save() or save_arrays() (info: a CheckpointInfo, whose
+    meta already is that, or a stored meta value), exactly. Other checkpoints' meta is
+    returned as is."""
+    if hasattr(info, "reserved_meta"):
+        return info.meta
+    meta = info
     if not isinstance(meta, dict):
         return meta
     for key in RESERVED_META_KEYS:

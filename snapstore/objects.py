@@ -35,9 +35,10 @@ from typing import Any, Iterator
 
 from snapstore.engine.memory import address_view, uninit_bytearray
 from snapstore.engine.validation import validate_meta, validate_name
-from snapstore.errors import InvalidArgumentError, SnapstoreError
-from snapstore.objectlayer import META_KEY, contiguous_tensor, resolve_checkpoint, user_meta, \
-    wrap_meta
+from snapstore.errors import (DeviceTensorError, InvalidArgumentError, NotAnObjectCheckpointError,
+                              ObjectSaveError, StructureMismatchError)
+from snapstore.objectlayer import (META_KEY, contiguous_tensor, layer_meta, reader_hint,
+                                   require_store, resolve_checkpoint, user_meta, wrap_meta)
 
 __all__ = ["save", "load", "user_meta", "is_object_checkpoint", "FRESH", "ObjectSaveError",
            "DeviceTensorError", "StructureMismatchError", "NotAnObjectCheckpointError",
@@ -50,36 +51,7 @@ DEFAULT_INBAND_LIMIT = 4096           # smaller out-of-band buffers stay in the 
 _LAZY_PLACEHOLDER = 1 << 16           # skeleton buffers from this size are untouched mmaps
 
 
-# ---- errors -------------------------------------------------------------------------------
-class ObjectSaveError(SnapstoreError, TypeError):
-    """An object (or a part of it, named by ``path``) cannot be pickled. Nothing was written."""
-
-    def __init__(self, message: str, path: str = "obj") -> None:
-        super().__init__(message)
-        self.path = path
-
-
-class DeviceTensorError(InvalidArgumentError):
-    """A tensor is not on the CPU (named by ``path``); save(..., allow_device_copy=True)
-    copies it to the CPU first. Nothing was written."""
-
-    def __init__(self, message: str, path: str = "obj") -> None:
-        super().__init__(message)
-        self.path = path
-
-
-class StructureMismatchError(InvalidArgumentError):
-    """load(into=...): the target's structure, shapes or dtypes differ from the checkpoint's
-    (first difference at ``path``). Nothing was written; the target is unchanged."""
-
-    def __init__(self, message: str, path: str = "obj") -> None:
-        super().__init__(message)
-        self.path = path
-
-
-class NotAnObjectCheckpointError(InvalidArgumentError):
-    """The checkpoint was not written by save() (no "snapstore.objects" meta): load() refuses
-    to unpickle it."""
+# ---- errors: defined in snapstore.errors (importable from here too, as before) ----------
 
 
 class _Fresh:
@@ -99,10 +71,9 @@ memory), without matching it against anything."""
 
 # ---- meta (META_KEY and user_meta: snapstore.objectlayer, shared with arrays) ----------------
 def is_object_checkpoint(info: Any) -> bool:
-    """True for a CheckpointInfo (or a meta value) of a checkpoint written by save()."""
-    meta = getattr(info, "meta", info)
-    return (isinstance(meta, dict) and isinstance(meta.get(META_KEY), dict)
-            and meta[META_KEY].get("version") == FORMAT_VERSION)
+    """True for a CheckpointInfo (or a stored meta value) of a checkpoint written by save()."""
+    ours = layer_meta(info, META_KEY)
+    return isinstance(ours, dict) and ours.get("version") == FORMAT_VERSION
 
 
 # ---- memory -------------------------------------------------------------------------------
@@ -450,9 +421,11 @@ def save(store, obj: Any, stream: str = "default", meta: Any = None, *,
         allow_device_copy: copy tensors on other devices to the CPU instead of refusing them.
         inband_limit: buffers smaller than this stay inside the pickle stream.
     Returns: CheckpointInfo.
-    Raises: ObjectSaveError (unpicklable part, named), DeviceTensorError, TypeError /
-        InvalidArgumentError (meta, stream), StoreIOError. Nothing is written on error.
+    Raises: ObjectSaveError (unpicklable part, named), DeviceTensorError,
+        InvalidArgumentTypeError (store is not a Store: the store comes first; meta, stream),
+        InvalidArgumentError, StoreIOError. Nothing is written on error.
     """
+    require_store(store, "snapstore.objects.save")
     validate_name(stream, "stream")
     if isinstance(inband_limit, bool) or not isinstance(inband_limit, int) or inband_limit < 0:
         raise InvalidArgumentError(f"inband_limit must be an int >= 0, got {inband_limit!r}")
@@ -474,14 +447,15 @@ def _object_layout(info) -> tuple[list[str], list[int]]:
     """(out-of-band buffer names, their sizes) of an object checkpoint, checked."""
     if not is_object_checkpoint(info):
         raise NotAnObjectCheckpointError(
-            f"checkpoint {info.id} of stream {info.stream!r} was not written by save() "
-            "(its meta has no 'snapstore.objects'); use restore() for plain checkpoints")
-    n = info.meta[META_KEY].get("buffers")
+            f"checkpoint {info.id} of stream {info.stream!r} was not written by store.save() "
+            f"or snapstore.torch.save(), so load() cannot read it: use {reader_hint(info)}")
+    ours = layer_meta(info, META_KEY)
+    n = ours.get("buffers")
     names = [f"{OOB_PREFIX}{i}" for i in range(n)] if isinstance(n, int) and n >= 0 else None
     if names is None or set(info.sizes) != {PICKLE_BUFFER, *names}:
         raise NotAnObjectCheckpointError(
             f"checkpoint {info.id}: its buffers {sorted(info.sizes)} do not match its object "
-            f"meta {info.meta[META_KEY]!r}")
+            f"meta {ours!r}")
     return names, [info.sizes[name] for name in names]
 
 
@@ -508,9 +482,11 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
             target takes the loaded value as is). Everything is checked before anything is
             written.
     Returns: the object (arrays and tensors writable, in memory owned by the caller), or into.
-    Raises: CheckpointNotFound, NotAnObjectCheckpointError, StructureMismatchError (nothing
-        written), CorruptionError.
+    Raises: InvalidArgumentTypeError (store is not a Store: the store comes first),
+        CheckpointNotFound, NotAnObjectCheckpointError (names the call that reads the
+        checkpoint), StructureMismatchError (nothing written), CorruptionError.
     """
+    require_store(store, "snapstore.objects.load")
     info = resolve_checkpoint(store, id_or_stream)
     names, sizes = _object_layout(info)
     if into is not None and into is not FRESH:

@@ -5,6 +5,7 @@ through the persister (snapstore.capture.persister), reads through read-only ind
 """
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import weakref
@@ -24,6 +25,7 @@ from snapstore.engine import writer as wr
 from snapstore.engine.commit import Committer, io_errors
 from snapstore.engine.index import IndexView
 from snapstore.engine.memory import OutputBytes
+from snapstore.engine.meta import reserved_meta, user_meta
 from snapstore.engine.reader import (buffer_manifest, find_buffer, restore_range,
                                      restore_ranges)
 from snapstore.engine.repair import repair as rebuild_index
@@ -72,7 +74,33 @@ class RetainResult(list):
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """What the store knows of one checkpoint."""
+    """What the store knows of one checkpoint.
+
+    Attributes:
+        id: the checkpoint's id (unique in the store, never reused).
+        stream: the stream it belongs to.
+        kind: "full" when every buffer is stored whole (restorable without any other
+            checkpoint's manifest; chain_length 0), "incremental" when at least one buffer is a
+            delta over its parent (chain_length >= 1). A checkpoint of a stream is stored full
+            when it is the stream's first, when more than full_threshold of all its bytes
+            changed (the whole checkpoint is then stored whole: snapstore.open's
+            full_threshold), or when a delta chain reaches max_chain; every write path (store.
+            checkpoint, store.save, snapstore.torch.save, DCP's SnapstoreWriter, save_arrays)
+            labels the same change the same way. "Full" is about manifests: its chunks may be
+            shared with other checkpoints (deduplication).
+        parent: the stream's previous checkpoint when it was taken (None for the first).
+        created: seconds since the epoch.
+        meta: the user's meta, as passed to checkpoint()/save()/save_arrays()/torch.save:
+            snapstore's reserved keys ("snapstore.*") are not in it.
+        sizes: {buffer name: bytes}.
+        bytes_new: bytes this checkpoint added to the log.
+        chain_length: deltas to apply above the nearest full manifest (0: full).
+        tags: its tags.
+        seq: position in its stream when taken: 1, 2, 3... (never reused).
+        reserved_meta: snapstore's own part of the meta, {"snapstore.<layer>": ...}: how the
+            object layer, save_arrays, DCP and workflows describe the checkpoint ({} for a
+            plain checkpoint).
+    """
     id: int
     stream: str
     kind: str                 # "full" | "incremental"
@@ -84,12 +112,28 @@ class CheckpointInfo:
     chain_length: int         # deltas to apply above the nearest full manifest (0: full)
     tags: tuple = field(default=())
     seq: int = 0              # position in its stream when taken: 1, 2, 3... (never reused)
+    reserved_meta: dict = field(default_factory=dict)
 
     @classmethod
     def from_commit(cls, c: Commit) -> "CheckpointInfo":
-        return cls(c.id, c.stream, c.kind, c.parent, c.created, c.meta,
+        user, reserved = split_meta(c.meta)
+        return cls(c.id, c.stream, c.kind, c.parent, c.created, user,
                    {b.name: b.size for b in c.buffers}, c.bytes_new, c.chain_length,
-                   tuple(c.tags), c.seq)
+                   tuple(c.tags), c.seq, reserved)
+
+
+def split_meta(meta: Any) -> tuple[Any, dict]:
+    """(the user's meta, snapstore's reserved part) of a checkpoint's stored meta. A layer
+    that was given a meta other than a dict keeps it as the "user" entry of its reserved
+    part (snapstore.objectlayer.wrap_meta; a workflow's run meta likewise): that value is the
+    user's meta then."""
+    reserved = reserved_meta(meta)
+    user = user_meta(meta)
+    if reserved and user == {}:
+        for entry in reserved.values():
+            if isinstance(entry, dict) and "user" in entry:
+                return entry["user"], reserved
+    return user, reserved
 
 
 # Every Store of this process, so that a fork()ed child can disown them (_after_fork_in_child).
@@ -111,16 +155,20 @@ class Store:
     usable only in the process that opened it: in a fork()ed child every call raises
     ForkedStoreError (open the store again there)."""
 
-    def __init__(self, path: str, *, durability: str = "fsync", create: bool = True,
-                 readonly: bool = False, timeout: float = 0.0,
-                 page_size: int = fmt.DEFAULT_PAGE_SIZE,
-                 chunk_size: int = fmt.DEFAULT_CHUNK_SIZE, chunking: str = "pages",
-                 cdc_sizes: tuple = fmt.DEFAULT_CDC_SIZES, max_chain: int = fmt.DEFAULT_MAX_CHAIN,
-                 full_threshold: float = fmt.DEFAULT_FULL_THRESHOLD, compression: str = "zstd",
-                 compression_level: int = fmt.DEFAULT_COMPRESSION_LEVEL,
-                 segment_size: int = fmt.DEFAULT_SEGMENT_SIZE,
-                 staging_bytes: int = DEFAULT_STAGING_BYTES,
-                 backend: SegmentBackend | None = None) -> None:
+    def __init__(self, path: str, **options: Any) -> None:
+        """Store(path, **options) is snapstore.open(path, **options): open() documents the
+        options and holds their defaults (one list). Unknown options raise
+        InvalidArgumentTypeError (a TypeError)."""
+        try:
+            bound = _OPEN_SIGNATURE.bind(path, **options)
+        except TypeError as exc:
+            raise InvalidArgumentTypeError(f"snapstore.open(): {exc}") from None
+        bound.apply_defaults()
+        self._open(**bound.arguments)
+
+    def _open(self, path, *, durability, create, readonly, timeout, page_size, chunk_size,
+              chunking, cdc_sizes, max_chain, full_threshold, compression, compression_level,
+              segment_size, staging_bytes, backend) -> None:
         # Every argument is checked before anything touches the file system.
         self.path = validate_path(path)
         self.durability = check_choice(durability, fmt.DURABILITY_MODES, "durability")
@@ -488,7 +536,8 @@ class Store:
             return CheckpointInfo.from_commit(r.checkpoint(head)) if head is not None else None
 
     def streams(self) -> list[str]:
-        """The names of the streams that have checkpoints, sorted."""
+        """The names of the streams that have at least one checkpoint, sorted. A stream
+        exists while it has checkpoints: deleting its last one removes it."""
         with self._committer.read() as r:
             return sorted(r.streams())
 
@@ -629,10 +678,66 @@ class Store:
 
 
 def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool = False,
-         timeout: float = 0.0, **options) -> Store:
-    """Opens (and by default creates) a store. See Store for the options."""
+         timeout: float = 0.0, page_size: int = fmt.DEFAULT_PAGE_SIZE,
+         chunk_size: int = fmt.DEFAULT_CHUNK_SIZE, chunking: str = "pages",
+         cdc_sizes: tuple = fmt.DEFAULT_CDC_SIZES, max_chain: int = fmt.DEFAULT_MAX_CHAIN,
+         full_threshold: float = fmt.DEFAULT_FULL_THRESHOLD, compression: str = "zstd",
+         compression_level: int = fmt.DEFAULT_COMPRESSION_LEVEL,
+         segment_size: int = fmt.DEFAULT_SEGMENT_SIZE,
+         staging_bytes: int = DEFAULT_STAGING_BYTES,
+         backend: SegmentBackend | None = None) -> Store:
+    """Opens (and by default creates) the store in directory ``path``; returns a Store.
+
+    Every option is keyword-only and checked before anything touches the file system.
+    The write options (page_size ... compression_level) apply to what this Store writes;
+    checkpoints already stored keep theirs, and every reader reads every layout.
+
+    Args:
+        path: the store directory (str, bytes or os.PathLike).
+        durability: "fsync" (default): a checkpoint is on disk when the call returns (data
+            and index are synced); "none": no sync, faster, but a power loss (not a process
+            crash) may lose the latest checkpoints (never corrupts older ones).
+        create: create the store if ``path`` is not one yet (default True); False raises
+            FormatError for a directory that is not a store.
+        readonly: open as a reader: no writer lock is taken, any number of readers run next
+            to one writer; every write raises ReadOnlyError.
+        timeout: seconds to wait for the writer lock held by another process (0: fail at
+            once with StoreLocked; float("inf"): wait for ever). For a reader: seconds to wait
+            for a store being created to appear.
+        page_size: the unit of incremental saves, a power of two from 512 to 1 MiB (default
+            4096): a buffer's delta is the pages whose fingerprints changed.
+        chunk_size: the largest chunk a full buffer is cut into, a multiple of page_size, at
+            most 8 MiB (default 64 KiB): the unit of deduplication and of partial reads.
+        chunking: "pages" (default: page deltas) or "cdc" (content-defined chunks, FastCDC:
+            every checkpoint stored whole, deduplicated; for content that shifts).
+        cdc_sizes: (min, avg, max) chunk sizes of "cdc" chunking (default 16, 64, 256 KiB).
+        max_chain: the longest delta chain (default 16): the delta that would reach it is
+            rebased into a full manifest, so a restore reads at most this many manifests.
+        full_threshold: from 0 to 1 (default 0.5): a buffer with more than this fraction of
+            its bytes changed is stored whole, and so is a whole checkpoint with more than this
+            fraction of all its bytes changed (CheckpointInfo.kind "full").
+        compression: "zstd" (default) or "none"; chunks that do not shrink are stored raw.
+        compression_level: the zstd level (default 1; higher: smaller, slower).
+        segment_size: bytes after which a log segment is sealed and a new one begun (at least
+            64 KiB; default 256 MiB): the unit compaction rewrites.
+        staging_bytes: the staging memory of asynchronous checkpoints and trackers (at least
+            1 MiB, at most the machine's memory; default 1 GiB; touched only as used).
+        backend: a snapstore.engine.backends.SegmentBackend holding the segments (default:
+            files under ``path``).
+    Returns: Store (a context manager: ``with snapstore.open(p) as store:``).
+    Raises: InvalidArgumentError / InvalidArgumentTypeError (bad option), FormatError (not a
+        store, or written by a newer snapstore), StoreLocked (another process holds the
+        writer lock), StoreIOError, CorruptionError (a damaged index: see
+        snapstore.repair).
+    """
     return Store(path, durability=durability, create=create, readonly=readonly, timeout=timeout,
-                 **options)
+                 page_size=page_size, chunk_size=chunk_size, chunking=chunking,
+                 cdc_sizes=cdc_sizes, max_chain=max_chain, full_threshold=full_threshold,
+                 compression=compression, compression_level=compression_level,
+                 segment_size=segment_size, staging_bytes=staging_bytes, backend=backend)
+
+
+_OPEN_SIGNATURE = inspect.signature(open)
 
 
 def repair(path, *, progress: Callable[[int, int], None] | None = None,

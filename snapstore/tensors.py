@@ -35,16 +35,12 @@ from typing import Any, Iterator, Optional
 from snapstore.arrays import ARRAY_PREFIX, ARRAYS_META_KEY
 from snapstore.engine.meta import reserved_meta
 from snapstore.errors import CorruptionError
+from snapstore.objectlayer import DCP_META_KEY, DCP_METADATA_BUFFER, DCP_PART_KEY
 from snapstore.objects import META_KEY, OOB_PREFIX, PICKLE_BUFFER
 
 __all__ = ["TensorEntry", "Catalogue", "tensor_catalogue", "catalogue", "checkpoint_kind",
            "DTYPE_ITEMSIZE"]
 
-# PINNED to snapstore.torch (which needs torch to import): tests/unit/test_contents.py checks
-# they are equal.
-DCP_META_KEY = "snapstore.dcp"
-DCP_PART_KEY = "snapstore.dcp_part"
-DCP_METADATA_BUFFER = "dcp/metadata"
 
 # Bytes per element of the dtypes catalogued (torch's names; numpy's are the same where both
 # exist). A dtype missing here is listed as skipped, not guessed.

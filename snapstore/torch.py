@@ -2,8 +2,11 @@
 for torch.distributed.checkpoint (SnapstoreWriter/SnapstoreReader). Needs torch==2.13.0
 (``pip install 'snapstore[torch]'``); ``import snapstore`` alone never imports torch.
 
-    snapstore.torch.save({"model": model, "optim": opt, "step": step}, store, "train")
+    snapstore.torch.save(store, {"model": model, "optim": opt, "step": step}, "train")
     snapstore.torch.load(store, "train", into={"model": model, "optim": opt, "step": 0})
+
+The store comes first, as for a Store method (README, "API conventions"); the old order
+save(state, store, ...) still works in this version, with a DeprecationWarning.
 
     dcp.save(sd, checkpoint_id="step-100", storage_writer=SnapstoreWriter("ckpts"))
     dcp.load(sd, checkpoint_id="step-100", storage_reader=SnapstoreReader("ckpts"))
@@ -42,18 +45,18 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from snapstore.engine import format as fmt
 from snapstore.engine.memory import address_view
 from snapstore import objects
-from snapstore.objectlayer import contiguous_tensor
-from snapstore.errors import CheckpointNotFound, InvalidArgumentError, SnapstoreError
+from snapstore.objectlayer import (DCP_META_KEY, DCP_METADATA_BUFFER, DCP_PART_KEY,
+                                   contiguous_tensor, layer_meta, require_store)
+from snapstore.errors import (CheckpointNotFound, InvalidArgumentError, InvalidArgumentTypeError,
+                              SnapstoreError)
 from snapstore.engine.validation import validate_name
 from snapstore.store import CheckpointInfo, Store
 
 __all__ = ["save", "load", "SnapstoreWriter", "SnapstoreReader", "DCP_META_KEY",
            "METADATA_BUFFER"]
 
-DCP_META_KEY = fmt.DCP_META_KEY        # meta key of a DCP checkpoint (see also DCP_PART_KEY)
-DCP_PART_KEY = "snapstore.dcp_part"
 DCP_VERSION = 1
-METADATA_BUFFER = "dcp/metadata"
+METADATA_BUFFER = DCP_METADATA_BUFFER
 ITEM_PREFIX = "item/"
 
 
@@ -84,21 +87,57 @@ def _opened(store, readonly: bool):
         s.close()
 
 
-def save(state: Any, store, stream: str = "default", meta: Any = None, *,
+_MISSING: Any = object()
+
+
+def _is_path(x: Any) -> bool:
+    return isinstance(x, (str, bytes, os.PathLike))
+
+
+def _store_and_state(first: Any, second: Any) -> tuple[Any, Any]:
+    """(store, state) of save(store, state) or of the deprecated save(state, store), told
+    apart by type: the Store (else the store path) is the store. InvalidArgumentTypeError
+    when the types do not say which (two Stores, two paths, neither)."""
+    if isinstance(first, Store) != isinstance(second, Store):
+        old = isinstance(second, Store)
+    elif not isinstance(first, Store) and _is_path(first) != _is_path(second):
+        old = _is_path(second)
+    else:
+        raise InvalidArgumentTypeError(
+            f"snapstore.torch.save(store, state, ...): cannot tell the store from the state in "
+            f"({type(first).__name__}, {type(second).__name__}): pass an open Store (or a "
+            "store path) first and the state second")
+    if not old:
+        return first, second
+    warnings.warn("snapstore.torch.save(state, store, ...) is deprecated: the store comes "
+                  "first, save(store, state, ...); the old order stops working in the next "
+                  "version", DeprecationWarning, stacklevel=3)
+    return second, first
+
+
+def save(store, state: Any = _MISSING, stream: str = "default", meta: Any = None, *,
          allow_device_copy: bool = False) -> CheckpointInfo:
     """Checkpoints a state dict (or any object holding tensors) as an object checkpoint.
 
     Args:
+        store: an open Store, or a store path (opened and closed around the save).
         state: a state dict, a module or optimizer (saved as its state_dict()), or a dict whose
             values may be modules/optimizers. Tensors of every dtype (bfloat16, float8...) are
             saved by storage, raw bytes, out of band; tensors sharing a storage stay shared;
             a view that does not fill its storage is saved as its elements only.
-        store: an open Store, or a store path (opened and closed around the save).
-        stream, meta: as for Store.checkpoint.
+        stream, meta: as for Store.checkpoint (stream may be passed by keyword).
         allow_device_copy: copy tensors on other devices to the CPU (they load on the CPU);
             by default such a tensor raises DeviceTensorError naming it.
-    Returns: CheckpointInfo. Raises: see snapstore.objects.save.
+    Returns: CheckpointInfo.
+    Raises: InvalidArgumentTypeError (the store and the state cannot be told apart, or state
+        is missing); otherwise see snapstore.objects.save.
+
+    Deprecated: save(state, store, ...) (the state first) still works in this version and
+    warns (DeprecationWarning); the two are told apart by which argument is a Store.
     """
+    if state is _MISSING:
+        raise InvalidArgumentTypeError("snapstore.torch.save(store, state, ...) needs a state")
+    store, state = _store_and_state(store, state)
     with _opened(store, readonly=False) as s:
         return objects.save(s, _states(state), stream=stream, meta=meta,
                             allow_device_copy=allow_device_copy)
@@ -117,7 +156,17 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
             groups), or a dict whose values may be modules/optimizers. Structure, shapes and
             dtypes are checked before anything is written.
     Returns: the loaded object, or into.
+    Raises: InvalidArgumentTypeError (store is not a Store or a path: the store comes first),
+        CheckpointNotFound, NotAnObjectCheckpointError (names the call that reads it),
+        StructureMismatchError (nothing written), CorruptionError.
     """
+    where = "snapstore.torch.load(store, id_or_stream, into=None)"
+    if isinstance(id_or_stream, Store):
+        raise InvalidArgumentTypeError(f"{where}: the first argument must be an open "
+                                       "snapstore.Store (the store comes first), got "
+                                       f"{type(store).__name__} then a Store")
+    if not isinstance(store, (str, bytes, os.PathLike)):
+        require_store(store, where)
     with _opened(store, readonly=True) as s:
         if into is None:
             return objects.load(s, id_or_stream)
@@ -361,9 +410,9 @@ def _find_dcp_checkpoint(store: Store, stream: str, checkpoint_id: Any) -> Check
     """The newest DCP checkpoint of the stream with that checkpoint_id (None: the newest; an
     int: that snapstore checkpoint id)."""
     def is_dcp(info: CheckpointInfo) -> bool:
-        m = info.meta
-        return isinstance(m, dict) and isinstance(m.get(DCP_META_KEY), dict) and \
-            m[DCP_META_KEY].get("version") == DCP_VERSION and METADATA_BUFFER in info.sizes
+        ours = layer_meta(info, DCP_META_KEY)
+        return isinstance(ours, dict) and ours.get("version") == DCP_VERSION and \
+            METADATA_BUFFER in info.sizes
 
     if isinstance(checkpoint_id, int):
         info = store.get(checkpoint_id)
@@ -372,7 +421,8 @@ def _find_dcp_checkpoint(store: Store, stream: str, checkpoint_id: Any) -> Check
         return info
     for info in reversed(store.checkpoints(stream)):
         if is_dcp(info) and (checkpoint_id is None
-                             or info.meta[DCP_META_KEY].get("checkpoint_id") == checkpoint_id):
+                             or info.reserved_meta[DCP_META_KEY].get("checkpoint_id")
+                             == checkpoint_id):
             return info
     what = "any DCP checkpoint" if checkpoint_id is None else f"DCP checkpoint {checkpoint_id!r}"
     raise CheckpointNotFound(f"stream {stream!r} of store {store.path} has no {what}")

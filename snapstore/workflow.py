@@ -12,6 +12,8 @@ each, and run() continuing after the last completed step.
         return {**state, "rows": [r for r in state["rows"] if r]}
 
     final = wf.run({"day": "2024-06-01"})   # after a crash, the same call resumes
+    wf.run({"day": "2024-06-01"})           # finished: returns the stored result, runs nothing
+    wf.rerun({"day": "2024-06-02"})         # a new run of the same workflow (history kept)
 
 Mapping (docs/integrations.md): a workflow is the stream ``wf/<workflow id>``; every
 checkpointed step adds one snapstore checkpoint holding the state after that step, saved with
@@ -19,6 +21,21 @@ store.save() (pickle protocol 5, large buffers out of band as page-diffed buffer
 object layer is absent, as one pickled buffer ``"state"``. Its meta records the workflow id,
 the step's name and index, every step completed so far (checkpointed or not), whether the
 workflow is done, and the caller's run meta.
+
+Runs and inputs: a run is started with an input (run(state) on a workflow without
+checkpoints, or rerun(state)); every checkpoint of the run records a digest of that input
+(BLAKE2b of its pickle) and the run's number. run(state) then resumes that run, or returns its
+stored result once it finished, only for the same input or for none (state=None): a different
+input raises WorkflowFinishedError (finished) or WorkflowInputMismatchError (unfinished) instead
+of being ignored. "Same" means it pickles to the same bytes; an input that cannot be pickled,
+and checkpoints written before inputs were recorded, are not judged (resumed as before).
+rerun(state) starts a new run from the first step; history() keeps the earlier runs
+(StepRecord.run), load() and completed describe the latest run; reset() forgets all runs.
+
+Changing the steps: a step appended to a finished workflow runs on the next run() (same input
+or none), from the stored final state; the steps already completed do not run again. Steps
+renamed, removed or reordered before the last completed one make run() raise
+InvalidArgumentError (reset() or rerun() to start over).
 
 Guarantees: a step whose checkpoint committed never runs again (run() starts after the last
 completed step); a step that raises leaves the last checkpoint as it was and comes out as
@@ -41,36 +58,23 @@ import pickle
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from snapstore.errors import CheckpointNotFound, InvalidArgumentError, SnapstoreError
+from snapstore.errors import (CheckpointNotFound, CheckpointSaveError, InvalidArgumentError,
+                              StepError, WorkflowFinishedError, WorkflowInputMismatchError)
 from snapstore.engine.validation import validate_meta
+from snapstore.objectlayer import WORKFLOW_META_KEY as META_KEY
+from snapstore.objectlayer import layer_meta
 from snapstore.store import CheckpointInfo, Store
 
-__all__ = ["Workflow", "Step", "StepRecord", "StepError", "CheckpointSaveError", "META_KEY"]
+__all__ = ["Workflow", "Step", "StepRecord", "StepError", "CheckpointSaveError",
+           "WorkflowFinishedError", "WorkflowInputMismatchError", "META_KEY"]
 
-META_KEY = "snapstore.workflow"       # our part of each checkpoint's meta
 STATE_BUFFER = "state"                # the pickled state (codec "pickle")
 CODECS = ("auto", "objects", "pickle")
 _MAX_PLAIN_ID = 200                   # longer ids (or ids with NUL) use a hashed stream name
 
 
-class StepError(SnapstoreError):
-    """A step raised. ``step`` and ``workflow_id`` name it; the step's exception is the
-    ``__cause__``. The workflow's last checkpoint is unchanged; run() again retries the step."""
-
-    def __init__(self, message: str, *, workflow_id: str, step: str) -> None:
-        super().__init__(message)
-        self.workflow_id = workflow_id
-        self.step = step
-
-
-class CheckpointSaveError(SnapstoreError):
-    """The state after a step could not be checkpointed (disk full, I/O error, closed store,
-    ...). The workflow stopped; the error that caused it is the ``__cause__``."""
-
-    def __init__(self, message: str, *, workflow_id: str, step: str) -> None:
-        super().__init__(message)
-        self.workflow_id = workflow_id
-        self.step = step
+# StepError, CheckpointSaveError, WorkflowFinishedError, WorkflowInputMismatchError: defined in
+# snapstore.errors (importable from here too, as before).
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class StepRecord:
     completed: tuple          # names of all steps completed at that point
     done: bool                # every step of the workflow had completed
     meta: Any                 # the run(meta=...) of the run that saved it
+    run: int = 0              # the run it belongs to: 0, then one more per rerun()
 
 
 def _stream_name(workflow_id: str) -> str:
@@ -108,11 +113,30 @@ def _stream_name(workflow_id: str) -> str:
 
 
 def _ours(info: CheckpointInfo) -> dict | None:
-    """Our bookkeeping in a checkpoint's meta (None for anything else in the stream)."""
-    meta = info.meta
-    if isinstance(meta, dict) and isinstance(meta.get(META_KEY), dict):
-        return meta[META_KEY]
-    return None
+    """Our bookkeeping in a checkpoint's reserved meta (None for anything else in the
+    stream)."""
+    ours = layer_meta(info, META_KEY)
+    return ours if isinstance(ours, dict) else None
+
+
+class _DigestWriter:
+    def __init__(self) -> None:
+        self.hash = hashlib.blake2b(digest_size=16)
+
+    def write(self, data) -> int:
+        self.hash.update(data)
+        return len(memoryview(data))
+
+
+def _input_digest(state: Any) -> str | None:
+    """The digest a run records of its input: BLAKE2b of its pickle, streamed (no copy of the
+    whole pickle); None when it cannot be pickled (such inputs are not judged)."""
+    out = _DigestWriter()
+    try:
+        pickle.Pickler(out, protocol=5).dump(state)
+    except Exception:
+        return None
+    return out.hash.hexdigest()
 
 
 def _default_tracer() -> Any:
@@ -199,7 +223,15 @@ class Workflow:
 
     # ---- reading ----------------------------------------------------------------------------
     def _current(self) -> list[tuple[CheckpointInfo, dict]]:
-        """This workflow's checkpoints since the last reset, oldest first."""
+        """The checkpoints of this workflow's latest run, oldest first."""
+        records = self._records()
+        if not records:
+            return []
+        run = records[-1][1].get("run", 0)
+        return [(info, o) for info, o in records if o.get("run", 0) == run]
+
+    def _records(self) -> list[tuple[CheckpointInfo, dict]]:
+        """This workflow's checkpoints since the last reset (every run), oldest first."""
         out: list = []
         for info in self.store.checkpoints(self.stream):
             ours = _ours(info)
@@ -218,23 +250,27 @@ class Workflow:
         ours = _ours(info)
         if ours is not None and ours.get("workflow") == self.workflow_id:
             return None if ours.get("kind") == "reset" else (info, ours)
-        current = self._current()          # something else is the head: look further back
-        return current[-1] if current else None
+        records = self._records()          # something else is the head: look further back
+        return records[-1] if records else None
 
     def history(self) -> list[StepRecord]:
-        """The workflow's checkpoints since it started (or was reset), oldest first."""
+        """The workflow's checkpoints since it started (or was reset), oldest first: every
+        run's (StepRecord.run tells them apart; rerun() keeps the earlier runs)."""
         return [StepRecord(o["step"], o["index"], info.id, info.created, dict(info.sizes),
-                           info.bytes_new, tuple(o["completed"]), bool(o["done"]), o.get("user"))
-                for info, o in self._current()]
+                           info.bytes_new, tuple(o["completed"]), bool(o["done"]), o.get("user"),
+                           o.get("run", 0))
+                for info, o in self._records()]
 
     @property
     def completed(self) -> tuple[str, ...]:
-        """Names of the steps completed as of the latest checkpoint (empty if none)."""
+        """Names of the steps the latest run completed as of its latest checkpoint (empty if
+        none)."""
         latest = self._latest()
         return tuple(latest[1]["completed"]) if latest else ()
 
     def load(self, step: str | None = None) -> Any:
-        """The state after the given step (default: after the latest checkpointed step).
+        """The state after the given step of the latest run (default: after the latest
+        checkpointed step).
         Raises: CheckpointNotFound (no checkpoint, or that step has none: it has not run yet
         or is a checkpoint=False step), TypeError (step not a str)."""
         if step is None:
@@ -291,27 +327,75 @@ class Workflow:
     def run(self, state: Any = None, *, meta: Any = None) -> Any:
         """Runs the steps after the last completed one and returns the final state.
 
-        A workflow without checkpoints starts from ``state``; otherwise ``state`` is ignored
-        and the state of the latest checkpoint is the input of the next step. A completed
-        workflow returns its final state and runs nothing. ``meta`` (JSON) is stored with
-        every checkpoint this run saves (history() shows it).
+        A workflow without checkpoints starts a run from ``state``. Otherwise run() resumes
+        the latest run from its latest checkpoint (``state`` is not used: the stored state is
+        the input of the next step), or, when that run has finished, returns its stored final
+        state and runs nothing (idempotent). It does so only for the run's own input or for
+        none (state=None): another input raises WorkflowFinishedError (finished run) or
+        WorkflowInputMismatchError (unfinished run), see the module doc; rerun(state) starts
+        a new run with it. Steps appended since the run finished run now, from its final
+        state. ``meta`` (JSON) is stored with every checkpoint this call saves (history()
+        shows it).
         Raises: StepError (a step raised), CheckpointSaveError (a checkpoint failed), TypeError
-        (unpicklable state; meta not JSON), InvalidArgumentError (no steps, or the checkpoints
-        record steps that do not match the registered ones: reset() to start over).
+        (unpicklable state; meta not JSON), WorkflowFinishedError, WorkflowInputMismatchError,
+        InvalidArgumentError (no steps, or the checkpoints record steps that do not match the
+        registered ones: reset() or rerun() to start over).
         """
+        steps, meta = self._check_steps(), validate_meta(meta)
+        names = [s.name for s in steps]
+        latest = self._latest()
+        if latest is None:
+            return self._execute(steps, state, None, 0, _input_digest(state), meta)
+        info, ours = latest
+        completed = list(ours["completed"])
+        if completed != names[:len(completed)]:
+            raise InvalidArgumentError(
+                f"workflow {self.workflow_id!r} was checkpointed after steps {completed}, "
+                f"which are not the first steps of {names}; reset() or rerun() to start over")
+        recorded = ours.get("input")
+        if state is not None and recorded is not None:
+            digest = _input_digest(state)
+            if digest is not None and digest != recorded:
+                self._refuse_input(completed == names)
+        return self._execute(steps, None, latest, ours.get("run", 0), recorded, meta)
+
+    def rerun(self, state: Any = None, *, meta: Any = None) -> Any:
+        """Starts a new run of the workflow from its first step with ``state`` as input and
+        returns its final state. The earlier runs' checkpoints stay (history() lists them,
+        StepRecord.run numbers the runs); load(), completed and later run() calls follow the
+        new run. If it is interrupted, run(state) with the same input resumes it (rerun()
+        again would start yet another run).
+        Raises: as run()."""
+        steps, meta = self._check_steps(), validate_meta(meta)
+        records = self._records()
+        number = records[-1][1].get("run", 0) + 1 if records else 0
+        return self._execute(steps, state, None, number, _input_digest(state), meta)
+
+    def _check_steps(self) -> list[Step]:
         steps = list(self._steps)
         if not steps:
             raise InvalidArgumentError(f"workflow {self.workflow_id!r} has no steps")
-        names = [s.name for s in steps]
-        meta = validate_meta(meta)
-        latest = self._latest()
-        completed: list[str] = []
-        if latest is not None:
-            completed = list(latest[1]["completed"])
-            if completed != names[:len(completed)]:
-                raise InvalidArgumentError(
-                    f"workflow {self.workflow_id!r} was checkpointed after steps {completed}, "
-                    f"which are not the first steps of {names}; reset() to start over")
+        return steps
+
+    def _refuse_input(self, finished: bool) -> None:
+        wid = self.workflow_id
+        if finished:
+            raise WorkflowFinishedError(
+                f"workflow {wid!r} has finished a run started with another input: run() "
+                "returns that run's result only for the same input (or none); use "
+                "wf.rerun(state) for a new run with this input (history is kept), or "
+                "wf.reset() then wf.run(state)", workflow_id=wid)
+        raise WorkflowInputMismatchError(
+            f"workflow {wid!r} has an unfinished run started with another input: run() "
+            "resumes it only with the same input (or none); use wf.rerun(state) to start a new "
+            "run with this input (history is kept), or wf.reset() then wf.run(state)",
+            workflow_id=wid)
+
+    def _execute(self, steps: list[Step], state: Any, latest: tuple | None, run: int,
+                 digest: str | None, meta: Any) -> Any:
+        """Runs steps after those `latest` (the run's latest checkpoint; None: a new run
+        from `state`) completed, saving checkpoints of run number `run`."""
+        completed: list[str] = list(latest[1]["completed"]) if latest is not None else []
         resumed = latest is not None
         attrs = {"snapstore.workflow.id": self.workflow_id, "snapstore.workflow.resumed": resumed,
                  "snapstore.workflow.resumed_after": completed[-1] if completed else "",
@@ -341,7 +425,7 @@ class Workflow:
                         info = self._checkpoint(state, {
                             "workflow": self.workflow_id, "kind": "step", "step": step.name,
                             "index": index, "completed": list(completed), "done": done,
-                            "codec": self.codec, "user": meta})
+                            "codec": self.codec, "user": meta, "run": run, "input": digest})
                         last_saved = info.id
                         if span is not None:
                             span.set_attribute("snapstore.checkpoint.id", info.id)

@@ -33,6 +33,7 @@ RESERVED_META_PREFIX = "snapstore."
 # id given to dcp.save, "version", "parts", "ranks"}. Here, not in torch.py, so the engine's name
 # resolver (engine/names.py) finds checkpoints by DCP checkpoint_id without importing torch.
 DCP_META_KEY = "snapstore.dcp"
+DCP_PART_KEY = "snapstore.dcp_part"    # ... of one rank's part of a DCP checkpoint
 
 # ---- segment files ------------------------------------------------------------------------
 # A segment starts with a fixed header, then records back to back until its end.

@@ -146,9 +146,35 @@ def plan_buffer(name: str, view: memoryview, parent: BufferEntry | None,
         else:
             return BufferPlan(name, view, "delta", parent.depth + 1, "pages", opts.page_size,
                               pack_ranges(dirty, opts.chunk_size), fps, "")
+    return plan_full(name, view, opts, reason)
+
+
+def plan_full(name: str, view: memoryview, opts: WriteOptions, reason: str) -> BufferPlan:
+    """The buffer stored whole in the pages layout (chunk_size pieces, deduplicated)."""
+    size = len(view)
     fps = bytearray(native.page_count(size, opts.page_size) * native.FP_BYTES)
     chunks = [[r] for r in split_ranges([(0, size)] if size else [], opts.chunk_size)]
     return BufferPlan(name, view, "full", 0, "pages", opts.page_size, chunks, fps, reason)
+
+
+def whole_if_mostly_changed(plans: list, opts: WriteOptions) -> list:
+    """The checkpoint-level full_threshold: when more than full_threshold of the checkpoint's
+    bytes are stored anyway (full buffers plus the dirty bytes of deltas), or it holds no
+    bytes, its delta buffers are stored whole too, so the checkpoint is "full" (restorable
+    from its own manifests, chain_length 0) and no chain grows under it. Without this, one
+    small unchanged buffer (DCP's metadata, a pickle stream) kept a fully changed state
+    "incremental" and built a chain to max_chain. Unchanged buffers cost no new bytes when
+    stored whole over a whole parent (their chunks deduplicate)."""
+    deltas = [p for p in plans if p.base == "delta"]
+    if not deltas:
+        return plans
+    total = sum(len(p.view) for p in plans)
+    stored = sum(len(p.view) if p.base == "full" else p.nbytes for p in plans)
+    if total and stored <= opts.full_threshold * total:
+        return plans
+    reason = (f"{stored / total:.0%} of the checkpoint's bytes changed" if total
+              else "the checkpoint holds no bytes")
+    return [plan_full(p.name, p.view, opts, reason) if p.base == "delta" else p for p in plans]
 
 
 def usable_fingerprints(view: IndexView, stream: str, buffer: str, head: int | None,
@@ -166,12 +192,12 @@ def plan_buffers(view: IndexView, stream: str, head: int | None, parent: Commit 
                  buffers, opts: WriteOptions, layout: str) -> list:
     """plan_buffer for each {name: memoryview} of buffers as the stream's next checkpoint:
     `parent` is the head's Commit (None for a new stream); a delta is the fingerprint diff
-    against the head's usable_fingerprints."""
+    against the head's usable_fingerprints. Then whole_if_mostly_changed."""
     parents = {b.name: b for b in parent.buffers} if parent else {}
-    return [plan_buffer(name, buf, parents.get(name),
-                        usable_fingerprints(view, stream, name, head, opts.page_size),
-                        opts, layout)
-            for name, buf in buffers.items()]
+    return whole_if_mostly_changed(
+        [plan_buffer(name, buf, parents.get(name),
+                     usable_fingerprints(view, stream, name, head, opts.page_size), opts, layout)
+         for name, buf in buffers.items()], opts)
 
 
 class ChunkSink:

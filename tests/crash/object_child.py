@@ -127,7 +127,7 @@ class Dcp:
 
     def latest_step(self, store) -> tuple[int, int]:
         info = store.latest("dcp")
-        return info.id, int(info.meta["snapstore.dcp"]["checkpoint_id"].split("-")[1])
+        return info.id, int(info.reserved_meta["snapstore.dcp"]["checkpoint_id"].split("-")[1])
 
     def check(self, store, cid: int, step: int) -> bool:
         got, want = self._load(store, cid), self.state(step)

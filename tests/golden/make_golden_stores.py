@@ -388,7 +388,7 @@ def make_torch(path: str) -> dict:
                 with torch.no_grad():
                     w[0].fill_(0.25)
                 sd["epoch"] = 2
-            info = st.save(sd, s, "model", meta={"epoch": epoch})
+            info = st.save(s, sd, "model", meta={"epoch": epoch})
             rec.took(info)
             loaded = st.load(s, info.id)
             assert torch.equal(loaded["enc.weight"], w) and torch.equal(loaded["emb"], sd["emb"])

@@ -21,6 +21,7 @@ import pytest
 
 import snapstore
 import snapstore.errors
+from snapstore.store import split_meta
 
 from golden_values import describe
 
@@ -84,7 +85,13 @@ def check_info(info, exp: dict) -> None:
     assert info.kind == exp["kind"]
     assert info.chain_length == exp["chain_length"]
     assert sorted(info.tags) == exp["tags"]
-    assert info.meta == exp["meta"]
+    # the stored meta, split into the user's (info.meta) and snapstore's reserved keys
+    assert (info.meta, info.reserved_meta) == split_meta(exp["meta"])
+    assert not (isinstance(info.meta, dict) and any(str(k).startswith("snapstore.")
+                                                     for k in info.meta))
+    if isinstance(exp["meta"], dict):
+        assert info.reserved_meta == {k: v for k, v in exp["meta"].items()
+                                      if k.startswith("snapstore.")}
     assert info.created == exp["created"]
     assert info.bytes_new == exp["bytes_new"]
     assert list(info.sizes.items()) == [(b["name"], b["size"]) for b in exp["buffers"]]
@@ -321,7 +328,7 @@ def test_object_layers_save_onto_old_streams(golden_objects):
                 again = snapstore.load_arrays(store, info.id)
             elif api == "torch":
                 import snapstore.torch as st
-                info = st.save(value, store, stream)
+                info = st.save(store, value, stream)
                 again = st.load(store, info.id)
             else:
                 import torch.distributed.checkpoint as dcp

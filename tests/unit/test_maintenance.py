@@ -536,7 +536,7 @@ def test_compact_bad_arguments(store):
 def test_compact_rejects_bools(store_path):
     model = Model()
     with snapstore.open(store_path, **SMALL, max_chain=100) as s:
-        build_chain(s, model, "c", 4, seed=44, size=16 << 10)
+        build_chain(s, model, "c", 4, seed=44, size=32 << 10)  # deltas stay < 50%
         for kwargs in (dict(max_chain=True), dict(threshold=True), dict(threshold=False)):
             with pytest.raises(InvalidArgumentError):
                 s.compact(**kwargs)

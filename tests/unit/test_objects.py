@@ -449,7 +449,7 @@ class _NamesSeen(pickle.Unpickler):
 
 def snapstore_globals(store, info) -> set:
     """The snapstore.* globals the pickle stream of an object checkpoint names (loading it)."""
-    names = [f"{objects.OOB_PREFIX}{i}" for i in range(info.meta[objects.META_KEY]["buffers"])]
+    names = [f"{objects.OOB_PREFIX}{i}" for i in range(info.reserved_meta[objects.META_KEY]["buffers"])]
     seen = _NamesSeen(store.read(info.id, objects.PICKLE_BUFFER),
                       [bytearray(store.read(info.id, n)) for n in names])
     seen.load()

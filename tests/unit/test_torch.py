@@ -104,7 +104,7 @@ def store(tmp_path):
 def test_module_and_adam_round_trip_byte_exact(store):
     model, opt = trained()
     expected = copy.deepcopy({"model": model.state_dict(), "optim": opt.state_dict()})
-    info = st.save({"model": model, "optim": opt, "step": 1}, store, "train", meta={"step": 1})
+    info = st.save(store, {"model": model, "optim": opt, "step": 1}, "train", meta={"step": 1})
     assert objects.user_meta(info) == {"step": 1}
     out = st.load(store, "train")
     same({"model": out["model"], "optim": out["optim"]}, expected)
@@ -121,7 +121,7 @@ def test_module_and_adam_round_trip_byte_exact(store):
     assert one_step(model, opt) == one_step(model2, opt2)
     same(model.state_dict(), model2.state_dict())
     # optimizer with state: its tensors are written in place too
-    st.save({"model": model, "optim": opt, "step": 2}, store, "train")
+    st.save(store, {"model": model, "optim": opt, "step": 2}, "train")
     exp_avg = opt2.state_dict()["state"][0]["exp_avg"]
     with torch.no_grad():
         for p in model2.parameters():
@@ -163,7 +163,7 @@ def test_every_dtype_raw_bytes(store, dtype):
              "empty": random_tensor(dtype, (0, 4), gen), "small": random_tensor(dtype, (3,), gen)}
     state["t"] = state["big"].t()
     state["strided"] = random_tensor(dtype, (30, 40), gen)[::3, 1::2]
-    info = st.save(state, store, "dt")
+    info = st.save(store, state, "dt")
     out = st.load(store, info.id)
     same(out, state)
     assert out["t"].stride() == state["t"].stride()
@@ -187,7 +187,7 @@ def test_views_shared_storages_and_parameters(store):
     fused = torch.randn(3, 1000)
     state["q"], state["k"] = fused[0], fused[1]                  # two partial views: shared
     state["qkv"][1] = state["qkv"][0]
-    info = st.save(state, store, "v")
+    info = st.save(store, state, "v")
     out = st.load(store, info.id)
     for k in ("base", "rows", "t", "slice", "strided", "p", "grad", "q", "k"):
         same(out[k], state[k], k)
@@ -215,14 +215,14 @@ def test_store_save_load_entry_points_handle_tensors(store):
 def test_path_instead_of_store(tmp_path):
     path = str(tmp_path / "p")
     model, opt = trained()
-    st.save({"model": model}, path, "s")
+    st.save(path, {"model": model}, "s")
     same(st.load(path, "s")["model"], model.state_dict())
 
 
 # ---- in place and bad input ---------------------------------------------------------------------
 def test_load_into_mismatch_leaves_model_unchanged(store):
     model, opt = trained()
-    st.save({"model": model, "optim": opt}, store, "m")
+    st.save(store, {"model": model, "optim": opt}, "m")
     other, other_opt = trained(seed=5, width=32)                  # fc/head shapes differ
     before = copy.deepcopy(other.state_dict())
     before_opt = copy.deepcopy(other_opt.state_dict())
@@ -237,19 +237,19 @@ def test_load_into_mismatch_leaves_model_unchanged(store):
 
 
 def test_device_tensors_are_refused_by_name(store):
-    st.save({"ok": torch.zeros(3)}, store, "d")
+    st.save(store, {"ok": torch.zeros(3)}, "d")
     before = store.checkpoints()
     state = {"model": {"w": torch.zeros(3), "layer": [torch.empty(10, device="meta")]}}
     with pytest.raises(DeviceTensorError, match=r"obj\['model'\]\['layer'\]\[0\] is a tensor on meta"):
-        st.save(state, store, "d")
+        st.save(store, state, "d")
     with pytest.raises(DeviceTensorError):
-        st.save(state, store, "d", allow_device_copy=True)    # meta tensors have no data
+        st.save(store, state, "d", allow_device_copy=True)    # meta tensors have no data
     assert store.checkpoints() == before
 
 
 def test_unpicklable_state_names_the_part(store):
     with pytest.raises(objects.ObjectSaveError, match=r"obj\['hook'\]"):
-        st.save({"w": torch.zeros(3), "hook": lambda: None}, store, "u")
+        st.save(store, {"w": torch.zeros(3), "hook": lambda: None}, "u")
     assert store.latest("u") is None
 
 
@@ -266,7 +266,7 @@ def test_dcp_round_trip_and_incremental_second_save(tmp_path):
     snap1 = copy.deepcopy(state)
     dcp.save(state, checkpoint_id="step-1", storage_writer=writer)
     first = writer.last_info
-    assert first.kind == "full" and first.meta["snapstore.dcp"]["checkpoint_id"] == "step-1"
+    assert first.kind == "full" and first.reserved_meta["snapstore.dcp"]["checkpoint_id"] == "step-1"
     assert "item/model.fc.weight" in first.sizes and st.METADATA_BUFFER in first.sizes
     # change 1% of the rows of the big layer and of its Adam moments
     fc = model.fc.weight                                   # (512, 288)
@@ -300,7 +300,7 @@ def test_dcp_without_checkpoint_id_and_with_store_objects(tmp_path):
     dcp.save(state, checkpoint_id="a", storage_writer=writer)
     state["extra"]["epoch"] = 4
     dcp.save(state, storage_writer=writer)                   # no id: the stream's next one
-    assert writer.last_info.meta["snapstore.dcp"]["checkpoint_id"] is None
+    assert writer.last_info.reserved_meta["snapstore.dcp"]["checkpoint_id"] is None
     target = dcp_state(*trained(seed=3))
     dcp.load(target, storage_reader=reader)                  # no id: the newest
     assert target["extra"]["epoch"] == 4
@@ -310,7 +310,7 @@ def test_dcp_without_checkpoint_id_and_with_store_objects(tmp_path):
     assert target["extra"]["epoch"] == 4
     dcp.save(state, checkpoint_id="c", storage_writer=writer)
     dcp.save(state, storage_writer=writer)
-    assert writer.last_info.meta["snapstore.dcp"]["checkpoint_id"] is None
+    assert writer.last_info.reserved_meta["snapstore.dcp"]["checkpoint_id"] is None
     same(target["model"], model.state_dict())
     with pytest.raises(BaseException, match="no DCP checkpoint .nope."):
         dcp.load(target, checkpoint_id="nope", storage_reader=reader)
@@ -377,7 +377,7 @@ RANK_SCRIPT = textwrap.dedent("""
     if rank == 0:
         with snapstore.open(path, readonly=True) as s:
             main = s.latest("dcp")
-            parts = main.meta["snapstore.dcp"]["parts"]
+            parts = main.reserved_meta["snapstore.dcp"]["parts"]
             assert len(parts) == 1 and s.get(parts[0]).stream == "dcp/rank1", main.meta
             assert len(s.checkpoints("dcp")) == 2 and s.verify()["ok"]
             print("parts", parts, sorted(s.get(parts[0]).sizes))
@@ -432,9 +432,9 @@ def test_pickle_streams_name_the_pinned_names(tmp_path, store):
     """Stores written once must load forever: object checkpoints name snapstore.objects._storage
     and _tensor, DCP metadata names snapstore.torch._Location (never rename or move them)."""
     w = torch.nn.Parameter(torch.randn(64, 64))
-    info = st.save({"w": w, "view": torch.randn(100, 100)[::2]}, store, "pin")
+    info = st.save(store, {"w": w, "view": torch.randn(100, 100)[::2]}, "pin")
     oob = [bytearray(store.read(info.id, f"{objects.OOB_PREFIX}{i}"))
-           for i in range(info.meta[objects.META_KEY]["buffers"])]
+           for i in range(info.reserved_meta[objects.META_KEY]["buffers"])]
     assert snapstore_globals(store.read(info.id, objects.PICKLE_BUFFER), oob) == {
         ("snapstore.objects", "_storage"), ("snapstore.objects", "_tensor")}
     path = str(tmp_path / "dcp-pin")

@@ -8,7 +8,8 @@ import pytest
 import snapstore
 from snapstore.errors import (CheckpointNotFound, InvalidArgumentError, StoreClosedError,
                               StoreIOError)
-from snapstore.workflow import CheckpointSaveError, StepError, Workflow
+from snapstore.workflow import (CheckpointSaveError, StepError, Workflow, WorkflowFinishedError,
+                                WorkflowInputMismatchError)
 
 CODECS = ["objects", "pickle"]
 
@@ -48,8 +49,12 @@ def test_run_history_load(store, codec):
     assert c.wf.load("s1") == ["s0", "s1"]
     assert c.wf.load() == ["s0", "s1", "s2", "s3", "s4"]
     assert c.wf.completed == ("s0", "s1", "s2", "s3", "s4")
-    # a completed workflow runs nothing and returns its final state
-    assert c.wf.run(["ignored"]) == ["s0", "s1", "s2", "s3", "s4"]
+    # a completed workflow runs nothing and returns its final state, for the same input or
+    # none; another input is an error now (it used to be silently ignored: issue 15)
+    assert c.wf.run([]) == ["s0", "s1", "s2", "s3", "s4"]
+    assert c.wf.run() == ["s0", "s1", "s2", "s3", "s4"]
+    with pytest.raises(WorkflowFinishedError, match="rerun"):
+        c.wf.run(["ignored"])
     assert set(c.runs.values()) == {1}
 
 
@@ -63,7 +68,10 @@ def test_failing_step_then_resume_after_last_completed(store, codec):
     assert [r.step for r in c.wf.history()] == ["s0", "s1", "s2"]    # s3 left nothing
     assert c.wf.load() == ["s0", "s1", "s2"]
     c.fail_at = None
-    assert c.wf.run(["not used: resuming"]) == ["s0", "s1", "s2", "s3", "s4"]
+    with pytest.raises(WorkflowInputMismatchError, match="rerun"):   # not silently ignored
+        c.wf.run(["another input"])
+    assert c.runs["s3"] == 1                                          # nothing ran
+    assert c.wf.run([]) == ["s0", "s1", "s2", "s3", "s4"]             # same input: resumes
     assert c.runs == {"s0": 1, "s1": 1, "s2": 1, "s3": 2, "s4": 1}
     # a second Workflow object (as after a process restart) sees the same
     again = Counting(store, codec=codec)

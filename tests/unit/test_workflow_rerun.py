@@ -1,0 +1,144 @@
+"""Workflow inputs (issue 15): run() with another input than the stored run's raises instead
+of silently returning the old result; the same input or none resumes / returns it; rerun()
+starts a new run keeping history; a step appended to a finished workflow runs from the stored
+final state."""
+import pickle
+
+import pytest
+
+from snapstore import workflow as wfmod
+from snapstore.errors import (InvalidArgumentError, StepError, WorkflowFinishedError,
+                              WorkflowInputMismatchError)
+from snapstore.workflow import Workflow
+
+
+class Adder:
+    """Steps that add their number to the state and count their runs."""
+
+    def __init__(self, store, n=3, wid="w", fail_at=None):
+        self.runs = []
+        self.fail_at = fail_at
+        self.wf = Workflow(store, wid)
+        for i in range(n):
+            self.add(i)
+
+    def add(self, i):
+        def fn(state, i=i):
+            self.runs.append(i)
+            if i == self.fail_at:
+                raise RuntimeError("broke")
+            return state + 10 ** i
+        self.wf.add_step(f"s{i}", fn)
+
+
+def test_finished_same_or_no_input_returns_the_stored_result(store):
+    a = Adder(store)
+    assert a.wf.run(1000) == 1111
+    assert a.wf.run(1000) == 1111 and a.wf.run() == 1111 and a.wf.run(None) == 1111
+    assert Adder(store).wf.run(1000) == 1111           # another Workflow object too
+    assert a.runs == [0, 1, 2]
+
+
+def test_finished_other_input_raises_and_runs_nothing(store):
+    a = Adder(store)
+    a.wf.run(1000)
+    with pytest.raises(WorkflowFinishedError) as exc:
+        a.wf.run(2000)
+    err = exc.value
+    assert isinstance(err, WorkflowInputMismatchError) and isinstance(err, InvalidArgumentError)
+    assert "rerun" in str(err) and "reset" in str(err) and err.workflow_id == "w"
+    assert a.runs == [0, 1, 2] and len(a.wf.history()) == 3
+    assert a.wf.load() == 1111
+    # "same" means: pickles to the same bytes (1000 and 1000.0 differ)
+    with pytest.raises(WorkflowFinishedError):
+        a.wf.run(1000.0)
+
+
+def test_rerun_starts_a_new_run_and_keeps_history(store):
+    a = Adder(store)
+    a.wf.run(1000)
+    assert a.wf.rerun(2000, meta={"why": "new day"}) == 2111
+    h = a.wf.history()
+    assert [(r.run, r.step) for r in h] == [(0, "s0"), (0, "s1"), (0, "s2"),
+                                            (1, "s0"), (1, "s1"), (1, "s2")]
+    assert [r.meta for r in h[3:]] == [{"why": "new day"}] * 3
+    assert a.wf.load() == 2111 and a.wf.load("s0") == 2001
+    assert a.wf.completed == ("s0", "s1", "s2")
+    assert a.wf.run(2000) == 2111 and a.wf.run() == 2111
+    with pytest.raises(WorkflowFinishedError):
+        a.wf.run(1000)                                  # the old input is not the run's now
+    assert a.runs == [0, 1, 2, 0, 1, 2]
+    assert a.wf.rerun(1000) == 1111 and {r.run for r in a.wf.history()} == {0, 1, 2}
+    assert a.wf.reset() == 9 and a.wf.history() == []
+    assert a.wf.run(5) == 116 and [r.run for r in a.wf.history()] == [0, 0, 0]
+
+
+def test_rerun_interrupted_resumes_with_its_input(store):
+    a = Adder(store)
+    a.wf.run(1000)
+    a.fail_at = 1
+    with pytest.raises(StepError):
+        a.wf.rerun(2000)
+    assert [r.run for r in a.wf.history()] == [0, 0, 0, 1]
+    a.fail_at = None
+    with pytest.raises(WorkflowInputMismatchError) as exc:      # unfinished run, other input
+        a.wf.run(1000)
+    assert not isinstance(exc.value, WorkflowFinishedError)
+    assert a.wf.run(2000) == 2111
+    assert a.runs == [0, 1, 2, 0, 1, 1, 2]                      # s0 of run 1 did not rerun
+
+
+def test_unfinished_run_resumes_with_no_input(store):
+    a = Adder(store, fail_at=2)
+    with pytest.raises(StepError):
+        a.wf.run(1000)
+    a.fail_at = None
+    assert a.wf.run() == 1111 and a.runs == [0, 1, 2, 2]
+
+
+def test_a_step_added_to_a_finished_workflow_runs_from_the_final_state(store):
+    a = Adder(store)
+    a.wf.run(1000)
+    b = Adder(store, n=4)                   # the same workflow, one step appended
+    with pytest.raises(WorkflowInputMismatchError):
+        b.wf.run(2000)                      # not finished for b: its run had another input
+    assert b.runs == []
+    assert b.wf.run(1000) == 2111 and b.runs == [3]    # only the new step, from 1111
+    h = b.wf.history()
+    assert [r.step for r in h] == ["s0", "s1", "s2", "s3"] and h[-1].done and h[2].done
+    assert b.wf.run() == 2111 and b.runs == [3]
+    with pytest.raises(WorkflowFinishedError):
+        b.wf.run(2000)
+
+
+def test_inputs_that_cannot_be_judged_resume_as_before(store, monkeypatch):
+    # an unpicklable input is not judged
+    wf = Workflow(store, "fn-input")
+    wf.add_step("call", lambda f: f())
+    assert wf.run(lambda: 5) == 5
+    assert wf.run(lambda: 6) == 5
+    # checkpoints written before inputs were recorded (no "input" in their meta)
+    a = Adder(store, wid="old")
+    monkeypatch.setattr(wfmod, "_input_digest", lambda state: None)
+    a.wf.run(1000)
+    monkeypatch.undo()
+    assert store.latest(a.wf.stream).reserved_meta["snapstore.workflow"]["input"] is None
+    assert a.wf.run(2000) == 1111 and a.runs == [0, 1, 2]
+
+
+def test_input_is_recorded_in_reserved_meta_not_user_meta(store):
+    a = Adder(store)
+    a.wf.run(1000, meta={"host": "h"})
+    info = store.latest(a.wf.stream)
+    ours = info.reserved_meta["snapstore.workflow"]
+    assert ours["run"] == 0 and isinstance(ours["input"], str) and len(ours["input"]) == 32
+    assert info.meta == {"host": "h"}
+
+
+def test_workflow_errors_pickle(store):
+    a = Adder(store)
+    a.wf.run(1)
+    with pytest.raises(WorkflowFinishedError) as exc:
+        a.wf.run(2)
+    back = pickle.loads(pickle.dumps(exc.value))
+    assert type(back) is WorkflowFinishedError and str(back) == str(exc.value)
