@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 from snapstore.engine.fsutil import replace_file
 from snapstore.errors import ExportError
-from snapstore.objectlayer import resolve_checkpoint, user_meta
+from snapstore.objectlayer import resolve_checkpoint
 from snapstore.tensors import Catalogue, TensorEntry, catalogue
 
 __all__ = ["export", "ExportResult", "FORMATS", "format_for_path"]
@@ -220,7 +220,7 @@ def _write_safetensors(path: str, data: list, info, values: dict) -> None:
                                   data_ptr=address, data_len=len(raw))
     metadata = {"format": "pt", "snapstore.checkpoint": str(info.id),
                 "snapstore.stream": info.stream,
-                "snapstore.meta": json.dumps(user_meta(info.meta), default=str),
+                "snapstore.meta": json.dumps(info.meta, default=str),
                 "snapstore.values": json.dumps(values, default=str)}
     blob = safetensors.serialize(specs, metadata=metadata)
     del keep

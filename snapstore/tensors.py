@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from snapstore.arrays import ARRAY_PREFIX, ARRAYS_META_KEY
-from snapstore.engine.meta import reserved_meta
 from snapstore.errors import CorruptionError
 from snapstore.objectlayer import DCP_META_KEY, DCP_METADATA_BUFFER, DCP_PART_KEY
 from snapstore.objects import META_KEY, OOB_PREFIX, PICKLE_BUFFER
@@ -132,11 +131,8 @@ def dtype_itemsize(dtype: str) -> Optional[int]:
 
 
 def _reserved(info) -> dict:
-    """snapstore's reserved meta keys of a checkpoint (whether or not info.meta hides them)."""
-    reserved = getattr(info, "reserved_meta", None)
-    if isinstance(reserved, dict):
-        return reserved
-    return reserved_meta(getattr(info, "meta", None))
+    """snapstore's reserved meta keys of a checkpoint (CheckpointInfo.reserved_meta)."""
+    return info.reserved_meta
 
 
 def checkpoint_kind(info) -> str:

@@ -16,7 +16,6 @@ from snapstore.cli.common import EXIT_OK, open_store, resolve, store_path
 from snapstore.cli.output import (human_value, info_dict, iso_time, local_time, print_json,
                                   print_report)
 from snapstore.cli.where import matches_all, parse_where
-from snapstore.engine.meta import reserved_meta, user_meta
 from snapstore.formatting import human_bytes, printable, text_table
 from snapstore.langgraph_streams import thread_of, thread_prefixes
 
@@ -76,7 +75,7 @@ def cmd_ls(args) -> int:
         want = set(args.tag)
         infos = [i for i in infos if want <= set(i.tags or ())]
     if args.where:
-        infos = [i for i in infos if matches_all(args.where, user_meta(i.meta))]
+        infos = [i for i in infos if matches_all(args.where, i.meta)]
     if args.last:
         infos = infos[-args.last:]
     if args.json:
@@ -127,7 +126,7 @@ def _similar(names: list, text: str) -> Optional[str]:
 def _info_json(info) -> dict:
     """info_dict with the user's meta only (+ thread and namespace for LangGraph)."""
     d = info_dict(info)
-    d["meta"] = user_meta(info.meta)
+    d["meta"] = info.meta
     lg = thread_of(info.stream, info.meta)
     if lg:
         d["thread"], d["namespace"] = lg
@@ -153,7 +152,7 @@ def meta_summary(info) -> Any:
         if "task" in info.meta:
             out["task"] = info.meta["task"]
         return out
-    return user_meta(info.meta)
+    return info.meta
 
 
 def meta_text(meta: Any) -> str:
@@ -246,7 +245,7 @@ def cmd_show(args) -> int:
         contents = contents_json(store, info)
     if args.json:
         d = _info_json(info)
-        d["reserved_meta"] = reserved_meta(info.meta)
+        d["reserved_meta"] = info.reserved_meta
         d["chain"] = chain
         d["contents"] = contents
         d["buffers"] = [{"name": n, "bytes": s} for n, s in info.sizes.items()]
