@@ -283,16 +283,18 @@ def _lg_store(path):
         for i in range(3):
             g.invoke({"messages": [("user", f"question {i}")]},
                      {"configurable": {"thread_id": "t1"}})
+    with snapstore.open(path, readonly=True) as s:     # the newest checkpoint (not a write)
+        return str(max(c.id for c in s.checkpoints() if c.stream.startswith("lg/")))
 
 
 def test_show_langgraph_decodes_channels_and_messages(tmp_path):
     path = str(tmp_path / "lg")
-    _lg_store(path)
-    out = cli_ok("-s", path, "show", "latest").stdout
+    newest = _lg_store(path)
+    out = cli_ok("-s", path, "show", newest).stdout
     assert "contents (LangGraph): thread 't1'" in out
     assert "human: question 2" in out and "ai: echo question 2" in out
     assert "messages" in out and "6 message(s)" in out
-    doc = cli_json("-s", path, "show", "latest")["contents"]
+    doc = cli_json("-s", path, "show", newest)["contents"]
     assert doc["decoded"] and doc["thread_id"] == "t1"
     assert [m["role"] for m in doc["messages"]] == ["human", "ai"] * 3
     assert any(c["name"] == "messages" for c in doc["channels"])
@@ -300,13 +302,13 @@ def test_show_langgraph_decodes_channels_and_messages(tmp_path):
 
 def test_show_langgraph_without_langgraph_installed(tmp_path):
     path = str(tmp_path / "lg")
-    _lg_store(path)
+    newest = _lg_store(path)
     shadow = tmp_path / "shadow" / "langgraph"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('no langgraph here')\n")
     env = {"PYTHONPATH": str(tmp_path / "shadow") + os.pathsep + ROOT}
-    out = cli_ok("-s", path, "show", "latest", env=env).stdout
+    out = cli_ok("-s", path, "show", newest, env=env).stdout
     assert "not decoded: install snapstore[langgraph]" in out
-    doc = cli_json("-s", path, "show", "latest", env=env)["contents"]
+    doc = cli_json("-s", path, "show", newest, env=env)["contents"]
     assert doc == {"kind": "langgraph", "decoded": False,
                    "note": "install snapstore[langgraph] to decode channels and messages"}
