@@ -28,14 +28,18 @@ data, and the records still in the log restore the same bytes.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 
 from snapstore.engine import chunks
+from snapstore.engine import indexswap
+from snapstore.engine import storedir
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
 from snapstore.engine import writer as wr
 from snapstore.engine.crashpoints import crashpoint
+from snapstore.engine.fsutil import fsync_directory
 from snapstore.errors import CorruptionError
 from snapstore.engine.index import ChunkEntry, Index
 from snapstore.engine.logstate import append_state_section
@@ -111,19 +115,25 @@ class ChunkUses:
         """{segment: bytes of it} the newest state section occupies."""
         return section_bytes(backend, *self.state) if self.state is not None else {}
 
-    def needed_bytes(self) -> dict[int, float]:
-        """{segment: chunk record bytes it holds that are still needed}: each chunk's record
-        in the proportion of its bytes some manifest uses (none for a chunk no manifest uses).
-        A rewrite keeps at least that, and at least `threshold` of every chunk it keeps (it
-        trims the others), so a rewritten segment does not qualify again."""
-        out: dict[int, float] = defaultdict(float)
+    def segment_bytes(self, threshold: float) -> tuple[dict[int, float], dict[int, float]]:
+        """({segment: chunk record bytes it holds that are still needed},
+        {segment: chunk record bytes a rewrite of it keeps}).
+
+        Needed: each chunk's record in the proportion of its bytes some manifest uses (none
+        for a chunk no manifest uses). Kept: the record whole, or only that proportion for a
+        chunk a rewrite trims (used less than threshold). A rewrite keeps at least the needed
+        bytes, and at least `threshold` of every chunk it keeps (it trims the others), so a
+        rewritten segment does not qualify again."""
+        needed: dict[int, float] = defaultdict(float)
+        kept: dict[int, float] = defaultdict(float)
         for chunk, e in self.entries.items():
             ranges = self.uses.get(chunk)
             if ranges:
-                used = sum(b - a for a, b in _merge(ranges))
-                out[e.segment] += (fmt.RECORD_HEADER.size + e.stored_len) * \
-                    min(1.0, used / max(1, e.raw_len))
-        return out
+                record = fmt.RECORD_HEADER.size + e.stored_len
+                fraction = min(1.0, sum(b - a for a, b in _merge(ranges)) / max(1, e.raw_len))
+                needed[e.segment] += record * fraction
+                kept[e.segment] += record * fraction if fraction < threshold else record
+        return needed, kept
 
 
 def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
@@ -208,22 +218,46 @@ def _live_by_segment(index: Index) -> dict[int, list]:
 
 
 def choose_segments(log: SegmentLog, backend: SegmentBackend, needed: dict[int, float],
-                    state: dict[int, int], threshold: float) -> list[int]:
-    """The segments to rewrite: those of which the still needed bytes (`needed`: chunks, and
-    `state`: the newest state section) are less than threshold. The open segment is sealed
-    first when it qualifies (a store smaller than a segment gets space back too: issue 14,
-    defect 9). When anything is chosen, the rewrite writes a new state section, so the one
-    there is is needed no more: the segments that qualify without it are chosen too (and
-    compaction reaches a fixed point: run again, it finds nothing to do)."""
-    def qualifies(n: int, with_state: bool) -> bool:
-        used = needed.get(n, 0) + (state.get(n, 0) if with_state else 0)
-        return used < threshold * max(1, backend.size(n) - fmt.SEGMENT_HEADER.size)
+                    kept: dict[int, float], state: dict[int, int], threshold: float,
+                    max_garbage: float | None) -> list[int]:
+    """The segments to rewrite, by two rules:
 
+    - threshold: a segment of which the still needed bytes (`needed`: chunks, and `state`:
+      the newest state section) are less than threshold;
+    - max_garbage (None: off): then, emptiest first (lowest kept fraction), more segments
+      until the garbage the others hold (their bytes minus what a rewrite would keep of them)
+      is at most max_garbage times the live bytes (`kept`, every segment's): so afterwards
+      the segments hold at most (1 + max_garbage) times their live chunk bytes, plus headers
+      and the state section, and no more is copied than that takes.
+
+    The open segment is sealed first when it is chosen (a store smaller than a segment gets
+    space back too: issue 14, defect 9). When anything is chosen, the rewrite writes a new
+    state section, so the one there is is needed no more: the choice is made again without
+    it (and compaction reaches a fixed point: run again, it finds nothing to do)."""
     numbers = backend.list()
-    tail = log.position
-    chosen = [n for n in numbers if qualifies(n, True)]
+    payload = {n: max(0, backend.size(n) - fmt.SEGMENT_HEADER.size) for n in numbers}
+
+    def choose(with_state: bool) -> list[int]:
+        live = {n: kept.get(n, 0) + (state.get(n, 0) if with_state else 0) for n in numbers}
+        chosen = {n for n in numbers
+                  if needed.get(n, 0) + (state.get(n, 0) if with_state else 0)
+                  < threshold * max(1, payload[n])}
+        if max_garbage is not None:
+            garbage = {n: max(0.0, payload[n] - live[n]) for n in numbers if n not in chosen}
+            allowed = max_garbage * sum(kept.values())
+            left = sum(garbage.values())
+            for n in sorted(garbage, key=lambda n: (live[n] / max(1, payload[n]), n)):
+                if left <= allowed:
+                    break
+                if garbage[n] > 0:
+                    chosen.add(n)
+                    left -= garbage[n]
+        return sorted(chosen)
+
+    chosen = choose(True)
     if chosen:
-        chosen = [n for n in numbers if qualifies(n, False)]
+        chosen = choose(False)
+    tail = log.position
     if tail[0] in chosen:
         if tail[1] > fmt.SEGMENT_HEADER.size:
             log.seal()      # the open segment is sparse too: seal it so it can be rewritten
@@ -307,15 +341,62 @@ def rewrite_segments(index: Index, log: SegmentLog, backend: SegmentBackend,
     return rewritten, removed, copied, state_bytes
 
 
+def index_pays_to_shrink(size: int, used: int) -> bool:
+    """Whether a compacting copy of an index of `size` bytes with `used` bytes of pages in
+    use is worth making: its free pages are at least half of it and at least
+    INDEX_SHRINK_MIN_FREE bytes (a copy costs a few fsyncs, and every reader reopens)."""
+    free = size - used
+    return free >= INDEX_SHRINK_MIN_FREE and free * 2 >= size
+
+
+INDEX_SHRINK_MIN_FREE = 256 << 10
+
+
+def shrink_index(index: Index, store_path: str, *, force: bool = False) -> bool:
+    """Step 7: replaces the index by a compacting copy (only its pages in use) when that pays
+    (or force): LMDB reuses the pages transactions freed but never gives them back to the
+    file system. The copy is written to the staging directory, made durable, and swapped in
+    by indexswap.swap_in, the mechanism repair uses (crash-safe at any moment: the old or the
+    new index, identical in content); this Index, and every Index of any process, moves to it
+    at its next transaction. Writers are kept out by the caller (the writer lock). Returns
+    whether the index was replaced. A copy LMDB refuses (it does for a page leak) leaves the
+    index as it is (StoreIOError)."""
+    size, used = index.space()
+    if not force and not index_pays_to_shrink(size, used):
+        return False
+    staging = indexswap.staging_dir(store_path)
+    indexswap.remove_entry(staging)         # what an interrupted swap left
+    os.mkdir(staging, storedir.dir_mode(index.file_mode))
+    try:
+        index.copy_compacted(staging)
+        fsync_directory(staging)
+        fsync_directory(store_path)
+        crashpoint("compact_before_index_swap")
+        indexswap.swap_in(store_path, staging)
+    except BaseException:
+        if os.path.lexists(os.path.join(store_path, fmt.INDEX_DIR)):
+            indexswap.remove_entry(staging)
+        raise
+    crashpoint("compact_after_index_swap")
+    with index.read():                      # moves this Index to the new one now
+        pass
+    return True
+
+
 def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold: float,
-            max_chain: int, opts: "wr.WriteOptions") -> dict:
-    """Runs fold, trim, gc and rewrite; returns the report."""
+            max_chain: int, opts: "wr.WriteOptions",
+            max_garbage: float | None = fmt.DEFAULT_COMPACT_MAX_GARBAGE,
+            shrink: bool | None = None) -> dict:
+    """Runs fold, trim, gc, rewrite and the index shrink; returns the report. shrink: True
+    always copies the index compacted, False never, None when it pays."""
     started = time.perf_counter()
+    index_before = index.disk_bytes()
     before = sum(backend.size(n) for n in backend.list())
     folded = fold_chains(index, max_chain)
     found = ChunkUses(index)
-    targets = choose_segments(log, backend, found.needed_bytes(),
-                              found.state_bytes(backend), threshold)
+    needed, kept = found.segment_bytes(threshold)
+    targets = choose_segments(log, backend, needed, kept, found.state_bytes(backend),
+                              threshold, max_garbage)
     trimmed, trimmed_bytes, trim_read, trim_written = trim_chunks(index, log, backend, opts,
                                                                   threshold, found, set(targets))
     del found
@@ -323,7 +404,16 @@ def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold
     index.sync()
     rewritten, removed, copied, state_bytes = rewrite_segments(index, log, backend, targets)
     after = sum(backend.size(n) for n in backend.list())
+    shrunk = False
+    if shrink is not False:
+        shrunk = shrink_index(index, os.path.dirname(os.path.abspath(index.path)),
+                              force=bool(shrink))
+    index_after = index.disk_bytes()
     return {"bytes_before": before, "bytes_after": after, "bytes_returned": before - after,
+            "index_bytes_before": index_before, "index_bytes_after": index_after,
+            "index_shrunk": shrunk,
+            "store_bytes_before": before + index_before,
+            "store_bytes_after": after + index_after,
             "chunks_freed": freed, "garbage_bytes_freed": freed_bytes,
             "segments_rewritten": rewritten, "segments_removed": removed,
             "live_bytes_copied": copied, "chains_folded": folded,
