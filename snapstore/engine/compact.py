@@ -3,9 +3,12 @@
 Order and invariants (docs/design.md, "Compaction"):
   1. fold: a buffer whose chain is longer than max_chain gets one full manifest resolved from
      its layers. Only manifests change (no bytes are copied); what it restores to is unchanged.
-  2. choose: the segments to rewrite are those whose still-needed bytes (the part of each
-     chunk some manifest uses; the newest state section) are below `threshold` of them. The open segment is sealed first when it qualifies, so a
-     store smaller than one segment gets space back too.
+  2. choose (plan_rewrite): the segments whose still-needed bytes (the part of each chunk
+     some manifest uses; the newest state section) are below `threshold` of them; then more,
+     emptiest first, until the garbage the others hold is at most `max_garbage` times the
+     live bytes (default 0.1: the segments end up at most 1.1x the live data). The open
+     segment is sealed first when it is chosen, so a store smaller than one segment gets
+     space back too.
   3. trim: a chunk of a chosen segment of which manifests reference less than `threshold` of
      its bytes (the rest was overwritten in every checkpoint that still uses it) is replaced
      by a chunk holding only the referenced bytes; extents are remapped. (Only there: in a
@@ -22,6 +25,14 @@ Order and invariants (docs/design.md, "Compaction"):
      removed. So the index never points into a removed segment, even after a crash or power
      cut at any moment; running compact() again after a crash finishes the job (left-over
      copies are unreferenced records, reclaimed next time).
+  7. shrink the index: LMDB reuses the pages transactions free but never gives them back, so
+     when at least half of the data file is free pages, a compacting copy of the index (its
+     pages in use only) is written to STORE/.index.new, synced, and swapped in by
+     indexswap.swap_in, the mechanism repair uses (crash points compact_before_index_swap,
+     index_swap_exchanged, index_swap_renamed_old, compact_after_index_swap). Old and new
+     index hold the same values, so a crash anywhere leaves a complete index either way.
+     Every Index (readers in other processes too) moves to the new one at its next
+     transaction (index.py).
 Steps 1-4 are index transactions that leave checkpoint contents unchanged and remove nothing
 from the log, so they need no log record: losing one to a crash only loses the work, never
 data, and the records still in the log restore the same bytes.
@@ -217,34 +228,32 @@ def _live_by_segment(index: Index) -> dict[int, list]:
     return out
 
 
-def choose_segments(log: SegmentLog, backend: SegmentBackend, needed: dict[int, float],
-                    kept: dict[int, float], state: dict[int, int], threshold: float,
-                    max_garbage: float | None) -> list[int]:
-    """The segments to rewrite, by two rules:
+def plan_rewrite(payload: dict[int, int], needed: dict[int, float], kept: dict[int, float],
+                 state: dict[int, int], threshold: float,
+                 max_garbage: float | None) -> list[int]:
+    """Which segments to rewrite (pure: the policy of choose_segments). payload: {segment:
+    its bytes past the header}; needed/kept: ChunkUses.segment_bytes; state: {segment: bytes
+    of the newest state section in it}. Two rules:
 
-    - threshold: a segment of which the still needed bytes (`needed`: chunks, and `state`:
-      the newest state section) are less than threshold;
+    - threshold: a segment of which the still needed bytes (chunks, and the state section)
+      are less than threshold;
     - max_garbage (None: off): then, emptiest first (lowest kept fraction), more segments
       until the garbage the others hold (their bytes minus what a rewrite would keep of them)
-      is at most max_garbage times the live bytes (`kept`, every segment's): so afterwards
+      is at most max_garbage times the live bytes (`kept` of every segment): so afterwards
       the segments hold at most (1 + max_garbage) times their live chunk bytes, plus headers
       and the state section, and no more is copied than that takes.
 
-    The open segment is sealed first when it is chosen (a store smaller than a segment gets
-    space back too: issue 14, defect 9). When anything is chosen, the rewrite writes a new
-    state section, so the one there is is needed no more: the choice is made again without
-    it (and compaction reaches a fixed point: run again, it finds nothing to do)."""
-    numbers = backend.list()
-    payload = {n: max(0, backend.size(n) - fmt.SEGMENT_HEADER.size) for n in numbers}
-
+    When anything is chosen the rewrite writes a new state section, so the one there is is
+    needed no more: the choice is made again without it (so compaction reaches a fixed point:
+    run again, it finds nothing to do)."""
     def choose(with_state: bool) -> list[int]:
-        live = {n: kept.get(n, 0) + (state.get(n, 0) if with_state else 0) for n in numbers}
-        chosen = {n for n in numbers
-                  if needed.get(n, 0) + (state.get(n, 0) if with_state else 0)
-                  < threshold * max(1, payload[n])}
+        st = state if with_state else {}
+        live = {n: kept.get(n, 0) + st.get(n, 0) for n in payload}
+        chosen = {n for n in payload
+                  if needed.get(n, 0) + st.get(n, 0) < threshold * max(1, payload[n])}
         if max_garbage is not None:
-            garbage = {n: max(0.0, payload[n] - live[n]) for n in numbers if n not in chosen}
-            allowed = max_garbage * sum(kept.values())
+            garbage = {n: max(0.0, payload[n] - live[n]) for n in payload if n not in chosen}
+            allowed = max_garbage * sum(kept.get(n, 0) for n in payload)
             left = sum(garbage.values())
             for n in sorted(garbage, key=lambda n: (live[n] / max(1, payload[n]), n)):
                 if left <= allowed:
@@ -255,8 +264,17 @@ def choose_segments(log: SegmentLog, backend: SegmentBackend, needed: dict[int, 
         return sorted(chosen)
 
     chosen = choose(True)
-    if chosen:
-        chosen = choose(False)
+    return choose(False) if chosen else chosen
+
+
+def choose_segments(log: SegmentLog, backend: SegmentBackend, needed: dict[int, float],
+                    kept: dict[int, float], state: dict[int, int], threshold: float,
+                    max_garbage: float | None) -> list[int]:
+    """The segments to rewrite (plan_rewrite) among the store's. The open segment is sealed
+    first when it is chosen, so a store smaller than a segment gets space back too (issue
+    14, defect 9); an empty open segment is never chosen."""
+    payload = {n: max(0, backend.size(n) - fmt.SEGMENT_HEADER.size) for n in backend.list()}
+    chosen = plan_rewrite(payload, needed, kept, state, threshold, max_garbage)
     tail = log.position
     if tail[0] in chosen:
         if tail[1] > fmt.SEGMENT_HEADER.size:
@@ -349,7 +367,7 @@ def index_pays_to_shrink(size: int, used: int) -> bool:
     return free >= INDEX_SHRINK_MIN_FREE and free * 2 >= size
 
 
-INDEX_SHRINK_MIN_FREE = 256 << 10
+INDEX_SHRINK_MIN_FREE = 64 << 10
 
 
 def shrink_index(index: Index, store_path: str, *, force: bool = False) -> bool:

@@ -392,21 +392,23 @@ class Index:
         if not os.path.isdir(path):
             raise FormatError(f"no index at {path}; not a snapstore store")
         self._data = _check_data_file(path, rebuilding)
-        self._opened = self._open()
+        self._opened = self._open(create=not readonly)
         try:
             self.version = self._check_version()
         except BaseException:
             self.close()
             raise
 
-    def _open(self) -> _Opened:
-        """The environment at path (shared in the process), checked, with its databases."""
+    def _open(self, create: bool) -> _Opened:
+        """The environment at path (shared in the process), checked, with its databases.
+        create=True creates missing databases, in a write transaction: never while another
+        thread may be writing (py-lmdb holds the GIL while it waits for LMDB's writer mutex,
+        and the writer holding the mutex waits for the GIL), so only at the first open."""
         env = _acquire_env(self.path, self.durable, self.file_mode)
         try:
             _check_not_truncated(env, self._data)
             with _lmdb_errors("open databases"):
-                dbs = {name: env.open_db(name, create=not self.readonly)
-                       for name in fmt.INDEX_DBS}
+                dbs = {name: env.open_db(name, create=create) for name in fmt.INDEX_DBS}
         except (lmdb.NotFoundError, KeyError) as exc:
             _ENVS.release(env)
             raise FormatError(f"index at {self.path} is missing databases; not a snapstore "
@@ -480,8 +482,10 @@ class Index:
 
     def _reopen(self, old: _Opened) -> _Opened:
         """Moves to the index now at path (lock held); the old environment is let go of once
-        its last transaction ends. If the new one does not open, the old one stays."""
-        new = self._open()
+        its last transaction ends. If the new one does not open, the old one stays. Its
+        databases exist (a replacement is a complete index): opened without a write
+        transaction, which could deadlock with a writer thread (see _open)."""
+        new = self._open(create=False)
         old.retired = True
         if old.txns == 0:
             _ENVS.release(old.env)
