@@ -67,16 +67,17 @@ class SharedByPath(Generic[T]):
         self._is_current = is_current
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
-        self._retired: list[tuple[str, _Entry]] = []     # (path, outdated entry still held)
+        # outdated entries still held: id(entry) -> (path, entry)
+        self._retired: dict[int, tuple[str, _Entry]] = {}
         _REGISTRIES.add(self)
 
     def _after_fork_in_child(self) -> None:
         # A new lock: a thread of the parent may have held the old one when it forked.
         self._lock = threading.Lock()
         _INHERITED.extend(e.obj for e in self._entries.values())
-        _INHERITED.extend(e.obj for _, e in self._retired)
+        _INHERITED.extend(e.obj for _, e in self._retired.values())
         self._entries = {}
-        self._retired = []
+        self._retired = {}
 
     def acquire(self, path, open_object: Callable[[str], T], *, settings: Any = None,
                 admit: Callable[[Any], None] | None = None) -> T:
@@ -96,7 +97,7 @@ class SharedByPath(Generic[T]):
             if entry is not None and self._is_current is not None \
                     and not self._is_current(entry.obj):
                 del self._entries[key]          # closed by its holders' last release()
-                self._retired.append((key, entry))
+                self._retired[id(entry)] = (key, entry)
                 entry = None
             if entry is None:
                 obj = open_object(key)
@@ -112,20 +113,24 @@ class SharedByPath(Generic[T]):
         last one it is forgotten, then closed. An object not held (released already, or
         replaced after it died) is ignored."""
         with self._lock:
-            for key, entry in self._entries.items():
-                if entry.obj is obj:
-                    entry.users -= 1
-                    if entry.users == 0:
-                        del self._entries[key]
-                        self._close(obj)
-                    return
-            for i, (_, entry) in enumerate(self._retired):
-                if entry.obj is obj:
-                    entry.users -= 1
-                    if entry.users == 0:
-                        del self._retired[i]
-                        self._close(obj)
-                    return
+            found = self._holding(obj)
+            if found is None:
+                return
+            table, slot, entry = found
+            entry.users -= 1
+            if entry.users == 0:
+                del table[slot]
+                self._close(obj)
+
+    def _holding(self, obj: T) -> tuple[dict, Any, _Entry] | None:
+        """(the table holding obj, its slot there, its entry), or None (lock held)."""
+        for key, entry in self._entries.items():
+            if entry.obj is obj:
+                return self._entries, key, entry
+        for slot, (_, entry) in self._retired.items():
+            if entry.obj is obj:
+                return self._retired, slot, entry
+        return None
 
     def users(self, path) -> int:
         """How many users the objects of path have, outdated ones included (0: none is
@@ -134,4 +139,4 @@ class SharedByPath(Generic[T]):
         with self._lock:
             entry = self._entries.get(key)
             return (entry.users if entry is not None else 0) + \
-                sum(e.users for k, e in self._retired if k == key)
+                sum(e.users for k, e in self._retired.values() if k == key)

@@ -20,12 +20,13 @@ import time
 
 import pytest
 
+from test_compact_kill import _child_env as _env  # the crash children's environment
+
 import snapstore
 from snapstore.engine import format as fmt
 
 pytestmark = pytest.mark.slow
 
-PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(snapstore.__file__)))
 ROUNDS = int(os.environ.get("SNAPSTORE_SWAP_KILL_ROUNDS", "3"))
 POINTS = ("compact_before_index_swap", "index_swap_exchanged", "compact_after_index_swap",
           "index_swap_renamed_old")
@@ -65,15 +66,6 @@ while time.monotonic() < deadline:
         continue
 print("reads", reads, flush=True)
 """
-
-
-def _env(crash_at: str | None = None) -> dict:
-    env = dict(os.environ)
-    env.pop("SNAPSTORE_CRASH_AT", None)
-    if crash_at:
-        env["SNAPSTORE_CRASH_AT"] = crash_at
-    env["PYTHONPATH"] = PKG_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 class Store:
