@@ -396,8 +396,7 @@ def shrink_index(index: Index, store_path: str, *, force: bool = False) -> bool:
             indexswap.remove_entry(staging)
         raise
     crashpoint("compact_after_index_swap")
-    with index.read():                      # moves this Index to the new one now
-        pass
+    index.refresh()                         # moves this Index to the new one now
     return True
 
 

@@ -22,6 +22,7 @@ import os
 import stat
 import struct
 import threading
+import time
 from typing import Callable, Iterator, NamedTuple
 
 import lmdb
@@ -355,6 +356,12 @@ class CheckedManifests:
                 self._extents -= len(old)
 
 
+# How often an Index looks whether its directory holds a replaced index (see Index._enter),
+# and how many times an Index of this process moved to a replaced one.
+RECHECK_SECONDS = 0.05
+_MOVES = [0]
+
+
 class _Opened:
     """One LMDB environment of the index as an Index uses it: its databases, and how many
     transactions of that Index are open in it. Once the index directory was replaced
@@ -377,8 +384,9 @@ class Index:
     Index opened (indexswap.swap_in swapped a compacted copy or a rebuilt index in; in this
     process or another), the next transaction opens the new one, and the old environment is
     closed once no transaction of this Index uses it. So readers in other processes never
-    keep reading a replaced index: at most the transaction under way sees the snapshot it
-    began with, which stays consistent (the old file lives until closed)."""
+    keep reading a replaced index (they look at most RECHECK_SECONDS apart; Indexes of this
+    process at once), and a transaction under way keeps the snapshot it began with, which
+    stays consistent (the old file lives until closed)."""
 
     def __init__(self, path: str, *, readonly: bool, durable: bool,
                  file_mode: int = DEFAULT_FILE_MODE, rebuilding: bool = False) -> None:
@@ -389,6 +397,7 @@ class Index:
         self.checked_manifests = CheckedManifests()
         self._lock = threading.Lock()
         self._opened: _Opened | None = None
+        self._seen_moves, self._checked_at = _MOVES[0], time.monotonic()
         if not os.path.isdir(path):
             raise FormatError(f"no index at {path}; not a snapstore store")
         self._data = _check_data_file(path, rebuilding)
@@ -469,8 +478,15 @@ class Index:
     # -- transactions: each in the current environment
     def _enter(self) -> _Opened:
         """The _Opened a transaction begins in (one more transaction counted): the current
-        one, or a new one if the directory now holds a replaced index."""
-        current = _file_ident(self._data)
+        one, or a new one if the directory now holds a replaced index. Whether it does is
+        looked at (a stat, several microseconds) when an Index of this process moved to a
+        replaced index since this one last looked, and otherwise at most every
+        RECHECK_SECONDS: a replacement by another process is noticed within that time."""
+        now = time.monotonic()
+        current = None
+        if self._seen_moves != _MOVES[0] or now - self._checked_at >= RECHECK_SECONDS:
+            self._seen_moves, self._checked_at = _MOVES[0], now
+            current = _file_ident(self._data)
         with self._lock:
             opened = self._opened
             if opened is None:
@@ -479,6 +495,11 @@ class Index:
                 opened = self._reopen(opened)
             opened.txns += 1
             return opened
+
+    def refresh(self) -> None:
+        """Moves to a replaced index now (the one that replaced it calls this)."""
+        self._checked_at = float("-inf")
+        self._leave(self._enter())
 
     def _reopen(self, old: _Opened) -> _Opened:
         """Moves to the index now at path (lock held); the old environment is let go of once
@@ -491,6 +512,7 @@ class Index:
             _ENVS.release(old.env)
         self._opened = new
         self.checked_manifests = CheckedManifests()
+        _MOVES[0] += 1                  # the other Indexes of the process look at once
         return new
 
     def _leave(self, opened: _Opened) -> None:
@@ -511,8 +533,14 @@ class Index:
 
     @contextlib.contextmanager
     def read(self) -> Iterator["IndexView"]:
-        with self._txn(write=False, what="read") as (txn, dbs):
-            yield IndexView(self, txn, dbs)
+        # _txn written out: every restore and read begins one
+        opened = self._enter()
+        try:
+            with _lmdb_errors("read"):
+                with opened.env.begin(buffers=False) as txn:
+                    yield IndexView(self, txn, opened.dbs)
+        finally:
+            self._leave(opened)
 
     @contextlib.contextmanager
     def write(self, *, rebuilding: bool = False) -> Iterator["IndexWriter"]:
