@@ -452,11 +452,27 @@ class Store:
             return sum(c.backend.size(n) for n in c.backend.list()) + c.index.disk_bytes()
 
     def compact(self, threshold: float = fmt.DEFAULT_COMPACT_THRESHOLD,
-                max_chain: int | None = None) -> dict:
-        """Folds chains longer than max_chain (default: the store's), drops unreferenced
-        chunks, and rewrites sealed segments whose live fraction is below threshold so space
-        returns to the file system. Returns a report (bytes before/after, chunks freed,
-        segments rewritten, chains folded, seconds). Safe to interrupt at any moment."""
+                max_chain: int | None = None, *,
+                max_garbage: float | None = fmt.DEFAULT_COMPACT_MAX_GARBAGE,
+                shrink_index: bool | None = None) -> dict:
+        """Returns the space of deleted checkpoints to the file system and folds long chains.
+
+        Folds chains longer than max_chain (default: the store's), drops unreferenced chunks,
+        and rewrites segments (copying their live chunks to the log's tail, then removing
+        them): every segment whose live fraction is below `threshold`, then more, emptiest
+        first, until the garbage the remaining segments hold is at most `max_garbage` times
+        the live chunk bytes. So by default the segments end up at most 1.1x the live data
+        (plus segment headers and one state section); max_garbage=None rewrites only by
+        threshold. Then the LMDB index, whose free pages LMDB never gives back, is replaced
+        by a compacting copy when at least half of it is free (shrink_index=None), always
+        (True) or never (False); readers in other processes move to the new index at their
+        next read.
+
+        Returns a report: bytes_before/bytes_after (segments), index_bytes_before/
+        index_bytes_after, store_bytes_before/store_bytes_after (segments + index: what the
+        store occupies), index_shrunk, chunks freed, segments rewritten and removed, live
+        bytes copied, chains folded, chunks trimmed, seconds. Safe to interrupt at any
+        moment, a crash included."""
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
                 or not 0 <= threshold <= 1:
             raise InvalidArgumentError(f"threshold must be a number from 0 to 1, got "
@@ -464,11 +480,21 @@ class Store:
         if max_chain is not None and (isinstance(max_chain, bool) or
                                       not isinstance(max_chain, int) or max_chain < 1):
             raise InvalidArgumentError(f"max_chain must be an int >= 1, got {max_chain!r}")
+        if max_garbage is not None and (isinstance(max_garbage, bool) or
+                                        not isinstance(max_garbage, (int, float)) or
+                                        not 0 <= max_garbage < math.inf):
+            raise InvalidArgumentError(f"max_garbage must be None or a number >= 0, got "
+                                       f"{max_garbage!r}")
+        if shrink_index is not None:
+            shrink_index = validate_flag(shrink_index, "shrink_index")
         c = self._committer
         with c.exclusive(), io_errors("compaction failed"):
             return compaction.compact(c.index, c.log, c.backend, threshold=float(threshold),
                                       max_chain=max_chain or self.options.max_chain,
-                                      opts=self.options)
+                                      opts=self.options,
+                                      max_garbage=None if max_garbage is None
+                                      else float(max_garbage),
+                                      shrink=shrink_index)
 
     def verify(self, deep: bool = False) -> dict:
         """Checks the store; returns a report {"ok", "problems": [...], ...}. Each problem has

@@ -3,6 +3,7 @@
 itself is damaged)."""
 from __future__ import annotations
 
+import argparse
 import os
 
 from snapstore.cli.args import count_arg
@@ -14,12 +15,40 @@ from snapstore.store import repair as repair_store
 
 
 def add_compact(add) -> None:
-    p = add("compact", "reclaim space of deleted checkpoints and fold long chains", cmd_compact)
+    p = add("compact", "reclaim space of deleted checkpoints and fold long chains", cmd_compact,
+            description="Returns the space of deleted checkpoints to the file system: drops "
+            "unreferenced chunks, rewrites segments (every one less live than --threshold, "
+            "then more, emptiest first, until the garbage left is at most --max-garbage of "
+            "the live data: by default the store ends up at most 1.1x its live data), and "
+            "replaces the index by a compacted copy when at least half of it is free space. "
+            "Also folds delta chains longer than --max-chain.")
     p.add_argument("--threshold", type=float, default=None, metavar="F",
-                   help="rewrite sealed segments less live than this fraction (default: the "
-                        "store's, 0.5)")
+                   help="always rewrite segments less live than this fraction (default 0.5)")
+    p.add_argument("--max-garbage", type=garbage_arg, default=None, metavar="F",
+                   help="then rewrite more segments, emptiest first, until the garbage left "
+                        "is at most F times the live data (default 0.1; 'none': rewrite by "
+                        "--threshold only)")
+    p.add_argument("--shrink-index", action=argparse.BooleanOptionalAction, default=None,
+                   help="copy the index compacted: always, or never (default: when at least "
+                        "half of it is free)")
     p.add_argument("--max-chain", type=count_arg, default=None, metavar="N",
                    help="fold delta chains longer than N (default: the store's)")
+
+
+NO_LIMIT = "none"
+
+
+def garbage_arg(text: str):
+    """--max-garbage: a fraction >= 0, or 'none' (NO_LIMIT)."""
+    if text.strip().lower() == NO_LIMIT:
+        return NO_LIMIT
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number or 'none': {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 or 'none', got {text!r}")
+    return value
 
 
 def add_verify(add) -> None:
@@ -44,17 +73,31 @@ def cmd_compact(args) -> int:
                 opts["threshold"] = args.threshold
             if args.max_chain is not None:
                 opts["max_chain"] = args.max_chain
+            if args.max_garbage is not None:
+                opts["max_garbage"] = None if args.max_garbage is NO_LIMIT else args.max_garbage
+            if args.shrink_index is not None:
+                opts["shrink_index"] = args.shrink_index
             report = dict(fn(**opts) or {})
     if args.json:
         print_json(report)
         return EXIT_OK
-    before, after = report.get("bytes_before"), report.get("bytes_after")
-    title = "compacted"
-    if isinstance(before, int) and isinstance(after, int):
-        title = (f"compacted: {human_bytes(before)} -> {human_bytes(after)} "
-                 f"({human_bytes(before - after)} freed)")
-    print_report(title, report)
+    print_report(compact_title(report), report)
     return EXIT_OK
+
+
+def compact_title(report: dict) -> str:
+    """The headline: what the store occupies (segments + index, as du shows) before -> after,
+    and the index's part."""
+    before = report.get("store_bytes_before", report.get("bytes_before"))
+    after = report.get("store_bytes_after", report.get("bytes_after"))
+    if not (isinstance(before, int) and isinstance(after, int)):
+        return "compacted"
+    title = (f"compacted: {human_bytes(before)} -> {human_bytes(after)} "
+             f"({human_bytes(before - after)} freed)")
+    ib, ia = report.get("index_bytes_before"), report.get("index_bytes_after")
+    if isinstance(ib, int) and isinstance(ia, int):
+        title += f"; index {human_bytes(ib)} -> {human_bytes(ia)}"
+    return title
 
 
 def cmd_verify(args) -> int:

@@ -3,9 +3,12 @@
 Order and invariants (docs/design.md, "Compaction"):
   1. fold: a buffer whose chain is longer than max_chain gets one full manifest resolved from
      its layers. Only manifests change (no bytes are copied); what it restores to is unchanged.
-  2. choose: the segments to rewrite are those whose still-needed bytes (the part of each
-     chunk some manifest uses; the newest state section) are below `threshold` of them. The open segment is sealed first when it qualifies, so a
-     store smaller than one segment gets space back too.
+  2. choose (plan_rewrite): the segments whose still-needed bytes (the part of each chunk
+     some manifest uses; the newest state section) are below `threshold` of them; then more,
+     emptiest first, until the garbage the others hold is at most `max_garbage` times the
+     live bytes (default 0.1: the segments end up at most 1.1x the live data). The open
+     segment is sealed first when it is chosen, so a store smaller than one segment gets
+     space back too.
   3. trim: a chunk of a chosen segment of which manifests reference less than `threshold` of
      its bytes (the rest was overwritten in every checkpoint that still uses it) is replaced
      by a chunk holding only the referenced bytes; extents are remapped. (Only there: in a
@@ -22,20 +25,32 @@ Order and invariants (docs/design.md, "Compaction"):
      removed. So the index never points into a removed segment, even after a crash or power
      cut at any moment; running compact() again after a crash finishes the job (left-over
      copies are unreferenced records, reclaimed next time).
+  7. shrink the index: LMDB reuses the pages transactions free but never gives them back, so
+     when at least half of the data file is free pages, a compacting copy of the index (its
+     pages in use only) is written to STORE/.index.new, synced, and swapped in by
+     indexswap.swap_in, the mechanism repair uses (crash points compact_before_index_swap,
+     index_swap_exchanged, index_swap_renamed_old, compact_after_index_swap). Old and new
+     index hold the same values, so a crash anywhere leaves a complete index either way.
+     Every Index (readers in other processes too) moves to the new one at its next
+     transaction (index.py).
 Steps 1-4 are index transactions that leave checkpoint contents unchanged and remove nothing
 from the log, so they need no log record: losing one to a crash only loses the work, never
 data, and the records still in the log restore the same bytes.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 
 from snapstore.engine import chunks
+from snapstore.engine import indexswap
+from snapstore.engine import storedir
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
 from snapstore.engine import writer as wr
 from snapstore.engine.crashpoints import crashpoint
+from snapstore.engine.fsutil import fsync_directory
 from snapstore.errors import CorruptionError
 from snapstore.engine.index import ChunkEntry, Index
 from snapstore.engine.logstate import append_state_section
@@ -111,19 +126,25 @@ class ChunkUses:
         """{segment: bytes of it} the newest state section occupies."""
         return section_bytes(backend, *self.state) if self.state is not None else {}
 
-    def needed_bytes(self) -> dict[int, float]:
-        """{segment: chunk record bytes it holds that are still needed}: each chunk's record
-        in the proportion of its bytes some manifest uses (none for a chunk no manifest uses).
-        A rewrite keeps at least that, and at least `threshold` of every chunk it keeps (it
-        trims the others), so a rewritten segment does not qualify again."""
-        out: dict[int, float] = defaultdict(float)
+    def segment_bytes(self, threshold: float) -> tuple[dict[int, float], dict[int, float]]:
+        """({segment: chunk record bytes it holds that are still needed},
+        {segment: chunk record bytes a rewrite of it keeps}).
+
+        Needed: each chunk's record in the proportion of its bytes some manifest uses (none
+        for a chunk no manifest uses). Kept: the record whole, or only that proportion for a
+        chunk a rewrite trims (used less than threshold). A rewrite keeps at least the needed
+        bytes, and at least `threshold` of every chunk it keeps (it trims the others), so a
+        rewritten segment does not qualify again."""
+        needed: dict[int, float] = defaultdict(float)
+        kept: dict[int, float] = defaultdict(float)
         for chunk, e in self.entries.items():
             ranges = self.uses.get(chunk)
             if ranges:
-                used = sum(b - a for a, b in _merge(ranges))
-                out[e.segment] += (fmt.RECORD_HEADER.size + e.stored_len) * \
-                    min(1.0, used / max(1, e.raw_len))
-        return out
+                record = fmt.RECORD_HEADER.size + e.stored_len
+                fraction = min(1.0, sum(b - a for a, b in _merge(ranges)) / max(1, e.raw_len))
+                needed[e.segment] += record * fraction
+                kept[e.segment] += record * fraction if fraction < threshold else record
+        return needed, kept
 
 
 def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
@@ -207,23 +228,54 @@ def _live_by_segment(index: Index) -> dict[int, list]:
     return out
 
 
-def choose_segments(log: SegmentLog, backend: SegmentBackend, needed: dict[int, float],
-                    state: dict[int, int], threshold: float) -> list[int]:
-    """The segments to rewrite: those of which the still needed bytes (`needed`: chunks, and
-    `state`: the newest state section) are less than threshold. The open segment is sealed
-    first when it qualifies (a store smaller than a segment gets space back too: issue 14,
-    defect 9). When anything is chosen, the rewrite writes a new state section, so the one
-    there is is needed no more: the segments that qualify without it are chosen too (and
-    compaction reaches a fixed point: run again, it finds nothing to do)."""
-    def qualifies(n: int, with_state: bool) -> bool:
-        used = needed.get(n, 0) + (state.get(n, 0) if with_state else 0)
-        return used < threshold * max(1, backend.size(n) - fmt.SEGMENT_HEADER.size)
+def plan_rewrite(payload: dict[int, int], needed: dict[int, float], kept: dict[int, float],
+                 state: dict[int, int], threshold: float,
+                 max_garbage: float | None) -> list[int]:
+    """Which segments to rewrite (pure: the policy of choose_segments). payload: {segment:
+    its bytes past the header}; needed/kept: ChunkUses.segment_bytes; state: {segment: bytes
+    of the newest state section in it}. Two rules:
 
-    numbers = backend.list()
+    - threshold: a segment of which the still needed bytes (chunks, and the state section)
+      are less than threshold;
+    - max_garbage (None: off): then, emptiest first (lowest kept fraction), more segments
+      until the garbage the others hold (their bytes minus what a rewrite would keep of them)
+      is at most max_garbage times the live bytes (`kept` of every segment): so afterwards
+      the segments hold at most (1 + max_garbage) times their live chunk bytes, plus headers
+      and the state section, and no more is copied than that takes.
+
+    When anything is chosen the rewrite writes a new state section, so the one there is is
+    needed no more: the choice is made again without it (so compaction reaches a fixed point:
+    run again, it finds nothing to do)."""
+    def choose(with_state: bool) -> list[int]:
+        st = state if with_state else {}
+        live = {n: kept.get(n, 0) + st.get(n, 0) for n in payload}
+        chosen = {n for n in payload
+                  if needed.get(n, 0) + st.get(n, 0) < threshold * max(1, payload[n])}
+        if max_garbage is not None:
+            garbage = {n: max(0.0, payload[n] - live[n]) for n in payload if n not in chosen}
+            allowed = max_garbage * sum(kept.get(n, 0) for n in payload)
+            left = sum(garbage.values())
+            for n in sorted(garbage, key=lambda n: (live[n] / max(1, payload[n]), n)):
+                if left <= allowed:
+                    break
+                if garbage[n] > 0:
+                    chosen.add(n)
+                    left -= garbage[n]
+        return sorted(chosen)
+
+    chosen = choose(True)
+    return choose(False) if chosen else chosen
+
+
+def choose_segments(log: SegmentLog, backend: SegmentBackend, needed: dict[int, float],
+                    kept: dict[int, float], state: dict[int, int], threshold: float,
+                    max_garbage: float | None) -> list[int]:
+    """The segments to rewrite (plan_rewrite) among the store's. The open segment is sealed
+    first when it is chosen, so a store smaller than a segment gets space back too (issue
+    14, defect 9); an empty open segment is never chosen."""
+    payload = {n: max(0, backend.size(n) - fmt.SEGMENT_HEADER.size) for n in backend.list()}
+    chosen = plan_rewrite(payload, needed, kept, state, threshold, max_garbage)
     tail = log.position
-    chosen = [n for n in numbers if qualifies(n, True)]
-    if chosen:
-        chosen = [n for n in numbers if qualifies(n, False)]
     if tail[0] in chosen:
         if tail[1] > fmt.SEGMENT_HEADER.size:
             log.seal()      # the open segment is sparse too: seal it so it can be rewritten
@@ -307,15 +359,61 @@ def rewrite_segments(index: Index, log: SegmentLog, backend: SegmentBackend,
     return rewritten, removed, copied, state_bytes
 
 
+def index_pays_to_shrink(size: int, used: int) -> bool:
+    """Whether a compacting copy of an index of `size` bytes with `used` bytes of pages in
+    use is worth making: its free pages are at least half of it and at least
+    INDEX_SHRINK_MIN_FREE bytes (a copy costs a few fsyncs, and every reader reopens)."""
+    free = size - used
+    return free >= INDEX_SHRINK_MIN_FREE and free * 2 >= size
+
+
+INDEX_SHRINK_MIN_FREE = 64 << 10
+
+
+def shrink_index(index: Index, store_path: str, *, force: bool = False) -> bool:
+    """Step 7: replaces the index by a compacting copy (only its pages in use) when that pays
+    (or force): LMDB reuses the pages transactions freed but never gives them back to the
+    file system. The copy is written to the staging directory, made durable, and swapped in
+    by indexswap.swap_in, the mechanism repair uses (crash-safe at any moment: the old or the
+    new index, identical in content); this Index, and every Index of any process, moves to it
+    at its next transaction. Writers are kept out by the caller (the writer lock). Returns
+    whether the index was replaced. A copy LMDB refuses (it does for a page leak) leaves the
+    index as it is (StoreIOError)."""
+    size, used = index.space()
+    if not force and not index_pays_to_shrink(size, used):
+        return False
+    staging = indexswap.staging_dir(store_path)
+    indexswap.remove_entry(staging)         # what an interrupted swap left
+    os.mkdir(staging, storedir.dir_mode(index.file_mode))
+    try:
+        index.copy_compacted(staging)
+        fsync_directory(staging)
+        fsync_directory(store_path)
+        crashpoint("compact_before_index_swap")
+        indexswap.swap_in(store_path, staging)
+    except BaseException:
+        if os.path.lexists(os.path.join(store_path, fmt.INDEX_DIR)):
+            indexswap.remove_entry(staging)
+        raise
+    crashpoint("compact_after_index_swap")
+    index.refresh()                         # moves this Index to the new one now
+    return True
+
+
 def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold: float,
-            max_chain: int, opts: "wr.WriteOptions") -> dict:
-    """Runs fold, trim, gc and rewrite; returns the report."""
+            max_chain: int, opts: "wr.WriteOptions",
+            max_garbage: float | None = fmt.DEFAULT_COMPACT_MAX_GARBAGE,
+            shrink: bool | None = None) -> dict:
+    """Runs fold, trim, gc, rewrite and the index shrink; returns the report. shrink: True
+    always copies the index compacted, False never, None when it pays."""
     started = time.perf_counter()
+    index_before = index.disk_bytes()
     before = sum(backend.size(n) for n in backend.list())
     folded = fold_chains(index, max_chain)
     found = ChunkUses(index)
-    targets = choose_segments(log, backend, found.needed_bytes(),
-                              found.state_bytes(backend), threshold)
+    needed, kept = found.segment_bytes(threshold)
+    targets = choose_segments(log, backend, needed, kept, found.state_bytes(backend),
+                              threshold, max_garbage)
     trimmed, trimmed_bytes, trim_read, trim_written = trim_chunks(index, log, backend, opts,
                                                                   threshold, found, set(targets))
     del found
@@ -323,7 +421,16 @@ def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold
     index.sync()
     rewritten, removed, copied, state_bytes = rewrite_segments(index, log, backend, targets)
     after = sum(backend.size(n) for n in backend.list())
+    shrunk = False
+    if shrink is not False:
+        shrunk = shrink_index(index, os.path.dirname(os.path.abspath(index.path)),
+                              force=bool(shrink))
+    index_after = index.disk_bytes()
     return {"bytes_before": before, "bytes_after": after, "bytes_returned": before - after,
+            "index_bytes_before": index_before, "index_bytes_after": index_after,
+            "index_shrunk": shrunk,
+            "store_bytes_before": before + index_before,
+            "store_bytes_after": after + index_after,
             "chunks_freed": freed, "garbage_bytes_freed": freed_bytes,
             "segments_rewritten": rewritten, "segments_removed": removed,
             "live_bytes_copied": copied, "chains_folded": folded,

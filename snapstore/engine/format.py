@@ -18,7 +18,8 @@ MIN_FORMAT_VERSION = 1          # the oldest version this library reads (and upg
 #      compaction removed, so the index can be rebuilt from the segments alone (repair.py)
 INDEX_DIR = "index"             # the LMDB environment (data.mdb, lock.mdb)
 INDEX_DATA_FILE = "data.mdb"    # LMDB's data file inside INDEX_DIR
-INDEX_REBUILD_DIR = ".index.new"  # repair builds the new index here, then swaps it in
+INDEX_REBUILD_DIR = ".index.new"  # repair builds, compaction copies, a new index here, then
+                                  # swaps it in (indexswap.py)
 INDEX_OLD_DIR = ".index.old"      # the replaced index, removed once the swap is durable
 SEGMENTS_DIR = "segments"       # the write-ahead log: NNNNNNNNNNNNNNNN.seg files
 SEGMENT_SUFFIX = ".seg"
@@ -152,6 +153,8 @@ DEFAULT_FULL_THRESHOLD = 0.5      # ... or when more than this fraction of its p
 DEFAULT_SEGMENT_SIZE = 256 << 20  # a segment is sealed once it grows past this
 DEFAULT_COMPRESSION_LEVEL = 1     # zstd level; incompressible chunks are stored raw
 DEFAULT_COMPACT_THRESHOLD = 0.5   # compact() rewrites sealed segments less live than this
+DEFAULT_COMPACT_MAX_GARBAGE = 0.1 # ... and more, emptiest first, until the garbage left is at
+                                  # most this fraction of the live bytes (store <= 1.1x live)
 
 DURABILITY_MODES = ("fsync", "none")
 CHUNKING_MODES = ("pages", "cdc")

@@ -22,6 +22,7 @@ import os
 import stat
 import struct
 import threading
+import time
 from typing import Callable, Iterator, NamedTuple
 
 import lmdb
@@ -213,10 +214,40 @@ def _stream_key(stream: str, tail: bytes = b"") -> bytes:
     return stream.encode() + b"\0" + tail
 
 
+# The identity (st_dev, st_ino) of the data file each open environment opened, by id(env).
+# Compaction may replace the index directory by a compacted copy (indexswap.py): an
+# environment whose path now holds another data file is outdated.
+_IDENTS: dict[int, tuple[int, int] | None] = {}
+
+
+def _file_ident(path: str) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of a file, None if it cannot be stat()ed (missing, mid-swap)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _env_is_current(env: lmdb.Environment) -> bool:
+    """Whether env's directory still holds the data file env opened (True when that cannot
+    be told: a missing file is the moment of a fallback swap, not a replacement)."""
+    now = _file_ident(os.path.join(env.path(), fmt.INDEX_DATA_FILE))
+    return now is None or now == _IDENTS.get(id(env))
+
+
+def _close_env(env: lmdb.Environment) -> None:
+    _IDENTS.pop(id(env), None)
+    env.close()
+
+
 # One lmdb.Environment per store directory per process: LMDB forbids opening the same
 # environment twice in one process (closing one would drop the other's locks). A fork()ed
-# child forgets its parent's (registry.SharedByPath), never using nor closing them.
-_ENVS: SharedByPath[lmdb.Environment] = SharedByPath(close=lambda env: env.close())
+# child forgets its parent's (registry.SharedByPath), never using nor closing them. Once the
+# directory holds a replaced index, the next acquire opens the new one; the old one is closed
+# when its last Index lets go of it.
+_ENVS: SharedByPath[lmdb.Environment] = SharedByPath(close=_close_env,
+                                                     is_current=_env_is_current)
 
 
 def _namespace_env_keys_in_child() -> None:
@@ -261,13 +292,26 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
                                       "not a regular file: the index is damaged (rebuild it "
                                       "with `snapstore repair`)") from None
         fs_readonly = not os.access(real_path, os.W_OK)
-        with _lmdb_errors("open"):
-            return lmdb.open(real_path, map_size=fmt.INDEX_MAP_SIZE, subdir=True,
-                             max_dbs=fmt.INDEX_MAX_DBS, readonly=fs_readonly, create=False,
-                             sync=durable, metasync=False, readahead=False, lock=True,
-                             mode=file_mode)
+        data = os.path.join(real_path, fmt.INDEX_DATA_FILE)
+        for _ in range(_OPEN_ATTEMPTS):
+            before = _file_ident(data)
+            with _lmdb_errors("open"):
+                env = lmdb.open(real_path, map_size=fmt.INDEX_MAP_SIZE, subdir=True,
+                                max_dbs=fmt.INDEX_MAX_DBS, readonly=fs_readonly,
+                                create=False, sync=durable, metasync=False, readahead=False,
+                                lock=True, mode=file_mode)
+            after = _file_ident(data)
+            if before is None or before == after:   # the file it opened is `after`
+                _IDENTS[id(env)] = after
+                return env
+            env.close()                 # swapped while opening: which one is unknown
+        raise StoreIOError(f"the index at {path} was replaced {_OPEN_ATTEMPTS} times while "
+                           "it was being opened")
 
     return _ENVS.acquire(path, open_env)
+
+
+_OPEN_ATTEMPTS = 5
 
 
 def open_in_process(path: str) -> bool:
@@ -312,45 +356,92 @@ class CheckedManifests:
                 self._extents -= len(old)
 
 
+# How often an Index looks whether its directory holds a replaced index (see Index._enter),
+# and how many times an Index of this process moved to a replaced one.
+RECHECK_SECONDS = 0.05
+_MOVES = [0]
+
+
+class _Opened:
+    """One LMDB environment of the index as an Index uses it: its databases, and how many
+    transactions of that Index are open in it. Once the index directory was replaced
+    (compaction's shrink, repair) the Index moves to a new _Opened and retires this one,
+    which lets go of its environment when its last transaction ends."""
+
+    __slots__ = ("env", "dbs", "txns", "retired")
+
+    def __init__(self, env: lmdb.Environment, dbs: dict) -> None:
+        self.env, self.dbs, self.txns, self.retired = env, dbs, 0, False
+
+
 class Index:
     """The open index of one store.
 
     rebuilding=True is for rebuilding the index from the log (`snapstore repair`): a missing
-    or empty data file is then expected, not damage."""
+    or empty data file is then expected, not damage.
+
+    A replaced index: when the directory at `path` holds another data file than the one this
+    Index opened (indexswap.swap_in swapped a compacted copy or a rebuilt index in; in this
+    process or another), the next transaction opens the new one, and the old environment is
+    closed once no transaction of this Index uses it. So readers in other processes never
+    keep reading a replaced index (they look at most RECHECK_SECONDS apart; Indexes of this
+    process at once), and a transaction under way keeps the snapshot it began with, which
+    stays consistent (the old file lives until closed)."""
 
     def __init__(self, path: str, *, readonly: bool, durable: bool,
                  file_mode: int = DEFAULT_FILE_MODE, rebuilding: bool = False) -> None:
+        self.path = path
         self.readonly = readonly
         self.durable = durable
+        self.file_mode = file_mode
         self.checked_manifests = CheckedManifests()
+        self._lock = threading.Lock()
+        self._opened: _Opened | None = None
+        self._seen_moves, self._checked_at = _MOVES[0], time.monotonic()
         if not os.path.isdir(path):
             raise FormatError(f"no index at {path}; not a snapstore store")
-        data = _check_data_file(path, rebuilding)
-        self.env = _acquire_env(path, durable, file_mode)
-        try:
-            _check_not_truncated(self.env, data)
-            with _lmdb_errors("open databases"):
-                self.dbs = {name: self.env.open_db(name, create=not readonly)
-                            for name in fmt.INDEX_DBS}
-        except (lmdb.NotFoundError, KeyError) as exc:
-            _ENVS.release(self.env)
-            raise FormatError(f"index at {path} is missing databases; not a snapstore "
-                              "store or not initialised") from exc
-        except BaseException:
-            _ENVS.release(self.env)
-            raise
+        self._data = _check_data_file(path, rebuilding)
+        self._opened = self._open(create=not readonly)
         try:
             self.version = self._check_version()
         except BaseException:
-            _ENVS.release(self.env)
+            self.close()
             raise
+
+    def _open(self, create: bool) -> _Opened:
+        """The environment at path (shared in the process), checked, with its databases.
+        create=True creates missing databases, in a write transaction: never while another
+        thread may be writing (py-lmdb holds the GIL while it waits for LMDB's writer mutex,
+        and the writer holding the mutex waits for the GIL), so only at the first open."""
+        env = _acquire_env(self.path, self.durable, self.file_mode)
+        try:
+            _check_not_truncated(env, self._data)
+            with _lmdb_errors("open databases"):
+                dbs = {name: env.open_db(name, create=create) for name in fmt.INDEX_DBS}
+        except (lmdb.NotFoundError, KeyError) as exc:
+            _ENVS.release(env)
+            raise FormatError(f"index at {self.path} is missing databases; not a snapstore "
+                              "store or not initialised") from exc
+        except BaseException:
+            _ENVS.release(env)
+            raise
+        return _Opened(env, dbs)
+
+    @property
+    def env(self) -> lmdb.Environment:
+        """The current environment (None once closed)."""
+        opened = self._opened
+        return opened.env if opened is not None else None
+
+    @property
+    def dbs(self) -> dict:
+        return self._opened.dbs
 
     def _check_version(self) -> int:
         """The index's format. Refuses an index written by a newer format (readers too);
         stamps a new one with this library's."""
-        with _lmdb_errors("read"):
-            with self.env.begin() as txn:
-                version = _read_version(txn, self.dbs[fmt.DB_META])
+        with self.read() as r:
+            version = _read_version(r.txn, r.dbs[fmt.DB_META])
         if version is None and not self.readonly:
             with self.write() as w:
                 w.set_format(fmt.FORMAT_VERSION)
@@ -361,57 +452,167 @@ class Index:
         seals every value of every database with its checksum and sets META_FORMAT to 2.
         All or nothing, so a crash leaves format 1 to upgrade again; returns False, doing
         nothing, when the index already is format 2 or later."""
-        with _lmdb_errors("upgrade"):
-            with self.env.begin(write=True) as txn:
-                version = _read_version(txn, self.dbs[fmt.DB_META])
-                if version is None or version >= fmt.INDEX_CHECKSUMS_SINCE:
-                    return False
-                for name in fmt.INDEX_DBS:
-                    with txn.cursor(db=self.dbs[name]) as cur:
-                        for key, value in cur:
-                            cur.put(key, seal(name, key, value))
-                txn.put(fmt.META_FORMAT, seal(fmt.DB_META, fmt.META_FORMAT,
-                                              fmt.U64.pack(fmt.INDEX_CHECKSUMS_SINCE)),
-                        db=self.dbs[fmt.DB_META])
-                crashpoint("upgrade_before_index_commit")
+        with self._txn(write=True, what="upgrade") as (txn, dbs):
+            version = _read_version(txn, dbs[fmt.DB_META])
+            if version is None or version >= fmt.INDEX_CHECKSUMS_SINCE:
+                return False
+            for name in fmt.INDEX_DBS:
+                with txn.cursor(db=dbs[name]) as cur:
+                    for key, value in cur:
+                        cur.put(key, seal(name, key, value))
+            txn.put(fmt.META_FORMAT, seal(fmt.DB_META, fmt.META_FORMAT,
+                                          fmt.U64.pack(fmt.INDEX_CHECKSUMS_SINCE)),
+                    db=dbs[fmt.DB_META])
+            crashpoint("upgrade_before_index_commit")
         self.version = fmt.INDEX_CHECKSUMS_SINCE
         return True
 
     def close(self) -> None:
-        if self.env is not None:
-            _ENVS.release(self.env)
-            self.env = None
+        with self._lock:
+            opened, self._opened = self._opened, None
+            if opened is not None:
+                opened.retired = True
+                if opened.txns == 0:
+                    _ENVS.release(opened.env)
+
+    # -- transactions: each in the current environment
+    def _enter(self) -> _Opened:
+        """The _Opened a transaction begins in (one more transaction counted): the current
+        one, or a new one if the directory now holds a replaced index. Whether it does is
+        looked at (a stat, several microseconds) when an Index of this process moved to a
+        replaced index since this one last looked, and otherwise at most every
+        RECHECK_SECONDS: a replacement by another process is noticed within that time."""
+        now = time.monotonic()
+        current = None
+        if self._seen_moves != _MOVES[0] or now - self._checked_at >= RECHECK_SECONDS:
+            self._seen_moves, self._checked_at = _MOVES[0], now
+            current = _file_ident(self._data)
+        with self._lock:
+            opened = self._opened
+            if opened is None:
+                raise StoreIOError(f"the index at {self.path} is closed")
+            if current is not None and current != _IDENTS.get(id(opened.env)):
+                opened = self._reopen(opened)
+            opened.txns += 1
+            return opened
+
+    def refresh(self) -> None:
+        """Moves to a replaced index now (the one that replaced it calls this)."""
+        self._checked_at = float("-inf")
+        self._leave(self._enter())
+
+    def _reopen(self, old: _Opened) -> _Opened:
+        """Moves to the index now at path (lock held); the old environment is let go of once
+        its last transaction ends. If the new one does not open, the old one stays. Its
+        databases exist (a replacement is a complete index): opened without a write
+        transaction, which could deadlock with a writer thread (see _open)."""
+        new = self._open(create=False)
+        old.retired = True
+        if old.txns == 0:
+            _ENVS.release(old.env)
+        self._opened = new
+        self.checked_manifests = CheckedManifests()
+        _MOVES[0] += 1                  # the other Indexes of the process look at once
+        return new
+
+    def _leave(self, opened: _Opened) -> None:
+        with self._lock:
+            opened.txns -= 1
+            if opened.retired and opened.txns == 0:
+                _ENVS.release(opened.env)
+
+    @contextlib.contextmanager
+    def _txn(self, *, write: bool, what: str) -> Iterator[tuple]:
+        opened = self._enter()
+        try:
+            with _lmdb_errors(what):
+                with opened.env.begin(write=write, buffers=False) as txn:
+                    yield txn, opened.dbs
+        finally:
+            self._leave(opened)
 
     @contextlib.contextmanager
     def read(self) -> Iterator["IndexView"]:
-        with _lmdb_errors("read"):
-            with self.env.begin(buffers=False) as txn:
-                yield IndexView(self, txn)
+        # _txn written out: every restore and read begins one
+        opened = self._enter()
+        try:
+            with _lmdb_errors("read"):
+                with opened.env.begin(buffers=False) as txn:
+                    yield IndexView(self, txn, opened.dbs)
+        finally:
+            self._leave(opened)
 
     @contextlib.contextmanager
     def write(self, *, rebuilding: bool = False) -> Iterator["IndexWriter"]:
         """A write transaction. rebuilding=True (repair.py only): reference counts are not
         maintained (the rebuild recounts them at the end), so a manifest may name a chunk the
         index lacks (the rebuild reports it)."""
-        with _lmdb_errors("write"):
-            with self.env.begin(write=True) as txn:
-                yield IndexWriter(self, txn, rebuilding=rebuilding)
+        with self._txn(write=True, what="write") as (txn, dbs):
+            yield IndexWriter(self, txn, dbs, rebuilding=rebuilding)
 
     def sync(self) -> None:
         """Forces every committed transaction to disk (even with durability "none")."""
-        with _lmdb_errors("sync"):
-            self.env.sync(True)
+        opened = self._enter()
+        try:
+            with _lmdb_errors("sync"):
+                opened.env.sync(True)
+        finally:
+            self._leave(opened)
 
     def disk_bytes(self) -> int:
-        return self.env.info()["last_pgno"] * self.env.stat()["psize"]
+        """The bytes of the index's files (data.mdb and lock.mdb): what it occupies."""
+        total = 0
+        for name in (fmt.INDEX_DATA_FILE, "lock.mdb"):
+            try:
+                total += os.stat(os.path.join(self.path, name)).st_size
+            except OSError:
+                pass
+        return total
+
+    def space(self) -> tuple[int, int]:
+        """(bytes of the data file, bytes of the pages in use: both meta pages and every page
+        of every database). The rest is LMDB's free pages, which it reuses but never gives
+        back to the file system: only a compacting copy (copy_compacted) does."""
+        with self._txn(write=False, what="stat") as (txn, dbs):
+            psize = txn.stat(dbs[fmt.DB_META])["psize"]
+            stats = [txn.stat(db) for db in dbs.values()]
+            with _lmdb_errors("stat"):
+                main = self.env.stat()
+        used = 2 + sum(st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+                       for st in [main, *stats])
+        try:
+            size = os.stat(self._data).st_size
+        except OSError as exc:
+            raise StoreIOError(f"cannot stat the index file {self._data}: {exc.strerror}",
+                               exc.errno) from exc
+        return size, used * psize
+
+    def copy_compacted(self, dest: str) -> None:
+        """Writes a compacting copy of the index (only the pages in use, renumbered) into the
+        empty directory dest and makes it durable (the file and dest's entry), whatever the
+        store's durability. The copy is one consistent snapshot: the caller keeps writers
+        out (compaction holds the writer lock)."""
+        opened = self._enter()
+        try:
+            with _lmdb_errors("copy"):
+                opened.env.copy(dest, compact=True)
+        finally:
+            self._leave(opened)
+        data = os.path.join(dest, fmt.INDEX_DATA_FILE)
+        fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, self.file_mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class IndexView:
     """Read access inside one LMDB transaction. Every value read is checked (unseal) against
     the format of this snapshot (`version`)."""
 
-    def __init__(self, index: Index, txn: lmdb.Transaction) -> None:
-        self.index, self.txn, self.dbs = index, txn, index.dbs
+    def __init__(self, index: Index, txn: lmdb.Transaction, dbs: dict) -> None:
+        self.index, self.txn, self.dbs = index, txn, dbs
         version = _read_version(txn, self.dbs[fmt.DB_META])
         self.version = fmt.FORMAT_VERSION if version is None else version
 
@@ -590,8 +791,9 @@ class IndexWriter(IndexView):
     """Write access inside one LMDB write transaction (all or nothing). Every value it writes
     is sealed, so it refuses an index whose values are not: upgrade.py converts it first."""
 
-    def __init__(self, index: Index, txn: lmdb.Transaction, *, rebuilding: bool = False) -> None:
-        super().__init__(index, txn)
+    def __init__(self, index: Index, txn: lmdb.Transaction, dbs: dict, *,
+                 rebuilding: bool = False) -> None:
+        super().__init__(index, txn, dbs)
         self.rebuilding = rebuilding
         if self.version < fmt.INDEX_CHECKSUMS_SINCE:
             raise FormatError(f"the index is format {self.version}; it must be upgraded "

@@ -108,6 +108,7 @@ class ChunkReader:
         snapshot did (a compaction ran in between) and the old segment is gone."""
         if entry.segment in self.backend.list():
             return False
+        self.view.index.refresh()       # afresh: the index itself may have been replaced
         with self.view.index.read() as fresh:
             now = fresh.chunk(chunk_id)
         return now is None or (now.segment, now.offset) != (entry.segment, entry.offset)

@@ -17,10 +17,11 @@ state the old index is in (missing, truncated, damaged, intact):
      the next writer's recovery, which cuts it), sync the new index, and swap it in -- unless
      the log is damaged and the old index is sound (it opens, every value passes its checksum,
      verify finds nothing wrong inside it): it knows more than the damaged log, so it stays.
-The new index is built in STORE/.index.new and exchanged with STORE/index in one atomic
-renameat2(RENAME_EXCHANGE) (then the old one is removed), so a crash at any moment leaves the
-old or the new index; where the exchange is unsupported, two renames (a crash between them
-leaves no index: run repair again). Page fingerprints are not in the log: after a repair the
+The new index is built in STORE/.index.new and swapped in by indexswap.swap_in (the mechanism
+compaction's index shrink shares): one atomic renameat2(RENAME_EXCHANGE), then the old one is
+removed, so a crash at any moment leaves the old or the new index; where the exchange is
+unsupported, two renames, and a crash between them is finished by indexswap.recover_swap when
+the store's directory is next opened by a writer or by repair (storedir.open_directory). Page fingerprints are not in the log: after a repair the
 next checkpoint of each buffer compares pages without them.
 
 repair() takes the writer's lock itself, so it works when the store cannot open at all. A
@@ -31,11 +32,7 @@ Crash points: repair_before_swap, repair_after_swap.
 """
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
-import shutil
-import stat
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -48,6 +45,7 @@ from snapstore.engine.backends.local import LocalSegments
 from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.fsutil import fsync_directory
 from snapstore.engine.index import ChunkEntry, Index, open_in_process
+from snapstore.engine.indexswap import remove_entry, staging_dir, swap_in
 from snapstore.engine.logstate import SectionFinder, StateSection
 from snapstore.engine.records import Commit
 from snapstore.engine.upgrade import upgrade
@@ -143,9 +141,8 @@ def _upgrade_first(path: str, backend: SegmentBackend, report: ProblemReport) ->
 def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
              report: ProblemReport) -> dict:
     old_applied = _old_applied(path)
-    new_dir = os.path.join(path, fmt.INDEX_REBUILD_DIR)
+    new_dir = staging_dir(path)
     remove_entry(new_dir)                   # what an interrupted repair left
-    remove_entry(os.path.join(path, fmt.INDEX_OLD_DIR))
     os.mkdir(new_dir, 0o700)
     index = Index(new_dir, readonly=False, durable=False, rebuilding=True)
     try:
@@ -486,57 +483,3 @@ def _recount(index: Index, report: ProblemReport) -> None:
             report.add("missing_chunk", f"{len(counts)} chunk(s) the checkpoints reference are "
                        "in no valid chunk record of the log: restoring what uses them fails",
                        users)
-
-
-# ---- 5. the swap -----------------------------------------------------------------------------
-
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _exchange(a: str, b: str) -> bool:
-    """Atomically exchanges the directory entries a and b (renameat2 RENAME_EXCHANGE). False
-    when the system or file system does not support it."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
-                          ctypes.c_uint]
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), a)
-
-
-def swap_in(path: str, new_dir: str) -> None:
-    """Makes new_dir the store's index: exchanged with the old one atomically where possible,
-    each step made durable by a directory fsync; then the old one is removed."""
-    index_dir = os.path.join(path, fmt.INDEX_DIR)
-    old_dir = os.path.join(path, fmt.INDEX_OLD_DIR)
-    if os.path.lexists(index_dir):
-        if _exchange(new_dir, index_dir):
-            fsync_directory(path)
-            remove_entry(new_dir)           # the old index, now under the new one's name
-            return
-        os.rename(index_dir, old_dir)
-        fsync_directory(path)
-    os.rename(new_dir, index_dir)
-    fsync_directory(path)
-    remove_entry(old_dir)
-
-
-def remove_entry(path: str) -> None:
-    """Removes whatever is at path (a directory tree, a file, a FIFO, a symlink: never what a
-    symlink points at)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)

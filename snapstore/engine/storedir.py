@@ -8,6 +8,8 @@ atomically, the writer's lock, and the permissions of what a store creates.
                      is: JSON {"pid", "host", "since"} padded to 256 bytes (information for
                      StoreLocked messages only; the flock decides)
     STORE/index/     LMDB        STORE/segments/   the log
+    STORE/.index.new, STORE/.index.old   only while the index is being replaced (indexswap.py):
+                     a writer's open finishes or cleans up a swap a crash interrupted
 
 Creation. The creator holds the lock while it creates index/ and segments/, initialises the
 index (the Committer) and finally publishes FORMAT (publish_format). Other openers meanwhile
@@ -39,6 +41,7 @@ import time
 from typing import NamedTuple
 
 from snapstore.engine import format as fmt
+from snapstore.engine import indexswap
 from snapstore.engine.fsutil import (DEFAULT_FILE_MODE, NotRegularFile, file_kind,
                                      fsync_directory, open_regular, replace_file)
 from snapstore.errors import CorruptionError, FormatError, StoreIOError, StoreLocked
@@ -93,6 +96,7 @@ def open_directory(path: str, *, create: bool, readonly: bool, timeout: float,
                 os.makedirs(os.path.join(path, name), mode=mode, exist_ok=True)
             _check_layout(path)
             return Opened(lock_fd, DEFAULT_FILE_MODE, True)
+        indexswap.recover_swap(path)        # a swap of the index a crash interrupted
         return Opened(lock_fd, _read_store(path, check_index=not repairing), False)
     except BaseException as exc:
         os.close(lock_fd)
