@@ -23,9 +23,10 @@ import time
 
 import numpy as np
 
-import snapstore
-from snapstore import diff
-from snapstore.formatting import parse_size, text_table
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import snapstore  # noqa: E402
+from snapstore import diff  # noqa: E402
+from snapstore.formatting import parse_size, text_table  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,6 +1,16 @@
-"""Resolution cost over a store of N checkpoints (issue 15 names)."""
-import os, sys, tempfile, time, timeit
-import snapstore
+"""Resolution cost over a store of N checkpoints (issue 15 names).
+
+    python3 benchmarks/bench_names.py [N]      (default 10000)
+"""
+import os
+import sys
+import tempfile
+import time
+import timeit
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import snapstore  # noqa: E402
+
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 10000
 d = os.path.join(tempfile.mkdtemp(), "s")
 s = snapstore.open(d, durability="none")

@@ -18,27 +18,7 @@ typedef struct {
     int open;
 } byterun;
 
-/* Bytes [lo, hi) differ (lo >= every earlier byte reported). Merges into the open run when
- * fewer than gap bytes (at least touching) separate them. Returns 0, or -1 when runs is full. */
-static inline int byterun_add(byterun *r, size_t lo, size_t hi)
-{
-    if (r->open && lo - r->end < r->gap) {
-        r->end = hi;
-        return 0;
-    }
-    if (r->open) {
-        if (r->n == r->max_runs)
-            return -1;
-        r->runs[2 * r->n] = r->start;
-        r->runs[2 * r->n + 1] = r->end - r->start;
-        r->n++;
-    }
-    r->start = lo;
-    r->end = hi;
-    r->open = 1;
-    return 0;
-}
-
+/* Closes the open run into runs. Returns 0, or -1 when runs is full. */
 static inline int byterun_flush(byterun *r)
 {
     if (r->open) {
@@ -49,6 +29,22 @@ static inline int byterun_flush(byterun *r)
         r->n++;
         r->open = 0;
     }
+    return 0;
+}
+
+/* Bytes [lo, hi) differ (lo >= every earlier byte reported). Merges into the open run when
+ * fewer than gap bytes (at least touching) separate them. Returns 0, or -1 when runs is full. */
+static inline int byterun_add(byterun *r, size_t lo, size_t hi)
+{
+    if (r->open && lo - r->end < r->gap) {
+        r->end = hi;
+        return 0;
+    }
+    if (byterun_flush(r) != 0)
+        return -1;
+    r->start = lo;
+    r->end = hi;
+    r->open = 1;
     return 0;
 }
 
