@@ -410,14 +410,21 @@ class Index:
 
     def _open(self, create: bool) -> _Opened:
         """The environment at path (shared in the process), checked, with its databases.
-        create=True creates missing databases, in a write transaction: never while another
-        thread may be writing (py-lmdb holds the GIL while it waits for LMDB's writer mutex,
-        and the writer holding the mutex waits for the GIL), so only at the first open."""
+        create=True creates missing databases (a writer's first open)."""
         env = _acquire_env(self.path, self.durable, self.file_mode)
         try:
             _check_not_truncated(env, self._data)
             with _lmdb_errors("open databases"):
-                dbs = {name: env.open_db(name, create=create) for name in fmt.INDEX_DBS}
+                if env.flags()["readonly"]:     # no writer can be in this process
+                    dbs = {name: env.open_db(name, create=False) for name in fmt.INDEX_DBS}
+                else:
+                    # an explicit write transaction: begin() lets go of the GIL while it waits
+                    # for LMDB's writer mutex, open_db's own does not (a writer thread
+                    # holding the mutex would wait for the GIL forever); read transactions
+                    # cannot open databases for later ones in py-lmdb
+                    with env.begin(write=True) as txn:
+                        dbs = {name: env.open_db(name, txn=txn, create=create)
+                               for name in fmt.INDEX_DBS}
         except (lmdb.NotFoundError, KeyError) as exc:
             _ENVS.release(env)
             raise FormatError(f"index at {self.path} is missing databases; not a snapstore "
@@ -504,8 +511,7 @@ class Index:
     def _reopen(self, old: _Opened) -> _Opened:
         """Moves to the index now at path (lock held); the old environment is let go of once
         its last transaction ends. If the new one does not open, the old one stays. Its
-        databases exist (a replacement is a complete index): opened without a write
-        transaction, which could deadlock with a writer thread (see _open)."""
+        databases exist (a replacement is a complete index)."""
         new = self._open(create=False)
         old.retired = True
         if old.txns == 0:

@@ -521,3 +521,45 @@ def test_registry_retires_outdated_objects_until_their_last_release(tmp_path):
     assert closed == [first]
     reg.release(second)
     assert closed == [first, second] and reg.users(tmp_path) == 0
+
+
+OPEN_WHILE_WRITING = r"""
+import os, sys, threading
+import snapstore
+d = sys.argv[1]
+w = snapstore.open(d, durability="none")
+w.checkpoint({"x": b"0"}, stream="s")
+stop = threading.Event()
+def writer():
+    i = 0
+    while not stop.is_set():
+        i += 1
+        info = w.checkpoint({"x": os.urandom(2000)}, stream="s")
+        if i > 5:
+            w.delete(info.id - 4)
+threading.Thread(target=writer, daemon=True).start()
+def opener():
+    for _ in range(200):
+        with snapstore.open(d, readonly=True) as r:
+            r.checkpoints("s")
+o = threading.Thread(target=opener, daemon=True)
+o.start()
+o.join(50)
+print("hung" if o.is_alive() else "ok", flush=True)
+stop.set()
+os._exit(0)
+"""
+
+
+def test_opening_an_index_while_a_thread_writes_does_not_deadlock(tmp_path):
+    """Opening an Index (a reader Store, or moving to a replaced index) opens its databases
+    in a transaction begun with begin(), which lets go of the GIL while it waits for LMDB's
+    writer mutex; open_db's own write transaction did not, and a writer thread holding the
+    mutex waited for the GIL forever."""
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        out = subprocess.run([sys.executable, "-c", OPEN_WHILE_WRITING, str(tmp_path / "s")],
+                             env=env, capture_output=True, text=True, timeout=90).stdout
+    except subprocess.TimeoutExpired:
+        out = "deadlocked"
+    assert out.strip() == "ok", out
