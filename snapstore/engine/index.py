@@ -183,10 +183,15 @@ def _check_not_truncated(env: lmdb.Environment, data: str) -> None:
     with _lmdb_errors("open"):
         need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
     try:
-        size = os.stat(data).st_size
+        st = os.stat(data)
     except OSError as exc:
         raise StoreIOError(f"cannot stat the index file {data}: {exc.strerror}", exc.errno) \
             from exc
+    opened = _IDENTS.get(id(env))
+    if opened is not None and opened != (st.st_dev, st.st_ino):
+        return      # compaction swapped the index since env opened it: the file at `data` is
+                    # not the one env maps (env's was whole; the Index moves to the new one)
+    size = st.st_size
     if size < need:
         raise damaged(f"the index file {data} is truncated: it has {size} bytes, LMDB's last "
                       f"page ends at byte {need}")

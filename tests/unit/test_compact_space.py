@@ -53,7 +53,7 @@ def mixed_store(path: str, rounds: int = 24) -> dict:
             for stream, size in (("keep", 96 << 10), ("drop", 48 << 10)):
                 bufs = {"b": rbytes((stream, k), size)}
                 want[s.checkpoint(bufs, stream=stream).id] = bufs
-        for cid in s.retain("drop", keep_last=3):
+        for cid in s.retain("drop", keep_last=3, prune=False):
             del want[cid]
     return want
 
@@ -202,7 +202,7 @@ def many_small(path: str, count: int = 150, keep: int = 4) -> dict:
             bufs = {"state": rbytes(("small", i), 20 << 10)}
             want[s.checkpoint(bufs, stream="abc"[i % 3]).id] = bufs
         for stream in "abc":
-            for cid in s.retain(stream, keep_last=keep):
+            for cid in s.retain(stream, keep_last=keep, prune=False):
                 del want[cid]
     return want
 
