@@ -552,14 +552,17 @@ class Store:
         if stream is not None:
             validate_name(stream, "stream")
         with self._committer.read() as r:
-            return [CheckpointInfo.from_commit(r.checkpoint(i)) for i in r.checkpoint_ids(stream)]
+            return [CheckpointInfo.from_commit(r.named_checkpoint(i, "the stream's list"))
+                    for i in r.checkpoint_ids(stream)]
 
     def latest(self, stream: str = "default") -> CheckpointInfo | None:
         """The newest checkpoint of a stream, or None."""
         validate_name(stream, "stream")
         with self._committer.read() as r:
             head = r.stream_head(stream)
-            return CheckpointInfo.from_commit(r.checkpoint(head)) if head is not None else None
+            if head is None:
+                return None
+            return CheckpointInfo.from_commit(r.named_checkpoint(head, f"stream {stream!r}'s head"))
 
     def streams(self) -> list[str]:
         """The names of the streams that have at least one checkpoint, sorted. A stream
@@ -676,7 +679,7 @@ class Store:
             chains = []
             ids = r.checkpoint_ids()
             for i in ids:
-                c = r.checkpoint(i)
+                c = r.named_checkpoint(i, "the checkpoint table")
                 logical += sum(b.size for b in c.buffers)
                 chains.append(c.chain_length)
             unique_raw = live = garbage = 0

@@ -230,7 +230,8 @@ class Committer:
             try:
                 with self.index.read() as r:
                     head = r.stream_head(stream)
-                    parent = r.checkpoint(head) if head is not None else None
+                    parent = (r.named_checkpoint(head, f"stream {stream!r}'s head")
+                              if head is not None else None)
                     parents = {b.name: b for b in parent.buffers} if parent else {}
                     sink = wr.ChunkSink(log, r, opts, pause)
                     entries = []

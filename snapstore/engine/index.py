@@ -626,12 +626,30 @@ class IndexView:
         self.index, self.txn, self.dbs = index, txn, dbs
         version = _read_version(txn, self.dbs[fmt.DB_META])
         self.version = fmt.FORMAT_VERSION if version is None else version
+        self._walked: set[bytes] = set()     # tables _confirm_absent walked in this txn
 
     # -- the one way values are read
     def _get(self, db: bytes, key: bytes) -> bytes | None:
         """The checked payload stored under key, or None."""
         value = self.txn.get(key, db=self.dbs[db])
         return None if value is None else unseal(db, key, value, self.version)
+
+    def _confirm_absent(self, db: bytes, key: bytes) -> None:
+        """A point lookup of `key` in `db` missed. LMDB checksums none of its pages, so one
+        flipped bit in a stored key (or in a branch page that routes the search) hides an
+        entry from lookups while the rest of the table reads fine; answering "no such
+        checkpoint" then would report an acknowledged checkpoint as never taken. Before a
+        miss counts, walk the table once per transaction: every entry's checksum (which
+        covers its key, see seal) must hold, and the walk must not find `key` (if it does,
+        the tree's search path is damaged). Only misses pay for this, and only in the small
+        tables that name checkpoints and streams."""
+        if db in self._walked:
+            return
+        for k, _ in self._items(db):
+            if k == key:
+                raise damaged(f"index table {db.decode()!r} holds {describe_key(db, key)} but "
+                              "a lookup does not find it (a damaged LMDB page)")
+        self._walked.add(db)
 
     def _items(self, db: bytes, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
         """(key, checked payload) of the keys starting with prefix, in key order."""
@@ -691,8 +709,23 @@ class IndexView:
 
     # -- checkpoints
     def checkpoint(self, checkpoint_id: int) -> Commit | None:
-        return self._decoded(fmt.DB_CHECKPOINTS, fmt.CKPT_KEY.pack(checkpoint_id),
-                             lambda v: Commit.from_info_json(json.loads(v)))
+        """The checkpoint's record, or None if the index holds none (a miss is confirmed
+        by _confirm_absent: damage raises CorruptionError, never reads as "no such id")."""
+        key = fmt.CKPT_KEY.pack(checkpoint_id)
+        commit = self._decoded(fmt.DB_CHECKPOINTS, key,
+                               lambda v: Commit.from_info_json(json.loads(v)))
+        if commit is None:
+            self._confirm_absent(fmt.DB_CHECKPOINTS, key)
+        return commit
+
+    def named_checkpoint(self, checkpoint_id: int, named_by: str) -> Commit:
+        """A checkpoint the index itself names (a stream's head, a parent, a stream's list):
+        its record must exist, so a missing one is index damage (CorruptionError)."""
+        commit = self.checkpoint(checkpoint_id)
+        if commit is None:
+            raise damaged(f"{named_by} names checkpoint {checkpoint_id}, which the index "
+                          "does not hold")
+        return commit
 
     def checkpoint_ids(self, stream: str | None = None) -> list[int]:
         if stream is None:
@@ -772,7 +805,10 @@ class IndexView:
                 for k, v in self._items(fmt.DB_STREAMS)}
 
     def _stream(self, stream: str) -> dict | None:
-        return self._decoded(fmt.DB_STREAMS, stream.encode(), _stream_json)
+        record = self._decoded(fmt.DB_STREAMS, stream.encode(), _stream_json)
+        if record is None:
+            self._confirm_absent(fmt.DB_STREAMS, stream.encode())
+        return record
 
     def stream_head(self, stream: str) -> int | None:
         s = self._stream(stream)

@@ -152,11 +152,7 @@ def resolve(view: IndexView, name: Any) -> Commit:
 
 
 def _existing(view: IndexView, checkpoint_id: int) -> Commit:
-    commit = view.checkpoint(checkpoint_id)
-    if commit is None:      # the index names a checkpoint it does not hold
-        raise CheckpointNotFound(f"no checkpoint {checkpoint_id} (the index is inconsistent: "
-                                 "run `snapstore verify`)")
-    return commit
+    return view.named_checkpoint(checkpoint_id, "a stream's checkpoint list")
 
 
 def _by_seq(view: IndexView, stream: str, seq: int) -> Commit:

@@ -35,10 +35,7 @@ def buffer_layers(view: IndexView, commit: Commit, name: str) -> list[list]:
             break
         if current.parent is None or current.parent >= current.id:   # parents are older
             raise CorruptionError(f"checkpoint {current.id} is a delta without a valid parent")
-        parent = view.checkpoint(current.parent)
-        if parent is None:
-            raise CorruptionError(f"checkpoint {current.id} names missing parent {current.parent}")
-        current = parent
+        current = view.named_checkpoint(current.parent, f"checkpoint {current.id} (its parent)")
     layers.reverse()
     return layers
 
