@@ -20,6 +20,10 @@ PIP_VENV := $(PYTHON) -m pip --disable-pip-version-check --python $(DIST_VENV)/b
 
 deps:  ## system header + Python packages (idempotent)
 	@test -f /usr/include/xxhash.h || { apt-get update -qq && apt-get install -y -qq libxxhash-dev; }
+	@# setup.py build_ext below runs with the environment's setuptools, not pip's isolated
+	@# one: install the build requirements of pyproject.toml first (a fresh machine has 65,
+	@# which rejects the SPDX `license` string).
+	$(PYTHON) -m pip install -q --disable-pip-version-check 'setuptools>=77' 'cffi>=1.16' wheel
 	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[test]'
 
 test-deps: deps  ## the optional integrations the suite tests (torch: the CPU build, pinned)
