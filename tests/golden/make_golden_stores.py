@@ -16,6 +16,11 @@ into subpackages):
     PYTHONPATH=/tmp/snap-v1 python3 tests/golden/make_golden_stores.py
     git -C /work/main worktree remove --force /tmp/snap-v1
 
+The v2 stores were made the same way by the commit that README.md names (format 2 final, the
+generator able to make them), in a clean checkout of it. Each format makes the stores of every
+earlier format (same code, same seeds: their files show what changed) plus its own (SINCE):
+format 2 adds "compacted", "upgraded" (from stores/v1/basic) and "interrupted".
+
 It refuses to write into an existing stores/v<N>/ (pass --out to make a scratch copy
 elsewhere, e.g. to see what a version would write). Content is deterministic (seeded NumPy and
 torch generators); "created" timestamps and zstd's output bytes are data of the run, recorded
@@ -49,6 +54,7 @@ import tempfile
 import numpy as np
 
 import snapstore
+from snapstore.store import split_meta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from golden_values import describe, sha256  # noqa: E402
@@ -107,7 +113,8 @@ class Recorder:
         self.deleted.append(cid)
 
     def finish(self, *, readonly_ids: list | None = None) -> dict:
-        """Writes expected.json from what v1 reads back (checked against the inputs)."""
+        """Writes expected.json from what this version reads back (checked against the
+        inputs)."""
         with snapstore.open(self.path, readonly=True) as store:
             infos = store.checkpoints()
             visible = [c.id for c in infos]
@@ -127,10 +134,15 @@ class Recorder:
                     assert [b["name"] for b in bufs] == list(c.sizes)
                     if c.id in self.inputs:
                         assert {b["name"]: b["sha256"] for b in bufs} == self.inputs[c.id], c.id
+                    # the meta as stored, reserved "snapstore.*" keys included (what the v1
+                    # stores recorded; today's CheckpointInfo.meta is only the user's part)
+                    with store._committer.read() as r:
+                        meta = r.checkpoint(c.id).meta
+                    assert split_meta(meta) == (c.meta, c.reserved_meta), c.id
                     checkpoints.append({
                         "id": c.id, "stream": c.stream, "seq": c.seq, "parent": c.parent,
                         "kind": c.kind, "chain_length": c.chain_length,
-                        "tags": sorted(c.tags), "meta": c.meta, "created": c.created,
+                        "tags": sorted(c.tags), "meta": meta, "created": c.created,
                         "bytes_new": c.bytes_new, "buffers": bufs,
                         "load": self.loads.get(c.id)})
                 streams = {s: {"head": store.latest(s).id, "next_seq": self.taken[s] + 1}
@@ -457,8 +469,181 @@ def make_unapplied(path: str) -> dict:
     return rec.finish(readonly_ids=[1])
 
 
+# ---- stores of format 2 on (what format 2 added to the log) ------------------------------------
+def _log_position(store) -> tuple:
+    """Where the writer's next record will start (generator-only peek at the engine)."""
+    return store._committer.log.position
+
+
+def make_compacted(path: str) -> dict:
+    """Format 2's complete log: two compactions that removed segments, each after a state
+    section; the second section spans two segments; the first compaction folded a chain and
+    trimmed a chunk (its manifests use a quarter of it); commit, tag and delete records follow
+    the newest section (the log is the section plus what came after it)."""
+    rng = np.random.default_rng(6006)
+    opts = dict(durability="none", segment_size=SEGMENT, chunk_size=16384)
+    rec = Recorder(path, opts, [
+        "compaction 1: a chain folded (max_chain=3), a chunk trimmed to the quarter its "
+        "manifests use, segments 1 and 2 removed after state section 1 (segment 3), "
+        "the index shrunk (a compacting copy)",
+        "between the compactions: commits (zstd and raw chunks), tags, an untag, a delete of "
+        "a checkpoint whose commit record compaction 1 removed",
+        "compaction 2: segment 4 removed after state section 2, which spans segments 5 and 6; "
+        "section 1 stays in the log, superseded",
+        "after the newest section: a commit, a tag, a delete of a checkpoint only the "
+        "sections describe"])
+    with rec.open() as s:
+        w = bytearray(rand_bytes(rng, 48 << 10))            # 3 raw chunks of 16 KiB
+        c1 = rec.checkpoint(s, {"w": w, "cfg": text_bytes(rng, 3000)}, "model", {"step": 1})
+        w[0:3 * 4096] = rand_bytes(rng, 3 * 4096)          # 3 of the first chunk's 4 pages
+        c2 = rec.checkpoint(s, {"w": w, "cfg": text_bytes(rng, 3000)}, "model", {"step": 2})
+        assert c2.kind == "incremental", c2
+        junk = rec.checkpoint(s, {"junk": rand_bytes(rng, 40 << 10)}, "junk", None)
+        chain = []
+        for step in range(3, 7):
+            w[(step * 3 % 12) * 4096 + 17] ^= 0xFF
+            chain.append(rec.checkpoint(s, {"w": w, "cfg": text_bytes(rng, 3000)}, "model",
+                                        {"step": step}))
+        assert chain[-1].chain_length == 5, chain[-1]
+        s.tag(chain[1].id, "best")
+        rec.delete(s, c1.id)                   # c2 absorbs c1: full, a quarter of chunk 0 used
+        rec.delete(s, junk.id)                 # the junk stream is gone
+        report = s.compact(max_chain=3)
+        assert report["chains_folded"] == 1 and report["chunks_trimmed"] == 1, report
+        assert report["segments_removed"] == 2 and report["state_section_bytes"] > 0, report
+        assert report["index_shrunk"], report
+        with s._committer.index.read() as r:
+            section1 = r.log_state()[0][0]     # the segment where section 1 begins
+
+        # between the sections
+        w[5 * 4096:6 * 4096] = rand_bytes(rng, 4096)
+        c7 = rec.checkpoint(s, {"w": w, "cfg": text_bytes(rng, 3000)}, "model", {"step": 7})
+        doc = text_bytes(rng, 20 << 10)
+        d1 = rec.checkpoint(s, {"doc": doc}, "docs", {"rev": 1})
+        s.tag(c7.id, "new")
+        s.untag(chain[1].id, "best")
+        s.tag(chain[1].id, "kept")
+        rec.delete(s, chain[0].id)             # its commit record went with compaction 1
+        junk2 = rec.checkpoint(s, {"junk": rand_bytes(rng, 50 << 10)}, "junk2", None)
+        # fill the open segment so that the next state section starts in it and ends in the
+        # next one: leave about 1 KiB (the section is several KiB)
+        seg, off = _log_position(s)
+        free = SEGMENT - off - 1024 - 300          # 300: about the commit record's JSON
+        chunks = -(-free // (16384 + 165))         # 165: record, new-chunk and extent entries
+        pad = free - 165 * chunks
+        assert 0 < pad, (seg, off)
+        rec.checkpoint(s, {"pad": rand_bytes(rng, pad)}, "docs", {"rev": 2})
+        seg2, off2 = _log_position(s)
+        assert seg2 == seg and 600 < SEGMENT - off2 < 1600, (seg, off, seg2, off2)
+        rec.delete(s, junk2.id)
+        report = s.compact(threshold=0.5, max_garbage=None)
+        assert report["segments_removed"] == 1, report
+        assert report["state_section_bytes"] > SEGMENT - off2, report
+        assert _log_position(s)[0] == seg + 1
+        segments = sorted(int(n[:-4]) for n in os.listdir(os.path.join(path, "segments")))
+        assert segments == [section1, seg, seg + 1], (segments, section1, seg)
+
+        # after the newest section
+        w[7 * 4096:8 * 4096] = rand_bytes(rng, 4096)
+        rec.checkpoint(s, {"w": w, "cfg": text_bytes(rng, 3000)}, "model", {"step": 8})
+        s.tag(d1.id, "doc")
+        rec.delete(s, chain[2].id)
+    return rec.finish()
+
+
+def make_upgraded(path: str) -> dict:
+    """stores/v1/basic upgraded by a writer open of the format 2 version (it is copied: the
+    v1 store is never written), then written to: a format 2 store whose log starts with
+    segments of header version 1 (format 1 records; a format 1 compaction removed segment 3
+    and with it the records of checkpoints 10-12) and continues with segments of version 2,
+    the first holding the upgrade's state section."""
+    src = os.path.join(HERE, "stores", "v1", "basic")
+    with open(os.path.join(src, "expected.json")) as f:
+        old = json.load(f)
+    shutil.copytree(src, path, ignore=shutil.ignore_patterns("expected.json"))
+    rec = Recorder(path, old["options"], [
+        "stores/v1/basic upgraded by a writer open: segments 1, 2, 4 of version 1, the "
+        "upgrade's state section in segment 5 (version 2), FORMAT 'created' of the v1 store",
+        "after the upgrade: a delta onto a v1 checkpoint (v1 fingerprints), a new stream, "
+        "tags added to and removed from v1 checkpoints, a delete of a v1 checkpoint only the "
+        "state section describes in the log"])
+    rec.max_id = old["next_id"] - 1
+    rec.taken = {s: v["next_seq"] - 1 for s, v in old["streams"].items()}
+    rec.deleted = list(old["deleted"])
+    rec.inputs = {c["id"]: {b["name"]: b["sha256"] for b in c["buffers"]}
+                  for c in old["checkpoints"]}
+    by_id = {c["id"]: c for c in old["checkpoints"]}
+    with rec.open() as s:
+        with open(os.path.join(path, "FORMAT")) as f:
+            assert json.load(f)["version"] == 2
+        head = old["streams"]["train"]["head"]
+        data = {k: bytearray(v) for k, v in s.restore(head).items()}
+        data["weights"][100:200] = b"format 2".ljust(100, b"!")
+        info = rec.checkpoint(s, data, "train", {"step": 6})
+        assert info.kind == "incremental" and info.parent == head, info
+        rec.checkpoint(s, {"new": text_bytes(np.random.default_rng(7007), 9000)}, "v2", None)
+        s.tag(10, "upgraded")
+        assert "golden" in by_id[7]["tags"]
+        s.untag(7, "golden")
+        rec.delete(s, 12)                      # "keep" {"keep": True}: 14 stays its head
+    return rec.finish()
+
+
+_COMPACT_CHILD = r"""
+import sys, snapstore
+with snapstore.open(sys.argv[1], durability="none", segment_size=65536) as s:
+    s.compact()
+raise SystemExit("the crash point did not fire")
+"""
+
+
+def make_interrupted(path: str) -> dict:
+    """Format 2 crash states of compaction: a compaction killed before it removed the segment
+    it had copied (its state section noted, the live chunks copied, the old segment still
+    there: chunk records twice in the log), a second one killed right after its state
+    section was durable (a complete section the index never noted, past `applied`), then a
+    torn state-section record. Before them a checkpoint killed before its index commit, which
+    the first compaction's recovery applied."""
+    rng = np.random.default_rng(8008)
+    opts = dict(durability="none", segment_size=SEGMENT)
+    rec = Recorder(path, opts, [
+        "a checkpoint killed before its index commit (applied by the next writer's recovery)",
+        "compaction killed at compact_before_remove: section noted, chunks copied, the old "
+        "segment left (chunk records in two segments)",
+        "compaction killed at compact_after_state: a complete state section the index did "
+        "not note", "a torn state-section record at the tail"])
+    with rec.open() as s:
+        a = bytearray(rand_bytes(rng, 24 << 10) + text_bytes(rng, 8 << 10))
+        c1 = rec.checkpoint(s, {"a": a}, "s", {"n": 1})
+        rec.checkpoint(s, {"tmp": rand_bytes(rng, 48 << 10)}, "tmp", None)
+        a[0:4096] = rand_bytes(rng, 4096)
+        rec.checkpoint(s, {"a": a}, "s", {"n": 2})
+        s.tag(c1.id, "first")
+        rec.delete(s, 2)
+    env = dict(os.environ, SNAPSTORE_CRASH_AT="before_index_commit")
+    p = subprocess.run([sys.executable, "-c", _CRASH_CHILD, path, "3"], env=env)
+    assert p.returncode == -9, p.returncode
+    rng3 = np.random.default_rng(3)
+    rec.max_id += 1
+    rec.taken["s"] += 1
+    rec.inputs[rec.max_id] = {"a": sha256(rng3.integers(0, 256, 16384, dtype=np.uint8)
+                                          .tobytes())}
+    for point in ("compact_before_remove", "compact_after_state"):
+        env["SNAPSTORE_CRASH_AT"] = point
+        p = subprocess.run([sys.executable, "-c", _COMPACT_CHILD, path], env=env)
+        assert p.returncode == -9, (point, p.returncode)
+    seg_dir = os.path.join(path, "segments")
+    last = os.path.join(seg_dir, sorted(os.listdir(seg_dir))[-1])
+    with open(last, "ab") as f:      # a torn STATE_BEGIN: a header promising 1000 bytes, 6 given
+        f.write(b"SREC\x05\x00\x00\x00" + (1000).to_bytes(4, "little") + bytes(12) + b"torn!!")
+    return rec.finish()
+
+
 STORES = {"basic": make_basic, "raw_cdc": make_raw_cdc, "objects": make_objects,
-          "torch": make_torch, "unapplied": make_unapplied}
+          "torch": make_torch, "unapplied": make_unapplied,
+          "compacted": make_compacted, "upgraded": make_upgraded,
+          "interrupted": make_interrupted}
+SINCE = {"compacted": 2, "upgraded": 2, "interrupted": 2}     # made from this format on
 
 
 def main() -> None:
@@ -478,7 +663,9 @@ def main() -> None:
                          "doc); use --out for a scratch copy")
     os.makedirs(root)
     print(f"snapstore {snapstore.__file__}: format version {version} -> {root}")
-    for name in args.only or STORES:
+    for name in args.only or [n for n in STORES if SINCE.get(n, 1) <= version]:
+        if SINCE.get(name, 1) > version:
+            raise SystemExit(f"{name}: a store of format {SINCE[name]} on")
         path = os.path.join(root, name)
         expected = STORES[name](path)
         size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
