@@ -18,7 +18,9 @@ What is pinned:
   delete (3):    u64 checkpoint id.          tag (4): JSON {"id", "tag", "add"}.
   LMDB index:    see test_lmdb_* below.
 Format 2 (test_todays_code_writes_format_2): FORMAT and segment headers say 2, records keep
-these layouts, and every LMDB value is its v1 payload followed by index_checksum().
+these layouts, and every LMDB value is its v1 payload followed by index_checksum(). The
+format 2 golden stores (state sections and all) are pinned in test_format_layout_v2.py, which
+uses the parsers below.
 """
 from __future__ import annotations
 
