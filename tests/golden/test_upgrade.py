@@ -8,7 +8,10 @@ v1 stores (the stores themselves are never written: README.md).
 - upgrading again changes nothing (idempotent);
 - a writer SIGKILLed at each upgrade crash point leaves a store that readers read byte-exact
   and the next writer open upgrades;
-- a reader that opened the store before a writer upgraded it keeps reading it correctly.
+- a reader that opened the store before a writer upgraded it keeps reading it correctly;
+- copies of the v2 stores stay format 2 under today's writer: the upgrade is a no-op for them
+  (index, segments and FORMAT byte for byte the same; recovery only cuts torn tails and applies
+  what the log holds ahead of the index). A format bump changes V2_AFTER_WRITER_OPEN.
 """
 from __future__ import annotations
 
@@ -261,3 +264,78 @@ def test_newer_index_or_format_is_refused(tmp_path):
     for kw in ({}, {"readonly": True}):
         with pytest.raises(snapstore.errors.FormatError, match=str(fmt.FORMAT_VERSION + 1)):
             snapstore.open(path, **kw)
+
+
+# ---- format 2 stores under today's writer ------------------------------------------------------
+V2 = os.path.join(HERE, "stores", "v2")
+V2_STORES = sorted(os.path.basename(os.path.dirname(p))
+                   for p in glob.glob(os.path.join(V2, "*", "FORMAT")))
+# The format version today's writer open leaves a format 2 store at. 2: no upgrade, every step
+# finds its work done (values sealed, the log complete), and the store is unchanged but for
+# recovery. A format bump sets this to the new version: then the store must still read the
+# same; what its upgrade changes is that format's to pin (the "unchanged" checks below apply
+# while this is 2).
+V2_AFTER_WRITER_OPEN = 2
+# The torn record a writer's recovery cuts from the last segment: a 24-byte header and 6 of
+# the 1000 payload bytes it promises.
+V2_TORN_TAIL = {"unapplied": 30, "interrupted": 30}
+
+
+def raw_segments(path: str) -> dict:
+    out = {}
+    for p in sorted(glob.glob(os.path.join(path, fmt.SEGMENTS_DIR, "*.seg"))):
+        with open(p, "rb") as f:
+            out[os.path.basename(p)] = f.read()
+    return out
+
+
+def raw_format(path: str) -> bytes:
+    with open(os.path.join(path, fmt.FORMAT_FILE), "rb") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("store", V2_STORES)
+def test_v2_store_under_todays_writer(store, tmp_path):
+    path = os.path.join(str(tmp_path), store)
+    shutil.copytree(os.path.join(V2, store), path, ignore=shutil.ignore_patterns("expected.json"))
+    with open(os.path.join(V2, store, "expected.json")) as f:
+        exp = json.load(f)
+    ids = [c["id"] for c in exp["checkpoints"]]
+    index0, segments0, format0 = raw_index(path), raw_segments(path), raw_format(path)
+    assert index_version(path) == 2 and format_file(path)["version"] == 2
+    with snapstore.open(path, readonly=True) as s:          # readers change nothing
+        check_exact(s, exp, exp["readonly_ids"])
+    assert (raw_index(path), raw_segments(path), raw_format(path)) == \
+        (index0, segments0, format0)
+
+    # the upgrade alone, as a writer's open runs it before recovery
+    lock = os.open(os.path.join(path, fmt.LOCK_FILE), os.O_RDWR | os.O_CREAT)
+    index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
+    backend = LocalSegments(os.path.join(path, fmt.SEGMENTS_DIR))
+    try:
+        assert index.version == 2
+        assert upgrade.upgrade(path, index, backend) == 2    # the version FORMAT named
+        assert index.version == V2_AFTER_WRITER_OPEN
+    finally:
+        index.close()
+        os.close(lock)
+    if V2_AFTER_WRITER_OPEN == 2:                            # a no-op for a format 2 store
+        assert (raw_index(path), raw_segments(path), raw_format(path)) == \
+            (index0, segments0, format0)
+
+    # and through the public API: recovery, verify, restores, readers afterwards
+    with snapstore.open(path, durability="none") as s:
+        check_exact(s, exp, ids)
+        report = s.verify(deep=True)
+        assert report["ok"], report["problems"][:5]
+    with snapstore.open(path, readonly=True) as s:
+        check_exact(s, exp, ids)
+    assert index_version(path) == format_file(path)["version"] == V2_AFTER_WRITER_OPEN
+    if V2_AFTER_WRITER_OPEN == 2:
+        assert raw_format(path) == format0                   # not even rewritten
+        last = max(segments0)
+        cut = V2_TORN_TAIL.get(store, 0)
+        assert raw_segments(path) == {n: (data[:len(data) - cut] if n == last else data)
+                                      for n, data in segments0.items()}
+        if exp["readonly_ids"] == ids:      # nothing for recovery to apply: the same values
+            assert raw_index(path) == index0
