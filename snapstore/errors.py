@@ -108,6 +108,46 @@ class ConcurrentCompactionError(SnapstoreError):
     """
 
 
+class CommitConflict(SnapstoreError):
+    """Another writer got there first: the commit (or delete, or tag) did not happen, and
+    nothing of it is visible. Retry after reading the new state.
+
+    A commit names the head of its stream it was made against (the head when it was planned,
+    or ``expect_head=``); it fails with CommitConflict when that head moved, or when another
+    writer has a commit of the same stream in progress. A delete or tag fails with it when a
+    commit in progress builds on the checkpoint, or another delete or tag of it is in
+    progress. Never rebased, so a lost update is never silent (docs/design.md, "Many
+    writers").
+
+    Attributes: ``stream`` (or None), ``expected`` (the head the commit was made against),
+    ``found`` (the head it found, or None), ``holder`` (who holds a conflicting operation in
+    progress, in words, or None)."""
+
+    def __init__(self, message: str, *, stream: str | None = None, expected: int | None = None,
+                 found: int | None = None, holder: str | None = None) -> None:
+        super().__init__(message)
+        self.stream, self.expected, self.found, self.holder = stream, expected, found, holder
+
+
+class GroupError(SnapstoreError):
+    """A group commit cannot go on: the group is unknown (never opened, committed, aborted or
+    timed out), the participant is not one of the group's, or its buffers collide with
+    another participant's. ``group`` names the group."""
+
+    def __init__(self, message: str, *, group: str | None = None) -> None:
+        super().__init__(message)
+        self.group = group
+
+
+class GroupTimeout(GroupError):
+    """A group was not complete in time: the participants in ``missing`` never staged their
+    parts. The group is aborted; nothing of it is visible, its staged parts are garbage."""
+
+    def __init__(self, message: str, *, group: str | None = None, missing: tuple = ()) -> None:
+        super().__init__(message, group=group)
+        self.missing = tuple(missing)
+
+
 class StoreLocked(SnapstoreError):
     """Another writer holds the store's lock (open(..., timeout=s) waits for it).
 

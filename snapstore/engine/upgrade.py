@@ -15,7 +15,7 @@ point leaves a store whose FORMAT still names the old version, which opens, and 
 writer open runs the steps again. A new format version appends its step(s) to STEPS.
 
 Crash points (crashpoints.py): upgrade_before_index_commit (inside the index step's
-transaction), upgrade_before_state_mark (the log step's state section durable, the index not
+transaction), upgrade_v3_before_index_commit (inside format 3's), upgrade_before_state_mark (the log step's state section durable, the index not
 yet told), upgrade_before_format (everything converted and synced, FORMAT not yet published),
 upgrade_after_format.
 """
@@ -88,9 +88,33 @@ def _log_state_section(path: str, index: Index, backend: SegmentBackend) -> bool
     return True
 
 
+def _per_log_positions(path: str, index: Index, backend: SegmentBackend) -> bool:
+    """Format 3 (many writers): the index keeps an applied position per log (DB_LOGS) instead
+    of one (META_APPLIED), and counts record orders (META_NEXT_ORDER). The store's segments so
+    far are log 0's. Recovery applies log 0's durable records first, so the position moved
+    is the end of every record; then one transaction moves it, starts the order count and
+    sets META_FORMAT to 3: all or nothing (crash point upgrade_v3_before_index_commit).
+    Done when the index is format 3."""
+    with index.read() as r:
+        if r.version >= 3:
+            return False
+    recover(index, backend, backend.durable)
+    with index.write() as w:
+        applied = w.applied()
+        if applied is not None:
+            w.set_log_applied(0, applied)
+        w.drop_legacy_applied()
+        w.set_next_order(1)
+        w.set_format(3)
+        crashpoint("upgrade_v3_before_index_commit")
+    index.version = 3
+    return True
+
+
 STEPS: tuple[Step, ...] = (
     Step(2, "every index value carries a checksum", _index_value_checksums),
     Step(2, "the log describes every checkpoint (a state section)", _log_state_section),
+    Step(3, "an applied position per log; record orders", _per_log_positions),
 )
 
 

@@ -24,7 +24,8 @@ from snapstore.errors import CorruptionError
 from snapstore.engine.backends.base import SegmentBackend, segment_name
 from snapstore.engine.chunks import decode_chunk, read_stored_chunk, stored_chunk
 from snapstore.engine.index import REPAIR_HINT, Index
-from snapstore.engine.wal import DamagedRecord, parse_record_header, read_record, segment_version
+from snapstore.engine.wal import (DamagedRecord, logs_of, next_valid_record,
+                                  parse_record_header, read_record, segment_version)
 
 # Problems of the index itself (the log may be intact): `snapstore repair` rebuilds it.
 INDEX_KINDS = frozenset({"missing_manifest", "missing_parent", "bad_extent", "missing_chunk",
@@ -172,13 +173,14 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
                     if mismatch:
                         report.add("index_mismatch", mismatch, affected(cid), seg, off)
     else:
+        last_of_log = {max(ns) for ns in logs_of(present).values()}
         for seg in sorted(present):
             known = defaultdict(list)       # offset -> [(chunk id, entry)]: all of them
             for off, cid, e in by_segment.get(seg, []):
                 known[off].append((cid, e))
             with backend.open_reader() as segments:
                 bytes_checked += _deep_scan(segments, backend.size(seg), seg, known, report,
-                                            affected)
+                                            affected, tail=seg in last_of_log)
 
     problems = report.problems
     out = {"ok": not problems, "deep": deep, "problems": problems,
@@ -204,11 +206,15 @@ def _entry_mismatch(record, cid: bytes, e) -> str | None:
     return None
 
 
-def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport, affected) -> int:
+def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport, affected,
+               tail: bool = False) -> int:
     """Checks every record of one segment. After a damaged record it resumes where the damaged
     record's length says the next one starts only if no record the index knows of lies in
     between and a valid header is there; otherwise at the next record the index knows of (a
-    flipped length field must not hide the records after it). Returns bytes read."""
+    flipped length field must not hide the records after it). In the last segment of a log
+    (`tail`), invalid bytes after which no valid record follows are a crash's torn tail, or
+    the record its writer is appending right now: not a problem (recovery cuts a torn tail).
+    Returns bytes read."""
     starts = sorted(known)
     seen = set()
     types = fmt.RECORD_TYPES
@@ -234,6 +240,9 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport
             continue
         except DamagedRecord as exc:
             problem, end = exc.reason, exc.end
+        if tail and not any(off >= pos for off in starts) and \
+                next_valid_record(segments, seg, end, pos + 1, size, types) is None:
+            break                       # torn tail, or a record being appended
         users = set().union(*(affected(cid) for cid, _ in known.get(pos, ())))
         report.add("damaged_record", problem, users, seg, pos)
         i = bisect.bisect_right(starts, pos)

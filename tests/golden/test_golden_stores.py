@@ -167,7 +167,7 @@ def test_readonly_open_matches_expected(golden):
 # store writes a state section into a new segment of version 2 (a segment only holds records
 # of its header's version: issue 14); a format 2 store is not upgraded. A format whose upgrade
 # touches the log of older stores changes this table.
-SEGMENTS_ADDED_BY_UPGRADE = {1: 1, 2: 0}
+SEGMENTS_ADDED_BY_UPGRADE = {1: 1, 2: 1}   # format 3: log 0 goes on in a new segment of version 3
 
 
 def test_writer_open_recovers_and_verifies(golden):

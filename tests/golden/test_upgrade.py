@@ -66,8 +66,9 @@ def raw_index(path: str) -> dict:
                     max_dbs=fmt.INDEX_MAX_DBS)
     try:
         with env.begin() as txn:
+            present = {key for key, _ in txn.cursor()}     # the named databases it has
             return {name: dict(txn.cursor(db=env.open_db(name, txn=txn, create=False)))
-                    for name in fmt.INDEX_DBS}
+                    for name in fmt.INDEX_DBS if name in present}
     finally:
         env.close()
 
@@ -275,7 +276,7 @@ V2_STORES = sorted(os.path.basename(os.path.dirname(p))
 # recovery. A format bump sets this to the new version: then the store must still read the
 # same; what its upgrade changes is that format's to pin (the "unchanged" checks below apply
 # while this is 2).
-V2_AFTER_WRITER_OPEN = 2
+V2_AFTER_WRITER_OPEN = 3
 # The torn record a writer's recovery cuts from the last segment: a 24-byte header and 6 of
 # the 1000 payload bytes it promises.
 V2_TORN_TAIL = {"unapplied": 30, "interrupted": 30}
