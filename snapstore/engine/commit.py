@@ -204,7 +204,7 @@ class Committer:
                 os.close(fd)
         if self._log_fd is None:
             self.log_number, self._log_fd = logowners.create_new(
-                self.path, self.file_mode, above=max(known, default=0))
+                self.path, self.file_mode, start=max(known) + 1 if known else 0)
         write_holder(self._log_fd)
 
     def alive(self, log: int) -> bool:
@@ -426,9 +426,10 @@ class Committer:
                     apply_extra(w)
                 crashpoint("before_index_commit")
         except BaseException:
-            # The index never saw the records: take them back out of the log.
-            log.rollback(mark)
-            if not log.broken:
+            # The index never saw the records: take them back out of the log. If that fails
+            # they may be durable: the claim stays, and the recovery of this log after this
+            # writer is gone publishes what is there.
+            if log.rollback(mark):
                 self.release(c)
             raise
         crashpoint("after_index_commit")
@@ -452,6 +453,7 @@ class Committer:
         rules) when garbage collection removed a chunk it reused meanwhile."""
         with self._lock, io_errors("checkpoint failed"):
             self.check_open(write=True)
+            self.log.check_writable()
             for _ in range(_ATTEMPTS):
                 try:
                     return self._commit_once(stream, make_plans, meta, expect_head,
@@ -536,6 +538,7 @@ class Committer:
         one index transaction: all or none. An empty list writes nothing."""
         with self._lock, io_errors("cannot update the store"):
             self.check_open(write=True)
+            self.log.check_writable()
             made: list = []
 
             def prepare(w: IndexWriter) -> tuple:

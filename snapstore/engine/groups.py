@@ -232,6 +232,7 @@ def commit_group(c: Committer, group: str, meta: Any, timeout: float | None) -> 
     found = wait_for_parts(c, group, timeout)
     with c.exclusive(), io_errors("group commit failed"):
         c.check_open(write=True)
+        c.log.check_writable()
         with c.read() as r:
             header = _live_header(r, group)
         order = header.participants
@@ -296,6 +297,7 @@ def stage(c: Committer, group: str, participant: str, make_plans: PartPlanMaker,
     opts = c.options
     with c.exclusive(), io_errors("staging a group part failed"):
         c.check_open(write=True)
+        c.log.check_writable()
         for _ in range(5):
             log = c.log
             mark = log.position

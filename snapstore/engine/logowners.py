@@ -25,6 +25,7 @@ import os
 
 from snapstore.engine import format as fmt
 from snapstore.engine.fsutil import DEFAULT_FILE_MODE, NotRegularFile, open_regular
+from snapstore.engine.holders import read_holder
 from snapstore.errors import CorruptionError
 
 
@@ -78,11 +79,11 @@ def try_take(store_path: str, log: int, file_mode: int = DEFAULT_FILE_MODE) -> i
 
 
 def create_new(store_path: str, file_mode: int = DEFAULT_FILE_MODE,
-               above: int = 0) -> tuple[int, int]:
-    """A new log (the lowest number above every existing lock file, and above `above`) and its
-    exclusive lock: (log, descriptor). Creating the lock file exclusively decides between two
-    writers choosing the same number."""
-    log = max(lock_files(store_path) + [above]) + 1
+               start: int = 0) -> tuple[int, int]:
+    """A new log (the lowest number from `start` on that has no lock file; a store's first
+    writer gets log 0) and its exclusive lock: (log, descriptor). Creating the lock file
+    exclusively decides between two writers choosing the same number."""
+    log = max([start] + [n + 1 for n in lock_files(store_path)])
     while log < fmt.MAX_LOGS:
         try:
             fd = _open(lock_path(store_path, log), os.O_RDWR | os.O_CREAT | os.O_EXCL,
@@ -119,7 +120,6 @@ def is_alive(store_path: str, log: int) -> bool:
 
 def live_holders(store_path: str) -> list[tuple[int, dict]]:
     """[(log, holder record)] of the logs a writer holds now (storedir.read_holder's dict)."""
-    from snapstore.engine.storedir import read_holder
     out = []
     for log in lock_files(store_path):
         try:

@@ -389,6 +389,11 @@ class SegmentLog:
             self._directory_unsynced = True
 
     # -- writing
+    def check_writable(self) -> None:
+        """Raises StoreIOError when the log refuses writes (an earlier failure it could not
+        repair; reopen the store)."""
+        self._check()
+
     def _check(self) -> None:
         if self.broken:
             raise StoreIOError(f"the log refuses writes after an earlier failure ({self.broken}); "
@@ -457,12 +462,12 @@ class SegmentLog:
             self.broken = f"fsync failed: {exc.strerror or exc}"
             raise _io_error("cannot make the log durable", exc)
 
-    def rollback(self, mark: tuple[int, int]) -> None:
-        """Drops everything appended after mark (a former .position). Marks the log broken
-        when that fails."""
+    def rollback(self, mark: tuple[int, int]) -> bool:
+        """Drops everything appended after mark (a former .position). Returns whether it did;
+        marks the log broken when that fails (then what was appended may still be there)."""
         self._pending, self._pending_bytes = [], 0
         if self._current is None:
-            return              # an earlier rollback failed part-way: only recovery repairs
+            return False        # an earlier rollback failed part-way: only recovery repairs
         seg, off = mark
         try:
             while self._current.number > seg:
@@ -474,13 +479,15 @@ class SegmentLog:
                 # The mark counted bytes that never reached the file: truncating would
                 # extend it with zeros. A caller bug; refuse to write on.
                 self.broken = f"rollback mark {off} lies past the end of the segment"
-                return
+                return False
             # Always: after a short write the file may hold bytes past the mark.
             self._current.truncate(off)
             if self.durable:
                 self._current.sync()
         except OSError as exc:
             self.broken = f"rollback failed: {exc.strerror or exc}"
+            return False
+        return True
 
     def close(self) -> None:
         if self._current is not None:
