@@ -82,7 +82,7 @@ from snapstore.engine.fsutil import NotRegularFile, open_regular
 from snapstore.engine.holders import write_holder
 from snapstore.engine.index import Index, IndexView, IndexWriter
 from snapstore.engine.records import Commit
-from snapstore.engine.recovery import recover_log
+from snapstore.engine.recovery import recover_logs
 from snapstore.engine.upgrade import upgrade as upgrade_store
 from snapstore.engine.backends import LocalSegments, SegmentBackend
 from snapstore.engine.wal import SegmentLog, logs_of
@@ -183,53 +183,71 @@ class Committer:
 
     # ---- the writer's own log -----------------------------------------------------------
     def _take_log(self, durable: bool) -> None:
-        """Recovers every log whose writer is gone (its lock free) and adopts the lowest of
-        them as this writer's; without one, starts a new log."""
-        known = set(logowners.lock_files(self.path)) | set(logs_of(self.backend.list()))
-        with self.index.read() as r:
-            known |= set(r.logs())
-            known |= {c.log for c in claim_rules.claims(r)} if r.version >= 3 else set()
-        for log in sorted(known):
-            fd = logowners.try_take(self.path, log, self.file_mode)
-            if fd is None:
-                continue
-            try:
-                recover_log(self.index, self.backend, log, durable)
-            except BaseException:
+        """Recovers every log whose writer is gone (its lock free), all together (their
+        records applied in their order: recovery.py), and adopts the lowest of them as this
+        writer's; without one, starts a new log (a store's first writer: log 0)."""
+        known = self._known_logs()
+        taken: dict[int, int] = {}
+        try:
+            for log in sorted(known):
+                fd = logowners.try_take(self.path, log, self.file_mode)
+                if fd is not None:
+                    taken[log] = fd
+            if taken:
+                recover_logs(self.index, self.backend, list(taken), durable)
+        except BaseException:
+            for fd in taken.values():
                 os.close(fd)
-                raise
-            if self._log_fd is None:
-                self._log_fd, self.log_number = fd, log
-            else:
+            raise
+        if taken:
+            self.log_number = min(taken)
+            self._log_fd = taken.pop(self.log_number)
+            for fd in taken.values():
                 os.close(fd)
-        if self._log_fd is None:
+        else:
             self.log_number, self._log_fd = logowners.create_new(
                 self.path, self.file_mode, start=max(known) + 1 if known else 0)
         write_holder(self._log_fd)
+
+    def _known_logs(self) -> set[int]:
+        """Every log the store has: lock files, segments, applied positions, claims."""
+        known = set(logowners.lock_files(self.path)) | set(logs_of(self.backend.list()))
+        with self.index.read() as r:
+            known |= set(r.logs())
+            if r.version >= 3:
+                known |= {c.log for c in claim_rules.claims(r)}
+        return known
 
     def alive(self, log: int) -> bool:
         """Whether a writer holds log `log` (this one's own log always is)."""
         return log == self.log_number or logowners.is_alive(self.path, log)
 
     def recover_dead(self, log: int) -> bool:
-        """Recovers log `log` if its writer is gone (claims.DeadHolder); False when a writer
-        holds it (alive again, or another writer is recovering it right now)."""
+        """Recovers log `log` if its writer is gone (claims.DeadHolder), with every other log
+        whose writer is gone (after a power loss their records must be applied together, in
+        order); False when a writer holds it (alive again, or being recovered right now)."""
         fd = logowners.try_take(self.path, log, self.file_mode)
         if fd is None:
             return False
+        taken = {log: fd}
         try:
-            recover_log(self.index, self.backend, log, self.durability == "fsync")
+            for other in sorted(self._known_logs() - {log, self.log_number}):
+                other_fd = logowners.try_take(self.path, other, self.file_mode)
+                if other_fd is not None:
+                    taken[other] = other_fd
+            recover_logs(self.index, self.backend, list(taken), self.durability == "fsync")
         finally:
-            os.close(fd)
+            for other_fd in taken.values():
+                os.close(other_fd)
         return True
 
-    def recover_orphans(self) -> int:
-        """Recovers every log whose writer is gone (compaction does this first). Returns how
-        many were recovered."""
-        with self.index.read() as r:
-            known = set(r.logs()) | {c.log for c in claim_rules.claims(r)}
-        known |= set(logowners.lock_files(self.path)) | set(logs_of(self.backend.list()))
-        return sum(self.recover_dead(log) for log in sorted(known) if log != self.log_number)
+    def recover_orphans(self) -> bool:
+        """Recovers every log whose writer is gone (compaction does this first). Returns
+        whether there was one."""
+        for log in sorted(self._known_logs() - {self.log_number}):
+            if self.recover_dead(log):
+                return True
+        return False
 
     # ---- opening and closing ------------------------------------------------------------
     def _release(self) -> None:

@@ -1,31 +1,37 @@
-"""Recovery of a log whose writer is gone (docs/design.md, "Commit and recovery protocol",
-"Many writers"): apply the durable records it claimed, cut its torn tail, drop its claims.
+"""Recovery of logs whose writers are gone (docs/design.md, "Commit and recovery protocol",
+"Many writers"): apply the durable records they hold past their applied positions, cut their
+torn tails, drop their claims.
 
 Each writer appends to a log of its own (logowners.py) and claims every index record in the
-index before the record reaches its log (claims.py). When a writer dies, any writer that
-takes its log's free lock recovers the log, holding that lock:
+index before the record reaches its log (claims.py), so every durable index record won when it
+was written. When writers die, any writer that takes their logs' free locks recovers those
+logs, together, holding the locks:
 
-  * scan the log from its applied position; the first invalid or incomplete record ends the
+  * scan each log from its applied position; the first invalid or incomplete record ends the
     scan: in the log's last segment it is a torn tail and the segment is truncated there (a
     segment killed while being created is removed); in an earlier segment it is corruption
     (CorruptionError, nothing is cut);
-  * a valid commit, delete or tag record that the log claimed is applied (published: the
-    claim already decided it wins) in one transaction that drops the claim; records of
-    segment version 1 and 2 (format <= 2: one writer, no claims) are applied as they come;
-  * a valid index record nobody claimed (possible only after a power loss with durability
-    "none") did not win: the log is cut there, so that no rebuild ever applies it;
-  * chunk records are left: the chunks of a published record are indexed by it, others are
+  * a batch of records sharing one order (a delete_many) that is not all there never
+    completed: the log is cut at its first record (a writer appends a batch whole, then
+    syncs);
+  * the valid commit, delete and tag records found are applied in their order across all the
+    logs (format <= 2 records of log 0 first, in log order), one order per transaction, which
+    also drops the order's claim and moves the log's applied position. The index may lack
+    their claims: after a power loss LMDB may have undone its last transactions (it runs
+    without metasync), claims included, while the records they admitted are durable. They
+    won when they were written, so they are applied, and next_order/next_id move past them;
+  * chunk records are left: the chunks of an applied record are indexed by it, others are
     garbage for compaction; state sections are passed over (the index holds what they say);
-  * finally every claim the log still holds (operations that never reached the log) is
-    dropped, with the groups it coordinated (their staged parts become garbage).
+  * finally every claim these logs still hold (operations that never reached their log) is
+    dropped, with the groups it opened (their staged parts become garbage).
 
-Only other writers' logs are ever touched: a crashed writer's torn tail is cut in its own
-log. Recovered checkpoints have no page fingerprints: their stream's next checkpoint is full
+Only the given logs are touched: a crashed writer's torn tail is cut in its own log.
+Recovered checkpoints have no page fingerprints: their stream's next checkpoint is full
 (deduplicated against it).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from snapstore.engine import claims as claim_rules
 from snapstore.engine import format as fmt
@@ -38,42 +44,74 @@ from snapstore.errors import CorruptionError
 
 @dataclass
 class Recovered:
-    """What recover_log did to one log."""
-    log: int
-    published: int = 0          # claimed records applied
-    legacy: int = 0             # format <= 2 records applied
-    dropped_claims: int = 0     # claims that never reached the log
-    cut_at: tuple[int, int] | None = None   # where the log was truncated
+    """What recover_logs did."""
+    logs: list
+    applied: int = 0            # operations (orders) applied, format <= 2 records included
+    dropped_claims: int = 0     # claims that never reached their log
+    cut_at: dict = field(default_factory=dict)   # {log: where it was truncated}
+
+
+@dataclass
+class _Item:
+    segment: int
+    offset: int
+    end: int
+    rtype: int
+    payload: bytes
+    order: int | None
+    count: int
 
 
 def recover(index: Index, backend: SegmentBackend, durable: bool) -> None:
     """Recovers log 0 (the one log of a format <= 2 store: the upgrade runs it before the
     index has per-log positions)."""
-    recover_log(index, backend, 0, durable)
+    recover_logs(index, backend, [0], durable)
 
 
 def recover_log(index: Index, backend: SegmentBackend, log: int, durable: bool) -> Recovered:
-    """Recovers log `log` (its lock held by the caller: its writer is gone); see the module
-    docstring. Raises CorruptionError, FormatError; OSError from the backend passes through
-    (the Store reports it as StoreIOError)."""
-    done = Recovered(log)
+    """recover_logs of one log."""
+    return recover_logs(index, backend, [log], durable)
+
+
+def recover_logs(index: Index, backend: SegmentBackend, logs, durable: bool) -> Recovered:
+    """Recovers the given logs (their locks held by the caller: their writers are gone); see
+    the module docstring. Raises CorruptionError, FormatError; OSError from the backend
+    passes through (the Store reports it as StoreIOError)."""
+    logs = sorted(set(logs))
+    done = Recovered(logs)
     with index.read() as r:
-        applied = r.log_applied(log)
-        mine = {c.order: c for c in claim_rules.claims_of_log(r, log)} \
-            if r.version >= 3 else {}
-    numbers = segments_of(backend.list(), log)
-    if numbers:
-        _replay(index, backend, log, numbers, applied, mine, durable, done)
-    if mine:
+        applied = {log: r.log_applied(log) for log in logs}
+        theirs = [c for c in claim_rules.claims(r) if c.log in logs] if r.version >= 3 else []
+    numbers = backend.list()
+    found: list[_Item] = []
+    for log in logs:
+        mine = segments_of(numbers, log)
+        if mine:
+            found.extend(_scan_log(backend, log, mine, applied[log], durable, done))
+    legacy = [i for i in found if i.order is None]
+    ordered: dict[int, list[_Item]] = {}
+    for i in found:
+        if i.order is not None:
+            ordered.setdefault(i.order, []).append(i)
+    claims_by_order = {c.order: c for c in theirs}
+    for item in legacy:
+        _apply(index, [item], None)
+        done.applied += 1
+    for order in sorted(ordered):
+        _apply(index, ordered[order], claims_by_order.pop(order, None))
+        done.applied += 1
+    if claims_by_order:
         with index.write() as w:
-            for c in mine.values():
+            for c in claims_by_order.values():
                 claim_rules.drop(w, c)
                 done.dropped_claims += 1
     return done
 
 
-def _replay(index: Index, backend: SegmentBackend, log: int, numbers: list, applied,
-            mine: dict, durable: bool, done: Recovered) -> None:
+def _scan_log(backend: SegmentBackend, log: int, numbers: list, applied, durable: bool,
+              done: Recovered) -> list[_Item]:
+    """The complete index records of one log past its applied position (its torn tail, or an
+    incomplete batch and what follows, cut off)."""
     seg, off = applied if applied is not None else (numbers[0], 0)
     if seg not in numbers:
         raise CorruptionError(f"index has applied log {log} up to segment {seg}, which is "
@@ -84,7 +122,8 @@ def _replay(index: Index, backend: SegmentBackend, log: int, numbers: list, appl
         raise CorruptionError(f"the log ends before the position the index has applied "
                               f"({off}); acknowledged checkpoints were lost",
                               segment=segment_name(seg), offset=backend.size(seg))
-    batch: list = []        # the records of one claimed order seen so far (complete: applied)
+    out: list[_Item] = []
+    batch: list[_Item] = []     # the records of the order being read, until all are there
     for number in [n for n in numbers if n >= seg]:
         start = off if number == seg else 0
         for item in scan(backend, number, start, chunk_payloads=False):
@@ -94,9 +133,9 @@ def _replay(index: Index, backend: SegmentBackend, log: int, numbers: list, appl
                     if number != numbers[-1]:
                         raise CorruptionError("invalid record in a sealed segment",
                                               segment=segment_name(number), offset=pos)
-                    _cut(backend, numbers, batch[0][:2] if batch else (number, pos), durable,
-                         done)
-                    return
+                    at = (batch[0].segment, batch[0].offset) if batch else (number, pos)
+                    _cut(backend, log, numbers, at, durable, done)
+                    return out
                 break
             if item.rtype not in fmt.INDEX_RECORD_TYPES:
                 continue        # chunks wait for their commit; a state section is the index
@@ -105,55 +144,52 @@ def _replay(index: Index, backend: SegmentBackend, log: int, numbers: list, appl
             except CorruptionError as exc:
                 raise CorruptionError(f"cannot decode a log record: {exc}",
                                       segment=segment_name(number), offset=item.offset) from exc
-            if batch and order != batch[0][2]:
-                # the previous claimed batch ended before all its records: it never
-                # completed (a writer appends a batch whole, then syncs): cut it off
-                _cut(backend, numbers, batch[0][:2], durable, done)
-                return
-            if order is not None and order not in mine:
-                # durable but never claimed: it did not win (power loss with durability
-                # "none"): cut it off, with everything after it, so no rebuild applies it
-                _cut(backend, numbers, (number, item.offset), durable, done)
-                return
-            batch.append((number, item.offset, order, item.rtype, item.payload, item.end))
+            if batch and order != batch[0].order:
+                # the previous batch ended before all its records were written: it never
+                # completed; cut it off, with what follows it
+                _cut(backend, log, numbers, (batch[0].segment, batch[0].offset), durable, done)
+                return out
+            batch.append(_Item(number, item.offset, item.end, item.rtype, bytes(item.payload),
+                               order, count))
             if order is not None and len(batch) < count:
                 continue
-            _apply(index, batch, mine)
-            if order is None:
-                done.legacy += 1
-            else:
-                done.published += 1
+            out.extend(batch)
             batch = []
     if batch:
-        _cut(backend, numbers, batch[0][:2], durable, done)
+        _cut(backend, log, numbers, (batch[0].segment, batch[0].offset), durable, done)
+    return out
 
 
-def _apply(index: Index, batch: list, mine: dict) -> None:
-    """Applies the records of one claimed order (or one record of format <= 2) in one
-    transaction that drops the claim."""
-    number, offset, order = batch[0][:3]
+def _apply(index: Index, batch: list[_Item], claim) -> None:
+    """Applies the records of one order (or one format <= 2 record) in one transaction that
+    drops the order's claim and keeps next_order past it."""
+    first = batch[0]
     try:
         with index.write() as w:
-            for segment, _, _, rtype, payload, end in batch:
-                w.apply_record(rtype, payload, (segment, end))
-            if order is not None:
-                claim_rules.drop(w, mine.pop(order))
+            for item in batch:
+                w.apply_record(item.rtype, item.payload, (item.segment, item.end))
+            if first.order is not None:
+                if claim is not None:
+                    claim_rules.drop(w, claim)
+                if w.next_order() <= first.order:
+                    w.set_next_order(first.order + 1)
     except CorruptionError as exc:
         if exc.segment is not None:
             raise
         raise CorruptionError(f"cannot apply a log record: {exc}",
-                              segment=segment_name(number), offset=offset) from exc
+                              segment=segment_name(first.segment),
+                              offset=first.offset) from exc
 
 
-def _cut(backend: SegmentBackend, numbers: list, at: tuple, durable: bool,
+def _cut(backend: SegmentBackend, log: int, numbers: list, at: tuple, durable: bool,
          done: Recovered) -> None:
     """Truncates the log at `at`, which must lie in its last segment."""
     number, pos = at
     if number != numbers[-1]:
-        raise CorruptionError("a sealed segment holds index records that never completed or "
-                              "were never claimed", segment=segment_name(number), offset=pos)
+        raise CorruptionError("a sealed segment holds a batch of index records that never "
+                              "completed", segment=segment_name(number), offset=pos)
     truncate_tail(backend, number, pos, durable)
-    done.cut_at = (number, pos)
+    done.cut_at[log] = (number, pos)
 
 
 def truncate_tail(backend: SegmentBackend, number: int, pos: int, durable: bool) -> None:

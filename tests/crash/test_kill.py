@@ -61,15 +61,15 @@ def index_state(path: str):
     env = lmdb.open(os.path.join(path, fmt.INDEX_DIR), readonly=True, lock=True, subdir=True,
                     max_dbs=fmt.INDEX_MAX_DBS)
     try:
-        meta = env.open_db(fmt.DB_META, create=False)
+        logs = env.open_db(fmt.DB_LOGS, create=False)      # format 3: a position per log
         ckpts = env.open_db(fmt.DB_CHECKPOINTS, create=False)
+        key = fmt.LOG_KEY.pack(0)       # the writer of these tests is the store's first: log 0
         with env.begin() as txn:
-            v = txn.get(fmt.META_APPLIED, db=meta)
+            v = txn.get(key, db=logs)
             ids = {fmt.CKPT_KEY.unpack(k)[0] for k in txn.cursor(db=ckpts).iternext(values=False)}
         if v is None:
             return None, ids
-        return fmt.LOG_POSITION.unpack(unseal(fmt.DB_META, fmt.META_APPLIED, v,
-                                              fmt.FORMAT_VERSION)), ids
+        return fmt.LOG_POSITION.unpack(unseal(fmt.DB_LOGS, key, v, fmt.FORMAT_VERSION)), ids
     finally:
         env.close()
 
