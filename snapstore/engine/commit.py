@@ -74,6 +74,7 @@ from typing import Any, Callable, Iterator
 
 from snapstore.engine import claims as claim_rules
 from snapstore.engine import format as fmt
+from snapstore.engine import indexswap
 from snapstore.engine import logowners
 from snapstore.engine import storedir
 from snapstore.engine import writer as wr
@@ -175,6 +176,7 @@ class Committer:
             if not readonly:
                 with io_errors("cannot recover the log"):
                     self._take_log(durable)
+                    self._remove_swap_leftovers()
                 self.log = SegmentLog(self.backend, segment_size, self.log_number)
                 self.log.open_tail()
         except BaseException:
@@ -208,6 +210,18 @@ class Committer:
             self.log_number, self._log_fd = logowners.create_new(
                 self.path, self.file_mode, start=max(known) + 1 if known else 0)
         write_holder(self._log_fd)
+
+    def _remove_swap_leftovers(self) -> None:
+        """What a compaction killed while it replaced the index left behind (.index.new,
+        .index.old beside a complete index/) is removed, unless a compaction is running
+        now (it may be building .index.new): then the next open or compaction does it."""
+        if not indexswap.leftovers(self.path):
+            return
+        try:
+            with self.maintenance(exclusive=True, timeout=0):
+                indexswap.recover_swap(self.path)
+        except StoreLocked:
+            pass
 
     def _known_logs(self) -> set[int]:
         """Every log the store has: lock files, segments, applied positions, claims."""

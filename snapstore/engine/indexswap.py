@@ -81,8 +81,9 @@ def swap_in(path: str, new_dir: str) -> None:
 
 
 def recover_swap(path: str) -> bool:
-    """Finishes or cleans up after a swap a crash interrupted; the caller holds the writer's
-    lock. No index/ but a .index.old: the fallback's first rename happened, which it does
+    """Finishes or cleans up after a swap a crash interrupted; the caller keeps every other
+    swapper out (the store lock exclusively, or the maintenance lock exclusively when index/
+    is in place). No index/ but a .index.old: the fallback's first rename happened, which it does
     only once .index.new is complete, so the second rename is done now (or, without a
     .index.new, the old index is put back). Then, with an index/ in place, what is left in
     .index.new (an unfinished build, or the old index after an exchange) and .index.old is
@@ -102,6 +103,12 @@ def recover_swap(path: str) -> bool:
     remove_entry(new_dir)
     remove_entry(old_dir)
     return restored
+
+
+def leftovers(path: str) -> bool:
+    """Whether .index.new or .index.old is there (a swap under way or interrupted)."""
+    return any(os.path.lexists(os.path.join(path, name))
+               for name in (fmt.INDEX_REBUILD_DIR, fmt.INDEX_OLD_DIR))
 
 
 def _is_dir(path: str) -> bool:

@@ -24,7 +24,7 @@ from snapstore.errors import CorruptionError
 from snapstore.engine.backends.base import SegmentBackend, segment_name
 from snapstore.engine.chunks import decode_chunk, read_stored_chunk, stored_chunk
 from snapstore.engine.index import REPAIR_HINT, Index
-from snapstore.engine.wal import (DamagedRecord, logs_of, next_valid_record,
+from snapstore.engine.wal import (DamagedRecord, log_of, logs_of, next_valid_record,
                                   parse_record_header, read_record, segment_version)
 
 # Problems of the index itself (the log may be intact): `snapstore repair` rebuilds it.
@@ -73,6 +73,7 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
         commits = {i: r.checkpoint(i) for i in r.checkpoint_ids()}
         chunks = dict(r.chunks())
         streams = r.streams()
+        applied = r.logs()
         stream_members = {s: r.checkpoint_ids(s) for s in streams}
         manifests = {}
         missing = []
@@ -178,9 +179,17 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
             known = defaultdict(list)       # offset -> [(chunk id, entry)]: all of them
             for off, cid, e in by_segment.get(seg, []):
                 known[off].append((cid, e))
+            # a log's last segment may end in a torn tail or a record being appended, but
+            # only past what the index applied of the log (records before it are committed)
+            tail = None
+            if seg in last_of_log:
+                done = applied.get(log_of(seg))
+                tail = (done[1] if done is not None and done[0] == seg
+                        else fmt.SEGMENT_HEADER.size if done is None or done[0] < seg
+                        else None)
             with backend.open_reader() as segments:
                 bytes_checked += _deep_scan(segments, backend.size(seg), seg, known, report,
-                                            affected, tail=seg in last_of_log)
+                                            affected, tail=tail)
 
     problems = report.problems
     out = {"ok": not problems, "deep": deep, "problems": problems,
@@ -207,13 +216,14 @@ def _entry_mismatch(record, cid: bytes, e) -> str | None:
 
 
 def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport, affected,
-               tail: bool = False) -> int:
+               tail: int | None = None) -> int:
     """Checks every record of one segment. After a damaged record it resumes where the damaged
     record's length says the next one starts only if no record the index knows of lies in
     between and a valid header is there; otherwise at the next record the index knows of (a
-    flipped length field must not hide the records after it). In the last segment of a log
-    (`tail`), invalid bytes after which no valid record follows are a crash's torn tail, or
-    the record its writer is appending right now: not a problem (recovery cuts a torn tail).
+    flipped length field must not hide the records after it). In the last segment of a log,
+    invalid bytes from offset `tail` on (past the log's applied position) after which no valid
+    record follows are a crash's torn tail, or the record its writer is appending right now:
+    not a problem (recovery cuts a torn tail).
     Returns bytes read."""
     starts = sorted(known)
     seen = set()
@@ -240,7 +250,7 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport
             continue
         except DamagedRecord as exc:
             problem, end = exc.reason, exc.end
-        if tail and not any(off >= pos for off in starts) and \
+        if tail is not None and pos >= tail and not any(off >= pos for off in starts) and \
                 next_valid_record(segments, seg, end, pos + 1, size, types) is None:
             break                       # torn tail, or a record being appended
         users = set().union(*(affected(cid) for cid, _ in known.get(pos, ())))
