@@ -13,7 +13,9 @@ logs, together, holding the locks:
     (CorruptionError, nothing is cut);
   * a batch of records sharing one order (a delete_many) that is not all there never
     completed: the log is cut at its first record (a writer appends a batch whole, then
-    syncs);
+    syncs); a batch may span a segment rollover, and then the log's segments after the one
+    holding its first record are removed (a torn rest of the batch is all they hold), as
+    the writer's own rollback would;
   * the valid commit, delete and tag records found are applied in their order across all the
     logs (format <= 2 records of log 0 first, in log order), one order per transaction, which
     also drops the order's claim and moves the log's applied position. The index may lack
@@ -183,11 +185,17 @@ def _apply(index: Index, batch: list[_Item], claim) -> None:
 
 def _cut(backend: SegmentBackend, log: int, numbers: list, at: tuple, durable: bool,
          done: Recovered) -> None:
-    """Truncates the log at `at`, which must lie in its last segment."""
+    """Truncates the log at `at`: what lies from there on is past the log's applied position,
+    so nobody published it. A batch may span a segment rollover (the writer appends its
+    records one after the other), so an unfinished one may begin in an earlier segment than
+    its torn rest: then the log's later segments are removed, newest first, as the writer's
+    own rollback would have done."""
     number, pos = at
-    if number != numbers[-1]:
-        raise CorruptionError("a sealed segment holds a batch of index records that never "
-                              "completed", segment=segment_name(number), offset=pos)
+    later = [n for n in numbers if n > number]
+    for n in reversed(later):
+        backend.remove(n)
+    if later and durable:
+        backend.sync_directory()
     truncate_tail(backend, number, pos, durable)
     done.cut_at[log] = (number, pos)
 

@@ -19,7 +19,9 @@ state the old index is in (missing, truncated, damaged, intact):
   4. recount every chunk's references from the manifests; drop unreferenced chunk entries;
      report referenced chunks no valid record holds;
   5. set each log's applied position to the end of its valid records (a torn tail is left to
-     the next writer's recovery, which cuts it), sync the new index, and swap it in -- unless
+     the next writer's recovery, which cuts it; so is a batch whose records end the log but
+     are not all there: the log is applied up to its first record), sync the new index, and
+     swap it in -- unless
      the log is damaged and the old index is sound (it opens, every value passes its checksum,
      verify finds nothing wrong inside it): it knows more than the damaged log, so it stays.
 The new index is built in STORE/.index.new and swapped in by indexswap.swap_in (the mechanism
@@ -73,6 +75,7 @@ class _Scan:
     # [(segment, offset, length, type, order or None, records of its order)]
     index_records: list = field(default_factory=list)
     ends: dict = field(default_factory=dict)   # {log: just past its last valid record}
+    last_record: dict = field(default_factory=dict)   # {log: (segment, end) of that record}
     end: tuple[int, int] | None = None      # the segment being scanned: its valid end
     segments: int = 0
     bytes: int = 0
@@ -171,8 +174,8 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
             replayed = _replay(index, reader, _in_order(todo, report), report)
         _recount(index, report)
         with index.write(rebuilding=True) as w:
-            for end in scan.ends.values():
-                w.set_applied(end)
+            for log, end in scan.ends.items():
+                w.set_applied(_unfinished_tail(scan, log) or end)
             orders = [r[4] for r in scan.index_records if r[4] is not None]
             next_order = max([max(orders) + 1] if orders else [1])
             if section is not None and section.next_order is not None:
@@ -268,6 +271,28 @@ def _in_order(todo: list, report: ProblemReport) -> list:
     return out
 
 
+def _unfinished_tail(scan: _Scan, log: int) -> tuple[int, int] | None:
+    """Where a batch begins whose records end log `log` but are not all there (a writer killed
+    while it appended a delete_many): nothing of it was applied, so the log is applied up to
+    its first record only, and the next writer's recovery cuts it off there like a torn tail
+    (past it, it would stay in the log for good, an incomplete batch every later repair
+    reports). None when the log ends otherwise."""
+    mine = [r for r in scan.index_records if log_of(r[0]) == log]
+    if not mine or mine[-1][4] is None:
+        return None
+    order, count = mine[-1][4], mine[-1][5]
+    batch = []
+    for r in reversed(mine):
+        if r[4] != order:
+            break
+        batch.append(r)
+    last = mine[-1]
+    if len(batch) >= count or \
+            (last[0], last[1] + fmt.RECORD_HEADER.size + last[2]) != scan.last_record.get(log):
+        return None             # complete, or valid records follow it: not a crash's tail
+    return batch[-1][0], batch[-1][1]
+
+
 def _sound_index(path: str, backend: SegmentBackend) -> bool:
     """Whether the store's existing index opens, every value it holds passes its checksum and
     (shallow) verify finds nothing wrong inside it: then, when the log is damaged, it knows
@@ -316,6 +341,7 @@ def _scan_log(index: Index, backend: SegmentBackend, reader: SegmentReader,
             with index.write(rebuilding=True) as w:
                 for record in _segment_records(reader, n, size, last, scan, report):
                     scan.records += 1
+                    scan.last_record[log_of(n)] = (n, record.end)
                     if record.rtype == fmt.REC_CHUNK:
                         _index_chunk(w, record, report)
                         scan.chunks += 1

@@ -52,7 +52,8 @@ def _log_state_section(path: str, index: Index, backend: SegmentBackend) -> bool
     with the commit, delete and tag records in them, so its log alone may not describe its
     checkpoints (repair could not rebuild them). This step appends a state section
     (logstate.py) written from the trusted format 1 index, after recovery applied every
-    durable record to it, in a new segment of version 2; synced, then noted in the index
+    durable record to it, in a new segment (of today's version, fmt.SEGMENT_VERSION: its BEGIN
+    names no order, the index counts none yet); synced, then noted in the index
     (META_LOG_STATE). Done when the index notes a state section, or when the first segment
     is of version 2 (a store created by format 2 has a complete log). A crash before the
     note only writes another section next time."""

@@ -163,11 +163,12 @@ def test_readonly_open_matches_expected(golden):
 
 
 # ---- (b) a writer opens it (recovery runs) and verify finds nothing ---------------------------
-# Segments a writer's open adds to a store of each format version: the upgrade of a format 1
-# store writes a state section into a new segment of version 2 (a segment only holds records
-# of its header's version: issue 14); a format 2 store is not upgraded. A format whose upgrade
+# Segments a writer's open adds to a store of each format version. A segment only holds
+# records of its header's version (issue 14), and today's writer creates segments of version
+# 3: the upgrade of a format 1 store writes its state section into a new one (and log 0 goes
+# on in it); a format 2 store's log 0 goes on in a new, empty one. A format whose upgrade
 # touches the log of older stores changes this table.
-SEGMENTS_ADDED_BY_UPGRADE = {1: 1, 2: 1}   # format 3: log 0 goes on in a new segment of version 3
+SEGMENTS_ADDED_BY_UPGRADE = {1: 1, 2: 1}
 
 
 def test_writer_open_recovers_and_verifies(golden):
