@@ -67,8 +67,14 @@ def _dependents(commits: dict, children: dict, start) -> set[int]:
 
 
 def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict:
+    """Checks the store (module docstring). The caller holds the maintenance lock (shared),
+    so no compaction removes segments or replaces the index while this runs."""
     started = time.perf_counter()
     report = ProblemReport()
+    # An Index notices an index another process replaced (compaction's shrink) only
+    # RECHECK_SECONDS later; the replaced one may point into segments removed since. Under
+    # the maintenance lock the current index stays current: read that one.
+    index.refresh()
     with index.read() as r:
         commits = {i: r.checkpoint(i) for i in r.checkpoint_ids()}
         chunks = dict(r.chunks())

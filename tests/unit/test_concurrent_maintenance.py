@@ -160,3 +160,53 @@ def test_verify_still_reports_a_damaged_header_of_a_segment_with_records(store_p
     with snapstore.open(store_path, readonly=True) as ro:
         rep = ro.verify(deep=True)
     assert any(p["kind"] == "damaged_segment_header" for p in rep["problems"]), rep
+
+
+def _compact_elsewhere(path: str, doomed: list, done) -> None:
+    """In another process: delete, compact with the index shrink (the index is replaced),
+    then delete and compact again (segments the replaced index points into are removed)."""
+    try:
+        with snapstore.open(path) as s:
+            s.delete_many(doomed[:len(doomed) // 2])
+            assert s.compact(threshold=1.0, shrink_index=True)["index_shrunk"]
+            s.delete_many(doomed[len(doomed) // 2:])
+            assert s.compact(threshold=1.0, shrink_index=False)["segments_removed"] > 0
+        done.put("ok")
+    except BaseException as exc:  # noqa: BLE001 -- reported to the test
+        done.put(repr(exc))
+
+
+def test_verify_reads_the_current_index_not_one_replaced_elsewhere(store_path, monkeypatch):
+    # Regression (found by tests/crash/test_many_writers_kill.py, a reader's verify() while
+    # a compactor process compacted): a Store notices that another process replaced the
+    # index (compaction's shrink) only RECHECK_SECONDS later; a verify in between read the
+    # replaced index, whose chunk entries point into segments a later compaction removed,
+    # and reported missing_segment problems (with the checkpoints they break) on a healthy
+    # store. verify holds the maintenance lock, so no compaction replaces the index while it
+    # runs: it first moves to the current one. (The recheck interval is pinned here so the
+    # interleaving does not depend on timing.)
+    import multiprocessing
+    from snapstore.engine import index as index_module
+    monkeypatch.setattr(index_module, "RECHECK_SECONDS", 3600.0)
+    rng = random.Random(11)
+    with snapstore.open(store_path, segment_size=1 << 16) as s:
+        doomed = [s.checkpoint({"x": rng.randbytes(50_000)}, stream=f"s{i % 3}").id
+                  for i in range(12)]
+        keep = {s.checkpoint({"y": rng.randbytes(30_000)}, stream="keep").id: None}
+        for cid in keep:
+            keep[cid] = s.restore(cid)
+        with snapstore.open(store_path, readonly=True) as ro:
+            assert ro.verify(deep=False)["ok"]
+            ctx = multiprocessing.get_context("fork")
+            done = ctx.Queue()
+            child = ctx.Process(target=_compact_elsewhere, args=(store_path, doomed, done))
+            child.start()
+            child.join(60)
+            assert done.get(timeout=10) == "ok"
+            for store in (ro, s):
+                for deep in (False, True):
+                    rep = store.verify(deep=deep)
+                    assert rep["ok"], rep["problems"][:3]
+            assert [c.id for c in ro.checkpoints()] == list(keep)
+            for cid, want in keep.items():
+                assert ro.restore(cid) == want
