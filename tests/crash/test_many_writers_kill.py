@@ -101,6 +101,8 @@ class Zygote:
             if word == "ready":
                 self.ready.set()
             elif word == "pid":
+                with self.cond:     # an exit recorded under this pid was an earlier child's
+                    self.exits.pop(int(rest[0]), None)
                 self.pids.put(int(rest[0]))
             elif word == "exit":
                 with self.cond:
@@ -239,12 +241,15 @@ class Torture:
         except FileNotFoundError:
             pass
         procs = self.plan()
+        mode = rng.choice(("all", "all", "some", "some", "early"))
+        roll = rng.random()
+        if mode == "some" and 0.35 <= roll < 0.75:
+            next(p for p in procs if p.role == "coordinator").crash_at = None   # it times out
         for p in rng.sample(procs, len(procs)):
             env = {"SNAPSTORE_CRASH_AT": p.crash_at} if p.crash_at else None
             p.pid = self.zygote.spawn(p.role, p.args, p.log, env)
         started = time.monotonic()
         self.started_at = time.time()
-        mode = rng.choice(("all", "all", "some", "some", "early"))
         lone = None
         duration = rng.uniform(0.0, 0.12) if mode == "early" else rng.uniform(0.2, 0.9)
         # A process with a crash point is left to run into it (else it is stopped at the
@@ -257,10 +262,9 @@ class Torture:
                     # processes all, none, or one participant (its group then times out)
             group = [p for p in procs if p.role in ("coordinator", "participant")]
             victims = [p for p in procs if p not in group and rng.random() < 0.6]
-            roll = rng.random()
-            if roll < 0.4:
+            if roll < 0.35:
                 victims += group
-            elif roll < 0.7:        # one participant, early, and a round long enough for
+            elif roll < 0.75:       # one participant, early, and a round long enough for
                 lone = rng.choice(group[1:])    # the coordinator to time out
                 victims.append(lone)
                 duration = max(duration, 0.3 + 2 * mw.GROUP_TIMEOUT)
@@ -276,7 +280,9 @@ class Torture:
         time.sleep(max(0.0, started + duration - time.monotonic()))
         with open(procs[0].args["stop_file"], "w"):
             pass
-        codes = self.zygote.wait([p.pid for p in procs], 30)
+        # (generous: a compaction's index copy holds the index's write lock, and with it
+        # every writer, for as long as the disk takes: seconds on a busy machine)
+        codes = self.zygote.wait([p.pid for p in procs], 120)
         hung = [p for p in procs if codes[p.pid] is None]
         for p in hung:
             self.zygote.dump(p.pid)
@@ -402,6 +408,8 @@ class Torture:
                     self.count("reader retries", int(words[1]))
                 elif words[0] == "verified":
                     self.count("verify while writing")
+                elif words[0] == "verify-locked":
+                    self.count("verify waited out")
         for p in procs:
             if p.role == "compactor":
                 for words in _lines(p.args["journal"]):
@@ -411,6 +419,13 @@ class Torture:
                         self.count("segments removed", rep["segments_removed"])
                         self.count("chunks trimmed", rep["chunks_trimmed"])
                         self.count("index shrinks", int(rep["index_shrunk"]))
+            elif p.role == "participant":
+                for words in _lines(p.args["journal"]):
+                    if words[0] == "parent-late":
+                        self.count("group parent seen late")
+                        self.stats["group parent late, max ms"] = max(
+                            self.stats.get("group parent late, max ms", 0),
+                            round(1000 * float(words[2])))
             elif p.role == "coordinator":
                 for words in _lines(p.args["journal"]):
                     if words[0] in ("gok", "gtimeout"):
