@@ -8,7 +8,8 @@ untags, group commits (open on any handle, stage parts from any handles, commit 
 commit with a part missing time out -- or abort; a part for a finished group is refused),
 compactions, reopening a handle, SIGKILLing the other process (between operations -- started
 again at once, or only when next used, so that another writer meets its claims -- or at a
-crash point of the commit protocol in the middle of a checkpoint) and starting it again. The model is the checkpoints (stream, seq, parent,
+crash point of the commit protocol in the middle of a checkpoint, a delete or a tag) and
+starting it again. The model is the checkpoints (stream, seq, parent,
 contents, meta, tags), the streams (head, last seq) and the groups in progress (stream, parent,
 participants, staged parts, the handle that opened it).
 
@@ -585,6 +586,31 @@ class ManyWritersMachine(RuleBasedStateMachine):
         assert len(new) == 1, f"died at {point}: recovery published {new}"
         m.add(new[0], bufs, stream, m.head(stream), meta)
         assert self.handles["r"].restore(new[0]["id"]) == bufs
+
+    @precondition(lambda self: set(self.model.ckpts) - self.model.group_parents())
+    @rule(point=st.sampled_from(COMMIT_POINTS[1:]), data=st.data(), tag=st.booleans())
+    @guarded
+    def crash_remote_in_delete_or_tag(self, point, data, tag):
+        """The other process dies at a crash point inside a delete (or a tag): past the
+        record's append (there is no data to append first), so recovery applies it."""
+        m = self.model
+        if self.handles["r"] is not None:
+            self.handles["r"].kill()
+        m.drop_groups_of("r")
+        cid = data.draw(st.sampled_from(sorted(set(m.ckpts) - m.group_parents())),
+                        label="checkpoint")
+        crashing = Remote(self.path, crash_at=f"{point}:1")
+        with pytest.raises(Died):
+            if tag:
+                crashing.tag(cid, TAGS[0], TAGS[0] not in m.ckpts[cid]["tags"])
+            else:
+                crashing.delete(cid)
+        crashing.kill()
+        self.handles["r"] = Remote(self.path)
+        if tag:
+            m.ckpts[cid]["tags"] ^= {TAGS[0]}
+        else:
+            m.delete(cid)
 
     @rule(h=st.sampled_from(HANDLES), offset=st.integers(1, 5))
     @guarded
