@@ -563,6 +563,9 @@ def test_many_writers_survive_sigkills(tmp_path, kill_log):
     finally:
         t.close()
     kill_log(t.kills)
+    # how many logs the store has after so many writers (each round opens 9 at once)
+    t.stats["logs at the end"] = len(os.listdir(os.path.join(t.path, fmt.WRITERS_DIR)))
+    t.stats["segments at the end"] = len(os.listdir(os.path.join(t.path, fmt.SEGMENTS_DIR)))
     print(f"seed {t.seed}: {t.kills} kills in {t.round} rounds, {time.monotonic() - started:.1f}s"
           f"; {len(t.ever)} checkpoints committed, {len(t.live)} live at the end; "
           f"{json.dumps(t.stats, sort_keys=True)}")
