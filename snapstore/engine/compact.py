@@ -209,6 +209,8 @@ def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
             for key in where[chunk]:
                 todo[key] = None
         for ckpt, bi in todo:
+            if w.checkpoint(ckpt) is None:
+                continue    # another writer deleted it since the plan: nothing to remap
             out = []
             for off, coff, length, chunk in fmt.EXTENT.iter_unpack(w.manifest(ckpt, bi)):
                 hit = remap.get(chunk)

@@ -67,8 +67,14 @@ def _dependents(commits: dict, children: dict, start) -> set[int]:
 
 
 def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict:
+    """Checks the store (module docstring). The caller holds the maintenance lock (shared),
+    so no compaction removes segments or replaces the index while this runs."""
     started = time.perf_counter()
     report = ProblemReport()
+    # An Index notices an index another process replaced (compaction's shrink) only
+    # RECHECK_SECONDS later; the replaced one may point into segments removed since. Under
+    # the maintenance lock the current index stays current: read that one.
+    index.refresh()
     with index.read() as r:
         commits = {i: r.checkpoint(i) for i in r.checkpoint_ids()}
         chunks = dict(r.chunks())
@@ -187,9 +193,16 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
                 tail = (done[1] if done is not None and done[0] == seg
                         else fmt.SEGMENT_HEADER.size if done is None or done[0] < seg
                         else None)
+            try:
+                size = backend.size(seg)
+            except FileNotFoundError:
+                if tail is not None and tail <= fmt.SEGMENT_HEADER.size and not known:
+                    continue    # such a torn segment, which a recovery removed meanwhile
+                report.add("missing_segment", "segment file is missing", segment=seg)
+                continue
             with backend.open_reader() as segments:
-                bytes_checked += _deep_scan(segments, backend.size(seg), seg, known, report,
-                                            affected, tail=tail)
+                bytes_checked += _deep_scan(segments, size, seg, known, report, affected,
+                                            tail=tail)
 
     problems = report.problems
     out = {"ok": not problems, "deep": deep, "problems": problems,
@@ -223,7 +236,9 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport
     flipped length field must not hide the records after it). In the last segment of a log,
     invalid bytes from offset `tail` on (past the log's applied position) after which no valid
     record follows are a crash's torn tail, or the record its writer is appending right now:
-    not a problem (recovery cuts a torn tail).
+    not a problem (recovery cuts a torn tail); so is a log's last segment, wholly past that
+    position, shorter than its header (created, its header being written, or torn by a
+    crash: recovery removes it).
     Returns bytes read."""
     starts = sorted(known)
     seen = set()
@@ -231,6 +246,11 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport
     try:
         types = fmt.SEGMENT_RECORD_TYPES[segment_version(segments, seg)]
     except CorruptionError as exc:
+        if tail is not None and tail <= fmt.SEGMENT_HEADER.size and \
+                size < fmt.SEGMENT_HEADER.size and not starts:
+            # a log's next segment, created, its header not (all) written yet: being
+            # written right now, or torn by a crash (recovery removes it)
+            return size
         report.add("damaged_segment_header", str(exc), segment=seg, offset=0)
     pos = fmt.SEGMENT_HEADER.size
     while pos < size:
