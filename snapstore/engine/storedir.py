@@ -113,7 +113,7 @@ def open_directory(path: str, *, create: bool, readonly: bool, timeout: float,
                 _check_layout(path)
                 return Opened(lock_fd, DEFAULT_FILE_MODE, True, True, None)
             # another creator finished while we waited for the lock: a writer like others
-            lock_lock(lock_fd, path, deadline, shared=True)
+            share_lock(lock_fd, path)
             exclusive = False
         if exclusive:
             indexswap.recover_swap(path)        # a swap of the index a crash interrupted
@@ -121,7 +121,7 @@ def open_directory(path: str, *, create: bool, readonly: bool, timeout: float,
             # a fallback swap (two renames) a crash cut between them: finish it alone
             lock_lock(lock_fd, path, deadline, shared=False)
             indexswap.recover_swap(path)
-            lock_lock(lock_fd, path, deadline, shared=True)
+            share_lock(lock_fd, path)
         found = read_format_file(path)
         _check_layout(path, check_index=not repairing)
         os.makedirs(logowners.writers_dir(path), mode=dir_mode(found["file_mode"]),
