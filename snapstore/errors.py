@@ -149,18 +149,33 @@ class GroupTimeout(GroupError):
 
 
 class StoreLocked(SnapstoreError):
-    """Another writer holds the store's lock (open(..., timeout=s) waits for it).
+    """A lock this operation needs is held by someone else, past the time it was given to
+    wait (``timeout`` of open(), of repair(); compact() and verify() wait up to the store's).
 
-    Attributes: ``path`` (the store), ``waited`` (seconds waited), and what the holder
-    recorded in the lock file when it took the lock (docs/design.md, "The lock file"):
-    ``pid``, ``host`` and ``since`` (ISO 8601 UTC time), each None when unknown (a holder
-    that wrote no record, a torn or stale one). ``holder`` is them as words."""
+    Writers never lock each other out (each has a log of its own); ``lock`` says which of the
+    store's locks stood in the way (docs/design.md, "The lock files"):
+      "store"        STORE/lock is held exclusively by an operation that needs the store to
+                     itself: creating it, upgrading its format, a repair, or a writer of
+                     format 2 or older. A writer's open waits for it.
+      "writers"      this operation needs the store to itself (repair, a format upgrade) and
+                     writers have it open; the holder named is one of them, ``writers``
+                     counts them.
+      "maintenance"  STORE/maintenance: a compaction is running (a second compaction, or a
+                     verify, waits for it); for a compaction, also verifies running.
+    Attributes: ``path`` (the store), ``waited`` (seconds waited), ``lock``, ``writers``, and
+    what the holder recorded in its lock file when it took the lock: ``pid``, ``host`` and
+    ``since`` (ISO 8601 UTC time), each None when unknown (a holder that wrote no record, a
+    torn or stale one). ``holder`` is them as words. ``reason`` is the message without its
+    advice (what holds the lock, how long this waited), for callers that give their own
+    advice (the command line's is --timeout)."""
 
     def __init__(self, message: str, *, path: str | None = None, pid: int | None = None,
                  host: str | None = None, since: str | None = None,
-                 waited: float | None = None) -> None:
+                 waited: float | None = None, lock: str | None = None, writers: int = 0,
+                 reason: str | None = None) -> None:
         super().__init__(message)
         self.path, self.pid, self.host, self.since, self.waited = path, pid, host, since, waited
+        self.lock, self.writers, self.reason = lock, writers, reason
 
     @property
     def holder(self) -> str:

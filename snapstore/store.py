@@ -879,11 +879,14 @@ def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool
             crash) may lose the latest checkpoints (never corrupts older ones).
         create: create the store if ``path`` is not one yet (default True); False raises
             FormatError for a directory that is not a store.
-        readonly: open as a reader: no writer lock is taken, any number of readers run next
-            to one writer; every write raises ReadOnlyError.
-        timeout: seconds to wait for the writer lock held by another process (0: fail at
-            once with StoreLocked; float("inf"): wait for ever). For a reader: seconds to wait
-            for a store being created to appear.
+        readonly: open as a reader: no lock is taken, any number of readers run next to
+            any number of writers; every write raises ReadOnlyError.
+        timeout: seconds to wait for a lock (0: fail at once with StoreLocked;
+            float("inf"): wait for ever). Writers never wait for each other (each appends to
+            a log of its own); a writer's open waits for what holds the store to itself (its
+            creation, a format upgrade, a repair, a writer of an older snapstore), and
+            compact() and verify() wait for a running compaction. For a reader: also how
+            long to wait for a store being created to appear.
         page_size: the unit of incremental saves, a power of two from 512 to 1 MiB (default
             4096): a buffer's delta is the pages whose fingerprints changed.
         chunk_size: the largest chunk a full buffer is cut into, a multiple of page_size, at
@@ -906,9 +909,9 @@ def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool
             files under ``path``).
     Returns: Store (a context manager: ``with snapstore.open(p) as store:``).
     Raises: InvalidArgumentError / InvalidArgumentTypeError (bad option), FormatError (not a
-        store, or written by a newer snapstore), StoreLocked (another process holds the
-        writer lock), StoreIOError, CorruptionError (a damaged index: see
-        snapstore.repair).
+        store, or written by a newer snapstore), StoreLocked (an operation that needs the
+        store to itself holds it: it names the holder), StoreIOError, CorruptionError (a
+        damaged index: see snapstore.repair).
     """
     return Store(path, durability=durability, create=create, readonly=readonly, timeout=timeout,
                  page_size=page_size, chunk_size=chunk_size, chunking=chunking,
@@ -926,8 +929,9 @@ def repair(path, *, progress: Callable[[int, int], None] | None = None,
     "Repair"): for an index that is missing, truncated or damaged so badly the store cannot
     open, or any time. Afterwards the same checkpoints, streams, seqs and tags exist and
     restore byte-exact (as far as the log is intact). A module-level function, not a Store
-    method: it works on a store that cannot open, takes the writer's lock itself (waiting up
-    to `timeout` seconds) and refuses while this process has the store open.
+    method: it works on a store that cannot open, needs the store to itself (it takes the
+    store lock exclusively, waiting up to `timeout` seconds for every writer to close:
+    StoreLocked names one) and refuses while this process has the store open.
 
     progress(bytes scanned, total bytes) is called as the segments are scanned. Returns a
     report {"ok", "problems", "checkpoints", "streams", "chunks", "segments", "bytes_scanned",

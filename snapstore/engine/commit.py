@@ -80,7 +80,7 @@ from snapstore.engine import storedir
 from snapstore.engine import writer as wr
 from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.fsutil import NotRegularFile, open_regular
-from snapstore.engine.holders import write_holder
+from snapstore.engine.holders import clear_holder, read_holder, write_holder
 from snapstore.engine.index import Index, IndexView, IndexWriter
 from snapstore.engine.records import Commit
 from snapstore.engine.recovery import recover_logs
@@ -361,7 +361,9 @@ class Committer:
         """The store's maintenance lock (STORE/maintenance), for the with block: exclusive for
         compaction (one at a time: it removes segments), shared for verify (which must not see
         segments vanish under it). Waits up to `timeout` (default: the store's) and raises
-        StoreLocked. Other writers are not kept out."""
+        StoreLocked (lock "maintenance") naming the compaction that holds it: an exclusive
+        holder records itself in the file (holders.py) and clears the record when done.
+        Other writers are not kept out."""
         timeout = self.timeout if timeout is None else timeout
         name = os.path.join(self.path, fmt.MAINTENANCE_LOCK_FILE)
         try:
@@ -386,16 +388,32 @@ class Committer:
                     if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                         raise
                 if time.monotonic() >= deadline:
-                    waited = time.monotonic() - started
-                    what = ("another compaction or a verify" if exclusive
-                            else "a compaction")
-                    raise StoreLocked(f"{self.path}: {what} is running (waited {waited:.3g}s); "
-                                      "pass timeout=SECONDS to wait for it", path=self.path,
-                                      waited=waited)
+                    raise self._maintenance_locked(exclusive, time.monotonic() - started,
+                                                   read_holder(fd))
                 time.sleep(0.02)
-            yield
+            if exclusive:
+                write_holder(fd)
+            try:
+                yield
+            finally:
+                if exclusive:
+                    clear_holder(fd)
         finally:
             os.close(fd)
+
+    def _maintenance_locked(self, exclusive: bool, waited: float, holder: dict) -> StoreLocked:
+        """StoreLocked for a compaction (exclusive) or a verify kept out of the maintenance
+        lock: by a compaction (its record names it) or, for a compaction, by verifies (which
+        write none)."""
+        exc = StoreLocked("", path=self.path, waited=waited, lock="maintenance", **holder)
+        if holder["pid"] is not None:
+            what = f"a compaction by {exc.holder} is running"
+        else:
+            what = "another compaction or a verify is running" if exclusive else \
+                "a compaction is running"
+        exc.reason = f"{self.path}: {what} (waited {waited:.3g}s)."
+        exc.args = (f"{exc.reason} Open the store with timeout=SECONDS to wait for it.",)
+        return exc
 
     # ---- claiming --------------------------------------------------------------------------
     def claim(self, prepare: Callable[[IndexWriter], tuple],

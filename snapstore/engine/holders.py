@@ -1,11 +1,13 @@
 """The record of who holds a lock file: written by the holder right after it takes the flock,
-read by those who wait, only to say who holds it (docs/design.md, "The lock file").
+read by those who wait, only to say who holds it (docs/design.md, "The lock files").
 
 The flock is the truth; the record is information only. Written in one write of a fixed size
 (RECORD_BYTES, JSON padded with spaces) over the previous one, never read to decide anything:
 a stale record (a holder that died: its flock went with it) is overwritten by the next holder,
 and a torn, foreign or garbage one reads as "holder unknown". Used for STORE/lock (its
-exclusive holders) and STORE/writers/<L> (each log's writer).
+exclusive holders, who clear it when they share the lock or let go: a shared lock names
+nobody), STORE/writers/<L> (each log's writer) and STORE/maintenance (a compaction, which
+clears it when done; verify shares that lock and writes nothing).
 """
 from __future__ import annotations
 
@@ -25,6 +27,15 @@ def write_holder(fd: int) -> None:
     try:
         os.pwrite(fd, body.encode().ljust(RECORD_BYTES), 0)
         os.ftruncate(fd, RECORD_BYTES)
+    except OSError:
+        pass
+
+
+def clear_holder(fd: int) -> None:
+    """Empties the record of the flock on fd, which its holder is about to let go of (or to
+    share: only exclusive holders are named). Best effort, as write_holder."""
+    try:
+        os.ftruncate(fd, 0)
     except OSError:
         pass
 

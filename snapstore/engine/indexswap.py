@@ -12,8 +12,10 @@ step made durable by a directory fsync, then removes the old one: a crash at any
 the old or the new index in index/, plus a left-over directory. Where the exchange is
 unsupported, two renames (index/ -> .index.old, .index.new -> index/): a crash between them
 leaves no index/ but .index.old and a complete .index.new, which recover_swap() (run by the
-writer's open and by repair, both under the writer's lock) renames into place. Only the lock holder swaps, builds
-in .index.new or runs recover_swap, so none of them races another.
+store's open and by repair, holding the store lock exclusively) renames into place. Only the
+holder of the store lock exclusively, or of the maintenance lock exclusively (compaction;
+leftovers beside a complete index/), swaps, builds in .index.new or runs recover_swap, so
+none of them races another.
 
 Processes (and Index objects) that have the old index open keep a consistent snapshot of it
 and notice the replacement at their next transaction (index.py: the data file's identity).

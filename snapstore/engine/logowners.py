@@ -3,7 +3,7 @@
     STORE/writers/<L>    the lock file of log L (segments L * LOG_SEGMENTS + n): flock()ed
                          exclusively by the one writer appending to log L, for as long as it
                          has the store open; it holds that writer's record (pid, host, since:
-                         storedir.write_holder), for messages only
+                         holders.write_holder), for messages only
 
 The flock is the whole truth: a log whose lock file can be locked belongs to nobody: its
 writer died (or closed). Its claims (claims.py) are then stale, and its records past its
@@ -119,7 +119,7 @@ def is_alive(store_path: str, log: int) -> bool:
 
 
 def live_holders(store_path: str) -> list[tuple[int, dict]]:
-    """[(log, holder record)] of the logs a writer holds now (storedir.read_holder's dict)."""
+    """[(log, holder record)] of the logs a writer holds now (holders.read_holder's dict)."""
     out = []
     for log in lock_files(store_path):
         try:

@@ -31,7 +31,8 @@ unsupported, two renames, and a crash between them is finished by indexswap.reco
 the store's directory is next opened by a writer or by repair (storedir.open_directory). Page fingerprints are not in the log: after a repair the
 next checkpoint of each buffer compares pages without them.
 
-repair() takes the writer's lock itself, so it works when the store cannot open at all. A
+repair() takes the store lock exclusively itself (it waits for every writer to close: no
+writer appends while the log is scanned), so it works when the store cannot open at all. A
 format 1 store is upgraded first when its index still opens (so the log describes what
 compaction removed from it); otherwise the rebuild says what it could not know.
 
@@ -86,7 +87,8 @@ class _Scan:
 
 def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0) -> dict:
     """Rebuilds the index of the store at `path` from its segments (see the module
-    docstring). Takes the writer's lock (waiting up to `timeout` seconds). Returns a report:
+    docstring). Takes the store lock exclusively (waiting up to `timeout` seconds for every
+    writer to close). Returns a report:
     {"ok", "problems": [{kind, message, checkpoints, segment, offset}], "index_replaced",
     "checkpoints", "streams", "chunks", "segments", "bytes_scanned", "records",
     "records_replayed", "state_section", "seconds", "mb_per_s"} (the counts: what the log
@@ -118,7 +120,7 @@ def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0)
         finally:
             backend.close()
     finally:
-        os.close(lock_fd)
+        storedir.release_exclusive(lock_fd)
     seconds = time.perf_counter() - started
     result.update({"ok": not report.problems, "problems": report.problems,
                    "seconds": seconds,

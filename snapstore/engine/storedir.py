@@ -32,7 +32,8 @@ subject to the umask.
 Errors. Not a store (no FORMAT, an unreadable or foreign FORMAT, a non-empty foreign
 directory) or a newer format: FormatError. A store whose own files are damaged (segments/ or
 index/ missing or not a directory, the lock file not a regular file): CorruptionError naming
-the file. Another writer holding the lock: StoreLocked. Other OS errors: StoreIOError. Store
+the file. A lock held past the timeout: StoreLocked (a writer waits for an exclusive holder,
+an exclusive opener for every writer). Other OS errors: StoreIOError. Store
 files are never opened through a symlink, and never in a way that blocks on a FIFO.
 """
 from __future__ import annotations
@@ -48,7 +49,7 @@ from typing import NamedTuple
 from snapstore.engine import format as fmt
 from snapstore.engine import indexswap
 from snapstore.engine import logowners
-from snapstore.engine.holders import read_holder, write_holder
+from snapstore.engine.holders import clear_holder, read_holder, write_holder
 from snapstore.engine.fsutil import (DEFAULT_FILE_MODE, NotRegularFile, file_kind,
                                      fsync_directory, open_regular, replace_file)
 from snapstore.errors import CorruptionError, FormatError, StoreIOError, StoreLocked
@@ -112,7 +113,7 @@ def open_directory(path: str, *, create: bool, readonly: bool, timeout: float,
                 _check_layout(path)
                 return Opened(lock_fd, DEFAULT_FILE_MODE, True, True, None)
             # another creator finished while we waited for the lock: a writer like others
-            lock_lock(lock_fd, path, deadline, shared=True)
+            share_lock(lock_fd, path)
             exclusive = False
         if exclusive:
             indexswap.recover_swap(path)        # a swap of the index a crash interrupted
@@ -120,7 +121,7 @@ def open_directory(path: str, *, create: bool, readonly: bool, timeout: float,
             # a fallback swap (two renames) a crash cut between them: finish it alone
             lock_lock(lock_fd, path, deadline, shared=False)
             indexswap.recover_swap(path)
-            lock_lock(lock_fd, path, deadline, shared=True)
+            share_lock(lock_fd, path)
         found = read_format_file(path)
         _check_layout(path, check_index=not repairing)
         os.makedirs(logowners.writers_dir(path), mode=dir_mode(found["file_mode"]),
@@ -233,27 +234,44 @@ def lock_lock(fd: int, path: str, deadline: float, *, shared: bool) -> None:
 
 def share_lock(fd: int, path: str) -> None:
     """Converts an exclusive store lock (creation, upgrade done) to the shared one a writer
-    keeps. flock converts without letting go only when nobody waits; one who took it meanwhile
-    only delays us (no deadline: a shared lock is never refused for long)."""
+    keeps, and clears the exclusive holder's record: the record names an exclusive holder
+    only while it holds the lock, so a holder that writes none (an older version) is never
+    reported as the one who let go. flock converts without letting go only when nobody
+    waits; one who took it meanwhile only delays us (no deadline: a shared lock is never
+    refused for long)."""
     lock_lock(fd, path, float("inf"), shared=True)
+    clear_holder(fd)
+
+
+def release_exclusive(fd: int) -> None:
+    """Lets go of an exclusive store lock (repair done): clears the record, closes fd."""
+    try:
+        clear_holder(fd)
+    finally:
+        os.close(fd)
 
 
 def _locked(path: str, waited: float, holder: dict, shared: bool) -> StoreLocked:
-    if not shared:
-        writers = [h for _, h in logowners.live_holders(path)]
-        if writers and holder.get("pid") is None:
-            holder = writers[0]
-        exc = StoreLocked("", path=path, waited=waited, **holder)
+    """The StoreLocked of an opener that gave up on STORE/lock. A writer (shared) is kept out
+    by an exclusive holder, named by the lock file's record. An exclusive opener is kept out
+    by writers (named by their logs' records: the lock file's record is a past exclusive
+    holder's then) or, when none is open, by another exclusive holder."""
+    writers = [] if shared else [h for _, h in logowners.live_holders(path)]
+    if writers:
+        exc = StoreLocked("", path=path, waited=waited, lock="writers", writers=len(writers),
+                          **writers[0])
         others = f" and {len(writers) - 1} more writer(s)" if len(writers) > 1 else ""
-        exc.args = (f"{path} is in use by {exc.holder}{others}, and this needs the store to "
-                    f"itself (waited {waited:.3g}s): close its writers, or pass "
-                    "timeout=SECONDS to wait.",)
+        exc.reason = (f"{path} is open for writing by {exc.holder}{others}, and this needs "
+                      f"the store to itself (waited {waited:.3g}s).")
+        exc.args = (f"{exc.reason} Close its writers, or pass timeout=SECONDS to wait for "
+                    "them.",)
         return exc
-    exc = StoreLocked("", path=path, waited=waited, **holder)
-    exc.args = (f"{path} is locked by {exc.holder}, which needs it to itself (a repair, a "
-                f"format upgrade, or a writer of an older snapstore version; waited "
-                f"{waited:.3g}s). Open it with readonly=True to read meanwhile, or pass "
-                "timeout=SECONDS to snapstore.open() to wait for the lock.",)
+    exc = StoreLocked("", path=path, waited=waited, lock="store", **holder)
+    exc.reason = (f"{path} is locked by {exc.holder}, which needs the store to itself "
+                  "(creating it, upgrading its format, a repair, or a writer of an older "
+                  f"snapstore version; waited {waited:.3g}s).")
+    exc.args = (f"{exc.reason} Open it with readonly=True to read meanwhile, or pass "
+                "timeout=SECONDS to wait for the lock.",)
     return exc
 
 

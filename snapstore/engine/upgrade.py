@@ -120,7 +120,7 @@ STEPS: tuple[Step, ...] = (
 
 
 def upgrade(path: str, index: Index, backend: SegmentBackend) -> int:
-    """Brings the store at `path` (its writer's lock held, `index` open for writing, its
+    """Brings the store at `path` (the store lock held exclusively, `index` open for writing, its
     segments in `backend`) to fmt.FORMAT_VERSION. Returns the version the FORMAT file named
     before."""
     found = storedir.read_format_file(path)
