@@ -10,7 +10,8 @@ not at all.
     open_group      one index transaction: claims the stream (claims.py: kind "group"; the
                     stream's head H is fixed, other commits of the stream conflict) and
                     records the group's header: STREAM, H, participants, deadline
-    stage           chunks appended to the participant's own log and synced (in parallel with
+    stage           chunks appended to the participant's own log (crash point
+                    after_data_append, as for a checkpoint) and synced (in parallel with
                     every other participant), then one transaction registers the part (its
                     manifests, new-chunk table, page fingerprints, meta, the chunks it reuses)
                     and moves the participant's applied position past it (the part's start is
@@ -41,6 +42,7 @@ from snapstore.engine import claims as claim_rules
 from snapstore.engine import format as fmt
 from snapstore.engine import writer as wr
 from snapstore.engine.commit import ANY_HEAD, Committer, io_errors, reused_chunks
+from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.index import IndexView, IndexWriter, damaged
 from snapstore.engine.records import BufferEntry, Commit
 from snapstore.errors import GroupError, GroupTimeout, SnapstoreError
@@ -352,6 +354,7 @@ def stage(c: Committer, group: str, participant: str, make_plans: PartPlanMaker,
                                                  bytes(plan.fingerprints)))
                     generation = r.gc_generation()
                     start = (mark[0], mark[1])
+                crashpoint("after_data_append")
                 new_chunks = sink.new_chunk_table()
                 part = Part(participant, meta, entries, new_chunks, fingerprints,
                             reused_chunks(entries, new_chunks), sink.bytes_new)
