@@ -389,6 +389,70 @@ def test_dcp_reads_saves_of_the_old_part_checkpoint_scheme(tmp_path):
     same(target, state)
 
 
+class _FailsAfterPlanning(dcp.DefaultSavePlanner):
+    """Fails between the global plan and write_data, as when another rank fails: DCP raises
+    and never calls the writer's finish()."""
+
+    def finish_plan(self, new_plan):
+        raise RuntimeError("planner gave up")
+
+
+def _stream_reserved(path, stream="dcp") -> bool:
+    """Whether a group or commit of the stream is in progress (another Store's group says)."""
+    with snapstore.open(path) as other:
+        try:
+            other.group(stream, ["x"], timeout=5).abort()
+            return False
+        except snapstore.CommitConflict:
+            return True
+
+
+def test_dcp_save_failing_after_planning_leaves_nothing_and_frees_the_stream(tmp_path):
+    path = str(tmp_path / "fail")
+    sd = {"w": torch.randn(64, 64)}
+    dcp.save(sd, checkpoint_id="ok", storage_writer=st.SnapstoreWriter(path))
+    writer = st.SnapstoreWriter(path)
+    with pytest.raises(BaseException, match="planner gave up"):
+        dcp.save(sd, checkpoint_id="bad", storage_writer=writer, planner=_FailsAfterPlanning())
+    # the save's group holds the stream (nothing of it is visible) until close()
+    assert _stream_reserved(path) and _ids(path) == ["ok"]
+    writer.close()
+    assert not _stream_reserved(path) and _ids(path) == ["ok"]
+    # ... or until the thread's next save, with any writer
+    with pytest.raises(BaseException, match="planner gave up"):
+        dcp.save(sd, checkpoint_id="bad", storage_writer=writer, planner=_FailsAfterPlanning())
+    assert _stream_reserved(path)
+    dcp.save(sd, checkpoint_id="next", storage_writer=st.SnapstoreWriter(path))
+    assert _ids(path) == ["ok", "next"] and not _stream_reserved(path)
+    # a caller's Store: its group is aborted, the Store stays open
+    with snapstore.open(path) as s:
+        mine = st.SnapstoreWriter(s)
+        with pytest.raises(BaseException, match="planner gave up"):
+            dcp.save(sd, checkpoint_id="bad", storage_writer=mine,
+                     planner=_FailsAfterPlanning())
+        assert _stream_reserved(path)
+        mine.close()
+        assert not s.closed and not _stream_reserved(path)
+        dcp.save(sd, checkpoint_id="last", storage_writer=mine)
+    assert _ids(path) == ["ok", "next", "last"]
+    target = {"w": torch.zeros(64, 64)}
+    dcp.load(target, storage_reader=st.SnapstoreReader(path))
+    assert torch.equal(target["w"], sd["w"])
+
+
+def test_dcp_writer_timeout_is_a_deadline(tmp_path):
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(snapstore.errors.InvalidArgumentError):
+            st.SnapstoreWriter(str(tmp_path / "t"), timeout=bad)
+    writer = st.SnapstoreWriter(str(tmp_path / "t"), timeout=0.5)
+    assert writer.timeout == 0.5
+
+
+def _ids(path) -> list:
+    with snapstore.open(path, readonly=True) as s:
+        return [c.reserved_meta["snapstore.dcp"]["checkpoint_id"] for c in s.checkpoints()]
+
+
 def test_dcp_async_save(tmp_path):
     path = str(tmp_path / "async")
     state = {"w": torch.randn(100, 100), "n": 3}
