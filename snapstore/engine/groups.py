@@ -10,7 +10,8 @@ not at all.
     open_group      one index transaction: claims the stream (claims.py: kind "group"; the
                     stream's head H is fixed, other commits of the stream conflict) and
                     records the group's header: STREAM, H, participants, deadline
-    stage           chunks appended to the participant's own log and synced (in parallel with
+    stage           chunks appended to the participant's own log (crash point
+                    after_data_append, as for a checkpoint) and synced (in parallel with
                     every other participant), then one transaction registers the part (its
                     manifests, new-chunk table, page fingerprints, meta, the chunks it reuses)
                     and moves the participant's applied position past it (the part's start is
@@ -41,6 +42,7 @@ from snapstore.engine import claims as claim_rules
 from snapstore.engine import format as fmt
 from snapstore.engine import writer as wr
 from snapstore.engine.commit import ANY_HEAD, Committer, io_errors, reused_chunks
+from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.index import IndexView, IndexWriter, damaged
 from snapstore.engine.records import BufferEntry, Commit
 from snapstore.errors import GroupError, GroupTimeout, SnapstoreError
@@ -225,6 +227,26 @@ def wait_for_parts(c: Committer, group: str, timeout: float | None) -> dict[str,
         pause = min(pause * 2, 0.05)
 
 
+def whole_if_mostly_changed(view: IndexView, header: GroupHeader, entries: list,
+                            full_threshold: float) -> list:
+    """writer.whole_if_mostly_changed for the group's checkpoint as a whole. Each part applied
+    it to its own buffers when it staged; a part alone cannot see that the others changed
+    nearly everything (DCP's metadata, unchanged, would keep a fully changed save
+    "incremental" and grow a chain to max_chain). When more than full_threshold of the
+    checkpoint's bytes are stored anyway (full buffers plus the deltas' dirty bytes), or it
+    holds no bytes, the remaining deltas are rebased into full manifests: manifest work only,
+    over the parent's chunks and the part's. Returns `entries` itself when nothing changes."""
+    if header.parent is None or not any(e.base == "delta" for e in entries):
+        return entries
+    total = sum(e.size for e in entries)
+    stored = sum(e.size if e.base == "full" else
+                 sum(n for _, _, n, _ in fmt.EXTENT.iter_unpack(e.extents)) for e in entries)
+    if total and stored <= full_threshold * total:
+        return entries
+    parent = view.named_checkpoint(header.parent, f"group {header.id}'s parent")
+    return [wr.rebase(view, parent, e) if e.base == "delta" else e for e in entries]
+
+
 def commit_group(c: Committer, group: str, meta: Any, timeout: float | None) -> Commit:
     """Commits the group's parts as one checkpoint of its stream (see the module docstring).
     meta: the coordinator's meta; each participant's meta is kept under the reserved key
@@ -249,6 +271,11 @@ def commit_group(c: Committer, group: str, meta: Any, timeout: float | None) -> 
             pins += part.pins
             fingerprints.extend(part.fingerprints)
             bytes_new += part.bytes_new
+        with c.read() as r:
+            whole = whole_if_mostly_changed(r, header, entries, c.options.full_threshold)
+        if whole is not entries:
+            entries = whole
+            pins = bytearray(reused_chunks(entries, bytes(new_chunks)))
         reserved = {"id": group, "parts": {p: found[p].meta for p in order}}
         if isinstance(meta, dict) or meta is None:
             full_meta = dict(meta or {}, **{fmt.GROUP_META_KEY: reserved})
@@ -327,6 +354,7 @@ def stage(c: Committer, group: str, participant: str, make_plans: PartPlanMaker,
                                                  bytes(plan.fingerprints)))
                     generation = r.gc_generation()
                     start = (mark[0], mark[1])
+                crashpoint("after_data_append")
                 new_chunks = sink.new_chunk_table()
                 part = Part(participant, meta, entries, new_chunks, fingerprints,
                             reused_chunks(entries, new_chunks), sink.bytes_new)

@@ -1531,3 +1531,28 @@ def test_closed_property(tmp_path):
     assert not s.closed
     s.close()
     assert s.closed
+
+
+def test_group_commit_applies_the_full_rule_across_its_parts(store):
+    """The checkpoint-level full_threshold counts every part of a group: a part whose buffer
+    did not change (a DCP save's metadata) does not keep a checkpoint whose other parts
+    changed completely "incremental", and grows no chain; a small change stays a delta."""
+    big, small = bytearray(rand_bytes(256 << 10, 1)), rand_bytes(6000, 2)
+    infos = []
+    for seed in range(3):
+        big[:] = rand_bytes(len(big), 10 + seed)            # every byte changes
+        g = store.group("g", ["big", "small"], timeout=30)
+        store.stage(g.id, "big", {"big": big})
+        store.stage(g.id, "small", {"small": small})          # unchanged: a delta on its own
+        infos.append(g.commit())
+    assert [(i.kind, i.chain_length) for i in infos] == [("full", 0)] * 3
+    big[8192:8200] = b"changed!"
+    g = store.group("g", ["big", "small"], timeout=30)
+    store.stage(g.id, "big", {"big": big})
+    store.stage(g.id, "small", {"small": small})
+    last = g.commit()
+    assert (last.kind, last.chain_length) == ("incremental", 1) and last.bytes_new < 16 << 10
+    for info, want in ((infos[-1], None), (last, bytes(big))):
+        got = store.restore(info.id)
+        assert got["small"] == small and (want is None or got["big"] == want)
+    assert store.verify(deep=True)["ok"]
