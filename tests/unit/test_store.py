@@ -1531,3 +1531,37 @@ def test_closed_property(tmp_path):
     assert not s.closed
     s.close()
     assert s.closed
+
+
+def test_checkpoint_ids_change_whenever_another_writer_changes_the_stream(store_path):
+    """checkpoint_ids(stream): ids oldest first, the last the head; (last, count) differs after
+    any commit or delete of the stream, also one another writer (Store) made, also a delete of
+    a checkpoint other than the head (what the LangGraph saver's stream caches rely on)."""
+    with open_store(store_path, durability="none") as a, \
+            open_store(store_path, durability="none") as b:
+        assert a.checkpoint_ids("s") == []
+        ids = [a.checkpoint({"x": bytes([i]) * 100}, stream="s").id for i in range(3)]
+        b.checkpoint({"x": b"other"}, stream="t")
+        assert b.checkpoint_ids("s") == ids and b.latest("s").id == ids[-1]
+        seen = {(ids[-1], 3)}
+        b.delete(ids[1])                                   # not the head
+        assert a.checkpoint_ids("s") == [ids[0], ids[2]]
+        new = b.checkpoint({"x": b"y" * 100}, stream="s").id
+        assert a.checkpoint_ids("s") == [ids[0], ids[2], new]
+        b.delete(new)                                      # the head
+        now = a.checkpoint_ids("s")
+        assert now == [ids[0], ids[2]] and (now[-1], len(now)) not in seen
+        with pytest.raises(errors.InvalidArgumentError):
+            a.checkpoint_ids("")
+
+
+def test_save_expect_head_is_a_compare_and_swap(store):
+    from snapstore.errors import CommitConflict
+    first = store.save({"n": 1}, stream="o", expect_head=None)
+    with pytest.raises(CommitConflict):
+        store.save({"n": 2}, stream="o", expect_head=None)
+    second = store.save({"n": 2}, stream="o", expect_head=first.id)
+    with pytest.raises(CommitConflict) as exc:
+        store.save({"n": 3}, stream="o", expect_head=first)
+    assert (exc.value.expected, exc.value.found) == (first.id, second.id)
+    assert store.load("o") == {"n": 2} and len(store.checkpoints("o")) == 2
