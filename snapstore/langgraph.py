@@ -147,6 +147,20 @@ def _config_ids(config: Any, *, need_id: bool = False) -> tuple[str, str, str | 
     return thread_id, ns, checkpoint_id
 
 
+def _before_id(before: Any) -> str | None:
+    """The checkpoint_id of list()'s `before` config. Only that id counts: LangGraph passes
+    {"configurable": {"checkpoint_id": ...}} alone (a subgraph replaying from its parent's
+    checkpoint, langgraph/_internal/_replay.py)."""
+    if before is None:
+        return None
+    if not isinstance(before, Mapping) or not isinstance(before.get("configurable"), Mapping):
+        raise TypeError("before must be a dict with a 'configurable' dict")
+    checkpoint_id = before["configurable"].get("checkpoint_id") or None
+    if checkpoint_id is not None and not isinstance(checkpoint_id, str):
+        raise TypeError(f"checkpoint_id must be a str, got {type(checkpoint_id).__name__}")
+    return checkpoint_id
+
+
 def _check_thread_id(thread_id: Any) -> str:
     if not isinstance(thread_id, str):
         raise TypeError(f"thread_id must be a str, got {type(thread_id).__name__}")
@@ -493,7 +507,7 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         if config is not None:
             thread_id, _, checkpoint_id = _config_ids(config)
             ns = config["configurable"].get("checkpoint_ns")
-        before_id = _config_ids(before)[2] if before is not None else None
+        before_id = _before_id(before)
         if filter is not None and not isinstance(filter, Mapping):
             raise TypeError("filter must be a dict of metadata key -> value")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):

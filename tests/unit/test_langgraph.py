@@ -133,6 +133,11 @@ def test_put_get_list_and_parents(saver):
     assert ids == [c2["configurable"]["checkpoint_id"], c1["configurable"]["checkpoint_id"]]
     assert [t.metadata["step"] for t in saver.list(cfg(), filter={"custom": 7})] == [1]
     assert len(list(saver.list(cfg(), before=c2))) == 1
+    # LangGraph's subgraph replay passes a `before` holding only the checkpoint id
+    only_id = {"configurable": {"checkpoint_id": c2["configurable"]["checkpoint_id"]}}
+    assert [t.config for t in saver.list(cfg(), before=only_id)] == [c1]
+    with pytest.raises(TypeError):
+        list(saver.list(cfg(), before={"configurable": {"checkpoint_id": 5}}))
     assert len(list(saver.list(cfg(), limit=1))) == 1
     assert len(list(saver.list(None))) == 2
     assert saver.get_tuple(cfg(checkpoint_id="nope")) is None
