@@ -1565,3 +1565,29 @@ def test_save_expect_head_is_a_compare_and_swap(store):
         store.save({"n": 3}, stream="o", expect_head=first)
     assert (exc.value.expected, exc.value.found) == (first.id, second.id)
     assert store.load("o") == {"n": 2} and len(store.checkpoints("o")) == 2
+
+
+def test_expect_head_against_a_dead_writers_claim_is_a_commit_conflict(store_path):
+    """A commit whose expect_head is not the head fails early, from a read snapshot; a claim
+    in that snapshot may belong to a writer that has died (or has published and exited since
+    the snapshot): the snapshot cannot tell, and it is a CommitConflict either way (the head
+    is not the expected one), never the engine's internal DeadHolder. Found by two LangGraph
+    workers: one wrote a thread's pending writes while the other had just closed its Store."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open_store(store_path, durability="none") as s:
+        base = s.checkpoint({"x": b"0" * 5000}, stream="a")
+        child = ("import sys; sys.path.insert(0, sys.argv[1]); import snapstore\n"
+                 "s = snapstore.open(sys.argv[2], durability='none')\n"
+                 "s.checkpoint({'x': b'1' * 5000}, stream='a')\n")
+        proc = subprocess.run([sys.executable, "-c", child, root, store_path], timeout=60,
+                              env=dict(os.environ, SNAPSTORE_CRASH_AT="after_commit_append"),
+                              capture_output=True)
+        assert proc.returncode == -9, proc.stderr.decode()     # killed holding its claim
+        with pytest.raises(errors.CommitConflict):
+            s.checkpoint({"x": b"2" * 5000}, stream="a", expect_head=base.id + 100)
+        with pytest.raises(errors.CommitConflict):   # its claim recovers the dead log, whose
+            s.checkpoint({"x": b"3" * 5000}, stream="a")   # durable commit takes the head
+        head = s.latest("a")
+        assert head.id != base.id and s.restore(head.id) == {"x": b"1" * 5000}
+        after = s.checkpoint({"x": b"3" * 5000}, stream="a", expect_head=head.id)
+        assert after.parent == head.id and s.verify()["ok"]
