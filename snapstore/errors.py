@@ -289,6 +289,24 @@ class CheckpointSaveError(SnapstoreError):
         self.step = step
 
 
+class WorkflowConflictError(CommitConflict):
+    """Another run of the same workflow id (another process, or another Workflow object)
+    checkpointed the workflow while this run was going: this run stopped, and the state after
+    its step ``step`` was not saved (nothing of it is visible), so the two runs' steps never
+    interleave. ``workflow_id`` and ``step`` name it ("" for reset()); ``expected`` is the
+    checkpoint this run resumed from or last wrote, ``found`` the workflow's newest (snapstore
+    ids). The step may have run (its side effects happened); run() again resumes from the
+    newest checkpoint. A CommitConflict, so ``except CommitConflict`` catches it too."""
+
+    def __init__(self, message: str, *, workflow_id: str = "", step: str = "",
+                 stream: str | None = None, expected: int | None = None,
+                 found: int | None = None, holder: str | None = None) -> None:
+        super().__init__(message, stream=stream, expected=expected, found=found,
+                         holder=holder)
+        self.workflow_id = workflow_id
+        self.step = step
+
+
 class WorkflowInputMismatchError(InvalidArgumentError):
     """Workflow.run(state) got an input other than the one the workflow's stored run was
     started with: run() resumes (or returns the result of) that run, so a different input

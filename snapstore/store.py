@@ -470,8 +470,8 @@ class Store:
              **options) -> CheckpointInfo:
         """Checkpoints a picklable object graph; large buffers (NumPy arrays, tensors,
         PickleBuffers) go out of band, each diffed page-wise against the same buffer of the
-        stream's previous save. Options (allow_device_copy, inband_limit) and details:
-        snapstore.objects.save."""
+        stream's previous save. Options (allow_device_copy, inband_limit, expect_head) and
+        details: snapstore.objects.save."""
         from snapstore import objects
         return objects.save(self, obj, stream=stream, meta=meta, **options)
 
@@ -705,6 +705,16 @@ class Store:
         with self._committer.read() as r:
             return [CheckpointInfo.from_commit(r.named_checkpoint(i, "the stream's list"))
                     for i in r.checkpoint_ids(stream)]
+
+    def checkpoint_ids(self, stream: str) -> list[int]:
+        """The ids of a stream's checkpoints, oldest first, read from one index snapshot
+        without decoding any checkpoint (cheap: a key scan). The last one is the stream's
+        head. With many writers, (last id, count) changes whenever the stream does (a commit
+        adds a new greatest id, a delete lowers the count, ids are never reused), so it tells
+        a cache of the stream whether it is still current."""
+        validate_name(stream, "stream")
+        with self._committer.read() as r:
+            return r.checkpoint_ids(stream)
 
     def latest(self, stream: str = "default") -> CheckpointInfo | None:
         """The newest checkpoint of a stream, or None."""

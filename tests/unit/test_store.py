@@ -1556,3 +1556,63 @@ def test_group_commit_applies_the_full_rule_across_its_parts(store):
         got = store.restore(info.id)
         assert got["small"] == small and (want is None or got["big"] == want)
     assert store.verify(deep=True)["ok"]
+
+
+def test_checkpoint_ids_change_whenever_another_writer_changes_the_stream(store_path):
+    """checkpoint_ids(stream): ids oldest first, the last the head; (last, count) differs after
+    any commit or delete of the stream, also one another writer (Store) made, also a delete of
+    a checkpoint other than the head (what the LangGraph saver's stream caches rely on)."""
+    with open_store(store_path, durability="none") as a, \
+            open_store(store_path, durability="none") as b:
+        assert a.checkpoint_ids("s") == []
+        ids = [a.checkpoint({"x": bytes([i]) * 100}, stream="s").id for i in range(3)]
+        b.checkpoint({"x": b"other"}, stream="t")
+        assert b.checkpoint_ids("s") == ids and b.latest("s").id == ids[-1]
+        seen = {(ids[-1], 3)}
+        b.delete(ids[1])                                   # not the head
+        assert a.checkpoint_ids("s") == [ids[0], ids[2]]
+        new = b.checkpoint({"x": b"y" * 100}, stream="s").id
+        assert a.checkpoint_ids("s") == [ids[0], ids[2], new]
+        b.delete(new)                                      # the head
+        now = a.checkpoint_ids("s")
+        assert now == [ids[0], ids[2]] and (now[-1], len(now)) not in seen
+        with pytest.raises(errors.InvalidArgumentError):
+            a.checkpoint_ids("")
+
+
+def test_save_expect_head_is_a_compare_and_swap(store):
+    from snapstore.errors import CommitConflict
+    first = store.save({"n": 1}, stream="o", expect_head=None)
+    with pytest.raises(CommitConflict):
+        store.save({"n": 2}, stream="o", expect_head=None)
+    second = store.save({"n": 2}, stream="o", expect_head=first.id)
+    with pytest.raises(CommitConflict) as exc:
+        store.save({"n": 3}, stream="o", expect_head=first)
+    assert (exc.value.expected, exc.value.found) == (first.id, second.id)
+    assert store.load("o") == {"n": 2} and len(store.checkpoints("o")) == 2
+
+
+def test_expect_head_against_a_dead_writers_claim_is_a_commit_conflict(store_path):
+    """A commit whose expect_head is not the head fails early, from a read snapshot; a claim
+    in that snapshot may belong to a writer that has died (or has published and exited since
+    the snapshot): the snapshot cannot tell, and it is a CommitConflict either way (the head
+    is not the expected one), never the engine's internal DeadHolder. Found by two LangGraph
+    workers: one wrote a thread's pending writes while the other had just closed its Store."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open_store(store_path, durability="none") as s:
+        base = s.checkpoint({"x": b"0" * 5000}, stream="a")
+        child = ("import sys; sys.path.insert(0, sys.argv[1]); import snapstore\n"
+                 "s = snapstore.open(sys.argv[2], durability='none')\n"
+                 "s.checkpoint({'x': b'1' * 5000}, stream='a')\n")
+        proc = subprocess.run([sys.executable, "-c", child, root, store_path], timeout=60,
+                              env=dict(os.environ, SNAPSTORE_CRASH_AT="after_commit_append"),
+                              capture_output=True)
+        assert proc.returncode == -9, proc.stderr.decode()     # killed holding its claim
+        with pytest.raises(errors.CommitConflict):
+            s.checkpoint({"x": b"2" * 5000}, stream="a", expect_head=base.id + 100)
+        with pytest.raises(errors.CommitConflict):   # its claim recovers the dead log, whose
+            s.checkpoint({"x": b"3" * 5000}, stream="a")   # durable commit takes the head
+        head = s.latest("a")
+        assert head.id != base.id and s.restore(head.id) == {"x": b"1" * 5000}
+        after = s.checkpoint({"x": b"3" * 5000}, stream="a", expect_head=head.id)
+        assert after.parent == head.id and s.verify()["ok"]
