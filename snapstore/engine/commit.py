@@ -169,10 +169,16 @@ class Committer:
                                 mode=storedir.dir_mode(opened.file_mode), exist_ok=True)
                 storedir.share_lock(self._lock_fd, path)
             elif not readonly and (opened.version or 0) < fmt.FORMAT_VERSION:
-                # an older format: upgrading needs the store to itself
-                storedir.lock_lock(self._lock_fd, path, deadline, shared=False)
-                upgrade_store(path, self.index, self.backend)
-                storedir.share_lock(self._lock_fd, path)
+                # an older format: upgrading needs the store to itself (unless another
+                # writer opening at the same time upgraded it meanwhile)
+                def upgraded() -> bool:
+                    return storedir.read_format_file(path)["version"] >= fmt.FORMAT_VERSION
+                if storedir.lock_lock(self._lock_fd, path, deadline, shared=False,
+                                      unless=upgraded):
+                    upgrade_store(path, self.index, self.backend)
+                    storedir.share_lock(self._lock_fd, path)
+                with self.index.read() as r:
+                    self.index.version = r.version
             if not readonly:
                 with io_errors("cannot recover the log"):
                     self._take_log(durable)

@@ -44,7 +44,7 @@ import json
 import os
 import stat
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from snapstore.engine import format as fmt
 from snapstore.engine import indexswap
@@ -93,8 +93,17 @@ def open_directory(path: str, *, create: bool, readonly: bool, timeout: float,
                 raise FormatError(f"no snapstore store at {path}")
             os.makedirs(path, mode=dir_mode(DEFAULT_FILE_MODE), exist_ok=True)
         refuse_foreign_directory(path)          # before the lock file: leave nothing in one
-        exclusive = repairing or not os.path.lexists(os.path.join(path, fmt.FORMAT_FILE))
-        lock_fd = take_lock(path, deadline, shared=not exclusive)
+        format_file = os.path.join(path, fmt.FORMAT_FILE)
+        exclusive = repairing or not os.path.lexists(format_file)
+        lock_fd = open_lock_file(path)
+        try:
+            # a creator waiting for another creator: once FORMAT is there, it is a writer
+            exclusive = lock_lock(lock_fd, path, deadline, shared=not exclusive,
+                                  unless=None if repairing
+                                  else lambda: os.path.lexists(format_file)) and exclusive
+        except BaseException:
+            os.close(lock_fd)
+            raise
     except OSError as exc:
         if isinstance(exc, (StoreIOError, StoreLocked)):
             raise
@@ -195,38 +204,56 @@ def _check_layout(path: str, check_index: bool = True) -> None:
                                   f"is damaged ({what})")
 
 
-def take_lock(path: str, deadline: float, *, shared: bool = False) -> int:
+def take_lock(path: str, deadline: float, *, shared: bool = False,
+              unless: Callable[[], bool] | None = None) -> int:
     """The flock on STORE/lock, shared (a writer) or exclusive (creating, upgrading, repair),
     waiting until the deadline; an exclusive holder then writes its record (pid, host, since)
-    into the file for StoreLocked messages."""
-    lock_path = os.path.join(path, fmt.LOCK_FILE)
+    into the file for StoreLocked messages. unless: see lock_lock."""
+    fd = open_lock_file(path)
     try:
-        fd = open_regular(lock_path, os.O_RDWR | os.O_CREAT, _store_file_mode(path))
-    except NotRegularFile as exc:
-        raise CorruptionError(f"{lock_path} is {exc.kind}, not a regular file: the store is "
-                              "damaged (the lock file holds no data; remove it)") from None
-    try:
-        lock_lock(fd, path, deadline, shared=shared)
+        lock_lock(fd, path, deadline, shared=shared, unless=unless)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def lock_lock(fd: int, path: str, deadline: float, *, shared: bool) -> None:
+def open_lock_file(path: str) -> int:
+    """A descriptor of STORE/lock (created if missing; CorruptionError if not a file)."""
+    lock_path = os.path.join(path, fmt.LOCK_FILE)
+    try:
+        return open_regular(lock_path, os.O_RDWR | os.O_CREAT, _store_file_mode(path))
+    except NotRegularFile as exc:
+        raise CorruptionError(f"{lock_path} is {exc.kind}, not a regular file: the store is "
+                              "damaged (the lock file holds no data; remove it)") from None
+
+
+def lock_lock(fd: int, path: str, deadline: float, *, shared: bool,
+              unless: Callable[[], bool] | None = None) -> bool:
     """Takes (or converts to) the shared or exclusive flock of the store lock open as fd,
-    waiting until the deadline (StoreLocked then, naming who holds it)."""
+    waiting until the deadline (StoreLocked then, naming who holds it). Returns True.
+
+    Waiting for the exclusive lock, it first lets go of a shared one it holds: several
+    writers that open a store of an older format at once all want to upgrade it, and each
+    holding its shared lock while waiting for the exclusive one would wait for the others for
+    ever. `unless()` is asked while it waits: once true (another opener created or upgraded
+    the store meanwhile), it takes the shared lock instead and returns False."""
     started = time.monotonic()
     mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    if not shared:
+        fcntl.flock(fd, fcntl.LOCK_UN)
     while True:
         try:
             fcntl.flock(fd, mode | fcntl.LOCK_NB)
             if not shared:
                 write_holder(fd)
-            return
+            return True
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise
+        if unless is not None and unless():
+            lock_lock(fd, path, deadline, shared=True)
+            return False
         if time.monotonic() >= deadline:
             raise _locked(path, time.monotonic() - started, read_holder(fd), shared)
         time.sleep(_POLL_SECONDS)

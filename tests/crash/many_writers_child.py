@@ -324,8 +324,8 @@ def role_participant(args: dict) -> int:
                 parent = store.get(g["parent"])
             except CheckpointNotFound:
                 # The group's parent, which the coordinator committed, is not visible here
-                # (yet): after another process replaced the index (compaction's shrink) a
-                # Store reads the old one for up to RECHECK_SECONDS. Noted, then retried.
+                # (yet): should never happen since an Index looks for a replaced index at
+                # every transaction; noted (the parent checks it), then retried.
                 if missing_since is None:
                     missing_since = time.monotonic()
                 time.sleep(0.002)

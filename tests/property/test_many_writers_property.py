@@ -533,11 +533,9 @@ class ManyWritersMachine(RuleBasedStateMachine):
     @guarded
     def compact(self, h, threshold, shrink):
         if self.handle(h).compact(threshold, shrink):
-            # The index was replaced by a compacted copy. Stores of this process move to it at
-            # their next transaction; those of another process notice within RECHECK_SECONDS
-            # (docs/design.md, "Noticing a replaced index") and meanwhile read the old one: a
-            # checkpoint committed after the swap is missing from their reads (get, delete and
-            # tag raise CheckpointNotFound). The model is exact after that window.
+            # The index was replaced by a compacted copy: every Store, of any process, moves to
+            # it at its next transaction (docs/design.md, "Noticing a replaced index";
+            # RECHECK_SECONDS is 0 unless a test raises it).
             time.sleep(RECHECK_SECONDS * 1.5)
 
     @rule(h=st.sampled_from(("h0", "h1")))

@@ -221,19 +221,14 @@ def _compact_then_commit(path: str, done) -> None:
         done.put(repr(exc))
 
 
-@pytest.mark.xfail(strict=True, reason="known defect: a Store notices that another process "
-                   "replaced the index only RECHECK_SECONDS (50 ms) later and meanwhile "
-                   "reads the replaced index, which lacks what was committed since")
 def test_a_checkpoint_another_process_committed_is_visible_after_it_replaced_the_index(
         store_path, monkeypatch):
     """Process B commits (acknowledged) right after its compaction replaced the index; a
-    Store of this process whose last read was moments before cannot see that checkpoint:
-    get/restore/delete/tag raise CheckpointNotFound and latest() is stale, for up to
-    RECHECK_SECONDS after the swap (the many-writers kill torture sees participants miss the
-    group parent their coordinator committed, up to 20 ms). Writes are safe (Index.write
-    moves first). The clock of this process is frozen so that "moments before" does not
-    depend on how fast the machine is; a fix that looks at every transaction (or is told
-    of the replacement) passes."""
+    Store of this process whose last read was moments before sees that checkpoint at once.
+    Regression: an Index looked for a replaced index only every 50 ms, so get/restore/delete/
+    tag raised CheckpointNotFound and latest() was stale meanwhile (the many-writers kill
+    torture saw participants miss the group parent their coordinator committed). The clock of
+    this process is frozen so that "moments before" does not depend on the machine's speed."""
     import multiprocessing
     from snapstore.engine import index as index_module
 
