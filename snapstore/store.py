@@ -5,6 +5,7 @@ through the persister (snapstore.capture.persister), reads through read-only ind
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
@@ -586,10 +587,15 @@ class Store:
         compaction_report = None
         if not dry_run:
             # Not under the writer lock: deleting a head first lets the stream's pending
-            # asynchronous checkpoints land, and they commit through that lock.
-            self.delete_many(reversed(doomed))     # newest first: merges stay small
-            if prune and doomed:
-                compaction_report = self.compact()
+            # asynchronous checkpoints land, and they commit through that lock. Under the
+            # maintenance lock when pruning, taken first: a running compaction makes retain
+            # wait (up to the store's timeout) or fail before it deletes anything, never
+            # between its deletes and its prune.
+            with (self._committer.maintenance(exclusive=True) if prune and doomed
+                  else contextlib.nullcontext()):
+                self.delete_many(reversed(doomed))     # newest first: merges stay small
+                if prune and doomed:
+                    compaction_report = self.compact()
         after = None if dry_run else self._bytes_on_disk()
         return RetainResult(doomed, kept=kept, dry_run=dry_run, bytes_before=before,
                             bytes_after=after, compaction=compaction_report)

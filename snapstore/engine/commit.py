@@ -148,6 +148,7 @@ class Committer:
         self._lock_fd: int | None = None          # STORE/lock, shared (writer only)
         self._log_fd: int | None = None           # STORE/writers/<log>, exclusive
         self._staging: bytearray | None = None
+        self._maintenance_holder: int | None = None   # thread holding it exclusively
         self._closed = False
         self._pid = os.getpid()
         durable = durability == "fsync"
@@ -369,7 +370,11 @@ class Committer:
         segments vanish under it). Waits up to `timeout` (default: the store's) and raises
         StoreLocked (lock "maintenance") naming the compaction that holds it: an exclusive
         holder records itself in the file (holders.py) and clears the record when done.
-        Other writers are not kept out."""
+        Other writers are not kept out. Re-entrant in the thread that holds it exclusively
+        (retain holds it across its deletes and its prune, compact() inside it)."""
+        if self._maintenance_holder == threading.get_ident():
+            yield
+            return
         timeout = self.timeout if timeout is None else timeout
         name = os.path.join(self.path, fmt.MAINTENANCE_LOCK_FILE)
         try:
@@ -399,10 +404,12 @@ class Committer:
                 time.sleep(0.02)
             if exclusive:
                 write_holder(fd)
+                self._maintenance_holder = threading.get_ident()
             try:
                 yield
             finally:
                 if exclusive:
+                    self._maintenance_holder = None
                     clear_holder(fd)
         finally:
             os.close(fd)

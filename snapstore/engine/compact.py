@@ -52,9 +52,10 @@ operations in progress safe:
     re-checks its reused chunks when it claims (claims.py).
   * manifests: every change is one index transaction on what the index holds then (a trim
     remaps only the extents that still lie in the chunk's kept bytes).
-  * the index shrink holds the old index's write lock from the copy until the swap is done;
-    a writer that then gets that lock sees the data file was replaced and begins again in
-    the new index (Index.write), so no write lands in a replaced index.
+  * the index shrink copies under the old index's write lock, syncs the copy without it,
+    and swaps under it again only if no transaction committed since the copy (else copies
+    again, or gives up); a writer that then gets that lock sees the data file was replaced
+    and begins again in the new index (Index.write), so no write lands in a replaced index.
 """
 from __future__ import annotations
 
@@ -456,13 +457,17 @@ def shrink_index(index: Index, store_path: str, *, force: bool = False) -> bool:
         crashpoint("compact_before_index_swap")
         indexswap.swap_in(store_path, staging)
     try:
-        # other writers' transactions wait for the old index's write lock meanwhile, then
-        # see it was replaced and begin again in the new one (Index.write)
-        index.copy_compacted(staging, then=swap)
+        # other writers' transactions wait for the old index's write lock during the copy and
+        # the swap (not the copy's sync), then see it was replaced and begin again in the
+        # new one (Index.write); if they kept committing, the shrink is left for later
+        swapped = index.copy_compacted(staging, then=swap)
     except BaseException:
         if os.path.lexists(os.path.join(store_path, fmt.INDEX_DIR)):
             indexswap.remove_entry(staging)
         raise
+    if not swapped:
+        indexswap.remove_entry(staging)
+        return False
     crashpoint("compact_after_index_swap")
     index.refresh()                         # moves this Index to the new one now
     return True

@@ -645,32 +645,50 @@ class Index:
                                exc.errno) from exc
         return size, used * psize
 
-    def copy_compacted(self, dest: str, then: Callable[[], None] | None = None) -> None:
+    def copy_compacted(self, dest: str, then: Callable[[], None] | None = None) -> bool:
         """Writes a compacting copy of the index (only the pages in use, renumbered) into the
         empty directory dest and makes it durable (the file and dest's entry), whatever the
-        store's durability; then runs then() (compaction swaps the copy in there). The index's
-        write lock is held from before the copy until then() returned, so the copy is one
-        consistent snapshot that no writer of any process adds to before it replaced the
-        index (Index.write)."""
-        opened = self._enter()
-        try:
-            with _lmdb_errors("copy"):
-                txn = opened.env.begin(write=True)      # keeps every writer out
-                try:
-                    opened.env.copy(dest, compact=True)
-                    data = os.path.join(dest, fmt.INDEX_DATA_FILE)
+        store's durability; then runs then() (compaction swaps the copy in there) while no
+        write can have happened since the copy: the index's write lock is held for the copy
+        (from memory: quick), let go while the copy is synced (the slow part, which writers
+        of other processes must not wait for), and held again for then(), which runs only
+        if LMDB's last transaction is still the one the copy holds (Index.write: a writer
+        then waiting moves to the new index). If writers committed meanwhile the copy is
+        made again, up to _COPY_ATTEMPTS times. Returns whether then() ran."""
+        data = os.path.join(dest, fmt.INDEX_DATA_FILE)
+        for _ in range(_COPY_ATTEMPTS):
+            for name in os.listdir(dest):
+                os.unlink(os.path.join(dest, name))
+            opened = self._enter()
+            try:
+                with _lmdb_errors("copy"):
+                    txn = opened.env.begin(write=True)      # keeps every writer out
+                    try:
+                        copied = opened.env.info()["last_txnid"]
+                        opened.env.copy(dest, compact=True)
+                    finally:
+                        txn.abort()
                     fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
                     try:
                         os.fchmod(fd, self.file_mode)
                         os.fsync(fd)
                     finally:
                         os.close(fd)
-                    if then is not None:
-                        then()
-                finally:
-                    txn.abort()
-        finally:
-            self._leave(opened)
+                    txn = opened.env.begin(write=True)
+                    try:
+                        if opened.env.info()["last_txnid"] != copied:
+                            continue                        # written meanwhile: copy again
+                        if then is not None:
+                            then()
+                        return True
+                    finally:
+                        txn.abort()
+            finally:
+                self._leave(opened)
+        return False
+
+
+_COPY_ATTEMPTS = 3
 
 
 class IndexView:
