@@ -39,6 +39,7 @@ import json, os, sys, time
 import numpy as np
 import snapstore
 path, stream, size, rounds, seed, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+fraction = float(sys.argv[7])
 rng = np.random.default_rng(seed)
 state = rng.integers(0, 256, size, dtype=np.uint8)
 pages = size // 4096
@@ -46,7 +47,7 @@ store = snapstore.open(path, durability="fsync", timeout=600)
 store.checkpoint({"state": state}, stream=stream)          # the full one: not timed
 changes = []
 for _ in range(rounds):                                     # what each round will write
-    chosen = rng.choice(pages, size=max(1, pages // 100), replace=False)
+    chosen = rng.choice(pages, size=max(1, int(pages * fraction)), replace=False)
     changes.append((chosen, rng.integers(0, 256, (len(chosen), 4096), dtype=np.uint8)))
 print("ready", flush=True)
 while not os.path.exists(go):                               # the barrier
@@ -66,7 +67,7 @@ print(json.dumps({"times": times, "wall": wall}), flush=True)
 
 
 def run_writers(package: str, path: str, n: int, size: int, rounds: int,
-                parallel: bool) -> dict:
+                parallel: bool, fraction: float = 0.01) -> dict:
     """n writer processes on one store (each its own stream and state); parallel: their
     rounds start together, else one writer after another. Returns the wall time of the timed
     rounds and every checkpoint's time."""
@@ -76,8 +77,9 @@ def run_writers(package: str, path: str, n: int, size: int, rounds: int,
         os.remove(go)
     if parallel:
         procs = [subprocess.Popen([sys.executable, "-c", WRITER, path, f"w{i}", str(size),
-                                   str(rounds), str(i), go], stdout=subprocess.PIPE,
-                                  text=True, env=env) for i in range(n)]
+                                   str(rounds), str(i), go, str(fraction)],
+                                  stdout=subprocess.PIPE, text=True, env=env)
+                 for i in range(n)]
         for p in procs:
             assert p.stdout.readline().strip() == "ready"
         t = time.perf_counter()
@@ -91,8 +93,8 @@ def run_writers(package: str, path: str, n: int, size: int, rounds: int,
         outs, wall = [], 0.0
         for i in range(n):
             p = subprocess.Popen([sys.executable, "-c", WRITER, path, f"w{i}", str(size),
-                                  str(rounds), str(i), go], stdout=subprocess.PIPE, text=True,
-                                 env=env)
+                                  str(rounds), str(i), go, str(fraction)],
+                                 stdout=subprocess.PIPE, text=True, env=env)
             assert p.stdout.readline().strip() == "ready"
             out = json.loads(p.stdout.readline())
             assert p.wait() == 0
@@ -112,6 +114,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mib", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--changed", type=float, default=0.01,
+                    help="fraction of pages changed per checkpoint (default 0.01)")
     ap.add_argument("--writers", default="1,2,4")
     ap.add_argument("--baseline", default=None,
                     help="an older snapstore checkout (built in place) for the latency ratio")
@@ -121,14 +125,17 @@ def main() -> None:
     size = args.size_mib << 20
     base = tempfile.mkdtemp(prefix="bench-writers-", dir=args.dir)
     try:
-        print(f"writer scaling: {args.size_mib} MiB state per writer, 1% of pages changed per "
+        print(f"writer scaling: {args.size_mib} MiB state per writer, {args.changed:.0%} of "
+              f"pages changed per "
               f"checkpoint, {args.rounds} checkpoints per writer, durability fsync, "
               f"{os.cpu_count()} cores")
         print(f"{'writers':>7} {'parallel s':>10} {'sequential s':>12} {'ratio':>6} "
               f"{'ckpt/s par':>10} {'ckpt/s seq':>10} {'median ms par':>13}")
         for n in [int(x) for x in args.writers.split(",")]:
-            par = run_writers(ROOT, fresh(base, f"p{n}"), n, size, args.rounds, True)
-            seq = run_writers(ROOT, fresh(base, f"s{n}"), n, size, args.rounds, False)
+            par = run_writers(ROOT, fresh(base, f"p{n}"), n, size, args.rounds, True,
+                              args.changed)
+            seq = run_writers(ROOT, fresh(base, f"s{n}"), n, size, args.rounds, False,
+                              args.changed)
             total = n * args.rounds
             print(f"{n:>7} {par['wall']:>10.2f} {seq['wall']:>12.2f} "
                   f"{par['wall'] / seq['wall']:>6.2f} {total / par['wall']:>10.1f} "
