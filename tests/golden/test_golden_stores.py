@@ -5,7 +5,7 @@ The stores under stores/v<N>/ were written by the version that defined format N
 open a store users have on disk. Fix the code, or introduce a new format version with an
 upgrade path; do not touch the stores or their expected.json (README.md).
 
-Only the public API is used (snapstore.open, snapstore.load_arrays/save_arrays,
+Only the public API is used (snapstore.open, snapstore.load_arrays/save_arrays, group_parts,
 snapstore.torch, snapstore.errors): internal module paths are free to change, the format is
 not. Every store is copied to a temporary directory first, since opening may write.
 """
@@ -328,6 +328,47 @@ def test_new_checkpoints_onto_old_streams(golden):
     with snapstore.open(path, readonly=True) as store:
         for cid, shas in written.items():
             assert {k: sha(v) for k, v in store.restore(cid).items()} == shas
+
+
+def test_many_writers_onto_old_store(golden):
+    """Today's writers, two at once (each with a log of its own), write onto an old store:
+    each onto an old stream, then a group commit on stream "g" staged by both (in
+    v3/interrupted the stream of the group whose coordinator died: the recovery of its log
+    dropped that group's claim). Ids continue in claim order, seqs on the old streams."""
+    path, exp = golden
+    by_id = {c["id"]: c for c in exp["checkpoints"]}
+    names = sorted(exp["streams"])
+    targets = [names[0], names[-1] if len(names) > 1 else "new"]
+    written = {}
+    with snapstore.open(path, durability="none") as a, \
+            snapstore.open(path, durability="none") as b:
+        for n, (store, stream) in enumerate(zip((a, b), targets)):
+            head = exp["streams"].get(stream)
+            buffers = ({k: bytearray(v) for k, v in store.restore(head["head"]).items()}
+                       if head else {"n": bytearray(b"a new stream")})
+            for v in buffers.values():
+                if v:
+                    v[0] ^= 0xA5
+            info = store.checkpoint(buffers, stream=stream, meta={"writer": n})
+            assert info.id == exp["next_id"] + n
+            assert (info.parent, info.seq) == ((head["head"], head["next_seq"]) if head
+                                               else (None, 1))
+            written[info.id] = {k: sha(bytes(v)) for k, v in buffers.items()}
+        g = b.group("g", ["x", "y"], timeout=60)
+        a.stage(g.id, "x", {"x": b"staged by a" * 100}, {"by": "a"})
+        b.stage(g.id, "y", {"y": b"staged by b" * 200}, {"by": "b"})
+        info = g.commit({"group": True})
+        assert (info.id, info.stream, info.seq, info.parent) == (exp["next_id"] + 2, "g", 1, None)
+        assert snapstore.group_parts(info) == {"x": {"by": "a"}, "y": {"by": "b"}}
+        written[info.id] = {"x": sha(b"staged by a" * 100), "y": sha(b"staged by b" * 200)}
+        report = a.verify(deep=True)
+        assert report["ok"], report["problems"][:5]
+    with snapstore.open(path, readonly=True) as store:
+        assert [c.id for c in store.checkpoints()] == sorted(by_id) + sorted(written)
+        for cid, shas in written.items():
+            assert {k: sha(v) for k, v in store.restore(cid).items()} == shas
+        for c in exp["checkpoints"]:
+            check_restores(store, c)
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
