@@ -1,16 +1,24 @@
-"""The v3 on-disk layouts, byte by byte, from a store written by today's code (docs/design.md).
+"""The v3 on-disk layouts, byte by byte (docs/design.md): from the golden stores of format 3
+(stores/v3, made by the version that made format 3 final: README.md; every file pinned by
+SHA-256, at the end of this file) and from a store written here by today's code. Nothing
+comes from snapstore.format: every layout below is written out by hand, as in
+test_format_layout.py (v1) and test_format_layout_v2.py (v2), whose hand-written parsers of the
+layouts format 3 keeps are used.
 
-Format 3 is not final yet, so there are no golden v3 stores: the store is made here, by the
-public API, and decoded with nothing from snapstore.format -- every layout below is written out
-by hand, as in test_format_layout.py (v1) and test_format_layout_v2.py (v2), whose hand-written
-parsers of the layouts format 3 keeps are used. When format 3 is final its golden stores go to
-stores/v3/ and get a file of their own (README.md); these checks are what it will pin.
+The golden stores: the v1/v2 recipes as format 3 writes them (basic, raw_cdc, objects, torch,
+unapplied, compacted, upgraded: format 1 segments, then the upgrade's state section without
+order), "writers" (three writers, one a process; a compaction by it removing segments of
+the others' logs), "group" (group commits) and "interrupted" (writers killed: a claimed
+commit record past applied, an unnoted section, a dead coordinator's group, a torn batch).
+Each is decoded whole: segments to their end, orders, sections, the logs alone rebuilt to
+every checkpoint, every index value, the claims and groups the killed writers left.
 
-The store: two writers (two Stores of this process: logs 0 and 1), a group commit of two
-participants (one in each log), a delete_many of two checkpoints (one batch), tags, a
-compaction that removed a segment after writing a state section, records after the section,
-and a third writer process killed after its commit record reached its log (log 2), which the
-next writer's recovery publishes.
+The store made here (it also shows what no golden store holds: a group in progress whose
+coordinator lives, read while it is open): two writers (two Stores of this process: logs 0
+and 1), a group commit of two participants (one in each log), a delete_many of two
+checkpoints (one batch), tags, a compaction that removed a segment after writing a state
+section, records after the section, and a third writer process killed after its commit
+record reached its log (log 2), which the next writer's recovery publishes.
 
 What format 3 adds, pinned here:
   segment files:   log L's n-th segment is number L * 10^9 + n, file name 16 decimal digits;
