@@ -1,5 +1,6 @@
 """Upgrading format 1 and 2 stores to today's format 3 (snapstore/engine/upgrade.py), on copies
-of the golden v1 and v2 stores (the stores themselves are never written: README.md).
+of the golden v1 and v2 stores (the stores themselves are never written: README.md), and
+format 3 stores (stores/v3) staying as they are.
 
 - a readonly open changes nothing and reads format 1 values (no checksums) and format 2
   indexes (one applied position) as they are, also after a writer upgraded them under it;
@@ -11,7 +12,9 @@ of the golden v1 and v2 stores (the stores themselves are never written: README.
 - a writer open upgrades a v2 store 2 -> 3: its index is the v2 index but for what the 2 -> 3
   step changes, its segments stay as they were (recovery only cuts torn tails), and log 0
   goes on in a new segment of version 3;
-- upgrading again changes nothing (idempotent), v1 and v2 stores alike;
+- upgrading again changes nothing (idempotent), v1 and v2 stores alike; a v3 store is
+  upgraded by nothing (no step finds work, FORMAT and index stay), a writer's open only
+  recovers what its dead writers left, and opening again changes nothing;
 - a writer SIGKILLed at each upgrade crash point (upgrade_v3_before_index_commit included)
   leaves a store that readers read byte-exact and the next writer open upgrades; FORMAT never
   names a version its index has not reached (3 only once the index is 3).
@@ -41,10 +44,13 @@ from snapstore.engine.index import Index, seal, unseal
 HERE = os.path.dirname(os.path.abspath(__file__))
 V1 = os.path.join(HERE, "stores", "v1")
 V2 = os.path.join(HERE, "stores", "v2")
+V3 = os.path.join(HERE, "stores", "v3")
 STORES = sorted(os.path.basename(os.path.dirname(p))
                 for p in glob.glob(os.path.join(V1, "*", "FORMAT")))
 V2_STORES = sorted(os.path.basename(os.path.dirname(p))
                    for p in glob.glob(os.path.join(V2, "*", "FORMAT")))
+V3_STORES = sorted(os.path.basename(os.path.dirname(p))
+                   for p in glob.glob(os.path.join(V3, "*", "FORMAT")))
 PKG_ROOT = os.path.dirname(os.path.dirname(HERE))
 
 # The format a writer's open leaves a format 1 or 2 store at. The next format changes this and
@@ -62,7 +68,7 @@ def sha(data) -> str:
 
 
 def golden_dir(version: int) -> str:
-    return {1: V1, 2: V2}[version]
+    return {1: V1, 2: V2, 3: V3}[version]
 
 
 def expected_of(store: str, version: int = 1) -> dict:
@@ -340,6 +346,52 @@ def test_v2_store_under_todays_writer(store, tmp_path):
     with snapstore.open(path, readonly=True) as s:
         check_exact(s, exp, ids)
     assert index_version(path) == format_file(path)["version"] == UPGRADED_TO
+
+
+# ---- format 3 stores ----------------------------------------------------------------------------
+@pytest.mark.parametrize("store", V3_STORES)
+def test_v3_store_under_todays_writer(store, tmp_path):
+    """A store of today's format is upgraded by nothing: readers change nothing; no upgrade
+    step finds work (the index stays format 3, its values as they were, FORMAT byte for
+    byte); a writer's open recovers what its dead writers left (unapplied, interrupted) and
+    adds no segment; opening it again changes nothing at all."""
+    path = copy(store, tmp_path, 3)
+    exp = expected_of(store, 3)
+    ids = [c["id"] for c in exp["checkpoints"]]
+    index0, segments0, format0 = raw_index(path), raw_segments(path), raw_format(path)
+    assert index_version(path) == 3 and format_file(path)["version"] == 3
+    assert set(index0) == set(fmt.INDEX_DBS) and fmt.META_APPLIED not in index0[fmt.DB_META]
+    with snapstore.open(path, readonly=True) as s:          # readers change nothing
+        check_exact(s, exp, exp["readonly_ids"])
+    assert (raw_index(path), raw_segments(path), raw_format(path)) == \
+        (index0, segments0, format0)
+
+    o = Opened(path)                    # the upgrade alone, as a writer's open runs it
+    try:
+        assert o.index.version == 3
+        assert not o.index.add_value_checksums()
+        assert not any(step.run(path, o.index, o.backend) for step in upgrade.STEPS)
+        assert upgrade.upgrade(path, o.index, o.backend) == 3
+    finally:
+        o.close()
+    assert (raw_index(path), raw_segments(path), raw_format(path)) == \
+        (index0, segments0, format0)
+
+    with snapstore.open(path, durability="none") as s:      # recovery, verify, restores
+        check_exact(s, exp, ids)
+        report = s.verify(deep=True)
+        assert report["ok"], report["problems"][:5]
+    recovered, segments = raw_index(path), raw_segments(path)
+    assert sorted(segments) == [f"{n:016d}.seg" for n in exp["segments"]]
+    if exp["readonly_ids"] == ids:      # nothing to recover: nothing changed
+        assert recovered == index0 and segments == segments0
+    else:                               # claims and groups of dead writers gone
+        assert not recovered[fmt.DB_CLAIMS] and not recovered[fmt.DB_GROUPS]
+    assert raw_format(path) == format0
+    snapstore.open(path, durability="none").close()
+    assert (raw_index(path), raw_segments(path), raw_format(path)) == \
+        (recovered, segments, format0)
+    assert index_version(path) == format_file(path)["version"] == UPGRADED_TO == 3
 
 
 # ---- both ---------------------------------------------------------------------------------------
