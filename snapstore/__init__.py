@@ -9,18 +9,20 @@ API convention: a module-level function takes the store first, as if it were a S
 in snapstore.errors; the common ones are exported here too.
 """
 from snapstore import errors
-from snapstore.errors import (AmbiguousCheckpointName, CheckpointNotFound, CorruptionError,
-                              ForkedStoreError, FormatError,
+from snapstore.errors import (AmbiguousCheckpointName, CheckpointNotFound, CommitConflict,
+                              CorruptionError, ForkedStoreError, FormatError, GroupError,
+                              GroupTimeout,
                               InvalidArgumentError, InvalidArgumentTypeError,
                               NotAnObjectCheckpointError, ReadOnlyError, SnapstoreError,
                               StoreClosedError, StoreIOError, StoreLocked,
                               StructureMismatchError)
-from snapstore.store import CheckpointInfo, Store, open, repair
+from snapstore.store import CheckpointInfo, Group, Store, group_parts, open, repair
 from snapstore.arrays import load_arrays, save_arrays
 from snapstore.exporter import export
 
 from snapstore.version import __version__
-__all__ = ["open", "repair", "Store", "CheckpointInfo", "errors", "SnapstoreError",
+__all__ = ["open", "repair", "Store", "CheckpointInfo", "Group", "group_parts", "errors",
+           "SnapstoreError", "CommitConflict", "GroupError", "GroupTimeout",
            "CheckpointNotFound", "CorruptionError", "ForkedStoreError", "FormatError",
            "InvalidArgumentError", "InvalidArgumentTypeError", "NotAnObjectCheckpointError",
            "ReadOnlyError", "StoreClosedError", "StoreIOError", "StoreLocked",

@@ -108,19 +108,74 @@ class ConcurrentCompactionError(SnapstoreError):
     """
 
 
-class StoreLocked(SnapstoreError):
-    """Another writer holds the store's lock (open(..., timeout=s) waits for it).
+class CommitConflict(SnapstoreError):
+    """Another writer got there first: the commit (or delete, or tag) did not happen, and
+    nothing of it is visible. Retry after reading the new state.
 
-    Attributes: ``path`` (the store), ``waited`` (seconds waited), and what the holder
-    recorded in the lock file when it took the lock (docs/design.md, "The lock file"):
-    ``pid``, ``host`` and ``since`` (ISO 8601 UTC time), each None when unknown (a holder
-    that wrote no record, a torn or stale one). ``holder`` is them as words."""
+    A commit names the head of its stream it was made against (the head when it was planned,
+    or ``expect_head=``); it fails with CommitConflict when that head moved, or when another
+    writer has a commit of the same stream in progress. A delete or tag fails with it when a
+    commit in progress builds on the checkpoint, or another delete or tag of it is in
+    progress. Never rebased, so a lost update is never silent (docs/design.md, "Many
+    writers").
+
+    Attributes: ``stream`` (or None), ``expected`` (the head the commit was made against),
+    ``found`` (the head it found, or None), ``holder`` (who holds a conflicting operation in
+    progress, in words, or None)."""
+
+    def __init__(self, message: str, *, stream: str | None = None, expected: int | None = None,
+                 found: int | None = None, holder: str | None = None) -> None:
+        super().__init__(message)
+        self.stream, self.expected, self.found, self.holder = stream, expected, found, holder
+
+
+class GroupError(SnapstoreError):
+    """A group commit cannot go on: the group is unknown (never opened, committed, aborted or
+    timed out), the participant is not one of the group's, or its buffers collide with
+    another participant's. ``group`` names the group."""
+
+    def __init__(self, message: str, *, group: str | None = None) -> None:
+        super().__init__(message)
+        self.group = group
+
+
+class GroupTimeout(GroupError):
+    """A group was not complete in time: the participants in ``missing`` never staged their
+    parts. The group is aborted; nothing of it is visible, its staged parts are garbage."""
+
+    def __init__(self, message: str, *, group: str | None = None, missing: tuple = ()) -> None:
+        super().__init__(message, group=group)
+        self.missing = tuple(missing)
+
+
+class StoreLocked(SnapstoreError):
+    """A lock this operation needs is held by someone else, past the time it was given to
+    wait (``timeout`` of open(), of repair(); compact() and verify() wait up to the store's).
+
+    Writers never lock each other out (each has a log of its own); ``lock`` says which of the
+    store's locks stood in the way (docs/design.md, "The lock files"):
+      "store"        STORE/lock is held exclusively by an operation that needs the store to
+                     itself: creating it, upgrading its format, a repair, or a writer of
+                     format 2 or older. A writer's open waits for it.
+      "writers"      this operation needs the store to itself (repair, a format upgrade) and
+                     writers have it open; the holder named is one of them, ``writers``
+                     counts them.
+      "maintenance"  STORE/maintenance: a compaction is running (a second compaction, or a
+                     verify, waits for it); for a compaction, also verifies running.
+    Attributes: ``path`` (the store), ``waited`` (seconds waited), ``lock``, ``writers``, and
+    what the holder recorded in its lock file when it took the lock: ``pid``, ``host`` and
+    ``since`` (ISO 8601 UTC time), each None when unknown (a holder that wrote no record, a
+    torn or stale one). ``holder`` is them as words. ``reason`` is the message without its
+    advice (what holds the lock, how long this waited), for callers that give their own
+    advice (the command line's is --timeout)."""
 
     def __init__(self, message: str, *, path: str | None = None, pid: int | None = None,
                  host: str | None = None, since: str | None = None,
-                 waited: float | None = None) -> None:
+                 waited: float | None = None, lock: str | None = None, writers: int = 0,
+                 reason: str | None = None) -> None:
         super().__init__(message)
         self.path, self.pid, self.host, self.since, self.waited = path, pid, host, since, waited
+        self.lock, self.writers, self.reason = lock, writers, reason
 
     @property
     def holder(self) -> str:
@@ -230,6 +285,24 @@ class CheckpointSaveError(SnapstoreError):
 
     def __init__(self, message: str, *, workflow_id: str = "", step: str = "") -> None:
         super().__init__(message)
+        self.workflow_id = workflow_id
+        self.step = step
+
+
+class WorkflowConflictError(CommitConflict):
+    """Another run of the same workflow id (another process, or another Workflow object)
+    checkpointed the workflow while this run was going: this run stopped, and the state after
+    its step ``step`` was not saved (nothing of it is visible), so the two runs' steps never
+    interleave. ``workflow_id`` and ``step`` name it ("" for reset()); ``expected`` is the
+    checkpoint this run resumed from or last wrote, ``found`` the workflow's newest (snapstore
+    ids). The step may have run (its side effects happened); run() again resumes from the
+    newest checkpoint. A CommitConflict, so ``except CommitConflict`` catches it too."""
+
+    def __init__(self, message: str, *, workflow_id: str = "", step: str = "",
+                 stream: str | None = None, expected: int | None = None,
+                 found: int | None = None, holder: str | None = None) -> None:
+        super().__init__(message, stream=stream, expected=expected, found=found,
+                         holder=holder)
         self.workflow_id = workflow_id
         self.step = step
 

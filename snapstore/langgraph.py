@@ -30,6 +30,16 @@ How LangGraph data maps onto streams, checkpoints and buffers (docs/integrations
 * reading the "latest" checkpoint means the greatest checkpoint id, as LangGraph's savers do;
   a re-put of an existing checkpoint id replaces it.
 
+Many workers (processes, or Stores of one process) may write one store at once. A put builds on
+the checkpoint its config names and is stored only if that is still the thread's newest (a
+compare-and-swap on the stream's head: snapstore's expect_head), so two workers on one thread
+get CommitConflict, never interleaved states; the branches LangGraph marks itself (time travel,
+update_state: metadata source "fork"/"update") may start from any checkpoint (the ``forks``
+option). Pending writes are independent records, stored exactly once per (task, index) whoever
+writes them, retried when another worker's writes get in the way. What the saver keeps in memory
+(stream indexes, the value cache) is checked against the stream's state at every call, so
+another writer's commits and deletes are always seen.
+
 The sync methods do the work; the async ones run them in a worker thread
 (``asyncio.to_thread``), so disk I/O never blocks the event loop. All savers on one Store share
 one lock and one cache, so any number of them (and of threads) may use a store at once.
@@ -42,6 +52,7 @@ import hashlib
 import random
 import sys
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -59,12 +70,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from snapstore.store import open as open_store
 from snapstore.engine.registry import SharedByPath
-from snapstore.errors import CheckpointNotFound, InvalidArgumentError, StoreClosedError
+from snapstore.errors import (CheckpointNotFound, CommitConflict, InvalidArgumentError,
+                              StoreClosedError)
 from snapstore.langgraph_streams import stream_key as _key
 from snapstore.langgraph_streams import thread_streams as _streams
 from snapstore.store import Store
 
-__all__ = ["SnapstoreSaver", "INLINE_MAX", "DEFAULT_CACHE_BYTES", "describe_checkpoint"]
+__all__ = ["SnapstoreSaver", "INLINE_MAX", "DEFAULT_CACHE_BYTES", "FORKS", "MARKED_FORKS",
+           "describe_checkpoint"]
 
 INLINE_MAX = 64                      # serialized values up to this many bytes live in the meta
 DEFAULT_CACHE_BYTES = 256 << 20      # serialized bytes of current channel values kept per store
@@ -72,6 +85,35 @@ _NAME_MAX = 200                      # longest channel name used verbatim in a b
 _MIN_CAPACITY = 4096                 # smallest padded buffer (one page)
 _MAX_INDEXES = 1024                  # streams whose index a store's savers keep in memory
 _DONE = object()
+FORKS = ("marked", "never", "any")   # SnapstoreSaver(forks=...): which puts may fork a thread
+MARKED_FORKS = ("fork", "update")    # metadata sources LangGraph gives the puts that branch
+_ATTEMPTS = 50                       # tries of a write another writer's commits get in the way of
+_READ_ATTEMPTS = 5                   # tries of a read whose checkpoint another writer deleted
+
+
+def _backoff(attempt: int) -> None:
+    """Sleeps before the next try of a write that met another writer's commit (1 ms doubling
+    to 50 ms, jittered so two writers do not retry in step)."""
+    time.sleep(min(0.05, 0.001 * 2 ** attempt) * random.uniform(0.5, 1.5))
+
+
+def _retrying(operation: Any) -> Any:
+    """operation(), tried again (bounded) while it meets another writer's operation in
+    progress on the same checkpoints (CommitConflict): for deletes and copies, which do not
+    depend on what the other writer does."""
+    for attempt in range(_ATTEMPTS - 1):
+        try:
+            return operation()
+        except CommitConflict:
+            _backoff(attempt)
+    return operation()
+
+
+def _stream_token(ids: Sequence[int]) -> tuple[int, int] | None:
+    """What identifies a stream's state from its checkpoint ids (oldest first): the head (the
+    greatest id) and the count. A commit brings a greater id, a delete lowers the count, ids
+    are never reused: so the token changes whenever the stream does, whoever changed it."""
+    return (ids[-1], len(ids)) if ids else None
 
 
 def _writes_sort_key(task_path: str, task_id: str, idx: int) -> tuple:
@@ -147,6 +189,20 @@ def _config_ids(config: Any, *, need_id: bool = False) -> tuple[str, str, str | 
     return thread_id, ns, checkpoint_id
 
 
+def _before_id(before: Any) -> str | None:
+    """The checkpoint_id of list()'s `before` config. Only that id counts: LangGraph passes
+    {"configurable": {"checkpoint_id": ...}} alone (a subgraph replaying from its parent's
+    checkpoint, langgraph/_internal/_replay.py)."""
+    if before is None:
+        return None
+    if not isinstance(before, Mapping) or not isinstance(before.get("configurable"), Mapping):
+        raise TypeError("before must be a dict with a 'configurable' dict")
+    checkpoint_id = before["configurable"].get("checkpoint_id") or None
+    if checkpoint_id is not None and not isinstance(checkpoint_id, str):
+        raise TypeError(f"checkpoint_id must be a str, got {type(checkpoint_id).__name__}")
+    return checkpoint_id
+
+
 def _check_thread_id(thread_id: Any) -> str:
     if not isinstance(thread_id, str):
         raise TypeError(f"thread_id must be a str, got {type(thread_id).__name__}")
@@ -175,10 +231,33 @@ class _Record:
 
 
 @dataclass
-class _StreamIndex:
+class _Indexed:
+    """What the saver knows of one stream, valid while the stream's token (_stream_token) is
+    `token`: _load_index checks that at every call, so another writer's commits and deletes
+    (another Store, another process) are always seen."""
+    token: tuple[int, int] | None
+
+    @property
+    def head(self) -> int | None:
+        """The stream's head (snapstore id) in the state this index describes."""
+        return self.token[0] if self.token else None
+
+    def add(self, sid: int, meta: dict) -> None:
+        raise NotImplementedError
+
+    def added(self, sid: int, meta: dict) -> None:
+        """Takes in a checkpoint this process just committed on top of the state the index
+        describes (a commit with expect_head=self.head). Should a delete by another writer
+        have lowered the count meanwhile, the token is one no real state has: the next call
+        rebuilds."""
+        self.add(sid, meta)
+        self.token = (sid, (self.token[1] if self.token else 0) + 1)
+
+
+@dataclass
+class _StreamIndex(_Indexed):
     """The checkpoints of one lg/ stream, by LangGraph id, and where each (channel, version)
-    is stored. Valid while the stream's head is `token`."""
-    token: int | None
+    is stored."""
     records: dict = field(default_factory=dict)   # checkpoint id -> newest _Record
     stale: dict = field(default_factory=dict)     # checkpoint id -> [older sids]
     blobs: dict = field(default_factory=dict)     # (channel, version) -> (sid, entry)
@@ -194,13 +273,13 @@ class _StreamIndex:
                 self.blobs[(channel, entry["v"])] = (sid, entry)
 
     def latest(self) -> _Record | None:
+        """The newest checkpoint: the greatest LangGraph id, as LangGraph's savers read it."""
         return self.records[max(self.records)] if self.records else None
 
 
 @dataclass
-class _WritesIndex:
+class _WritesIndex(_Indexed):
     """The put_writes records of one lw/ stream, by checkpoint id (oldest first)."""
-    token: int | None
     by_checkpoint: dict = field(default_factory=dict)   # checkpoint id -> [(sid, meta)]
 
     def add(self, sid: int, meta: dict) -> None:
@@ -217,31 +296,38 @@ class _Shared:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.indexes: OrderedDict = OrderedDict()  # stream -> _StreamIndex | _WritesIndex
-        self.values: OrderedDict = OrderedDict()   # (stream, channel) -> (version, entry, bytes)
+        # (stream, channel) -> (version, sid, entry, bytes): the serialized value of a channel
+        # version, valid only while the stream's index says that version is stored in sid
+        self.values: OrderedDict = OrderedDict()
         self.cached_bytes = 0
         self.cache_limit = DEFAULT_CACHE_BYTES
 
-    def cache_put(self, stream: str, channel: str, version: Any, entry: dict,
+    def cache_put(self, stream: str, channel: str, version: Any, sid: int, entry: dict,
                   payload: bytes | None) -> None:
         key = (stream, channel)
         old = self.values.pop(key, None)
         if old is not None:
-            self.cached_bytes -= len(old[2] or b"")
+            self.cached_bytes -= len(old[3] or b"")
         size = len(payload or b"")
         if size > self.cache_limit:
             return
-        self.values[key] = (version, entry, payload)
+        self.values[key] = (version, sid, entry, payload)
         self.cached_bytes += size
         while self.cached_bytes > self.cache_limit:
             _, evicted = self.values.popitem(last=False)
-            self.cached_bytes -= len(evicted[2] or b"")
+            self.cached_bytes -= len(evicted[3] or b"")
 
-    def cache_get(self, stream: str, channel: str, version: Any):
+    def cache_get(self, stream: str, channel: str, version: Any, sid: int):
+        """(entry, payload) of the channel version stored in checkpoint sid, if cached. The
+        caller names sid from the stream's current index, so a value another worker stored
+        under the same version (LangGraph versions of two workers can collide), or one whose
+        checkpoint was deleted, is never served."""
         hit = self.values.get((stream, channel))
-        if hit is None or hit[0] != version or type(hit[0]) is not type(version):
+        if hit is None or hit[0] != version or type(hit[0]) is not type(version) \
+                or hit[1] != sid:
             return None
         self.values.move_to_end((stream, channel))
-        return hit[1], hit[2]
+        return hit[2], hit[3]
 
     def remember(self, stream: str, idx: Any) -> None:
         self.indexes[stream] = idx
@@ -253,7 +339,7 @@ class _Shared:
         """Drops what is known of a stream (after deletions)."""
         self.indexes.pop(stream, None)
         for key in [k for k in self.values if k[0] == stream]:
-            self.cached_bytes -= len(self.values.pop(key)[2] or b"")
+            self.cached_bytes -= len(self.values.pop(key)[3] or b"")
 
 
 _SHARED: "weakref.WeakKeyDictionary[Store, _Shared]" = weakref.WeakKeyDictionary()
@@ -274,9 +360,9 @@ _OPEN: SharedByPath[Store] = SharedByPath(close=lambda store: store.close(), is_
 
 
 def _acquire(path: str, options: dict) -> Store:
-    """The process's Store for a path, opened on first use (snapstore allows one writer Store
-    per store directory; every saver of the path shares it, if it asks for the same open
-    options)."""
+    """The process's Store for a path, opened on first use: every saver of the path in this
+    process shares it (one log, one index and value cache), if it asks for the same open
+    options. Other processes open their own writer Store on the path."""
     def admit(first: dict) -> None:
         wanted = dict(options)
         if wanted.get("readonly") and not first.get("readonly"):
@@ -293,16 +379,15 @@ def _acquire(path: str, options: dict) -> Store:
 class _SaverContext:
     """What SnapstoreSaver.from_path returns: a sync and async context manager."""
 
-    def __init__(self, cls: type, path: Any, serde: Any, cache_bytes: int | None,
-                 options: dict) -> None:
-        self._args = (cls, path, serde, cache_bytes, options)
+    def __init__(self, cls: type, path: Any, saver_options: dict, options: dict) -> None:
+        self._args = (cls, path, saver_options, options)
         self._saver: SnapstoreSaver | None = None
 
     def __enter__(self) -> "SnapstoreSaver":
-        cls, path, serde, cache_bytes, options = self._args
+        cls, path, saver_options, options = self._args
         store = _acquire(path, options)
         try:
-            self._saver = cls(store, serde=serde, cache_bytes=cache_bytes)
+            self._saver = cls(store, **saver_options)
         except BaseException:
             _OPEN.release(store)
             raise
@@ -333,11 +418,22 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         cache_bytes: budget of the per-store cache of serialized channel values used to store
             unchanged channels without serializing them again (default 256 MiB, shared by
             all savers of the store; the latest value given wins).
-    Raises: TypeError if store is not a Store, StoreClosedError if it is closed.
+        forks: which puts may branch a thread (and namespace) off a checkpoint that is not
+            its newest. Every put builds on the checkpoint its config names (its parent; none
+            for a thread's first checkpoint) and by default must build on the thread's newest
+            one, so two workers on one thread get CommitConflict instead of interleaving
+            their states. "marked" (default): except the puts LangGraph itself marks as
+            branching (metadata source "fork" or "update": time travel, update_state on an
+            older checkpoint, a copy), which may build on any checkpoint. "never": no
+            exception (update_state on an older checkpoint, and time travel, raise
+            CommitConflict). "any": every put is accepted, as LangGraph's own savers do
+            (for a thread only ever written by one worker at a time).
+    Raises: TypeError if store is not a Store, StoreClosedError if it is closed,
+        InvalidArgumentError for a bad cache_bytes or forks.
     """
 
     def __init__(self, store: Store, *, serde: Any = None,
-                 cache_bytes: int | None = None) -> None:
+                 cache_bytes: int | None = None, forks: str = "marked") -> None:
         if not isinstance(store, Store):
             raise TypeError(f"store must be a snapstore Store, got {type(store).__name__}")
         if not _is_open(store):
@@ -345,7 +441,10 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         if cache_bytes is not None and (isinstance(cache_bytes, bool)
                                         or not isinstance(cache_bytes, int) or cache_bytes < 0):
             raise InvalidArgumentError(f"cache_bytes must be an int >= 0, got {cache_bytes!r}")
+        if not isinstance(forks, str) or forks not in FORKS:
+            raise InvalidArgumentError(f"forks must be one of {', '.join(FORKS)}; got {forks!r}")
         super().__init__(serde=serde)
+        self.forks = forks
         self.store = store
         self._shared = _shared_for(store)
         if cache_bytes is not None:
@@ -354,15 +453,16 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
 
     @classmethod
     def from_path(cls, path: Any, *, serde: Any = None, cache_bytes: int | None = None,
-                  **open_options: Any) -> _SaverContext:
+                  forks: str = "marked", **open_options: Any) -> _SaverContext:
         """Context manager (``with`` or ``async with``) opening the store at path (created if
         needed; open_options go to snapstore.open) and closing it on exit. Savers opened on
-        the same path in one process share one Store, closed when the last one exits, so
-        each sees everything the others wrote."""
-        return _SaverContext(cls, path, serde, cache_bytes, open_options)
+        the same path in one process share one Store, closed when the last one exits;
+        savers in other processes open their own. Each sees everything the others wrote."""
+        return _SaverContext(cls, path, {"serde": serde, "cache_bytes": cache_bytes,
+                                         "forks": forks}, open_options)
 
     def __repr__(self) -> str:
-        return f"<SnapstoreSaver {self.store.path!r}>"
+        return f"<SnapstoreSaver {self.store.path!r} forks={self.forks!r}>"
 
     # ---- values -----------------------------------------------------------------------------
     def _encode(self, value: Any) -> tuple[dict, Any]:
@@ -405,10 +505,6 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         return _read_values(self.store, self.serde, sid, entries)
 
     # ---- indexes ----------------------------------------------------------------------------
-    def _head_token(self, stream: str) -> int | None:
-        head = self.store.latest(stream)
-        return head.id if head is not None else None
-
     def _index(self, stream: str) -> _StreamIndex:
         return self._load_index(stream, _StreamIndex)
 
@@ -416,13 +512,16 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         return self._load_index(stream, _WritesIndex)
 
     def _load_index(self, stream: str, kind: type) -> Any:
-        """The stream's index, rebuilt from its checkpoints' metas when the stream's head is
-        not the one the cached index was built at (or after it was evicted)."""
-        token = self._head_token(stream)
+        """The stream's index, rebuilt from its checkpoints' metas when the stream is not in
+        the state the cached index describes (its token: another writer committed or
+        deleted), or after it was evicted. The token is read first, so an index is never
+        taken for newer than it is."""
+        token = _stream_token(self.store.checkpoint_ids(stream))
         idx = self._shared.indexes.get(stream)
         if idx is None or idx.token != token:
-            idx = kind(token)
-            for info in self.store.checkpoints(stream):
+            infos = self.store.checkpoints(stream)         # one snapshot: its own token
+            idx = kind(_stream_token([info.id for info in infos]))
+            for info in infos:
                 if isinstance(info.meta, dict) and "id" in info.meta:
                     idx.add(info.id, info.meta)
         self._shared.remember(stream, idx)
@@ -477,12 +576,20 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         """The checkpoint of config's checkpoint_id, or the thread's latest (greatest id) in
         its namespace; None if there is none."""
         thread_id, ns, checkpoint_id = _config_ids(config)
-        with self._shared.lock:
-            idx = self._index(_streams(thread_id, ns)[0])
-            rec = idx.records.get(checkpoint_id) if checkpoint_id else idx.latest()
-            if rec is None or rec.meta["t"] != thread_id or rec.meta["ns"] != ns:
-                return None
-            return self._tuple(rec, config if checkpoint_id else None)
+        for attempt in range(_READ_ATTEMPTS):
+            with self._shared.lock:
+                idx = self._index(_streams(thread_id, ns)[0])
+                rec = idx.records.get(checkpoint_id) if checkpoint_id else idx.latest()
+                if rec is None or rec.meta["t"] != thread_id or rec.meta["ns"] != ns:
+                    return None
+                try:
+                    return self._tuple(rec, config if checkpoint_id else None)
+                except CheckpointNotFound:
+                    # another writer deleted it (or its writes) since the index was read:
+                    # the stream's token moved, so the next try reads the new state
+                    if attempt == _READ_ATTEMPTS - 1:
+                        raise
+        raise AssertionError("unreachable")
 
     def list(self, config: Any, *, filter: dict[str, Any] | None = None,
              before: Any = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
@@ -493,7 +600,7 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         if config is not None:
             thread_id, _, checkpoint_id = _config_ids(config)
             ns = config["configurable"].get("checkpoint_ns")
-        before_id = _config_ids(before)[2] if before is not None else None
+        before_id = _before_id(before)
         if filter is not None and not isinstance(filter, Mapping):
             raise TypeError("filter must be a dict of metadata key -> value")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
@@ -538,14 +645,15 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
     # ---- writing ----------------------------------------------------------------------------
     def _stored_value(self, stream: str, idx: _StreamIndex, channel: str,
                       version: Any) -> tuple[dict, Any] | None:
-        """(entry, payload) of a channel version stored earlier in the stream, or None."""
-        hit = self._shared.cache_get(stream, channel, version)
-        if hit is not None:
-            return hit
+        """(entry, payload) of a channel version stored earlier in the stream (the newest
+        checkpoint holding it, as the index says), or None."""
         where = idx.blobs.get((channel, version))
         if where is None:
             return None
         sid, entry = where
+        hit = self._shared.cache_get(stream, channel, version, sid)
+        if hit is not None:
+            return hit
         entry = {k: v for k, v in entry.items() if k not in ("b", "v")}
         if entry["k"] in ("i", "e"):
             return entry, None
@@ -553,11 +661,77 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
             return entry, self.store.read(sid, where[1]["b"])
         return entry, self.store.read(sid, where[1]["b"], 0, entry["n"])
 
+    def _refusal(self, idx: _StreamIndex, checkpoint_id: str, parent: str | None,
+                 source: Any) -> str | None:
+        """Why a put of checkpoint_id built on parent (None: on nothing) may not be stored in
+        the state idx describes, or None when it may: a put naming a parent must build on the
+        thread's newest checkpoint, unless the saver's forks option lets it branch; a put
+        naming none is a new root, accepted whatever the thread holds (LangGraph's conformance
+        suite stores unrelated roots in one thread), except with forks="never" (then the
+        thread must be empty). A re-put of the newest checkpoint on its own parent replaces
+        it."""
+        if self.forks == "any" or (self.forks == "marked" and source in MARKED_FORKS):
+            return None
+        if parent is None and self.forks == "marked":
+            return None
+        latest = idx.latest()
+        if latest is None:
+            if parent is None:
+                return None
+            return (f"it was built on checkpoint {parent!r}, but the thread has no checkpoint "
+                    "now (deleted meanwhile)")
+        if parent == latest.cid:
+            return None
+        if checkpoint_id == latest.cid and parent == latest.meta.get("p"):
+            return None
+        if parent is None:
+            return (f"it starts the thread (it was built on no checkpoint), but the thread's "
+                    f"newest checkpoint is {latest.cid!r} (another worker started or advanced "
+                    "the thread)")
+        if parent not in idx.records:
+            return (f"it was built on checkpoint {parent!r}, which the thread does not have "
+                    f"(deleted meanwhile?); its newest checkpoint is {latest.cid!r}")
+        return (f"it was built on checkpoint {parent!r}, but the thread's newest checkpoint is "
+                f"{latest.cid!r} (another worker advanced the thread meanwhile)")
+
+    def _conflict(self, stream: str, idx: _StreamIndex, thread_id: str, ns: str,
+                  checkpoint_id: str, parent: str | None, reason: str,
+                  cause: BaseException | None = None) -> CommitConflict:
+        """The CommitConflict of a refused put, in LangGraph terms. Besides CommitConflict's
+        attributes (snapstore ids: expected = the parent's, found = the stream's head) it
+        carries thread_id, checkpoint_ns, checkpoint_id (the one not stored), parent_id (the
+        one it was built on) and latest_id (the thread's newest)."""
+        where = f"thread {thread_id!r}" + (f" (namespace {ns!r})" if ns else "")
+        latest = idx.latest()
+        hint = ("reload the thread's latest state (get_tuple without a checkpoint_id, or "
+                "graph.get_state) and run from there")
+        if self.forks != "any":
+            hint += ("; to branch off an older checkpoint on purpose use LangGraph's time "
+                     "travel or update_state" + (" with SnapstoreSaver(forks='marked')"
+                                                 if self.forks == "never" else "")
+                     + ", or SnapstoreSaver(forks='any') when only one worker ever writes a "
+                     "thread")
+        exc = CommitConflict(
+            f"LangGraph {where}: checkpoint {checkpoint_id!r} was not stored: {reason}. Two "
+            f"workers never interleave their states in one thread: {hint}",
+            stream=stream, found=idx.head, holder=getattr(cause, "holder", None),
+            expected=idx.records[parent].sid if parent in idx.records else None)
+        exc.thread_id, exc.checkpoint_ns, exc.checkpoint_id = thread_id, ns, checkpoint_id
+        exc.parent_id, exc.latest_id = parent, latest.cid if latest is not None else None
+        return exc
+
     def put(self, config: Any, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> dict:
         """Stores a checkpoint as one snapstore checkpoint of its thread's stream; values of
         channels not in new_versions come from the versions stored before (as LangGraph's
-        savers do) and cost no new bytes."""
+        savers do) and cost no new bytes.
+
+        The checkpoint builds on the one config's checkpoint_id names (none: on nothing). It
+        is stored only if that is the thread's newest checkpoint (none: the thread has none)
+        when it commits, or the forks option lets it branch (see the class doc); otherwise
+        CommitConflict, and nothing is stored. Another worker's commit to the thread that
+        only gets in the way (in progress, or a branch) is waited out: tried again, bounded.
+        """
         thread_id, ns, parent = _config_ids(config)
         if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("id"), str):
             raise TypeError("checkpoint must be a Checkpoint dict with a str 'id'")
@@ -569,57 +743,88 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         merged = get_checkpoint_metadata(config, metadata)
         ck = self.serde.dumps_typed(skeleton)
         md = self.serde.dumps_typed(merged)
+        source = merged.get("source") if isinstance(merged, Mapping) else None
         stream = _streams(thread_id, ns)[0]
+        last: BaseException | None = None
+        for attempt in range(_ATTEMPTS):
+            with self._shared.lock:
+                idx = self._index(stream)
+                reason = self._refusal(idx, checkpoint["id"], parent, source)
+                if reason is not None:
+                    raise self._conflict(stream, idx, thread_id, ns, checkpoint["id"], parent,
+                                         reason, last) from last
+                try:
+                    buffers, meta, cached = self._contents(
+                        stream, idx, thread_id, ns, checkpoint["id"], parent, ck, md, merged,
+                        values, versions, new_versions)
+                    info = self.store.checkpoint(buffers, stream=stream, meta=meta,
+                                                 expect_head=idx.head)
+                except (CommitConflict, CheckpointNotFound) as exc:
+                    last = exc      # another writer's commit or delete: read again, decide
+                else:
+                    idx.added(info.id, info.meta)
+                    for channel, version, entry, payload in cached:
+                        entry = {k: v for k, v in entry.items() if k not in ("b", "v")}
+                        if payload is not None and not isinstance(payload, bytes):
+                            payload = bytes(payload)      # the caller may mutate it in place
+                        self._shared.cache_put(stream, channel, version, info.id, entry,
+                                               payload)
+                    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
+                                             "checkpoint_id": checkpoint["id"]}}
+            _backoff(attempt)
         with self._shared.lock:
             idx = self._index(stream)
-            buffers: dict = {}
-            tables: dict = {"ch": {}, "x": {}}
-            cached = []
-            for table, channel, version in (
-                    [("ch", c, v) for c, v in versions.items()]
-                    + [("x", c, v) for c, v in new_versions.items() if versions.get(c) != v]):
-                if table == "x" or (channel in new_versions
-                                    and new_versions[channel] == version):
-                    if channel in values:
-                        entry, payload = self._encode(values[channel])
-                    else:
-                        entry, payload = {"k": "e"}, None
+        raise self._conflict(stream, idx, thread_id, ns, checkpoint["id"], parent,
+                             f"other workers' puts into the thread kept getting in its way "
+                             f"({_ATTEMPTS} tries; the last: {last})", last) from last
+
+    def _contents(self, stream: str, idx: _StreamIndex, thread_id: str, ns: str,
+                  checkpoint_id: str, parent: str | None, ck: tuple, md: tuple, merged: Any,
+                  values: Mapping, versions: Mapping, new_versions: Mapping) -> tuple:
+        """(buffers, meta, cached) of a put: the snapstore checkpoint storing it, and the
+        channel values to cache once it is committed."""
+        buffers: dict = {}
+        tables: dict = {"ch": {}, "x": {}}
+        cached = []
+        for table, channel, version in (
+                [("ch", c, v) for c, v in versions.items()]
+                + [("x", c, v) for c, v in new_versions.items() if versions.get(c) != v]):
+            if table == "x" or (channel in new_versions and new_versions[channel] == version):
+                if channel in values:
+                    entry, payload = self._encode(values[channel])
                 else:
-                    found = self._stored_value(stream, idx, channel, version)
-                    if found is None:
-                        continue
-                    entry, payload = found
-                entry = dict(entry, v=version)
-                if payload is not None:
-                    entry["b"] = _buffer_name("c" if table == "ch" else "x", channel)
-                    buffers[entry["b"]] = self._padded(entry, payload)
-                tables[table][channel] = entry
-                if table == "ch":
-                    cached.append((channel, version, entry, payload))
-            meta = {"t": thread_id, "ns": ns, "id": checkpoint["id"], "p": parent,
-                    "ck": [ck[0], _b64(ck[1])], "md": [md[0], _b64(md[1])],
-                    "ch": tables["ch"]}
-            if tables["x"]:
-                meta["x"] = tables["x"]
-            run_id = merged.get("run_id") if isinstance(merged, Mapping) else None
-            if isinstance(run_id, (str, int)) and not isinstance(run_id, bool):
-                meta["run"] = run_id
-            info = self.store.checkpoint(buffers, stream=stream, meta=meta)
-            idx.add(info.id, info.meta)
-            idx.token = info.id
-            for channel, version, entry, payload in cached:
-                entry = {k: v for k, v in entry.items() if k not in ("b", "v")}
-                if payload is not None and not isinstance(payload, bytes):
-                    payload = bytes(payload)          # the caller may mutate it in place
-                self._shared.cache_put(stream, channel, version, entry, payload)
-        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
-                                 "checkpoint_id": checkpoint["id"]}}
+                    entry, payload = {"k": "e"}, None
+            else:
+                found = self._stored_value(stream, idx, channel, version)
+                if found is None:
+                    continue
+                entry, payload = found
+            entry = dict(entry, v=version)
+            if payload is not None:
+                entry["b"] = _buffer_name("c" if table == "ch" else "x", channel)
+                buffers[entry["b"]] = self._padded(entry, payload)
+            tables[table][channel] = entry
+            if table == "ch":
+                cached.append((channel, version, entry, payload))
+        meta = {"t": thread_id, "ns": ns, "id": checkpoint_id, "p": parent,
+                "ck": [ck[0], _b64(ck[1])], "md": [md[0], _b64(md[1])], "ch": tables["ch"]}
+        if tables["x"]:
+            meta["x"] = tables["x"]
+        run_id = merged.get("run_id") if isinstance(merged, Mapping) else None
+        if isinstance(run_id, (str, int)) and not isinstance(run_id, bool):
+            meta["run"] = run_id
+        return buffers, meta, cached
 
     def put_writes(self, config: Any, writes: Sequence[tuple[str, Any]], task_id: str,
                    task_path: str = "") -> None:
         """Stores a task's pending writes for config's checkpoint (one snapstore checkpoint
         of the thread's writes stream). A (task_id, index) stored before is ignored, except
-        for the special channels (error, interrupt, ...), whose latest write wins."""
+        for the special channels (error, interrupt, ...), whose latest write wins.
+
+        Writes are independent records: when another worker writes the thread's writes
+        meanwhile (CommitConflict), the stored ones are read again, the (task_id, index) now
+        stored dropped, and the rest stored (tried again, bounded), so every write lands
+        exactly once, from whichever worker stored it first."""
         thread_id, ns, checkpoint_id = _config_ids(config, need_id=True)
         if not isinstance(task_id, str):
             raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
@@ -631,36 +836,53 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
             if not isinstance(channel, str):
                 raise TypeError(f"write channel must be a str, got {type(channel).__name__}")
             items.append((WRITES_IDX_MAP.get(channel, i), channel, value))
+        encoded = [(idx, channel, *self._encode(value)) for idx, channel, value in items]
         stream = _streams(thread_id, ns)[1]
-        with self._shared.lock:
-            widx = self._writes_index(stream)
-            seen = widx.keys(checkpoint_id)
-            buffers: dict = {}
-            table = []
-            for idx, channel, value in items:
-                if idx >= 0 and (task_id, idx) in seen:
-                    continue
-                entry, payload = self._encode(value)
-                if payload is not None:
-                    entry["b"] = f"w{len(table)}"
-                    buffers[entry["b"]] = self._padded(entry, payload)
-                table.append([idx, channel, entry])
-            if not table:
-                return
-            meta = {"t": thread_id, "ns": ns, "id": checkpoint_id, "task": task_id,
-                    "path": task_path, "w": table}
-            info = self.store.checkpoint(buffers, stream=stream, meta=meta)
-            widx.add(info.id, info.meta)
-            widx.token = info.id
+        last: BaseException | None = None
+        for attempt in range(_ATTEMPTS):
+            with self._shared.lock:
+                widx = self._writes_index(stream)
+                seen = widx.keys(checkpoint_id)
+                buffers: dict = {}
+                table = []
+                for idx, channel, entry, payload in encoded:
+                    if idx >= 0 and (task_id, idx) in seen:
+                        continue
+                    entry = dict(entry)
+                    if payload is not None:
+                        entry["b"] = f"w{len(table)}"
+                        buffers[entry["b"]] = self._padded(entry, payload)
+                    table.append([idx, channel, entry])
+                if not table:
+                    return
+                meta = {"t": thread_id, "ns": ns, "id": checkpoint_id, "task": task_id,
+                        "path": task_path, "w": table}
+                try:
+                    # expect_head: the writes seen are exactly those stored (no duplicate)
+                    info = self.store.checkpoint(buffers, stream=stream, meta=meta,
+                                                 expect_head=widx.head)
+                except CommitConflict as exc:
+                    last = exc
+                else:
+                    widx.added(info.id, info.meta)
+                    return
+            _backoff(attempt)
+        where = f"thread {thread_id!r}" + (f" (namespace {ns!r})" if ns else "")
+        raise CommitConflict(
+            f"LangGraph {where}: the pending writes of task {task_id!r} for checkpoint "
+            f"{checkpoint_id!r} were not stored: other workers kept writing the thread's "
+            f"pending writes ({_ATTEMPTS} tries; the last: {last})", stream=stream,
+            expected=getattr(last, "expected", None), found=getattr(last, "found", None),
+            holder=getattr(last, "holder", None)) from last
 
     # ---- deleting and copying ---------------------------------------------------------------
     def _delete_sids(self, stream: str, sids: Sequence[int]) -> None:
         try:
             for sid in sorted(set(sids), reverse=True):
                 try:
-                    self.store.delete(sid)
+                    _retrying(lambda: self.store.delete(sid))
                 except CheckpointNotFound:
-                    pass
+                    pass                 # deleted already (by another worker, say)
         finally:
             self._shared.forget(stream)
 
@@ -714,8 +936,8 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
                     pair = _streams(target_thread_id, meta["ns"])
                     target = pair[0] if stream.startswith("lg/") else pair[1]
                     buffers = self.store.restore(info.id)
-                    self.store.checkpoint(buffers, stream=target,
-                                          meta=dict(meta, t=target_thread_id))
+                    _retrying(lambda: self.store.checkpoint(
+                        buffers, stream=target, meta=dict(meta, t=target_thread_id)))
                     self._shared.indexes.pop(target, None)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:

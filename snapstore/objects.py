@@ -33,6 +33,7 @@ import warnings
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Iterator
 
+from snapstore.engine.commit import ANY_HEAD
 from snapstore.engine.memory import address_view, uninit_bytearray
 from snapstore.engine.validation import validate_meta, validate_name
 from snapstore.errors import (DeviceTensorError, InvalidArgumentError, NotAnObjectCheckpointError,
@@ -407,7 +408,8 @@ def _find_unpicklable(root: Any, inband_limit: int) -> tuple[str, Any]:
 
 # ---- save -----------------------------------------------------------------------------------
 def save(store, obj: Any, stream: str = "default", meta: Any = None, *,
-         allow_device_copy: bool = False, inband_limit: int = DEFAULT_INBAND_LIMIT):
+         allow_device_copy: bool = False, inband_limit: int = DEFAULT_INBAND_LIMIT,
+         expect_head: Any = ANY_HEAD):
     """Checkpoints a picklable object graph as the stream's next checkpoint (Store.save).
 
     Args:
@@ -420,10 +422,13 @@ def save(store, obj: Any, stream: str = "default", meta: Any = None, *,
             user_meta() returns it exactly).
         allow_device_copy: copy tensors on other devices to the CPU instead of refusing them.
         inband_limit: buffers smaller than this stay inside the pickle stream.
+        expect_head: as for Store.checkpoint: commit only if the stream's head is this
+            checkpoint (None: only if the stream is empty), a compare-and-swap.
     Returns: CheckpointInfo.
     Raises: ObjectSaveError (unpicklable part, named), DeviceTensorError,
         InvalidArgumentTypeError (store is not a Store: the store comes first; meta, stream),
-        InvalidArgumentError, StoreIOError. Nothing is written on error.
+        InvalidArgumentError, StoreIOError, CommitConflict (the stream's head moved, or is not
+        expect_head). Nothing is written on error.
     """
     require_store(store, "snapstore.objects.save")
     validate_name(stream, "stream")
@@ -436,7 +441,8 @@ def save(store, obj: Any, stream: str = "default", meta: Any = None, *,
         buffers = {PICKLE_BUFFER: stream_bytes}
         for i, view in enumerate(pickler.views):
             buffers[f"{OOB_PREFIX}{i}"] = view
-        return store.checkpoint(buffers, stream=stream, meta=wrap_meta(meta, info, META_KEY))
+        return store.checkpoint(buffers, stream=stream, meta=wrap_meta(meta, info, META_KEY),
+                                expect_head=expect_head)
     finally:
         pickler.release()
         stream_bytes.release()

@@ -5,6 +5,7 @@ through the persister (snapstore.capture.persister), reads through read-only ind
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
@@ -17,12 +18,13 @@ from snapstore.capture.persister import Persister
 from snapstore.capture.staging import DEFAULT_STAGING_BYTES, max_staging_bytes
 from snapstore.capture.tracker import Tracker
 from snapstore.engine import compact as compaction
+from snapstore.engine import groups as group_commits
 from snapstore.engine import format as fmt
 from snapstore.engine import names as checkpoint_names
 from snapstore.engine import records
 from snapstore.engine import retention
 from snapstore.engine import writer as wr
-from snapstore.engine.commit import Committer, io_errors
+from snapstore.engine.commit import ANY_HEAD, Committer, io_errors
 from snapstore.engine.index import IndexView
 from snapstore.engine.memory import OutputBytes
 from snapstore.engine.meta import reserved_meta, user_meta
@@ -134,6 +136,84 @@ def split_meta(meta: Any) -> tuple[Any, dict]:
             if isinstance(entry, dict) and "user" in entry:
                 return entry["user"], reserved
     return user, reserved
+
+
+class Group:
+    """A group commit opened by Store.group(): `id` (give it to the participants), `stream`,
+    `participants`, `parent` (the head its checkpoint follows)."""
+
+    def __init__(self, store: "Store", group_id: str, stream: str, participants: tuple,
+                 parent: int | None) -> None:
+        self.store, self.id, self.stream = store, group_id, stream
+        self.participants, self.parent = participants, parent
+
+    def commit(self, meta: Any = None, *, timeout: float | None = None) -> CheckpointInfo:
+        """Waits until every participant staged its part (at most `timeout` seconds, and
+        never past the group's deadline), then commits all parts as one checkpoint of the
+        stream and returns it. Each participant's meta is in the checkpoint's
+        reserved_meta["snapstore.group"]["parts"] (group_parts() reads it).
+        Raises: GroupTimeout (naming the participants that never staged; the group is
+        aborted, nothing is visible), GroupError (the group is gone), StoreIOError."""
+        meta = validate_meta(meta)
+        if timeout is not None:
+            timeout = validate_timeout(timeout)
+        self.store._committer.check_open(write=True)
+        commit = group_commits.commit_group(self.store._committer, self.id, meta, timeout)
+        return CheckpointInfo.from_commit(commit)
+
+    def abort(self) -> bool:
+        """Drops the group: nothing of it becomes visible, its staged parts are garbage for
+        compact(). False when it was gone already (committed, aborted, timed out)."""
+        self.store._committer.check_open(write=True)
+        return group_commits.abort_group(self.store._committer, self.id)
+
+    def status(self) -> dict:
+        """{"id", "stream", "parent", "participants", "staged", "missing", "deadline"}.
+        Raises GroupError when the group is gone."""
+        return group_commits.status(self.store._committer, self.id)
+
+    def __repr__(self) -> str:
+        return f"<snapstore.Group {self.id} of stream {self.stream!r}>"
+
+
+def group_parts(info: CheckpointInfo) -> dict:
+    """{participant: the meta it staged} of a group commit's checkpoint ({} for another)."""
+    entry = info.reserved_meta.get(fmt.GROUP_META_KEY)
+    return dict(entry.get("parts", {})) if isinstance(entry, dict) else {}
+
+
+def _participants(participants: Any) -> list[str]:
+    """Store.group()'s participants, checked: distinct valid names (an int N: "0".."N-1")."""
+    if isinstance(participants, int) and not isinstance(participants, bool):
+        if participants < 1:
+            raise InvalidArgumentError(f"a group needs at least one participant, got "
+                                       f"{participants}")
+        return [str(i) for i in range(participants)]
+    if isinstance(participants, (str, bytes)) or not hasattr(participants, "__iter__"):
+        raise InvalidArgumentTypeError(f"participants must be a list of names or a count, got "
+                                       f"{type(participants).__name__}")
+    names = [validate_name(p, "participant") for p in participants]
+    if not names:
+        raise InvalidArgumentError("a group needs at least one participant")
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError(f"participants must be distinct, got {names!r}")
+    return names
+
+
+def _checked_head(expect_head: Any) -> Any:
+    """checkpoint()'s expect_head, checked: ANY_HEAD, None or a checkpoint id (an int >= 1 or
+    a CheckpointInfo)."""
+    if expect_head is ANY_HEAD or expect_head is None:
+        return expect_head
+    if isinstance(expect_head, CheckpointInfo):
+        return expect_head.id
+    if isinstance(expect_head, bool) or not isinstance(expect_head, int):
+        raise InvalidArgumentTypeError(f"expect_head must be a checkpoint id, a CheckpointInfo "
+                                       f"or None, got {type(expect_head).__name__}")
+    if expect_head < 1:
+        raise InvalidArgumentError(f"expect_head must be a checkpoint id >= 1, got "
+                                   f"{expect_head!r}")
+    return expect_head
 
 
 # Every Store of this process, so that a fork()ed child can disown them (_after_fork_in_child).
@@ -264,7 +344,7 @@ class Store:
 
     # ---- writing ------------------------------------------------------------------------------
     def checkpoint(self, buffers: Mapping[str, Any], stream: str = "default", meta: Any = None,
-                   *, chunking: str | None = None) -> CheckpointInfo:
+                   *, chunking: str | None = None, expect_head: Any = ANY_HEAD) -> CheckpointInfo:
         """Takes a checkpoint of named buffers and makes it durable.
 
         Args:
@@ -274,21 +354,88 @@ class Store:
             stream: the stream (sequence of checkpoints) this one extends.
             meta: JSON-serialisable user metadata.
             chunking: "pages" (default of the store) or "cdc" for content that shifts.
+            expect_head: commit only if the stream's head is this checkpoint (an id or a
+                CheckpointInfo; None: only if the stream has no checkpoint yet): a
+                compare-and-swap for read-modify-write cycles. By default the checkpoint
+                builds on the head it finds, and still fails with CommitConflict if another
+                writer commits to the stream between its planning and its commit.
         Returns: CheckpointInfo.
         Raises: TypeError / InvalidArgumentError for bad input (before anything is written),
+            CommitConflict (the stream's head moved, or another writer's commit of it is in
+            progress: nothing of this checkpoint is visible; read the new head and retry),
             StoreIOError (disk full, I/O error: nothing of the checkpoint is visible).
         """
         views = validate_buffers(buffers, stream)
         layout = check_choice(self.options.chunking if chunking is None else chunking,
                               fmt.CHUNKING_MODES, "chunking")
         meta = validate_meta(meta)
+        expect_head = _checked_head(expect_head)
         self._committer.check_open(write=True)
         self._persister.prepare_sync_checkpoint(stream)
         opts = self.options
 
         def plans(view: IndexView, head: int | None, parent: Commit | None) -> list:
             return wr.plan_buffers(view, stream, head, parent, views, opts, layout)
-        return CheckpointInfo.from_commit(self._committer.commit(stream, plans, meta))
+        return CheckpointInfo.from_commit(self._committer.commit(stream, plans, meta,
+                                                                 expect_head=expect_head))
+
+    # ---- group commits -------------------------------------------------------------------------
+    def group(self, stream: str, participants, *, timeout: float = 600.0,
+              expect_head: Any = ANY_HEAD) -> "Group":
+        """Opens a group commit on `stream`: one checkpoint made of the parts of several
+        participants (threads, processes, DCP ranks, the operators of a stream processor),
+        each staged independently and in parallel with store.stage(group.id, participant,
+        buffers, meta), then committed all at once by group.commit(): visible all together or
+        not at all, also if any participant or this coordinator is killed at any moment.
+
+        Args:
+            stream: the stream the checkpoint extends. It is reserved for the group until it
+                commits or aborts: other commits of it fail with CommitConflict meanwhile.
+            participants: their names (distinct non-empty strings), or an int N for
+                "0" ... "N-1". The checkpoint needs a part from each.
+            timeout: seconds from now within which the group must commit (GroupTimeout, and
+                the group is aborted, naming the participants that never staged).
+            expect_head: as for checkpoint(): the head the group must follow.
+        Returns: a Group (group.id is what participants need).
+        Raises: CommitConflict (another commit or group of the stream in progress, or the
+            head is not expect_head), InvalidArgumentError."""
+        validate_name(stream, "stream")
+        names = _participants(participants)
+        timeout = validate_timeout(timeout)
+        if not 0 < timeout < math.inf:
+            raise InvalidArgumentError(f"timeout must be a finite number of seconds > 0, got "
+                                       f"{timeout!r}")
+        expect_head = _checked_head(expect_head)
+        self._committer.check_open(write=True)
+        self._persister.prepare_sync_checkpoint(stream)
+        header = group_commits.open_group(self._committer, stream, names, timeout,
+                                          expect_head)
+        return Group(self, header.id, stream, tuple(names), header.parent)
+
+    def stage(self, group_id: str, participant: str, buffers: Mapping[str, Any],
+              meta: Any = None) -> None:
+        """Stages one participant's part of a group commit (see group()): its buffers
+        (diffed page-wise against the group stream's head, so parts are incremental like
+        checkpoints) and its meta (e.g. source offsets), durable in this Store's own log
+        when this returns. Buffer names must be distinct across the group's parts. Staging
+        the same participant again replaces its part. Any Store of the store may stage, in
+        any process; a process stages in parallel with others (each Store writes its own
+        log).
+        Raises: GroupError (unknown, committed, aborted or timed-out group; not one of its
+        participants; a buffer name another part staged), InvalidArgumentError."""
+        if not isinstance(group_id, str) or not group_id:
+            raise InvalidArgumentTypeError(f"group_id must be a group's id (a str), got "
+                                           f"{type(group_id).__name__}")
+        validate_name(participant, "participant")
+        views = validate_buffers(buffers, "group part")
+        meta = validate_meta(meta)
+        self._committer.check_open(write=True)
+        opts = self.options
+
+        def plans(view: IndexView, stream: str, head: int | None,
+                  parent: Commit | None) -> list:
+            return wr.plan_buffers(view, stream, head, parent, views, opts, opts.chunking)
+        group_commits.stage(self._committer, group_id, participant, plans, meta)
 
     def track(self, buffers: Mapping[str, Any], stream: str = "default",
               mode: str = "auto") -> Tracker:
@@ -324,8 +471,8 @@ class Store:
              **options) -> CheckpointInfo:
         """Checkpoints a picklable object graph; large buffers (NumPy arrays, tensors,
         PickleBuffers) go out of band, each diffed page-wise against the same buffer of the
-        stream's previous save. Options (allow_device_copy, inband_limit) and details:
-        snapstore.objects.save."""
+        stream's previous save. Options (allow_device_copy, inband_limit, expect_head) and
+        details: snapstore.objects.save."""
         from snapstore import objects
         return objects.save(self, obj, stream=stream, meta=meta, **options)
 
@@ -370,9 +517,11 @@ class Store:
         def delete_records(view: IndexView) -> list:
             for c in victims:
                 self._get_commit(view, c.id)        # still there: all or none
-            unique = dict.fromkeys(c.id for c in victims)
-            return [(fmt.REC_DELETE, records.encode_delete(i)) for i in unique]
-        self._committer.append_records(delete_records)
+            unique = list(dict.fromkeys(c.id for c in victims))
+            return [(fmt.REC_DELETE, i,
+                     lambda order, i=i: records.encode_delete(i, order, len(unique)))
+                    for i in unique]
+        self._committer.apply_ops(delete_records)
 
     def tag(self, name: Any, tag: str) -> None:
         """Adds a tag to a checkpoint (named as for resolve()). Tagged checkpoints survive
@@ -391,8 +540,9 @@ class Store:
 
         def tag_record(view: IndexView) -> list:
             commit = self._get_commit(view, name)
-            return [(fmt.REC_TAG, records.encode_tag(commit.id, tag, add))]
-        self._committer.append_records(tag_record)
+            return [(fmt.REC_TAG, commit.id,
+                     lambda order: records.encode_tag(commit.id, tag, add, order))]
+        self._committer.apply_ops(tag_record)
 
     def retain(self, stream: str, keep_last: int | None = None, keep_every: int | None = None,
                keep_tagged: bool = True, *, keep_within: float | str | None = None,
@@ -437,10 +587,15 @@ class Store:
         compaction_report = None
         if not dry_run:
             # Not under the writer lock: deleting a head first lets the stream's pending
-            # asynchronous checkpoints land, and they commit through that lock.
-            self.delete_many(reversed(doomed))     # newest first: merges stay small
-            if prune and doomed:
-                compaction_report = self.compact()
+            # asynchronous checkpoints land, and they commit through that lock. Under the
+            # maintenance lock when pruning, taken first: a running compaction makes retain
+            # wait (up to the store's timeout) or fail before it deletes anything, never
+            # between its deletes and its prune.
+            with (self._committer.maintenance(exclusive=True) if prune and doomed
+                  else contextlib.nullcontext()):
+                self.delete_many(reversed(doomed))     # newest first: merges stay small
+                if prune and doomed:
+                    compaction_report = self.compact()
         after = None if dry_run else self._bytes_on_disk()
         return RetainResult(doomed, kept=kept, dry_run=dry_run, bytes_before=before,
                             bytes_after=after, compaction=compaction_report)
@@ -488,7 +643,8 @@ class Store:
         if shrink_index is not None:
             shrink_index = validate_flag(shrink_index, "shrink_index")
         c = self._committer
-        with c.exclusive(), io_errors("compaction failed"):
+        with c.exclusive(), c.maintenance(exclusive=True), io_errors("compaction failed"):
+            c.recover_orphans()         # dead writers' logs: their tails are settled first
             return compaction.compact(c.index, c.log, c.backend, threshold=float(threshold),
                                       max_chain=max_chain or self.options.max_chain,
                                       opts=self.options,
@@ -502,7 +658,8 @@ class Store:
         re-hashes every chunk and every log record."""
         deep = validate_flag(deep, "deep")
         c = self._committer
-        with c.exclusive(write=False):
+        c.check_open()
+        with c.maintenance(exclusive=False):
             return verify_store(c.index, c.backend, deep=deep)
 
     # ---- reading ------------------------------------------------------------------------------
@@ -554,6 +711,16 @@ class Store:
         with self._committer.read() as r:
             return [CheckpointInfo.from_commit(r.named_checkpoint(i, "the stream's list"))
                     for i in r.checkpoint_ids(stream)]
+
+    def checkpoint_ids(self, stream: str) -> list[int]:
+        """The ids of a stream's checkpoints, oldest first, read from one index snapshot
+        without decoding any checkpoint (cheap: a key scan). The last one is the stream's
+        head. With many writers, (last id, count) changes whenever the stream does (a commit
+        adds a new greatest id, a delete lowers the count, ids are never reused), so it tells
+        a cache of the stream whether it is still current."""
+        validate_name(stream, "stream")
+        with self._committer.read() as r:
+            return r.checkpoint_ids(stream)
 
     def latest(self, stream: str = "default") -> CheckpointInfo | None:
         """The newest checkpoint of a stream, or None."""
@@ -728,11 +895,14 @@ def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool
             crash) may lose the latest checkpoints (never corrupts older ones).
         create: create the store if ``path`` is not one yet (default True); False raises
             FormatError for a directory that is not a store.
-        readonly: open as a reader: no writer lock is taken, any number of readers run next
-            to one writer; every write raises ReadOnlyError.
-        timeout: seconds to wait for the writer lock held by another process (0: fail at
-            once with StoreLocked; float("inf"): wait for ever). For a reader: seconds to wait
-            for a store being created to appear.
+        readonly: open as a reader: no lock is taken, any number of readers run next to
+            any number of writers; every write raises ReadOnlyError.
+        timeout: seconds to wait for a lock (0: fail at once with StoreLocked;
+            float("inf"): wait for ever). Writers never wait for each other (each appends to
+            a log of its own); a writer's open waits for what holds the store to itself (its
+            creation, a format upgrade, a repair, a writer of an older snapstore), and
+            compact() and verify() wait for a running compaction. For a reader: also how
+            long to wait for a store being created to appear.
         page_size: the unit of incremental saves, a power of two from 512 to 1 MiB (default
             4096): a buffer's delta is the pages whose fingerprints changed.
         chunk_size: the largest chunk a full buffer is cut into, a multiple of page_size, at
@@ -755,9 +925,9 @@ def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool
             files under ``path``).
     Returns: Store (a context manager: ``with snapstore.open(p) as store:``).
     Raises: InvalidArgumentError / InvalidArgumentTypeError (bad option), FormatError (not a
-        store, or written by a newer snapstore), StoreLocked (another process holds the
-        writer lock), StoreIOError, CorruptionError (a damaged index: see
-        snapstore.repair).
+        store, or written by a newer snapstore), StoreLocked (an operation that needs the
+        store to itself holds it: it names the holder), StoreIOError, CorruptionError (a
+        damaged index: see snapstore.repair).
     """
     return Store(path, durability=durability, create=create, readonly=readonly, timeout=timeout,
                  page_size=page_size, chunk_size=chunk_size, chunking=chunking,
@@ -775,8 +945,9 @@ def repair(path, *, progress: Callable[[int, int], None] | None = None,
     "Repair"): for an index that is missing, truncated or damaged so badly the store cannot
     open, or any time. Afterwards the same checkpoints, streams, seqs and tags exist and
     restore byte-exact (as far as the log is intact). A module-level function, not a Store
-    method: it works on a store that cannot open, takes the writer's lock itself (waiting up
-    to `timeout` seconds) and refuses while this process has the store open.
+    method: it works on a store that cannot open, needs the store to itself (it takes the
+    store lock exclusively, waiting up to `timeout` seconds for every writer to close:
+    StoreLocked names one) and refuses while this process has the store open.
 
     progress(bytes scanned, total bytes) is called as the segments are scanned. Returns a
     report {"ok", "problems", "checkpoints", "streams", "chunks", "segments", "bytes_scanned",

@@ -19,8 +19,8 @@ Where the description comes from:
   around them, so checkpoints written before this module existed are listed too.
 - save_arrays checkpoints: the "snapstore.arrays" meta (one buffer "array/<name>" each).
 - DCP checkpoints (SnapstoreWriter): the DCP metadata (buffer "dcp/metadata"), read by the
-  same restricted unpickler; one entry per stored chunk ("item/<fqn>", in another checkpoint
-  for the other ranks' shares, named by ``checkpoint``).
+  same restricted unpickler; one entry per stored chunk ("item/<fqn>"; in multi-rank saves made
+  before format 3, the other ranks' shares lie in part checkpoints, named by ``checkpoint``).
 - every other checkpoint (plain buffers, LangGraph, workflows): no tensors.
 """
 from __future__ import annotations

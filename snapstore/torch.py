@@ -14,11 +14,13 @@ save(state, store, ...) still works in this version, with a DeprecationWarning.
 How DCP plans map onto the store (docs/objects.md): one dcp.save is one checkpoint of the
 stream (default "dcp") whose buffers are the save's write items, named "item/<fqn>" (plus
 "@<offsets>" for shards), and "dcp/metadata" (DCP's Metadata, pickled). Its meta
-{"snapstore.dcp": {"checkpoint_id": ..., "parts": [...]}} records DCP's checkpoint_id, so the
-reader finds it by that id. Items keep their names from save to save, so later saves are
-incremental. With several ranks, every rank other than the coordinator commits its items as a
-part checkpoint of stream "<stream>/rank<N>" during write_data; the coordinator's finish()
-commits the main checkpoint, which names the parts: until then no save is visible.
+{"snapstore.dcp": {"checkpoint_id": ..., ...}} records DCP's checkpoint_id, so the reader
+finds it by that id. Items keep their names from save to save, so later saves are
+incremental. The save is a group commit (Store.group): every rank stages its items at the
+same time, through its own Store, and the coordinator's finish() commits them all at once;
+until then nothing of the save is visible. Checkpoints written before format 3 kept the
+other ranks' items in part checkpoints of stream "<stream>/rank<N>"; the reader still reads
+them.
 """
 from __future__ import annotations
 
@@ -26,8 +28,10 @@ import contextlib
 import dataclasses
 import hashlib
 import io
+import math
 import os
 import pickle
+import threading
 import warnings
 from typing import Any, NamedTuple
 
@@ -49,11 +53,11 @@ from snapstore.objectlayer import (DCP_META_KEY, DCP_METADATA_BUFFER, DCP_PART_K
                                    contiguous_tensor, layer_meta, require_store)
 from snapstore.errors import (CheckpointNotFound, InvalidArgumentError, InvalidArgumentTypeError,
                               SnapstoreError)
-from snapstore.engine.validation import validate_name
-from snapstore.store import CheckpointInfo, Store
+from snapstore.engine.validation import validate_name, validate_timeout
+from snapstore.store import CheckpointInfo, Group, Store
 
 __all__ = ["save", "load", "SnapstoreWriter", "SnapstoreReader", "DCP_META_KEY",
-           "METADATA_BUFFER"]
+           "METADATA_BUFFER", "METADATA_PARTICIPANT"]
 
 DCP_VERSION = 1
 METADATA_BUFFER = DCP_METADATA_BUFFER
@@ -195,11 +199,25 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
 
 
 # ---- torch.distributed.checkpoint backend ------------------------------------------------------
+METADATA_PARTICIPANT = "metadata"      # the group participant staging DCP's metadata
+_RANK_PARTICIPANT = "rank{}"           # ... staging rank N's write items
+
+
+class _RankPlan(NamedTuple):
+    """What the coordinator tells a rank through its plan's storage_data (passed between
+    ranks, never stored): the save's group, the rank, and its participant name (None: the
+    rank has nothing to write)."""
+    group: str
+    rank: int
+    participant: str | None
+
+
 # PINNED BY THE FORMAT: the pickled DCP metadata of every DCP checkpoint (METADATA_BUFFER)
 # names this class as snapstore.torch._Location: never rename, move or change its fields.
 class _Location(NamedTuple):
-    """Where a DCP write item lives: checkpoint (None: the main checkpoint of the save),
-    buffer name, and the shape of the stored chunk (None for byte items)."""
+    """Where a DCP write item lives: checkpoint (None: the save's own checkpoint; an id only
+    in multi-rank saves made before format 3, naming another rank's part checkpoint), buffer
+    name, and the shape of the stored chunk (None for byte items)."""
     checkpoint: int | None
     buffer: str
     sizes: tuple | None
@@ -296,27 +314,89 @@ class _StoreUser:
             store.close()
 
 
+# One dcp.save on one rank, from set_up_storage_writer to the end of its part: the Store it
+# writes through and, on the coordinator, the group every rank stages into. A save whose
+# finish() never runs (DCP skips it when any rank failed) is ended when its thread starts
+# the next save: a thread runs one dcp.save at a time, so a save still registered in it then
+# is abandoned. Closing a Store the save opened drops its group (Store.close); a group in a
+# caller's Store is aborted.
+_THREAD_SAVES = threading.local()
+
+
+class _Save:
+    def __init__(self, user: "_StoreUser") -> None:
+        self.user = user
+        self.store: Store | None = None
+        self.group: Group | None = None
+        self.committed = False
+        saves = getattr(_THREAD_SAVES, "saves", None)
+        if saves is None:
+            saves = _THREAD_SAVES.saves = []
+        saves.append(self)
+
+    def open(self) -> Store:
+        if self.store is None:
+            self.store = self.user._open(readonly=False)
+        return self.store
+
+    def end(self) -> None:
+        """Lets go of the store; an uncommitted group is dropped (nothing of it visible)."""
+        with contextlib.suppress(ValueError):
+            _THREAD_SAVES.saves.remove(self)
+        store, group, self.store, self.group = self.store, self.group, None, None
+        try:
+            if group is not None and not self.committed and store is self.user._store_obj \
+                    and not store.closed:
+                with contextlib.suppress(SnapstoreError):
+                    group.abort()
+        finally:
+            self.user._done(store)
+
+
+def _end_abandoned_saves() -> None:
+    for save in list(getattr(_THREAD_SAVES, "saves", ())):
+        save.end()
+
+
 class SnapstoreWriter(_StoreUser, StorageWriter):
     """torch.distributed.checkpoint StorageWriter into a snapstore store.
 
     Args:
         path: the store directory (created if needed), or an open Store (used, not closed).
         stream: the stream of the DCP checkpoints (default "dcp").
-        timeout: seconds to wait for the store's writer lock (ranks take turns).
+        timeout: seconds one save may take from the coordinator's global plan to its commit
+            (the group commit's deadline: past it the save fails with GroupTimeout and nothing
+            of it is visible); opening the store also waits up to this long for an operation
+            that holds it exclusively (its creation by another rank, an upgrade, a repair).
         **open_options: more snapstore.open options (durability, page_size...).
 
-    Each dcp.save is one checkpoint of the stream, committed by the coordinator's finish();
-    dcp.save's checkpoint_id is recorded in its meta (without one, the save is just the
-    stream's next checkpoint). The same writer may be used for many saves. The last
+    Each dcp.save is one group commit of the stream (Store.group): the coordinator opens the
+    group in prepare_global_plan, every rank stages its write items as participant
+    "rank<N>" in write_data, all ranks at once (each through a Store and log of its own), and
+    the coordinator's finish() stages DCP's metadata (participant "metadata") and commits
+    the group: ONE checkpoint holding every item, visible all at once or not at all. Items
+    keep their buffer names from save to save, so each rank's part is a page diff against the
+    previous save. dcp.save's checkpoint_id is recorded in its meta (without one, the save is
+    just the stream's next checkpoint). The same writer may be used for many saves; the last
     checkpoint's CheckpointInfo is ``writer.last_info``.
+
+    When a rank fails, DCP raises on every rank and never calls finish(): the save's group
+    stays open in the coordinator's Store (reserving the stream) until this writer's next
+    save or close(), the next dcp.save in the same thread, the group's deadline, or the end
+    of the coordinator's process, whichever comes first; nothing of it is ever visible.
     """
 
     def __init__(self, path, stream: str = "dcp", *, timeout: float = 600.0,
                  **open_options) -> None:
+        timeout = validate_timeout(timeout)
+        if not 0 < timeout < math.inf:
+            raise InvalidArgumentError(f"SnapstoreWriter: timeout must be a finite number of "
+                                       f"seconds > 0 (a save's deadline), got {timeout!r}")
         _StoreUser.__init__(self, path, stream, {"timeout": timeout, **open_options})
+        self.timeout = timeout
         self.last_info: CheckpointInfo | None = None
         self.is_coordinator = True
-        self._pending: dict | None = None
+        self._save: _Save | None = None
 
     def storage_meta(self) -> StorageMeta | None:
         cid = self.checkpoint_id
@@ -326,84 +406,115 @@ class SnapstoreWriter(_StoreUser, StorageWriter):
         if not kwargs.get("use_collectives", True) and _world_size() > 1:
             raise InvalidArgumentError("SnapstoreWriter needs use_collectives=True with more "
                                        "than one rank (one save is one atomic checkpoint)")
+        _end_abandoned_saves()
         self.is_coordinator = bool(is_coordinator)
         self._begin()
         self._discard()
-        self._pending = {"buffers": {}, "keep": [], "rank": 0}
+        self._save = _Save(self)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        # each rank learns its position (a part stream per non-coordinator rank)
-        return [dataclasses.replace(p, storage_data=i) for i, p in enumerate(plans)]
+        """Runs on the coordinator only, before any write_data: opens the save's group and
+        tells each rank its group and participant name (None for a rank with nothing to
+        write) through its plan's storage_data."""
+        save = self._save if self._save is not None else self._new_save()
+        names = [_RANK_PARTICIPANT.format(i) if p.items else None for i, p in enumerate(plans)]
+        store = save.open()
+        try:
+            save.group = store.group(self.stream, [n for n in names if n] + [METADATA_PARTICIPANT],
+                                     timeout=self.timeout)
+        except BaseException:
+            self._discard()
+            raise
+        return [dataclasses.replace(p, storage_data=_RankPlan(save.group.id, i, names[i]))
+                for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
-        if self._pending is None:
-            self.set_up_storage_writer(True)
-        pending = self._pending
-        rank = plan.storage_data if isinstance(plan.storage_data, int) else 0
-        buffers, keep, locations = pending["buffers"], pending["keep"], []
-        for item in plan.items:
-            data = planner.resolve_data(item)
-            name = _item_name(item.index)
-            if item.type == WriteItemType.BYTE_IO:
-                view = data.getbuffer() if isinstance(data, io.BytesIO) else memoryview(data)
-                keep.append(data)
-                sizes = None
-            else:
-                view, tensor = _tensor_bytes(data)
-                keep.append(tensor)
-                sizes = tuple(int(n) for n in tensor.shape)
-            if name in buffers:
-                raise SnapstoreError(f"DCP write items {item.index} and another both map to "
-                                     f"buffer {name!r}")
-            buffers[name] = view
-            locations.append((item, name, sizes, view.nbytes))
-        part = None
+        save = self._save if self._save is not None else self._new_save()
+        mine = plan.storage_data
+        if not isinstance(mine, _RankPlan):
+            if not self.is_coordinator:
+                raise SnapstoreError("SnapstoreWriter.write_data: the plan names no group "
+                                     "(prepare_global_plan did not run on the coordinator)")
+            # DCP did not plan globally (a caller driving the writer by hand): one rank
+            mine = self.prepare_global_plan([plan])[0].storage_data
+        buffers: dict[str, memoryview] = {}
+        keep: list = []                  # the objects the views point into, until staged
+        locations = []
+        try:
+            for item in plan.items:
+                data = planner.resolve_data(item)
+                name = _item_name(item.index)
+                if item.type == WriteItemType.BYTE_IO:
+                    view = data.getbuffer() if isinstance(data, io.BytesIO) else memoryview(data)
+                    keep.append(data)
+                    sizes = None
+                else:
+                    view, tensor = _tensor_bytes(data)
+                    keep.append(tensor)
+                    sizes = tuple(int(n) for n in tensor.shape)
+                if name in buffers:
+                    raise SnapstoreError(f"DCP write items {item.index} and another both map "
+                                         f"to buffer {name!r}")
+                buffers[name] = view
+                locations.append((item, name, sizes, view.nbytes))
+            if mine.participant is not None:
+                save.open().stage(mine.group, mine.participant, buffers,
+                                  meta={"rank": mine.rank, "items": len(buffers)})
+        except BaseException:
+            self._discard()               # the save cannot commit: drop its group at once
+            raise
+        finally:
+            for view in buffers.values():
+                with contextlib.suppress(BufferError):
+                    view.release()
         if not self.is_coordinator:
-            # this rank's share is a part checkpoint now; the coordinator's commit names it
-            store = self._open(readonly=False)
-            try:
-                info = store.checkpoint(
-                    buffers, stream=f"{self.stream}/rank{rank}",
-                    meta={DCP_PART_KEY: {"version": DCP_VERSION, "rank": rank,
-                                         "checkpoint_id": self.checkpoint_id}})
-            finally:
-                self._done(store)
-                self._discard()
-            part = info.id
+            self._discard()               # this rank's part is done
         results = [WriteResult(index=item.index, size_in_bytes=nbytes,
-                               storage_data=_Location(part, name, sizes))
+                               storage_data=_Location(None, name, sizes))
                    for item, name, sizes, nbytes in locations]
         fut: Future = Future()
         fut.set_result(results)
         return fut
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        pending = self._pending or {"buffers": {}, "keep": []}
-        storage_data = {r.index: r.storage_data for rank in results for r in rank}
-        metadata.storage_data = storage_data
-        parts = sorted({loc.checkpoint for loc in storage_data.values()
-                        if loc.checkpoint is not None})
-        buffers = dict(pending["buffers"])
-        buffers[METADATA_BUFFER] = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
-        meta = {DCP_META_KEY: {"version": DCP_VERSION, "checkpoint_id": self.checkpoint_id,
-                               "parts": parts, "ranks": len(results)}}
-        store = self._open(readonly=False)
+        """The coordinator's last step: stages DCP's metadata (with every item's location)
+        and commits the group."""
+        save = self._save
+        if save is None or save.group is None:
+            raise SnapstoreError("SnapstoreWriter.finish: no save in progress (finish runs "
+                                 "once, after write_data, on the coordinator)")
         try:
-            self.last_info = store.checkpoint(buffers, stream=self.stream, meta=meta)
+            metadata.storage_data = {r.index: r.storage_data for rank in results for r in rank}
+            blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
+            meta = {DCP_META_KEY: {"version": DCP_VERSION, "checkpoint_id": self.checkpoint_id,
+                                   "parts": [], "ranks": len(results)}}
+            save.store.stage(save.group.id, METADATA_PARTICIPANT, {METADATA_BUFFER: blob})
+            # DCP calls finish only after every rank's write_data returned, and stage()
+            # registers a part before it returns: a part missing now never comes, so do not
+            # wait for it (GroupTimeout names it at once, and the group is dropped).
+            self.last_info = save.group.commit(meta, timeout=0)
+            save.committed = True
         finally:
-            self._done(store)
             self._discard()
 
+    def close(self) -> None:
+        """Ends this writer's unfinished save, if any (its group is dropped: nothing of it
+        becomes visible), and closes the store if the writer opened it. Idempotent; the
+        writer may still be used for more saves."""
+        self._discard()
+
+    def _new_save(self) -> _Save:
+        self._save = _Save(self)
+        return self._save
+
     def _discard(self) -> None:
-        """Drops the pending save's buffers (views of the caller's tensors)."""
-        if self._pending is not None:
-            for view in self._pending["buffers"].values():
-                with contextlib.suppress(BufferError):
-                    view.release()
-            self._pending = None
+        """Ends the save in progress, if any (see _Save.end)."""
+        save, self._save = self._save, None
+        if save is not None:
+            save.end()
 
 
 def _find_dcp_checkpoint(store: Store, stream: str, checkpoint_id: Any) -> CheckpointInfo:

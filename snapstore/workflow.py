@@ -43,7 +43,15 @@ StepError naming the step; a checkpoint that cannot be saved stops the workflow 
 CheckpointSaveError (or TypeError for a state that cannot be pickled), the next step does not
 run. Steps run after the last checkpoint, or declared checkpoint=False, run again after a crash,
 so steps should be idempotent (a crash between a step's side effects and its checkpoint
-repeats them). One process runs a workflow at a time (a store has one writer).
+repeats them).
+
+Many workers: any number of processes may run workflows in one store; two runs of the same
+workflow id never interleave their steps. Each checkpoint a run saves is a compare-and-swap on
+the workflow's stream (expect_head: the checkpoint the run resumed from, then the one it last
+wrote), and before each step the run checks that nobody else checkpointed the workflow since:
+a run that another run overtook stops with WorkflowConflictError (a CommitConflict naming the
+workflow and the step), saving nothing. The step it was running may have run in both (as after
+a crash: steps should be idempotent); run() again resumes from the newest checkpoint.
 
 Tracing: with ``opentelemetry-api`` installed, run() is a span "snapstore.workflow.run" and each
 step a child span "snapstore.workflow.step", with the workflow id, step name and index, the
@@ -58,23 +66,25 @@ import pickle
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from snapstore.errors import (CheckpointNotFound, CheckpointSaveError, InvalidArgumentError,
-                              StepError, WorkflowFinishedError, WorkflowInputMismatchError)
+from snapstore.errors import (CheckpointNotFound, CheckpointSaveError, CommitConflict,
+                              InvalidArgumentError, StepError, WorkflowConflictError,
+                              WorkflowFinishedError, WorkflowInputMismatchError)
 from snapstore.engine.validation import validate_meta
 from snapstore.objectlayer import WORKFLOW_META_KEY as META_KEY
 from snapstore.objectlayer import layer_meta
 from snapstore.store import CheckpointInfo, Store
 
 __all__ = ["Workflow", "Step", "StepRecord", "StepError", "CheckpointSaveError",
-           "WorkflowFinishedError", "WorkflowInputMismatchError", "META_KEY"]
+           "WorkflowConflictError", "WorkflowFinishedError", "WorkflowInputMismatchError",
+           "META_KEY"]
 
 STATE_BUFFER = "state"                # the pickled state (codec "pickle")
 CODECS = ("auto", "objects", "pickle")
 _MAX_PLAIN_ID = 200                   # longer ids (or ids with NUL) use a hashed stream name
 
 
-# StepError, CheckpointSaveError, WorkflowFinishedError, WorkflowInputMismatchError: defined in
-# snapstore.errors (importable from here too, as before).
+# StepError, CheckpointSaveError, WorkflowConflictError, WorkflowFinishedError,
+# WorkflowInputMismatchError: defined in snapstore.errors (importable from here too).
 
 
 @dataclass(frozen=True)
@@ -243,8 +253,10 @@ class Workflow:
                 out.append((info, ours))
         return out
 
-    def _latest(self) -> tuple[CheckpointInfo, dict] | None:
-        info = self.store.latest(self.stream)
+    def _latest(self, head: Any = False) -> tuple[CheckpointInfo, dict] | None:
+        """The latest run's latest checkpoint and our meta of it, given the stream's head
+        (read now if not given)."""
+        info = self.store.latest(self.stream) if head is False else head
         if info is None:
             return None
         ours = _ours(info)
@@ -293,7 +305,7 @@ class Workflow:
         return self.store.load(info.id)
 
     # ---- writing ----------------------------------------------------------------------------
-    def _save(self, state: Any, ours: dict) -> CheckpointInfo:
+    def _save(self, state: Any, ours: dict, expect: int | None) -> CheckpointInfo:
         meta = {META_KEY: ours}
         if self.codec == "pickle":
             try:
@@ -301,23 +313,57 @@ class Workflow:
             except Exception as exc:
                 raise TypeError(f"the state after step {ours['step']!r} of workflow "
                                 f"{self.workflow_id!r} cannot be pickled: {exc}") from exc
-            return self.store.checkpoint({STATE_BUFFER: data}, stream=self.stream, meta=meta)
+            return self.store.checkpoint({STATE_BUFFER: data}, stream=self.stream, meta=meta,
+                                         expect_head=expect)
         try:
-            return self.store.save(state, stream=self.stream, meta=meta)
+            return self.store.save(state, stream=self.stream, meta=meta, expect_head=expect)
         except TypeError as exc:          # ObjectSaveError: unpicklable, nothing written
             raise TypeError(f"the state after step {ours['step']!r} of workflow "
                             f"{self.workflow_id!r} cannot be pickled: {exc}") from exc
 
-    def _checkpoint(self, state: Any, ours: dict) -> CheckpointInfo:
+    def _checkpoint(self, state: Any, ours: dict, expect: int | None) -> CheckpointInfo:
+        """Saves the state after a step, only on top of checkpoint `expect` (None: on an
+        empty stream)."""
         try:
-            return self._save(state, ours)
+            return self._save(state, ours, expect)
         except TypeError:
             raise                          # unpicklable state (nothing was written)
+        except CommitConflict as exc:
+            raise self._conflict(ours["step"], expect, exc.found, exc) from exc
         except Exception as exc:
             raise CheckpointSaveError(
                 f"workflow {self.workflow_id!r} stopped: the checkpoint after step "
                 f"{ours['step']!r} could not be saved: {exc}",
                 workflow_id=self.workflow_id, step=ours["step"]) from exc
+
+    def _conflict(self, step: str, expect: int | None, found: int | None,
+                  cause: CommitConflict | None = None) -> WorkflowConflictError:
+        """The error of a run that another run of the workflow overtook."""
+        built = (f"checkpoint {expect}" if expect is not None else "no checkpoint (a fresh "
+                 "start)")
+        holder = cause.holder if cause is not None else None
+        if found == expect and holder:
+            other = f"another run of this workflow is checkpointing it right now ({holder})"
+        else:
+            other = (f"another run of this workflow checkpointed it meanwhile (this run built "
+                     f"on {built}, the workflow's newest is "
+                     + (f"checkpoint {found})" if found is not None else "none)"))
+        what = (f"the state after step {step!r} was not saved and" if step else
+                "nothing was reset, and")
+        return WorkflowConflictError(
+            f"workflow {self.workflow_id!r}: {other}: {what} this run stopped, so the two "
+            "runs' steps never interleave. run() again resumes from the newest checkpoint",
+            workflow_id=self.workflow_id, step=step, stream=self.stream, expected=expect,
+            found=found, holder=holder)
+
+    def _check_not_overtaken(self, step: str, expect: int | None) -> None:
+        """Before running a step: stop if another run checkpointed the workflow since this
+        run's last checkpoint (it would redo the step for nothing: its checkpoint would be
+        refused). The compare-and-swap at the checkpoint is what guarantees it."""
+        head = self.store.latest(self.stream)
+        found = head.id if head is not None else None
+        if found != expect:
+            raise self._conflict(step, expect, found)
 
     def _span(self, name: str, attributes: dict):
         if self._tracer is None:
@@ -339,13 +385,17 @@ class Workflow:
         Raises: StepError (a step raised), CheckpointSaveError (a checkpoint failed), TypeError
         (unpicklable state; meta not JSON), WorkflowFinishedError, WorkflowInputMismatchError,
         InvalidArgumentError (no steps, or the checkpoints record steps that do not match the
-        registered ones: reset() or rerun() to start over).
+        registered ones: reset() or rerun() to start over), WorkflowConflictError (another
+        run of the workflow checkpointed it meanwhile: this run stopped, nothing of its
+        current step saved; run() again resumes from the newest checkpoint).
         """
         steps, meta = self._check_steps(), validate_meta(meta)
         names = [s.name for s in steps]
-        latest = self._latest()
+        head = self.store.latest(self.stream)         # what every checkpoint of this run
+        expect = head.id if head is not None else None  # builds on, first this
+        latest = self._latest(head)
         if latest is None:
-            return self._execute(steps, state, None, 0, _input_digest(state), meta)
+            return self._execute(steps, state, None, 0, _input_digest(state), meta, expect)
         info, ours = latest
         completed = list(ours["completed"])
         if completed != names[:len(completed)]:
@@ -357,7 +407,7 @@ class Workflow:
             digest = _input_digest(state)
             if digest is not None and digest != recorded:
                 self._refuse_input(completed == names)
-        return self._execute(steps, None, latest, ours.get("run", 0), recorded, meta)
+        return self._execute(steps, None, latest, ours.get("run", 0), recorded, meta, expect)
 
     def rerun(self, state: Any = None, *, meta: Any = None) -> Any:
         """Starts a new run of the workflow from its first step with ``state`` as input and
@@ -367,9 +417,11 @@ class Workflow:
         again would start yet another run).
         Raises: as run()."""
         steps, meta = self._check_steps(), validate_meta(meta)
+        head = self.store.latest(self.stream)
         records = self._records()
         number = records[-1][1].get("run", 0) + 1 if records else 0
-        return self._execute(steps, state, None, number, _input_digest(state), meta)
+        return self._execute(steps, state, None, number, _input_digest(state), meta,
+                             head.id if head is not None else None)
 
     def _check_steps(self) -> list[Step]:
         steps = list(self._steps)
@@ -392,9 +444,10 @@ class Workflow:
             workflow_id=wid)
 
     def _execute(self, steps: list[Step], state: Any, latest: tuple | None, run: int,
-                 digest: str | None, meta: Any) -> Any:
+                 digest: str | None, meta: Any, expect: int | None) -> Any:
         """Runs steps after those `latest` (the run's latest checkpoint; None: a new run
-        from `state`) completed, saving checkpoints of run number `run`."""
+        from `state`) completed, saving checkpoints of run number `run`, the first on top of
+        the stream's head `expect` (read before anything else), each next on the last."""
         completed: list[str] = list(latest[1]["completed"]) if latest is not None else []
         resumed = latest is not None
         attrs = {"snapstore.workflow.id": self.workflow_id, "snapstore.workflow.resumed": resumed,
@@ -413,6 +466,7 @@ class Workflow:
                         "snapstore.workflow.step": step.name,
                         "snapstore.workflow.step.index": index,
                         "snapstore.workflow.resumed": resumed}) as span:
+                    self._check_not_overtaken(step.name, expect)
                     try:
                         state = step.fn(state)
                     except Exception as exc:
@@ -425,8 +479,9 @@ class Workflow:
                         info = self._checkpoint(state, {
                             "workflow": self.workflow_id, "kind": "step", "step": step.name,
                             "index": index, "completed": list(completed), "done": done,
-                            "codec": self.codec, "user": meta, "run": run, "input": digest})
-                        last_saved = info.id
+                            "codec": self.codec, "user": meta, "run": run, "input": digest},
+                            expect)
+                        last_saved = expect = info.id
                         if span is not None:
                             span.set_attribute("snapstore.checkpoint.id", info.id)
             if run_span is not None and last_saved is not None:
@@ -436,14 +491,24 @@ class Workflow:
     def reset(self) -> int:
         """Forgets the workflow's checkpoints so the next run() starts over; returns how many
         were deleted. Crash-safe: a reset marker is committed first, so a reset interrupted
-        halfway still starts over."""
+        halfway still starts over. Raises WorkflowConflictError (nothing reset) when a run
+        of the workflow checkpointed it meanwhile: that run's next checkpoint is refused once
+        the marker is in."""
+        head = self.store.latest(self.stream)
         infos = [i for i in self.store.checkpoints(self.stream)
                  if (_ours(i) or {}).get("workflow") == self.workflow_id]
         if not infos:
             return 0
-        marker = self.store.checkpoint({}, stream=self.stream, meta={META_KEY: {
-            "workflow": self.workflow_id, "kind": "reset"}})
-        for info in reversed(infos):
-            self.store.delete(info.id)
-        self.store.delete(marker.id)
+        expect = head.id if head is not None else None
+        try:
+            marker = self.store.checkpoint({}, stream=self.stream, expect_head=expect,
+                                           meta={META_KEY: {"workflow": self.workflow_id,
+                                                            "kind": "reset"}})
+        except CommitConflict as exc:
+            raise self._conflict("", expect, exc.found, exc) from exc
+        for info in [*reversed(infos), marker]:
+            try:
+                self.store.delete(info.id)
+            except CheckpointNotFound:
+                pass                       # deleted by another reset meanwhile
         return sum(1 for i in infos if (_ours(i) or {}).get("kind") != "reset")

@@ -28,9 +28,12 @@ from snapstore.version import __version__
 EPILOG = f"""\
 {STORE_RULE}
 
-Writing commands (init, rm, tag, retain, compact, repair) take the writer's lock; another
-writer holding it fails them at once, naming its pid, host and since-when: --timeout SECONDS
-waits for it. Reading commands never wait.
+Any number of writers (commands and programs) write a store at once. What needs the store to
+itself locks them out: creating it, upgrading its format, `repair` (which waits for every
+writer to close) and writers of an older snapstore. Compactions (compact, retain's prune) run
+one at a time, and verify waits for a running one. A command kept out fails at once, exit 1,
+naming the holder's pid, host and since-when; --timeout SECONDS waits for it first. ls, show,
+restore, diff and stats take no lock.
 
 checkpoint names (show, restore, diff, rm, tag), in this order of precedence:
   7              the checkpoint id, as `ls` shows it (digits are always an id)
@@ -46,7 +49,7 @@ of 1024; KiB/MiB/... and KB/MB/... mean the same).
 exit status:
   0  success
   1  a problem was found or the operation failed: `verify` found damage, the store is
-     corrupt, locked by another writer, or an I/O error happened
+     corrupt, locked (see above), or an I/O error happened
   2  usage error: bad arguments, no such store / checkpoint / buffer, an invalid option value
 
 Errors are printed as one line `snapstore: error: ...` on stderr; --debug (or
@@ -120,14 +123,21 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
+# The command line's advice per lock that kept a command out (StoreLocked.lock).
+_LOCKED_ADVICE = {
+    "store": "Wait for it with --timeout SECONDS; reading commands (ls, show, restore, diff, "
+             "verify, stats) work meanwhile.",
+    "writers": "Close its writers, or wait for them with --timeout SECONDS.",
+    "maintenance": "Wait for it with --timeout SECONDS.",
+}
+
+
 def _locked_message(exc: errors.StoreLocked) -> str:
     """StoreLocked with command-line advice (the exception's own gives Python's)."""
-    if exc.path is None:
+    advice = _LOCKED_ADVICE.get(exc.lock)
+    if exc.reason is None or advice is None:
         return str(exc)
-    waited = f" (waited {exc.waited:.3g}s)" if exc.waited else ""
-    return (f"{exc.path} is locked by {exc.holder}, which has it open for writing{waited}. "
-            "Wait for it with --timeout SECONDS; reading commands (ls, show, restore, diff, "
-            "verify, stats) work meanwhile.")
+    return f"{exc.reason} {advice}"
 
 
 def main(argv: Optional[list] = None) -> int:

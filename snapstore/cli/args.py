@@ -40,7 +40,10 @@ def add_global_options(parser: argparse.ArgumentParser, *, with_store: bool = Tr
         option("-s", "--store", dest="store", metavar="PATH",
                help=f"the store directory (default: ${STORE_ENV})")
         option("--timeout", dest="timeout", type=seconds_arg, metavar="SECONDS",
-               help="wait this long for another writer's lock (default 0)")
+               help="wait this long for a lock: one held by an operation that needs the "
+                    "store to itself (creation, format upgrade, repair), the open writers "
+                    "(repair), or a running compaction (compact, retain, verify) (default 0: "
+                    "fail at once)")
     option("--json", dest="json", action="store_true",
            help="print one JSON document instead of text")
     option("--debug", dest="debug", action="store_true", help="show Python tracebacks on errors")

@@ -47,8 +47,10 @@ def same_path(a: str, b: str) -> bool:
 
 
 def open_store(args, *, write: bool = False):
-    """Opens the existing store of `args`: read-only (never takes the writer's lock), or as
-    the writer when `write`, waiting up to --timeout for the lock."""
+    """Opens the existing store of `args`: read-only, or as a writer when `write` (alongside
+    any other writers). --timeout is the store's: how long a writer's open waits for an
+    exclusive holder (a repair, a format upgrade...), and compact/verify for a running
+    compaction."""
     path = store_path(args)
     if not os.path.isdir(path):
         hint = ""
@@ -58,7 +60,8 @@ def open_store(args, *, write: bool = False):
         raise UsageError(f"no snapstore store at {path}{hint}")
     if write:
         return open_snapstore(path, create=False, timeout=args.timeout)
-    return open_snapstore(path, create=False, readonly=True)
+    return open_snapstore(path, create=False, readonly=True,
+                          timeout=getattr(args, "timeout", 0.0))
 
 
 def need(store, method: str) -> Callable:

@@ -21,7 +21,8 @@ def add_compact(add) -> None:
             "then more, emptiest first, until the garbage left is at most --max-garbage of "
             "the live data: by default the store ends up at most 1.1x its live data), and "
             "replaces the index by a compacted copy when at least half of it is free space. "
-            "Also folds delta chains longer than --max-chain.")
+            "Also folds delta chains longer than --max-chain. Runs while other writers write; "
+            "compactions run one at a time (--timeout: how long to wait for a running one).")
     p.add_argument("--threshold", type=float, default=None, metavar="F",
                    help="always rewrite segments less live than this fraction (default 0.5)")
     p.add_argument("--max-garbage", type=garbage_arg, default=None, metavar="F",
@@ -61,7 +62,8 @@ def add_repair(add) -> None:
     add("repair", "rebuild the index from the log (exit 1 if the log itself is damaged)",
         cmd_repair, description="Rebuilds the store's index from its segments alone, for "
         "an index that is missing, truncated or damaged (or any time): afterwards the same "
-        "checkpoints, streams, seqs and tags exist. Takes the writer's lock (--timeout).")
+        "checkpoints, streams, seqs and tags exist. Needs the store to itself: waits "
+        "up to --timeout for its writers to close.")
 
 
 def cmd_compact(args) -> int:

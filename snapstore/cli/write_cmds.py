@@ -1,6 +1,6 @@
 """`snapstore init`, `rm`, `tag` and `retain`: create a store, delete checkpoints, label them,
-apply a retention policy and free its space (these take the writer's lock, waiting up to
---timeout; `retain --dry-run` only reads)."""
+apply a retention policy and free its space (these open the store as a writer, alongside any
+other writers; `retain --dry-run` only reads)."""
 from __future__ import annotations
 
 import argparse
@@ -102,7 +102,7 @@ def add_retain(add) -> None:
 def cmd_init(args) -> int:
     path = store_path(args)
     existed = os.path.exists(os.path.join(path, fmt.FORMAT_FILE))
-    if existed:     # validate it without taking the writer's lock (a job may hold it)
+    if existed:     # validate it read-only: no lock to wait for (a repair may hold it)
         open_snapstore(path, create=False, readonly=True).close()
     else:
         open_snapstore(path, create=True, timeout=args.timeout).close()

@@ -1,77 +1,102 @@
 """The commit path: the one way anything is written into a store.
 
-A Committer opens a store — the directory, its FORMAT file and, for the writer, the flock
-(storedir); the LMDB index; the segment backend; recovery; the tail of the log (SegmentLog) —
-and owns all of it until close(), with the staging buffer and the durability setting. Every
-writer goes through its operations: store.checkpoint, the asynchronous persister (trackers and
-checkpoint_async), object saves and the integrations (through store.checkpoint), delete, tag,
-retain, compaction.
+A Committer opens a store — the directory, its FORMAT file and the store lock (storedir: held
+shared by every writer), the LMDB index, the segment backend, upgrade, the log it appends to
+(logowners: a log of its own, an orphaned one it recovered, or a new one) — and owns all of it
+until close(), with the staging buffer and the durability setting. Every writer goes through
+its operations: store.checkpoint, the asynchronous persister (trackers and checkpoint_async),
+object saves and the integrations (through store.checkpoint), delete, tag, retain, group
+commits (groups.py), compaction.
 
     commit(stream, make_plans, meta)  stores planned buffers as the stream's next checkpoint
-    append_records(make_records)      appends index records (delete, tag) and applies them
-    exclusive(write)                  runs a block under the writer lock (compaction, verify)
+    apply_ops(make_ops)               claims, appends and applies delete and tag records
+    exclusive(write)                  runs a block under the process's writer lock
+    maintenance(exclusive)            ... and the store's maintenance lock (compact, verify)
     read()                            an index snapshot to plan against or read from
 
-Commit protocol (docs/design.md, "Commit and recovery protocol"; crash point names in
-parentheses):
-  1. append the checkpoint's new chunk records (after_data_append), then its commit record
-     (after_commit_append), to the log;
-  2. make them durable: fdatasync, skipped with durability "none" (after_fsync);
-  3. apply the record to the index in one LMDB write transaction, which also stores the new
-     page fingerprints and advances the applied log position (before_index_commit,
+Many writers (format 3; docs/design.md, "Many writers"): any number of processes open a store
+for writing at once, each appending to a log of its own. A commit:
+  1. plans against an index snapshot: the stream's head H it builds on, the page diff against
+     H's fingerprints (make_plans), then appends the new chunk records to its own log, deduped
+     against the snapshot's chunks (after_data_append). No lock but this process's.
+  2. claims (one short index transaction, claims.py): fails with CommitConflict unless the
+     stream's head is still H (or `expect_head`) and no other commit of the stream is in
+     progress; re-checks the chunks it reused if garbage collection ran since it planned;
+     allocates the record's order, the checkpoint id and seq; pins the reused chunks.
+  3. appends the commit record and fdatasyncs its log, with the chunks: one sync, in parallel
+     with every other writer's (after_commit_append, after_fsync; skipped with durability
+     "none").
+  4. publishes (one short index transaction): applies the record, stores the new page
+     fingerprints, drops the claim, advances its log's applied position (before_index_commit,
      after_index_commit).
-A checkpoint is visible iff step 3 happened; it is durable iff step 2 did, and a durable commit
-that step 3 missed (crash) is applied by recovery when a writer next opens the store. A failure
-before step 3 completes truncates the log back to where the operation began, leaving no trace;
-an OSError is raised as StoreIOError. Delete and tag records follow steps 1 to 3 the same way.
+A checkpoint is visible iff step 4 happened; it is durable iff step 3 did. A writer killed
+after step 3 leaves a claimed record: whoever next takes its log's lock publishes it
+(recovery.py); killed before, its claim is dropped and its chunks are garbage. A failure
+before step 4 completes truncates its log back to where the operation began and drops the
+claim, leaving no trace; an OSError is raised as StoreIOError. Deletes and tags take steps 2
+to 4 the same way (apply_ops).
 
 LOCKING CONTRACT
-  * One lock, the writer lock: a threading.RLock owned by the Committer. commit(),
-    append_records(), exclusive() and close() hold it for their whole run, and nothing else
-    writes the log or the index, so the writes of one process are serialised. (Between
-    processes the flock on STORE/lock admits one writer; readers take no lock.)
-  * Re-entrant: the thread holding it (in an exclusive() block, or in a callback) may call
-    commit(), append_records() and exclusive() again.
+  * Within a process: one lock, the writer lock, a threading.RLock owned by the Committer.
+    commit(), apply_ops(), exclusive() and close() hold it for their whole run, so the
+    operations of one Committer (its log) are serialised; two Stores of one process are two
+    writers with two logs. Between writers (processes or Stores) nothing is held but the
+    index's write lock during the short claim and publish transactions: a writer never waits
+    for another's data I/O or fsync.
+  * It is re-entrant: its holder (in an exclusive() block, or in a callback) may call
+    commit(), apply_ops() and exclusive() again.
   * Whoever holds it must not wait for another thread that needs it. In particular callbacks
-    (make_plans, make_records, on_stored, pause) and exclusive() blocks must not wait for the
+    (make_plans, make_ops, on_stored, pause) and exclusive() blocks must not wait for the
     asynchronous persister (flush, Tracker.close, a future's result...): its worker thread
     commits through this lock. `pause` may wait, but only for a bounded time.
   * The open and read-only checks run under the lock: an operation either runs on an open
     writer or raises StoreClosedError / ReadOnlyError before touching anything. close() waits
     for the operation in progress; afterwards every operation, read() included, raises
     StoreClosedError; close() again does nothing.
-  * read() takes no lock: an LMDB read transaction is a consistent snapshot while a write goes
+  * read() takes no lock: an LMDB read transaction is a consistent snapshot while writes go
     on (MVCC). Use the view only inside its with block, in the thread that opened it; it is
     not protected against close(), so close a store only once its readers are done.
   * Any thread may call any operation; the callbacks run in the calling thread.
   * Only the opening process: in a fork()ed child every operation raises ForkedStoreError
-    (the lock, the LMDB environment and the descriptors are the parent's), and close() only
+    (the locks, the LMDB environment and the descriptors are the parent's), and close() only
     marks the committer closed (after_fork_in_child, run by the Store's fork handler, gave up
-    the child's copy of the lock descriptor and the writer lock a parent thread may hold).
+    the child's copies of the lock descriptors and the writer lock a parent thread may hold).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
 import threading
 import time
 from typing import Any, Callable, Iterator
 
+from snapstore.engine import claims as claim_rules
 from snapstore.engine import format as fmt
+from snapstore.engine import indexswap
+from snapstore.engine import logowners
 from snapstore.engine import storedir
 from snapstore.engine import writer as wr
 from snapstore.engine.crashpoints import crashpoint
-from snapstore.engine.index import Index, IndexView
+from snapstore.engine.fsutil import NotRegularFile, open_regular
+from snapstore.engine.holders import clear_holder, read_holder, write_holder
+from snapstore.engine.index import Index, IndexView, IndexWriter
 from snapstore.engine.records import Commit
-from snapstore.engine.recovery import recover
+from snapstore.engine.recovery import recover_logs
 from snapstore.engine.upgrade import upgrade as upgrade_store
 from snapstore.engine.backends import LocalSegments, SegmentBackend
-from snapstore.engine.wal import SegmentLog
-from snapstore.errors import (ForkedStoreError, ReadOnlyError, SnapstoreError, StoreClosedError,
-                              StoreIOError)
+from snapstore.engine.wal import SegmentLog, logs_of
+from snapstore.errors import (CommitConflict, ConcurrentCompactionError, CorruptionError,
+                              ForkedStoreError, ReadOnlyError, SnapstoreError,
+                              StoreClosedError, StoreIOError, StoreLocked)
 
 # make_plans(view, head id or None, head Commit or None) -> [BufferPlan]
 PlanMaker = Callable[[IndexView, "int | None", "Commit | None"], list]
+
+ANY_HEAD = object()        # commit(expect_head=ANY_HEAD): whatever head the commit is planned on
+_ATTEMPTS = 5              # plans made again when garbage collection raced a commit
+_DEAD_RETRIES = 20         # dead writers' logs recovered while claiming, at most
 
 
 @contextlib.contextmanager
@@ -86,9 +111,23 @@ def io_errors(what: str) -> Iterator[None]:
         raise StoreIOError(f"{what}: {exc.strerror or exc}", exc.errno) from exc
 
 
+def reused_chunks(entries, new_chunks: bytes) -> bytes:
+    """The chunk ids the extents of `entries` name that are not among the new chunks: what a
+    commit reuses from the index (and must pin), packed."""
+    new = {bytes(new_chunks[i:i + fmt.CHUNK_ID_BYTES])
+           for i in range(0, len(new_chunks), fmt.NEW_CHUNK.size)}
+    seen: dict[bytes, None] = {}
+    for entry in entries:
+        for _, _, _, cid in fmt.EXTENT.iter_unpack(entry.extents):
+            if cid not in new:
+                seen[cid] = None
+    return b"".join(seen)
+
+
 class Committer:
-    """An open store's engine side: directory lock, index, backend, log, staging buffer, and
-    the one commit path (see the module docstring for the protocol and the locking contract).
+    """An open store's engine side: store lock, index, backend, its own log, staging buffer,
+    and the one commit path (see the module docstring for the protocol and the locking
+    contract).
 
     Raises what opening raises (FormatError, StoreLocked, CorruptionError, StoreIOError);
     on any failure everything opened so far is released again."""
@@ -100,19 +139,25 @@ class Committer:
         self.options = options
         self.durability = durability
         self.readonly = readonly
+        self.timeout = timeout
         self.index: Index | None = None
         self.backend: SegmentBackend | None = None
         self.log: SegmentLog | None = None       # None for a reader
-        self._lock = threading.RLock()           # the writer lock
-        self._lock_fd: int | None = None          # the flock of STORE/lock (writer only)
+        self.log_number: int | None = None
+        self._lock = threading.RLock()           # the writer lock (this process)
+        self._lock_fd: int | None = None          # STORE/lock, shared (writer only)
+        self._log_fd: int | None = None           # STORE/writers/<log>, exclusive
         self._staging: bytearray | None = None
+        self._maintenance_holder: int | None = None   # thread holding it exclusively
         self._closed = False
         self._pid = os.getpid()
         durable = durability == "fsync"
         try:
+            deadline = time.monotonic() + timeout
             opened = storedir.open_directory(path, create=create, readonly=readonly,
                                              timeout=timeout)
             self._lock_fd = opened.lock_fd
+            self.file_mode = opened.file_mode
             self.index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=readonly,
                                durable=durable, file_mode=opened.file_mode)
             self.backend = backend or LocalSegments(os.path.join(path, fmt.SEGMENTS_DIR),
@@ -121,15 +166,109 @@ class Committer:
             if opened.creating:     # the index is initialised: now it is a store
                 with io_errors(f"cannot create store {path}"):
                     storedir.publish_format(path, opened.file_mode)
+                    os.makedirs(logowners.writers_dir(path),
+                                mode=storedir.dir_mode(opened.file_mode), exist_ok=True)
+                storedir.share_lock(self._lock_fd, path)
+            elif not readonly and (opened.version or 0) < fmt.FORMAT_VERSION:
+                # an older format: upgrading needs the store to itself (unless another
+                # writer opening at the same time upgraded it meanwhile)
+                def upgraded() -> bool:
+                    return storedir.read_format_file(path)["version"] >= fmt.FORMAT_VERSION
+                if storedir.lock_lock(self._lock_fd, path, deadline, shared=False,
+                                      unless=upgraded):
+                    upgrade_store(path, self.index, self.backend)
+                    storedir.share_lock(self._lock_fd, path)
+                with self.index.read() as r:
+                    self.index.version = r.version
             if not readonly:
-                upgrade_store(path, self.index, self.backend)   # before anything else writes
                 with io_errors("cannot recover the log"):
-                    recover(self.index, self.backend, durable)
-                self.log = SegmentLog(self.backend, segment_size)
+                    self._take_log(durable)
+                    self._remove_swap_leftovers()
+                self.log = SegmentLog(self.backend, segment_size, self.log_number)
                 self.log.open_tail()
         except BaseException:
             self._release()
             raise
+
+    # ---- the writer's own log -----------------------------------------------------------
+    def _take_log(self, durable: bool) -> None:
+        """Recovers every log whose writer is gone (its lock free), all together (their
+        records applied in their order: recovery.py), and adopts the lowest of them as this
+        writer's; without one, starts a new log (a store's first writer: log 0)."""
+        known = self._known_logs()
+        taken: dict[int, int] = {}
+        try:
+            for log in sorted(known):
+                fd = logowners.try_take(self.path, log, self.file_mode)
+                if fd is not None:
+                    taken[log] = fd
+            if taken:
+                recover_logs(self.index, self.backend, list(taken), durable)
+        except BaseException:
+            for fd in taken.values():
+                os.close(fd)
+            raise
+        if taken:
+            self.log_number = min(taken)
+            self._log_fd = taken.pop(self.log_number)
+            for fd in taken.values():
+                os.close(fd)
+        else:
+            self.log_number, self._log_fd = logowners.create_new(
+                self.path, self.file_mode, start=max(known) + 1 if known else 0)
+        write_holder(self._log_fd)
+
+    def _remove_swap_leftovers(self) -> None:
+        """What a compaction killed while it replaced the index left behind (.index.new,
+        .index.old beside a complete index/) is removed, unless a compaction is running
+        now (it may be building .index.new): then the next open or compaction does it."""
+        if not indexswap.leftovers(self.path):
+            return
+        try:
+            with self.maintenance(exclusive=True, timeout=0):
+                indexswap.recover_swap(self.path)
+        except StoreLocked:
+            pass
+
+    def _known_logs(self) -> set[int]:
+        """Every log the store has: lock files, segments, applied positions, claims."""
+        known = set(logowners.lock_files(self.path)) | set(logs_of(self.backend.list()))
+        with self.index.read() as r:
+            known |= set(r.logs())
+            if r.version >= 3:
+                known |= {c.log for c in claim_rules.claims(r)}
+        return known
+
+    def alive(self, log: int) -> bool:
+        """Whether a writer holds log `log` (this one's own log always is)."""
+        return log == self.log_number or logowners.is_alive(self.path, log)
+
+    def recover_dead(self, log: int) -> bool:
+        """Recovers log `log` if its writer is gone (claims.DeadHolder), with every other log
+        whose writer is gone (after a power loss their records must be applied together, in
+        order); False when a writer holds it (alive again, or being recovered right now)."""
+        fd = logowners.try_take(self.path, log, self.file_mode)
+        if fd is None:
+            return False
+        taken = {log: fd}
+        try:
+            for other in sorted(self._known_logs() - {log, self.log_number}):
+                other_fd = logowners.try_take(self.path, other, self.file_mode)
+                if other_fd is not None:
+                    taken[other] = other_fd
+            recover_logs(self.index, self.backend, list(taken), self.durability == "fsync")
+        finally:
+            for other_fd in taken.values():
+                os.close(other_fd)
+        return True
+
+    def recover_orphans(self) -> bool:
+        """Recovers every log whose writer is gone (compaction does this first). Returns
+        whether there was one."""
+        for log in sorted(self._known_logs() - {self.log_number}):
+            if self.recover_dead(log):
+                return True
+        return False
 
     # ---- opening and closing ------------------------------------------------------------
     def _release(self) -> None:
@@ -141,12 +280,14 @@ class Committer:
             self.index = None
         if self.backend is not None:
             self.backend.close()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        for name in ("_log_fd", "_lock_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                setattr(self, name, None)
+                os.close(fd)
 
     def close(self) -> None:
-        """Waits for the operation in progress, then closes log, index, backend and lock.
+        """Waits for the operation in progress, then closes log, index, backend and locks.
         Idempotent. In a fork()ed child it only marks the committer closed."""
         if self.forked:
             self._closed = True
@@ -154,7 +295,22 @@ class Committer:
         with self._lock:
             if not self._closed:
                 self._closed = True
-                self._release()
+                try:
+                    self._drop_own_claims()
+                finally:
+                    self._release()
+
+    def _drop_own_claims(self) -> None:
+        """At close: nothing of this writer is in progress but the groups it opened and never
+        committed; drop them (they could never commit), so their stream is free at once."""
+        if self.log is None or self.index is None or self.log.broken:
+            return
+        try:
+            with self.index.write() as w:
+                for c in claim_rules.claims_of_log(w, self.log_number):
+                    claim_rules.drop(w, c)
+        except SnapstoreError:
+            pass                # the next writer to recover this log drops them
 
     @property
     def closed(self) -> bool:
@@ -167,17 +323,19 @@ class Committer:
 
     def after_fork_in_child(self) -> None:
         """Run in a fork()ed child (os.register_at_fork): a fresh writer lock (a thread of the
-        parent may have held it), and the child's copy of the flock descriptor closed, which
-        leaves the parent's lock held (flock belongs to the open file, which the parent keeps
-        open) but lets the child, or anyone, take it once the parent closes. Nothing else
+        parent may have held it), and the child's copies of the lock descriptors closed, which
+        leaves the parent's locks held (flock belongs to the open file, which the parent keeps
+        open) but lets the child, or anyone, take them once the parent closes. Nothing else
         of the parent's is touched."""
         self._lock = threading.RLock()
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        for name in ("_lock_fd", "_log_fd"):
+            fd = getattr(self, name)
+            setattr(self, name, None)
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def check_open(self, write: bool = False) -> None:
         """Raises StoreClosedError after close(), ForkedStoreError in a fork()ed child,
@@ -199,100 +357,119 @@ class Committer:
 
     @contextlib.contextmanager
     def exclusive(self, write: bool = True) -> Iterator[None]:
-        """Runs the with block under the writer lock, after the open (and, with write, the
-        read-only) check: for maintenance that works on index, log and backend itself
-        (compaction) and for checks that must see no commit half done (verify)."""
+        """Runs the with block under this process's writer lock, after the open (and, with
+        write, the read-only) check."""
         with self._lock:
             self.check_open(write)
             yield
 
-    # ---- writing ------------------------------------------------------------------------
-    def commit(self, stream: str, make_plans: PlanMaker, meta: Any, *,
-               on_stored: dict | None = None,
-               pause: Callable[[], None] | None = None) -> Commit:
-        """Stores planned buffers as the stream's next checkpoint and commits it; returns the
-        Commit.
-
-        make_plans(view, head id, head Commit) returns the BufferPlans, planned against that
-        view under the writer lock (so the head cannot move meanwhile); a delta plan is
-        relative to the head. A delta that reaches max_chain is rebased into a full manifest
-        (manifest work only). on_stored: {buffer name: callback(offset, stored bytes)}, told
-        what was stored when a plan is stored from the live buffer. pause() is called between
-        chunks (the persister yields to captures there)."""
-        opts = self.options
-        with self._lock, io_errors("checkpoint failed"):
-            self.check_open(write=True)
-            log = self.log
-            if self._staging is None:
-                self._staging = bytearray(wr.STAGING_BYTES)
-            mark = log.position
-            fingerprints = []
-            try:
-                with self.index.read() as r:
-                    head = r.stream_head(stream)
-                    parent = (r.named_checkpoint(head, f"stream {stream!r}'s head")
-                              if head is not None else None)
-                    parents = {b.name: b for b in parent.buffers} if parent else {}
-                    sink = wr.ChunkSink(log, r, opts, pause)
-                    entries = []
-                    for plan in make_plans(r, head, parent):
-                        if plan.base == "delta":
-                            pb = parents.get(plan.name)
-                            if pb is None or pb.size != len(plan.view) or pb.layout != "pages" \
-                                    or pb.page_size != plan.page_size:
-                                raise SnapstoreError(
-                                    f"buffer {plan.name!r} of stream {stream!r} changed under "
-                                    "its tracker (another writer checkpointed the stream)")
-                            plan.depth = pb.depth + 1
-                        entry = wr.store_buffer(plan, sink, self._staging,
-                                                (on_stored or {}).get(plan.name))
-                        if entry.base == "delta" and entry.depth >= opts.max_chain:
-                            entry = wr.rebase(r, parent, entry)
-                        entries.append(entry)
-                        if plan.fingerprints is not None:
-                            fingerprints.append((plan.name, plan.fingerprints))
-                    new_id = r.next_id()
-                    seq = r.stream_seq(stream) + 1
-                crashpoint("after_data_append")
-                commit = Commit(new_id, stream, head, time.time(), meta, entries,
-                                sink.new_chunk_table(), seq=seq)
-                # bytes_new counts the commit record too, whose size depends on bytes_new's
-                # digits: iterate to the fixpoint.
-                while True:
-                    total = sink.bytes_new + fmt.RECORD_HEADER.size + \
-                        sum(len(p) for p in commit.encode())
-                    if total == commit.bytes_new:
-                        break
-                    commit.bytes_new = total
-
-                def put_fingerprints(w) -> None:
-                    for name, fps in fingerprints:
-                        w.put_fingerprints(stream, name, new_id, opts.page_size, fps)
-
-                self._append_and_apply([(fmt.REC_COMMIT, commit.encode())], put_fingerprints)
-            except BaseException:
-                log.rollback(mark)      # the chunk records too
+    @contextlib.contextmanager
+    def maintenance(self, exclusive: bool, timeout: float | None = None) -> Iterator[None]:
+        """The store's maintenance lock (STORE/maintenance), for the with block: exclusive for
+        compaction (one at a time: it removes segments), shared for verify (which must not see
+        segments vanish under it). Waits up to `timeout` (default: the store's) and raises
+        StoreLocked (lock "maintenance") naming the compaction that holds it: an exclusive
+        holder records itself in the file (holders.py) and clears the record when done.
+        Other writers are not kept out. Re-entrant in the thread that holds it exclusively
+        (retain holds it across its deletes and its prune, compact() inside it)."""
+        if self._maintenance_holder == threading.get_ident():
+            yield
+            return
+        timeout = self.timeout if timeout is None else timeout
+        name = os.path.join(self.path, fmt.MAINTENANCE_LOCK_FILE)
+        try:
+            fd = open_regular(name, os.O_RDWR | os.O_CREAT, self.file_mode)
+        except NotRegularFile as exc:
+            raise CorruptionError(f"{name} is {exc.kind}, not a regular file: the store is "
+                                  "damaged (the lock file holds no data; remove it)") from None
+        except PermissionError:
+            if not self.readonly:
                 raise
-        return commit
+            yield           # a reader of a store it may not write: nothing to lock with
+            return
+        try:
+            deadline = time.monotonic() + timeout
+            mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+            started = time.monotonic()
+            while True:
+                try:
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                        raise
+                if time.monotonic() >= deadline:
+                    raise self._maintenance_locked(exclusive, time.monotonic() - started,
+                                                   read_holder(fd))
+                time.sleep(0.02)
+            if exclusive:
+                write_holder(fd)
+                self._maintenance_holder = threading.get_ident()
+            try:
+                yield
+            finally:
+                if exclusive:
+                    self._maintenance_holder = None
+                    clear_holder(fd)
+        finally:
+            os.close(fd)
 
-    def append_records(self, make_records: Callable[[IndexView], list]) -> None:
-        """Appends index records and applies them: make_records(view) runs under the writer
-        lock against the current index, so it can check what the records refer to (and raise
-        before anything is written), and returns [(record type, payload parts)]. The records
-        are appended, made durable with one sync and applied in one index transaction: all or
-        none. An empty list writes nothing."""
-        with self._lock:
-            self.check_open(write=True)
-            with self.index.read() as r:
-                batch = make_records(r)
-            if batch:
-                self._append_and_apply(batch)
+    def _maintenance_locked(self, exclusive: bool, waited: float, holder: dict) -> StoreLocked:
+        """StoreLocked for a compaction (exclusive) or a verify kept out of the maintenance
+        lock: by a compaction (its record names it) or, for a compaction, by verifies (which
+        write none)."""
+        exc = StoreLocked("", path=self.path, waited=waited, lock="maintenance", **holder)
+        if holder["pid"] is not None:
+            what = f"a compaction by {exc.holder} is running"
+        else:
+            what = "another compaction or a verify is running" if exclusive else \
+                "a compaction is running"
+        exc.reason = f"{self.path}: {what} (waited {waited:.3g}s)."
+        exc.args = (f"{exc.reason} Open the store with timeout=SECONDS to wait for it.",)
+        return exc
 
-    def _append_and_apply(self, batch: list, apply_extra=None) -> tuple[int, int]:
-        """Steps 1 (the records' part) to 3 of the protocol for index records, writer lock
-        held; apply_extra(index writer) adds to the same transaction. On any failure before
-        the index commit the log is rolled back to where it was. Returns the log position
-        just past the records."""
+    # ---- claiming --------------------------------------------------------------------------
+    def claim(self, prepare: Callable[[IndexWriter], tuple],
+              extra: Callable[[IndexWriter, claim_rules.Claim], None] | None = None
+              ) -> claim_rules.Claim:
+        """Claims an operation in one index transaction: prepare(writer) checks for conflicts
+        (raising CommitConflict; claims.DeadHolder, which recovers the dead writer's log and
+        tries again; or claims.ChunksVanished) and returns (kind, {claim fields}); the claim is
+        then recorded (claims.claim), and extra(writer, claim) adds to the same
+        transaction."""
+        for _ in range(_DEAD_RETRIES):
+            try:
+                with self.index.write() as w:
+                    kind, fields = prepare(w)
+                    c = claim_rules.claim(w, kind, self.log_number, **fields)
+                    if extra is not None:
+                        extra(w, c)
+                return c
+            except claim_rules.DeadHolder as dead:
+                if not self.recover_dead(dead.log):
+                    time.sleep(0.01)        # being recovered by another writer right now
+        raise CommitConflict(f"store {self.path}: writers kept dying while this operation "
+                             "claimed its place; try again")
+
+    def release(self, c: claim_rules.Claim) -> None:
+        """Drops an abandoned claim (best effort: a claim left behind is dropped when this
+        writer's log is recovered)."""
+        try:
+            with self.index.write() as w:
+                claim_rules.release(w, c.order)
+        except SnapstoreError:
+            pass
+
+    def publish(self, batch: list, c: claim_rules.Claim,
+                apply_extra: Callable[[IndexWriter], None] | None = None) -> tuple[int, int]:
+        """Steps 3 and 4 of the protocol for claimed index records (writer lock held):
+        appends the records of batch [(record type, payload parts)], syncs the log (with
+        durability "fsync"), then applies them, drops the claim and advances the log's
+        applied position in one index transaction; apply_extra(index writer) adds to it. On
+        any failure before the index commit the log is rolled back to where it was and the
+        claim dropped (kept when the rollback failed: the records may be durable, and the
+        recovery of this log after this writer is gone publishes them). Returns the log
+        position just past the records."""
         log = self.log
         mark = log.position
         try:
@@ -307,12 +484,149 @@ class Committer:
             with self.index.write() as w:
                 for rtype, parts in batch:
                     w.apply_record(rtype, b"".join(bytes(p) for p in parts), end)
+                claim_rules.release(w, c.order)
                 if apply_extra is not None:
                     apply_extra(w)
                 crashpoint("before_index_commit")
         except BaseException:
-            # The index never saw the records: take them back out of the log.
-            log.rollback(mark)
+            # The index never saw the records: take them back out of the log. If that fails
+            # they may be durable: the claim stays, and the recovery of this log after this
+            # writer is gone publishes what is there.
+            if log.rollback(mark):
+                self.release(c)
             raise
         crashpoint("after_index_commit")
         return end
+
+    # ---- writing ------------------------------------------------------------------------
+    def commit(self, stream: str, make_plans: PlanMaker, meta: Any, *,
+               expect_head: Any = ANY_HEAD, on_stored: dict | None = None,
+               pause: Callable[[], None] | None = None) -> Commit:
+        """Stores planned buffers as the stream's next checkpoint and commits it; returns the
+        Commit.
+
+        make_plans(view, head id, head Commit) returns the BufferPlans, planned against that
+        snapshot; a delta plan is relative to the head. The commit happens only if that head
+        is still the stream's head when it is claimed (and, with expect_head, if the head is
+        expect_head: None for an empty stream): else CommitConflict, and nothing of it is
+        visible. A delta that reaches max_chain is rebased into a full manifest (manifest work
+        only). on_stored: {buffer name: callback(offset, stored bytes)}, told what was stored
+        when a plan is stored from the live buffer. pause() is called between chunks (the
+        persister yields to captures there). May call make_plans again (the same snapshot
+        rules) when garbage collection removed a chunk it reused meanwhile."""
+        with self._lock, io_errors("checkpoint failed"):
+            self.check_open(write=True)
+            self.log.check_writable()
+            for _ in range(_ATTEMPTS):
+                try:
+                    return self._commit_once(stream, make_plans, meta, expect_head,
+                                             on_stored, pause)
+                except claim_rules.ChunksVanished:
+                    continue
+        raise ConcurrentCompactionError(f"checkpoint of stream {stream!r}: compaction removed "
+                                        f"chunks it reused {_ATTEMPTS} times in a row; retry")
+
+    def _commit_once(self, stream: str, make_plans: PlanMaker, meta: Any, expect_head: Any,
+                     on_stored: dict | None, pause) -> Commit:
+        opts = self.options
+        log = self.log
+        if self._staging is None:
+            self._staging = bytearray(wr.STAGING_BYTES)
+        mark = log.position
+        claimed = None
+        try:
+            with self.index.read() as r:
+                head = r.stream_head(stream)
+                if expect_head is not ANY_HEAD and head != expect_head:
+                    # a conflict whatever the claims: this snapshot cannot tell whether a
+                    # claim's holder is alive (it may have published and exited since), so
+                    # none is taken for dead (DeadHolder is for claim(), in a write txn)
+                    claim_rules.check_stream(r, stream, expect_head, lambda log: True)
+                parent = (r.named_checkpoint(head, f"stream {stream!r}'s head")
+                          if head is not None else None)
+                parents = {b.name: b for b in parent.buffers} if parent else {}
+                sink = wr.ChunkSink(log, r, opts, pause)
+                entries, fingerprints = [], []
+                for plan in make_plans(r, head, parent):
+                    if plan.base == "delta":
+                        pb = parents.get(plan.name)
+                        if pb is None or pb.size != len(plan.view) or pb.layout != "pages" \
+                                or pb.page_size != plan.page_size:
+                            raise SnapstoreError(
+                                f"buffer {plan.name!r} of stream {stream!r} changed under "
+                                "its tracker (another writer checkpointed the stream)")
+                        plan.depth = pb.depth + 1
+                    entry = wr.store_buffer(plan, sink, self._staging,
+                                            (on_stored or {}).get(plan.name))
+                    if entry.base == "delta" and entry.depth >= opts.max_chain:
+                        entry = wr.rebase(r, parent, entry)
+                    entries.append(entry)
+                    if plan.fingerprints is not None:
+                        fingerprints.append((plan.name, plan.fingerprints))
+                generation = r.gc_generation()
+            crashpoint("after_data_append")
+            new_chunks = sink.new_chunk_table()
+            pins = reused_chunks(entries, new_chunks)
+
+            def prepare(w: IndexWriter) -> tuple:
+                claim_rules.check_stream(w, stream, head, self.alive)
+                claim_rules.check_pins(w, claim_rules.unpack_ids(pins), generation)
+                return "commit", {"stream": stream, "parent": head, "pins": pins}
+            claimed = self.claim(prepare)
+            commit = Commit(claimed.id, stream, head, time.time(), meta, entries, new_chunks,
+                            seq=claimed.seq, order=claimed.order)
+            # bytes_new counts the commit record too, whose size depends on bytes_new's
+            # digits: iterate to the fixpoint.
+            while True:
+                total = sink.bytes_new + fmt.RECORD_HEADER.size + \
+                    sum(len(p) for p in commit.encode())
+                if total == commit.bytes_new:
+                    break
+                commit.bytes_new = total
+
+            def put_fingerprints(w: IndexWriter) -> None:
+                for name, fps in fingerprints:
+                    w.put_fingerprints(stream, name, commit.id, opts.page_size, fps)
+
+            self.publish([(fmt.REC_COMMIT, commit.encode())], claimed, put_fingerprints)
+            return commit
+        except BaseException:
+            log.rollback(mark)      # the chunk records too (publish dropped its claim)
+            raise
+
+    def apply_ops(self, make_ops: Callable[[IndexView], list]) -> None:
+        """Deletes and tags: make_ops(view) runs against the current index (in the claim's
+        transaction, so it can check what the records refer to and raise before anything is
+        written) and returns [(record type, checkpoint id, encode(order) -> payload parts)],
+        all deletes or all tags. They are claimed together (CommitConflict when a commit in
+        progress builds on one of their checkpoints, or another delete or tag of one is in
+        progress), appended with the claim's order, made durable with one sync and applied in
+        one index transaction: all or none. An empty list writes nothing."""
+        with self._lock, io_errors("cannot update the store"):
+            self.check_open(write=True)
+            self.log.check_writable()
+            made: list = []
+
+            def prepare(w: IndexWriter) -> tuple:
+                made[:] = make_ops(w)
+                if not made:
+                    raise _NothingToDo()
+                kind = "delete" if made[0][0] == fmt.REC_DELETE else "tag"
+                ids = sorted({m[1] for m in made})
+                claim_rules.check_checkpoints(w, ids, kind, self.alive)
+                return kind, {"ids": ids, "records": len(made)}
+            try:
+                claimed = self.claim(prepare)
+            except _NothingToDo:
+                return
+            mark = self.log.position
+            try:
+                self.publish([(rtype, encode(claimed.order)) for rtype, _, encode in made],
+                             claimed)
+            except BaseException:
+                self.log.rollback(mark)
+                raise
+
+
+class _NothingToDo(Exception):
+    """apply_ops: make_ops returned no records (nothing is claimed)."""

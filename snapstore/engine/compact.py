@@ -36,6 +36,26 @@ Order and invariants (docs/design.md, "Compaction"):
 Steps 1-4 are index transactions that leave checkpoint contents unchanged and remove nothing
 from the log, so they need no log record: losing one to a crash only loses the work, never
 data, and the records still in the log restore the same bytes.
+
+While other writers write (format 3, docs/design.md "Many writers"): compaction runs under
+the store's maintenance lock (one at a time) and this process's writer lock, never under a
+lock other writers need but the index's write lock of single transactions. What keeps their
+operations in progress safe:
+  * segments: only a log's segments wholly before its watermark are rewritten or removed. A
+    log's watermark is its applied position, or the start of a group part it staged that is
+    not committed yet, whichever is earlier; every chunk of a commit in progress lies after
+    its writer's applied position (a writer's log is sequential), so no such chunk is ever in
+    a segment compaction touches. This writer's own log has nothing in progress (its writer
+    lock is held): all of it may be rewritten, up to its own staged parts.
+  * chunk entries: garbage collection keeps the entries that claims and staged parts pin
+    (the chunks they reuse), and bumps the GC generation, so a commit planned before it
+    re-checks its reused chunks when it claims (claims.py).
+  * manifests: every change is one index transaction on what the index holds then (a trim
+    remaps only the extents that still lie in the chunk's kept bytes).
+  * the index shrink copies under the old index's write lock, syncs the copy without it,
+    and swaps under it again only if no transaction committed since the copy (else copies
+    again, or gives up); a writer that then gets that lock sees the data file was replaced
+    and begins again in the new index (Index.write), so no write lands in a replaced index.
 """
 from __future__ import annotations
 
@@ -44,6 +64,7 @@ import time
 from collections import defaultdict
 
 from snapstore.engine import chunks
+from snapstore.engine import claims as claim_rules
 from snapstore.engine import indexswap
 from snapstore.engine import storedir
 from snapstore.engine import extents as ext
@@ -56,7 +77,7 @@ from snapstore.engine.index import ChunkEntry, Index
 from snapstore.engine.logstate import append_state_section
 from snapstore.engine.backends.base import SegmentBackend
 from snapstore.engine.reader import buffer_layers
-from snapstore.engine.wal import SegmentLog
+from snapstore.engine.wal import SegmentLog, log_of
 
 
 def fold_chains(index: Index, max_chain: int) -> int:
@@ -189,6 +210,8 @@ def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
             for key in where[chunk]:
                 todo[key] = None
         for ckpt, bi in todo:
+            if w.checkpoint(ckpt) is None:
+                continue    # another writer deleted it since the plan: nothing to remap
             out = []
             for off, coff, length, chunk in fmt.EXTENT.iter_unpack(w.manifest(ckpt, bi)):
                 hit = remap.get(chunk)
@@ -200,8 +223,9 @@ def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
                             coff, chunk = base + (coff - a), new_id
                             break
                         base += b - a
-                    else:
-                        raise CorruptionError("an extent lies outside its chunk's live bytes")
+                    # else: a manifest changed since the plan (another writer's delete made
+                    # a child absorb it) and uses bytes of the chunk outside what the trim
+                    # kept: it keeps the old chunk, which stays referenced, so stays
                 out.append((off, coff, length, chunk))
             w.put_manifest(ckpt, bi, ext.pack(out))
         w.set_applied(log.position)
@@ -209,15 +233,47 @@ def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
 
 
 def collect_garbage(index: Index) -> tuple[int, int]:
-    """Removes index entries of unreferenced chunks. Returns (chunks, record bytes) freed."""
+    """Removes index entries of unreferenced chunks, except those an operation in progress
+    reuses (claims.pinned_chunks), in one transaction that bumps the GC generation. Returns
+    (chunks, record bytes) freed."""
     chunks = nbytes = 0
     with index.write() as w:
-        dead = [(cid, e) for cid, e in w.chunks() if e.refs == 0]
+        pinned = claim_rules.pinned_chunks(w) if w.version >= 3 else set()
+        dead = [(cid, e) for cid, e in w.chunks() if e.refs == 0 and cid not in pinned]
         for cid, e in dead:
             w.delete_chunk(cid)
             chunks += 1
             nbytes += fmt.RECORD_HEADER.size + e.stored_len
+        if dead and w.version >= 3:
+            w.bump_gc_generation()
     return chunks, nbytes
+
+
+def movable_segments(index: Index, backend: SegmentBackend, own_log: int) -> set[int]:
+    """The segments compaction may rewrite and remove while other writers write: a log's
+    segments wholly before its watermark (its applied position, or the start of the earliest
+    group part staged in it and not yet committed), and, of this writer's own log, every
+    segment before its earliest staged part (nothing else of it is in progress)."""
+    with index.read() as r:
+        applied = r.logs()
+        parts: dict[int, tuple] = {}
+        if r.version >= 3:
+            for _, d, _ in r.group_entries():
+                start = d.get("start")
+                if start is not None:
+                    log = log_of(start[0])
+                    parts[log] = min(parts.get(log, tuple(start)), tuple(start))
+    out = set()
+    for n in backend.list():
+        log = log_of(n)
+        if log == own_log:
+            mark = parts.get(log)
+        else:
+            marks = [m for m in (applied.get(log), parts.get(log)) if m is not None]
+            mark = min(marks) if marks else (0, 0)
+        if mark is None or n < mark[0]:
+            out.add(n)
+    return out
 
 
 def _live_by_segment(index: Index) -> dict[int, list]:
@@ -269,11 +325,13 @@ def plan_rewrite(payload: dict[int, int], needed: dict[int, float], kept: dict[i
 
 def choose_segments(log: SegmentLog, backend: SegmentBackend, needed: dict[int, float],
                     kept: dict[int, float], state: dict[int, int], threshold: float,
-                    max_garbage: float | None) -> list[int]:
-    """The segments to rewrite (plan_rewrite) among the store's. The open segment is sealed
-    first when it is chosen, so a store smaller than a segment gets space back too (issue
-    14, defect 9); an empty open segment is never chosen."""
-    payload = {n: max(0, backend.size(n) - fmt.SEGMENT_HEADER.size) for n in backend.list()}
+                    max_garbage: float | None, movable: set[int]) -> list[int]:
+    """The segments to rewrite (plan_rewrite) among the movable ones (movable_segments). The
+    open segment of this writer's log is sealed first when it is chosen, so a store smaller
+    than a segment gets space back too (issue 14, defect 9); an empty open segment is never
+    chosen."""
+    payload = {n: max(0, backend.size(n) - fmt.SEGMENT_HEADER.size) for n in backend.list()
+               if n in movable}
     chosen = plan_rewrite(payload, needed, kept, state, threshold, max_garbage)
     tail = log.position
     if tail[0] in chosen:
@@ -281,7 +339,7 @@ def choose_segments(log: SegmentLog, backend: SegmentBackend, needed: dict[int, 
             log.seal()      # the open segment is sparse too: seal it so it can be rewritten
         else:
             chosen.remove(tail[0])
-    return [n for n in chosen if n < log.position[0]]
+    return [n for n in chosen if log_of(n) != log.log or n < log.position[0]]
 
 
 def write_state_section(index: Index, log: SegmentLog) -> int:
@@ -289,9 +347,16 @@ def write_state_section(index: Index, log: SegmentLog) -> int:
     store's durability, then notes it in the index. Compaction calls it before it removes any
     segment, so every record of a removed segment is covered by a durable section. Returns
     its size in bytes."""
+    order = None
+    if index.version >= 3:
+        with index.write() as w:
+            order = w.take_order()      # before the snapshot: records after it are not in it
+            # this writer's own log has nothing in progress (its writer lock is held): it is
+            # applied up to its tail, so the section covers all of it up to there
+            w.set_applied(log.position)
     with log.durable_append():
         with index.read() as r:
-            begin, end = append_state_section(log, r)
+            begin, end = append_state_section(log, r, order)
     crashpoint("compact_after_state")
     with index.write() as w:
         w.set_log_state(begin, end)
@@ -385,16 +450,24 @@ def shrink_index(index: Index, store_path: str, *, force: bool = False) -> bool:
     staging = indexswap.staging_dir(store_path)
     indexswap.remove_entry(staging)         # what an interrupted swap left
     os.mkdir(staging, storedir.dir_mode(index.file_mode))
-    try:
-        index.copy_compacted(staging)
+
+    def swap() -> None:
         fsync_directory(staging)
         fsync_directory(store_path)
         crashpoint("compact_before_index_swap")
         indexswap.swap_in(store_path, staging)
+    try:
+        # other writers' transactions wait for the old index's write lock during the copy and
+        # the swap (not the copy's sync), then see it was replaced and begin again in the
+        # new one (Index.write); if they kept committing, the shrink is left for later
+        swapped = index.copy_compacted(staging, then=swap)
     except BaseException:
         if os.path.lexists(os.path.join(store_path, fmt.INDEX_DIR)):
             indexswap.remove_entry(staging)
         raise
+    if not swapped:
+        indexswap.remove_entry(staging)
+        return False
     crashpoint("compact_after_index_swap")
     index.refresh()                         # moves this Index to the new one now
     return True
@@ -413,7 +486,8 @@ def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold
     found = ChunkUses(index)
     needed, kept = found.segment_bytes(threshold)
     targets = choose_segments(log, backend, needed, kept, found.state_bytes(backend),
-                              threshold, max_garbage)
+                              threshold, max_garbage,
+                              movable_segments(index, backend, log.log))
     trimmed, trimmed_bytes, trim_read, trim_written = trim_chunks(index, log, backend, opts,
                                                                   threshold, found, set(targets))
     del found

@@ -9,13 +9,18 @@ import struct
 # ---- store directory --------------------------------------------------------------------
 FORMAT_FILE = "FORMAT"          # JSON: {"format": FORMAT_NAME, "version": FORMAT_VERSION, ...}
 FORMAT_NAME = "snapstore"
-FORMAT_VERSION = 2              # bump on any incompatible change; newer -> FormatError
+FORMAT_VERSION = 3              # bump on any incompatible change; newer -> FormatError
 MIN_FORMAT_VERSION = 1          # the oldest version this library reads (and upgrades: upgrade.py)
 # Format history:
 #   1  the first on-disk format (tests/golden/stores/v1)
 #   2  every LMDB index value carries a checksum (INDEX_VALUE_CHECKSUM below); the log is
 #      complete: state sections (REC_STATE_*) in segments of header version 2 describe what
 #      compaction removed, so the index can be rebuilt from the segments alone (repair.py)
+#   3  many writers: each writer process appends to a log of its own (segment numbers
+#      log * LOG_SEGMENTS + n, STORE/writers/ lock files); index records carry a store-wide
+#      order number (commit JSON "order", DELETE_ORDER, tag JSON "order", state sections name
+#      the order and the position each log is covered up to); the index keeps an applied
+#      position per log (DB_LOGS) and the operations in progress (DB_CLAIMS, DB_GROUPS)
 INDEX_DIR = "index"             # the LMDB environment (data.mdb, lock.mdb)
 INDEX_DATA_FILE = "data.mdb"    # LMDB's data file inside INDEX_DIR
 INDEX_REBUILD_DIR = ".index.new"  # repair builds, compaction copies, a new index here, then
@@ -23,7 +28,15 @@ INDEX_REBUILD_DIR = ".index.new"  # repair builds, compaction copies, a new inde
 INDEX_OLD_DIR = ".index.old"      # the replaced index, removed once the swap is durable
 SEGMENTS_DIR = "segments"       # the write-ahead log: NNNNNNNNNNNNNNNN.seg files
 SEGMENT_SUFFIX = ".seg"
-LOCK_FILE = "lock"              # flock()ed exclusively by the one writer process
+LOCK_FILE = "lock"              # flock()ed shared by every writer, exclusively by what needs the
+                                # store to itself (creation, upgrade, repair; format <= 2 writers)
+WRITERS_DIR = "writers"         # one lock file per log, named by its number: flocked exclusively
+                                # by the writer appending to that log (its holder's record inside)
+MAINTENANCE_LOCK_FILE = "maintenance"   # flock()ed exclusively by compaction, shared by verify
+LOG_SEGMENTS = 10 ** 9          # log L's segments are numbered L * LOG_SEGMENTS + n, 1 <= n <
+                                # LOG_SEGMENTS: file names show the log (0000003000000005.seg
+                                # is log 3's 5th); format <= 2 stores hold log 0 only
+MAX_LOGS = 10 ** 7              # 16 decimal digits of segment number
 
 # ---- checkpoint meta --------------------------------------------------------------------
 # Top-level keys of a checkpoint's meta dict that start with this prefix belong to snapstore's
@@ -34,16 +47,23 @@ RESERVED_META_PREFIX = "snapstore."
 # id given to dcp.save, "version", "parts", "ranks"}. Here, not in torch.py, so the engine's name
 # resolver (engine/names.py) finds checkpoints by DCP checkpoint_id without importing torch.
 DCP_META_KEY = "snapstore.dcp"
-DCP_PART_KEY = "snapstore.dcp_part"    # ... of one rank's part of a DCP checkpoint
+DCP_PART_KEY = "snapstore.dcp_part"    # ... of one rank's part of a DCP checkpoint (format <= 2
+                                       # saves: parts were checkpoints of their own)
+# The reserved key of a group commit's checkpoint (engine/groups.py): {"id": the group id,
+# "parts": {participant: the meta it staged its part with}} (+ "user": the coordinator's meta
+# when that was not a dict).
+GROUP_META_KEY = "snapstore.group"
 
 # ---- segment files ------------------------------------------------------------------------
 # A segment starts with a fixed header, then records back to back until its end.
 SEGMENT_MAGIC = b"SNAPSEG\x00"
 SEGMENT_HEADER = struct.Struct("<8sIIQQ")   # magic, format version, reserved 0, segment number,
 assert SEGMENT_HEADER.size == 32            # XXH3-64 of the preceding 24 bytes
-SEGMENT_VERSION = 2             # the header version of the segments this library creates; a
+SEGMENT_VERSION = 3             # the header version of the segments this library creates; a
                                 # segment only ever holds records of its header's version
-SEGMENT_RECORD_TYPES = {1: (1, 2, 3, 4), 2: (1, 2, 3, 4, 5, 6, 7)}  # version -> record types
+SEGMENT_RECORD_TYPES = {1: (1, 2, 3, 4), 2: (1, 2, 3, 4, 5, 6, 7),   # version -> record types
+                        3: (1, 2, 3, 4, 5, 6, 7)}
+ORDERED_SINCE = 3               # segment version from which index records carry their order
 
 # Every record: header, then `length` payload bytes. The checksum is XXH3-64 (seed 0) over the
 # first 16 header bytes followed by the payload, so a torn or flipped record never validates.
@@ -56,12 +76,16 @@ MAX_RECORD_PAYLOAD = (1 << 32) - 1          # u32 length field
 # Record types.
 REC_CHUNK = 1      # payload: CHUNK_PREFIX + chunk bytes (compressed per codec)
 REC_COMMIT = 2     # payload: a checkpoint commit (see records.py)
-REC_DELETE = 3     # payload: DELETE_PAYLOAD (checkpoint id)
-REC_TAG = 4        # payload: UTF-8 JSON {"id": checkpoint id, "tag": str, "add": bool}
+REC_DELETE = 3     # payload: DELETE_PAYLOAD (checkpoint id); version 3: DELETE_ORDERED
+REC_TAG = 4        # payload: UTF-8 JSON {"id": checkpoint id, "tag": str, "add": bool}; version 3
+                   # adds "order": int and "records": how many records carry that order
 # A state section (segment version 2): the whole checkpoint state at one moment, so that the
 # records before it are no longer needed (compaction writes one before removing segments).
 REC_STATE_BEGIN = 5       # payload: UTF-8 JSON {"next_id": int, "checkpoints": count,
-                          #   "streams": {name: {"head": id, "seq": last seq}}}
+                          #   "streams": {name: {"head": id, "seq": last seq}}}; version 3
+                          #   adds "order": int (the section's), "next_order": int and
+                          #   "logs": {"L": [segment, offset]}: log L's records before that
+                          #   position are covered by the section
 REC_STATE_CHECKPOINT = 6  # payload: a commit payload (records.py) without new-chunk table:
                           #   one live checkpoint, its current manifests, tags, depths
 REC_STATE_END = 7         # payload: STATE_END
@@ -79,11 +103,14 @@ CHUNK_ID_BYTES = 32                          # BLAKE3-256 of the uncompressed ch
 CHUNK_PREFIX = struct.Struct("<32sI")        # chunk id, raw (uncompressed) length
 assert CHUNK_PREFIX.size == 36
 DELETE_PAYLOAD = struct.Struct("<Q")         # checkpoint id
+DELETE_ORDERED = struct.Struct("<QQI")       # checkpoint id, the record's order, how many records
+                                             # carry that order (one batch: all or none; version 3)
 STATE_END = struct.Struct("<QQ")             # number of STATE_CHECKPOINT records, XXH3-64 of
                                              # the BEGIN payload and every CHECKPOINT payload
 
 # ---- commit record payload -----------------------------------------------------------------
-# u32 length of a UTF-8 JSON header, the JSON header, then the new-chunk table
+# u32 length of a UTF-8 JSON header (version 3: with "order", the record's order), the JSON
+# header, then the new-chunk table
 # (json["new_chunks"] entries of NEW_CHUNK), then each buffer's extents (json buffers[i]
 # ["extents"] entries of EXTENT) in buffer order.
 COMMIT_JSON_LEN = struct.Struct("<I")
@@ -101,10 +128,22 @@ DB_STREAMS = b"streams"           # stream name (UTF-8) -> JSON {"head": id, "se
 DB_STREAM_CKPTS = b"stream_ckpts" # stream name + b"\0" + CKPT_KEY -> b""
 DB_CHILDREN = b"children"         # CKPT_KEY(parent) + CKPT_KEY(child) -> b""
 DB_FINGERPRINTS = b"fingerprints" # stream name + b"\0" + buffer name -> FP_HEADER + digests
+DB_LOGS = b"logs"                 # LOG_KEY -> LOG_POSITION just past the log's last applied
+                                  # record (format 3; format <= 2: META_APPLIED, log 0)
+DB_CLAIMS = b"claims"             # CLAIM_KEY (order) -> an operation in progress: BLOB_HEADER +
+                                  # UTF-8 JSON + packed chunk ids it pins (format 3)
+DB_GROUPS = b"groups"             # group id (UTF-8) + b"\0" + participant (UTF-8; b"" for the
+                                  # group itself) -> BLOB_HEADER + UTF-8 JSON + blobs (format 3)
 INDEX_DBS = (DB_META, DB_CHUNKS, DB_CHECKPOINTS, DB_MANIFESTS, DB_STREAMS, DB_STREAM_CKPTS,
-             DB_CHILDREN, DB_FINGERPRINTS)
+             DB_CHILDREN, DB_FINGERPRINTS, DB_LOGS, DB_CLAIMS, DB_GROUPS)
+INDEX_DBS_SINCE = {DB_LOGS: 3, DB_CLAIMS: 3, DB_GROUPS: 3}   # databases older indexes lack
 
 META_APPLIED = b"applied"         # LOG_POSITION just past the last record applied to the index
+                                  # (format <= 2; format 3 keeps one per log in DB_LOGS)
+META_NEXT_ORDER = b"next_order"   # u64: the next record order (format 3)
+META_GC_GENERATION = b"gc_generation"  # u64: bumped by every transaction that deletes chunk
+                                  # entries, so a commit knows whether the chunks it reused
+                                  # may have gone since it planned (format 3)
 META_NEXT_ID = b"next_id"         # u64: the next checkpoint id
 META_FORMAT = b"format"           # U64: FORMAT_VERSION of the index's layout; from format 2
                                   # on followed by its checksum like every value (a value of
@@ -120,6 +159,9 @@ LOG_POSITION = struct.Struct("<QQ")           # segment number, byte offset
 STATE_MARK = struct.Struct("<QQQQ")           # LOG_POSITION of a state section's first record,
                                               # LOG_POSITION just past its last
 U64 = struct.Struct("<Q")
+LOG_KEY = struct.Struct(">I")                 # log number
+CLAIM_KEY = struct.Struct(">Q")               # the claimed order number
+BLOB_HEADER = struct.Struct("<I")             # length of the JSON that follows
 FP_HEADER = struct.Struct("<QII")             # checkpoint id the digests describe, page size,
 assert FP_HEADER.size == 16                   # reserved 0
 

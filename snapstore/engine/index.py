@@ -319,6 +319,20 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
 _OPEN_ATTEMPTS = 5
 
 
+def _open_db(env: lmdb.Environment, name: bytes, txn: lmdb.Transaction | None = None):
+    """An existing database of the environment; None for one that an index of an older
+    format lacks (fmt.INDEX_DBS_SINCE: read as empty). Raises lmdb.NotFoundError for a
+    database every index has."""
+    try:
+        if txn is None:
+            return env.open_db(name, create=False)
+        return env.open_db(name, txn=txn, create=False)
+    except lmdb.NotFoundError:
+        if name in fmt.INDEX_DBS_SINCE:
+            return None
+        raise
+
+
 def open_in_process(path: str) -> bool:
     """Whether this process has the index at `path` open (through any Store)."""
     return _ENVS.users(path) > 0
@@ -361,9 +375,13 @@ class CheckedManifests:
                 self._extents -= len(old)
 
 
-# How often an Index looks whether its directory holds a replaced index (see Index._enter),
-# and how many times an Index of this process moved to a replaced one.
-RECHECK_SECONDS = 0.05
+# How often an Index looks whether its directory holds a replaced index (see Index._enter):
+# at every transaction. With many writer processes a Store that went on reading a replaced
+# index for a while would miss checkpoints other processes acknowledged since (issue 16: a
+# group's participants missed the parent their coordinator had just committed); the stat
+# costs about 1.5 us per transaction. Tests raise it to pin an interleaving. And how many
+# times an Index of this process moved to a replaced one.
+RECHECK_SECONDS = 0.0
 _MOVES = [0]
 
 
@@ -388,9 +406,8 @@ class Index:
     A replaced index: when the directory at `path` holds another data file than the one this
     Index opened (indexswap.swap_in swapped a compacted copy or a rebuilt index in; in this
     process or another), the next transaction opens the new one, and the old environment is
-    closed once no transaction of this Index uses it. So readers in other processes never
-    keep reading a replaced index (they look at most RECHECK_SECONDS apart; Indexes of this
-    process at once), and a transaction under way keeps the snapshot it began with, which
+    closed once no transaction of this Index uses it. So no transaction begins in a replaced
+    index (each looks: RECHECK_SECONDS), and a transaction under way keeps the snapshot it began with, which
     stays consistent (the old file lives until closed)."""
 
     def __init__(self, path: str, *, readonly: bool, durable: bool,
@@ -421,7 +438,12 @@ class Index:
             _check_not_truncated(env, self._data)
             with _lmdb_errors("open databases"):
                 if env.flags()["readonly"]:     # no writer can be in this process
-                    dbs = {name: env.open_db(name, create=False) for name in fmt.INDEX_DBS}
+                    dbs = {name: _open_db(env, name) for name in fmt.INDEX_DBS}
+                elif not create:
+                    # a reader (or a move to a replaced index): an older index lacks the
+                    # newer databases (None: read as empty); see the comment below
+                    with env.begin(write=True) as txn:
+                        dbs = {name: _open_db(env, name, txn) for name in fmt.INDEX_DBS}
                 else:
                     # an explicit write transaction: begin() lets go of the GIL while it waits
                     # for LMDB's writer mutex, open_db's own does not (a writer thread
@@ -491,9 +513,8 @@ class Index:
     def _enter(self) -> _Opened:
         """The _Opened a transaction begins in (one more transaction counted): the current
         one, or a new one if the directory now holds a replaced index. Whether it does is
-        looked at (a stat, several microseconds) when an Index of this process moved to a
-        replaced index since this one last looked, and otherwise at most every
-        RECHECK_SECONDS: a replacement by another process is noticed within that time."""
+        looked at (a stat, about 1.5 microseconds) at every transaction (RECHECK_SECONDS 0),
+        so a replacement by another process is noticed at once."""
         now = time.monotonic()
         current = None
         if self._seen_moves != _MOVES[0] or now - self._checked_at >= RECHECK_SECONDS:
@@ -557,9 +578,35 @@ class Index:
     def write(self, *, rebuilding: bool = False) -> Iterator["IndexWriter"]:
         """A write transaction. rebuilding=True (repair.py only): reference counts are not
         maintained (the rebuild recounts them at the end), so a manifest may name a chunk the
-        index lacks (the rebuild reports it)."""
-        with self._txn(write=True, what="write") as (txn, dbs):
-            yield IndexWriter(self, txn, dbs, rebuilding=rebuilding)
+        index lacks (the rebuild reports it).
+
+        With many writer processes, compaction may replace the index by a compacting copy
+        while other processes still have the old one open: it holds the old environment's
+        write lock from the copy until the swap is done. So once this transaction holds an
+        environment's write lock, the data file it opened is checked to still be the one at
+        the index's path; if not, the transaction is dropped unwritten and begun again in the
+        new index, so no write ever lands in a replaced index."""
+        for _ in range(_OPEN_ATTEMPTS):
+            opened = self._enter()
+            try:
+                with _lmdb_errors("write"):
+                    txn = opened.env.begin(write=True, buffers=False)
+                    try:
+                        now = _file_ident(self._data)
+                        if now is not None and now != _IDENTS.get(id(opened.env)):
+                            txn.abort()
+                            self._checked_at = float("-inf")    # move at the next _enter
+                            continue
+                        yield IndexWriter(self, txn, opened.dbs, rebuilding=rebuilding)
+                    except BaseException:
+                        txn.abort()
+                        raise
+                    txn.commit()
+                    return
+            finally:
+                self._leave(opened)
+        raise StoreIOError(f"the index at {self.path} was replaced {_OPEN_ATTEMPTS} times "
+                           "while a transaction waited for it")
 
     def sync(self) -> None:
         """Forces every committed transaction to disk (even with durability "none")."""
@@ -598,24 +645,50 @@ class Index:
                                exc.errno) from exc
         return size, used * psize
 
-    def copy_compacted(self, dest: str) -> None:
+    def copy_compacted(self, dest: str, then: Callable[[], None] | None = None) -> bool:
         """Writes a compacting copy of the index (only the pages in use, renumbered) into the
         empty directory dest and makes it durable (the file and dest's entry), whatever the
-        store's durability. The copy is one consistent snapshot: the caller keeps writers
-        out (compaction holds the writer lock)."""
-        opened = self._enter()
-        try:
-            with _lmdb_errors("copy"):
-                opened.env.copy(dest, compact=True)
-        finally:
-            self._leave(opened)
+        store's durability; then runs then() (compaction swaps the copy in there) while no
+        write can have happened since the copy: the index's write lock is held for the copy
+        (from memory: quick), let go while the copy is synced (the slow part, which writers
+        of other processes must not wait for), and held again for then(), which runs only
+        if LMDB's last transaction is still the one the copy holds (Index.write: a writer
+        then waiting moves to the new index). If writers committed meanwhile the copy is
+        made again, up to _COPY_ATTEMPTS times. Returns whether then() ran."""
         data = os.path.join(dest, fmt.INDEX_DATA_FILE)
-        fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fchmod(fd, self.file_mode)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        for _ in range(_COPY_ATTEMPTS):
+            for name in os.listdir(dest):
+                os.unlink(os.path.join(dest, name))
+            opened = self._enter()
+            try:
+                with _lmdb_errors("copy"):
+                    txn = opened.env.begin(write=True)      # keeps every writer out
+                    try:
+                        copied = opened.env.info()["last_txnid"]
+                        opened.env.copy(dest, compact=True)
+                    finally:
+                        txn.abort()
+                    fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        os.fchmod(fd, self.file_mode)
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    txn = opened.env.begin(write=True)
+                    try:
+                        if opened.env.info()["last_txnid"] != copied:
+                            continue                        # written meanwhile: copy again
+                        if then is not None:
+                            then()
+                        return True
+                    finally:
+                        txn.abort()
+            finally:
+                self._leave(opened)
+        return False
+
+
+_COPY_ATTEMPTS = 3
 
 
 class IndexView:
@@ -631,6 +704,8 @@ class IndexView:
     # -- the one way values are read
     def _get(self, db: bytes, key: bytes) -> bytes | None:
         """The checked payload stored under key, or None."""
+        if self.dbs[db] is None:        # a database an index of an older format lacks
+            return None
         value = self.txn.get(key, db=self.dbs[db])
         return None if value is None else unseal(db, key, value, self.version)
 
@@ -653,6 +728,8 @@ class IndexView:
 
     def _items(self, db: bytes, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
         """(key, checked payload) of the keys starting with prefix, in key order."""
+        if self.dbs[db] is None:        # a database an index of an older format lacks
+            return
         with self.txn.cursor(db=self.dbs[db]) as cur:
             if not cur.set_range(prefix):
                 return
@@ -676,7 +753,48 @@ class IndexView:
 
     # -- meta
     def applied(self) -> tuple[int, int] | None:
-        return self._decoded(fmt.DB_META, fmt.META_APPLIED, fmt.LOG_POSITION.unpack)
+        """Where log 0 (the one log of a format <= 2 store) is applied up to: log_applied(0)."""
+        return self.log_applied(0)
+
+    def log_applied(self, log: int) -> tuple[int, int] | None:
+        """The log position just past the last record of log `log` the index has applied
+        (None: none yet). Format <= 2 indexes keep log 0's in META_APPLIED."""
+        pos = self._decoded(fmt.DB_LOGS, fmt.LOG_KEY.pack(log), fmt.LOG_POSITION.unpack)
+        if pos is None and log == 0:
+            pos = self._decoded(fmt.DB_META, fmt.META_APPLIED, fmt.LOG_POSITION.unpack)
+        return pos
+
+    def logs(self) -> dict[int, tuple[int, int]]:
+        """{log: applied position} of every log the index knows."""
+        out = {self._decode(fmt.DB_LOGS, k, k, lambda v: fmt.LOG_KEY.unpack(v)[0]):
+               self._decode(fmt.DB_LOGS, k, v, fmt.LOG_POSITION.unpack)
+               for k, v in self._items(fmt.DB_LOGS)}
+        if 0 not in out:
+            legacy = self._decoded(fmt.DB_META, fmt.META_APPLIED, fmt.LOG_POSITION.unpack)
+            if legacy is not None:
+                out[0] = legacy
+        return out
+
+    def next_order(self) -> int:
+        """The order the next claimed operation gets (format 3)."""
+        v = self._decoded(fmt.DB_META, fmt.META_NEXT_ORDER, fmt.U64.unpack)
+        return v[0] if v is not None else 1
+
+    def gc_generation(self) -> int:
+        """How many transactions deleted chunk entries so far (format 3)."""
+        v = self._decoded(fmt.DB_META, fmt.META_GC_GENERATION, fmt.U64.unpack)
+        return v[0] if v is not None else 0
+
+    # -- operations in progress (claims.py, groups.py)
+    def claims(self) -> list[tuple[int, dict, bytes]]:
+        """[(order, claim, pinned chunk ids packed)] of every operation in progress."""
+        return [(fmt.CLAIM_KEY.unpack(k)[0],) + self._decode(fmt.DB_CLAIMS, k, v, _split_blob)
+                for k, v in self._items(fmt.DB_CLAIMS)]
+
+    def group_entries(self, prefix: bytes = b"") -> list[tuple[bytes, dict, bytes]]:
+        """[(key, json, blob)] of the groups database under prefix, in key order."""
+        return [(k,) + self._decode(fmt.DB_GROUPS, k, v, _split_blob)
+                for k, v in self._items(fmt.DB_GROUPS, prefix)]
 
     def next_id(self) -> int:
         v = self._decoded(fmt.DB_META, fmt.META_NEXT_ID, fmt.U64.unpack)
@@ -827,6 +945,22 @@ class IndexView:
         return self._decoded(fmt.DB_FINGERPRINTS, _stream_key(stream, buffer.encode()), decode)
 
 
+def _split_blob(payload: bytes) -> tuple[dict, bytes]:
+    """(JSON object, the bytes after it) of a BLOB_HEADER + JSON + blob value."""
+    (n,) = fmt.BLOB_HEADER.unpack_from(payload)
+    start = fmt.BLOB_HEADER.size
+    d = json.loads(payload[start:start + n])
+    if not isinstance(d, dict) or start + n > len(payload):
+        raise ValueError("not a JSON object with its blob")
+    return d, bytes(payload[start + n:])
+
+
+def join_blob(d: dict, blob: bytes = b"") -> bytes:
+    """The value _split_blob reads back."""
+    js = json.dumps(d, separators=(",", ":")).encode()
+    return fmt.BLOB_HEADER.pack(len(js)) + js + blob
+
+
 def _stream_json(payload: bytes) -> dict:
     d = json.loads(payload)
     if not isinstance(d, dict) or not isinstance(d["head"], int):
@@ -857,7 +991,55 @@ class IndexWriter(IndexView):
         self._put(fmt.DB_META, fmt.META_FORMAT, fmt.U64.pack(version))
 
     def set_applied(self, position: tuple[int, int]) -> None:
-        self._put(fmt.DB_META, fmt.META_APPLIED, fmt.LOG_POSITION.pack(*position))
+        """Records that the log holding `position` (its segment number names the log) is
+        applied up to there (format <= 2: META_APPLIED, the one log)."""
+        if self.version < 3:
+            self._put(fmt.DB_META, fmt.META_APPLIED, fmt.LOG_POSITION.pack(*position))
+            return
+        self._put(fmt.DB_LOGS, fmt.LOG_KEY.pack(position[0] // fmt.LOG_SEGMENTS),
+                  fmt.LOG_POSITION.pack(*position))
+
+    def set_log_applied(self, log: int, position: tuple[int, int]) -> None:
+        """Records that log `log` is applied up to `position` (a position of another log's
+        segment would be an error: set_applied derives the log from the position)."""
+        if position[0] // fmt.LOG_SEGMENTS != log and position != (0, 0):
+            raise ValueError(f"position {position} is not in log {log}")
+        self._put(fmt.DB_LOGS, fmt.LOG_KEY.pack(log), fmt.LOG_POSITION.pack(*position))
+
+    def drop_legacy_applied(self) -> None:
+        """Removes META_APPLIED (the format 3 upgrade moved it to DB_LOGS)."""
+        if self.txn.get(fmt.META_APPLIED, db=self.dbs[fmt.DB_META]) is not None:
+            self._delete(fmt.DB_META, fmt.META_APPLIED)
+
+    def take_order(self) -> int:
+        """Allocates the next record order."""
+        order = self.next_order()
+        self._put(fmt.DB_META, fmt.META_NEXT_ORDER, fmt.U64.pack(order + 1))
+        return order
+
+    def set_next_order(self, order: int) -> None:
+        self._put(fmt.DB_META, fmt.META_NEXT_ORDER, fmt.U64.pack(order))
+
+    def bump_gc_generation(self) -> None:
+        self._put(fmt.DB_META, fmt.META_GC_GENERATION, fmt.U64.pack(self.gc_generation() + 1))
+
+    def put_claim(self, order: int, claim: dict, pins: bytes = b"") -> None:
+        self._put(fmt.DB_CLAIMS, fmt.CLAIM_KEY.pack(order), join_blob(claim, pins))
+
+    def delete_claim(self, order: int) -> None:
+        key = fmt.CLAIM_KEY.pack(order)
+        if self.txn.get(key, db=self.dbs[fmt.DB_CLAIMS]) is not None:
+            self._delete(fmt.DB_CLAIMS, key)
+
+    def put_group_entry(self, key: bytes, d: dict, blob: bytes = b"") -> None:
+        self._put(fmt.DB_GROUPS, key, join_blob(d, blob))
+
+    def delete_group_entries(self, prefix: bytes) -> int:
+        """Removes every groups entry under prefix; returns how many."""
+        keys = [k for k, _ in self._items(fmt.DB_GROUPS, prefix)]
+        for k in keys:
+            self._delete(fmt.DB_GROUPS, k)
+        return len(keys)
 
     def set_log_state(self, begin: tuple[int, int], end: tuple[int, int]) -> None:
         self._put(fmt.DB_META, fmt.META_LOG_STATE, fmt.STATE_MARK.pack(*begin, *end))
@@ -869,6 +1051,7 @@ class IndexWriter(IndexView):
         self._put(fmt.DB_CHUNKS, chunk_id, entry.pack())
 
     def delete_chunk(self, chunk_id: bytes) -> None:
+        """Removes a chunk entry (callers bump the GC generation once per transaction)."""
         self._delete(fmt.DB_CHUNKS, chunk_id)
 
     def _add_refs(self, blob: bytes, delta: int) -> None:
@@ -939,16 +1122,22 @@ class IndexWriter(IndexView):
         if rtype == fmt.REC_COMMIT:
             self.apply_commit(Commit.decode(payload), position)
         elif rtype == fmt.REC_DELETE:
-            self.apply_delete(records.decode_delete(payload), position)
+            self.apply_delete(records.decode_delete(payload)[0], position)
         elif rtype == fmt.REC_TAG:
-            self.apply_tag(*records.decode_tag(payload), position)
+            self.apply_tag(*records.decode_tag(payload)[:3], position)
 
     def apply_commit(self, commit: Commit, position: tuple[int, int]) -> None:
         """Makes a committed checkpoint visible; `position` is just past its commit record."""
         for cid, seg, off, stored, raw, codec in fmt.NEW_CHUNK.iter_unpack(commit.new_chunks):
             if not self.rebuilding and not self.has_chunk(cid):   # a rebuild scans for them
                 self.put_chunk(cid, ChunkEntry(seg, off, stored, raw, 0, codec))
+        parent = self.checkpoint(commit.parent) if commit.parent is not None else None
+        parent_depths = {b.name: b.depth for b in parent.buffers} if parent else {}
         for i, b in enumerate(commit.buffers):
+            if b.base == "delta" and b.name in parent_depths:
+                # depth is derived (invariant 5): with many writers, a delete of an ancestor
+                # may have shortened the parent's chain since the commit was planned
+                b.depth = parent_depths[b.name] + 1
             self._add_refs(b.extents, +1)
             self._put(fmt.DB_MANIFESTS, fmt.MANIFEST_KEY.pack(commit.id, i), b.extents)
         self._put_info(commit)

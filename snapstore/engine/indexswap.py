@@ -12,8 +12,10 @@ step made durable by a directory fsync, then removes the old one: a crash at any
 the old or the new index in index/, plus a left-over directory. Where the exchange is
 unsupported, two renames (index/ -> .index.old, .index.new -> index/): a crash between them
 leaves no index/ but .index.old and a complete .index.new, which recover_swap() (run by the
-writer's open and by repair, both under the writer's lock) renames into place. Only the lock holder swaps, builds
-in .index.new or runs recover_swap, so none of them races another.
+store's open and by repair, holding the store lock exclusively) renames into place. Only the
+holder of the store lock exclusively, or of the maintenance lock exclusively (compaction;
+leftovers beside a complete index/), swaps, builds in .index.new or runs recover_swap, so
+none of them races another.
 
 Processes (and Index objects) that have the old index open keep a consistent snapshot of it
 and notice the replacement at their next transaction (index.py: the data file's identity).
@@ -81,8 +83,9 @@ def swap_in(path: str, new_dir: str) -> None:
 
 
 def recover_swap(path: str) -> bool:
-    """Finishes or cleans up after a swap a crash interrupted; the caller holds the writer's
-    lock. No index/ but a .index.old: the fallback's first rename happened, which it does
+    """Finishes or cleans up after a swap a crash interrupted; the caller keeps every other
+    swapper out (the store lock exclusively, or the maintenance lock exclusively when index/
+    is in place). No index/ but a .index.old: the fallback's first rename happened, which it does
     only once .index.new is complete, so the second rename is done now (or, without a
     .index.new, the old index is put back). Then, with an index/ in place, what is left in
     .index.new (an unfinished build, or the old index after an exchange) and .index.old is
@@ -102,6 +105,12 @@ def recover_swap(path: str) -> bool:
     remove_entry(new_dir)
     remove_entry(old_dir)
     return restored
+
+
+def leftovers(path: str) -> bool:
+    """Whether .index.new or .index.old is there (a swap under way or interrupted)."""
+    return any(os.path.lexists(os.path.join(path, name))
+               for name in (fmt.INDEX_REBUILD_DIR, fmt.INDEX_OLD_DIR))
 
 
 def _is_dir(path: str) -> bool:

@@ -31,15 +31,22 @@ from snapstore.engine.wal import Record, SegmentLog
 from snapstore.errors import CorruptionError
 
 
-def append_state_section(log: SegmentLog, view: IndexView) -> tuple[tuple, tuple]:
-    """Appends a section describing the index state `view` holds (writer lock held, every
-    record of the log applied). Not synced: the caller syncs. Every manifest is checked
-    (checksum and shape) before it goes into the log. Returns (the log position of its first
-    record, the position just past its last)."""
+def append_state_section(log: SegmentLog, view: IndexView,
+                         order: int | None = None) -> tuple[tuple, tuple]:
+    """Appends a section describing the index state `view` holds. Not synced: the caller
+    syncs. Every manifest is checked (checksum and shape) before it goes into the log.
+    Returns (the log position of its first record, the position just past its last).
+
+    Format 3 (`order` given, allocated before `view` was taken): the section also names its
+    order and, for every log, the position up to which that log's records are applied in
+    `view`: those records are covered, later ones (and logs it does not name) are not."""
     ids = view.checkpoint_ids()
     streams = {name: (head, view.stream_seq(name)) for name, head in view.streams().items()}
     digest = xxhash.xxh3_64()
-    begin = records.encode_state_begin(view.next_id(), streams, len(ids))
+    state = records.StateBegin(view.next_id(), streams, len(ids))
+    if order is not None:
+        state.order, state.next_order, state.logs = order, view.next_order(), view.logs()
+    begin = records.encode_state_begin(state)
     for part in begin:
         digest.update(part)
     first = log.append(fmt.REC_STATE_BEGIN, 0, begin)
@@ -63,14 +70,19 @@ class StateSection:
     """A complete section found in the log."""
     next_id: int
     streams: dict                       # {name: (head id, last seq)}
+    order: int | None = None            # format 3: its order, next order and covered logs
+    next_order: int | None = None
+    logs: dict | None = None
     checkpoints: list = field(default_factory=list)   # [(segment, offset, payload length)]
     begin: tuple[int, int] = (0, 0)     # the log position of its BEGIN record
     end: tuple[int, int] = (0, 0)       # the log position just past its END record
 
 
 class SectionFinder:
-    """Fed the valid records of the log in log order (feed), and told of every gap (a damaged
-    record, a missing segment: interrupt), keeps the newest complete section."""
+    """Fed the valid records of one log in log order (feed), and told of every gap (a damaged
+    record, a missing segment: interrupt), keeps the newest complete section (newest: the
+    highest order, then the latest in the log; format 3 sections are newer than older ones,
+    which all lie in log 0). Feed each log in turn, with an interrupt() between logs."""
 
     def __init__(self) -> None:
         self.newest: StateSection | None = None
@@ -89,13 +101,14 @@ class SectionFinder:
         if rtype == fmt.REC_STATE_BEGIN:
             self.interrupt()
             try:
-                next_id, streams, count = records.decode_state_begin(record.payload)
+                b = records.decode_state_begin(record.payload)
             except CorruptionError:
                 self.incomplete += 1
                 return
-            self._open = StateSection(next_id, streams, begin=(record.segment, record.offset))
+            self._open = StateSection(b.next_id, b.streams, b.order, b.next_order, b.logs,
+                                      begin=(record.segment, record.offset))
             self._digest = xxhash.xxh3_64(bytes(record.payload))
-            self._count = count
+            self._count = b.checkpoints
         elif self._open is None:
             return
         elif rtype == fmt.REC_STATE_CHECKPOINT:
@@ -111,8 +124,18 @@ class SectionFinder:
             if count == self._count == len(section.checkpoints) and \
                     checksum == self._digest.intdigest():
                 section.end = (record.segment, record.end)
-                self.newest = section
+                if self.newest is None or _newer(section, self.newest):
+                    self.newest = section
             else:
                 self.incomplete += 1
         else:
             self.interrupt()            # any other record: not a section written whole
+
+
+def _newer(a: StateSection, b: StateSection) -> bool:
+    """Whether section a was written after section b."""
+    if (a.order is None) != (b.order is None):
+        return a.order is not None          # format 3 sections follow every older one
+    if a.order is not None and a.order != b.order:
+        return a.order > b.order
+    return a.begin > b.begin                # one log (format <= 2): later in the log

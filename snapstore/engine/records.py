@@ -1,7 +1,10 @@
 """Typed payloads of the log's index records (commit, delete, tag) and of its state sections
 (begin, checkpoint, end): encoding and decoding.
 
-A commit record is self-describing: replaying it onto the index needs nothing else from the
+From segment version 3 on (many writers) every index record carries its order, a store-wide
+number allocated when the operation was claimed (commit JSON "order", delete DELETE_ORDERED,
+tag JSON "order"): rebuilding the index applies the records of all logs in that order
+(record_order). A commit record is self-describing: replaying it onto the index needs nothing else from the
 log (the chunk records it introduces are listed with their positions). A state section's
 checkpoint record is a commit payload without new-chunk table (Commit.encode of the checkpoint
 as the index holds it: current manifests, tags, depths, seq, parent).
@@ -52,6 +55,7 @@ class Commit:
     bytes_new: int = 0
     tags: List[str] = field(default_factory=list)
     seq: int = 0               # 1, 2, 3... within the stream, in commit order; never reused
+    order: int | None = None   # the record's order (format 3 records; not in the index's JSON)
 
     @property
     def kind(self) -> str:
@@ -77,6 +81,8 @@ class Commit:
 
     def encode(self) -> List[bytes]:
         head = self.info_json()
+        if self.order is not None:
+            head["order"] = self.order
         head["new_chunks"] = len(self.new_chunks) // fmt.NEW_CHUNK.size
         js = json.dumps(head, separators=(",", ":")).encode()
         return [fmt.COMMIT_JSON_LEN.pack(len(js)), js, self.new_chunks] + \
@@ -91,6 +97,9 @@ class Commit:
             pos = start + n
             nc = head["new_chunks"] * fmt.NEW_CHUNK.size
             commit = cls.from_info_json(head)
+            order = head.get("order")
+            if order is not None:
+                commit.order = _uint(order)
             commit.new_chunks = bytes(payload[pos:pos + nc])
             pos += nc
             for b, bj in zip(commit.buffers, head["buffers"]):
@@ -104,44 +113,90 @@ class Commit:
             raise CorruptionError(f"undecodable commit record: {exc}") from exc
 
 
-def encode_tag(checkpoint_id: int, tag: str, add: bool) -> List[bytes]:
-    return [json.dumps({"id": checkpoint_id, "tag": tag, "add": add}).encode()]
+def encode_tag(checkpoint_id: int, tag: str, add: bool, order: int | None = None,
+               batch: int = 1) -> List[bytes]:
+    d = {"id": checkpoint_id, "tag": tag, "add": add}
+    if order is not None:
+        d["order"], d["records"] = order, batch
+    return [json.dumps(d).encode()]
 
 
 def decode_tag(payload: bytes) -> tuple:
+    """(checkpoint id, tag, add, order or None, records in its batch) of a tag record."""
     try:
-        d = json.loads(payload)
-        return int(d["id"]), str(d["tag"]), bool(d["add"])
-    except (ValueError, KeyError, TypeError) as exc:
+        d = json.loads(bytes(payload))
+        order = d.get("order")
+        return (int(d["id"]), str(d["tag"]), bool(d["add"]),
+                None if order is None else _uint(order), _uint(d.get("records", 1)))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptionError(f"undecodable tag record: {exc}") from exc
 
 
-def encode_delete(checkpoint_id: int) -> List[bytes]:
-    return [fmt.DELETE_PAYLOAD.pack(checkpoint_id)]
+def encode_delete(checkpoint_id: int, order: int | None = None, batch: int = 1) -> List[bytes]:
+    if order is None:
+        return [fmt.DELETE_PAYLOAD.pack(checkpoint_id)]
+    return [fmt.DELETE_ORDERED.pack(checkpoint_id, order, batch)]
 
 
-def decode_delete(payload: bytes) -> int:
+def decode_delete(payload: bytes) -> tuple[int, int | None, int]:
+    """(checkpoint id, order or None, records in its batch) of a delete record (format <= 2:
+    the id alone)."""
     try:
-        return fmt.DELETE_PAYLOAD.unpack(payload)[0]
+        if len(payload) == fmt.DELETE_ORDERED.size:
+            return fmt.DELETE_ORDERED.unpack(payload)
+        return fmt.DELETE_PAYLOAD.unpack(payload)[0], None, 1
     except struct.error as exc:
         raise CorruptionError(f"undecodable delete record: {exc}") from exc
 
 
-def encode_state_begin(next_id: int, streams: dict, checkpoints: int) -> List[bytes]:
-    """streams: {name: (head id, last seq)}."""
-    return [json.dumps({"next_id": next_id, "checkpoints": checkpoints,
-                        "streams": {name: {"head": head, "seq": seq}
-                                    for name, (head, seq) in streams.items()}},
-                       separators=(",", ":")).encode()]
+def record_order(rtype: int, payload) -> tuple[int | None, int]:
+    """(order, how many records carry it) of an index record (commit, delete, tag); order is
+    None for a record of segment version 1 or 2. A batch (delete_many, one claim) is applied
+    only whole. Raises CorruptionError when the payload does not decode."""
+    if rtype == fmt.REC_COMMIT:
+        return Commit.decode(bytes(payload)).order, 1
+    if rtype == fmt.REC_DELETE:
+        return decode_delete(payload)[1:]
+    if rtype == fmt.REC_TAG:
+        return decode_tag(payload)[3:]
+    raise CorruptionError(f"record type {rtype} is not an index record")
 
 
-def decode_state_begin(payload: bytes) -> tuple[int, dict, int]:
-    """(next id, {stream: (head id, last seq)}, number of checkpoints) of a STATE_BEGIN."""
+@dataclass
+class StateBegin:
+    """What a STATE_BEGIN record says. order, next_order and logs are None in sections of
+    segment versions before 3 (one log: the section covers every record before it)."""
+    next_id: int
+    streams: dict                     # {name: (head id, last seq)}
+    checkpoints: int
+    order: int | None = None          # the section's order
+    next_order: int | None = None
+    logs: dict | None = None          # {log: (segment, offset)}: records before it are covered
+
+
+def encode_state_begin(begin: StateBegin) -> List[bytes]:
+    d = {"next_id": begin.next_id, "checkpoints": begin.checkpoints,
+         "streams": {name: {"head": head, "seq": seq}
+                     for name, (head, seq) in begin.streams.items()}}
+    if begin.order is not None:
+        d["order"], d["next_order"] = begin.order, begin.next_order
+        d["logs"] = {str(log): list(pos) for log, pos in sorted(begin.logs.items())}
+    return [json.dumps(d, separators=(",", ":")).encode()]
+
+
+def decode_state_begin(payload: bytes) -> StateBegin:
     try:
         d = json.loads(bytes(payload))
         streams = {str(name): (_uint(s["head"]), _uint(s["seq"]))
                    for name, s in d["streams"].items()}
-        return _uint(d["next_id"]), streams, _uint(d["checkpoints"])
+        begin = StateBegin(_uint(d["next_id"]), streams, _uint(d["checkpoints"]))
+        if "order" in d:
+            begin.order, begin.next_order = _uint(d["order"]), _uint(d["next_order"])
+            begin.logs = {}
+            for log, pos in d["logs"].items():
+                seg, off = pos
+                begin.logs[_uint(int(log))] = (_uint(seg), _uint(off))
+        return begin
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptionError(f"undecodable state section record: {exc}") from exc
 

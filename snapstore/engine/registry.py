@@ -2,8 +2,8 @@
 
 Some things must exist at most once per directory in a process: an LMDB environment (LMDB
 forbids opening one environment twice in a process: closing either would drop the other's
-locks), or the Store that LangGraph savers opened by path share (one writer Store per store
-directory). A SharedByPath hands out the object of a path, opening it on first use, and closes
+locks), or the Store that LangGraph savers opened by path share (one Store per store
+directory and process: its savers share its log and caches). A SharedByPath hands out the object of a path, opening it on first use, and closes
 it when its last user releases it.
 
 Paths are compared as real paths: a symlink or a relative spelling of the same directory

@@ -2,19 +2,26 @@
 
 The log is the whole truth; the index is a cache of it. repair() rebuilds that cache whatever
 state the old index is in (missing, truncated, damaged, intact):
-  1. scan every segment in log order, validating every record (wal.read_record); a damaged
+  1. scan every log's segments in order, validating every record (wal.read_record); a damaged
      record is reported and skipped (the scan resynchronises at the next valid record), never
      trusted. Every valid chunk record's location goes into a new index (the newest copy of a
-     chunk wins); commit, delete and tag records are remembered by position; state sections
-     are checked as they pass (logstate.SectionFinder);
+     chunk wins; any valid copy holds the same bytes); commit, delete and tag records are
+     remembered by position and order; state sections are checked as they pass
+     (logstate.SectionFinder);
   2. load the newest complete state section (its checkpoints through IndexWriter.apply_commit,
      then its streams' heads and seqs and its next id);
-  3. replay the commit, delete and tag records after it in log order, through the one apply
-     function the live path uses (IndexWriter.apply_record);
+  3. replay the commit, delete and tag records it does not cover (format 3: each log's
+     records from the position the section names for it; older sections: log 0's records
+     after it), through the one apply function the live path uses
+     (IndexWriter.apply_record): format <= 2 records in log order first, then format 3
+     records in their order (claims.py: the order the live path applied them in, as far as
+     it matters); a batch (one order, several records) only when all of it is there;
   4. recount every chunk's references from the manifests; drop unreferenced chunk entries;
      report referenced chunks no valid record holds;
-  5. set the applied position to the end of the log's valid records (a torn tail is left to
-     the next writer's recovery, which cuts it), sync the new index, and swap it in -- unless
+  5. set each log's applied position to the end of its valid records (a torn tail is left to
+     the next writer's recovery, which cuts it; so is a batch whose records end the log but
+     are not all there: the log is applied up to its first record), sync the new index, and
+     swap it in -- unless
      the log is damaged and the old index is sound (it opens, every value passes its checksum,
      verify finds nothing wrong inside it): it knows more than the damaged log, so it stays.
 The new index is built in STORE/.index.new and swapped in by indexswap.swap_in (the mechanism
@@ -24,7 +31,8 @@ unsupported, two renames, and a crash between them is finished by indexswap.reco
 the store's directory is next opened by a writer or by repair (storedir.open_directory). Page fingerprints are not in the log: after a repair the
 next checkpoint of each buffer compares pages without them.
 
-repair() takes the writer's lock itself, so it works when the store cannot open at all. A
+repair() takes the store lock exclusively itself (it waits for every writer to close: no
+writer appends while the log is scanned), so it works when the store cannot open at all. A
 format 1 store is upgraded first when its index still opens (so the log describes what
 compaction removed from it); otherwise the rebuild says what it could not know.
 
@@ -47,17 +55,17 @@ from snapstore.engine.fsutil import fsync_directory
 from snapstore.engine.index import ChunkEntry, Index, open_in_process
 from snapstore.engine.indexswap import remove_entry, staging_dir, swap_in
 from snapstore.engine.logstate import SectionFinder, StateSection
-from snapstore.engine.records import Commit
+from snapstore.engine.records import Commit, record_order
 from snapstore.engine.upgrade import upgrade
 from snapstore.engine.verify import ProblemReport, verify
-from snapstore.engine.wal import (DamagedRecord, MisplacedSegment, Record, read_record,
+from snapstore.engine.wal import (DamagedRecord, MisplacedSegment, Record, first_segment,
+                                  log_of, logs_of, next_valid_record, read_record,
                                   segment_version)
 from snapstore.errors import CorruptionError, SnapstoreError, StoreIOError
 
 Progress = Callable[[int, int], None]     # (segment bytes scanned, total segment bytes)
 
 _PROGRESS_STEP = 4 << 20
-_RESYNC_WINDOW = 1 << 20
 _REPLAY_BATCH = 256
 
 
@@ -65,8 +73,11 @@ _REPLAY_BATCH = 256
 class _Scan:
     """What the scan of the log found besides the chunks it indexed."""
     finder: SectionFinder = field(default_factory=SectionFinder)
-    index_records: list = field(default_factory=list)   # [(segment, offset, length, type)]
-    end: tuple[int, int] | None = None      # just past the last valid record (or header)
+    # [(segment, offset, length, type, order or None, records of its order)]
+    index_records: list = field(default_factory=list)
+    ends: dict = field(default_factory=dict)   # {log: just past its last valid record}
+    last_record: dict = field(default_factory=dict)   # {log: (segment, end) of that record}
+    end: tuple[int, int] | None = None      # the segment being scanned: its valid end
     segments: int = 0
     bytes: int = 0
     records: int = 0
@@ -76,7 +87,8 @@ class _Scan:
 
 def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0) -> dict:
     """Rebuilds the index of the store at `path` from its segments (see the module
-    docstring). Takes the writer's lock (waiting up to `timeout` seconds). Returns a report:
+    docstring). Takes the store lock exclusively (waiting up to `timeout` seconds for every
+    writer to close). Returns a report:
     {"ok", "problems": [{kind, message, checkpoints, segment, offset}], "index_replaced",
     "checkpoints", "streams", "chunks", "segments", "bytes_scanned", "records",
     "records_replayed", "state_section", "seconds", "mb_per_s"} (the counts: what the log
@@ -108,7 +120,7 @@ def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0)
         finally:
             backend.close()
     finally:
-        os.close(lock_fd)
+        storedir.release_exclusive(lock_fd)
     seconds = time.perf_counter() - started
     result.update({"ok": not report.problems, "problems": report.problems,
                    "seconds": seconds,
@@ -117,9 +129,10 @@ def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0)
 
 
 def _upgrade_first(path: str, backend: SegmentBackend, report: ProblemReport) -> None:
-    """A store of an older format whose index still opens is upgraded first (upgrade.py), so
-    its log gains the state section that describes what compaction removed."""
-    if storedir.read_format_file(path)["version"] >= fmt.FORMAT_VERSION:
+    """A format 1 store whose index still opens is upgraded first (upgrade.py), so its log
+    gains the state section that describes what compaction removed. (From format 2 on the
+    log is complete: the rebuilt index is of today's format, and so is FORMAT afterwards.)"""
+    if storedir.read_format_file(path)["version"] >= 2:
         return
     try:
         index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
@@ -140,7 +153,7 @@ def _upgrade_first(path: str, backend: SegmentBackend, report: ProblemReport) ->
 
 def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
              report: ProblemReport) -> dict:
-    old_applied = _old_applied(path)
+    old_logs = _old_logs(path)
     new_dir = staging_dir(path)
     remove_entry(new_dir)                   # what an interrupted repair left
     os.mkdir(new_dir, 0o700)
@@ -148,22 +161,28 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
     try:
         with backend.open_reader() as reader:
             scan = _scan_log(index, backend, reader, progress, report)
-            if old_applied is not None and (scan.end is None or old_applied > scan.end):
-                end = scan.end or (0, 0)
-                report.add("lost_tail", f"the old index had applied the log up to "
-                           f"{segment_name(old_applied[0])}:{old_applied[1]}, but its valid "
-                           f"records end at {segment_name(end[0])}:{end[1]}: acknowledged "
-                           "records were lost", segment=end[0] or None, offset=end[1])
+            for log, old in sorted(old_logs.items()):
+                end = scan.ends.get(log)
+                if end is None or old > end:
+                    end = end or (0, 0)
+                    report.add("lost_tail", f"the old index had applied log {log} up to "
+                               f"{segment_name(old[0])}:{old[1]}, but its valid records end "
+                               f"at {segment_name(end[0])}:{end[1]}: acknowledged records "
+                               "were lost", segment=end[0] or None, offset=end[1])
             section = scan.finder.newest
             _check_segment_gaps(backend, section, report)
             loaded = _load_section(index, reader, section, report) if section else 0
-            start = section.end if section else (0, 0)
-            todo = [r for r in scan.index_records if (r[0], r[1]) >= start]
-            replayed = _replay(index, reader, todo, report)
+            todo = [r for r in scan.index_records if not _covered(section, r[0], r[1])]
+            replayed = _replay(index, reader, _in_order(todo, report), report)
         _recount(index, report)
         with index.write(rebuilding=True) as w:
-            if scan.end is not None:
-                w.set_applied(scan.end)
+            for log, end in scan.ends.items():
+                w.set_applied(_unfinished_tail(scan, log) or end)
+            orders = [r[4] for r in scan.index_records if r[4] is not None]
+            next_order = max([max(orders) + 1] if orders else [1])
+            if section is not None and section.next_order is not None:
+                next_order = max(next_order, section.next_order, section.order + 1)
+            w.set_next_order(next_order)
             if section is not None:
                 w.set_log_state(section.begin, section.end)
             with_streams = len(w.streams())
@@ -178,6 +197,12 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
         crashpoint("repair_before_swap")
         swap_in(path, new_dir)
         crashpoint("repair_after_swap")
+        found = storedir.read_format_file(path)
+        if found["version"] < fmt.FORMAT_VERSION:
+            # the rebuilt index is of today's format (the log of format 2 is complete)
+            created = found.get("created")
+            storedir.publish_format(path, found["file_mode"],
+                                    created if isinstance(created, (int, float)) else None)
     else:
         remove_entry(new_dir)
         report.add("index_kept", "the log is damaged and the existing index is sound, so it "
@@ -198,21 +223,76 @@ _INDEX_ONLY = frozenset({"missing_manifest", "missing_parent", "bad_extent", "mi
                          "index_mismatch"})
 
 
-def _old_applied(path: str) -> tuple[int, int] | None:
-    """The applied log position the store's existing index holds, if it opens and that value
-    passes its checksum (else None): a torn tail never reaches back before it, so a log
+def _old_logs(path: str) -> dict[int, tuple[int, int]]:
+    """{log: applied position} the store's existing index holds, if it opens and those values
+    pass their checksums (else {}): a torn tail never reaches back before them, so a log
     whose valid records end earlier lost acknowledged records."""
     try:
         index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=True, durable=False)
     except (SnapstoreError, OSError):
-        return None
+        return {}
     try:
         with index.read() as r:
-            return r.applied()
+            return r.logs()
     except (SnapstoreError, OSError):
-        return None
+        return {}
     finally:
         index.close()
+
+
+def _covered(section: StateSection | None, segment: int, offset: int) -> bool:
+    """Whether the record at (segment, offset) is described by the state section: format 3
+    sections cover each log's records before the position they name for it; older ones
+    (log 0 only) the records before them."""
+    if section is None:
+        return False
+    if section.logs is None:
+        return log_of(segment) == 0 and (segment, offset) < section.end
+    covered = section.logs.get(log_of(segment))
+    return covered is not None and (segment, offset) < covered
+
+
+def _in_order(todo: list, report: ProblemReport) -> list:
+    """The records to replay in the order the live path applied them: format <= 2 records
+    (log 0, no order) in log order, then format 3 records by order (one order's records, a
+    batch, in log order), leaving out batches not all of whose records are there."""
+    legacy = sorted(r for r in todo if r[4] is None)
+    ordered: dict[int, list] = {}
+    for r in todo:
+        if r[4] is not None:
+            ordered.setdefault(r[4], []).append(r)
+    out = list(legacy)
+    for order in sorted(ordered):
+        batch = sorted(ordered[order])
+        if len(batch) != batch[0][5] or len({log_of(r[0]) for r in batch}) != 1:
+            report.add("incomplete_batch", f"{len(batch)} of the {batch[0][5]} records of "
+                       f"operation {order} are in the log: it never completed, so none of "
+                       "them was applied", segment=batch[0][0], offset=batch[0][1])
+            continue
+        out.extend(batch)
+    return out
+
+
+def _unfinished_tail(scan: _Scan, log: int) -> tuple[int, int] | None:
+    """Where a batch begins whose records end log `log` but are not all there (a writer killed
+    while it appended a delete_many): nothing of it was applied, so the log is applied up to
+    its first record only, and the next writer's recovery cuts it off there like a torn tail
+    (past it, it would stay in the log for good, an incomplete batch every later repair
+    reports). None when the log ends otherwise."""
+    mine = [r for r in scan.index_records if log_of(r[0]) == log]
+    if not mine or mine[-1][4] is None:
+        return None
+    order, count = mine[-1][4], mine[-1][5]
+    batch = []
+    for r in reversed(mine):
+        if r[4] != order:
+            break
+        batch.append(r)
+    last = mine[-1]
+    if len(batch) >= count or \
+            (last[0], last[1] + fmt.RECORD_HEADER.size + last[2]) != scan.last_record.get(log):
+        return None             # complete, or valid records follow it: not a crash's tail
+    return batch[-1][0], batch[-1][1]
 
 
 def _sound_index(path: str, backend: SegmentBackend) -> bool:
@@ -248,24 +328,34 @@ def _scan_log(index: Index, backend: SegmentBackend, reader: SegmentReader,
     total = sum(sizes.values())
     done = reported = 0
     previous = None
+    last_of_log = {max(ns) for ns in logs_of(numbers).values()}
     for n in numbers:
         if n not in sizes:
             scan.finder.interrupt()
             continue
         if previous is not None and n != previous + 1:
-            scan.finder.interrupt()
+            scan.finder.interrupt()     # a gap, or the next log
+        if previous is None or log_of(previous) != log_of(n):
+            scan.end = None
         previous = n
-        size, last = sizes[n], n == numbers[-1]
+        size, last = sizes[n], n in last_of_log
         try:
             with index.write(rebuilding=True) as w:
                 for record in _segment_records(reader, n, size, last, scan, report):
                     scan.records += 1
+                    scan.last_record[log_of(n)] = (n, record.end)
                     if record.rtype == fmt.REC_CHUNK:
                         _index_chunk(w, record, report)
                         scan.chunks += 1
                     elif record.rtype in fmt.INDEX_RECORD_TYPES:
+                        try:
+                            order, count = record_order(record.rtype, record.payload)
+                        except CorruptionError as exc:
+                            report.add("unappliable_record", f"a valid log record does not "
+                                       f"decode: {exc}", segment=n, offset=record.offset)
+                            continue
                         scan.index_records.append((n, record.offset, record.length,
-                                                   record.rtype))
+                                                   record.rtype, order, count))
                     scan.finder.feed(record)
                     if progress is not None and done + record.end - reported >= _PROGRESS_STEP:
                         reported = done + record.end
@@ -276,6 +366,8 @@ def _scan_log(index: Index, backend: SegmentBackend, reader: SegmentReader,
             scan.finder.interrupt()
             report.add("unreadable_segment", f"cannot read the segment: {exc.strerror or exc}",
                        segment=n)
+        if scan.end is not None:
+            scan.ends[log_of(n)] = scan.end
         scan.segments += 1
         scan.bytes += size
         done += size
@@ -324,7 +416,7 @@ def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan:
                                     record.end)
         except DamagedRecord as exc:
             scan.finder.interrupt()
-            nxt = _next_valid(reader, n, exc.end, pos + 1, size, types)
+            nxt = next_valid_record(reader, n, exc.end, pos + 1, size, types)
             if nxt is None and last:
                 scan.torn_tail = (n, pos)
             else:
@@ -337,35 +429,6 @@ def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan:
         scan.end = (n, record.end)
         yield record
         pos = record.end
-
-
-def _valid_at(reader: SegmentReader, n: int, pos: int, size: int, types) -> bool:
-    try:
-        return read_record(reader, n, pos, size=size).rtype in types
-    except DamagedRecord:
-        return False
-
-
-def _next_valid(reader: SegmentReader, n: int, hint: int | None, start: int, size: int,
-                types) -> int | None:
-    """Where the next valid record after a damaged one starts: where the damaged record's
-    header says it ends if a valid record is there, else the first offset from `start` at
-    which one is (found by its magic), else None."""
-    if hint is not None and start <= hint < size and _valid_at(reader, n, hint, size, types):
-        return hint
-    pos = start
-    magic = fmt.RECORD_MAGIC
-    while pos < size:
-        window = reader.read(n, pos, _RESYNC_WINDOW + len(magic) - 1)
-        if not window:
-            return None
-        at = window.find(magic)
-        while at != -1:
-            if _valid_at(reader, n, pos + at, size, types):
-                return pos + at
-            at = window.find(magic, at + 1)
-        pos += _RESYNC_WINDOW
-    return None
 
 
 def _index_chunk(w, record: Record, report: ProblemReport) -> None:
@@ -381,16 +444,22 @@ def _index_chunk(w, record: Record, report: ProblemReport) -> None:
 def _check_segment_gaps(backend: SegmentBackend, section: StateSection | None,
                         report: ProblemReport) -> None:
     """Segments are only ever removed by compaction, before the state section it writes (or
-    as the torn newest one): a missing number after the newest section means lost records."""
-    numbers = backend.list()
-    if not numbers:
-        return
-    first = section.end[0] if section is not None else 1
-    missing = [n for n in range(first, numbers[-1]) if n not in set(numbers)]
-    if missing:
-        report.add("missing_segment", f"{len(missing)} segment(s) of the log after its newest "
-                   f"state section are missing (first {segment_name(missing[0])}): what their "
-                   "records held is lost", segment=missing[0])
+    as the torn newest one of a log): a missing number of a log after where the newest
+    section covers it means lost records."""
+    for log, numbers in logs_of(backend.list()).items():
+        first = first_segment(log)
+        if section is not None:
+            if section.logs is None:
+                if log == 0:
+                    first = section.end[0]
+            elif log in section.logs:
+                first = section.logs[log][0]
+        present = set(numbers)
+        missing = [n for n in range(first, numbers[-1]) if n not in present]
+        if missing:
+            report.add("missing_segment", f"{len(missing)} segment(s) of log {log} after its "
+                       f"newest state section are missing (first {segment_name(missing[0])}): "
+                       "what their records held is lost", segment=missing[0])
 
 
 # ---- 2. and 3.: the state section, then the records after it ---------------------------------
@@ -447,7 +516,7 @@ def _replay(index: Index, reader: SegmentReader, todo: list, report: ProblemRepo
 
 
 def _apply(w, reader: SegmentReader, item: tuple) -> None:
-    seg, off, length, rtype = item
+    seg, off, length, rtype = item[:4]
     record = read_record(reader, seg, off, length=length)
     w.apply_record(rtype, bytes(record.payload), (seg, record.end))
 

@@ -1,13 +1,18 @@
 """The store directory: its FORMAT file, refusing foreign directories, creating a store
-atomically, the writer's lock, and the permissions of what a store creates.
+atomically, the store lock, and the permissions of what a store creates.
 
     STORE/FORMAT     JSON {"format": "snapstore", "version": N, "created": t}, published by temp
                      file + fsync + rename + directory fsync, LAST when a store is created: a
                      directory with FORMAT is a complete store (index initialised)
-    STORE/lock       flock()ed exclusively by the one writer, which then writes into it who it
-                     is: JSON {"pid", "host", "since"} padded to 256 bytes (information for
-                     StoreLocked messages only; the flock decides)
-    STORE/index/     LMDB        STORE/segments/   the log
+    STORE/lock       flock()ed SHARED by every writer for as long as it has the store open, and
+                     EXCLUSIVELY by what needs the store to itself: creating it, upgrading its
+                     format, repair (and writers of format <= 2, which took it exclusively);
+                     an exclusive holder writes into it who it is: JSON {"pid", "host",
+                     "since"} padded to 256 bytes (holders.py; information for StoreLocked
+                     messages only; the flock decides)
+    STORE/writers/   one lock file per log (logowners.py)
+    STORE/maintenance  flock()ed exclusively by compaction, shared by verify
+    STORE/index/     LMDB        STORE/segments/   the logs
     STORE/.index.new, STORE/.index.old   only while the index is being replaced (indexswap.py):
                      a writer's open finishes or cleans up a swap a crash interrupted
 
@@ -27,7 +32,8 @@ subject to the umask.
 Errors. Not a store (no FORMAT, an unreadable or foreign FORMAT, a non-empty foreign
 directory) or a newer format: FormatError. A store whose own files are damaged (segments/ or
 index/ missing or not a directory, the lock file not a regular file): CorruptionError naming
-the file. Another writer holding the lock: StoreLocked. Other OS errors: StoreIOError. Store
+the file. A lock held past the timeout: StoreLocked (a writer waits for an exclusive holder,
+an exclusive opener for every writer). Other OS errors: StoreIOError. Store
 files are never opened through a symlink, and never in a way that blocks on a FIFO.
 """
 from __future__ import annotations
@@ -38,10 +44,12 @@ import json
 import os
 import stat
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from snapstore.engine import format as fmt
 from snapstore.engine import indexswap
+from snapstore.engine import logowners
+from snapstore.engine.holders import clear_holder, read_holder, write_holder
 from snapstore.engine.fsutil import (DEFAULT_FILE_MODE, NotRegularFile, file_kind,
                                      fsync_directory, open_regular, replace_file)
 from snapstore.errors import CorruptionError, FormatError, StoreIOError, StoreLocked
@@ -51,12 +59,15 @@ _POLL_SECONDS = 0.05
 
 
 class Opened(NamedTuple):
-    """What open_directory found: the writer's lock descriptor (None for a reader), the
-    permission bits for new files, and whether this opener is creating the store (then it
-    must call publish_format once the index is initialised)."""
+    """What open_directory found: the store lock's descriptor (None for a reader; held shared
+    by a writer, exclusively when `exclusive`), the permission bits for new files, whether
+    this opener is creating the store (then it must call publish_format once the index is
+    initialised, then share_lock), and the version FORMAT names (None while creating)."""
     lock_fd: int | None
     file_mode: int
     creating: bool
+    exclusive: bool = False
+    version: int | None = None
 
 
 def dir_mode(file_mode: int) -> int:
@@ -66,10 +77,11 @@ def dir_mode(file_mode: int) -> int:
 
 def open_directory(path: str, *, create: bool, readonly: bool, timeout: float,
                    repairing: bool = False) -> Opened:
-    """Checks (or starts creating) the store directory; for a writer takes the lock (closed
-    again if anything after it fails). repairing=True (`snapstore repair`, which rebuilds the
-    index) accepts a missing or damaged index/. Raises FormatError, CorruptionError,
-    StoreLocked, StoreIOError (see the module docstring)."""
+    """Checks (or starts creating) the store directory; for a writer takes the store lock,
+    shared, or exclusively when creating the store or repairing (closed again if anything
+    after it fails). repairing=True (`snapstore repair`, which rebuilds the index) accepts a
+    missing or damaged index/. Raises FormatError, CorruptionError, StoreLocked,
+    StoreIOError (see the module docstring)."""
     deadline = time.monotonic() + max(0.0, float(timeout))
     try:
         if readonly:
@@ -81,29 +93,62 @@ def open_directory(path: str, *, create: bool, readonly: bool, timeout: float,
                 raise FormatError(f"no snapstore store at {path}")
             os.makedirs(path, mode=dir_mode(DEFAULT_FILE_MODE), exist_ok=True)
         refuse_foreign_directory(path)          # before the lock file: leave nothing in one
-        lock_fd = take_lock(path, deadline)
+        format_file = os.path.join(path, fmt.FORMAT_FILE)
+        exclusive = repairing or not os.path.lexists(format_file)
+        lock_fd = open_lock_file(path)
+        try:
+            # a creator waiting for another creator: once FORMAT is there, it is a writer
+            exclusive = lock_lock(lock_fd, path, deadline, shared=not exclusive,
+                                  unless=None if repairing
+                                  else lambda: os.path.lexists(format_file)) and exclusive
+        except BaseException:
+            os.close(lock_fd)
+            raise
     except OSError as exc:
         if isinstance(exc, (StoreIOError, StoreLocked)):
             raise
         raise StoreIOError(f"cannot open store {path}: {exc.strerror or exc}", exc.errno) from exc
     try:
         if not os.path.lexists(os.path.join(path, fmt.FORMAT_FILE)):
+            if not exclusive:       # FORMAT vanished since we looked: not a store any more
+                raise FormatError(f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)")
             if not create:
                 raise FormatError(f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)")
             refuse_foreign_directory(path)      # again under the lock: another creator finished
-            mode = dir_mode(DEFAULT_FILE_MODE)
-            for name in (fmt.SEGMENTS_DIR, fmt.INDEX_DIR):
-                os.makedirs(os.path.join(path, name), mode=mode, exist_ok=True)
-            _check_layout(path)
-            return Opened(lock_fd, DEFAULT_FILE_MODE, True)
-        indexswap.recover_swap(path)        # a swap of the index a crash interrupted
-        return Opened(lock_fd, _read_store(path, check_index=not repairing), False)
+            if not os.path.lexists(os.path.join(path, fmt.FORMAT_FILE)):
+                mode = dir_mode(DEFAULT_FILE_MODE)
+                for name in (fmt.SEGMENTS_DIR, fmt.INDEX_DIR, fmt.WRITERS_DIR):
+                    os.makedirs(os.path.join(path, name), mode=mode, exist_ok=True)
+                _check_layout(path)
+                return Opened(lock_fd, DEFAULT_FILE_MODE, True, True, None)
+            # another creator finished while we waited for the lock: a writer like others
+            share_lock(lock_fd, path)
+            exclusive = False
+        if exclusive:
+            indexswap.recover_swap(path)        # a swap of the index a crash interrupted
+        elif _swap_interrupted(path):
+            # a fallback swap (two renames) a crash cut between them: finish it alone
+            lock_lock(lock_fd, path, deadline, shared=False)
+            indexswap.recover_swap(path)
+            share_lock(lock_fd, path)
+        found = read_format_file(path)
+        _check_layout(path, check_index=not repairing)
+        os.makedirs(logowners.writers_dir(path), mode=dir_mode(found["file_mode"]),
+                    exist_ok=True)
+        return Opened(lock_fd, found["file_mode"], False, exclusive, found["version"])
     except BaseException as exc:
         os.close(lock_fd)
         if isinstance(exc, OSError) and not isinstance(exc, (StoreIOError, StoreLocked)):
             raise StoreIOError(f"cannot open store {path}: {exc.strerror or exc}",
                                exc.errno) from exc
         raise
+
+
+def _swap_interrupted(path: str) -> bool:
+    """Whether index/ is missing while .index.old is there: the first rename of a fallback
+    index swap happened, the second not (indexswap.recover_swap finishes it)."""
+    return (not os.path.lexists(os.path.join(path, fmt.INDEX_DIR))
+            and os.path.lexists(os.path.join(path, fmt.INDEX_OLD_DIR)))
 
 
 def _wait_for_store(path: str, deadline: float) -> int:
@@ -135,7 +180,8 @@ def refuse_foreign_directory(path: str) -> None:
     names = os.listdir(path)
     if fmt.FORMAT_FILE in names:
         return
-    ours = {fmt.LOCK_FILE, fmt.INDEX_DIR, fmt.SEGMENTS_DIR}
+    ours = {fmt.LOCK_FILE, fmt.INDEX_DIR, fmt.SEGMENTS_DIR, fmt.WRITERS_DIR,
+            fmt.MAINTENANCE_LOCK_FILE}
     if any(n not in ours and not n.startswith(f".{fmt.FORMAT_FILE}.") for n in names):
         raise FormatError(f"{path} is a non-empty directory that is not a snapstore store")
 
@@ -158,93 +204,102 @@ def _check_layout(path: str, check_index: bool = True) -> None:
                                   f"is damaged ({what})")
 
 
-def take_lock(path: str, deadline: float) -> int:
-    """The writer's exclusive flock on STORE/lock, waiting until the deadline; once taken, the
-    holder's record (pid, host, since) is written into the file for StoreLocked messages."""
-    started = time.monotonic()
+def take_lock(path: str, deadline: float, *, shared: bool = False,
+              unless: Callable[[], bool] | None = None) -> int:
+    """The flock on STORE/lock, shared (a writer) or exclusive (creating, upgrading, repair),
+    waiting until the deadline; an exclusive holder then writes its record (pid, host, since)
+    into the file for StoreLocked messages. unless: see lock_lock."""
+    fd = open_lock_file(path)
+    try:
+        lock_lock(fd, path, deadline, shared=shared, unless=unless)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_lock_file(path: str) -> int:
+    """A descriptor of STORE/lock (created if missing; CorruptionError if not a file)."""
     lock_path = os.path.join(path, fmt.LOCK_FILE)
     try:
-        fd = open_regular(lock_path, os.O_RDWR | os.O_CREAT, _store_file_mode(path))
+        return open_regular(lock_path, os.O_RDWR | os.O_CREAT, _store_file_mode(path))
     except NotRegularFile as exc:
         raise CorruptionError(f"{lock_path} is {exc.kind}, not a regular file: the store is "
                               "damaged (the lock file holds no data; remove it)") from None
+
+
+def lock_lock(fd: int, path: str, deadline: float, *, shared: bool,
+              unless: Callable[[], bool] | None = None) -> bool:
+    """Takes (or converts to) the shared or exclusive flock of the store lock open as fd,
+    waiting until the deadline (StoreLocked then, naming who holds it). Returns True.
+
+    Waiting for the exclusive lock, it first lets go of a shared one it holds: several
+    writers that open a store of an older format at once all want to upgrade it, and each
+    holding its shared lock while waiting for the exclusive one would wait for the others for
+    ever. `unless()` is asked while it waits: once true (another opener created or upgraded
+    the store meanwhile), it takes the shared lock instead and returns False."""
+    started = time.monotonic()
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    if not shared:
+        fcntl.flock(fd, fcntl.LOCK_UN)
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            write_holder(fd)
-            return fd
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            if not shared:
+                write_holder(fd)
+            return True
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                os.close(fd)
                 raise
+        if unless is not None and unless():
+            lock_lock(fd, path, deadline, shared=True)
+            return False
         if time.monotonic() >= deadline:
-            try:
-                holder = read_holder(fd)
-            finally:
-                os.close(fd)
-            raise _locked(path, time.monotonic() - started, holder)
+            raise _locked(path, time.monotonic() - started, read_holder(fd), shared)
         time.sleep(_POLL_SECONDS)
 
 
-def _locked(path: str, waited: float, holder: dict) -> StoreLocked:
-    exc = StoreLocked("", path=path, waited=waited, **holder)
-    exc.args = (f"{path} is locked by {exc.holder}, which has it open for writing (waited "
-                f"{waited:.3g}s). Open it with readonly=True to read meanwhile, or pass "
-                "timeout=SECONDS to snapstore.open() to wait for the lock.",)
+def share_lock(fd: int, path: str) -> None:
+    """Converts an exclusive store lock (creation, upgrade done) to the shared one a writer
+    keeps, and clears the exclusive holder's record: the record names an exclusive holder
+    only while it holds the lock, so a holder that writes none (an older version) is never
+    reported as the one who let go. flock converts without letting go only when nobody
+    waits; one who took it meanwhile only delays us (no deadline: a shared lock is never
+    refused for long)."""
+    lock_lock(fd, path, float("inf"), shared=True)
+    clear_holder(fd)
+
+
+def release_exclusive(fd: int) -> None:
+    """Lets go of an exclusive store lock (repair done): clears the record, closes fd."""
+    try:
+        clear_holder(fd)
+    finally:
+        os.close(fd)
+
+
+def _locked(path: str, waited: float, holder: dict, shared: bool) -> StoreLocked:
+    """The StoreLocked of an opener that gave up on STORE/lock. A writer (shared) is kept out
+    by an exclusive holder, named by the lock file's record. An exclusive opener is kept out
+    by writers (named by their logs' records: the lock file's record is a past exclusive
+    holder's then) or, when none is open, by another exclusive holder."""
+    writers = [] if shared else [h for _, h in logowners.live_holders(path)]
+    if writers:
+        exc = StoreLocked("", path=path, waited=waited, lock="writers", writers=len(writers),
+                          **writers[0])
+        others = f" and {len(writers) - 1} more writer(s)" if len(writers) > 1 else ""
+        exc.reason = (f"{path} is open for writing by {exc.holder}{others}, and this needs "
+                      f"the store to itself (waited {waited:.3g}s).")
+        exc.args = (f"{exc.reason} Close its writers, or pass timeout=SECONDS to wait for "
+                    "them.",)
+        return exc
+    exc = StoreLocked("", path=path, waited=waited, lock="store", **holder)
+    exc.reason = (f"{path} is locked by {exc.holder}, which needs the store to itself "
+                  "(creating it, upgrading its format, a repair, or a writer of an older "
+                  f"snapstore version; waited {waited:.3g}s).")
+    exc.args = (f"{exc.reason} Open it with readonly=True to read meanwhile, or pass "
+                "timeout=SECONDS to wait for the lock.",)
     return exc
-
-
-# ---- the lock holder's record --------------------------------------------------------------
-# The flock is the truth; the record is information only. Written by the holder right after it
-# takes the flock, in one write of a fixed size (RECORD_BYTES, JSON padded with spaces) over
-# the previous one, never read to decide anything: a stale record (a holder that died: its
-# flock went with it) is overwritten by the next holder, and a torn, foreign or garbage one
-# reads as "holder unknown".
-_RECORD_BYTES = 256
-_HOLDER_KEYS = ("pid", "host", "since")
-
-
-def write_holder(fd: int) -> None:
-    """Records this process as the holder of the flock on fd (best effort: a failure to
-    write it changes nothing but the messages others get)."""
-    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    body = json.dumps({"pid": os.getpid(), "host": os.uname().nodename[:128], "since": since})
-    try:
-        os.pwrite(fd, body.encode().ljust(_RECORD_BYTES), 0)
-        os.ftruncate(fd, _RECORD_BYTES)
-    except OSError:
-        pass
-
-
-def read_holder(fd: int) -> dict:
-    """{"pid", "host", "since"} as the lock file records them (each None when unknown: no
-    record, a torn or foreign one, or one naming a process of this host that is gone)."""
-    holder = dict.fromkeys(_HOLDER_KEYS)
-    try:
-        data = json.loads(os.pread(fd, _RECORD_BYTES, 0))
-    except (OSError, ValueError):
-        return holder
-    if not isinstance(data, dict):
-        return holder
-    pid, host, since = (data.get(k) for k in _HOLDER_KEYS)
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        return holder
-    if not all(isinstance(t, str) and t.isprintable() and len(t) <= 128 for t in (host, since)):
-        return holder
-    if host == os.uname().nodename and not _alive(pid):
-        return holder            # stale: its holder died (the flock is someone else's)
-    return {"pid": pid, "host": host, "since": since}
-
-
-def _alive(pid: int) -> bool:
-    """True if a process with this pid exists on this host."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, OSError):
-        return True
-    return True
 
 
 def _store_file_mode(path: str) -> int:

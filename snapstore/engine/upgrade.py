@@ -15,7 +15,7 @@ point leaves a store whose FORMAT still names the old version, which opens, and 
 writer open runs the steps again. A new format version appends its step(s) to STEPS.
 
 Crash points (crashpoints.py): upgrade_before_index_commit (inside the index step's
-transaction), upgrade_before_state_mark (the log step's state section durable, the index not
+transaction), upgrade_v3_before_index_commit (inside format 3's), upgrade_before_state_mark (the log step's state section durable, the index not
 yet told), upgrade_before_format (everything converted and synced, FORMAT not yet published),
 upgrade_after_format.
 """
@@ -52,7 +52,8 @@ def _log_state_section(path: str, index: Index, backend: SegmentBackend) -> bool
     with the commit, delete and tag records in them, so its log alone may not describe its
     checkpoints (repair could not rebuild them). This step appends a state section
     (logstate.py) written from the trusted format 1 index, after recovery applied every
-    durable record to it, in a new segment of version 2; synced, then noted in the index
+    durable record to it, in a new segment (of today's version, fmt.SEGMENT_VERSION: its BEGIN
+    names no order, the index counts none yet); synced, then noted in the index
     (META_LOG_STATE). Done when the index notes a state section, or when the first segment
     is of version 2 (a store created by format 2 has a complete log). A crash before the
     note only writes another section next time."""
@@ -88,14 +89,38 @@ def _log_state_section(path: str, index: Index, backend: SegmentBackend) -> bool
     return True
 
 
+def _per_log_positions(path: str, index: Index, backend: SegmentBackend) -> bool:
+    """Format 3 (many writers): the index keeps an applied position per log (DB_LOGS) instead
+    of one (META_APPLIED), and counts record orders (META_NEXT_ORDER). The store's segments so
+    far are log 0's. Recovery applies log 0's durable records first, so the position moved
+    is the end of every record; then one transaction moves it, starts the order count and
+    sets META_FORMAT to 3: all or nothing (crash point upgrade_v3_before_index_commit).
+    Done when the index is format 3."""
+    with index.read() as r:
+        if r.version >= 3:
+            return False
+    recover(index, backend, backend.durable)
+    with index.write() as w:
+        applied = w.applied()
+        if applied is not None:
+            w.set_log_applied(0, applied)
+        w.drop_legacy_applied()
+        w.set_next_order(1)
+        w.set_format(3)
+        crashpoint("upgrade_v3_before_index_commit")
+    index.version = 3
+    return True
+
+
 STEPS: tuple[Step, ...] = (
     Step(2, "every index value carries a checksum", _index_value_checksums),
     Step(2, "the log describes every checkpoint (a state section)", _log_state_section),
+    Step(3, "an applied position per log; record orders", _per_log_positions),
 )
 
 
 def upgrade(path: str, index: Index, backend: SegmentBackend) -> int:
-    """Brings the store at `path` (its writer's lock held, `index` open for writing, its
+    """Brings the store at `path` (the store lock held exclusively, `index` open for writing, its
     segments in `backend`) to fmt.FORMAT_VERSION. Returns the version the FORMAT file named
     before."""
     found = storedir.read_format_file(path)

@@ -24,7 +24,8 @@ from snapstore.errors import CorruptionError
 from snapstore.engine.backends.base import SegmentBackend, segment_name
 from snapstore.engine.chunks import decode_chunk, read_stored_chunk, stored_chunk
 from snapstore.engine.index import REPAIR_HINT, Index
-from snapstore.engine.wal import DamagedRecord, parse_record_header, read_record, segment_version
+from snapstore.engine.wal import (DamagedRecord, log_of, logs_of, next_valid_record,
+                                  parse_record_header, read_record, segment_version)
 
 # Problems of the index itself (the log may be intact): `snapstore repair` rebuilds it.
 INDEX_KINDS = frozenset({"missing_manifest", "missing_parent", "bad_extent", "missing_chunk",
@@ -66,12 +67,19 @@ def _dependents(commits: dict, children: dict, start) -> set[int]:
 
 
 def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict:
+    """Checks the store (module docstring). The caller holds the maintenance lock (shared),
+    so no compaction removes segments or replaces the index while this runs."""
     started = time.perf_counter()
     report = ProblemReport()
+    # An Index notices an index another process replaced (compaction's shrink) only
+    # RECHECK_SECONDS later; the replaced one may point into segments removed since. Under
+    # the maintenance lock the current index stays current: read that one.
+    index.refresh()
     with index.read() as r:
         commits = {i: r.checkpoint(i) for i in r.checkpoint_ids()}
         chunks = dict(r.chunks())
         streams = r.streams()
+        applied = r.logs()
         stream_members = {s: r.checkpoint_ids(s) for s in streams}
         manifests = {}
         missing = []
@@ -172,13 +180,29 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
                     if mismatch:
                         report.add("index_mismatch", mismatch, affected(cid), seg, off)
     else:
+        last_of_log = {max(ns) for ns in logs_of(present).values()}
         for seg in sorted(present):
             known = defaultdict(list)       # offset -> [(chunk id, entry)]: all of them
             for off, cid, e in by_segment.get(seg, []):
                 known[off].append((cid, e))
+            # a log's last segment may end in a torn tail or a record being appended, but
+            # only past what the index applied of the log (records before it are committed)
+            tail = None
+            if seg in last_of_log:
+                done = applied.get(log_of(seg))
+                tail = (done[1] if done is not None and done[0] == seg
+                        else fmt.SEGMENT_HEADER.size if done is None or done[0] < seg
+                        else None)
+            try:
+                size = backend.size(seg)
+            except FileNotFoundError:
+                if tail is not None and tail <= fmt.SEGMENT_HEADER.size and not known:
+                    continue    # such a torn segment, which a recovery removed meanwhile
+                report.add("missing_segment", "segment file is missing", segment=seg)
+                continue
             with backend.open_reader() as segments:
-                bytes_checked += _deep_scan(segments, backend.size(seg), seg, known, report,
-                                            affected)
+                bytes_checked += _deep_scan(segments, size, seg, known, report, affected,
+                                            tail=tail)
 
     problems = report.problems
     out = {"ok": not problems, "deep": deep, "problems": problems,
@@ -204,17 +228,29 @@ def _entry_mismatch(record, cid: bytes, e) -> str | None:
     return None
 
 
-def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport, affected) -> int:
+def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport, affected,
+               tail: int | None = None) -> int:
     """Checks every record of one segment. After a damaged record it resumes where the damaged
     record's length says the next one starts only if no record the index knows of lies in
     between and a valid header is there; otherwise at the next record the index knows of (a
-    flipped length field must not hide the records after it). Returns bytes read."""
+    flipped length field must not hide the records after it). In the last segment of a log,
+    invalid bytes from offset `tail` on (past the log's applied position) after which no valid
+    record follows are a crash's torn tail, or the record its writer is appending right now:
+    not a problem (recovery cuts a torn tail); so is a log's last segment, wholly past that
+    position, shorter than its header (created, its header being written, or torn by a
+    crash: recovery removes it).
+    Returns bytes read."""
     starts = sorted(known)
     seen = set()
     types = fmt.RECORD_TYPES
     try:
         types = fmt.SEGMENT_RECORD_TYPES[segment_version(segments, seg)]
     except CorruptionError as exc:
+        if tail is not None and tail <= fmt.SEGMENT_HEADER.size and \
+                size < fmt.SEGMENT_HEADER.size and not starts:
+            # a log's next segment, created, its header not (all) written yet: being
+            # written right now, or torn by a crash (recovery removes it)
+            return size
         report.add("damaged_segment_header", str(exc), segment=seg, offset=0)
     pos = fmt.SEGMENT_HEADER.size
     while pos < size:
@@ -234,6 +270,9 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport
             continue
         except DamagedRecord as exc:
             problem, end = exc.reason, exc.end
+        if tail is not None and pos >= tail and not any(off >= pos for off in starts) and \
+                next_valid_record(segments, seg, end, pos + 1, size, types) is None:
+            break                       # torn tail, or a record being appended
         users = set().union(*(affected(cid) for cid, _ in known.get(pos, ())))
         report.add("damaged_record", problem, users, seg, pos)
         i = bisect.bisect_right(starts, pos)

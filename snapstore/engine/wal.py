@@ -24,6 +24,31 @@ from snapstore.engine.backends.base import SegmentBackend, SegmentFile, SegmentR
 from snapstore.errors import CorruptionError, FormatError, StoreIOError
 
 
+# ---- logs: each writer appends to a log of its own (format 3) --------------------------------
+
+def log_of(number: int) -> int:
+    """The log a segment number belongs to (fmt.LOG_SEGMENTS numbers per log)."""
+    return number // fmt.LOG_SEGMENTS
+
+
+def first_segment(log: int) -> int:
+    """The number of log `log`'s first segment (log 0 starts at 1, as format <= 2 did)."""
+    return log * fmt.LOG_SEGMENTS + 1
+
+
+def segments_of(numbers, log: int) -> list[int]:
+    """The numbers of log `log`'s segments among `numbers`, ascending."""
+    return sorted(n for n in numbers if log_of(n) == log)
+
+
+def logs_of(numbers) -> dict[int, list[int]]:
+    """{log: its segment numbers ascending} of the segment numbers given."""
+    out: dict[int, list[int]] = {}
+    for n in sorted(numbers):
+        out.setdefault(log_of(n), []).append(n)
+    return out
+
+
 # ---- segment header ------------------------------------------------------------------------
 
 def encode_segment_header(number: int, version: int = fmt.SEGMENT_VERSION) -> bytes:
@@ -163,6 +188,38 @@ def read_record(reader: SegmentReader, number: int, offset: int, *, size: int | 
     return Record(number, offset, rtype, codec, got_length, payload)
 
 
+RESYNC_WINDOW = 1 << 20
+
+
+def _valid_at(reader: SegmentReader, n: int, pos: int, size: int, types) -> bool:
+    try:
+        return read_record(reader, n, pos, size=size).rtype in types
+    except DamagedRecord:
+        return False
+
+
+def next_valid_record(reader: SegmentReader, n: int, hint: int | None, start: int, size: int,
+                types) -> int | None:
+    """Where the next valid record after a damaged one starts: where the damaged record's
+    header says it ends if a valid record is there, else the first offset from `start` at
+    which one is (found by its magic), else None."""
+    if hint is not None and start <= hint < size and _valid_at(reader, n, hint, size, types):
+        return hint
+    pos = start
+    magic = fmt.RECORD_MAGIC
+    while pos < size:
+        window = reader.read(n, pos, RESYNC_WINDOW + len(magic) - 1)
+        if not window:
+            return None
+        at = window.find(magic)
+        while at != -1:
+            if _valid_at(reader, n, pos + at, size, types):
+                return pos + at
+            at = window.find(magic, at + 1)
+        pos += RESYNC_WINDOW
+    return None
+
+
 def scan(backend: SegmentBackend, number: int, start: int,
          chunk_payloads: bool = True) -> Iterator[Record | tuple[str, int]]:
     """Yields the valid records of one segment from `start`, then ("end", offset) or
@@ -216,7 +273,8 @@ def _io_error(what: str, exc: OSError) -> StoreIOError:
 # ---- appending records ---------------------------------------------------------------------
 
 class SegmentLog:
-    """The writer's side of the log: batched appends, rollover, sync, rollback to a mark.
+    """A writer's side of its log (number `log`: segments log * LOG_SEGMENTS + 1, + 2, ...;
+    no other writer appends to it): batched appends, rollover, sync, rollback to a mark.
 
     Durability policy (the backend only syncs when asked): when the log is `durable` a new
     segment's header and directory entry are synced as it is created, a segment is synced
@@ -230,9 +288,10 @@ class SegmentLog:
     recovery repairs the tail).
     """
 
-    def __init__(self, backend: SegmentBackend, segment_size: int) -> None:
+    def __init__(self, backend: SegmentBackend, segment_size: int, log: int = 0) -> None:
         self.backend = backend
         self.segment_size = segment_size
+        self.log = log
         self._current: SegmentFile | None = None
         self._pending: list = []
         self._pending_bytes = 0
@@ -274,14 +333,14 @@ class SegmentLog:
 
     # -- positions
     def open_tail(self) -> None:
-        """Continue the last segment, or start segment 1 in an empty log. A segment only holds
-        records of its header's version: when the last one has another version (an older
+        """Continue the log's last segment, or start its first in an empty log. A segment only
+        holds records of its header's version: when the last one has another version (an older
         store's) or a damaged header, the log starts the next segment instead. Raises
         FormatError when the last segment is of a newer version."""
         try:
-            numbers = self.backend.list()
+            numbers = segments_of(self.backend.list(), self.log)
             if not numbers:
-                self._current = self._create(1)
+                self._current = self._create(first_segment(self.log))
                 return
             last = numbers[-1]
             try:
@@ -330,6 +389,11 @@ class SegmentLog:
             self._directory_unsynced = True
 
     # -- writing
+    def check_writable(self) -> None:
+        """Raises StoreIOError when the log refuses writes (an earlier failure it could not
+        repair; reopen the store)."""
+        self._check()
+
     def _check(self) -> None:
         if self.broken:
             raise StoreIOError(f"the log refuses writes after an earlier failure ({self.broken}); "
@@ -365,6 +429,8 @@ class SegmentLog:
     def _roll(self) -> None:
         """Seals the current segment (flush, and sync when durable) and starts the next."""
         self.flush()
+        if log_of(self._current.number + 1) != self.log:
+            raise StoreIOError(f"log {self.log} has no segment numbers left")
         try:
             if self.durable:
                 self._current.sync()
@@ -396,12 +462,12 @@ class SegmentLog:
             self.broken = f"fsync failed: {exc.strerror or exc}"
             raise _io_error("cannot make the log durable", exc)
 
-    def rollback(self, mark: tuple[int, int]) -> None:
-        """Drops everything appended after mark (a former .position). Marks the log broken
-        when that fails."""
+    def rollback(self, mark: tuple[int, int]) -> bool:
+        """Drops everything appended after mark (a former .position). Returns whether it did;
+        marks the log broken when that fails (then what was appended may still be there)."""
         self._pending, self._pending_bytes = [], 0
         if self._current is None:
-            return              # an earlier rollback failed part-way: only recovery repairs
+            return False        # an earlier rollback failed part-way: only recovery repairs
         seg, off = mark
         try:
             while self._current.number > seg:
@@ -413,13 +479,15 @@ class SegmentLog:
                 # The mark counted bytes that never reached the file: truncating would
                 # extend it with zeros. A caller bug; refuse to write on.
                 self.broken = f"rollback mark {off} lies past the end of the segment"
-                return
+                return False
             # Always: after a short write the file may hold bytes past the mark.
             self._current.truncate(off)
             if self.durable:
                 self._current.sync()
         except OSError as exc:
             self.broken = f"rollback failed: {exc.strerror or exc}"
+            return False
+        return True
 
     def close(self) -> None:
         if self._current is not None:

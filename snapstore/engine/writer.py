@@ -290,6 +290,10 @@ def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
             filled = plan.staged
         else:
             filled = native.gather(plan.view, [r for pieces in batch for r in pieces], staging)
+        # the digests of the staged pages in one call: the pieces of the pages layout start on
+        # page boundaries and (all but a buffer's tail) hold whole pages, back to back
+        whole = fps is not None and all(n % page == 0 for ps in batch for _, n in ps)
+        staged_digests = native.page_fingerprints(filled, page) if whole else None
         pos = 0
         for pieces in batch:
             size = sum(n for _, n in pieces)
@@ -298,9 +302,13 @@ def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
             for off, length in pieces:
                 extents.append((off, coff, length, cid))
                 stored = filled[pos + coff:pos + coff + length]
-                if fps is not None:     # pieces of the pages layout start on page boundaries
+                if fps is not None:
                     first = off // page * native.FP_BYTES
-                    digests = native.page_fingerprints(stored, page)
+                    if staged_digests is not None:
+                        at = (pos + coff) // page * native.FP_BYTES
+                        digests = staged_digests[at:at + length // page * native.FP_BYTES]
+                    else:
+                        digests = native.page_fingerprints(stored, page)
                     fps[first:first + len(digests)] = digests
                 if on_stored is not None and plan.staged is None:
                     on_stored(off, stored)

@@ -113,7 +113,7 @@ class Dcp:
         return state
 
     def save(self, step: int) -> None:
-        writer = self.st.SnapstoreWriter(self.path, timeout=0)
+        writer = self.st.SnapstoreWriter(self.path, timeout=60)
         self.dcp.save(self.state(step), checkpoint_id=f"step-{step}", storage_writer=writer)
 
     def _load(self, store, checkpoint_id) -> dict:

@@ -38,6 +38,7 @@ import writer_child as wc  # noqa: E402
 
 import snapstore  # noqa: E402
 from snapstore.engine import format as fmt  # noqa: E402
+from snapstore.engine import storedir  # noqa: E402
 from snapstore.errors import StoreLocked  # noqa: E402
 from snapstore.engine.backends import LocalSegments, segment_name  # noqa: E402
 from snapstore.engine.wal import encode_record_header, scan  # noqa: E402
@@ -61,15 +62,15 @@ def index_state(path: str):
     env = lmdb.open(os.path.join(path, fmt.INDEX_DIR), readonly=True, lock=True, subdir=True,
                     max_dbs=fmt.INDEX_MAX_DBS)
     try:
-        meta = env.open_db(fmt.DB_META, create=False)
+        logs = env.open_db(fmt.DB_LOGS, create=False)      # format 3: a position per log
         ckpts = env.open_db(fmt.DB_CHECKPOINTS, create=False)
+        key = fmt.LOG_KEY.pack(0)       # the writer of these tests is the store's first: log 0
         with env.begin() as txn:
-            v = txn.get(fmt.META_APPLIED, db=meta)
+            v = txn.get(key, db=logs)
             ids = {fmt.CKPT_KEY.unpack(k)[0] for k in txn.cursor(db=ckpts).iternext(values=False)}
         if v is None:
             return None, ids
-        return fmt.LOG_POSITION.unpack(unseal(fmt.DB_META, fmt.META_APPLIED, v,
-                                              fmt.FORMAT_VERSION)), ids
+        return fmt.LOG_POSITION.unpack(unseal(fmt.DB_LOGS, key, v, fmt.FORMAT_VERSION)), ids
     finally:
         env.close()
 
@@ -445,7 +446,11 @@ def test_readers_see_only_committed_checkpoints(tmp_path, kill_log):
     _report(h, kill_log)
 
 
-def test_second_writer_gets_storelocked_until_first_closes(tmp_path):
+def test_a_second_writer_commits_alongside_and_only_an_exclusive_holder_locks(tmp_path):
+    """Many writers (issue 16): while a writer process has the store open, another process and
+    this one open it at once and commit; what needs the store to itself (repair) is kept out
+    by them, naming one. StoreLocked for a writer comes only from an exclusive holder of
+    STORE/lock (here this process, as a repair holds it), and open(timeout=) waits for it."""
     h = Harness(tmp_path, _seed(), segment_size=1 << 20)
     h.run_to_end(2)
     ready = tmp_path / "hold.out"
@@ -457,30 +462,47 @@ def test_second_writer_gets_storelocked_until_first_closes(tmp_path):
         while not (ready.exists() and ready.read_text() == "ready\n"):
             assert holder.poll() is None and time.monotonic() < deadline, "holder did not start"
             time.sleep(0.01)
-        # Another process, no waiting: StoreLocked.
+        # Another process, no waiting: a second writer.
         out1 = tmp_path / "open1.out"
         subprocess.run([sys.executable, CHILD, "open", h.path, str(out1), "0"], check=True,
                        timeout=60)
-        assert out1.read_text().split()[0] == "StoreLocked"
-        # This process too (flock is per open file description); the message says what to do.
-        with pytest.raises(StoreLocked, match="readonly=True"):
-            snapstore.open(h.path)
-        # A waiting opener gets the store once the holder closes it.
-        out2 = tmp_path / "open2.out"
-        waiter = subprocess.Popen([sys.executable, CHILD, "open", h.path, str(out2), "2"])
-        time.sleep(0.6)
-        assert waiter.poll() is None, "open(timeout=2) returned while the store was locked"
+        assert out1.read_text().split()[0] == "ok"
+        # This process too: it commits next to the holder.
+        with snapstore.open(h.path, timeout=0) as s:
+            mine = s.checkpoint({"x": b"alongside"}, stream="alongside")
+            assert s.restore(mine.id) == {"x": b"alongside"}
+            with pytest.raises(StoreLocked) as exc:        # two writers keep repair out
+                snapstore.repair(h.path)
+            assert (exc.value.lock, exc.value.writers) == ("writers", 2)
+            assert exc.value.pid == holder.pid             # log 0's writer, named first
+            s.delete(mine.id)              # the harness's model: acknowledged checkpoints only
         holder.stdin.write(b"close\n")
         holder.stdin.flush()
-        assert waiter.wait(timeout=60) == 0
-        result, seconds = out2.read_text().split()
-        assert result == "ok", f"open(timeout=2) after the holder closed: {result}"
-        assert float(seconds) < 2.0
         assert holder.wait(timeout=60) == 0
     finally:
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+    fd = storedir.take_lock(h.path, time.monotonic())      # what repair holds
+    try:
+        out2 = tmp_path / "open2.out"
+        subprocess.run([sys.executable, CHILD, "open", h.path, str(out2), "0"], check=True,
+                       timeout=60)
+        assert out2.read_text().split()[0] == "StoreLocked"
+        with pytest.raises(StoreLocked, match="readonly=True") as exc:
+            snapstore.open(h.path)
+        assert (exc.value.lock, exc.value.pid) == ("store", os.getpid())
+        # A waiting opener gets the store once the exclusive holder lets go.
+        out3 = tmp_path / "open3.out"
+        waiter = subprocess.Popen([sys.executable, CHILD, "open", h.path, str(out3), "2"])
+        time.sleep(0.6)
+        assert waiter.poll() is None, "open(timeout=2) returned while the store was locked"
+    finally:
+        storedir.release_exclusive(fd)
+    assert waiter.wait(timeout=60) == 0
+    result, seconds = out3.read_text().split()
+    assert result == "ok", f"open(timeout=2) after the exclusive holder let go: {result}"
+    assert float(seconds) < 2.0
     h.verify(None)
 
 

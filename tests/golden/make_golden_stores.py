@@ -16,10 +16,14 @@ into subpackages):
     PYTHONPATH=/tmp/snap-v1 python3 tests/golden/make_golden_stores.py
     git -C /work/main worktree remove --force /tmp/snap-v1
 
-The v2 stores were made the same way by the commit that README.md names (format 2 final, the
-generator able to make them), in a clean checkout of it. Each format makes the stores of every
-earlier format (same code, same seeds: their files show what changed) plus its own (SINCE):
-format 2 adds "compacted", "upgraded" (from stores/v1/basic) and "interrupted".
+The v2 and v3 stores were made the same way by the commits that README.md names (the format
+final, the generator able to make it), in a clean checkout. Each format makes the stores of
+every earlier format (same recipes, same seeds: their files show what changed) plus its own
+(RECIPES): format 2 adds "compacted", "upgraded" (from stores/v1/basic) and "interrupted"
+(compaction's crash states); format 3 adds "writers" (three writers at once, one of them in
+another process) and "group" (group commits), and its "interrupted" holds format 3's crash
+states (writer processes killed with a claim, a group, an unnoted state section and a torn
+batch left behind) instead of format 2's.
 
 It refuses to write into an existing stores/v<N>/ (pass --out to make a scratch copy
 elsewhere, e.g. to see what a version would write). Content is deterministic (seeded NumPy and
@@ -36,8 +40,14 @@ in each store's expected.json:
      "segments": [segment numbers], "covers": [what the store exercises]}
 
 Only the store directory's FORMAT, index/data.mdb and segments/*.seg are kept (never
-index/lock.mdb nor the writer's `lock` file): tests copy a store to a temporary directory
-before opening it, since opening may write.
+index/lock.mdb nor the lock files `lock`, `maintenance` and writers/<L>, whose contents are no
+part of the format): tests copy a store to a temporary directory before opening it, since
+opening may write.
+
+Stores of format 3 are written by several writers at once: Stores of this process and
+Stores in child processes (Worker: this snapstore, driven over a pipe), which is also how
+writers are killed at a crash point while others stay open (the next writer's open would
+recover a dead writer's log).
 """
 from __future__ import annotations
 
@@ -61,6 +71,7 @@ from golden_values import describe, sha256  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEGMENT = 65536          # small segments: several per store
+VERSION = 0              # the format this code writes (main() finds it out)
 
 
 # ---- deterministic content -------------------------------------------------------------------
@@ -111,6 +122,32 @@ class Recorder:
     def delete(self, store, cid: int) -> None:
         store.delete(cid)
         self.deleted.append(cid)
+
+    def delete_many(self, store, ids: list) -> None:
+        store.delete_many(ids)
+        self.deleted.extend(ids)
+
+    def remote(self, worker: "Worker", seen_by, buffers: dict, stream: str, meta=None):
+        """A checkpoint taken by a writer in another process (its info as the Store
+        `seen_by` of this process reads it once published)."""
+        cid = worker("checkpoint", buffers=hexed(buffers), stream=stream, meta=meta)["id"]
+        info = seen_by.get(cid)
+        self.took(info, buffers)
+        return info
+
+    def group_commit(self, group, parts: dict, meta=None):
+        """group.commit(meta) of a group whose participants staged `parts` ({participant:
+        (buffers, meta)}): its checkpoint holds every part's buffers and metas."""
+        info = group.commit(meta)
+        self.took_group(info, parts)
+        return info
+
+    def took_group(self, info, parts: dict) -> None:
+        from snapstore.store import group_parts      # format 3 on
+        buffers = {k: v for bufs, _ in parts.values() for k, v in bufs.items()}
+        assert sorted(info.sizes) == sorted(buffers), (info.sizes, list(buffers))
+        assert group_parts(info) == {n: m for n, (_, m) in parts.items()}, info
+        self.took(info, {k: buffers[k] for k in info.sizes})
 
     def finish(self, *, readonly_ids: list | None = None) -> dict:
         """Writes expected.json from what this version reads back (checked against the
@@ -165,6 +202,8 @@ class Recorder:
         }
         if readonly_ids is None:
             assert visible == [c["id"] for c in checkpoints]
+        else:
+            assert visible == readonly_ids, (visible, readonly_ids)
         strip(self.path)
         with open(os.path.join(self.path, "expected.json"), "w") as f:
             json.dump(expected, f, indent=1, sort_keys=False)
@@ -186,12 +225,134 @@ def made_by() -> dict:
     return out
 
 
+def package_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(snapstore.__file__)))
+
+
+def child_env(**extra) -> dict:
+    """The environment of a child process: this snapstore first on its path."""
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root(), env.get("PYTHONPATH"))
+                                        if p)
+    return env
+
+
+def hexed(buffers: dict) -> dict:
+    return {k: bytes(memoryview(v).cast("B")).hex() for k, v in buffers.items()}
+
+
+# A writer in another process (format 3 on: many writers), driven line by line over its
+# stdin with JSON commands; it answers each with one JSON line. "crash_at" arms a crash point
+# for its next operations (SNAPSTORE_CRASH_AT is read at each point); "die" SIGKILLs it.
+_WORKER = r"""
+import json, os, signal, sys
+import snapstore
+path, options = sys.argv[1], json.loads(sys.argv[2])
+store = snapstore.open(path, **options)
+groups = {}
+def buffers(d):
+    return {k: bytes.fromhex(v) for k, v in d.items()}
+print(json.dumps({"log": store._committer.log_number, "pid": os.getpid()}), flush=True)
+for line in sys.stdin:
+    cmd = json.loads(line)
+    op, out = cmd.pop("op"), {}
+    try:
+        if op == "crash_at":
+            os.environ["SNAPSTORE_CRASH_AT"] = cmd["point"]
+        elif op == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif op == "checkpoint":
+            out["id"] = store.checkpoint(buffers(cmd["buffers"]), cmd["stream"],
+                                         cmd.get("meta")).id
+        elif op == "group":
+            g = store.group(cmd["stream"], cmd["participants"], timeout=cmd["timeout"])
+            groups[g.id] = g
+            out["group"] = g.id
+        elif op == "stage":
+            store.stage(cmd["group"], cmd["participant"], buffers(cmd["buffers"]),
+                        cmd.get("meta"))
+        elif op == "commit":
+            out["id"] = groups.pop(cmd["group"]).commit(cmd.get("meta")).id
+        elif op == "tag":
+            store.tag(cmd["id"], cmd["tag"])
+        elif op == "untag":
+            store.untag(cmd["id"], cmd["tag"])
+        elif op == "delete_many":
+            store.delete_many(cmd["ids"])
+        elif op == "compact":
+            out["report"] = store.compact(**cmd)
+        elif op == "close":
+            store.close()
+        else:
+            raise ValueError(op)
+    except Exception as exc:
+        out = {"error": repr(exc)}
+    print(json.dumps(out, default=str), flush=True)
+    if op == "close":
+        break
+"""
+
+
+class Worker:
+    """A writer Store in a child process (opened when this returns: its log is `log`)."""
+
+    def __init__(self, path: str, options: dict) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER, path, json.dumps(options)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=child_env())
+        hello = self._answer()
+        self.log, self.pid = hello["log"], hello["pid"]
+
+    def _answer(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the worker exited ({self.proc.wait()})")
+        out = json.loads(line)
+        if "error" in out:
+            raise RuntimeError(f"the worker failed: {out['error']}")
+        return out
+
+    def send(self, op: str, **args) -> None:
+        self.proc.stdin.write(json.dumps(dict(args, op=op)) + "\n")
+        self.proc.stdin.flush()
+
+    def __call__(self, op: str, **args) -> dict:
+        self.send(op, **args)
+        return self._answer()
+
+    def killed_by(self, op: str, **args) -> None:
+        """Sends `op`, which must kill the worker (an armed crash point, or "die")."""
+        self.send(op, **args)
+        line = self.proc.stdout.readline()
+        assert line == "", (op, line)
+        assert self.proc.wait(timeout=120) == -9, (op, self.proc.returncode)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self("close")
+            assert self.proc.wait(timeout=120) == 0
+
+
+def log_of_store(store) -> int:
+    """The log a writer Store appends to (generator-only peek at the engine)."""
+    return store._committer.log_number
+
+
 def strip(path: str) -> None:
-    """Keeps only FORMAT, index/data.mdb and segments/*.seg."""
-    for name in ("lock", os.path.join("index", "lock.mdb")):
+    """Keeps only FORMAT, index/data.mdb and segments/*.seg: the lock files (`lock`, LMDB's
+    index/lock.mdb, and from format 3 on `maintenance` and writers/<L>, one per log) are no
+    part of the format (their contents name the last holder; a writer's open makes the ones
+    it needs, and finds a store's logs from its segments and its index)."""
+    for name in ("lock", "maintenance", os.path.join("index", "lock.mdb")):
         p = os.path.join(path, name)
         if os.path.exists(p):
             os.remove(p)
+    writers = os.path.join(path, "writers")
+    if os.path.isdir(writers):
+        for name in os.listdir(writers):
+            assert name.isdigit(), name          # a log's lock file, nothing else
+            os.remove(os.path.join(writers, name))
+        os.rmdir(writers)
     allowed = {"FORMAT", "expected.json", os.path.join("index", "data.mdb")}
     for dirpath, _, files in os.walk(path):
         for f in files:
@@ -552,18 +713,20 @@ def make_compacted(path: str) -> dict:
 
 
 def make_upgraded(path: str) -> dict:
-    """stores/v1/basic upgraded by a writer open of the format 2 version (it is copied: the
-    v1 store is never written), then written to: a format 2 store whose log starts with
-    segments of header version 1 (format 1 records; a format 1 compaction removed segment 3
-    and with it the records of checkpoints 10-12) and continues with segments of version 2,
-    the first holding the upgrade's state section."""
+    """stores/v1/basic upgraded by a writer open of this version (format 2 on; it is copied:
+    the v1 store is never written), then written to: a store of this format whose log starts
+    with segments of header version 1 (format 1 records; a format 1 compaction removed segment
+    3 and with it the records of checkpoints 10-12) and continues with segments of this
+    version, the first holding the upgrade's state section. (The same steps at every format:
+    the new stream keeps its name "v2", the bytes their "format 2".)"""
     src = os.path.join(HERE, "stores", "v1", "basic")
     with open(os.path.join(src, "expected.json")) as f:
         old = json.load(f)
     shutil.copytree(src, path, ignore=shutil.ignore_patterns("expected.json"))
     rec = Recorder(path, old["options"], [
         "stores/v1/basic upgraded by a writer open: segments 1, 2, 4 of version 1, the "
-        "upgrade's state section in segment 5 (version 2), FORMAT 'created' of the v1 store",
+        f"upgrade's state section in segment 5 (version {VERSION}), FORMAT 'created' of the "
+        "v1 store",
         "after the upgrade: a delta onto a v1 checkpoint (v1 fingerprints), a new stream, "
         "tags added to and removed from v1 checkpoints, a delete of a v1 checkpoint only the "
         "state section describes in the log"])
@@ -575,7 +738,7 @@ def make_upgraded(path: str) -> dict:
     by_id = {c["id"]: c for c in old["checkpoints"]}
     with rec.open() as s:
         with open(os.path.join(path, "FORMAT")) as f:
-            assert json.load(f)["version"] == 2
+            assert json.load(f)["version"] == VERSION
         head = old["streams"]["train"]["head"]
         data = {k: bytearray(v) for k, v in s.restore(head).items()}
         data["weights"][100:200] = b"format 2".ljust(100, b"!")
@@ -597,7 +760,7 @@ raise SystemExit("the crash point did not fire")
 """
 
 
-def make_interrupted(path: str) -> dict:
+def make_interrupted_compactions(path: str) -> dict:
     """Format 2 crash states of compaction: a compaction killed before it removed the segment
     it had copied (its state section noted, the live chunks copied, the old segment still
     there: chunk records twice in the log), a second one killed right after its state
@@ -639,35 +802,324 @@ def make_interrupted(path: str) -> dict:
     return rec.finish()
 
 
-STORES = {"basic": make_basic, "raw_cdc": make_raw_cdc, "objects": make_objects,
-          "torch": make_torch, "unapplied": make_unapplied,
-          "compacted": make_compacted, "upgraded": make_upgraded,
-          "interrupted": make_interrupted}
-SINCE = {"compacted": 2, "upgraded": 2, "interrupted": 2}     # made from this format on
+# ---- stores of format 3 on (many writers: a log per writer, claims, group commits) ----------
+def make_writers(path: str) -> dict:
+    """Three writers at once, each with a log of its own: two Stores of this process (logs 0
+    and 1) and a Store in another process (log 2), each committing to a stream of its own and,
+    in turns, to one shared stream (deltas over chunks in another writer's log; dedup across
+    logs); tags and an untag from every writer; a delete_many batch over three streams; a
+    compaction by the other process that removed segments of this process's logs after a
+    state section covering every log; records of all three after it."""
+    rng = np.random.default_rng(9009)
+    opts = dict(durability="none", segment_size=SEGMENT, chunk_size=16384)
+    rec = Recorder(path, opts, [
+        "three writers at once: two Stores of one process (logs 0 and 1), a Store of another "
+        "process (log 2); segments L * 10^9 + n, several per log",
+        "commits to each writer's own stream, interleaved",
+        "a shared stream written in turns by all three: deltas over chunks in other writers' "
+        "logs (chain length 3; 2 once a delete absorbed a middle checkpoint)",
+        "dedup across logs (one writer stores bytes another stored: no new chunk)",
+        "tags added by all three writers, an untag by another writer than the tagger",
+        "a delete_many batch (records of one order) over three streams, by log 1 (its "
+        "records went with a segment the compaction removed)",
+        "a compaction by the other process: segments of logs 0 and 1 removed after a state "
+        "section in log 2 covering logs 0, 1 and 2 (their live chunks copied to log 2; the "
+        "section is the only record of the checkpoints committed in them)",
+        "after the section, from all three logs: commits, a tag, a delete_many of two by the "
+        "other process (log 0's first checkpoint and its own: their children absorb them)"])
+    a = rec.open()                      # log 0: the store's first writer
+    b = rec.open()                      # log 1: a second writer while the first is open
+    p = Worker(path, opts)              # log 2: a writer in another process
+    try:
+        assert (log_of_store(a), log_of_store(b), p.log) == (0, 1, 2)
+        wa = bytearray(text_bytes(rng, 24 << 10) + rand_bytes(rng, 24 << 10))
+        a1 = rec.checkpoint(a, {"w": wa}, "a", {"by": "a"})
+        vb = bytearray(rand_bytes(rng, 40 << 10))
+        rec.checkpoint(b, {"v": vb}, "b", {"by": "b"})
+        up = bytearray(rand_bytes(rng, 30 << 10))
+        p1 = rec.remote(p, a, {"u": up}, "p", {"by": "p"})
+
+        # the shared stream, in turns: each commit diffs against the head another wrote
+        shared = {"s": bytearray(rand_bytes(rng, 64 << 10)),
+                  "cfg": bytearray(text_bytes(rng, 3000))}
+        s1 = rec.checkpoint(a, shared, "shared", {"turn": 1})
+        shared["s"][3 * 4096:4 * 4096] = rand_bytes(rng, 4096)
+        s2 = rec.checkpoint(b, shared, "shared", {"turn": 2})
+        assert s2.kind == "incremental" and s2.parent == s1.id, s2
+        shared["s"][9 * 4096:10 * 4096] = rand_bytes(rng, 4096)
+        shared["cfg"][100:120] = b"written by process 2"
+        s3 = rec.remote(p, a, shared, "shared", {"turn": 3})
+        assert s3.chain_length == 2, s3
+        shared["s"][15 * 4096 + 10:15 * 4096 + 20] = b"0123456789"
+        s4 = rec.checkpoint(a, shared, "shared", {"turn": 4})
+        assert s4.chain_length == 3, s4
+
+        # dedup across logs: log 1 stores what log 0 stored
+        b2 = rec.checkpoint(b, {"w": wa}, "b2", None)
+        assert b2.bytes_new < 1024, b2
+
+        wa[0:4096] = rand_bytes(rng, 4096)
+        rec.checkpoint(a, {"w": wa}, "a", {"by": "a"})
+        up[8192:12288] = rand_bytes(rng, 4096)
+        rec.remote(p, a, {"u": up}, "p", {"by": "p"})
+        vb[0:100] = bytes(100)
+        rec.checkpoint(b, {"v": vb}, "b", {"by": "b"})
+
+        # garbage for the compaction: a stream of log 0 and one of log 1, deleted below
+        junk_a = rec.checkpoint(a, {"junk": rand_bytes(rng, 40 << 10)}, "junk-a", None)
+        junk_b = rec.checkpoint(b, {"junk": rand_bytes(rng, 48 << 10)}, "junk-b", None)
+
+        # tags from every writer; an untag by another writer than the one that tagged
+        a.tag(s3.id, "made-by-2")
+        p("tag", id=s4.id, tag="made-by-0")
+        b.tag(a1.id, "first")
+        b.tag(a1.id, "tmp")
+        p("untag", id=a1.id, tag="tmp")
+
+        # a batch: a middle checkpoint of the shared stream (s3 absorbs it) and both junk
+        # streams (gone), by log 1
+        rec.delete_many(b, [s2.id, junk_a.id, junk_b.id])
+        # five pages changed: log 1 goes on in a new segment, so the one holding junk-b is
+        # sealed, and wholly before log 1's applied position (compaction may remove it)
+        for page in (1, 3, 5, 7, 9):
+            vb[page * 4096:page * 4096 + 4096] = rand_bytes(rng, 4096)
+        rec.checkpoint(b, {"v": vb}, "b", {"by": "b"})
+
+        # a compaction in the other process removes segments of this process's logs
+        before = segment_numbers(path)
+        report = p("compact")["report"]
+        assert report["segments_removed"] >= 2 and report["state_section_bytes"] > 0, report
+        removed = sorted(set(before) - set(segment_numbers(path)))
+        assert {n // 10 ** 9 for n in removed} == {0, 1}, (before, removed)
+
+        # after the section, from all three logs
+        shared["s"][12 * 4096:13 * 4096] = rand_bytes(rng, 4096)
+        s5 = rec.checkpoint(b, shared, "shared", {"turn": 5})
+        assert s5.parent == s4.id and s5.kind == "incremental", s5
+        wa[4096:8192] = rand_bytes(rng, 4096)
+        rec.checkpoint(a, {"w": wa}, "a", {"by": "a", "after": "compaction"})
+        late = rec.remote(p, a, {"late": text_bytes(rng, 5000)}, "late", None)
+        a.tag(late.id, "late")
+        p("delete_many", ids=[a1.id, p1.id])
+        rec.deleted.extend([a1.id, p1.id])
+    finally:
+        a.close()
+        b.close()
+        p.close()
+    return rec.finish()
+
+
+def make_group(path: str) -> dict:
+    """Group commits: one checkpoint from the parts of three participants staged by three
+    writers (two Stores of this process, logs 0 and 1, and a Store of another process, log
+    2), each with its meta (source offsets); an incremental second group in which a
+    participant staged twice (the second part replaces the first); an aborted group (its
+    staged parts garbage); a group coordinated by the other process on a new stream; a plain
+    checkpoint after the groups (a delta on the group's fingerprints)."""
+    rng = np.random.default_rng(10010)
+    opts = dict(durability="none", segment_size=SEGMENT)
+    rec = Recorder(path, opts, [
+        "a group commit of 3 participants staged by 3 writers (logs 0, 1 and, in another "
+        "process, 2), coordinated by log 0: one commit record in the coordinator's log, its "
+        "chunks in the participants' logs; each part's meta (offsets) in the reserved meta "
+        "snapstore.group",
+        "a second group: incremental parts (page diffs against the group checkpoint's "
+        "fingerprints), one participant staged twice (its first part garbage)",
+        "an aborted group: two parts staged, then abort (their chunks garbage)",
+        "a group coordinated by the other process on a new stream (participants '0', '1' "
+        "staged by this process's two writers)",
+        "a plain checkpoint of the group stream after the groups: a delta over the parts"])
+    a = rec.open()                      # log 0: the coordinator
+    b = rec.open()                      # log 1
+    p = Worker(path, opts)              # log 2: a participant in another process
+    try:
+        assert (log_of_store(a), log_of_store(b), p.log) == (0, 1, 2)
+        ranks = ["rank0", "rank1", "rank2"]
+        state = {"r0": bytearray(rand_bytes(rng, 24 << 10)),
+                 "r1": bytearray(text_bytes(rng, 16 << 10) + rand_bytes(rng, 8 << 10)),
+                 "r1.opt": bytearray(rand_bytes(rng, 12 << 10)),
+                 "r2": bytearray(rand_bytes(rng, 20 << 10))}
+
+        def parts(step: int) -> dict:
+            return {"rank0": ({"r0": bytes(state["r0"])}, {"offset": 1000 * step}),
+                    "rank1": ({"r1": bytes(state["r1"]), "r1.opt": bytes(state["r1.opt"])},
+                              {"offset": 1000 * step + 1, "note": "two buffers"}),
+                    "rank2": ({"r2": bytes(state["r2"])}, {"offset": 1000 * step + 2,
+                                                           "pid": "other process"})}
+
+        def stage(group_id: str, part: dict, who: dict) -> None:
+            for name, (buffers, meta) in part.items():
+                if who[name] is p:
+                    p("stage", group=group_id, participant=name, buffers=hexed(buffers),
+                      meta=meta)
+                else:
+                    who[name].stage(group_id, name, buffers, meta)
+
+        who = {"rank0": a, "rank1": b, "rank2": p}
+        g = a.group("train", ranks, timeout=600)
+        step1 = parts(1)
+        stage(g.id, step1, who)
+        g1 = rec.group_commit(g, step1, {"step": 1})
+        assert g1.kind == "full" and g1.seq == 1, g1
+
+        # incremental: a page or two per rank; rank1 stages twice (what it staged first, a
+        # different change, is garbage)
+        state["r0"][4096:8192] = rand_bytes(rng, 4096)
+        state["r2"][0:100] = bytes(100)
+        g = a.group("train", ranks, timeout=600)
+        step2 = parts(2)
+        state["r1"][0:4096] = rand_bytes(rng, 4096)
+        stage(g.id, {"rank1": parts(2)["rank1"]}, who)      # replaced below
+        state["r1"][0:4096] = step1["rank1"][0]["r1"][0:4096]
+        state["r1"][20000:20010] = b"staged 2nd"
+        step2["rank1"] = parts(2)["rank1"]
+        stage(g.id, step2, who)
+        g2 = rec.group_commit(g, step2, {"step": 2})
+        assert g2.kind == "incremental" and g2.parent == g1.id, g2
+
+        # aborted: nothing of it is visible, its parts are garbage
+        g = a.group("train", ranks, timeout=600)
+        stage(g.id, {"rank0": ({"r0": rand_bytes(rng, 24 << 10)}, {"offset": -1}),
+                     "rank2": ({"r2": rand_bytes(rng, 20 << 10)}, {"offset": -1})}, who)
+        assert g.abort()
+
+        # coordinated by the other process, on a new stream; participants named by a count
+        gid = p("group", stream="ingest", participants=2, timeout=600)["group"]
+        ingest = {"0": ({"batch/0": text_bytes(rng, 6000)}, {"rows": 60}),
+                  "1": ({"batch/1": text_bytes(rng, 7000)}, {"rows": 70})}
+        a.stage(gid, "0", *ingest["0"])
+        b.stage(gid, "1", *ingest["1"])
+        info = a.get(p("commit", group=gid, meta={"batch": 1})["id"])
+        rec.took_group(info, ingest)
+
+        # a plain checkpoint of the group stream: every part's buffers, a delta
+        state["r2"][8192:8200] = b"plain ck"
+        plain = rec.checkpoint(b, {k: bytes(v) for k, v in state.items()}, "train",
+                               {"step": 3})
+        assert plain.kind == "incremental" and plain.parent == g2.id, plain
+    finally:
+        a.close()
+        b.close()
+        p.close()
+    return rec.finish()
+
+
+def make_interrupted_writers(path: str) -> dict:
+    """Format 3's crash states, one per writer, all left for the next writer's open: while
+    this process's writer (log 0) stays open, three writer processes open (logs 1, 2, 3) and
+    are SIGKILLed in turn -- a compaction right after its state section was durable (log 2: a
+    complete section past its log's applied position, never noted); a checkpoint once its
+    commit record was in its log (log 3: its claim, pinning a chunk of log 0, left in the
+    index, the record past applied: readers do not see it, a writer's recovery publishes it);
+    the coordinator of a group with two staged parts (log 1: the group's claim, header and
+    parts left behind), killed inside a delete_many once both records were in its log, whose
+    second record is then cut short (a torn tail: the batch never completed, recovery cuts
+    it, none of it is applied)."""
+    rng = np.random.default_rng(11011)
+    opts = dict(durability="none", segment_size=SEGMENT)
+    rec = Recorder(path, opts, [
+        "a compaction process killed at compact_after_state (log 2): a complete state section "
+        "covering logs 0, 1 and 2, past log 2's applied position, never noted (segment 1 of "
+        "log 0, which it chose, stays; the chunk entries it collected are gone)",
+        "a checkpoint process killed at after_commit_append (log 3): its commit claim, pinning "
+        "a reused chunk of log 0, left in the index, its commit record past applied (log 3 "
+        "has none): readers do not see it, the next writer's recovery publishes it",
+        "a dead group coordinator (log 1): the group's claim and header and two staged parts "
+        "(one in log 1, one in log 0) left in the index; the next writer's recovery drops "
+        "them (the parts' chunks are garbage)",
+        "a torn tail in log 1: the coordinator was killed inside a delete_many of 2 once both "
+        "records were in its log, then the second record was cut short (a torn batch: "
+        "applied by nobody, cut by recovery; its claim left in the index)"])
+    a = rec.open()                                           # log 0, open throughout
+    try:
+        tmp = rec.checkpoint(a, {"tmp": rand_bytes(rng, 48 << 10)}, "tmp", None)
+        data = bytearray(rand_bytes(rng, 24 << 10) + text_bytes(rng, 8 << 10))
+        c1 = rec.checkpoint(a, {"a": data}, "s", {"n": 1})
+        first = bytes(data)
+        data[0:4096] = rand_bytes(rng, 4096)
+        c2 = rec.checkpoint(a, {"a": data}, "s", {"n": 2})
+        e1 = rec.checkpoint(a, {"e": text_bytes(rng, 9000)}, "e", {"n": 1})
+        a.tag(c1.id, "first")
+        rec.delete(a, tmp.id)              # garbage in log 0's first segment, now sealed
+        assert segment_numbers(path) == [1, 2], segment_numbers(path)
+
+        coordinator = Worker(path, opts)
+        assert (log_of_store(a), coordinator.log) == (0, 1)
+        gid = coordinator("group", stream="g", participants=["c", "a"], timeout=600)["group"]
+        coordinator("stage", group=gid, participant="c",
+                    buffers=hexed({"gc": rand_bytes(rng, 12 << 10)}), meta={"offset": 7})
+        a.stage(gid, "a", {"ga": rand_bytes(rng, 10 << 10)}, {"offset": 8})
+        compactor = Worker(path, opts)
+        committer = Worker(path, opts)
+        assert (compactor.log, committer.log) == (2, 3)
+
+        compactor("crash_at", point="compact_after_state")
+        compactor.killed_by("compact")
+        assert segment_numbers(path) == [1, 2, 10 ** 9 + 1, 2 * 10 ** 9 + 1, 3 * 10 ** 9 + 1], \
+            segment_numbers(path)              # log 0's segment 1, chosen, is still there
+
+        # the checkpoint: c1's whole buffer again (its chunk, reused and pinned) and a new one
+        k = {"x": first, "y": text_bytes(rng, 3000)}
+        committer("crash_at", point="after_commit_append")
+        committer.killed_by("checkpoint", buffers=hexed(k), stream="k", meta={"n": "killed"})
+        rec.max_id += 1                    # its id, claimed: the recovery publishes it
+        rec.taken["k"] = 1
+        rec.inputs[rec.max_id] = {n: sha256(v) for n, v in k.items()}
+
+        coordinator("crash_at", point="after_commit_append")
+        coordinator.killed_by("delete_many", ids=[c1.id, e1.id])
+    finally:
+        a.close()
+    last = max(n for n in segment_numbers(path) if n // 10 ** 9 == 1)
+    last = os.path.join(path, "segments", f"{last:016d}.seg")
+    os.truncate(last, os.path.getsize(last) - 5)      # the batch's second record, cut short
+    return rec.finish(readonly_ids=[c1.id, c2.id, e1.id])
+
+
+def segment_numbers(path: str) -> list[int]:
+    return sorted(int(n[:-4]) for n in os.listdir(os.path.join(path, "segments")))
+
+
+# {store: {the first format it is made for: its recipe}}: each format makes the stores of the
+# formats before it with the same recipes (same seeds and steps), plus its own; a store whose
+# recipe changed at a format is made by the newest recipe not newer than the format.
+RECIPES = {"basic": {1: make_basic}, "raw_cdc": {1: make_raw_cdc}, "objects": {1: make_objects},
+           "torch": {1: make_torch}, "unapplied": {1: make_unapplied},
+           "compacted": {2: make_compacted}, "upgraded": {2: make_upgraded},
+           "interrupted": {2: make_interrupted_compactions, 3: make_interrupted_writers},
+           "writers": {3: make_writers}, "group": {3: make_group}}
+
+
+def recipe(name: str, version: int):
+    """The recipe of store `name` for format `version` (None: not a store of that format)."""
+    made = [v for v in RECIPES[name] if v <= version]
+    return RECIPES[name][max(made)] if made else None
 
 
 def main() -> None:
+    global VERSION
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", help="directory for stores/<version>/ (default: tests/golden); "
                     "must not hold that version already")
-    ap.add_argument("--only", nargs="*", choices=sorted(STORES))
+    ap.add_argument("--only", nargs="*", choices=sorted(RECIPES))
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:         # what version does this code write?
         with snapstore.open(os.path.join(tmp, "probe")):
             pass
         with open(os.path.join(tmp, "probe", "FORMAT")) as f:
-            version = json.load(f)["version"]
-    root = os.path.join(args.out or HERE, "stores", f"v{version}")
+            VERSION = json.load(f)["version"]
+    root = os.path.join(args.out or HERE, "stores", f"v{VERSION}")
     if os.path.exists(root):
         raise SystemExit(f"{root} exists: golden stores are never regenerated (see the module "
                          "doc); use --out for a scratch copy")
     os.makedirs(root)
-    print(f"snapstore {snapstore.__file__}: format version {version} -> {root}")
-    for name in args.only or [n for n in STORES if SINCE.get(n, 1) <= version]:
-        if SINCE.get(name, 1) > version:
-            raise SystemExit(f"{name}: a store of format {SINCE[name]} on")
+    print(f"snapstore {snapstore.__file__}: format version {VERSION} -> {root}")
+    for name in args.only or [n for n in RECIPES if recipe(n, VERSION)]:
+        make = recipe(name, VERSION)
+        if make is None:
+            raise SystemExit(f"{name}: a store of format {min(RECIPES[name])} on")
         path = os.path.join(root, name)
-        expected = STORES[name](path)
+        expected = make(path)
         size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
         print(f"  {name}: {len(expected['checkpoints'])} checkpoints, segments "
               f"{expected['segments']}, {size} bytes")

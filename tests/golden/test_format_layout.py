@@ -17,10 +17,11 @@ What is pinned:
                  extents (48 bytes each, <QII32s) buffer by buffer.
   delete (3):    u64 checkpoint id.          tag (4): JSON {"id", "tag", "add"}.
   LMDB index:    see test_lmdb_* below.
-Format 2 (test_todays_code_writes_format_2): FORMAT and segment headers say 2, records keep
-these layouts, and every LMDB value is its v1 payload followed by index_checksum(). The
-format 2 golden stores (state sections and all) are pinned in test_format_layout_v2.py, which
-uses the parsers below.
+Today's format 3 (test_todays_code_writes_format_3): FORMAT and segment headers say 3,
+records keep these layouts but for the order format 3 adds to commit, delete and tag records,
+and every LMDB value is its payload followed by index_checksum(). The format 2 golden stores
+(state sections and all) are pinned in test_format_layout_v2.py, which uses the parsers below;
+format 3 in test_format_layout_v3.py.
 """
 from __future__ import annotations
 
@@ -174,11 +175,12 @@ def parse_chunk(rec: Record) -> tuple[bytes, bytes]:
     return cid, raw
 
 
-def parse_commit(payload: bytes) -> tuple[dict, list, list]:
-    """(JSON header, new-chunk entries, [extents of each buffer])."""
+def parse_commit(payload: bytes, extra_keys=()) -> tuple[dict, list, list]:
+    """(JSON header, new-chunk entries, [extents of each buffer]); the JSON header holds
+    exactly COMMIT_KEYS and `extra_keys` (format 3 records add "order")."""
     (n,) = struct.unpack_from("<I", payload, 0)
     head = json.loads(payload[4:4 + n].decode("utf-8"))
-    assert set(head) == COMMIT_KEYS, sorted(head)
+    assert set(head) == COMMIT_KEYS | set(extra_keys), sorted(head)
     pos = 4 + n
     new_chunks = [NEW_CHUNK.unpack_from(payload, pos + i * 57) for i in range(head["new_chunks"])]
     pos += 57 * head["new_chunks"]
@@ -644,10 +646,14 @@ def index_checksum(db: bytes, key: bytes, payload: bytes) -> bytes:
         db + b"\0" + struct.pack("<I", len(key)) + key + payload, seed=0))
 
 
-def test_todays_code_writes_format_2(tmp_path):
-    """A store made by today's code: FORMAT and the segment headers say version 2, every
-    record parses with the hard-coded v1 record layouts, and every LMDB value is its v1
-    payload followed by its checksum (index_checksum)."""
+def test_todays_code_writes_format_3(tmp_path):
+    """A store made by today's code (one writer: log 0): FORMAT and the segment headers say
+    version 3; records keep the v1 layouts but for their order (format 3: commit JSON "order",
+    delete <QQI id + order + records in its batch, tag JSON "order" and "records"), 1, 2, 3...
+    in the order the operations claimed it; every LMDB value is its payload followed by its
+    checksum (index_checksum): the v1 payloads, META_APPLIED replaced by log 0's entry in the
+    logs database, META_NEXT_ORDER; claims and groups empty once the writer closed.
+    (test_format_layout_v3.py decodes a store of several writers, groups and compaction.)"""
     path = os.path.join(str(tmp_path), "fresh")
     with snapstore.open(path, durability="none", segment_size=65536) as store:
         a = store.checkpoint({"x": bytes(range(256)) * 64, "y": os.urandom(5000)}, "s", {"m": 1})
@@ -657,25 +663,31 @@ def test_todays_code_writes_format_2(tmp_path):
     with open(os.path.join(path, "FORMAT")) as f:
         d = json.load(f)
     assert set(d) == {"format", "version", "created"}
-    assert (d["format"], d["version"]) == ("snapstore", 2)
+    assert (d["format"], d["version"]) == ("snapstore", 3)
     records = []
-    for p in sorted(glob.glob(os.path.join(path, "segments", "*.seg"))):
-        records += parse_segment(p, version=2)[1]
+    paths = sorted(glob.glob(os.path.join(path, "segments", "*.seg")))
+    assert [os.path.basename(p) for p in paths] == \
+        [f"{n:016d}.seg" for n in range(1, len(paths) + 1)]          # log 0: 1, 2, 3...
+    for p in paths:
+        records += parse_segment(p, version=3)[1]
     kinds = [r.rtype for r in records]
     assert kinds.count(COMMIT) == 2 and kinds.count(TAG) == 1 and kinds.count(DELETE) == 1
     assert kinds[-2:] == [TAG, DELETE]
-    assert struct.unpack("<Q", records[-1].payload) == (a.id,)
-    heads = [parse_commit(r.payload)[0] for r in records if r.rtype == COMMIT]
-    assert [h["id"] for h in heads] == [a.id, b.id]
+    heads = [parse_commit(r.payload, {"order"})[0] for r in records if r.rtype == COMMIT]
+    assert [(h["id"], h["seq"], h["order"]) for h in heads] == [(a.id, 1, 1), (b.id, 2, 2)]
+    assert json.loads(records[-2].payload) == \
+        {"id": a.id, "tag": "t", "add": True, "order": 3, "records": 1}
+    assert len(records[-1].payload) == 20
+    assert struct.unpack("<QQI", records[-1].payload) == (a.id, 4, 1)
     for r in records:
         if r.rtype == CHUNK:
             parse_chunk(r)
     env = lmdb.open(os.path.join(path, "index"), readonly=True, lock=False, max_dbs=16)
     try:
         with env.begin() as txn:
-            assert {k for k, _ in txn.cursor()} == INDEX_DBS
+            assert {k for k, _ in txn.cursor()} == INDEX_DBS | {b"logs", b"claims", b"groups"}
             payloads = {}
-            for name in INDEX_DBS:
+            for name in INDEX_DBS | {b"logs", b"claims", b"groups"}:
                 db = env.open_db(name, txn=txn, create=False)
                 payloads[name] = {}
                 for key, value in txn.cursor(db=db):
@@ -684,9 +696,15 @@ def test_todays_code_writes_format_2(tmp_path):
                     payloads[name][key] = value[:-8]
     finally:
         env.close()
-    # the payloads are the v1 values
-    assert payloads[b"meta"][b"format"] == struct.pack("<Q", 2)
-    assert len(payloads[b"meta"][b"next_id"]) == 8 and len(payloads[b"meta"][b"applied"]) == 16
+    # the payloads are the v1 values, but for where the log is applied up to
+    meta = payloads[b"meta"]
+    assert set(meta) == {b"format", b"next_id", b"next_order"}
+    assert meta[b"format"] == struct.pack("<Q", 3)
+    assert meta[b"next_id"] == struct.pack("<Q", b.id + 1)
+    assert meta[b"next_order"] == struct.pack("<Q", 5)
+    assert payloads[b"logs"] == {struct.pack(">I", 0): struct.pack(
+        "<QQ", len(paths), os.path.getsize(paths[-1]))}
+    assert payloads[b"claims"] == {} and payloads[b"groups"] == {}
     assert [struct.unpack(">Q", k)[0] for k in payloads[b"checkpoints"]] == [b.id]
     info = json.loads(payloads[b"checkpoints"][struct.pack(">Q", b.id)])
     assert set(info) == COMMIT_KEYS - {"new_chunks"} and info["parent"] is None

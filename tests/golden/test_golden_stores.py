@@ -5,7 +5,7 @@ The stores under stores/v<N>/ were written by the version that defined format N
 open a store users have on disk. Fix the code, or introduce a new format version with an
 upgrade path; do not touch the stores or their expected.json (README.md).
 
-Only the public API is used (snapstore.open, snapstore.load_arrays/save_arrays,
+Only the public API is used (snapstore.open, snapstore.load_arrays/save_arrays, group_parts,
 snapstore.torch, snapstore.errors): internal module paths are free to change, the format is
 not. Every store is copied to a temporary directory first, since opening may write.
 """
@@ -114,18 +114,23 @@ def check_restores(store, exp: dict) -> None:
 
 V1_STORES = ("basic", "raw_cdc", "objects", "torch", "unapplied")
 V2_STORES = V1_STORES + ("compacted", "upgraded", "interrupted")
+V3_STORES = V2_STORES + ("writers", "group")       # "interrupted": format 3's crash states
 
 
 def test_golden_stores_exist():
     assert {f"v1/{n}" for n in V1_STORES} <= set(IDS), IDS
     assert {f"v2/{n}" for n in V2_STORES} <= set(IDS), IDS
-    assert {f"v{v}/{n}" for v in (1, 2) for n in ("objects", "torch")} <= set(OBJECT_IDS)
+    assert {f"v3/{n}" for n in V3_STORES} <= set(IDS), IDS
+    assert {f"v{v}/{n}" for v in (1, 2, 3) for n in ("objects", "torch")} <= set(OBJECT_IDS)
     for d, i in zip(STORE_DIRS, IDS):
         assert expected_of(d)["format_version"] == int(i.split("/")[0][1:]), i
         assert os.path.isfile(os.path.join(d, "FORMAT"))
         assert os.path.isfile(os.path.join(d, "index", "data.mdb"))
         assert not os.path.exists(os.path.join(d, "index", "lock.mdb")), d
         assert not os.path.exists(os.path.join(d, "lock")), d
+        # format 3's lock files are no part of the format either: a writer's open makes them
+        assert not os.path.exists(os.path.join(d, "maintenance")), d
+        assert not os.path.exists(os.path.join(d, "writers")), d
         assert glob.glob(os.path.join(d, "segments", "*.seg")), d
 
 
@@ -163,11 +168,14 @@ def test_readonly_open_matches_expected(golden):
 
 
 # ---- (b) a writer opens it (recovery runs) and verify finds nothing ---------------------------
-# Segments a writer's open adds to a store of each format version: the upgrade of a format 1
-# store writes a state section into a new segment of version 2 (a segment only holds records
-# of its header's version: issue 14); a format 2 store is not upgraded. A format whose upgrade
-# touches the log of older stores changes this table.
-SEGMENTS_ADDED_BY_UPGRADE = {1: 1, 2: 0}
+# Segments a writer's open adds to a store of each format version. A segment only holds
+# records of its header's version (issue 14), and today's writer creates segments of version
+# 3: the upgrade of a format 1 store writes its state section into a new one (and log 0 goes
+# on in it); a format 2 store's log 0 goes on in a new, empty one; a format 3 store's log 0
+# goes on in its last segment (expected.json's "segments" are those after a writer's open of
+# the version that made the store). A format whose upgrade touches the log of older stores
+# changes this table.
+SEGMENTS_ADDED_BY_UPGRADE = {1: 1, 2: 1, 3: 0}
 
 
 def test_writer_open_recovers_and_verifies(golden):
@@ -322,6 +330,47 @@ def test_new_checkpoints_onto_old_streams(golden):
             assert {k: sha(v) for k, v in store.restore(cid).items()} == shas
 
 
+def test_many_writers_onto_old_store(golden):
+    """Today's writers, two at once (each with a log of its own), write onto an old store:
+    each onto an old stream, then a group commit on stream "g" staged by both (in
+    v3/interrupted the stream of the group whose coordinator died: the recovery of its log
+    dropped that group's claim). Ids continue in claim order, seqs on the old streams."""
+    path, exp = golden
+    by_id = {c["id"]: c for c in exp["checkpoints"]}
+    names = sorted(exp["streams"])
+    targets = [names[0], names[-1] if len(names) > 1 else "new"]
+    written = {}
+    with snapstore.open(path, durability="none") as a, \
+            snapstore.open(path, durability="none") as b:
+        for n, (store, stream) in enumerate(zip((a, b), targets)):
+            head = exp["streams"].get(stream)
+            buffers = ({k: bytearray(v) for k, v in store.restore(head["head"]).items()}
+                       if head else {"n": bytearray(b"a new stream")})
+            for v in buffers.values():
+                if v:
+                    v[0] ^= 0xA5
+            info = store.checkpoint(buffers, stream=stream, meta={"writer": n})
+            assert info.id == exp["next_id"] + n
+            assert (info.parent, info.seq) == ((head["head"], head["next_seq"]) if head
+                                               else (None, 1))
+            written[info.id] = {k: sha(bytes(v)) for k, v in buffers.items()}
+        g = b.group("g", ["x", "y"], timeout=60)
+        a.stage(g.id, "x", {"x": b"staged by a" * 100}, {"by": "a"})
+        b.stage(g.id, "y", {"y": b"staged by b" * 200}, {"by": "b"})
+        info = g.commit({"group": True})
+        assert (info.id, info.stream, info.seq, info.parent) == (exp["next_id"] + 2, "g", 1, None)
+        assert snapstore.group_parts(info) == {"x": {"by": "a"}, "y": {"by": "b"}}
+        written[info.id] = {"x": sha(b"staged by a" * 100), "y": sha(b"staged by b" * 200)}
+        report = a.verify(deep=True)
+        assert report["ok"], report["problems"][:5]
+    with snapstore.open(path, readonly=True) as store:
+        assert [c.id for c in store.checkpoints()] == sorted(by_id) + sorted(written)
+        for cid, shas in written.items():
+            assert {k: sha(v) for k, v in store.restore(cid).items()} == shas
+        for c in exp["checkpoints"]:
+            check_restores(store, c)
+
+
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 def test_object_layers_save_onto_old_streams(golden_objects):
     path, exp = golden_objects
@@ -379,15 +428,25 @@ V2_DIRS = [d for d in STORE_DIRS if expected_of(d)["format_version"] >= 2]
 V2_IDS = [i for d, i in zip(STORE_DIRS, IDS) if expected_of(d)["format_version"] >= 2]
 
 
+# What repair reports of a golden store's log that is no damage: v3/interrupted's log 1 ends in
+# a delete_many whose second record is torn (its writer was killed appending it), which repair
+# reports as an incomplete batch (none of it applied, as by recovery), docs/design.md "Repair".
+REPAIR_REPORTS = {"v3/interrupted": {"incomplete_batch"}}
+
+
 @pytest.mark.parametrize("store_dir", V2_DIRS, ids=V2_IDS)
 def test_repair_rebuilds_the_index_from_the_log(store_dir, tmp_path):
     """Format 2's log is complete (its newest state section, then the records after it): with
     the index gone, snapstore.repair gives back every checkpoint exactly, also of the stores
-    whose log runs ahead of the index (the log wins) and whose compactions removed segments."""
+    whose log runs ahead of the index (the log wins) and whose compactions removed segments.
+    From format 3 on, the logs of all writers together: the newest section, then the records
+    of every log it does not cover, by order."""
     path, exp = copy_store(store_dir, tmp_path), expected_of(store_dir)
     shutil.rmtree(os.path.join(path, "index"))
     report = snapstore.repair(path)
-    assert report["ok"], report["problems"][:5]
+    allowed = REPAIR_REPORTS.get(os.path.relpath(store_dir, os.path.join(HERE, "stores")), set())
+    assert {p["kind"] for p in report["problems"]} <= allowed, report["problems"][:5]
+    assert report["ok"] or allowed, report["problems"][:5]
     assert report["checkpoints"] == len(exp["checkpoints"])
     with snapstore.open(path, readonly=True) as store:
         infos = store.checkpoints()

@@ -1,17 +1,23 @@
-"""Upgrading format 1 stores to format 2 (snapstore/engine/upgrade.py), on copies of the golden
-v1 stores (the stores themselves are never written: README.md).
+"""Upgrading format 1 and 2 stores to today's format 3 (snapstore/engine/upgrade.py), on copies
+of the golden v1 and v2 stores (the stores themselves are never written: README.md), and
+format 3 stores (stores/v3) staying as they are.
 
-- a readonly open changes nothing and reads format 1 values (no checksums) as they are;
-- a writer open upgrades: every index value is the old payload sealed with its checksum,
-  META_FORMAT is 2, FORMAT says 2 (its "created" kept); verify(deep=True) is clean and every
-  checkpoint restores byte-exact, also for readers afterwards;
-- upgrading again changes nothing (idempotent);
-- a writer SIGKILLed at each upgrade crash point leaves a store that readers read byte-exact
-  and the next writer open upgrades;
-- a reader that opened the store before a writer upgraded it keeps reading it correctly;
-- copies of the v2 stores stay format 2 under today's writer: the upgrade is a no-op for them
-  (index, segments and FORMAT byte for byte the same; recovery only cuts torn tails and applies
-  what the log holds ahead of the index). A format bump changes V2_AFTER_WRITER_OPEN.
+- a readonly open changes nothing and reads format 1 values (no checksums) and format 2
+  indexes (one applied position) as they are, also after a writer upgraded them under it;
+- a writer open upgrades a v1 store 1 -> 2 -> 3: every index value is the old payload sealed
+  with its checksum (1 -> 2), the log gains a state section in a new segment (1 -> 2), then
+  META_APPLIED moves to the logs database as log 0's position, the order count starts at 1
+  and META_FORMAT is 3, in one transaction (2 -> 3); FORMAT says 3 (its "created" kept);
+  verify(deep=True) is clean and every checkpoint restores byte-exact, also for readers;
+- a writer open upgrades a v2 store 2 -> 3: its index is the v2 index but for what the 2 -> 3
+  step changes, its segments stay as they were (recovery only cuts torn tails), and log 0
+  goes on in a new segment of version 3;
+- upgrading again changes nothing (idempotent), v1 and v2 stores alike; a v3 store is
+  upgraded by nothing (no step finds work, FORMAT and index stay), a writer's open only
+  recovers what its dead writers left, and opening again changes nothing;
+- a writer SIGKILLed at each upgrade crash point (upgrade_v3_before_index_commit included)
+  leaves a store that readers read byte-exact and the next writer open upgrades; FORMAT never
+  names a version its index has not reached (3 only once the index is 3).
 """
 from __future__ import annotations
 
@@ -21,37 +27,59 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 
 import lmdb
 import pytest
+import xxhash
 
 import snapstore
 from snapstore.engine import format as fmt
 from snapstore.engine import upgrade
 from snapstore.engine.backends import LocalSegments
-from snapstore.engine.index import Index, unseal
+from snapstore.engine.index import Index, seal, unseal
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 V1 = os.path.join(HERE, "stores", "v1")
+V2 = os.path.join(HERE, "stores", "v2")
+V3 = os.path.join(HERE, "stores", "v3")
 STORES = sorted(os.path.basename(os.path.dirname(p))
                 for p in glob.glob(os.path.join(V1, "*", "FORMAT")))
+V2_STORES = sorted(os.path.basename(os.path.dirname(p))
+                   for p in glob.glob(os.path.join(V2, "*", "FORMAT")))
+V3_STORES = sorted(os.path.basename(os.path.dirname(p))
+                   for p in glob.glob(os.path.join(V3, "*", "FORMAT")))
 PKG_ROOT = os.path.dirname(os.path.dirname(HERE))
+
+# The format a writer's open leaves a format 1 or 2 store at. The next format changes this and
+# adds what its own upgrade step changes (the checks of the 2 -> 3 step below stay).
+UPGRADED_TO = 3
+# The databases format 3 added (a writer's open creates them, empty, before it upgrades).
+V3_DBS = {fmt.DB_LOGS, fmt.DB_CLAIMS, fmt.DB_GROUPS}
+# The torn record a writer's recovery cuts from the last segment: a 24-byte header and 6 of
+# the 1000 payload bytes it promises (v1/unapplied; v2/unapplied and v2/interrupted).
+TORN_TAIL = {"unapplied": 30, "interrupted": 30}
 
 
 def sha(data) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def expected_of(store: str) -> dict:
-    with open(os.path.join(V1, store, "expected.json")) as f:
+def golden_dir(version: int) -> str:
+    return {1: V1, 2: V2, 3: V3}[version]
+
+
+def expected_of(store: str, version: int = 1) -> dict:
+    with open(os.path.join(golden_dir(version), store, "expected.json")) as f:
         return json.load(f)
 
 
-def copy(store: str, tmp_path) -> str:
+def copy(store: str, tmp_path, version: int = 1) -> str:
     dst = os.path.join(str(tmp_path), store)
-    shutil.copytree(os.path.join(V1, store), dst, ignore=shutil.ignore_patterns("expected.json"))
+    shutil.copytree(os.path.join(golden_dir(version), store), dst,
+                    ignore=shutil.ignore_patterns("expected.json"))
     return dst
 
 
@@ -60,16 +88,33 @@ def format_file(path: str) -> dict:
         return json.load(f)
 
 
-def raw_index(path: str) -> dict:
-    """{database: {key: value}} exactly as stored."""
-    env = lmdb.open(os.path.join(path, fmt.INDEX_DIR), readonly=True, lock=False,
-                    max_dbs=fmt.INDEX_MAX_DBS)
+def raw_format(path: str) -> bytes:
+    with open(os.path.join(path, fmt.FORMAT_FILE), "rb") as f:
+        return f.read()
+
+
+def raw_index(path: str, opened: "Opened | None" = None) -> dict:
+    """{database: {key: value}} exactly as stored (the databases the index has); through the
+    environment of `opened` while that holds the index (LMDB: one per process)."""
+    env = opened.index.env if opened is not None else \
+        lmdb.open(os.path.join(path, fmt.INDEX_DIR), readonly=True, lock=False,
+                  max_dbs=fmt.INDEX_MAX_DBS)
     try:
         with env.begin() as txn:
+            present = {key for key, _ in txn.cursor()}     # the named databases it has
             return {name: dict(txn.cursor(db=env.open_db(name, txn=txn, create=False)))
-                    for name in fmt.INDEX_DBS}
+                    for name in fmt.INDEX_DBS if name in present}
     finally:
-        env.close()
+        if opened is None:
+            env.close()
+
+
+def raw_segments(path: str) -> dict:
+    out = {}
+    for p in sorted(glob.glob(os.path.join(path, fmt.SEGMENTS_DIR, "*.seg"))):
+        with open(p, "rb") as f:
+            out[os.path.basename(p)] = f.read()
+    return out
 
 
 def index_version(path: str) -> int:
@@ -79,10 +124,31 @@ def index_version(path: str) -> int:
     return fmt.U64.unpack(unseal(fmt.DB_META, fmt.META_FORMAT, value, fmt.FORMAT_VERSION))[0]
 
 
+def segment_version(data: bytes) -> int:
+    """The header version of a segment (by hand: <8sIIQQ, checked)."""
+    magic, version, reserved, number, checksum = struct.unpack_from("<8sIIQQ", data)
+    assert magic == b"SNAPSEG\x00" and reserved == 0
+    assert checksum == xxhash.xxh3_64_intdigest(data[:24], seed=0)
+    return version
+
+
+def new_segment(number: int) -> bytes:
+    """A segment holding no record yet, as the version 3 writer creates it."""
+    head = struct.pack("<8sIIQ", b"SNAPSEG\x00", 3, 0, number)
+    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head, seed=0))
+
+
+def cut(store: str, segments: dict) -> dict:
+    """`segments` with the torn tail recovery cuts taken off the last one."""
+    last, n = max(segments), TORN_TAIL.get(store, 0)
+    return {k: (v[:len(v) - n] if k == last else v) for k, v in segments.items()}
+
+
 def assert_sealed(before: dict, after: dict) -> None:
     """`after` holds the payloads of `before` (a format 1 index), each sealed with its
-    checksum, and META_FORMAT 2."""
-    for name in fmt.INDEX_DBS:
+    checksum, and META_FORMAT 2; the databases format 3 added exist and are empty."""
+    assert set(after) == set(before) | V3_DBS and not set(before) & V3_DBS
+    for name in before:
         assert set(after[name]) == set(before[name]), name
         for key, value in after[name].items():
             payload = unseal(name, key, value, fmt.FORMAT_VERSION)
@@ -90,6 +156,30 @@ def assert_sealed(before: dict, after: dict) -> None:
                 assert payload == fmt.U64.pack(2) and before[name][key] == fmt.U64.pack(1)
             else:
                 assert payload == before[name][key], (name, key)
+    assert not any(after[name] for name in V3_DBS)
+
+
+def v3_of(v2: dict) -> dict:
+    """The index the 2 -> 3 step makes of the format 2 index `v2` (raw values), when recovery
+    had nothing to apply: META_APPLIED becomes log 0's entry in the logs database, the order
+    count starts at 1, META_FORMAT is 3; claims and groups are empty; nothing else changes."""
+    out = {name: dict(v2.get(name, {})) for name in fmt.INDEX_DBS}
+    meta = out[fmt.DB_META]
+    applied = unseal(fmt.DB_META, fmt.META_APPLIED, meta.pop(fmt.META_APPLIED), 2)
+    assert len(applied) == 16                     # (segment, offset) <QQ
+    key = struct.pack(">I", 0)
+    out[fmt.DB_LOGS] = {key: seal(fmt.DB_LOGS, key, applied)}
+    meta[fmt.META_NEXT_ORDER] = seal(fmt.DB_META, fmt.META_NEXT_ORDER, struct.pack("<Q", 1))
+    meta[fmt.META_FORMAT] = seal(fmt.DB_META, fmt.META_FORMAT, struct.pack("<Q", 3))
+    assert not out[fmt.DB_CLAIMS] and not out[fmt.DB_GROUPS]
+    return out
+
+
+def log0_applied(index: dict) -> tuple[int, int]:
+    """Log 0's applied position in a format 3 index (raw values)."""
+    assert fmt.META_APPLIED not in index[fmt.DB_META]     # moved to the logs database
+    key = struct.pack(">I", 0)
+    return struct.unpack("<QQ", unseal(fmt.DB_LOGS, key, index[fmt.DB_LOGS][key], 3))
 
 
 def check_exact(store, exp: dict, ids, listed: bool = True) -> None:
@@ -102,15 +192,29 @@ def check_exact(store, exp: dict, ids, listed: bool = True) -> None:
             {b["name"]: b["sha256"] for b in by_id[cid]["buffers"]}
 
 
+class Opened:
+    """What a writer's open holds while it upgrades: the store lock, the index, the backend."""
+
+    def __init__(self, path: str) -> None:
+        self.lock = os.open(os.path.join(path, fmt.LOCK_FILE), os.O_RDWR | os.O_CREAT)
+        self.index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
+        self.backend = LocalSegments(os.path.join(path, fmt.SEGMENTS_DIR))
+
+    def close(self) -> None:
+        self.index.close()
+        os.close(self.lock)
+
+
+# ---- format 1 stores --------------------------------------------------------------------------
 @pytest.mark.parametrize("store", STORES)
 def test_readonly_open_reads_v1_and_changes_nothing(store, tmp_path):
     path = copy(store, tmp_path)
     exp = expected_of(store)
-    before = raw_index(path)
+    before, segments = raw_index(path), raw_segments(path)
     with snapstore.open(path, readonly=True) as s:
         check_exact(s, exp, exp["readonly_ids"])
         assert s.verify()["ok"]
-    assert raw_index(path) == before
+    assert raw_index(path) == before and raw_segments(path) == segments
     assert format_file(path)["version"] == 1
 
 
@@ -119,64 +223,59 @@ def test_writer_open_upgrades_each_v1_store(store, tmp_path):
     path = copy(store, tmp_path)
     exp = expected_of(store)
     created = format_file(path)["created"]
-    before = raw_index(path)
-    # the index step alone (no recovery yet): exactly the old payloads, sealed
-    lock = os.open(os.path.join(path, fmt.LOCK_FILE), os.O_RDWR | os.O_CREAT)
-    index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
-    backend = LocalSegments(os.path.join(path, fmt.SEGMENTS_DIR))
+    before, segments0 = raw_index(path), raw_segments(path)
+    o = Opened(path)
     try:
-        assert index.version == 1
-        assert upgrade.STEPS[0].run(path, index, backend)
-        assert index.version == 2
-    finally:
-        index.close()
-    assert_sealed(before, raw_index(path))
-    # then the whole upgrade: the log step notes the state section it wrote
-    index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
-    try:
-        assert upgrade.upgrade(path, index, backend) == 1
-        with index.read() as r:
+        assert o.index.version == 1
+        # 1 -> 2, the index step alone (no recovery yet): exactly the old payloads, sealed
+        assert upgrade.STEPS[0].run(path, o.index, o.backend)
+        assert o.index.version == 2
+        assert_sealed(before, raw_index(path, o))
+        # 1 -> 2, the log step: recovery, then a state section in a new segment, noted
+        assert upgrade.STEPS[1].run(path, o.index, o.backend)
+        with o.index.read() as r:
             assert r.log_state() is not None
+        v2 = raw_index(path, o)
+        segments = raw_segments(path)
+        added = sorted(set(segments) - set(segments0))
+        assert len(added) == 1 and added[0] == f"{int(max(segments0)[:16]) + 1:016d}.seg"
+        # (a segment of today's version: the section BEGINs without an order, written before
+        # the index counts orders, and covers log 0 up to itself)
+        assert segment_version(segments[added[0]]) == 3
+        assert {k: segments[k] for k in segments0} == cut(store, segments0)
+        # 2 -> 3: log 0's applied position, the order count, META_FORMAT 3, all at once
+        assert upgrade.STEPS[2].run(path, o.index, o.backend)
+        assert o.index.version == 3
+        assert raw_index(path, o) == v3_of(v2)
+        assert format_file(path)["version"] == 1      # FORMAT last
+        assert upgrade.upgrade(path, o.index, o.backend) == 1
     finally:
-        index.close()
-        os.close(lock)
-    assert format_file(path) == {"format": "snapstore", "version": 2, "created": created}
-    # and through the public API: recovery, verify, restores, readers
+        o.close()
+    assert format_file(path) == {"format": "snapstore", "version": 3, "created": created}
+    upgraded = raw_segments(path)
+    assert upgraded == segments
+    # and through the public API: recovery, verify, restores, readers; log 0 goes on in the
+    # upgrade's segment (of version 3: no other is added)
     ids = [c["id"] for c in exp["checkpoints"]]
     with snapstore.open(path, durability="none") as s:
         check_exact(s, exp, ids)
         report = s.verify(deep=True)
         assert report["ok"], report["problems"][:5]
+        assert raw_segments(path) == upgraded
+        info = s.checkpoint({"n": b"after the upgrade"}, stream="new")
+    assert os.listdir(os.path.join(path, "writers")) == ["0"]
+    grown = raw_segments(path)
+    assert set(grown) == set(upgraded) and len(grown[added[0]]) > len(upgraded[added[0]])
     with snapstore.open(path, readonly=True) as s:
-        check_exact(s, exp, ids)
-    assert index_version(path) == 2 and format_file(path)["version"] == 2
-
-
-def test_upgrade_is_idempotent(tmp_path):
-    path = copy("basic", tmp_path)
-    exp = expected_of("basic")
-    snapstore.open(path, durability="none").close()
-    after_first = raw_index(path)
-    fmt_first = format_file(path)
-    index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
-    try:
-        assert not index.add_value_checksums()               # nothing left to do
-        backend = LocalSegments(os.path.join(path, fmt.SEGMENTS_DIR))
-        assert not any(step.run(path, index, backend) for step in upgrade.STEPS)
-        assert upgrade.upgrade(path, index, backend) == 2
-    finally:
-        index.close()
-    snapstore.open(path, durability="none").close()
-    assert raw_index(path) == after_first
-    assert format_file(path) == fmt_first
-    with snapstore.open(path, readonly=True) as s:
-        check_exact(s, exp, [c["id"] for c in exp["checkpoints"]])
+        check_exact(s, exp, ids, listed=False)
+        assert [c.id for c in s.checkpoints()] == ids + [info.id]
+    assert index_version(path) == 3 and format_file(path)["version"] == 3
 
 
 def test_format_file_older_than_its_index_is_finished(tmp_path):
     """FORMAT still 1 over a format 2 index (a crash between the two): a reader reads it, the
-    next writer publishes FORMAT 2 and leaves the index as it is (but for the note of the log
-    step, which had not run)."""
+    next writer runs the steps still to do (the log step's section, 2 -> 3) and publishes
+    FORMAT 3; the sealed values stay as they were."""
     path = copy("raw_cdc", tmp_path)
     exp = expected_of("raw_cdc")
     index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
@@ -189,11 +288,134 @@ def test_format_file_older_than_its_index_is_finished(tmp_path):
     with snapstore.open(path, readonly=True) as s:
         check_exact(s, exp, exp["readonly_ids"])
     snapstore.open(path, durability="none").close()
-    assert format_file(path)["version"] == 2
+    assert format_file(path)["version"] == 3
     after = raw_index(path)
-    # the one change: the log step (a state section for the format 1 log) noted in the index
+    # the log step's note (a state section for the format 1 log), then the 2 -> 3 step
     assert after[fmt.DB_META].pop(fmt.META_LOG_STATE) is not None
-    assert after == sealed
+    assert after == v3_of(sealed)
+
+
+# ---- format 2 stores --------------------------------------------------------------------------
+@pytest.mark.parametrize("store", V2_STORES)
+def test_v2_store_under_todays_writer(store, tmp_path):
+    path = copy(store, tmp_path, 2)
+    exp = expected_of(store, 2)
+    ids = [c["id"] for c in exp["checkpoints"]]
+    index0, segments0, format0 = raw_index(path), raw_segments(path), raw_format(path)
+    assert index_version(path) == 2 and format_file(path)["version"] == 2
+    assert not set(index0) & V3_DBS and fmt.META_APPLIED in index0[fmt.DB_META]
+    with snapstore.open(path, readonly=True) as s:          # readers change nothing
+        check_exact(s, exp, exp["readonly_ids"])
+    assert (raw_index(path), raw_segments(path), raw_format(path)) == \
+        (index0, segments0, format0)
+
+    # the upgrade alone, as a writer's open runs it before recovery
+    o = Opened(path)
+    try:
+        assert o.index.version == 2
+        assert not any(step.run(path, o.index, o.backend) for step in upgrade.STEPS[:2])
+        assert raw_index(path, o) == {**index0, **{name: {} for name in V3_DBS}}
+        assert upgrade.upgrade(path, o.index, o.backend) == 2    # the version FORMAT named
+        assert o.index.version == UPGRADED_TO
+    finally:
+        o.close()
+    upgraded = raw_index(path)
+    # log 0's segments as they were: the 2 -> 3 step's recovery only cut the torn tail
+    assert raw_segments(path) == cut(store, segments0)
+    last = max(segments0)
+    if exp["readonly_ids"] == ids:     # nothing for recovery to apply: only the 2 -> 3 step
+        assert upgraded == v3_of(index0)
+    else:                              # "unapplied": its second commit, applied up to its end
+        assert log0_applied(upgraded) == (int(last[:16]), len(cut(store, segments0)[last]))
+        assert unseal(fmt.DB_META, fmt.META_NEXT_ORDER,
+                      upgraded[fmt.DB_META][fmt.META_NEXT_ORDER], 3) == struct.pack("<Q", 1)
+        assert not upgraded[fmt.DB_CLAIMS] and not upgraded[fmt.DB_GROUPS]
+    created = json.loads(format0)["created"]
+    assert format_file(path) == {"format": "snapstore", "version": 3, "created": created}
+
+    # through the public API: log 0 goes on in a new segment of version 3; recovery, verify,
+    # restores, readers afterwards
+    with snapstore.open(path, durability="none") as s:
+        check_exact(s, exp, ids)
+        report = s.verify(deep=True)
+        assert report["ok"], report["problems"][:5]
+    assert os.listdir(os.path.join(path, "writers")) == ["0"]
+    nxt = f"{int(last[:16]) + 1:016d}.seg"
+    assert raw_segments(path) == dict(cut(store, segments0), **{nxt: new_segment(int(nxt[:16]))})
+    assert raw_index(path) == upgraded          # nothing left to recover or to upgrade
+    with snapstore.open(path, readonly=True) as s:
+        check_exact(s, exp, ids)
+    assert index_version(path) == format_file(path)["version"] == UPGRADED_TO
+
+
+# ---- format 3 stores ----------------------------------------------------------------------------
+@pytest.mark.parametrize("store", V3_STORES)
+def test_v3_store_under_todays_writer(store, tmp_path):
+    """A store of today's format is upgraded by nothing: readers change nothing; no upgrade
+    step finds work (the index stays format 3, its values as they were, FORMAT byte for
+    byte); a writer's open recovers what its dead writers left (unapplied, interrupted) and
+    adds no segment; opening it again changes nothing at all."""
+    path = copy(store, tmp_path, 3)
+    exp = expected_of(store, 3)
+    ids = [c["id"] for c in exp["checkpoints"]]
+    index0, segments0, format0 = raw_index(path), raw_segments(path), raw_format(path)
+    assert index_version(path) == 3 and format_file(path)["version"] == 3
+    assert set(index0) == set(fmt.INDEX_DBS) and fmt.META_APPLIED not in index0[fmt.DB_META]
+    with snapstore.open(path, readonly=True) as s:          # readers change nothing
+        check_exact(s, exp, exp["readonly_ids"])
+    assert (raw_index(path), raw_segments(path), raw_format(path)) == \
+        (index0, segments0, format0)
+
+    o = Opened(path)                    # the upgrade alone, as a writer's open runs it
+    try:
+        assert o.index.version == 3
+        assert not o.index.add_value_checksums()
+        assert not any(step.run(path, o.index, o.backend) for step in upgrade.STEPS)
+        assert upgrade.upgrade(path, o.index, o.backend) == 3
+    finally:
+        o.close()
+    assert (raw_index(path), raw_segments(path), raw_format(path)) == \
+        (index0, segments0, format0)
+
+    with snapstore.open(path, durability="none") as s:      # recovery, verify, restores
+        check_exact(s, exp, ids)
+        report = s.verify(deep=True)
+        assert report["ok"], report["problems"][:5]
+    recovered, segments = raw_index(path), raw_segments(path)
+    assert sorted(segments) == [f"{n:016d}.seg" for n in exp["segments"]]
+    if exp["readonly_ids"] == ids:      # nothing to recover: nothing changed
+        assert recovered == index0 and segments == segments0
+    else:                               # claims and groups of dead writers gone
+        assert not recovered[fmt.DB_CLAIMS] and not recovered[fmt.DB_GROUPS]
+    assert raw_format(path) == format0
+    snapstore.open(path, durability="none").close()
+    assert (raw_index(path), raw_segments(path), raw_format(path)) == \
+        (recovered, segments, format0)
+    assert index_version(path) == format_file(path)["version"] == UPGRADED_TO == 3
+
+
+# ---- both ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("version", [1, 2])
+def test_upgrade_is_idempotent(tmp_path, version):
+    path = copy("basic", tmp_path, version)
+    exp = expected_of("basic", version)
+    snapstore.open(path, durability="none").close()
+    after_first, segments_first = raw_index(path), raw_segments(path)
+    fmt_first = raw_format(path)
+    o = Opened(path)
+    try:
+        assert o.index.version == 3
+        assert not o.index.add_value_checksums()               # nothing left to do
+        assert not any(step.run(path, o.index, o.backend) for step in upgrade.STEPS)
+        assert upgrade.upgrade(path, o.index, o.backend) == 3
+    finally:
+        o.close()
+    snapstore.open(path, durability="none").close()
+    assert raw_index(path) == after_first
+    assert raw_segments(path) == segments_first
+    assert raw_format(path) == fmt_first
+    with snapstore.open(path, readonly=True) as s:
+        check_exact(s, exp, [c["id"] for c in exp["checkpoints"]])
 
 
 CHILD = r"""
@@ -205,25 +427,42 @@ print("finished")
 """
 
 
-@pytest.mark.parametrize("point, index_after, format_after", [
-    ("upgrade_before_index_commit", 1, 1),
-    ("upgrade_before_state_mark", 2, 1),
-    ("upgrade_before_format", 2, 1),
-    ("upgrade_after_format", 2, 2),
-])
-@pytest.mark.parametrize("store", ["basic", "unapplied"])
-def test_crash_during_upgrade(tmp_path, store, point, index_after, format_after):
-    path = copy(store, tmp_path)
-    exp = expected_of(store)
+def run_child(path: str, point: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, SNAPSTORE_CRASH_AT=point,
                PYTHONPATH=PKG_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-c", CHILD, path], env=env, capture_output=True,
-                       text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", CHILD, path], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+# (version, crash point, index format after the crash, FORMAT version after the crash)
+CRASHES = [
+    (1, "upgrade_before_index_commit", 1, 1),
+    (1, "upgrade_before_state_mark", 2, 1),
+    (1, "upgrade_v3_before_index_commit", 2, 1),
+    (1, "upgrade_before_format", 3, 1),
+    (1, "upgrade_after_format", 3, 3),
+    (2, "upgrade_v3_before_index_commit", 2, 2),
+    (2, "upgrade_before_format", 3, 2),
+    (2, "upgrade_after_format", 3, 3),
+]
+
+
+@pytest.mark.parametrize("version, point, index_after, format_after", CRASHES)
+@pytest.mark.parametrize("store", ["basic", "unapplied"])
+def test_crash_during_upgrade(tmp_path, store, version, point, index_after, format_after):
+    path = copy(store, tmp_path, version)
+    exp = expected_of(store, version)
+    p = run_child(path, point)
     assert p.returncode == -signal.SIGKILL, (p.returncode, p.stdout, p.stderr)
     assert index_version(path) == index_after
     assert format_file(path)["version"] == format_after
-    # readers read it as it is: the log step recovered the log before it wrote its state
-    # section, so from its crash point on they see the recovered checkpoints
+    assert format_after <= index_after          # FORMAT never runs ahead of the index
+    if index_after < 3:                         # the 2 -> 3 transaction is all or nothing
+        assert fmt.META_APPLIED in raw_index(path)[fmt.DB_META]
+        assert not raw_index(path).get(fmt.DB_LOGS)
+    # readers read it as it is: the first step that recovers the log (the log step of a v1
+    # store, the 2 -> 3 step of a v2 store) ran before its crash point, so from there on they
+    # see the recovered checkpoints
     recovered = point != "upgrade_before_index_commit"
     with snapstore.open(path, readonly=True) as s:
         check_exact(s, exp, [c["id"] for c in exp["checkpoints"]] if recovered
@@ -232,15 +471,29 @@ def test_crash_during_upgrade(tmp_path, store, point, index_after, format_after)
         report = s.verify(deep=True)
         assert report["ok"], report["problems"][:5]
         check_exact(s, exp, [c["id"] for c in exp["checkpoints"]])
-    assert index_version(path) == 2 and format_file(path)["version"] == 2
+    assert index_version(path) == 3 and format_file(path)["version"] == 3
+    index = raw_index(path)
+    assert log0_applied(index)[0] < fmt.LOG_SEGMENTS
+    assert not index[fmt.DB_CLAIMS] and not index[fmt.DB_GROUPS]
 
 
-def test_reader_open_across_the_upgrade(tmp_path):
-    """A reader that opened the store at format 1 reads correctly after a writer (here in
-    the same process, sharing the LMDB environment) upgraded it: each read transaction knows
-    the format of its own snapshot."""
-    path = copy("basic", tmp_path)
-    exp = expected_of("basic")
+@pytest.mark.parametrize("point", ["upgrade_before_index_commit", "upgrade_before_state_mark"])
+def test_v2_store_never_reaches_the_format_1_steps(tmp_path, point):
+    """A v2 store's values are sealed and its log is complete: a writer open passes neither of
+    the 1 -> 2 steps' crash points and upgrades it to 3."""
+    path = copy("basic", tmp_path, 2)
+    p = run_child(path, point)
+    assert (p.returncode, p.stdout.strip()) == (0, "finished"), p.stderr
+    assert index_version(path) == format_file(path)["version"] == 3
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_reader_open_across_the_upgrade(tmp_path, version):
+    """A reader that opened the store at format 1 or 2 reads correctly after a writer (here in
+    the same process, sharing the LMDB environment) upgraded it to 3: each read transaction
+    knows the format of its own snapshot."""
+    path = copy("basic", tmp_path, version)
+    exp = expected_of("basic", version)
     ids = [c["id"] for c in exp["checkpoints"]]
     with snapstore.open(path, readonly=True) as reader:
         check_exact(reader, exp, ids)
@@ -251,7 +504,7 @@ def test_reader_open_across_the_upgrade(tmp_path):
             assert reader.restore(info.id) == {"n": b"after the upgrade"}
         assert [c.id for c in reader.checkpoints()] == ids + [info.id]
         check_exact(reader, exp, ids, listed=False)
-    assert index_version(path) == 2
+    assert index_version(path) == 3
 
 
 def test_newer_index_or_format_is_refused(tmp_path):
@@ -264,78 +517,3 @@ def test_newer_index_or_format_is_refused(tmp_path):
     for kw in ({}, {"readonly": True}):
         with pytest.raises(snapstore.errors.FormatError, match=str(fmt.FORMAT_VERSION + 1)):
             snapstore.open(path, **kw)
-
-
-# ---- format 2 stores under today's writer ------------------------------------------------------
-V2 = os.path.join(HERE, "stores", "v2")
-V2_STORES = sorted(os.path.basename(os.path.dirname(p))
-                   for p in glob.glob(os.path.join(V2, "*", "FORMAT")))
-# The format version today's writer open leaves a format 2 store at. 2: no upgrade, every step
-# finds its work done (values sealed, the log complete), and the store is unchanged but for
-# recovery. A format bump sets this to the new version: then the store must still read the
-# same; what its upgrade changes is that format's to pin (the "unchanged" checks below apply
-# while this is 2).
-V2_AFTER_WRITER_OPEN = 2
-# The torn record a writer's recovery cuts from the last segment: a 24-byte header and 6 of
-# the 1000 payload bytes it promises.
-V2_TORN_TAIL = {"unapplied": 30, "interrupted": 30}
-
-
-def raw_segments(path: str) -> dict:
-    out = {}
-    for p in sorted(glob.glob(os.path.join(path, fmt.SEGMENTS_DIR, "*.seg"))):
-        with open(p, "rb") as f:
-            out[os.path.basename(p)] = f.read()
-    return out
-
-
-def raw_format(path: str) -> bytes:
-    with open(os.path.join(path, fmt.FORMAT_FILE), "rb") as f:
-        return f.read()
-
-
-@pytest.mark.parametrize("store", V2_STORES)
-def test_v2_store_under_todays_writer(store, tmp_path):
-    path = os.path.join(str(tmp_path), store)
-    shutil.copytree(os.path.join(V2, store), path, ignore=shutil.ignore_patterns("expected.json"))
-    with open(os.path.join(V2, store, "expected.json")) as f:
-        exp = json.load(f)
-    ids = [c["id"] for c in exp["checkpoints"]]
-    index0, segments0, format0 = raw_index(path), raw_segments(path), raw_format(path)
-    assert index_version(path) == 2 and format_file(path)["version"] == 2
-    with snapstore.open(path, readonly=True) as s:          # readers change nothing
-        check_exact(s, exp, exp["readonly_ids"])
-    assert (raw_index(path), raw_segments(path), raw_format(path)) == \
-        (index0, segments0, format0)
-
-    # the upgrade alone, as a writer's open runs it before recovery
-    lock = os.open(os.path.join(path, fmt.LOCK_FILE), os.O_RDWR | os.O_CREAT)
-    index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
-    backend = LocalSegments(os.path.join(path, fmt.SEGMENTS_DIR))
-    try:
-        assert index.version == 2
-        assert upgrade.upgrade(path, index, backend) == 2    # the version FORMAT named
-        assert index.version == V2_AFTER_WRITER_OPEN
-    finally:
-        index.close()
-        os.close(lock)
-    if V2_AFTER_WRITER_OPEN == 2:                            # a no-op for a format 2 store
-        assert (raw_index(path), raw_segments(path), raw_format(path)) == \
-            (index0, segments0, format0)
-
-    # and through the public API: recovery, verify, restores, readers afterwards
-    with snapstore.open(path, durability="none") as s:
-        check_exact(s, exp, ids)
-        report = s.verify(deep=True)
-        assert report["ok"], report["problems"][:5]
-    with snapstore.open(path, readonly=True) as s:
-        check_exact(s, exp, ids)
-    assert index_version(path) == format_file(path)["version"] == V2_AFTER_WRITER_OPEN
-    if V2_AFTER_WRITER_OPEN == 2:
-        assert raw_format(path) == format0                   # not even rewritten
-        last = max(segments0)
-        cut = V2_TORN_TAIL.get(store, 0)
-        assert raw_segments(path) == {n: (data[:len(data) - cut] if n == last else data)
-                                      for n, data in segments0.items()}
-        if exp["readonly_ids"] == ids:      # nothing for recovery to apply: the same values
-            assert raw_index(path) == index0

@@ -21,6 +21,9 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 
 import lmdb
@@ -69,6 +72,7 @@ class Template:
             self.want[s.checkpoint(u, stream="u").id] = u
             for stream in ("s", "u"):
                 self.latest[stream] = self.want[s.latest(stream).id]
+        self._leave_a_group_in_progress()
         self.keys = {}
         env = lmdb.open(os.path.join(self.path, fmt.INDEX_DIR), max_dbs=fmt.INDEX_MAX_DBS,
                         readonly=True, lock=False)
@@ -80,6 +84,20 @@ class Template:
         finally:
             env.close()
         assert all(self.keys.values()), {n: len(k) for n, k in self.keys.items()}
+
+    def _leave_a_group_in_progress(self) -> None:
+        """A writer process opens a group on stream "g", stages one part, and is killed: its
+        claim, the group and the part stay in the index (claims, groups) until a writer
+        recovers its log."""
+        script = ("import os, signal, sys, snapstore\n"
+                  "s = snapstore.open(sys.argv[1], durability='none', segment_size=1 << 16)\n"
+                  "g = s.group('g', ['p', 'q'])\n"
+                  "s.stage(g.id, 'p', {'x': os.urandom(5000)}, meta={'offset': 7})\n"
+                  "os.kill(os.getpid(), signal.SIGKILL)\n")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        proc = subprocess.run([sys.executable, "-c", script, self.path], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
 
     def copy(self) -> str:
         dst = tempfile.mkdtemp(prefix="snapstore-flip-")

@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -18,6 +19,7 @@ from snapstore.cli import app as cli
 from snapstore.cli import args as cli_args
 from snapstore.cli import common, inspect_cmds, output
 from snapstore.cli.progress import Progress
+from snapstore.engine import storedir
 from snapstore.formatting import human_bytes, human_seconds, parse_size
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -309,8 +311,19 @@ def test_usage_errors_are_one_line_exit_2(cli_store, tmp_path):
 
 
 def test_locked_store_is_exit_1(cli_store):
-    with snapstore.open(cli_store):          # this process holds the writer lock
-        assert_one_line_error(run("-s", cli_store, "rm", "3"), 1, "another process")
+    """Only what needs the store to itself locks a writing command out: here this process
+    holds STORE/lock exclusively, as a repair does (an open writer would not)."""
+    fd = storedir.take_lock(cli_store, time.monotonic())
+    try:
+        assert_one_line_error(run("-s", cli_store, "rm", "3"), 1,
+                              f"is locked by another process (pid {os.getpid()} on host ",
+                              "which needs the store to itself",
+                              "Wait for it with --timeout SECONDS")
+    finally:
+        storedir.release_exclusive(fd)
+    with snapstore.open(cli_store, readonly=True) as s:
+        assert [c.id for c in s.checkpoints()] == [1, 2, 3]
+    ok("-s", cli_store, "rm", "3")
 
 
 def test_debug_shows_the_traceback(cli_store):
@@ -442,9 +455,9 @@ def test_internal_errors_and_interrupts_in_process(monkeypatch, capsys, cli_stor
     assert capsys.readouterr().err == "snapstore: interrupted\n"
 
 
-def test_read_commands_work_while_a_writer_holds_the_store(cli_store):
-    """ls/show/verify open read-only: a running writer (here, this process) does not block
-    them, and they never take the writer's lock."""
+def test_commands_work_while_a_writer_has_the_store_open(cli_store):
+    """A running writer (here, this process) blocks no command: ls/show/verify read, and
+    rm/tag write alongside it (each writer has a log of its own), at once (--timeout 0)."""
     with snapstore.open(cli_store) as writer:
         info = writer.checkpoint({"weights": b"while-open"}, stream="live")
         listed = ok_json("-s", cli_store, "ls")
@@ -452,5 +465,9 @@ def test_read_commands_work_while_a_writer_holds_the_store(cli_store):
                                              else listed)]
         ok("-s", cli_store, "show", info.id)
         ok("-s", cli_store, "verify")
-        p = run("-s", cli_store, "rm", info.id, "--timeout", "0")
-        assert p.returncode == 1 and "lock" in p.stderr.lower(), p.stderr
+        ok("-s", cli_store, "tag", "1", "first", "--timeout", "0")
+        ok("-s", cli_store, "rm", info.id, "--timeout", "0")
+        assert writer.get(1).tags == ("first",)          # the open writer sees both
+        assert info.id not in [c.id for c in writer.checkpoints()]
+        again = writer.checkpoint({"weights": b"after"}, stream="live")
+        assert again.id > info.id and writer.restore(again.id) == {"weights": b"after"}

@@ -25,6 +25,11 @@ INTERNAL = {
                                                "StoreIOError/FormatError before it leaves",
     "snapstore.engine.wal.MisplacedSegment": "a CorruptionError refinement (caught as one)",
     "snapstore.engine.wal.DamagedRecord": "a CorruptionError refinement (caught as one)",
+    "snapstore.engine.claims.DeadHolder": "the commit path's control flow: a dead writer's "
+                                          "log is recovered, then the claim is tried again",
+    "snapstore.engine.claims.ChunksVanished": "the commit path's control flow: the commit "
+                                              "is planned again",
+    "snapstore.engine.commit._NothingToDo": "apply_ops's control flow",
     "snapstore.cli.common.UsageError": "the CLI's own control flow (exit codes)",
     "snapstore.cli.common.Problem": "the CLI's own control flow (exit codes)",
     "snapstore.bench.errors.BenchError": "the bench harness's one error, in its own package",

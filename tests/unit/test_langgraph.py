@@ -19,8 +19,8 @@ from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT  # noqa: E402
 
 import snapstore  # noqa: E402
-from snapstore.errors import (InvalidArgumentError, ReadOnlyError, StoreClosedError,  # noqa: E402
-                              StoreLocked)
+from snapstore.errors import (CommitConflict, InvalidArgumentError, ReadOnlyError,  # noqa: E402
+                              StoreClosedError, StoreLocked)
 from snapstore.langgraph import SnapstoreSaver  # noqa: E402
 
 
@@ -133,6 +133,11 @@ def test_put_get_list_and_parents(saver):
     assert ids == [c2["configurable"]["checkpoint_id"], c1["configurable"]["checkpoint_id"]]
     assert [t.metadata["step"] for t in saver.list(cfg(), filter={"custom": 7})] == [1]
     assert len(list(saver.list(cfg(), before=c2))) == 1
+    # LangGraph's subgraph replay passes a `before` holding only the checkpoint id
+    only_id = {"configurable": {"checkpoint_id": c2["configurable"]["checkpoint_id"]}}
+    assert [t.config for t in saver.list(cfg(), before=only_id)] == [c1]
+    with pytest.raises(TypeError):
+        list(saver.list(cfg(), before={"configurable": {"checkpoint_id": 5}}))
     assert len(list(saver.list(cfg(), limit=1))) == 1
     assert len(list(saver.list(None))) == 2
     assert saver.get_tuple(cfg(checkpoint_id="nope")) is None
@@ -347,11 +352,28 @@ def test_second_saver_on_the_same_path_sees_everything(tmp_path):
         assert one.get_tuple(c2).checkpoint["channel_values"] == {"b": 2}
         assert one.get_tuple(c).pending_writes == [("task", "w", "v")]
         Thread(one, "t3").put({"c": 3})           # the store is still open for `one`
-        with pytest.raises(StoreLocked):
-            snapstore.open(path)                  # held by the shared Store
+        # Another Store on the path is a second writer (format 3), not StoreLocked: its
+        # saver and `one` see each other's writes, also on a stream both have cached.
+        with snapstore.open(path, durability="none") as other:
+            foreign = SnapstoreSaver(other)
+            assert foreign.get_tuple(c).pending_writes == [("task", "w", "v")]
+            th = Thread(foreign, "t1")
+            th.config, th.versions = c, dict(foreign.get_tuple(c).checkpoint["channel_versions"])
+            c1b = th.put({"a": 2})                # builds on c, the newest: stored
+            assert one.get_tuple(cfg("t1")).checkpoint["channel_values"] == {"a": 2}
+            late = Thread(one, "t1")
+            late.config = c                       # `one` still builds on c: refused
+            with pytest.raises(CommitConflict) as exc:
+                late.put({"a": 3})
+            assert (exc.value.parent_id, exc.value.latest_id) == \
+                (c["configurable"]["checkpoint_id"], c1b["configurable"]["checkpoint_id"])
+            one.put_writes(c1b, [("w", 1)], "t")
+            foreign.put_writes(c1b, [("w", 2)], "t")      # (t, 0) stored by `one`: ignored
+            assert foreign.get_tuple(c1b).pending_writes == [("t", "w", 1)]
     with SnapstoreSaver.from_path(path) as again:     # reopened later: all of it is there
         assert {t.config["configurable"]["thread_id"] for t in again.list(None)} == \
             {"t1", "t2", "t3"}
+        assert again.get_tuple(cfg("t1")).checkpoint["channel_values"] == {"a": 2}
     with snapstore.open(path, readonly=True) as ro:
         reader = SnapstoreSaver(ro)
         assert reader.get_tuple(c).pending_writes == [("task", "w", "v")]
@@ -381,15 +403,27 @@ def test_from_path_threads_and_async_context(tmp_path):
 
 
 def test_from_path_option_mismatch_and_foreign_lock(tmp_path):
+    from snapstore.engine.storedir import take_lock
     path = str(tmp_path / "s")
-    with SnapstoreSaver.from_path(path, durability="none"):
+    with SnapstoreSaver.from_path(path, durability="none") as s:
         with pytest.raises(InvalidArgumentError):
             with SnapstoreSaver.from_path(path, durability="fsync"):
                 pass
-    with snapstore.open(path):
+        with pytest.raises(InvalidArgumentError, match="forks"):
+            SnapstoreSaver(s.store, forks="sometimes")
+    with snapstore.open(path) as other:           # another writer: from_path opens its own
+        with SnapstoreSaver.from_path(path) as s:
+            assert s.store is not other
+            Thread(s, "t").put({"v": 1})
+        assert SnapstoreSaver(other).get_tuple(cfg("t")).checkpoint["channel_values"] == \
+            {"v": 1}
+    fd = take_lock(path, time.monotonic())        # an exclusive holder (repair, upgrade)
+    try:
         with pytest.raises(StoreLocked):
-            with SnapstoreSaver.from_path(path):
+            with SnapstoreSaver.from_path(path, timeout=0.1):
                 pass
+    finally:
+        os.close(fd)
 
 
 # ---- bad input: clear errors, nothing written ----------------------------------------------------
@@ -576,6 +610,135 @@ def test_state_graph_ainvoke_matches_in_memory_saver(saver):
     assert got[1]["log"] == ["a-start", "grow", "ask:a-yes", "finish"]
 
 
+def _subgraph_app(checkpointer):
+    pytest.importorskip("langgraph.graph", reason="langgraph is not installed")
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    class State(TypedDict, total=False):
+        log: Annotated[list, operator.add]
+
+    def inner_ask(state):
+        return {"log": [f"ask:{interrupt('q?')}"]}
+    sub = StateGraph(State)
+    sub.add_node("inner", lambda s: {"log": ["inner"]})
+    sub.add_node("ask", inner_ask)
+    sub.add_edge(START, "inner")
+    sub.add_edge("inner", "ask")
+    sub.add_edge("ask", END)
+    g = StateGraph(State)
+    g.add_node("first", lambda s: {"log": ["first"]})
+    g.add_node("sub", sub.compile())
+    g.add_node("last", lambda s: {"log": ["last"]})
+    g.add_edge(START, "first")
+    g.add_edge("first", "sub")
+    g.add_edge("sub", "last")
+    g.add_edge("last", END)
+    return g.compile(checkpointer=checkpointer)
+
+
+def _time_travel(checkpointer):
+    """Replay from an older checkpoint, update_state on an older one, a copy (as_node
+    "__copy__"), each continued through a subgraph that interrupts."""
+    from langgraph.types import Command
+    app = _subgraph_app(checkpointer)
+    c = cfg("travel")
+    out = []
+
+    def run(*args):
+        r = app.invoke(*args)
+        out.append({k: [i.value for i in v] if k == "__interrupt__" else v
+                    for k, v in r.items()})
+    run({"log": ["in"]}, c)
+    run(Command(resume="r1"), c)
+    run(None, [h for h in app.get_state_history(c) if h.next == ("sub",)][0].config)
+    run(Command(resume="r2"), c)
+    old = [h for h in app.get_state_history(c) if h.next == ("sub",)][-1]
+    run(None, app.update_state(old.config, {"log": ["edited"]}))
+    run(Command(resume="r3"), c)
+    app.update_state(c, None, as_node="__copy__")
+    run({"log": ["again"]}, c)
+    run(Command(resume="r4"), c)
+    out.append([(h.values, h.next, h.metadata["source"]) for h in app.get_state_history(c)])
+    return out
+
+
+def test_time_travel_forks_are_allowed_by_default(saver, tmp_path):
+    """LangGraph marks the puts that branch off an older checkpoint (source "fork" or
+    "update"): the default forks="marked" stores them, so time travel (also through a
+    subgraph) gives what InMemorySaver gives; forks="never" refuses the first branch."""
+    assert saver.forks == "marked"
+    expected = _time_travel(InMemorySaver())
+    assert _time_travel(saver) == expected
+    assert {s for *_, s in expected[-1]} >= {"fork", "update"}    # it did branch
+    with snapstore.open(str(tmp_path / "never"), durability="none") as other:
+        with pytest.raises(CommitConflict, match="thread 'travel'") as exc:
+            _time_travel(SnapstoreSaver(other, forks="never"))
+        assert exc.value.thread_id == "travel" and exc.value.latest_id != exc.value.parent_id
+
+
+@pytest.mark.parametrize("durability", ["exit", "sync", "async"])
+def test_two_workers_on_one_thread_get_a_conflict_not_interleaved_state(tmp_path, durability):
+    """Two workers (two writer Stores on one path, as two processes would be) invoke one graph
+    on one thread, each from the same newest checkpoint (every put waits until both loaded
+    it): one finishes, the other gets CommitConflict naming the thread, and the thread's
+    stored history is one linear chain of the winner's states."""
+    pytest.importorskip("langgraph.graph", reason="langgraph is not installed")
+    from langgraph.graph import END, START, StateGraph
+
+    class State(TypedDict, total=False):
+        log: Annotated[list, operator.add]
+
+    class Gate(SnapstoreSaver):
+        """Holds its worker's first put until both workers have loaded the checkpoint."""
+        loaded = threading.Barrier(2)
+
+        def put(self, *a, **k):
+            if not getattr(self, "_passed", False):
+                self._passed = True
+                Gate.loaded.wait(10)
+            return super().put(*a, **k)
+
+    g = StateGraph(State)
+    g.add_node("work", lambda s: {"log": [threading.current_thread().name]})
+    g.add_edge(START, "work")
+    g.add_edge("work", END)
+    path = str(tmp_path / "s")
+    with SnapstoreSaver.from_path(path, durability="none") as s:
+        g.compile(checkpointer=s).invoke({"log": ["start"]}, cfg("T"))
+    results = {}
+
+    def worker():
+        name = threading.current_thread().name
+        with snapstore.open(path, durability="none") as store:
+            app = g.compile(checkpointer=Gate(store))
+            try:
+                results[name] = app.invoke({"log": [name + "-in"]}, cfg("T"),
+                                           durability=durability)["log"]
+            except CommitConflict as exc:
+                results[name] = exc
+    workers = [threading.Thread(target=worker, name=n) for n in ("A", "B")]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    conflicts = [r for r in results.values() if isinstance(r, CommitConflict)]
+    wins = [r for r in results.values() if isinstance(r, list)]
+    assert len(conflicts) == 1 and len(wins) == 1, results
+    winner = wins[0][-1]
+    assert wins[0] == ["start", "MainThread", winner + "-in", winner]
+    assert conflicts[0].thread_id == "T" and "thread 'T'" in str(conflicts[0])
+    with SnapstoreSaver.from_path(path, readonly=True) as s:
+        history = list(s.list(cfg("T")))
+        for newer, older in zip(history, history[1:]):         # one chain, newest first
+            assert newer.parent_config["configurable"]["checkpoint_id"] == \
+                older.config["configurable"]["checkpoint_id"]
+            assert older.checkpoint["channel_values"].get("log", []) == \
+                newer.checkpoint["channel_values"]["log"][:len(
+                    older.checkpoint["channel_values"].get("log", []))]
+        assert history[0].checkpoint["channel_values"]["log"] == wins[0]
+
+
 def test_graph_resumes_from_a_reopened_store(tmp_path):
     from langgraph.types import Command
     path = str(tmp_path / "s")
@@ -628,15 +791,21 @@ def test_reader_sees_another_process_writing(tmp_path):
         assert len(list(reader.list(cfg()))) == 2
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_random_operations_match_in_memory_saver(store, seed):
+@pytest.mark.parametrize("forks", ["any", "marked", "never"])
+@pytest.mark.parametrize("seed", range(4))
+def test_random_operations_match_in_memory_saver(store, seed, forks):
     """Random puts (partial channel_values, channels in new_versions without a value, new
     versions outside channel_versions, versions never stored, forks, re-puts), writes and
-    thread deletions, applied to InMemorySaver and SnapstoreSaver: every read agrees."""
+    thread deletions, applied to InMemorySaver and SnapstoreSaver: every read agrees. With
+    forks "marked"/"never", exactly the puts the rule refuses raise CommitConflict (and are
+    not applied to the reference): those naming a parent other than the newest checkpoint
+    (greatest id), unless marked by their source ("marked") or a re-put of the newest on its
+    own parent; with "never" also a put without parent into a thread that has one."""
     import random
     from langgraph.checkpoint.base.id import uuid6
     rng = random.Random(seed)
-    ours, ref = SnapstoreSaver(store), InMemorySaver()
+    ours, ref = SnapstoreSaver(store, forks=forks), InMemorySaver()
+    parents: dict = {}                       # (thread, ns, checkpoint id) -> parent id
     counter = iter(range(1, 10**6))
     stored: dict = {}                        # (thread, ns, channel) -> [versions stored]
     known: dict = {}                         # (thread, ns) -> [checkpoint ids]
@@ -672,14 +841,34 @@ def test_random_operations_match_in_memory_saver(store, seed):
                 values[ch] = value()
             for ch, v in new.items():
                 stored.setdefault((thread, ns, ch), []).append(v)
+            newest = max(ids) if ids else None
             cid = rng.choice(ids) if ids and rng.random() < 0.1 else str(uuid6())
-            parent = rng.choice(ids) if ids and rng.random() < 0.8 else None
+            if ids and rng.random() < 0.5:
+                parent = newest
+            else:
+                parent = rng.choice(ids) if ids and rng.random() < 0.6 else None
+            if newest is not None and rng.random() < 0.1:
+                cid, parent = newest, parents[(thread, ns, newest)]     # re-put the newest
             cp = {"v": 4, "id": cid, "ts": "2024", "channel_values": values,
                   "channel_versions": versions, "versions_seen": {"n": dict(versions)},
                   "updated_channels": sorted(new)}
             config = cfg(thread, ns, parent)
-            md = {"source": "loop", "step": rng.randrange(5), "run_id": rng.choice("xy")}
+            source = rng.choice(["loop", "input", "fork", "update"])
+            md = {"source": source, "step": rng.randrange(5), "run_id": rng.choice("xy")}
+            accepted = (forks == "any" or (forks == "marked" and source in ("fork", "update"))
+                        or parent == newest
+                        or (parent is None and forks == "marked")
+                        or (cid == newest and parent == parents[(thread, ns, newest)]))
+            if not accepted:
+                with pytest.raises(CommitConflict) as exc:
+                    ours.put(config, cp, md, new)
+                assert (exc.value.thread_id, exc.value.checkpoint_ns, exc.value.parent_id,
+                        exc.value.latest_id) == (thread, ns, parent, newest)
+                for ch, v in new.items():
+                    stored[(thread, ns, ch)].remove(v)
+                continue
             assert ours.put(config, cp, md, new) == ref.put(config, cp, md, new)
+            parents[(thread, ns, cid)] = parent
             if cid not in ids:
                 ids.append(cid)
         elif op < 0.95:

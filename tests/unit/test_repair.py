@@ -129,10 +129,16 @@ def test_compaction_writes_a_state_section_before_removing_segments(store_path):
             assert r.log_state() == (section.begin, section.end)
     finally:
         index.close()
-    # the section lies after every removed segment
+    # the section lies after every removed segment of its log, and covers every log up to
+    # past its removed segments
     present = backend.list()
-    removed = set(range(1, present[-1])) - set(present)
+    log = section.begin[0] // fmt.LOG_SEGMENTS
+    first = log * fmt.LOG_SEGMENTS + 1
+    mine = [n for n in present if n // fmt.LOG_SEGMENTS == log]
+    removed = set(range(first, mine[-1])) - set(mine)
     assert removed and max(removed) < section.begin[0]
+    assert all(section.logs[log][0] > max(removed) for log in section.logs
+               if log == section.begin[0] // fmt.LOG_SEGMENTS)
 
 
 def test_repair_after_deleting_the_index(store_path):

@@ -333,3 +333,30 @@ def test_readme_training_loop_stays_bounded(tmp_path):
     assert max(sizes[-4:]) <= max(sizes[:8]) + (256 << 10)
     grown = readme_loop(str(tmp_path / "unpruned"), prune=False)
     assert grown[-1] > 11 * state > bound        # what the loop did before retain pruned
+
+
+def test_retain_waits_for_a_running_compaction_before_deleting_anything(tmp_path):
+    """retain's prune needs the maintenance lock (one compaction at a time): it takes it
+    before its deletes, so a running compaction (here: its lock held) makes retain fail with
+    StoreLocked having deleted nothing, not delete and then fail to prune."""
+    import fcntl
+    import os
+
+    import snapstore
+    from snapstore.engine import format as fmt
+    from snapstore.errors import StoreLocked
+    path = str(tmp_path / "s")
+    with snapstore.open(path) as s:
+        for i in range(4):
+            s.checkpoint({"x": bytes([i]) * 5000}, stream="a")
+        fd = os.open(os.path.join(path, fmt.MAINTENANCE_LOCK_FILE), os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)              # "a compaction is running"
+            with pytest.raises(StoreLocked):
+                s.retain("a", keep_last=1)
+            assert len(s.checkpoints("a")) == 4
+            assert s.retain("a", keep_last=1, prune=False) == [1, 2, 3]   # no lock needed
+        finally:
+            os.close(fd)
+        r = s.retain("a", keep_last=1)
+        assert list(r) == [] and len(s.checkpoints("a")) == 1

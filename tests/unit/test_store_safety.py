@@ -17,6 +17,7 @@ import pytest
 import snapstore
 from snapstore.cli import app as cli
 from snapstore.engine import format as fmt
+from snapstore.engine import logowners
 from snapstore.errors import (CorruptionError, ForkedStoreError, FormatError, SnapstoreError,
                               StoreClosedError)
 
@@ -101,24 +102,33 @@ def test_defect2_fork_every_call_in_the_child_raises_forked_store_error(store_pa
             "reader.checkpoints": lambda: reader.checkpoints(),
             "reader.restore": lambda: reader.restore(info.id),
         })
+        # The child's copies of the lock descriptors were closed at the fork (the flocks are
+        # the parent's, and stay held by it).
+        got["child's lock descriptors"] = [s._committer._lock_fd, s._committer._log_fd]
+        got["parent's log held"] = logowners.is_alive(store_path, log)
         s.close()          # only marks it closed: the parent's lock and files are untouched
         reader.close()
         tracker.close()
         got["after close"] = forked_errors({"checkpoints": lambda: s.checkpoints()})
         return got
 
+    log = s._committer.log_number
     with no_hang():
         got = in_child(child)
     closed = got.pop("after close")
+    assert got.pop("child's lock descriptors") == [None, None]
+    assert got.pop("parent's log held") is True
     assert got == {name: "ForkedStoreError" for name in got}
     assert closed == {"checkpoints": "StoreClosedError"}
-    # The parent's store is unaffected: it still holds the lock, reads and writes.
+    # The parent's store is unaffected: it still holds its log's lock, reads and writes.
+    [(held, record)] = logowners.live_holders(store_path)
+    assert (held, record["pid"], record["host"]) == (log, os.getpid(), os.uname().nodename)
     assert s.restore(info.id) == {"a": b"p" * 10000}
     tracker.close()
     assert s.checkpoint({"a": b"q" * 10000}, "s").parent == info.id
     assert [c.id for c in reader.checkpoints()] == [c.id for c in s.checkpoints()]
-    with pytest.raises(snapstore.StoreLocked):
-        snapstore.open(store_path, **OPTS)
+    with snapstore.open(store_path, **OPTS) as other:      # a second writer: a log of its own
+        assert other._committer.log_number != log
     reader.close()
     s.close()
     assert issubclass(ForkedStoreError, SnapstoreError)
@@ -126,10 +136,14 @@ def test_defect2_fork_every_call_in_the_child_raises_forked_store_error(store_pa
 
 
 def test_defect2_fork_the_child_opens_the_store_again(store_path):
-    """The child opens its own Store (readonly while the parent writes; as the writer once
-    the parent closed), and the parent's LMDB environment keeps working meanwhile."""
+    """The child opens its own Stores: a reader, and a writer while the parent writes (a log
+    of its own: the parent's log is still the parent's); once the parent closed, a writer of
+    the child adopts the parent's log (the child's inherited copy of its lock was closed at
+    the fork, so the parent's close let go of it). The parent's LMDB environment keeps
+    working meanwhile."""
     s = snapstore.open(store_path, **OPTS)
     first = s.checkpoint({"a": b"1" * 5000}, "s")
+    parent_log = s._committer.log_number
     parent_done_r, parent_done_w = os.pipe()
     child_ready_r, child_ready_w = os.pipe()
 
@@ -139,14 +153,19 @@ def test_defect2_fork_the_child_opens_the_store_again(store_path):
             with snapstore.open(store_path, readonly=True) as r:
                 seen = [c.id for c in r.checkpoints()]
                 restored = r.restore(first.id)["a"] == b"1" * 5000
-            with pytest.raises(snapstore.StoreLocked):      # the parent is still the writer
-                snapstore.open(store_path, **OPTS)
+            alongside = snapstore.open(store_path, **OPTS)      # the parent is still open
+            own_log = alongside._committer.log_number
+            made_alongside = alongside.checkpoint({"c": b"c" * 5000}, "c").id
         finally:
             os.write(child_ready_w, b"x")
         os.read(parent_done_r, 1)                 # the parent closed its store
         with snapstore.open(store_path, timeout=10, **OPTS) as w:
-            made = w.checkpoint({"a": b"2" * 5000}, "s").id
-        return {"seen": seen, "restored": restored, "made": made}
+            adopted_log = w._committer.log_number
+            after = w.checkpoint({"a": b"2" * 5000}, "s")
+        alongside.close()
+        return {"seen": seen, "restored": restored, "own_log": own_log,
+                "made_alongside": made_alongside, "adopted_log": adopted_log,
+                "made": after.id, "made_parent": after.parent}
 
     r_pid = os.fork()
     if r_pid == 0:
@@ -161,12 +180,13 @@ def test_defect2_fork_the_child_opens_the_store_again(store_path):
     os.close(parent_done_r)
     os.close(child_ready_w)
     with no_hang(60):
-        # While the child reads, the parent keeps writing and reading through its env.
+        # While the child reads and writes, the parent keeps writing and reading.
         second = s.checkpoint({"a": b"3" * 5000}, "s")
         assert s.restore(second.id) == {"a": b"3" * 5000}
         os.read(child_ready_r, 1)
         os.close(child_ready_r)
         assert s.restore(first.id) == {"a": b"1" * 5000}
+        assert logowners.is_alive(store_path, parent_log)
         s.close()
         os.write(parent_done_w, b"x")
         os.close(parent_done_w)
@@ -175,10 +195,15 @@ def test_defect2_fork_the_child_opens_the_store_again(store_path):
         result = json.load(f)
     assert result["ok"], result.get("error")
     assert first.id in result["seen"] and result["restored"]
+    assert result["own_log"] != parent_log
+    assert result["adopted_log"] == parent_log
+    assert result["made_parent"] == second.id           # built on the parent's head
     with snapstore.open(store_path, readonly=True) as r:
         ids = [c.id for c in r.checkpoints()]
-        assert result["made"] in ids and second.id in ids and result["made"] != second.id
+        assert {result["made"], result["made_alongside"], second.id} <= set(ids)
+        assert len({result["made"], result["made_alongside"], second.id}) == 3
         assert r.restore(result["made"]) == {"a": b"2" * 5000}
+        assert r.restore(result["made_alongside"]) == {"c": b"c" * 5000}
         assert r.restore(second.id) == {"a": b"3" * 5000}
         assert r.verify(deep=True)["ok"]
 

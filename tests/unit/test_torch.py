@@ -1,14 +1,11 @@
 """snapstore.torch: state dicts of a real nn.Module + Adam (byte-exact, every dtype, views and
 shared storages, in place), device tensors refused, and the torch.distributed.checkpoint
 backend (SnapstoreWriter / SnapstoreReader): round trips, incremental saves, checkpoint ids,
-a gloo process group of one rank and two ranks."""
+a gloo process group of one rank, saves of the old part-checkpoint scheme (several ranks:
+test_dcp_ranks.py)."""
 import copy
 import io
-import os
 import pickle
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
@@ -22,9 +19,6 @@ from snapstore.objects import DeviceTensorError, StructureMismatchError  # noqa:
 
 pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
               pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")]
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -355,50 +349,108 @@ def test_dcp_with_a_gloo_process_group_of_one(tmp_path):
         dist.destroy_process_group()
 
 
-RANK_SCRIPT = textwrap.dedent("""
-    import sys, warnings
-    warnings.filterwarnings("ignore")
-    import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
-    import snapstore, snapstore.torch as st
-    rank, init, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    torch.manual_seed(0)
-    state = {f"layer{i}": torch.randn(128, 64) for i in range(6)}
-    state["step"] = 5
-    for step in (1, 2):
-        state["layer0"][step] += 1
-        dcp.save(state, checkpoint_id=f"s{step}", storage_writer=st.SnapstoreWriter(path))
-    target = {k: torch.zeros(128, 64) for k in state if k != "step"}
-    target["step"] = 0
-    dcp.load(target, checkpoint_id="s2", storage_reader=st.SnapstoreReader(path))
-    assert target["step"] == 5
-    assert all(torch.equal(target[k], state[k]) for k in state if k != "step"), rank
-    dist.barrier()
-    if rank == 0:
-        with snapstore.open(path, readonly=True) as s:
-            main = s.latest("dcp")
-            parts = main.reserved_meta["snapstore.dcp"]["parts"]
-            assert len(parts) == 1 and s.get(parts[0]).stream == "dcp/rank1", main.meta
-            assert len(s.checkpoints("dcp")) == 2 and s.verify()["ok"]
-            print("parts", parts, sorted(s.get(parts[0]).sizes))
-    dist.destroy_process_group()
-""")
+def test_dcp_reads_saves_of_the_old_part_checkpoint_scheme(tmp_path):
+    """Before format 3, each rank but the coordinator committed its items as a part checkpoint
+    of stream "<stream>/rank<N>", and the coordinator's checkpoint named them (the items'
+    _Location.checkpoint). Such saves still load, list their tensors, and a new save on the
+    stream follows them."""
+    from snapstore import tensors
+    path = str(tmp_path / "old")
+    state = {"a": torch.randn(32, 16), "b": torch.randn(40, 8).to(torch.bfloat16), "n": 3}
+    dcp.save(state, checkpoint_id="model", storage_writer=st.SnapstoreWriter(path, "tmp"))
+    with snapstore.open(path, durability="none") as s:
+        made = s.latest("tmp")
+        metadata = pickle.loads(s.read(made.id, st.METADATA_BUFFER))
+        items = {name: s.read(made.id, name) for name in made.sizes if name.startswith("item/")}
+        # what the old writer committed with 2 ranks, rank 1 holding "b"
+        part = s.checkpoint({"item/b": items["item/b"]}, stream="old/rank1",
+                            meta={st.DCP_PART_KEY: {"version": 1, "rank": 1,
+                                                    "checkpoint_id": "x"}})
+        metadata.storage_data = {
+            index: loc._replace(checkpoint=part.id) if loc.buffer == "item/b" else loc
+            for index, loc in metadata.storage_data.items()}
+        main = s.checkpoint({"item/a": items["item/a"], "item/n": items["item/n"],
+                             st.METADATA_BUFFER: pickle.dumps(metadata)}, stream="old",
+                            meta={st.DCP_META_KEY: {"version": 1, "checkpoint_id": "x",
+                                                    "parts": [part.id], "ranks": 2}})
+        listed = {t.name: t.checkpoint for t in tensors.tensor_catalogue(s, main)}
+        assert listed == {"a": None, "b": part.id}
+    target = {"a": torch.zeros(32, 16), "b": torch.zeros(40, 8, dtype=torch.bfloat16), "n": 0}
+    dcp.load(target, checkpoint_id="x", storage_reader=st.SnapstoreReader(path, "old"))
+    same(target, state)
+    box = {"b": torch.zeros(8, 40, dtype=torch.bfloat16).t()}     # another layout: a copy
+    dcp.load(box, checkpoint_id="x", storage_reader=st.SnapstoreReader(path, "old"))
+    assert torch.equal(box["b"].view(torch.int16), state["b"].view(torch.int16))
+    writer = st.SnapstoreWriter(path, "old")
+    dcp.save(state, checkpoint_id="y", storage_writer=writer)
+    assert writer.last_info.parent == main.id and "item/b" in writer.last_info.sizes
+    target["b"].zero_()
+    dcp.load(target, checkpoint_id="y", storage_reader=st.SnapstoreReader(path, "old"))
+    same(target, state)
 
 
-@pytest.mark.slow
-def test_dcp_with_two_ranks(tmp_path):
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
-    init, path = f"file://{tmp_path / 'pg2'}", str(tmp_path / "two")
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), init, path], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in (0, 1)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    assert "parts" in outs[0][0]
+class _FailsAfterPlanning(dcp.DefaultSavePlanner):
+    """Fails between the global plan and write_data, as when another rank fails: DCP raises
+    and never calls the writer's finish()."""
+
+    def finish_plan(self, new_plan):
+        raise RuntimeError("planner gave up")
+
+
+def _stream_reserved(path, stream="dcp") -> bool:
+    """Whether a group or commit of the stream is in progress (another Store's group says)."""
+    with snapstore.open(path) as other:
+        try:
+            other.group(stream, ["x"], timeout=5).abort()
+            return False
+        except snapstore.CommitConflict:
+            return True
+
+
+def test_dcp_save_failing_after_planning_leaves_nothing_and_frees_the_stream(tmp_path):
+    path = str(tmp_path / "fail")
+    sd = {"w": torch.randn(64, 64)}
+    dcp.save(sd, checkpoint_id="ok", storage_writer=st.SnapstoreWriter(path))
+    writer = st.SnapstoreWriter(path)
+    with pytest.raises(BaseException, match="planner gave up"):
+        dcp.save(sd, checkpoint_id="bad", storage_writer=writer, planner=_FailsAfterPlanning())
+    # the save's group holds the stream (nothing of it is visible) until close()
+    assert _stream_reserved(path) and _ids(path) == ["ok"]
+    writer.close()
+    assert not _stream_reserved(path) and _ids(path) == ["ok"]
+    # ... or until the thread's next save, with any writer
+    with pytest.raises(BaseException, match="planner gave up"):
+        dcp.save(sd, checkpoint_id="bad", storage_writer=writer, planner=_FailsAfterPlanning())
+    assert _stream_reserved(path)
+    dcp.save(sd, checkpoint_id="next", storage_writer=st.SnapstoreWriter(path))
+    assert _ids(path) == ["ok", "next"] and not _stream_reserved(path)
+    # a caller's Store: its group is aborted, the Store stays open
+    with snapstore.open(path) as s:
+        mine = st.SnapstoreWriter(s)
+        with pytest.raises(BaseException, match="planner gave up"):
+            dcp.save(sd, checkpoint_id="bad", storage_writer=mine,
+                     planner=_FailsAfterPlanning())
+        assert _stream_reserved(path)
+        mine.close()
+        assert not s.closed and not _stream_reserved(path)
+        dcp.save(sd, checkpoint_id="last", storage_writer=mine)
+    assert _ids(path) == ["ok", "next", "last"]
+    target = {"w": torch.zeros(64, 64)}
+    dcp.load(target, storage_reader=st.SnapstoreReader(path))
+    assert torch.equal(target["w"], sd["w"])
+
+
+def test_dcp_writer_timeout_is_a_deadline(tmp_path):
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(snapstore.errors.InvalidArgumentError):
+            st.SnapstoreWriter(str(tmp_path / "t"), timeout=bad)
+    writer = st.SnapstoreWriter(str(tmp_path / "t"), timeout=0.5)
+    assert writer.timeout == 0.5
+
+
+def _ids(path) -> list:
+    with snapstore.open(path, readonly=True) as s:
+        return [c.reserved_meta["snapstore.dcp"]["checkpoint_id"] for c in s.checkpoints()]
 
 
 def test_dcp_async_save(tmp_path):

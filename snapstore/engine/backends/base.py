@@ -37,17 +37,16 @@ symlink named like one) raises `not_a_segment(number, kind)`, a CorruptionError 
 from every method that meets it (list, size, read, open_append, create).
 Caller errors (truncating past the end, using a closed file or session) raise ValueError.
 
-Concurrency. A backend is shared by the threads of one process (readers, the one writer, the
+Concurrency. A backend is shared by the threads of one process (readers, its writers, the
 asynchronous checkpoint worker): its methods must be thread-safe. A SegmentFile or a
-SegmentReader is used by one thread at a time. Other processes may read (never write) the same
-segments through their own backend: a segment removed by the writer stays readable through a
-session that already read it (local files: the open descriptor keeps it alive).
+SegmentReader is used by one thread at a time. Other processes read the same segments and
+append to segments of their own (each writer's log is a number range of its own: format 3,
+docs/design.md "Many writers"); `create` of an existing segment fails, which is what keeps two
+writers from sharing one. A segment removed by compaction stays readable through a session
+that already read it (local files: the open descriptor keeps it alive).
 
 Extending. An object-store backend implements the same three classes (sealed segments whole
-objects read by range; the open segment a local file uploaded when sealed). Per-writer logs
-(several writers each appending to their own segments) need only that each writer create its
-segments in a number range or namespace of its own: `create` of an existing segment fails,
-which is what makes two writers unable to share one.
+objects read by range; the open segment a local file uploaded when sealed).
 """
 from __future__ import annotations
 

@@ -1,0 +1,404 @@
+"""Group commits: one checkpoint from many participants (docs/design.md, "Group commits").
+
+A coordinator opens a group on a stream, naming its participants (DCP ranks, the operators of
+a stream processor...). Each participant, in any thread, process or machine sharing the store,
+stages its part: its buffers (diffed against the stream's head when the group opened) and its
+meta (e.g. source offsets), made durable in its own log and registered in the index. The
+coordinator then commits every part as ONE checkpoint of the stream: visible all at once or
+not at all.
+
+    open_group      one index transaction: claims the stream (claims.py: kind "group"; the
+                    stream's head H is fixed, other commits of the stream conflict) and
+                    records the group's header: STREAM, H, participants, deadline
+    stage           chunks appended to the participant's own log (crash point
+                    after_data_append, as for a checkpoint) and synced (in parallel with
+                    every other participant), then one transaction registers the part (its
+                    manifests, new-chunk table, page fingerprints, meta, the chunks it reuses)
+                    and moves the participant's applied position past it (the part's start is
+                    its log's compaction watermark until the group ends: compact.py)
+    commit_group    waits until every participant staged (or the deadline: GroupTimeout naming
+                    the missing ones, the group aborted), then the commit protocol of
+                    commit.py: a commit claim replacing the group's claim, ONE self-describing
+                    commit record (every part's buffers and new-chunk tables) in the
+                    coordinator's log, synced, then one transaction publishes it and drops
+                    the group
+    abort_group     drops the group and its claim: the staged parts are garbage
+
+Crash safety follows from the commit protocol: a commit record that reached the coordinator's
+log was claimed, so recovery of that log publishes it (and drops the group); a coordinator
+that died before drops its group claim with the rest of its log's claims when its log is
+recovered (the parts become garbage); a participant that died before registering left only
+garbage, and the coordinator times out naming it. A group whose deadline passed can no longer
+commit and anyone who meets it may drop it.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from snapstore.engine import claims as claim_rules
+from snapstore.engine import format as fmt
+from snapstore.engine import writer as wr
+from snapstore.engine.commit import ANY_HEAD, Committer, io_errors, reused_chunks
+from snapstore.engine.crashpoints import crashpoint
+from snapstore.engine.index import IndexView, IndexWriter, damaged
+from snapstore.engine.records import BufferEntry, Commit
+from snapstore.errors import GroupError, GroupTimeout, SnapstoreError
+
+# make_part_plans(view, stream, head id or None, head Commit or None) -> [BufferPlan]
+PartPlanMaker = Callable[[IndexView, str, "int | None", "Commit | None"], list]
+
+
+_key = claim_rules.group_key
+
+
+@dataclass
+class GroupHeader:
+    """A group as its header entry records it."""
+    id: str
+    stream: str
+    parent: int | None
+    participants: list
+    deadline: float
+    claim: int                  # the order of the group's claim
+
+    @classmethod
+    def read(cls, view: IndexView, group: str) -> "GroupHeader | None":
+        for key, d, _ in view.group_entries(_key(group)):
+            if key == _key(group):
+                return cls(group, d["stream"], d["parent"], list(d["participants"]),
+                           float(d["deadline"]), int(d["claim"]))
+        return None
+
+    def to_json(self) -> dict:
+        return {"stream": self.stream, "parent": self.parent,
+                "participants": self.participants, "deadline": self.deadline,
+                "claim": self.claim}
+
+
+@dataclass
+class Part:
+    """One participant's staged part."""
+    participant: str
+    meta: Any
+    entries: list               # [BufferEntry] with extents
+    new_chunks: bytes
+    fingerprints: list          # [(buffer name, page size, digests)]
+    pins: bytes
+    bytes_new: int
+
+    def encode(self, log: int, start: tuple, end: tuple) -> tuple[dict, bytes]:
+        blob = bytearray(self.new_chunks)
+        for e in self.entries:
+            blob += e.extents
+        fps = []
+        for name, page_size, digests in self.fingerprints:
+            fps.append([name, page_size, len(digests)])
+            blob += digests
+        pins_at = len(blob)
+        blob += self.pins
+        d = {"log": log, "start": list(start), "end": list(end), "meta": self.meta,
+             "buffers": [e.to_json() for e in self.entries],
+             "new_chunks": len(self.new_chunks) // fmt.NEW_CHUNK.size, "fps": fps,
+             "pins": [pins_at, len(self.pins)], "bytes_new": self.bytes_new}
+        return d, bytes(blob)
+
+    @classmethod
+    def decode(cls, participant: str, d: dict, blob: bytes) -> "Part":
+        pos = d["new_chunks"] * fmt.NEW_CHUNK.size
+        new_chunks = blob[:pos]
+        entries = []
+        for bj in d["buffers"]:
+            n = bj["extents"] * fmt.EXTENT.size
+            entries.append(BufferEntry.from_json(bj, blob[pos:pos + n]))
+            pos += n
+        fingerprints = []
+        for name, page_size, n in d["fps"]:
+            fingerprints.append((name, page_size, blob[pos:pos + n]))
+            pos += n
+        start, length = d["pins"]
+        return cls(participant, d["meta"], entries, new_chunks, fingerprints,
+                   blob[start:start + length], d.get("bytes_new", 0))
+
+
+def parts(view: IndexView, group: str) -> dict[str, Part]:
+    """{participant: Part} of the parts staged in a group so far."""
+    out = {}
+    for key, d, blob in view.group_entries(_key(group)):
+        participant = key[len(_key(group)):].decode()
+        if participant:
+            try:
+                out[participant] = Part.decode(participant, d, blob)
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                raise damaged(f"group {group} part {participant!r} does not decode: "
+                              f"{exc!r}") from exc
+    return out
+
+
+def _drop(w: IndexWriter, header: GroupHeader) -> None:
+    w.delete_group_entries(_key(header.id))
+    claim_rules.release(w, header.claim)
+
+
+def _unknown(group: str, stream: str | None = None) -> GroupError:
+    return GroupError(f"group {group} does not exist (any more): it was never opened, or was "
+                      "committed, aborted or timed out, or its coordinator died", group=group)
+
+
+def _live_header(view: IndexView, group: str) -> GroupHeader:
+    header = GroupHeader.read(view, group)
+    if header is None:
+        raise _unknown(group)
+    if time.time() > header.deadline:
+        raise GroupError(f"group {group} of stream {header.stream!r} timed out (its deadline "
+                         f"passed {time.time() - header.deadline:.3g}s ago)", group=group)
+    return header
+
+
+# ---- the coordinator ---------------------------------------------------------------------------
+
+def open_group(c: Committer, stream: str, participants: list, timeout: float,
+               expect_head: Any = ANY_HEAD) -> GroupHeader:
+    """Opens a group of `participants` (distinct names) on `stream`, which must not have
+    another commit or group in progress (CommitConflict); the group's checkpoint will follow
+    the stream's head now (or expect_head, checked). It must be committed within `timeout`
+    seconds."""
+    group = uuid.uuid4().hex
+    with c.exclusive(), io_errors("cannot open a group"):
+        with c.read() as r:
+            head = r.stream_head(stream)
+        if expect_head is not ANY_HEAD:
+            head = expect_head
+        made: list = []
+
+        def prepare(w: IndexWriter) -> tuple:
+            claim_rules.check_stream(w, stream, head, c.alive)
+            return "group", {"stream": stream, "parent": head, "group": group,
+                             "deadline": time.time() + timeout}
+
+        def record(w: IndexWriter, claimed: claim_rules.Claim) -> None:
+            header = GroupHeader(group, stream, head, list(participants),
+                                 time.time() + timeout, claimed.order)
+            w.put_group_entry(_key(group), header.to_json())
+            made.append(header)
+        c.claim(prepare, record)
+        return made[0]
+
+
+def abort_group(c: Committer, group: str) -> bool:
+    """Drops the group (its parts become garbage). False if it was gone already."""
+    with c.exclusive(), io_errors("cannot abort a group"):
+        with c.index.write() as w:
+            header = GroupHeader.read(w, group)
+            if header is None:
+                return False
+            _drop(w, header)
+            return True
+
+
+def wait_for_parts(c: Committer, group: str, timeout: float | None) -> dict[str, Part]:
+    """The parts of every participant once all staged; waits until `timeout` seconds (None:
+    the group's deadline). Raises GroupTimeout naming the missing participants (the group is
+    aborted), GroupError for a group that is gone."""
+    started = time.monotonic()
+    pause = 0.002
+    while True:
+        with c.read() as r:
+            header = GroupHeader.read(r, group)
+            if header is None:
+                raise _unknown(group)
+            found = parts(r, group)
+        missing = [p for p in header.participants if p not in found]
+        if not missing:
+            return found
+        left = header.deadline - time.time()
+        if timeout is not None:
+            left = min(left, timeout - (time.monotonic() - started))
+        if left <= 0:
+            abort_group(c, group)
+            raise GroupTimeout(f"group {group} of stream {header.stream!r}: "
+                               f"{len(missing)} of {len(header.participants)} participant(s) "
+                               f"never staged their part: {', '.join(map(repr, missing))}; "
+                               "the group is aborted (nothing of it is visible)",
+                               group=group, missing=missing)
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.05)
+
+
+def whole_if_mostly_changed(view: IndexView, header: GroupHeader, entries: list,
+                            full_threshold: float) -> list:
+    """writer.whole_if_mostly_changed for the group's checkpoint as a whole. Each part applied
+    it to its own buffers when it staged; a part alone cannot see that the others changed
+    nearly everything (DCP's metadata, unchanged, would keep a fully changed save
+    "incremental" and grow a chain to max_chain). When more than full_threshold of the
+    checkpoint's bytes are stored anyway (full buffers plus the deltas' dirty bytes), or it
+    holds no bytes, the remaining deltas are rebased into full manifests: manifest work only,
+    over the parent's chunks and the part's. Returns `entries` itself when nothing changes."""
+    if header.parent is None or not any(e.base == "delta" for e in entries):
+        return entries
+    total = sum(e.size for e in entries)
+    stored = sum(e.size if e.base == "full" else
+                 sum(n for _, _, n, _ in fmt.EXTENT.iter_unpack(e.extents)) for e in entries)
+    if total and stored <= full_threshold * total:
+        return entries
+    parent = view.named_checkpoint(header.parent, f"group {header.id}'s parent")
+    return [wr.rebase(view, parent, e) if e.base == "delta" else e for e in entries]
+
+
+def commit_group(c: Committer, group: str, meta: Any, timeout: float | None) -> Commit:
+    """Commits the group's parts as one checkpoint of its stream (see the module docstring).
+    meta: the coordinator's meta; each participant's meta is kept under the reserved key
+    format.GROUP_META_KEY, {"id", "parts": {participant: its meta}}."""
+    found = wait_for_parts(c, group, timeout)
+    with c.exclusive(), io_errors("group commit failed"):
+        c.check_open(write=True)
+        c.log.check_writable()
+        with c.read() as r:
+            header = _live_header(r, group)
+        order = header.participants
+        entries, new_chunks, pins, seen = [], bytearray(), bytearray(), set()
+        fingerprints, bytes_new = [], 0
+        for participant in order:
+            part = found[participant]
+            entries.extend(part.entries)
+            for i in range(0, len(part.new_chunks), fmt.NEW_CHUNK.size):
+                item = part.new_chunks[i:i + fmt.NEW_CHUNK.size]
+                if item[:fmt.CHUNK_ID_BYTES] not in seen:
+                    seen.add(item[:fmt.CHUNK_ID_BYTES])
+                    new_chunks += item
+            pins += part.pins
+            fingerprints.extend(part.fingerprints)
+            bytes_new += part.bytes_new
+        with c.read() as r:
+            whole = whole_if_mostly_changed(r, header, entries, c.options.full_threshold)
+        if whole is not entries:
+            entries = whole
+            pins = bytearray(reused_chunks(entries, bytes(new_chunks)))
+        reserved = {"id": group, "parts": {p: found[p].meta for p in order}}
+        if isinstance(meta, dict) or meta is None:
+            full_meta = dict(meta or {}, **{fmt.GROUP_META_KEY: reserved})
+        else:
+            full_meta = {fmt.GROUP_META_KEY: dict(reserved, user=meta)}
+        log = c.log
+        mark = log.position
+
+        def prepare(w: IndexWriter) -> tuple:
+            now = _live_header(w, group)
+            claim_rules.check_stream(w, now.stream, now.parent, c.alive, group=group)
+            return "commit", {"stream": now.stream, "parent": now.parent, "group": group,
+                              "pins": bytes(pins)}
+
+        def retire_group_claim(w: IndexWriter, claimed: claim_rules.Claim) -> None:
+            claim_rules.release(w, header.claim)
+        claimed = c.claim(prepare, retire_group_claim)
+        commit = Commit(claimed.id, header.stream, header.parent, time.time(), full_meta,
+                        entries, bytes(new_chunks), seq=claimed.seq, order=claimed.order)
+        while True:
+            total = bytes_new + fmt.RECORD_HEADER.size + sum(len(p) for p in commit.encode())
+            if total == commit.bytes_new:
+                break
+            commit.bytes_new = total
+
+        def publish_extra(w: IndexWriter) -> None:
+            for name, page_size, digests in fingerprints:
+                w.put_fingerprints(header.stream, name, commit.id, page_size, digests)
+            w.delete_group_entries(_key(group))
+        try:
+            c.publish([(fmt.REC_COMMIT, commit.encode())], claimed, publish_extra)
+        except BaseException:
+            log.rollback(mark)
+            raise
+        return commit
+
+
+# ---- a participant -----------------------------------------------------------------------------
+
+def stage(c: Committer, group: str, participant: str, make_plans: PartPlanMaker,
+          meta: Any) -> None:
+    """Stages one participant's part (see the module docstring); make_plans(view, stream,
+    head, head Commit) plans the part's buffers against the head the group follows. Staging the
+    same participant again replaces its part. Raises GroupError (unknown or timed-out group,
+    not a participant, a buffer name another part has), StoreIOError."""
+    opts = c.options
+    with c.exclusive(), io_errors("staging a group part failed"):
+        c.check_open(write=True)
+        c.log.check_writable()
+        for _ in range(5):
+            log = c.log
+            mark = log.position
+            try:
+                with c.read() as r:
+                    header = _live_header(r, group)
+                    if participant not in header.participants:
+                        raise GroupError(f"{participant!r} is not a participant of group "
+                                         f"{group} (its participants: "
+                                         f"{', '.join(map(repr, header.participants))})",
+                                         group=group)
+                    parent = (r.named_checkpoint(header.parent, f"group {group}'s parent")
+                              if header.parent is not None else None)
+                    parents = {b.name: b for b in parent.buffers} if parent else {}
+                    staging = bytearray(wr.STAGING_BYTES)
+                    sink = wr.ChunkSink(log, r, opts)
+                    entries, fingerprints = [], []
+                    for plan in make_plans(r, header.stream, header.parent, parent):
+                        if plan.base == "delta":
+                            plan.depth = parents[plan.name].depth + 1
+                        entry = wr.store_buffer(plan, sink, staging)
+                        if entry.base == "delta" and entry.depth >= opts.max_chain:
+                            entry = wr.rebase(r, parent, entry)
+                        entries.append(entry)
+                        if plan.fingerprints is not None:
+                            fingerprints.append((plan.name, opts.page_size,
+                                                 bytes(plan.fingerprints)))
+                    generation = r.gc_generation()
+                    start = (mark[0], mark[1])
+                crashpoint("after_data_append")
+                new_chunks = sink.new_chunk_table()
+                part = Part(participant, meta, entries, new_chunks, fingerprints,
+                            reused_chunks(entries, new_chunks), sink.bytes_new)
+                log.flush()
+                if c.durability == "fsync":
+                    log.sync()
+                end = log.position
+
+                def register(w: IndexWriter) -> None:
+                    _live_header(w, group)
+                    mine = {e.name for e in part.entries}
+                    for other, p in parts(w, group).items():
+                        clash = mine & {e.name for e in p.entries}
+                        if other != participant and clash:
+                            raise GroupError(f"participant {participant!r} stages buffer(s) "
+                                             f"{sorted(clash)} which participant {other!r} "
+                                             "staged already: buffer names must be distinct "
+                                             "across a group's parts", group=group)
+                    claim_rules.check_pins(w, claim_rules.unpack_ids(part.pins), generation)
+                    d, blob = part.encode(c.log_number, start, end)
+                    w.put_group_entry(_key(group, participant), d, blob)
+                    w.set_applied(end)
+                with c.index.write() as w:
+                    register(w)
+                return
+            except claim_rules.ChunksVanished:
+                log.rollback(mark)
+                continue
+            except BaseException:
+                log.rollback(mark)
+                raise
+        raise SnapstoreError(f"group {group}: compaction removed chunks the part reused five "
+                             "times in a row; retry")
+
+
+def status(c: Committer, group: str) -> dict:
+    """{"stream", "parent", "participants", "staged", "missing", "deadline"} of a group (or
+    GroupError when it is gone)."""
+    with c.read() as r:
+        header = GroupHeader.read(r, group)
+        if header is None:
+            raise _unknown(group)
+        staged = sorted(parts(r, group))
+    return {"id": group, "stream": header.stream, "parent": header.parent,
+            "participants": header.participants, "staged": staged,
+            "missing": [p for p in header.participants if p not in staged],
+            "deadline": header.deadline}

@@ -1,0 +1,374 @@
+"""Group commits (issue 16): one checkpoint from many participants, through the public API
+(Store.group, Store.stage, Group.commit / abort / status, snapstore.group_parts). Participants
+in other processes are real processes; crashes are real SIGKILLs."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import snapstore
+from snapstore.errors import (CommitConflict, ForkedStoreError, GroupError, GroupTimeout,
+                              InvalidArgumentError, InvalidArgumentTypeError, StoreClosedError)
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def rbytes(n: int, seed: int) -> bytes:
+    import random
+    return random.Random(seed).randbytes(n)
+
+
+def run_child(code: str, *args: str, crash_at: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("SNAPSTORE_CRASH_AT", None)
+    if crash_at:
+        env["SNAPSTORE_CRASH_AT"] = crash_at
+    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.fixture
+def path(tmp_path):
+    return str(tmp_path / "store")
+
+
+def test_parts_become_one_checkpoint_visible_only_at_commit(path):
+    with snapstore.open(path) as coord, snapstore.open(path) as other, \
+            snapstore.open(path, readonly=True) as reader:
+        g = coord.group("ops", ["a", "b"], timeout=30)
+        assert g.status()["missing"] == ["a", "b"] and g.parent is None
+        coord.stage(g.id, "a", {"a/state": rbytes(70_000, 1)}, meta={"offset": 10})
+        other.stage(g.id, "b", {"b/state": rbytes(50_000, 2), "b/empty": b""},
+                    meta={"offset": 20})
+        assert g.status()["staged"] == ["a", "b"] and g.status()["missing"] == []
+        assert reader.checkpoints() == [] and reader.streams() == []    # nothing visible yet
+        info = g.commit(meta={"epoch": 1})
+        assert info.stream == "ops" and info.kind == "full" and info.seq == 1
+        assert info.meta == {"epoch": 1}
+        assert snapstore.group_parts(info) == {"a": {"offset": 10}, "b": {"offset": 20}}
+        assert info.sizes == {"a/state": 70_000, "b/state": 50_000, "b/empty": 0}
+        assert reader.restore(info.id) == {"a/state": rbytes(70_000, 1),
+                                           "b/state": rbytes(50_000, 2), "b/empty": b""}
+        assert coord.verify(deep=True)["ok"]
+        with pytest.raises(GroupError):
+            g.status()                        # a committed group is gone
+        with pytest.raises(GroupError):
+            other.stage(g.id, "a", {"a/state": b"late"})
+
+
+def test_second_group_is_incremental_against_the_first(path):
+    a = bytearray(rbytes(1 << 20, 3))
+    with snapstore.open(path) as s:
+        g = s.group("ops", ["a"])
+        s.stage(g.id, "a", {"a": a})
+        first = g.commit()
+        a[4096:4096 + 100] = b"x" * 100
+        g = s.group("ops", ["a"])
+        assert g.parent == first.id
+        s.stage(g.id, "a", {"a": a})
+        second = g.commit()
+        assert second.kind == "incremental" and second.parent == first.id
+        assert second.bytes_new < 16 << 10       # one page changed
+        assert s.restore(second.id) == {"a": bytes(a)}
+
+
+def test_non_dict_meta_and_one_byte_part(path):
+    with snapstore.open(path) as s:
+        g = s.group("ops", 1)
+        s.stage(g.id, "0", {"x": b"1"})
+        info = g.commit(meta=["not", "a", "dict"])
+        assert info.meta == ["not", "a", "dict"]
+        assert snapstore.group_parts(info) == {"0": None}
+        assert s.restore(info.id) == {"x": b"1"}
+
+
+def test_timeout_names_the_missing_participants_and_nothing_is_visible(path):
+    with snapstore.open(path) as s:
+        g = s.group("ops", ["a", "b", "c"], timeout=60)
+        s.stage(g.id, "b", {"b": b"bytes"})
+        t0 = time.monotonic()
+        with pytest.raises(GroupTimeout) as exc:
+            g.commit(timeout=0.3)
+        assert 0.25 <= time.monotonic() - t0 < 10
+        assert exc.value.missing == ("a", "c") and exc.value.group == g.id
+        assert "'a', 'c'" in str(exc.value)
+        assert s.checkpoints() == []
+        with pytest.raises(GroupError):            # aborted
+            s.stage(g.id, "a", {"a": b"late"})
+        s.checkpoint({"x": b"free again"}, stream="ops")    # the stream is free
+
+
+def test_deadline_refuses_stages_and_commits_after_it(path):
+    with snapstore.open(path) as s:
+        g = s.group("ops", ["a"], timeout=0.2)
+        time.sleep(0.3)
+        with pytest.raises(GroupError, match="timed out"):
+            s.stage(g.id, "a", {"a": b"x"})
+        with pytest.raises(GroupTimeout):
+            g.commit()
+        s.checkpoint({"x": b"y"}, stream="ops")    # an expired group blocks nobody
+
+
+def test_abort_status_and_stage_errors(path):
+    with snapstore.open(path) as s:
+        g = s.group("ops", ["a", "b"])
+        with pytest.raises(GroupError, match="not a participant"):
+            s.stage(g.id, "z", {"z": b"x"})
+        s.stage(g.id, "a", {"same": b"1"})
+        with pytest.raises(GroupError, match="distinct"):
+            s.stage(g.id, "b", {"same": b"2"})
+        s.stage(g.id, "a", {"a2": b"replaced"})       # staging again replaces the part
+        s.stage(g.id, "b", {"same": b"2"})             # the name is free now
+        assert g.abort() is True and g.abort() is False
+        with pytest.raises(GroupError):
+            g.status()
+        with pytest.raises(GroupError):
+            g.commit()
+        with pytest.raises(GroupError):
+            s.stage("no-such-group", "a", {"a": b"x"})
+        assert s.checkpoints() == []
+        assert s.verify(deep=True)["ok"]
+
+
+def test_restaged_part_is_what_commits(path):
+    with snapstore.open(path) as s:
+        g = s.group("ops", ["a"])
+        s.stage(g.id, "a", {"a": b"first"}, meta={"offset": 1})
+        s.stage(g.id, "a", {"a": b"second"}, meta={"offset": 2})
+        info = g.commit()
+        assert s.restore(info.id) == {"a": b"second"}
+        assert snapstore.group_parts(info) == {"a": {"offset": 2}}
+
+
+@pytest.mark.parametrize("participants, error", [
+    ([], InvalidArgumentError), (0, InvalidArgumentError), (["a", "a"], InvalidArgumentError),
+    ("ab", InvalidArgumentTypeError), ([""], InvalidArgumentError), ([1], InvalidArgumentTypeError),
+    (None, InvalidArgumentTypeError)])
+def test_bad_participants(path, participants, error):
+    with snapstore.open(path) as s:
+        with pytest.raises(error):
+            s.group("ops", participants)
+        assert s.checkpoints() == []
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("inf"), float("nan"), "1", True])
+def test_bad_timeouts(path, timeout):
+    with snapstore.open(path) as s:
+        with pytest.raises(InvalidArgumentError):
+            s.group("ops", ["a"], timeout=timeout)
+
+
+def test_bad_stage_arguments(path):
+    with snapstore.open(path) as s:
+        g = s.group("ops", ["a"])
+        with pytest.raises(InvalidArgumentTypeError):
+            s.stage(None, "a", {"a": b"x"})
+        with pytest.raises(InvalidArgumentError):
+            s.stage(g.id, "", {"a": b"x"})
+        with pytest.raises((InvalidArgumentError, TypeError)):
+            s.stage(g.id, "a", {"a": object()})
+        with pytest.raises(InvalidArgumentError):
+            s.stage(g.id, "a", {"a": b"x"}, meta={"x": object()})
+        assert g.status()["staged"] == []
+
+
+def test_group_reserves_its_stream(path):
+    with snapstore.open(path) as s, snapstore.open(path) as other:
+        base = s.checkpoint({"x": b"0"}, stream="ops")
+        g = s.group("ops", ["a"])
+        with pytest.raises(CommitConflict) as exc:
+            other.checkpoint({"x": b"1"}, stream="ops")
+        assert exc.value.stream == "ops" and "group" in str(exc.value)
+        with pytest.raises(CommitConflict):
+            other.group("ops", ["b"])              # one group per stream at a time
+        with pytest.raises(CommitConflict):
+            other.delete(base.id)                  # the group builds on it
+        other.checkpoint({"x": b"1"}, stream="elsewhere")     # other streams go on
+        s.stage(g.id, "a", {"a": b"part"})
+        info = g.commit()
+        assert info.parent == base.id
+        other.checkpoint({"x": b"2"}, stream="ops")           # free again
+
+
+def test_expect_head_of_a_group(path):
+    with snapstore.open(path) as s:
+        base = s.checkpoint({"x": b"0"}, stream="ops")
+        with pytest.raises(CommitConflict):
+            s.group("ops", ["a"], expect_head=None)
+        with pytest.raises(CommitConflict):
+            s.group("ops", ["a"], expect_head=base.id + 100)
+        g = s.group("ops", ["a"], expect_head=base.id)
+        g.abort()
+
+
+def test_closing_the_coordinator_drops_its_group(path):
+    with snapstore.open(path) as other:
+        s = snapstore.open(path)
+        g = s.group("ops", ["a"])
+        other.stage(g.id, "a", {"a": b"x"})
+        s.close()
+        with pytest.raises(GroupError):
+            other.stage(g.id, "a", {"a": b"y"})
+        other.checkpoint({"x": b"1"}, stream="ops")
+        with pytest.raises(StoreClosedError):
+            g.commit()
+
+
+def test_after_close_and_in_a_forked_child(path):
+    s = snapstore.open(path)
+    g = s.group("ops", ["a"])
+    pid = os.fork()
+    if pid == 0:                                   # the child: the parent's Store is off limits
+        code = 0
+        for call in (lambda: s.stage(g.id, "a", {"a": b"x"}), g.commit, g.abort,
+                     lambda: s.group("x", ["a"])):
+            try:
+                call()
+                code = 1
+            except ForkedStoreError:
+                pass
+            except BaseException:
+                code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    s.stage(g.id, "a", {"a": b"still works"})      # the parent's group is untouched
+    assert s.restore(g.commit().id) == {"a": b"still works"}
+    s.close()
+    with pytest.raises(StoreClosedError):
+        s.group("ops", ["a"])
+    with pytest.raises(StoreClosedError):
+        s.stage("x", "a", {"a": b"x"})
+
+
+STAGE_AND_DIE = r"""
+import os, signal, sys, snapstore
+s = snapstore.open(sys.argv[1])
+s.stage(sys.argv[2], sys.argv[3], {sys.argv[3]: b"from a process that dies" * 100},
+        meta={"offset": 7})
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+OPEN_STAGE_AND_DIE = r"""
+import os, signal, sys, snapstore
+s = snapstore.open(sys.argv[1])
+g = s.group("ops", ["a", "b"])
+s.stage(g.id, "a", {"a": b"coordinator part" * 100})
+print(g.id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+COORDINATE = r"""
+import sys, snapstore
+s = snapstore.open(sys.argv[1])
+g = s.group("ops", ["a"])
+s.stage(g.id, "a", {"a": b"all of it" * 1000}, meta={"offset": 99})
+g.commit(meta={"epoch": 5})
+print("committed", flush=True)
+"""
+
+
+def test_a_participant_killed_after_staging_has_done_its_part(path):
+    with snapstore.open(path) as s:
+        g = s.group("ops", ["a", "b"])
+        p = run_child(STAGE_AND_DIE, path, g.id, "b")
+        assert p.returncode == -signal.SIGKILL, p.stderr
+        s.stage(g.id, "a", {"a": b"mine"})
+        info = g.commit()
+        assert s.restore(info.id)["b"] == b"from a process that dies" * 100
+        assert snapstore.group_parts(info)["b"] == {"offset": 7}
+        assert s.verify(deep=True)["ok"]
+
+
+def test_a_killed_coordinators_group_is_dropped_by_the_next_writer(path):
+    p = run_child(OPEN_STAGE_AND_DIE, path)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    group_id = p.stdout.strip()
+    with snapstore.open(path) as s:            # recovers the dead coordinator's log
+        with pytest.raises(GroupError):
+            s.stage(group_id, "b", {"b": b"late"})
+        assert s.checkpoints() == []
+        s.checkpoint({"x": b"free"}, stream="ops")
+        s.compact()
+        assert s.verify(deep=True)["ok"]
+
+
+def test_a_killed_coordinator_blocks_a_live_writer_only_until_it_meets_the_claim(path):
+    with snapstore.open(path) as s:            # open BEFORE the coordinator dies
+        p = run_child(OPEN_STAGE_AND_DIE, path)
+        assert p.returncode == -signal.SIGKILL, p.stderr
+        info = s.checkpoint({"x": b"goes through"}, stream="ops")   # recovers the dead log
+        assert info.seq == 1
+
+
+@pytest.mark.parametrize("point", ["after_commit_append", "after_fsync", "before_index_commit",
+                                   "after_index_commit"])
+def test_a_coordinator_killed_in_its_commit(path, point):
+    p = run_child(COORDINATE, path, crash_at=point)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    with snapstore.open(path) as s:
+        infos = s.checkpoints("ops")
+        if point == "after_commit_append":
+            # durable only when synced: a process kill keeps the page cache, so it is there
+            assert len(infos) in (0, 1)
+        else:
+            assert len(infos) == 1
+        for info in infos:                     # whole or nothing
+            assert s.restore(info.id) == {"a": b"all of it" * 1000}
+            assert snapstore.group_parts(info) == {"a": {"offset": 99}}
+            assert info.meta == {"epoch": 5}
+        assert s.verify(deep=True)["ok"]
+        s.checkpoint({"x": b"next"}, stream="ops")
+
+
+def test_compaction_while_a_group_is_staged_keeps_its_parts(path):
+    junk = rbytes(300_000, 9)
+    with snapstore.open(path, segment_size=1 << 16) as s, \
+            snapstore.open(path, segment_size=1 << 16) as other:
+        dead = s.checkpoint({"j": junk}, stream="junk")
+        g = s.group("ops", ["a", "b"])
+        other.stage(g.id, "a", {"a": junk})               # reuses the junk's chunks
+        other.stage(g.id, "b", {"b": rbytes(200_000, 10)})
+        s.delete(dead.id)                                 # the chunks' only reference goes
+        for _ in range(2):
+            rep = other.compact(threshold=1.0, max_garbage=0)   # GC + rewrite what it can
+        info = g.commit()
+        assert s.restore(info.id) == {"a": junk, "b": rbytes(200_000, 10)}
+        assert rep["segments_removed"] >= 0
+        assert s.verify(deep=True)["ok"]
+        s.compact(threshold=1.0, max_garbage=0)
+        assert s.restore(info.id) == {"a": junk, "b": rbytes(200_000, 10)}
+        assert s.verify(deep=True)["ok"]
+
+
+def test_aborted_parts_become_garbage_compaction_collects(path):
+    with snapstore.open(path, segment_size=1 << 16) as s:
+        keep = s.checkpoint({"k": b"keep"}, stream="k")
+        g = s.group("ops", ["a"])
+        s.stage(g.id, "a", {"a": rbytes(500_000, 11)})
+        before = s.stats()["segment_bytes"]
+        g.abort()
+        rep = s.compact(threshold=1.0, max_garbage=0)
+        assert rep["bytes_after"] < before - 400_000, rep
+        assert s.restore(keep.id) == {"k": b"keep"}
+        assert s.verify(deep=True)["ok"]
+
+
+def test_repair_rebuilds_group_checkpoints(path):
+    with snapstore.open(path) as s, snapstore.open(path) as other:
+        g = s.group("ops", ["a", "b"])
+        s.stage(g.id, "a", {"a": b"A" * 10_000})
+        other.stage(g.id, "b", {"b": b"B" * 10_000}, meta={"offset": 3})
+        info = g.commit()
+    import shutil
+    shutil.rmtree(os.path.join(path, "index"))
+    assert snapstore.repair(path)["ok"]
+    with snapstore.open(path, readonly=True) as r:
+        again = r.get(info.id)
+        assert r.restore(info.id) == {"a": b"A" * 10_000, "b": b"B" * 10_000}
+        assert snapstore.group_parts(again) == {"a": None, "b": {"offset": 3}}
