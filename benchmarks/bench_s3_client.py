@@ -28,6 +28,8 @@ Measured, per client:
     python3 benchmarks/bench_s3_client.py [--size-mib 256] [--big] [--rounds 3]
 
 --big adds a 1 GiB PUT/GET per client (client defaults). Takes ~2 min at the defaults.
+obstore is in no extra of snapstore (it lost: docs/s3-client.md): `pip install obstore==0.12.1`
+to compare, or `--clients boto3,boto3-nocrc` without it.
 """
 from __future__ import annotations
 
