@@ -13,7 +13,8 @@ from snapstore.errors import (AmbiguousCheckpointName, CheckpointNotFound, Commi
                               CorruptionError, ForkedStoreError, FormatError, GroupError,
                               GroupTimeout,
                               InvalidArgumentError, InvalidArgumentTypeError,
-                              NotAnObjectCheckpointError, ReadOnlyError, SnapstoreError,
+                              NotAnObjectCheckpointError, ReadOnlyError, RemoteError,
+                              SnapstoreError,
                               StoreClosedError, StoreIOError, StoreLocked,
                               StructureMismatchError)
 from snapstore.store import CheckpointInfo, Group, Store, group_parts, open, repair
@@ -25,6 +26,6 @@ __all__ = ["open", "repair", "Store", "CheckpointInfo", "Group", "group_parts", 
            "SnapstoreError", "CommitConflict", "GroupError", "GroupTimeout",
            "CheckpointNotFound", "CorruptionError", "ForkedStoreError", "FormatError",
            "InvalidArgumentError", "InvalidArgumentTypeError", "NotAnObjectCheckpointError",
-           "ReadOnlyError", "StoreClosedError", "StoreIOError", "StoreLocked",
+           "ReadOnlyError", "RemoteError", "StoreClosedError", "StoreIOError", "StoreLocked",
            "StructureMismatchError", "AmbiguousCheckpointName", "__version__", "save_arrays",
            "load_arrays", "export"]

@@ -226,6 +226,19 @@ class StoreIOError(SnapstoreError, OSError):
         return self.strerror
 
 
+
+class RemoteError(StoreIOError):
+    """A request to the object store (S3) failed for good: refused (403, 400, ...), or still
+    failing after retries with bounded backoff for the store's ``remote_timeout``. Names the
+    operation, the key and the last answer (``status``: the HTTP status, None for a
+    connection error or timeout). Nothing half-done is visible: a checkpoint that fails with
+    it was not committed (its uploads are garbage for gc)."""
+
+    def __init__(self, message: str, *, operation: str = "", key: str = "",
+                 status: int | None = None) -> None:
+        super().__init__(message)
+        self.operation, self.key, self.status = operation, key, status
+
 class ExportError(InvalidArgumentError):
     """snapstore.export cannot write the checkpoint as asked: it holds no tensors, a dtype the
     format lacks (bfloat16 in npz), a name given twice, a sharded DCP tensor, an output file
