@@ -124,6 +124,46 @@ def reused_chunks(entries, new_chunks: bytes) -> bytes:
     return b"".join(seen)
 
 
+def store_plans(view: IndexView, stream: str, head: int | None, make_plans: PlanMaker,
+                sink: wr.ChunkSink, staging: bytearray,
+                on_stored: dict | None) -> tuple[list, list]:
+    """Step 1's data part, shared by every committer: makes the plans against the snapshot
+    (head: the stream's head in it) and stores them through the sink. Returns (buffer
+    entries, [(buffer name, page fingerprints)]). A delta that reaches max_chain is rebased
+    into a full manifest."""
+    opts = sink.opts
+    parent = (view.named_checkpoint(head, f"stream {stream!r}'s head")
+              if head is not None else None)
+    parents = {b.name: b for b in parent.buffers} if parent else {}
+    entries, fingerprints = [], []
+    for plan in make_plans(view, head, parent):
+        if plan.base == "delta":
+            pb = parents.get(plan.name)
+            if pb is None or pb.size != len(plan.view) or pb.layout != "pages" \
+                    or pb.page_size != plan.page_size:
+                raise SnapstoreError(
+                    f"buffer {plan.name!r} of stream {stream!r} changed under "
+                    "its tracker (another writer checkpointed the stream)")
+            plan.depth = pb.depth + 1
+        entry = wr.store_buffer(plan, sink, staging, (on_stored or {}).get(plan.name))
+        if entry.base == "delta" and entry.depth >= opts.max_chain:
+            entry = wr.rebase(view, parent, entry)
+        entries.append(entry)
+        if plan.fingerprints is not None:
+            fingerprints.append((plan.name, plan.fingerprints))
+    return entries, fingerprints
+
+
+def count_bytes_new(commit: Commit, chunk_bytes: int) -> None:
+    """Sets commit.bytes_new: the chunk bytes it stored plus its commit record, whose size
+    depends on bytes_new's digits (iterated to the fixpoint)."""
+    while True:
+        total = chunk_bytes + fmt.RECORD_HEADER.size + sum(len(p) for p in commit.encode())
+        if total == commit.bytes_new:
+            return
+        commit.bytes_new = total
+
+
 class Committer:
     """An open store's engine side: store lock, index, backend, its own log, staging buffer,
     and the one commit path (see the module docstring for the protocol and the locking
@@ -350,6 +390,11 @@ class Committer:
         if write and self.readonly:
             raise ReadOnlyError(f"store {self.path} was opened read-only")
 
+    def refresh(self) -> None:
+        """Nothing to pull: a local store's index is always current (an S3 store's
+        RemoteCommitter pulls the bucket here). Raises StoreClosedError after close()."""
+        self.check_open()
+
     def read(self) -> "contextlib.AbstractContextManager[IndexView]":
         """`with committer.read() as view:` a consistent snapshot of the index (no lock)."""
         self.check_open()
@@ -542,27 +587,9 @@ class Committer:
                     # claim's holder is alive (it may have published and exited since), so
                     # none is taken for dead (DeadHolder is for claim(), in a write txn)
                     claim_rules.check_stream(r, stream, expect_head, lambda log: True)
-                parent = (r.named_checkpoint(head, f"stream {stream!r}'s head")
-                          if head is not None else None)
-                parents = {b.name: b for b in parent.buffers} if parent else {}
                 sink = wr.ChunkSink(log, r, opts, pause)
-                entries, fingerprints = [], []
-                for plan in make_plans(r, head, parent):
-                    if plan.base == "delta":
-                        pb = parents.get(plan.name)
-                        if pb is None or pb.size != len(plan.view) or pb.layout != "pages" \
-                                or pb.page_size != plan.page_size:
-                            raise SnapstoreError(
-                                f"buffer {plan.name!r} of stream {stream!r} changed under "
-                                "its tracker (another writer checkpointed the stream)")
-                        plan.depth = pb.depth + 1
-                    entry = wr.store_buffer(plan, sink, self._staging,
-                                            (on_stored or {}).get(plan.name))
-                    if entry.base == "delta" and entry.depth >= opts.max_chain:
-                        entry = wr.rebase(r, parent, entry)
-                    entries.append(entry)
-                    if plan.fingerprints is not None:
-                        fingerprints.append((plan.name, plan.fingerprints))
+                entries, fingerprints = store_plans(r, stream, head, make_plans, sink,
+                                                    self._staging, on_stored)
                 generation = r.gc_generation()
             crashpoint("after_data_append")
             new_chunks = sink.new_chunk_table()
@@ -575,14 +602,7 @@ class Committer:
             claimed = self.claim(prepare)
             commit = Commit(claimed.id, stream, head, time.time(), meta, entries, new_chunks,
                             seq=claimed.seq, order=claimed.order)
-            # bytes_new counts the commit record too, whose size depends on bytes_new's
-            # digits: iterate to the fixpoint.
-            while True:
-                total = sink.bytes_new + fmt.RECORD_HEADER.size + \
-                    sum(len(p) for p in commit.encode())
-                if total == commit.bytes_new:
-                    break
-                commit.bytes_new = total
+            count_bytes_new(commit, sink.bytes_new)
 
             def put_fingerprints(w: IndexWriter) -> None:
                 for name, fps in fingerprints:
