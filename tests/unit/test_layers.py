@@ -30,6 +30,7 @@ LAYER_RANKS = {
     "snapstore._native": 1,
     "snapstore._ffi": 1,
     "snapstore.engine": 2,
+    "snapstore.remote": 2.5,    # S3 stores: the engine's pieces over a bucket
     "snapstore.capture": 3,
     "snapstore.store": 4,
     "snapstore.objectlayer": 5,  # what the object layers share

@@ -1,0 +1,222 @@
+"""The one module that talks to S3 (boto3; docs/s3-client.md says why): objects of one
+store (a bucket and a prefix), conditional writes, ranged reads, multipart uploads, and the
+retry policy.
+
+Retries: connection errors, timeouts, 429 and 5xx answers are retried with exponential
+backoff (RETRY_FIRST doubling to RETRY_MAX, with jitter) until `timeout` seconds have passed
+since the request began, then RemoteError names the operation, the key and the last answer.
+Other answers raise at once: 404 -> NotFound, 412 / 409 on a conditional write ->
+PreconditionFailed (both internal: callers turn them into what they mean), anything else ->
+RemoteError. A conditional write retried after a connection error may answer 412 although
+the first attempt landed: callers that care read the object back (refs do).
+
+Credentials, region and endpoint come from the standard places (AWS_ENDPOINT_URL,
+AWS_ACCESS_KEY_ID, ..., ~/.aws/config): boto3's own chain.
+"""
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from snapstore.errors import FormatError, RemoteError
+from snapstore.remote.layout import RemoteURL
+
+RETRY_FIRST = 0.1
+RETRY_MAX = 5.0
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 60.0
+PART_SIZE = 16 << 20
+UPLOAD_CONCURRENCY = 8
+
+
+class NotFound(Exception):
+    """The object does not exist (404)."""
+
+
+class PreconditionFailed(Exception):
+    """A conditional write lost: the object exists (If-None-Match) or changed (If-Match)."""
+
+
+@dataclass
+class ObjectInfo:
+    key: str            # relative to the store's prefix
+    size: int
+    modified: float     # the server's LastModified, unix time
+
+
+def _boto():
+    try:
+        import boto3
+        import botocore.config
+        import botocore.exceptions
+    except ImportError:
+        raise FormatError("S3 stores need boto3: pip install 'snapstore[s3]'") from None
+    return boto3, botocore
+
+
+_RETRYABLE_CODES = {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable",
+                    "RequestTimeTooSkewed", "Throttling", "ThrottlingException"}
+
+
+class S3Client:
+    """The objects of one store: keys are relative to url.prefix. Thread-safe."""
+
+    def __init__(self, url: RemoteURL, *, timeout: float) -> None:
+        boto3, botocore = _boto()
+        self.url = url
+        self.timeout = timeout
+        self._exc = botocore.exceptions
+        config = botocore.config.Config(
+            retries={"total_max_attempts": 1},          # this module retries (bounded)
+            connect_timeout=min(CONNECT_TIMEOUT, timeout) if timeout else CONNECT_TIMEOUT,
+            read_timeout=READ_TIMEOUT, max_pool_connections=32,
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required")
+        self._client = boto3.session.Session().client("s3", config=config)
+        self.endpoint = self._client.meta.endpoint_url
+        from boto3.s3.transfer import TransferConfig
+        self._transfer = TransferConfig(multipart_threshold=PART_SIZE,
+                                        multipart_chunksize=PART_SIZE,
+                                        max_concurrency=UPLOAD_CONCURRENCY, use_threads=True)
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    # ---- the retry loop -----------------------------------------------------------------
+    def _call(self, operation: str, key: str, fn: Callable, *, conditional: bool = False):
+        deadline = time.monotonic() + self.timeout
+        delay = RETRY_FIRST
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return fn()
+            except self._exc.ClientError as exc:
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                code = exc.response.get("Error", {}).get("Code", "")
+                if status == 404 or code in ("NoSuchKey", "NotFound"):
+                    if code == "NoSuchBucket":
+                        raise FormatError(f"{self.url}: the bucket {self.url.bucket!r} does "
+                                          "not exist") from None
+                    raise NotFound(key) from None
+                if conditional and (status in (409, 412) or code in (
+                        "PreconditionFailed", "ConditionalRequestConflict")):
+                    raise PreconditionFailed(key) from None
+                retry = status is None or status >= 500 or status == 429 or \
+                    code in _RETRYABLE_CODES
+                last = f"HTTP {status} {code}: {exc.response.get('Error', {}).get('Message', '')}"
+                if not retry:
+                    raise RemoteError(f"S3 {operation} of {self.url.key(key)!r} in bucket "
+                                      f"{self.url.bucket!r} refused: {last}",
+                                      operation=operation, key=key, status=status) from None
+            except (self._exc.BotoCoreError, OSError) as exc:
+                # connection refused / reset, timeouts, a closed connection ...
+                status, last = None, f"{type(exc).__name__}: {exc}"
+            now = time.monotonic()
+            if now + delay > deadline:
+                raise RemoteError(f"S3 {operation} of {self.url.key(key)!r} in bucket "
+                                  f"{self.url.bucket!r} failed after {attempt} attempts in "
+                                  f"{self.timeout:g}s: {last}", operation=operation, key=key,
+                                  status=status)
+            time.sleep(delay * (0.5 + random.random() / 2))
+            delay = min(delay * 2, RETRY_MAX)
+
+    # ---- objects --------------------------------------------------------------------------
+    def get(self, key: str, *, start: int | None = None,
+            length: int | None = None) -> tuple[bytes, str]:
+        """(bytes, etag) of the object, or of bytes [start, start + length) (fewer at its
+        end). Raises NotFound, RemoteError."""
+        kwargs = {"Bucket": self.url.bucket, "Key": self.url.key(key)}
+        if start is not None:
+            if length is not None and length <= 0:
+                return b"", ""
+            end = "" if length is None else str(start + length - 1)
+            kwargs["Range"] = f"bytes={start}-{end}"
+
+        def fetch():
+            try:
+                answer = self._client.get_object(**kwargs)
+            except self._exc.ClientError as exc:
+                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 416:
+                    return b"", ""          # a range starting at or past the end
+                raise
+            return answer["Body"].read(), answer.get("ETag", "")
+        return self._call("GET", key, fetch)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """Size and LastModified of the object, None when it does not exist."""
+        def fetch():
+            a = self._client.head_object(Bucket=self.url.bucket, Key=self.url.key(key))
+            return ObjectInfo(key, a["ContentLength"], a["LastModified"].timestamp())
+        try:
+            return self._call("HEAD", key, fetch)
+        except NotFound:
+            return None
+
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False,
+            if_match: str | None = None) -> str:
+        """Writes the object; returns its etag. if_none_match: only if it does not exist;
+        if_match: only if its etag is this. Raises PreconditionFailed, RemoteError."""
+        kwargs = {"Bucket": self.url.bucket, "Key": self.url.key(key), "Body": data}
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        if if_match is not None:
+            kwargs["IfMatch"] = if_match
+        return self._call("PUT", key, lambda: self._client.put_object(**kwargs)["ETag"],
+                          conditional=if_none_match or if_match is not None)
+
+    def upload_file(self, key: str, path: str) -> None:
+        """Uploads a local file (multipart, parts in parallel, when large). Not
+        conditional: used for objects whose key belongs to one writer (segments)."""
+        self._call("upload", key, lambda: self._client.upload_file(
+            path, self.url.bucket, self.url.key(key), Config=self._transfer))
+
+    def delete(self, keys: list[str]) -> None:
+        """Deletes the objects (missing ones are no error)."""
+        for i in range(0, len(keys), 1000):
+            batch = [{"Key": self.url.key(k)} for k in keys[i:i + 1000]]
+
+            def remove(batch=batch):
+                answer = self._client.delete_objects(Bucket=self.url.bucket,
+                                                     Delete={"Objects": batch, "Quiet": True})
+                errors = answer.get("Errors") or []
+                if errors:
+                    raise RemoteError(f"S3 DELETE failed for {len(errors)} objects: "
+                                      f"{errors[0]}", operation="DELETE",
+                                      key=errors[0].get("Key", ""))
+            self._call("DELETE", keys[i], remove)
+
+    def list(self, directory: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        """The objects whose keys begin with `directory` (relative keys), in key order."""
+        token = None
+        while True:
+            kwargs = {"Bucket": self.url.bucket, "Prefix": self.url.key(directory)}
+            if token:
+                kwargs["ContinuationToken"] = token
+            elif start_after:
+                kwargs["StartAfter"] = self.url.key(start_after)
+            page = self._call("LIST", directory,
+                              lambda kwargs=kwargs: self._client.list_objects_v2(**kwargs))
+            for o in page.get("Contents", []):
+                yield ObjectInfo(o["Key"][len(self.url.prefix):], o["Size"],
+                                 o["LastModified"].timestamp())
+            if not page.get("IsTruncated"):
+                return
+            token = page.get("NextContinuationToken")
+
+    def abort_uploads(self, older_than: float) -> int:
+        """Aborts the store's multipart uploads begun before unix time `older_than` (a
+        writer killed mid-upload leaves one); returns how many."""
+        n = 0
+        answer = self._call("LIST uploads", "", lambda: self._client.list_multipart_uploads(
+            Bucket=self.url.bucket, Prefix=self.url.prefix))
+        for u in answer.get("Uploads", []):
+            if u["Initiated"].timestamp() < older_than:
+                self._call("ABORT upload", u["Key"][len(self.url.prefix):],
+                           lambda u=u: self._client.abort_multipart_upload(
+                               Bucket=self.url.bucket, Key=u["Key"], UploadId=u["UploadId"]))
+                n += 1
+        return n

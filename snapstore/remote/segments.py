@@ -1,0 +1,176 @@
+"""RemoteSegments: the segment backend of an S3 store (the contract of
+snapstore.engine.backends.base).
+
+This writer's own log lives in local files (cache_dir/spool) while it is written; once the
+log creates segment n + 1, segment n is sealed (the contract's rule) and uploaded in the
+background as segments/<name> — the object is exactly the file's bytes. wait_uploaded()
+waits for every upload begun so far and raises the first failure. After its upload a segment
+moves into the block cache as a whole segment. Every other segment (other writers', earlier
+sessions') is read by range from the bucket through the block cache (cache.BlockCache).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Sequence
+
+from snapstore.engine.backends.base import (SegmentBackend, SegmentFile, SegmentReader,
+                                            missing_segment, segment_name)
+from snapstore.engine.backends.local import LocalSegments
+from snapstore.remote import layout
+from snapstore.remote.cache import BlockCache
+from snapstore.remote.s3client import NotFound, S3Client
+
+UPLOAD_THREADS = 2
+
+
+class _Reader(SegmentReader):
+    def __init__(self, backend: "RemoteSegments") -> None:
+        self._backend = backend
+        self._local = backend.spool.open_reader()
+        self._closed = False
+
+    def read(self, number: int, offset: int, length: int) -> bytes:
+        if self._closed:
+            raise ValueError("read session is closed")
+        b = self._backend
+        if number in b.spooled():
+            try:
+                return self._local.read(number, offset, length)
+            except Exception:
+                if number in b.spooled():
+                    raise
+        return b.cache.read(number, offset, length)
+
+    def prefetch(self, ranges) -> None:
+        """Fetches the cache blocks of (segment, offset, length) ranges in parallel."""
+        spooled = self._backend.spooled()
+        self._backend.cache.prefetch(r for r in ranges if r[0] not in spooled)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._local.close()
+
+
+class RemoteSegments(SegmentBackend):
+    """Segments of an S3 store: the own log spooled locally and uploaded when sealed; all
+    segments readable by range."""
+
+    def __init__(self, client: S3Client, spool_dir: str, cache_dir: str, *, durable: bool,
+                 file_mode: int = 0o600) -> None:
+        self.client = client
+        self.spool_dir = spool_dir
+        os.makedirs(spool_dir, mode=0o700, exist_ok=True)
+        self.spool = LocalSegments(spool_dir, durable=durable, file_mode=file_mode)
+        self.cache = BlockCache(cache_dir, self._fetch, file_mode)
+        self._lock = threading.Lock()
+        self._spooled: set[int] = set()      # own segments still in the spool
+        self._uploads: dict[int, Future] = {}
+        self._failed: list[BaseException] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self.uploaded_bytes = 0
+
+    def _fetch(self, number: int, offset: int, length: int) -> bytes:
+        try:
+            return self.client.get(layout.segment_key(number), start=offset,
+                                   length=length)[0]
+        except NotFound:
+            raise missing_segment(number) from None
+
+    def spooled(self) -> set[int]:
+        with self._lock:
+            return set(self._spooled)
+
+    # ---- the contract -------------------------------------------------------------------
+    @property
+    def durable(self) -> bool:
+        return self.spool.durable
+
+    def list(self) -> list[int]:
+        """The segments in the spool (this backend's log; the bucket's are never listed
+        here: readers find them through the index)."""
+        return self.spool.list()
+
+    def size(self, number: int) -> int:
+        return self.spool.size(number)
+
+    def open_reader(self) -> _Reader:
+        return _Reader(self)
+
+    def create(self, number: int) -> SegmentFile:
+        f = self.spool.create(number)
+        with self._lock:
+            self._spooled.add(number)
+            sealed = number - 1 in self._spooled and number - 1 not in self._uploads
+        if sealed:
+            self._upload(number - 1)
+        return f
+
+    def open_append(self, number: int) -> SegmentFile:
+        f = self.spool.open_append(number)
+        with self._lock:
+            self._spooled.add(number)
+        return f
+
+    def remove(self, number: int) -> None:
+        with self._lock:
+            future = self._uploads.pop(number, None)
+            self._spooled.discard(number)
+        if future is not None:
+            future.cancel()
+        self.spool.remove(number)
+
+    def sync_directory(self) -> None:
+        self.spool.sync_directory()
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        self.cache.close()
+        self.spool.close()
+
+    # ---- uploads ------------------------------------------------------------------------
+    def _upload(self, number: int) -> None:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(UPLOAD_THREADS, "snapstore-upload")
+            self._uploads[number] = self._pool.submit(self._upload_one, number)
+
+    def _upload_one(self, number: int) -> None:
+        path = os.path.join(self.spool_dir, segment_name(number))
+        self.client.upload_file(layout.segment_key(number), path)
+        size = os.path.getsize(path)
+        with self._lock:
+            self.uploaded_bytes += size
+            if number not in self._spooled:
+                return          # removed meanwhile: the object is garbage for gc
+            self._spooled.discard(number)
+        self.cache.adopt(number, path)
+
+    def wait_uploaded(self) -> None:
+        """Waits for every upload begun so far; raises the first that failed (RemoteError),
+        forgetting it (the segment stays in the spool, never referenced)."""
+        with self._lock:
+            pending = list(self._uploads.items())
+        error = None
+        for number, future in pending:
+            try:
+                future.result()
+            except BaseException as exc:      # noqa: BLE001 - reported below
+                error = error or exc
+            with self._lock:
+                if self._uploads.get(number) is future:
+                    del self._uploads[number]
+        if error is not None:
+            raise error
+
+    def upload_now(self, number: int) -> None:
+        """Starts the upload of sealed segment `number` unless it has begun."""
+        with self._lock:
+            begun = number in self._uploads or number not in self._spooled
+        if not begun:
+            self._upload(number)
