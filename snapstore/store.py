@@ -39,6 +39,8 @@ from snapstore.engine.validation import (buffer_view, check_choice, validate_buf
                                          validate_path, validate_timeout)
 from snapstore.engine.verify import verify as verify_store
 from snapstore.errors import InvalidArgumentError, InvalidArgumentTypeError
+from snapstore.remote import layout as remote_layout
+from snapstore.remote.committer import RemoteCommitter
 
 
 class RetainResult(list):
@@ -248,10 +250,16 @@ class Store:
 
     def _open(self, path, *, durability, create, readonly, timeout, page_size, chunk_size,
               chunking, cdc_sizes, max_chain, full_threshold, compression, compression_level,
-              segment_size, staging_bytes, backend) -> None:
+              segment_size, staging_bytes, backend, cache_dir, refresh,
+              remote_timeout) -> None:
         # Every argument is checked before anything touches the file system.
         self.path = validate_path(path)
-        self.durability = check_choice(durability, fmt.DURABILITY_MODES, "durability")
+        remote = remote_layout.is_remote(self.path)
+        if durability is None:
+            durability = "remote" if remote else "fsync"
+        self.durability = check_choice(
+            durability, remote_layout.DURABILITY_MODES if remote else fmt.DURABILITY_MODES,
+            "durability")
         self.readonly = validate_flag(readonly, "readonly")
         create = validate_flag(create, "create")
         timeout = validate_timeout(timeout)
@@ -263,9 +271,31 @@ class Store:
         if backend is not None and not isinstance(backend, SegmentBackend):
             raise InvalidArgumentTypeError(f"backend must be a SegmentBackend, got "
                                            f"{type(backend).__name__}")
-        self._committer = Committer(self.path, self.options, durability=self.durability,
-                                    readonly=self.readonly, create=create, timeout=timeout,
-                                    segment_size=segment_size, backend=backend)
+        if remote:
+            if backend is not None:
+                raise InvalidArgumentError("backend= is for local stores; an S3 store's "
+                                           "segments live in its bucket")
+            if cache_dir is not None:
+                cache_dir = validate_path(cache_dir)
+            refresh = validate_timeout(refresh)
+            remote_timeout = validate_timeout(remote_timeout)
+            if not 0 < remote_timeout < math.inf:
+                raise InvalidArgumentError(f"remote_timeout must be a finite number of "
+                                           f"seconds > 0, got {remote_timeout!r}")
+            self._committer = RemoteCommitter(
+                self.path, self.options, durability=self.durability, readonly=self.readonly,
+                create=create,  cache_dir=cache_dir,
+                segment_size=(remote_layout.DEFAULT_REMOTE_SEGMENT_SIZE
+                              if segment_size == fmt.DEFAULT_SEGMENT_SIZE else segment_size),
+                refresh=refresh, remote_timeout=remote_timeout)
+        else:
+            if cache_dir is not None:
+                raise InvalidArgumentError("cache_dir= is for S3 stores (s3://...); a local "
+                                           "store needs no cache")
+            self._committer = Committer(self.path, self.options, durability=self.durability,
+                                        readonly=self.readonly, create=create,
+                                        timeout=timeout, segment_size=segment_size,
+                                        backend=backend)
         self.backend = self._committer.backend
         self._persister = Persister(self._committer, staging_bytes, CheckpointInfo.from_commit)
         _STORES.add(self)
@@ -317,6 +347,12 @@ class Store:
         if not self._committer.closed and not self.readonly and not self._committer.forked:
             self._persister.close()      # first: its worker commits through the committer
         self._committer.close()
+
+    def refresh(self) -> None:
+        """An S3 store: pulls every stream's state from the bucket now, so reads see other
+        machines' commits (they do anyway at most `refresh` seconds late). A local store is
+        always current: nothing to do. Raises StoreClosedError, RemoteError."""
+        self._committer.refresh()
 
     @property
     def closed(self) -> bool:
@@ -873,7 +909,7 @@ class Store:
         }
 
 
-def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool = False,
+def open(path, *, durability: str | None = None, create: bool = True, readonly: bool = False,
          timeout: float = 0.0, page_size: int = fmt.DEFAULT_PAGE_SIZE,
          chunk_size: int = fmt.DEFAULT_CHUNK_SIZE, chunking: str = "pages",
          cdc_sizes: tuple = fmt.DEFAULT_CDC_SIZES, max_chain: int = fmt.DEFAULT_MAX_CHAIN,
@@ -881,8 +917,11 @@ def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool
          compression_level: int = fmt.DEFAULT_COMPRESSION_LEVEL,
          segment_size: int = fmt.DEFAULT_SEGMENT_SIZE,
          staging_bytes: int = DEFAULT_STAGING_BYTES,
-         backend: SegmentBackend | None = None) -> Store:
-    """Opens (and by default creates) the store in directory ``path``; returns a Store.
+         backend: SegmentBackend | None = None, cache_dir=None,
+         refresh: float = remote_layout.DEFAULT_REFRESH_SECONDS,
+         remote_timeout: float = remote_layout.DEFAULT_REMOTE_TIMEOUT) -> Store:
+    """Opens (and by default creates) the store in directory ``path``, or the S3 store at
+    ``path`` = "s3://BUCKET/PREFIX" (docs/design.md, "S3 stores"); returns a Store.
 
     Every option is keyword-only and checked before anything touches the file system.
     The write options (page_size ... compression_level) apply to what this Store writes;
@@ -890,9 +929,11 @@ def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool
 
     Args:
         path: the store directory (str, bytes or os.PathLike).
-        durability: "fsync" (default): a checkpoint is on disk when the call returns (data
-            and index are synced); "none": no sync, faster, but a power loss (not a process
-            crash) may lose the latest checkpoints (never corrupts older ones).
+        durability: "fsync" (a local store's default): a checkpoint is on disk when the
+            call returns (data and index are synced); "none": no sync, faster, but a power
+            loss (not a process crash) may lose the latest checkpoints (never corrupts older
+            ones). An S3 store's: "remote" (its default): a checkpoint is committed in the
+            bucket when the call returns.
         create: create the store if ``path`` is not one yet (default True); False raises
             FormatError for a directory that is not a store.
         readonly: open as a reader: no lock is taken, any number of readers run next to
@@ -918,11 +959,21 @@ def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool
         compression: "zstd" (default) or "none"; chunks that do not shrink are stored raw.
         compression_level: the zstd level (default 1; higher: smaller, slower).
         segment_size: bytes after which a log segment is sealed and a new one begun (at least
-            64 KiB; default 256 MiB): the unit compaction rewrites.
+            64 KiB; default 256 MiB, 64 MiB for an S3 store): the unit compaction rewrites,
+            and an S3 store's unit of upload.
         staging_bytes: the staging memory of asynchronous checkpoints and trackers (at least
             1 MiB, at most the machine's memory; default 1 GiB; touched only as used).
         backend: a snapstore.engine.backends.SegmentBackend holding the segments (default:
             files under ``path``).
+        cache_dir: an S3 store's local cache root (default $XDG_CACHE_HOME/snapstore or
+            ~/.cache/snapstore): one directory per store under it holds the cache index,
+            the blocks of segments read, and this writer's segments until uploaded. An
+            empty one is fine: everything is in the bucket.
+        refresh: an S3 store's reads see other machines' commits at most this many seconds
+            late (default 1; 0: every read pulls; Store.refresh() pulls now). Commits always
+            check the bucket.
+        remote_timeout: seconds an S3 request is retried (connection errors, timeouts,
+            429, 5xx; bounded exponential backoff) before RemoteError (default 120).
     Returns: Store (a context manager: ``with snapstore.open(p) as store:``).
     Raises: InvalidArgumentError / InvalidArgumentTypeError (bad option), FormatError (not a
         store, or written by a newer snapstore), StoreLocked (an operation that needs the
@@ -933,7 +984,8 @@ def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool
                  page_size=page_size, chunk_size=chunk_size, chunking=chunking,
                  cdc_sizes=cdc_sizes, max_chain=max_chain, full_threshold=full_threshold,
                  compression=compression, compression_level=compression_level,
-                 segment_size=segment_size, staging_bytes=staging_bytes, backend=backend)
+                 segment_size=segment_size, staging_bytes=staging_bytes, backend=backend,
+                 cache_dir=cache_dir, refresh=refresh, remote_timeout=remote_timeout)
 
 
 _OPEN_SIGNATURE = inspect.signature(open)
