@@ -28,6 +28,7 @@ class BlockCache:
         self.file_mode = file_mode
         os.makedirs(directory, mode=0o700, exist_ok=True)
         self._pool: ThreadPoolExecutor | None = None
+        self._inflight: dict = {}            # (segment, block) -> Future of its prefetch
         self._lock = threading.Lock()
 
     def whole_path(self, number: int) -> str:
@@ -51,59 +52,93 @@ class BlockCache:
         """Takes a complete local copy of segment `number` (just uploaded) into the cache."""
         os.replace(path, self.whole_path(number))
 
-    def _block(self, number: int, block: int) -> bytes:
+    def _block(self, number: int, block: int, lo: int, hi: int) -> tuple[bytes, bool]:
+        """Bytes [lo, hi) of the block, and whether the block is the segment's last."""
         path = self._block_path(number, block)
+        with self._lock:
+            pending = self._inflight.get((number, block))
+        if pending is not None:
+            try:
+                pending.result()        # a prefetch is fetching it: wait for that one
+            except Exception:
+                pass                    # fetched again below; its error is reported there
         try:
-            with open(path, "rb") as f:
-                return f.read()
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            pass
+            data = self._fetch_block(number, block)
+            return data[lo:hi], len(data) < layout.CACHE_BLOCK
+        try:
+            last = os.fstat(fd).st_size < layout.CACHE_BLOCK
+            return os.pread(fd, hi - lo, lo), last
+        finally:
+            os.close(fd)
+
+    def _fetch_block(self, number: int, block: int) -> bytes:
         data = self.fetch(number, block * layout.CACHE_BLOCK, layout.CACHE_BLOCK)
         try:
-            self._write(path, data)
+            self._write(self._block_path(number, block), data)
         except OSError:
             pass                # a cache that cannot be written is only slower
         return data
 
+    def _prefetched(self, number: int, block: int) -> None:
+        try:
+            if not os.path.exists(self._block_path(number, block)):
+                self._fetch_block(number, block)
+        finally:
+            with self._lock:
+                self._inflight.pop((number, block), None)
+
     def read(self, number: int, offset: int, length: int) -> bytes:
         """Bytes [offset, offset + length) of remote segment `number` (fewer at its end)."""
-        try:
-            with open(self.whole_path(number), "rb") as f:
-                return os.pread(f.fileno(), length, offset)
-        except FileNotFoundError:
-            pass
         if length <= 0:
             return b""
+        try:
+            fd = os.open(self.whole_path(number), os.O_RDONLY)
+        except FileNotFoundError:
+            pass
+        else:
+            try:
+                return os.pread(fd, length, offset)
+            finally:
+                os.close(fd)
         B = layout.CACHE_BLOCK
         first, last = offset // B, (offset + length - 1) // B
         parts = []
         for block in range(first, last + 1):
-            data = self._block(number, block)
             lo = offset - block * B if block == first else 0
-            hi = min(len(data), offset + length - block * B)
-            parts.append(data[lo:hi])
-            if len(data) < B:
+            hi = min(B, offset + length - block * B)
+            data, at_end = self._block(number, block, lo, hi)
+            parts.append(data)
+            if at_end:
                 break               # the segment ends in this block
-        return b"".join(parts)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def prefetch(self, ranges: Iterable[tuple[int, int, int]]) -> None:
-        """Fetches the blocks of (segment, offset, length) ranges not cached yet, in parallel."""
+        """Starts fetching, in parallel and in order, the blocks of (segment, offset, length)
+        ranges not cached yet; returns at once. A read of a block being fetched waits for
+        it (and fetches it itself if that failed)."""
         B = layout.CACHE_BLOCK
-        wanted = set()
+        wanted: dict = {}
+        whole: dict = {}
         for number, offset, length in ranges:
-            if length <= 0 or os.path.exists(self.whole_path(number)):
+            if length <= 0:
+                continue
+            if number not in whole:
+                whole[number] = os.path.exists(self.whole_path(number))
+            if whole[number]:
                 continue
             for block in range(offset // B, (offset + length - 1) // B + 1):
-                wanted.add((number, block))
-        todo = [w for w in sorted(wanted) if not os.path.exists(self._block_path(*w))]
-        if len(todo) <= 1:
-            return
+                wanted[(number, block)] = None
         with self._lock:
+            todo = [w for w in wanted if w not in self._inflight]
+            todo = [w for w in todo if not os.path.exists(self._block_path(*w))]
+            if not todo:
+                return
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(FETCH_THREADS, "snapstore-fetch")
-            pool = self._pool
-        for f in [pool.submit(self._block, n, b) for n, b in todo]:
-            f.result()
+            for w in todo:
+                self._inflight[w] = self._pool.submit(self._prefetched, *w)
 
     def drop(self, number: int) -> None:
         """Forgets every cached byte of segment `number` (found damaged)."""
