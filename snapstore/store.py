@@ -40,7 +40,7 @@ from snapstore.engine.validation import (buffer_view, check_choice, validate_buf
 from snapstore.engine.verify import verify as verify_store
 from snapstore.errors import InvalidArgumentError, InvalidArgumentTypeError
 from snapstore.remote import layout as remote_layout
-from snapstore.remote.committer import RemoteCommitter
+from snapstore.remote.committer import RemoteCommitter, rebuild_cache
 
 
 class RetainResult(list):
@@ -992,7 +992,7 @@ _OPEN_SIGNATURE = inspect.signature(open)
 
 
 def repair(path, *, progress: Callable[[int, int], None] | None = None,
-           timeout: float = 0.0) -> dict:
+           timeout: float = 0.0, cache_dir=None) -> dict:
     """Rebuilds the index of the store at `path` from its segments alone (docs/design.md,
     "Repair"): for an index that is missing, truncated or damaged so badly the store cannot
     open, or any time. Afterwards the same checkpoints, streams, seqs and tags exist and
@@ -1005,7 +1005,10 @@ def repair(path, *, progress: Callable[[int, int], None] | None = None,
     report {"ok", "problems", "checkpoints", "streams", "chunks", "segments", "bytes_scanned",
     "records_replayed", "state_section", "seconds", "mb_per_s", ...}; "ok" is False when the
     log itself is damaged (each problem names what and where; what it still holds is kept).
-    Raises FormatError (not a store, or a newer format), StoreLocked, StoreIOError."""
+    Raises FormatError (not a store, or a newer format), StoreLocked, StoreIOError.
+
+    An S3 store (s3://BUCKET/PREFIX): its bucket is the truth, so repair deletes the local
+    cache (under cache_dir, as for open()) and pulls it again from the bucket."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
             not math.isfinite(timeout) or timeout < 0:
         raise InvalidArgumentError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
@@ -1013,4 +1016,8 @@ def repair(path, *, progress: Callable[[int, int], None] | None = None,
         raise InvalidArgumentError("progress must be callable or None")
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise InvalidArgumentError(f"path must be a path, got {type(path).__name__}")
+    if remote_layout.is_remote(path):
+        return rebuild_cache(validate_path(path), cache_dir=cache_dir, progress=progress)
+    if cache_dir is not None:
+        raise InvalidArgumentError("cache_dir= is for S3 stores (s3://...)")
     return rebuild_index(os.fsdecode(path), progress=progress, timeout=float(timeout))

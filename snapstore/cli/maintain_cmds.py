@@ -11,6 +11,7 @@ from snapstore.cli.common import (EXIT_OK, EXIT_PROBLEM, Problem, UsageError, ne
                                   progress, spinner_for, store_path)
 from snapstore.cli.output import print_json, print_report
 from snapstore.formatting import human_bytes, printable
+from snapstore.remote.layout import is_remote
 from snapstore.store import repair as repair_store
 
 
@@ -126,7 +127,7 @@ def cmd_verify(args) -> int:
 
 def cmd_repair(args) -> int:
     path = store_path(args)
-    if not os.path.isdir(path):
+    if not is_remote(path) and not os.path.isdir(path):
         raise UsageError(f"no snapstore store at {path}")
     with progress(args, total=0, label="repair: scanning the log") as bar:
         def on_progress(done: int, total: int) -> None:

@@ -75,8 +75,13 @@ def parse_url(url: str) -> RemoteURL:
     return RemoteURL(bucket, prefix + "/" if prefix else "")
 
 
+CACHE_ENV = "SNAPSTORE_CACHE_DIR"
+
+
 def default_cache_root() -> str:
-    """$XDG_CACHE_HOME/snapstore, or ~/.cache/snapstore."""
+    """$SNAPSTORE_CACHE_DIR, else $XDG_CACHE_HOME/snapstore, else ~/.cache/snapstore."""
+    if os.environ.get(CACHE_ENV):
+        return os.environ[CACHE_ENV]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "snapstore")
 

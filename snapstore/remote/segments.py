@@ -89,12 +89,22 @@ class RemoteSegments(SegmentBackend):
         return self.spool.durable
 
     def list(self) -> list[int]:
-        """The segments in the spool (this backend's log; the bucket's are never listed
-        here: readers find them through the index)."""
-        return self.spool.list()
+        """The segments in the bucket and in this writer's spool (a LIST of the bucket: for
+        stats, verify and the log's own tail; reads find segments through the index)."""
+        numbers = set(self.spooled())
+        for obj in self.client.list(layout.SEGMENTS_DIR):
+            number = layout.segment_of(obj.key)
+            if number is not None:
+                numbers.add(number)
+        return sorted(numbers)
 
     def size(self, number: int) -> int:
-        return self.spool.size(number)
+        if number in self.spooled():
+            return self.spool.size(number)
+        info = self.client.head(layout.segment_key(number))
+        if info is None:
+            raise FileNotFoundError(f"segment {segment_name(number)} is not in the bucket")
+        return info.size
 
     def open_reader(self) -> _Reader:
         return _Reader(self)
