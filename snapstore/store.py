@@ -497,11 +497,14 @@ class Store:
         return self._persister.implicit_capturer(stream).capture(views, meta)
 
     def flush(self) -> None:
-        """Waits until every pending asynchronous checkpoint is durable (or failed)."""
+        """Waits until every pending asynchronous checkpoint is durable (or failed); on an S3
+        store with durability "local", until every checkpoint is committed in the bucket,
+        raising the first upload or commit that failed (RemoteError, CommitConflict)."""
         if self._committer.forked:
             self._committer.check_open()
         if not self.readonly:
             self._persister.wait_idle()
+            self._committer.flush()
 
     def save(self, obj: Any, stream: str = "default", meta: Any = None,
              **options) -> CheckpointInfo:

@@ -390,6 +390,11 @@ class Committer:
         if write and self.readonly:
             raise ReadOnlyError(f"store {self.path} was opened read-only")
 
+    def flush(self) -> None:
+        """Nothing is in flight once a local commit returned (an S3 store's may upload in
+        the background). Raises StoreClosedError after close()."""
+        self.check_open()
+
     def refresh(self) -> None:
         """Nothing to pull: a local store's index is always current (an S3 store's
         RemoteCommitter pulls the bucket here). Raises StoreClosedError after close()."""

@@ -17,6 +17,7 @@ decides.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -64,12 +65,14 @@ class RemoteCommitter:
         self.log: SegmentLog | None = None
         self.log_number: int | None = None
         self.writer_id = uuid.uuid4().hex
-        self._serial = 0
+        self._serials = itertools.count(1)
         self._lock = threading.RLock()
         self._staging: bytearray | None = None
         self._closed = False
         self._pid = os.getpid()
         self._pulled_at = -float("inf")
+        # durability "local": checkpoints committed locally whose ref write is still to come
+        self._uploader = None
         try:
             self.client = S3Client(self.url, timeout=remote_timeout)
             identity = self._open_bucket(create and not readonly)
@@ -86,6 +89,8 @@ class RemoteCommitter:
                 self.log_number = self._take_log()
                 self.log = SegmentLog(self.backend, segment_size, self.log_number)
                 self.log.open_tail()
+                if durability == "local":
+                    self._uploader = BackgroundUploads(self)
             with io_errors(f"cannot read {url}"):
                 self._pull_all()
         except BaseException:
@@ -184,11 +189,15 @@ class RemoteCommitter:
             if not self._closed:
                 self._closed = True
                 try:
+                    if self._uploader is not None:
+                        self._uploader.stop()
                     if self.backend is not None and self.log is not None:
                         with contextlib.suppress(SnapstoreError):
                             self.backend.wait_uploaded()
                 finally:
                     self._release()
+                if self._uploader is not None:
+                    self._uploader.raise_failure()
 
     @property
     def closed(self) -> bool:
@@ -213,8 +222,18 @@ class RemoteCommitter:
             raise ReadOnlyError(f"store {self.path} was opened read-only")
 
     def _pull_all(self) -> None:
-        sync.pull_all(self.client, self.index)
+        skip = self._uploader.streams() if self._uploader is not None else set()
+        sync.pull_all(self.client, self.index, skip=skip)
         self._pulled_at = time.monotonic()
+
+    def flush(self) -> None:
+        """Durability "local": waits until every checkpoint committed locally is committed
+        in the bucket; raises the first failure (RemoteError, CommitConflict) since the last
+        report. Durability "remote": nothing is in flight."""
+        self.check_open()
+        if self._uploader is not None:
+            self._uploader.wait_idle()
+            self._uploader.raise_failure()
 
     def refresh(self) -> None:
         """Pulls every stream of the bucket into the cache now."""
@@ -243,9 +262,9 @@ class RemoteCommitter:
         yield
 
     # ---- committing ---------------------------------------------------------------------------
-    def _next_serial(self) -> int:
-        self._serial += 1
-        return self._serial
+    def next_serial(self) -> int:
+        """A number unique to this writer's ref writes (thread-safe)."""
+        return next(self._serials)
 
     def _create_checkpoint_object(self, commit: Commit, reused: bytes, floor: int) -> None:
         """Creates checkpoints/<id> If-None-Match: *, for the first free id >= floor; sets
@@ -286,9 +305,15 @@ class RemoteCommitter:
         with self._lock, io_errors("checkpoint failed"):
             self.check_open(write=True)
             self.log.check_writable()
+            if self._uploader is not None:
+                self._uploader.raise_failure()
             if self._staging is None:
                 self._staging = bytearray(wr.STAGING_BYTES)
-            ref = sync.pull_stream(self.client, self.index, stream)
+            in_flight = self._uploader.last_of(stream) if self._uploader else None
+            if in_flight is None:
+                ref = sync.pull_stream(self.client, self.index, stream)
+            else:       # builds on a local commit whose ref write is still to come
+                ref = refs.Ref(stream, in_flight.id, in_flight.seq)
             head = ref.head
             if expect_head is not ANY_HEAD and head != expect_head:
                 raise CommitConflict(f"stream {stream!r}: its head is {head}, not the expected "
@@ -307,13 +332,20 @@ class RemoteCommitter:
             except BaseException:
                 self.log.rollback(mark)
                 raise
-            self.backend.wait_uploaded()
+            segments = list(range(mark[0], self.log.position[0]))
+            if self._uploader is None:
+                self.backend.wait_uploaded()
             commit = Commit(0, stream, head, time.time(), meta, entries, new_chunks,
                             seq=ref.seq + 1)
             count_bytes_new(commit, sink.bytes_new)
             self._create_checkpoint_object(commit, reused,
                                            max(next_id, (head or 0) + 1))
-            new_ref = ref.advanced(self.writer_id, self._next_serial(), head=commit.id,
+            if self._uploader is not None:
+                # durable in the local log (sealed and synced); the ref is written in the
+                # background once the segments are uploaded
+                self._uploader.add(commit, reused, head, segments, fingerprints)
+                return commit
+            new_ref = ref.advanced(self.writer_id, self.next_serial(), head=commit.id,
                                    seq=commit.seq, live=ref.live + [commit.id])
             try:
                 new_ref = refs.write(self.client, ref, new_ref)
@@ -337,6 +369,9 @@ class RemoteCommitter:
         stream."""
         with self._lock, io_errors("cannot update the store"):
             self.check_open(write=True)
+            if self._uploader is not None:      # deletes and tags apply to the bucket's refs
+                self._uploader.wait_idle()
+                self._uploader.raise_failure()
             with self.index.read() as r:
                 made = make_ops(r)
                 by_stream: dict[str, list] = {}
@@ -368,7 +403,7 @@ class RemoteCommitter:
                     have = set(tags.get(cid, []))
                     have.add(tag) if add else have.discard(tag)
                     tags[cid] = sorted(have)
-            new = ref.advanced(self.writer_id, self._next_serial(),
+            new = ref.advanced(self.writer_id, self.next_serial(),
                                head=live[-1] if live else None, live=live, tags=tags)
             try:
                 new = refs.write(self.client, ref, new)
@@ -414,3 +449,130 @@ def rebuild_cache(url: str, *, cache_dir: str | None = None,
             "state_section": None, "mb_per_s": 0.0, "cache": path,
             "seconds": round(seconds, 3),
             "rebuilt": "the local cache of an S3 store, pulled again from its bucket"}
+
+
+class _InFlight:
+    """A checkpoint committed locally (durability "local") waiting for its ref write."""
+
+    def __init__(self, commit: Commit, reused: bytes, parent: int | None, segments: list,
+                 fingerprints: list) -> None:
+        self.commit, self.reused, self.parent = commit, reused, parent
+        self.segments, self.fingerprints = segments, fingerprints
+        self.id, self.seq, self.stream = commit.id, commit.seq, commit.stream
+
+
+class BackgroundUploads:
+    """Durability "local": a checkpoint is visible in this process once its chunks are
+    synced in the local log (the spool) and its checkpoint object exists; this thread waits
+    for its segments' uploads, then writes its stream's ref (If-Match: the ref must still
+    name the parent the checkpoint was made on), in commit order. A failure (an upload or a
+    request that kept failing, or CommitConflict: another writer advanced the stream
+    meanwhile) takes the checkpoint, and the later ones of its stream that build on it, out
+    of this process's view, and is raised by the store's next call, flush() or close()."""
+
+    def __init__(self, committer: RemoteCommitter) -> None:
+        self.c = committer
+        self._cv = threading.Condition()
+        self._queue: list[_InFlight] = []
+        self._busy = False
+        self._stopping = False
+        self._failures: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, name="snapstore-refs", daemon=True)
+        self._thread.start()
+
+    def add(self, commit: Commit, reused: bytes, parent: int | None, segments: list,
+            fingerprints: list) -> None:
+        item = _InFlight(commit, reused, parent, segments, fingerprints)
+        with self.c.index.write() as w:
+            sync.apply_checkpoint(w, commit, reused)
+            w.put_stream(commit.stream, commit.id, max(commit.seq,
+                                                       w.stream_seq(commit.stream)))
+            for name, fps in fingerprints:
+                w.put_fingerprints(commit.stream, name, commit.id, self.c.options.page_size,
+                                   fps)
+        with self._cv:
+            self._queue.append(item)
+            self._cv.notify_all()
+
+    def last_of(self, stream: str) -> _InFlight | None:
+        with self._cv:
+            for item in reversed(self._queue):
+                if item.stream == stream:
+                    return item
+        return None
+
+    def streams(self) -> set:
+        with self._cv:
+            return {item.stream for item in self._queue}
+
+    def wait_idle(self) -> None:
+        with self._cv:
+            while self._queue:
+                self._cv.wait(0.1)
+
+    def raise_failure(self) -> None:
+        with self._cv:
+            failures, self._failures = self._failures, []
+        if failures:
+            raise failures[0]
+
+    def stop(self) -> None:
+        self.wait_idle()
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._stopping:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                item = self._queue[0]
+            try:
+                self._publish(item)
+                failed = None
+            except BaseException as exc:         # noqa: BLE001 - reported to the caller
+                failed = exc
+                self._forget(item.stream)       # before anyone sees the queue move on
+            with self._cv:
+                self._queue.pop(0)
+                dropped = []
+                if failed is not None:
+                    self._failures.append(failed)
+                    # later checkpoints of the stream build on this one: they fail too
+                    dropped = [i for i in self._queue if i.stream == item.stream]
+                    self._queue = [i for i in self._queue if i.stream != item.stream]
+                    for later in dropped:
+                        self._failures.append(CommitConflict(
+                            f"checkpoint {later.id} of stream {later.stream!r} was not "
+                            f"committed: it builds on checkpoint {item.id}, whose commit "
+                            f"failed ({failed})", stream=later.stream, expected=later.parent))
+                self._cv.notify_all()
+
+    def _publish(self, item: _InFlight) -> None:
+        with io_errors(f"checkpoint {item.id} of stream {item.stream!r} failed"):
+            self.c.backend.wait_uploaded()
+            ref = refs.read(self.c.client, item.stream)
+            if ref.head != item.parent:
+                raise CommitConflict(
+                    f"checkpoint {item.id} of stream {item.stream!r} was not committed: the "
+                    f"stream's head in the bucket is {ref.head}, not {item.parent} that it "
+                    "was made on (another writer committed meanwhile)", stream=item.stream,
+                    expected=item.parent, found=ref.head)
+            new = ref.advanced(self.c.writer_id, self.c.next_serial(), head=item.id,
+                               seq=max(item.seq, ref.seq + 1), live=ref.live + [item.id])
+            try:
+                new = refs.write(self.c.client, ref, new)
+            except refs.RefMoved as moved:
+                raise CommitConflict(
+                    f"checkpoint {item.id} of stream {item.stream!r} was not committed: "
+                    "another writer committed meanwhile", stream=item.stream,
+                    expected=item.parent, found=moved.current.head) from None
+
+    def _forget(self, stream: str) -> None:
+        """After a failure: the stream as the bucket has it (the failed checkpoints go)."""
+        with contextlib.suppress(BaseException):
+            sync.pull_stream(self.c.client, self.c.index, stream)

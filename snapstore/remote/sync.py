@@ -98,6 +98,7 @@ def list_streams(client: S3Client) -> list[str]:
     return out
 
 
-def pull_all(client: S3Client, index: Index) -> dict:
-    """Pulls every stream of the bucket; returns {stream: ref}."""
-    return {stream: pull_stream(client, index, stream) for stream in list_streams(client)}
+def pull_all(client: S3Client, index: Index, skip: set = frozenset()) -> dict:
+    """Pulls every stream of the bucket but those in `skip`; returns {stream: ref}."""
+    return {stream: pull_stream(client, index, stream) for stream in list_streams(client)
+            if stream not in skip}
