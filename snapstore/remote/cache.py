@@ -22,14 +22,54 @@ class BlockCache:
     """fetch(number, offset, length) -> bytes reads the bucket (fewer bytes at the end)."""
 
     def __init__(self, directory: str, fetch: Callable[[int, int, int], bytes],
-                 file_mode: int = 0o600) -> None:
+                 file_mode: int = 0o600, limit: int | None = None) -> None:
         self.dir = directory
         self.fetch = fetch
         self.file_mode = file_mode
+        self.limit = layout.cache_limit() if limit is None else limit
         os.makedirs(directory, mode=0o700, exist_ok=True)
         self._pool: ThreadPoolExecutor | None = None
         self._inflight: dict = {}            # (segment, block) -> Future of its prefetch
         self._lock = threading.Lock()
+        self._bytes = self._scan()[0]
+
+    def _scan(self) -> tuple[int, list]:
+        """(total bytes, [(mtime, size, path)]) of the cached files."""
+        total, files = 0, []
+        try:
+            with os.scandir(self.dir) as entries:
+                for e in entries:
+                    if e.name.endswith(".part"):
+                        continue
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_size
+                    files.append((st.st_mtime, st.st_size, e.path))
+        except OSError:
+            pass
+        return total, files
+
+    def _grew(self, n: int) -> None:
+        """Counts n new cached bytes; past the limit, the oldest files go until the cache is
+        at 80% of it (another process sharing the cache may have added some: rescanned)."""
+        with self._lock:
+            self._bytes += n
+            if self._bytes <= self.limit:
+                return
+        total, files = self._scan()
+        files.sort()
+        for _, size, path in files:
+            if total <= self.limit * 0.8:
+                break
+            try:
+                os.unlink(path)
+                total -= size
+            except OSError:
+                pass
+        with self._lock:
+            self._bytes = total
 
     def whole_path(self, number: int) -> str:
         return os.path.join(self.dir, segment_name(number))
@@ -47,10 +87,13 @@ class BlockCache:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        self._grew(len(data))
 
     def adopt(self, number: int, path: str) -> None:
         """Takes a complete local copy of segment `number` (just uploaded) into the cache."""
+        size = os.path.getsize(path)
         os.replace(path, self.whole_path(number))
+        self._grew(size)
 
     def _block(self, number: int, block: int, lo: int, hi: int) -> tuple[bytes, bool]:
         """Bytes [lo, hi) of the block, and whether the block is the segment's last."""

@@ -76,6 +76,18 @@ def parse_url(url: str) -> RemoteURL:
 
 
 CACHE_ENV = "SNAPSTORE_CACHE_DIR"
+CACHE_LIMIT_ENV = "SNAPSTORE_CACHE_BYTES"
+DEFAULT_CACHE_LIMIT = 16 << 30          # cached segment bytes per store, then oldest go
+
+
+def cache_limit() -> int:
+    """The most segment bytes one store's cache keeps: $SNAPSTORE_CACHE_BYTES, else 16 GiB."""
+    value = os.environ.get(CACHE_LIMIT_ENV)
+    try:
+        return max(0, int(value)) if value else DEFAULT_CACHE_LIMIT
+    except ValueError:
+        raise InvalidArgumentError(f"${CACHE_LIMIT_ENV} must be a number of bytes, got "
+                                   f"{value!r}") from None
 
 
 def default_cache_root() -> str:

@@ -252,3 +252,18 @@ s.close()
              for i in range(4)]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert sorted(outs) == ["lost", "lost", "lost", "won"], outs
+
+
+def test_the_block_cache_keeps_to_its_limit(url, tmp_path, monkeypatch):
+    monkeypatch.setenv("SNAPSTORE_CACHE_BYTES", str(3 * MiB))
+    a = state(8 * MiB, seed=5)
+    with open_store(url, tmp_path / "w") as s:
+        info = s.checkpoint({"a": a}, stream="s", )
+    with open_store(url, tmp_path / "r") as s:
+        assert s.restore(info.id)["a"] == a.tobytes()
+        assert s.restore(info.id)["a"] == a.tobytes()      # evicted blocks fetched again
+    ranges = [p for p in tmp_path.rglob("ranges/*") if p.is_file()]
+    assert sum(p.stat().st_size for p in ranges if "/r/" in str(p)) <= 3 * MiB + MiB
+    monkeypatch.setenv("SNAPSTORE_CACHE_BYTES", "lots")
+    with pytest.raises(InvalidArgumentError, match="SNAPSTORE_CACHE_BYTES"):
+        open_store(url, tmp_path / "x")
