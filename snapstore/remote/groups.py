@@ -300,8 +300,17 @@ def commit_group(c: RemoteCommitter, group: str, meta: Any, timeout: float | Non
     stream moved since the group opened), RemoteError."""
     with io_errors("group commit failed"):
         c.check_open(write=True)
-        header = _live_header(c, group)
+        header = read_header(c, group)
+        outcome = read_outcome(c, group)
+        if outcome is not None:
+            raise _ended(group, outcome)
         found = wait_for_parts(c, header, timeout)
+        if time.time() > header.deadline:
+            if _decide(c, group, {"outcome": "aborted", "reason": "timed out"}) is None:
+                _clean_up(c, header)
+            raise GroupError(f"group {group} of stream {header.stream!r} timed out (its "
+                             "deadline passed before it committed); it is aborted",
+                             group=group)
     with c.exclusive(), io_errors("group commit failed"):
         order = [found[p][0] for p in header.participants]
         for i, part in enumerate(order):

@@ -208,8 +208,9 @@ def test_the_deadline_refuses_stages_and_commits_after_it(url, caches):
         time.sleep(0.3)
         with pytest.raises(GroupError, match="timed out"):
             s.stage(g.id, "a", {"a": b"x"})
-        with pytest.raises(GroupError):
+        with pytest.raises(GroupTimeout) as exc:
             g.commit()
+        assert exc.value.missing == ("a",)
         s.checkpoint({"x": b"y"}, stream="ops")
 
 
