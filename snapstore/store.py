@@ -167,7 +167,8 @@ class Group:
 
     def abort(self) -> bool:
         """Drops the group: nothing of it becomes visible, its staged parts are garbage for
-        compact(). False when it was gone already (committed, aborted, timed out)."""
+        compact() (an S3 store's for its gc). False when it was gone already (committed,
+        aborted, timed out)."""
         self.store._committer.check_open(write=True)
         return self.store._groups.abort_group(self.store._committer, self.id)
 
@@ -432,6 +433,8 @@ class Store:
         Args:
             stream: the stream the checkpoint extends. It is reserved for the group until it
                 commits or aborts: other commits of it fail with CommitConflict meanwhile.
+                An S3 store reserves nothing: a checkpoint committed on the stream meanwhile
+                makes the group's commit fail with CommitConflict instead.
             participants: their names (distinct non-empty strings), or an int N for
                 "0" ... "N-1". The checkpoint needs a part from each.
             timeout: seconds from now within which the group must commit (GroupTimeout, and
@@ -461,7 +464,10 @@ class Store:
         when this returns. Buffer names must be distinct across the group's parts. Staging
         the same participant again replaces its part. Any Store of the store may stage, in
         any process; a process stages in parallel with others (each Store writes its own
-        log).
+        log). On an S3 store, any machine that reaches the bucket: the part's chunks are
+        uploaded and the part is an object of the bucket when this returns (distinct
+        buffer names are checked by the commit there; CommitConflict when the stream
+        moved since the group opened).
         Raises: GroupError (unknown, committed, aborted or timed-out group; not one of its
         participants; a buffer name another part staged), InvalidArgumentError."""
         if not isinstance(group_id, str) or not group_id:

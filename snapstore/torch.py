@@ -319,8 +319,8 @@ class _StoreUser:
 # finish() never runs (DCP skips it when any rank failed) is ended when its thread starts
 # the next save: a thread runs one dcp.save at a time, so a save still registered in it then
 # is abandoned. Its group is aborted (an S3 store's groups outlive the Store that opened
-# them, and a local one's would keep its stream reserved), then a Store the save opened is
-# closed.
+# them; a local store would also drop it when that Store closes), then a Store the save
+# opened is closed.
 _THREAD_SAVES = threading.local()
 
 
