@@ -66,9 +66,10 @@ def rank_state(torch, mesh, rank: int, world: int, matrices: int) -> dict:
 def writer_for(method: str, args, rank: int, version: int):
     if method == "snapstore":
         import snapstore.torch as st
+        extra = {"segment_size": args.segment_mib << 20} if args.segment_mib else {}
         return (st.SnapstoreWriter(f"s3://{args.bucket}/snapstore", timeout=600,
-                                   cache_dir=os.path.join(args.work, f"cache-rank{rank}")),
-                f"v{version}")
+                                   cache_dir=os.path.join(args.work, f"cache-rank{rank}"),
+                                   **extra), f"v{version}")
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
     env = json.loads(args.env)
     path = f"s3://{args.bucket}/fsspec/v{version}"
@@ -182,7 +183,8 @@ def measure(method: str, args, env: dict, work: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--method", method,
            "--world", str(args.world), "--matrices", str(args.matrices), "--bucket",
            args.bucket, "--work", work, "--env", json.dumps(env),
-           "--fsspec-threads", str(args.fsspec_threads)]
+           "--fsspec-threads", str(args.fsspec_threads), "--segment-mib",
+           str(args.segment_mib)]
     proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(f"{method} failed:\n{proc.stderr[-4000:]}")
@@ -196,6 +198,8 @@ def main() -> int:
     p.add_argument("--fsspec-threads", type=int, default=1,
                    help="FsspecWriter's thread_count (its default is 1)")
     p.add_argument("--methods", nargs="+", default=["snapstore", "fsspec"])
+    p.add_argument("--segment-mib", type=int, default=0,
+                   help="snapstore's segment_size in MiB (default: an S3 store's, 64)")
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--method", help=argparse.SUPPRESS)
@@ -211,7 +215,8 @@ def main() -> int:
     model = args.matrices * MATRIX_ROWS * COLS * 4
     print(f"model: {args.matrices} x {MATRIX_ROWS}x{COLS} float32 = {model / 2**20:.0f} MiB, "
           f"rows sharded over {args.world} ranks (gloo); SeaweedFS on loopback; "
-          f"{os.cpu_count()} cores; FsspecWriter thread_count={args.fsspec_threads}",
+          f"{os.cpu_count()} cores; FsspecWriter thread_count={args.fsspec_threads}; snapstore "
+          f"segment_size {args.segment_mib or 64} MiB",
           flush=True)
     work = tempfile.mkdtemp(prefix="bench-dcp-s3-")
     results = {}
