@@ -18,7 +18,7 @@ from snapstore.capture.persister import Persister
 from snapstore.capture.staging import DEFAULT_STAGING_BYTES, max_staging_bytes
 from snapstore.capture.tracker import Tracker
 from snapstore.engine import compact as compaction
-from snapstore.engine import groups as group_commits
+from snapstore.engine import groups as local_groups
 from snapstore.engine import format as fmt
 from snapstore.engine import names as checkpoint_names
 from snapstore.engine import records
@@ -39,6 +39,7 @@ from snapstore.engine.validation import (buffer_view, check_choice, validate_buf
                                          validate_path, validate_timeout)
 from snapstore.engine.verify import verify as verify_store
 from snapstore.errors import InvalidArgumentError, InvalidArgumentTypeError
+from snapstore.remote import groups as remote_groups
 from snapstore.remote import layout as remote_layout
 from snapstore.remote.committer import RemoteCommitter, rebuild_cache
 
@@ -160,19 +161,21 @@ class Group:
         if timeout is not None:
             timeout = validate_timeout(timeout)
         self.store._committer.check_open(write=True)
-        commit = group_commits.commit_group(self.store._committer, self.id, meta, timeout)
+        commit = self.store._groups.commit_group(self.store._committer, self.id, meta,
+                                                 timeout)
         return CheckpointInfo.from_commit(commit)
 
     def abort(self) -> bool:
         """Drops the group: nothing of it becomes visible, its staged parts are garbage for
-        compact(). False when it was gone already (committed, aborted, timed out)."""
+        compact() (an S3 store's for its gc). False when it was gone already (committed,
+        aborted, timed out)."""
         self.store._committer.check_open(write=True)
-        return group_commits.abort_group(self.store._committer, self.id)
+        return self.store._groups.abort_group(self.store._committer, self.id)
 
     def status(self) -> dict:
         """{"id", "stream", "parent", "participants", "staged", "missing", "deadline"}.
         Raises GroupError when the group is gone."""
-        return group_commits.status(self.store._committer, self.id)
+        return self.store._groups.status(self.store._committer, self.id)
 
     def __repr__(self) -> str:
         return f"<snapstore.Group {self.id} of stream {self.stream!r}>"
@@ -296,6 +299,9 @@ class Store:
                                         readonly=self.readonly, create=create,
                                         timeout=timeout, segment_size=segment_size,
                                         backend=backend)
+        # group commits: engine/groups.py over the index, remote/groups.py over the bucket
+        # (the same operations, taking this Store's committer)
+        self._groups = remote_groups if remote else local_groups
         self.backend = self._committer.backend
         self._persister = Persister(self._committer, staging_bytes, CheckpointInfo.from_commit)
         _STORES.add(self)
@@ -427,6 +433,8 @@ class Store:
         Args:
             stream: the stream the checkpoint extends. It is reserved for the group until it
                 commits or aborts: other commits of it fail with CommitConflict meanwhile.
+                An S3 store reserves nothing: a checkpoint committed on the stream meanwhile
+                makes the group's commit fail with CommitConflict instead.
             participants: their names (distinct non-empty strings), or an int N for
                 "0" ... "N-1". The checkpoint needs a part from each.
             timeout: seconds from now within which the group must commit (GroupTimeout, and
@@ -444,7 +452,7 @@ class Store:
         expect_head = _checked_head(expect_head)
         self._committer.check_open(write=True)
         self._persister.prepare_sync_checkpoint(stream)
-        header = group_commits.open_group(self._committer, stream, names, timeout,
+        header = self._groups.open_group(self._committer, stream, names, timeout,
                                           expect_head)
         return Group(self, header.id, stream, tuple(names), header.parent)
 
@@ -456,7 +464,10 @@ class Store:
         when this returns. Buffer names must be distinct across the group's parts. Staging
         the same participant again replaces its part. Any Store of the store may stage, in
         any process; a process stages in parallel with others (each Store writes its own
-        log).
+        log). On an S3 store, any machine that reaches the bucket: the part's chunks are
+        uploaded and the part is an object of the bucket when this returns (distinct
+        buffer names are checked by the commit there; CommitConflict when the stream
+        moved since the group opened).
         Raises: GroupError (unknown, committed, aborted or timed-out group; not one of its
         participants; a buffer name another part staged), InvalidArgumentError."""
         if not isinstance(group_id, str) or not group_id:
@@ -471,7 +482,7 @@ class Store:
         def plans(view: IndexView, stream: str, head: int | None,
                   parent: Commit | None) -> list:
             return wr.plan_buffers(view, stream, head, parent, views, opts, opts.chunking)
-        group_commits.stage(self._committer, group_id, participant, plans, meta)
+        self._groups.stage(self._committer, group_id, participant, plans, meta)
 
     def track(self, buffers: Mapping[str, Any], stream: str = "default",
               mode: str = "auto") -> Tracker:

@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from snapstore.engine import format as fmt
@@ -46,6 +47,20 @@ from snapstore.remote.segments import RemoteSegments
 DURABILITY_MODES = layout.DURABILITY_MODES
 _ID_PROBES = 64             # ids tried one after another before listing for the newest
 _IDENTITY_FILE = "store.json"
+
+
+@dataclass
+class StoredChunks:
+    """What RemoteCommitter.store_chunks stored: buffer entries, [(buffer, page
+    fingerprints)], the new-chunk table, the reused-chunk table (NEW_CHUNK entries locating
+    the other chunks the entries name), the chunk bytes written and the segments they lie
+    in."""
+    entries: list
+    fingerprints: list
+    new_chunks: bytes
+    reused: bytes
+    bytes_new: int
+    segments: list
 
 
 class RemoteCommitter:
@@ -266,10 +281,12 @@ class RemoteCommitter:
         """A number unique to this writer's ref writes (thread-safe)."""
         return next(self._serials)
 
-    def _create_checkpoint_object(self, commit: Commit, reused: bytes, floor: int) -> None:
-        """Creates checkpoints/<id> If-None-Match: *, for the first free id >= floor; sets
-        commit.id."""
-        candidate = floor
+    def create_checkpoint_object(self, commit: Commit, reused: bytes) -> None:
+        """Creates checkpoints/<id> If-None-Match: *, for the first free id past the cache's
+        newest and the commit's parent; sets commit.id."""
+        with self.index.read() as r:
+            next_id = r.next_id()
+        candidate = max(next_id, (commit.parent or 0) + 1)
         for attempt in range(10_000):
             commit.id = candidate
             try:
@@ -284,7 +301,9 @@ class RemoteCommitter:
                     candidate = max([candidate] + [i + 1 for i in newest if i is not None])
         raise CommitConflict(f"{self.path}: could not allocate a checkpoint id")
 
-    def _reused_table(self, view: IndexView, pins: bytes) -> bytes:
+    def reused_table(self, view: IndexView, pins: bytes) -> bytes:
+        """NEW_CHUNK entries locating the chunks `pins` (packed ids) names, from the cache
+        index: what a checkpoint object (or a group's part) lists of the chunks it reuses."""
         out = []
         for i in range(0, len(pins), fmt.CHUNK_ID_BYTES):
             cid = pins[i:i + fmt.CHUNK_ID_BYTES]
@@ -295,6 +314,68 @@ class RemoteCommitter:
             out.append(fmt.NEW_CHUNK.pack(cid, entry.segment, entry.offset, entry.stored_len,
                                           entry.raw_len, entry.codec))
         return b"".join(out)
+
+    def store_chunks(self, stream: str, head: int | None, make_plans: PlanMaker,
+                     on_stored: dict | None = None,
+                     pause: Callable[[], None] | None = None, *,
+                     wait: bool = True) -> StoredChunks:
+        """Steps 1 and 2 of a commit (the writer lock held, the cache pulled up to `head`):
+        plans against the cache's `head` of the stream, appends the new chunk records to this
+        writer's log, seals it and (wait) waits until every segment is uploaded. On a
+        failure before the seal the log is rolled back; segments uploaded are never
+        referenced."""
+        if self._staging is None:
+            self._staging = bytearray(wr.STAGING_BYTES)
+        mark = self.log.position
+        try:
+            with self.index.read() as r:
+                sink = wr.ChunkSink(self.log, r, self.options, pause)
+                entries, fingerprints = store_plans(r, stream, head, make_plans, sink,
+                                                    self._staging, on_stored)
+                new_chunks = sink.new_chunk_table()
+                reused = self.reused_table(r, reused_chunks(entries, new_chunks))
+            self.log.seal()
+        except BaseException:
+            self.log.rollback(mark)
+            raise
+        if wait:
+            self.backend.wait_uploaded()
+        segments = list(range(mark[0], self.log.position[0]))
+        return StoredChunks(entries, fingerprints, new_chunks, reused, sink.bytes_new,
+                            segments)
+
+    def publish(self, ref: refs.Ref, commit: Commit, reused: bytes, fingerprints: list, *,
+                still_follows: Callable[[refs.Ref], bool] | None = None) -> refs.Ref:
+        """Steps 3 to 5 of a commit: creates the checkpoint object (allocating commit.id),
+        writes the stream's ref (read as `ref`) advanced by it with If-Match (the commit
+        point), applies it to the cache with its page fingerprints [(buffer, digests)];
+        returns the new ref. A lost ref race raises CommitConflict, unless
+        still_follows(the ref now) says the commit still follows it (the ref changed in a
+        way that commutes with it: a tag, a delete of an older checkpoint), when the write
+        is tried again against the new ref."""
+        stream, head = commit.stream, commit.parent
+        self.create_checkpoint_object(commit, reused)
+        for _ in range(100):
+            new_ref = ref.advanced(self.writer_id, self.next_serial(), head=commit.id,
+                                   seq=commit.seq, live=ref.live + [commit.id])
+            try:
+                new_ref = refs.write(self.client, ref, new_ref)
+                break
+            except refs.RefMoved as moved:
+                if still_follows is None or not still_follows(moved.current):
+                    raise CommitConflict(
+                        f"stream {stream!r} moved while this checkpoint was made (head "
+                        f"{moved.current.head}, not {head}): nothing was committed; read the "
+                        "new head and retry", stream=stream, expected=head,
+                        found=moved.current.head) from None
+                ref = moved.current
+        else:
+            raise CommitConflict(f"stream {stream!r} kept changing; try again", stream=stream)
+        with self.index.write() as w:
+            sync.apply_ref(w, new_ref, {commit.id: (commit, reused)})
+            for name, fps in fingerprints:
+                w.put_fingerprints(stream, name, commit.id, self.options.page_size, fps)
+        return new_ref
 
     def commit(self, stream: str, make_plans: PlanMaker, meta: Any, *,
                expect_head: Any = ANY_HEAD, on_stored: dict | None = None,
@@ -307,8 +388,6 @@ class RemoteCommitter:
             self.log.check_writable()
             if self._uploader is not None:
                 self._uploader.raise_failure()
-            if self._staging is None:
-                self._staging = bytearray(wr.STAGING_BYTES)
             in_flight = self._uploader.last_of(stream) if self._uploader else None
             if in_flight is None:
                 ref = sync.pull_stream(self.client, self.index, stream)
@@ -319,46 +398,20 @@ class RemoteCommitter:
                 raise CommitConflict(f"stream {stream!r}: its head is {head}, not the expected "
                                      f"{expect_head}", stream=stream, expected=expect_head,
                                      found=head)
-            mark = self.log.position
-            try:
-                with self.index.read() as r:
-                    sink = wr.ChunkSink(self.log, r, self.options, pause)
-                    entries, fingerprints = store_plans(r, stream, head, make_plans, sink,
-                                                        self._staging, on_stored)
-                    new_chunks = sink.new_chunk_table()
-                    reused = self._reused_table(r, reused_chunks(entries, new_chunks))
-                    next_id = r.next_id()
-                self.log.seal()
-            except BaseException:
-                self.log.rollback(mark)
-                raise
-            segments = list(range(mark[0], self.log.position[0]))
-            if self._uploader is None:
-                self.backend.wait_uploaded()
-            commit = Commit(0, stream, head, time.time(), meta, entries, new_chunks,
-                            seq=ref.seq + 1)
-            count_bytes_new(commit, sink.bytes_new)
-            self._create_checkpoint_object(commit, reused,
-                                           max(next_id, (head or 0) + 1))
-            if self._uploader is not None:
+            local = self._uploader is not None
+            stored = self.store_chunks(stream, head, make_plans, on_stored, pause,
+                                       wait=not local)
+            commit = Commit(0, stream, head, time.time(), meta, stored.entries,
+                            stored.new_chunks, seq=ref.seq + 1)
+            count_bytes_new(commit, stored.bytes_new)
+            if local:
                 # durable in the local log (sealed and synced); the ref is written in the
                 # background once the segments are uploaded
-                self._uploader.add(commit, reused, head, segments, fingerprints)
+                self.create_checkpoint_object(commit, stored.reused)
+                self._uploader.add(commit, stored.reused, head, stored.segments,
+                                   stored.fingerprints)
                 return commit
-            new_ref = ref.advanced(self.writer_id, self.next_serial(), head=commit.id,
-                                   seq=commit.seq, live=ref.live + [commit.id])
-            try:
-                new_ref = refs.write(self.client, ref, new_ref)
-            except refs.RefMoved as moved:
-                raise CommitConflict(
-                    f"stream {stream!r} moved while this checkpoint was made (head "
-                    f"{moved.current.head}, not {head}): nothing was committed; read the "
-                    "new head and retry", stream=stream, expected=head,
-                    found=moved.current.head) from None
-            with self.index.write() as w:
-                sync.apply_ref(w, new_ref, {commit.id: (commit, reused)})
-                for name, fps in fingerprints:
-                    w.put_fingerprints(stream, name, commit.id, self.options.page_size, fps)
+            self.publish(ref, commit, stored.reused, stored.fingerprints)
             return commit
 
     def apply_ops(self, make_ops: Callable[[IndexView], list]) -> None:

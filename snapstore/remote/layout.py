@@ -33,6 +33,22 @@ CKPT_VERSION = 1
 CKPT_HEADER = struct.Struct("<8sIIQ")
 CKPT_TRAILER = struct.Struct("<Q")
 
+# A group's objects, under GROUPS_DIR<group id>/: its header (JSON), its staged parts (one
+# object per participant, named by the hex of the participant's UTF-8 name), and its outcome
+# (JSON, created If-None-Match: *: "commit" or "aborted", whichever comes first).
+GROUP_ID_HEX = 32                        # a group id: uuid4().hex
+GROUP_HEADER = "header"
+GROUP_PARTS = "parts/"
+GROUP_OUTCOME = "outcome"
+
+# A group's part object: magic, version u32, reserved u32, JSON length u64; then the JSON
+# (group, participant, stream, parent, meta, buffers, table sizes, bytes_new), the blob (the
+# new-chunk table, the reused-chunk table, each buffer's extents) and an XXH3-64 trailer.
+PART_MAGIC = b"SNAPPART"
+PART_VERSION = 1
+PART_HEADER = struct.Struct("<8sIIQ")
+PART_TRAILER = struct.Struct("<Q")
+
 DURABILITY_MODES = ("remote", "local")   # an S3 store's; "remote" is the default
 DEFAULT_REMOTE_SEGMENT_SIZE = 64 << 20   # a pack: one multipart upload of a few parts
 DEFAULT_REFRESH_SECONDS = 1.0
@@ -143,3 +159,25 @@ def segment_of(key: str) -> int | None:
     name = key[len(SEGMENTS_DIR):] if key.startswith(SEGMENTS_DIR) else ""
     stem = name[:-len(fmt.SEGMENT_SUFFIX)] if name.endswith(fmt.SEGMENT_SUFFIX) else ""
     return int(stem) if len(stem) == 16 and stem.isdigit() else None
+
+
+def is_group_id(group) -> bool:
+    """Whether `group` is shaped like a group id (so that it is a safe part of a key)."""
+    return isinstance(group, str) and len(group) == GROUP_ID_HEX and \
+        all(c in "0123456789abcdef" for c in group)
+
+
+def group_key(group: str, name: str) -> str:
+    return f"{GROUPS_DIR}{group}/{name}"
+
+
+def group_header_key(group: str) -> str:
+    return group_key(group, GROUP_HEADER)
+
+
+def group_outcome_key(group: str) -> str:
+    return group_key(group, GROUP_OUTCOME)
+
+
+def group_part_key(group: str, participant: str) -> str:
+    return group_key(group, GROUP_PARTS + participant.encode().hex())

@@ -223,7 +223,14 @@ def test_all_is_exactly_the_union_of_the_feature_extras():
     extras = _pyproject()["project"]["optional-dependencies"]
     union = {r for name in EXTRA_MODULES for r in extras[name]}
     assert sorted(extras["all"]) == sorted(union)
-    assert set(extras) == set(EXTRA_MODULES) | {"all", "test"}
+    assert set(extras) == set(EXTRA_MODULES) | {"all", "test", "bench"}
+
+
+def test_the_bench_extra_installs_what_the_benchmarks_compare_with():
+    """benchmarks/bench_dcp_s3.py runs torch's FsspecWriter over s3fs (no module of the
+    package imports it: the extra is a tool's, like test)."""
+    extras = _pyproject()["project"]["optional-dependencies"]
+    assert {_name(r) for r in extras["bench"]} == {"s3fs"}
 
 
 def test_the_test_extra_installs_what_the_suite_imports_for_the_extras():
