@@ -223,7 +223,8 @@ def test_all_is_exactly_the_union_of_the_feature_extras():
     extras = _pyproject()["project"]["optional-dependencies"]
     union = {r for name in EXTRA_MODULES for r in extras[name]}
     assert sorted(extras["all"]) == sorted(union)
-    assert set(extras) == set(EXTRA_MODULES) | {"all", "test"}
+    # bench: what benchmarks/bench_s3.py runs against (server, baselines, peers): no feature
+    assert set(extras) == set(EXTRA_MODULES) | {"all", "test", "bench"}
 
 
 def test_the_test_extra_installs_what_the_suite_imports_for_the_extras():
