@@ -16,6 +16,7 @@ from snapstore.engine.backends.base import segment_name
 from snapstore.remote import layout
 
 FETCH_THREADS = 8
+RUN_BLOCKS = 16         # a prefetch reads up to this many neighbouring blocks in one GET
 
 
 class BlockCache:
@@ -124,13 +125,25 @@ class BlockCache:
             pass                # a cache that cannot be written is only slower
         return data
 
-    def _prefetched(self, number: int, block: int) -> None:
+    def _prefetched(self, number: int, first: int, count: int) -> None:
+        """Fetches blocks first .. first + count - 1 of a segment with one ranged GET."""
+        B = layout.CACHE_BLOCK
         try:
-            if not os.path.exists(self._block_path(number, block)):
-                self._fetch_block(number, block)
+            data = self.fetch(number, first * B, count * B)
+            for i in range(count):
+                piece = data[i * B:(i + 1) * B]
+                if not piece:
+                    break               # past the segment's end
+                path = self._block_path(number, first + i)
+                if not os.path.exists(path):
+                    try:
+                        self._write(path, piece)
+                    except OSError:
+                        pass
         finally:
             with self._lock:
-                self._inflight.pop((number, block), None)
+                for i in range(count):
+                    self._inflight.pop((number, first + i), None)
 
     def read(self, number: int, offset: int, length: int) -> bytes:
         """Bytes [offset, offset + length) of remote segment `number` (fewer at its end)."""
@@ -180,8 +193,17 @@ class BlockCache:
                 return
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(FETCH_THREADS, "snapstore-fetch")
-            for w in todo:
-                self._inflight[w] = self._pool.submit(self._prefetched, *w)
+            runs: list = []         # neighbouring blocks: one GET of up to RUN_BLOCKS
+            for number, block in todo:
+                if runs and runs[-1][0] == number and runs[-1][1] + runs[-1][2] == block \
+                        and runs[-1][2] < RUN_BLOCKS:
+                    runs[-1][2] += 1
+                else:
+                    runs.append([number, block, 1])
+            for number, first, count in runs:
+                future = self._pool.submit(self._prefetched, number, first, count)
+                for i in range(count):
+                    self._inflight[(number, first + i)] = future
 
     def drop(self, number: int) -> None:
         """Forgets every cached byte of segment `number` (found damaged)."""
