@@ -2,8 +2,10 @@
 Committer (commit, apply_ops, read, check_open, exclusive, maintenance, close).
 
 Opening: the bucket's snapstore.json (created if absent and allowed), the local cache (its
-LMDB index; wiped when it belongs to another store of the same URL), a log number of its own
-(logs/<L>, created If-None-Match: *; a writer), and a pull of every stream.
+LMDB index; wiped when it belongs to another store of the same URL); a writer then settles
+the writer sessions of the cache directory that are gone (remote/spool.py), takes a log
+number of its own (logs/<L>, created If-None-Match: *) and its session lock in the cache
+directory; last, a pull of every stream.
 
 Commit (docs/design.md, "S3 stores"): pull the stream (its ref and etag), plan and store
 the chunks into this writer's log (local segments, each uploaded when sealed), seal and
@@ -38,7 +40,7 @@ from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionErro
                               ForkedStoreError, FormatError, InvalidArgumentError,
                               ReadOnlyError, SnapstoreError, StoreClosedError)
 from snapstore.remote import checkpoints as ckpt_objects
-from snapstore.remote import layout, refs, sync
+from snapstore.remote import layout, refs, spool, sync
 from snapstore.remote.s3client import NotFound, PreconditionFailed, S3Client
 from snapstore.remote.segments import RemoteSegments
 
@@ -63,6 +65,8 @@ class RemoteCommitter:
         self.backend: RemoteSegments | None = None
         self.log: SegmentLog | None = None
         self.log_number: int | None = None
+        self.session: spool.Session | None = None
+        self.client: S3Client | None = None
         self.writer_id = uuid.uuid4().hex
         self._serial = 0
         self._lock = threading.RLock()
@@ -79,11 +83,13 @@ class RemoteCommitter:
             self._open_cache(identity)
             self.index = Index(os.path.join(self.cache_path, fmt.INDEX_DIR), readonly=False,
                                durable=False)
-            self.backend = RemoteSegments(self.client, os.path.join(self.cache_path, "spool"),
+            self.backend = RemoteSegments(self.client, spool.spool_dir(self.cache_path),
                                           os.path.join(self.cache_path, "ranges"),
                                           durable=durability == "local")
             if not readonly:
-                self.log_number = self._take_log()
+                with io_errors(f"cannot open the cache of {url}"):
+                    spool.settle_sessions(self.client, self.cache_path, identity.get("uuid"))
+                    self.log_number, self.session = self._take_log(identity.get("uuid"))
                 self.log = SegmentLog(self.backend, segment_size, self.log_number)
                 self.log.open_tail()
             with io_errors(f"cannot read {url}"):
@@ -136,7 +142,7 @@ class RemoteCommitter:
         except (OSError, ValueError, AttributeError):
             cached = None
         if cached != identity.get("uuid"):
-            for entry in ("index", "ranges", "spool"):
+            for entry in ("index", "ranges", spool.SPOOL_DIR):
                 shutil.rmtree(os.path.join(self.cache_path, entry), ignore_errors=True)
             tmp = f"{name}.{os.getpid()}.part"
             with open(tmp, "w") as f:
@@ -144,8 +150,9 @@ class RemoteCommitter:
             os.replace(tmp, name)
         os.makedirs(os.path.join(self.cache_path, fmt.INDEX_DIR), mode=0o700, exist_ok=True)
 
-    def _take_log(self) -> int:
-        """A log number of this writer's own: logs/<L> created If-None-Match: *."""
+    def _take_log(self, store_uuid: str | None) -> tuple[int, spool.Session]:
+        """A log number of this writer's own (logs/<L> created If-None-Match: *) and its
+        session lock in the cache directory."""
         last = None
         for obj in self.client.list(layout.LOGS_DIR):
             name = obj.key[len(layout.LOGS_DIR):]
@@ -159,18 +166,33 @@ class RemoteCommitter:
                 raise FormatError(f"{self.path}: no log numbers left")
             try:
                 self.client.put(layout.log_key(number), doc, if_none_match=True)
-                return number
             except PreconditionFailed:
                 number += 1
+                continue
+            session = spool.Session.take(self.cache_path, number, {
+                "store": store_uuid, "durability": self.durability, "writer": self.writer_id,
+                "pid": os.getpid()})
+            if session is not None:
+                return number, session
+            number += 1     # held here: a settler at work, or a session of an older store
 
     # ---- state ----------------------------------------------------------------------------
-    def _release(self) -> None:
+    def _release(self, clean: bool = False) -> None:
+        """Closes everything; clean: every upload of this session landed (its spool and
+        session lock file can go; otherwise the next writer's open settles them)."""
         if self.log is not None:
             self.log.close()
             self.log = None
         if self.backend is not None:
+            clean = clean and not self.backend.failed_uploads
             self.backend.close()
             self.backend = None
+        if self.session is not None:
+            with contextlib.suppress(OSError):
+                self.session.close(clean=clean)
+            self.session = None
+        if self.client is not None:
+            self.client.close()
         if self.index is not None:
             self.index.close()
             self.index = None
@@ -183,12 +205,14 @@ class RemoteCommitter:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                clean = False
                 try:
                     if self.backend is not None and self.log is not None:
                         with contextlib.suppress(SnapstoreError):
                             self.backend.wait_uploaded()
+                            clean = True
                 finally:
-                    self._release()
+                    self._release(clean)
 
     @property
     def closed(self) -> bool:
@@ -200,6 +224,8 @@ class RemoteCommitter:
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.RLock()
+        if self.session is not None:
+            self.session.forget()       # the parent's session; the parent's lock
 
     def check_open(self, write: bool = False) -> None:
         if self.forked and not self._closed:
