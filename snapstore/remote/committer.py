@@ -11,6 +11,8 @@ Commit (docs/design.md, "S3 stores"): pull the stream (its ref and etag), plan a
 the chunks into this writer's log (local segments, each uploaded when sealed), seal and
 await the uploads, create the checkpoint object (If-None-Match: * allocates the id), write
 the ref If-Match (the commit point), apply locally. A lost ref race is CommitConflict.
+Crash points (engine/crashpoints.py) mark the steps: remote_after_data, remote_after_upload,
+remote_after_checkpoint_object, remote_after_ref_write, remote_after_apply.
 
 Locking: one RLock per committer serialises its operations (as the Committer's writer lock);
 between writers, processes and machines nothing is held: the ref's conditional write
@@ -31,6 +33,7 @@ from typing import Any, Callable, Iterator
 from snapstore.engine import format as fmt
 from snapstore.engine import records
 from snapstore.engine import writer as wr
+from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.commit import ANY_HEAD, PlanMaker, count_bytes_new, io_errors, \
     reused_chunks, store_plans
 from snapstore.engine.index import Index, IndexView
@@ -333,12 +336,15 @@ class RemoteCommitter:
             except BaseException:
                 self.log.rollback(mark)
                 raise
+            crashpoint("remote_after_data")         # uploads in flight
             self.backend.wait_uploaded()
+            crashpoint("remote_after_upload")
             commit = Commit(0, stream, head, time.time(), meta, entries, new_chunks,
                             seq=ref.seq + 1)
             count_bytes_new(commit, sink.bytes_new)
             self._create_checkpoint_object(commit, reused,
                                            max(next_id, (head or 0) + 1))
+            crashpoint("remote_after_checkpoint_object")
             new_ref = ref.advanced(self.writer_id, self._next_serial(), head=commit.id,
                                    seq=commit.seq, live=ref.live + [commit.id])
             try:
@@ -349,10 +355,12 @@ class RemoteCommitter:
                     f"{moved.current.head}, not {head}): nothing was committed; read the "
                     "new head and retry", stream=stream, expected=head,
                     found=moved.current.head) from None
+            crashpoint("remote_after_ref_write")    # committed; the cache does not know yet
             with self.index.write() as w:
                 sync.apply_ref(w, new_ref, {commit.id: (commit, reused)})
                 for name, fps in fingerprints:
                     w.put_fingerprints(stream, name, commit.id, self.options.page_size, fps)
+            crashpoint("remote_after_apply")
             return commit
 
     def apply_ops(self, make_ops: Callable[[IndexView], list]) -> None:
