@@ -131,7 +131,7 @@ def test_a_full_disk_fails_the_checkpoint_soon_and_leaves_nothing(weed_server, t
 
 
 # ---- the server killed -9 and restarted mid-upload -----------------------------------------
-@pytest.mark.parametrize("remote_timeout,lands", [(30, True), (1, False)],
+@pytest.mark.parametrize("remote_timeout,lands", [(30, True), (4, False)],
                          ids=["retries-outlast-the-restart", "gives-up"])
 def test_the_server_killed_and_restarted_mid_upload(weed_server, tmp_path, remote_timeout,
                                                      lands):
@@ -160,8 +160,14 @@ def test_the_server_killed_and_restarted_mid_upload(weed_server, tmp_path, remot
             time.sleep(0.002)
         assert worker.is_alive(), "the checkpoint ended before the kill"
         srv.kill()                              # mid-upload: segments land one by one
+        killed = time.monotonic()
         killed_at = backend.uploaded_bytes
-        time.sleep(1.5 if lands else 3.0)       # down: connections refused meanwhile
+        if lands:
+            time.sleep(1.5)                     # down: connections refused meanwhile
+        else:                                   # down until the checkpoint gave up
+            worker.join(60)
+            assert not worker.is_alive()
+            assert time.monotonic() - killed < 1.5 * remote_timeout + 2
         srv.start()                             # (from this thread: it outlives the server)
         worker.join(120)
         assert not worker.is_alive()
