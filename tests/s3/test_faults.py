@@ -7,7 +7,9 @@ sockets: nothing is mocked.
       remote_timeout;
     * a full disk (500 to every PUT): the checkpoint fails with RemoteError naming the
       answer, soon (queued uploads do not each retry for remote_timeout), nothing of it is
-      visible, reads go on;
+      visible, reads go on; with a longer remote_timeout the 500s are retried until the
+      server, restarted with more room, takes the checkpoint; the Store that gave up works
+      on afterwards;
     * the server killed -9 and restarted in the middle of a checkpoint's uploads: with a
       remote_timeout longer than the restart the checkpoint lands after retries; with a
       shorter one it raises RemoteError; either way no partial checkpoint is visible from
@@ -105,12 +107,15 @@ def test_a_server_that_never_answers_times_out(s3, monkeypatch, tmp_path, silent
 
 
 # ---- a full disk: 500 to every PUT ---------------------------------------------------------
-def test_a_full_disk_fails_the_checkpoint_soon_and_leaves_nothing(weed_server, tmp_path):
+def test_a_full_disk_fails_soon_or_is_retried_until_there_is_room(weed_server, tmp_path):
     srv = weed_server(volume_size_limit_mb=2, volume_max=2)
     url = f"s3://{srv.bucket}/full"
     small = state(64 << 10, seed=1)
-    with snapstore.open(url, cache_dir=str(tmp_path / "c"), segment_size=MiB,
-                        remote_timeout=3) as s:
+    s = snapstore.open(url, cache_dir=str(tmp_path / "c"), segment_size=MiB, remote_timeout=3)
+    # opened while there is room: a writer's open writes (its logs/<L> object)
+    patient = snapstore.open(url, cache_dir=str(tmp_path / "p"), segment_size=MiB,
+                             remote_timeout=60)
+    try:
         first = s.checkpoint({"a": small}, stream="s")
         t0 = time.monotonic()
         with pytest.raises(RemoteError) as e:
@@ -124,10 +129,50 @@ def test_a_full_disk_fails_the_checkpoint_soon_and_leaves_nothing(weed_server, t
         assert took < 6, took
         assert [c.id for c in s.checkpoints("s")] == [first.id]
         assert s.restore(first.id)["a"] == small.tobytes()
-    with snapstore.open(url, cache_dir=str(tmp_path / "empty"), readonly=True) as r:
-        assert [c.id for c in r.checkpoints("s")] == [first.id]
-        assert r.latest("s").id == first.id
-        assert r.restore("s")["a"] == small.tobytes()
+        with snapstore.open(url, cache_dir=str(tmp_path / "empty"), readonly=True) as r:
+            assert [c.id for c in r.checkpoints("s")] == [first.id]
+            assert r.latest("s").id == first.id
+            assert r.restore("s")["a"] == small.tobytes()
+
+        # A Store with a longer remote_timeout retries the 500s until the disk has room:
+        # the server is restarted with more volumes while the checkpoint is retrying.
+        big = state(6 * MiB, seed=5)
+        outcome: dict = {}
+
+        def take():
+            try:
+                outcome["info"] = patient.checkpoint({"b": big}, stream="t")
+            except BaseException as exc:        # noqa: BLE001 - asserted below
+                outcome["error"] = exc
+        worker = threading.Thread(target=take)
+        try:
+            worker.start()
+            time.sleep(1.0)
+            status, _, _ = srv.request("PUT", f"/{srv.bucket}/full-probe", body=b"0123456789")
+            assert status == 500                        # still full ...
+            assert worker.is_alive()                    # ... and the checkpoint retrying
+            assert patient.backend.uploaded_bytes < big.nbytes
+            srv.kill()
+            srv.volume_max = 16
+            srv.start()
+            worker.join(120)
+            assert "info" in outcome, outcome
+            info = outcome["info"]
+            assert patient.restore(info.id)["b"] == big.tobytes()
+        finally:
+            worker.join(120)
+
+        # the Store that gave up works on
+        after = s.checkpoint({"a": small, "b": b"after"}, stream="s")
+        assert after.parent == first.id
+    finally:
+        s.close()
+        patient.close()
+    with snapstore.open(url, cache_dir=str(tmp_path / "empty2"), readonly=True) as r:
+        assert [c.id for c in r.checkpoints("s")] == [first.id, after.id]
+        assert r.restore(after.id) == {"a": small.tobytes(), "b": b"after"}
+        assert [c.id for c in r.checkpoints("t")] == [info.id]
+        assert r.restore(info.id)["b"] == big.tobytes()
 
 
 # ---- the server killed -9 and restarted mid-upload -----------------------------------------
