@@ -987,7 +987,9 @@ def open(path, *, durability: str | None = None, create: bool = True, readonly: 
             late (default 1; 0: every read pulls; Store.refresh() pulls now). Commits always
             check the bucket.
         remote_timeout: seconds an S3 request is retried (connection errors, timeouts,
-            429, 5xx; bounded exponential backoff) before RemoteError (default 120).
+            429, 5xx; bounded exponential backoff) before RemoteError (default 120). One
+            attempt waits at most remote_timeout / 4 (5 s at most) to connect and
+            remote_timeout / 2 (60 s at most) for a server that does not answer.
     Returns: Store (a context manager: ``with snapstore.open(p) as store:``).
     Raises: InvalidArgumentError / InvalidArgumentTypeError (bad option), FormatError (not a
         store, or written by a newer snapstore), StoreLocked (an operation that needs the

@@ -2,13 +2,17 @@
 Committer (commit, apply_ops, read, check_open, exclusive, maintenance, close).
 
 Opening: the bucket's snapstore.json (created if absent and allowed), the local cache (its
-LMDB index; wiped when it belongs to another store of the same URL), a log number of its own
-(logs/<L>, created If-None-Match: *; a writer), and a pull of every stream.
+LMDB index; wiped when it belongs to another store of the same URL); a writer then settles
+the writer sessions of the cache directory that are gone (remote/spool.py), takes a log
+number of its own (logs/<L>, created If-None-Match: *) and its session lock in the cache
+directory; last, a pull of every stream.
 
 Commit (docs/design.md, "S3 stores"): pull the stream (its ref and etag), plan and store
 the chunks into this writer's log (local segments, each uploaded when sealed), seal and
 await the uploads, create the checkpoint object (If-None-Match: * allocates the id), write
 the ref If-Match (the commit point), apply locally. A lost ref race is CommitConflict.
+Crash points (engine/crashpoints.py) mark the steps: remote_after_data, remote_after_upload,
+remote_after_checkpoint_object, remote_after_ref_write, remote_after_apply.
 
 Locking: one RLock per committer serialises its operations (as the Committer's writer lock);
 between writers, processes and machines nothing is held: the ref's conditional write
@@ -31,6 +35,7 @@ from typing import Any, Callable, Iterator
 from snapstore.engine import format as fmt
 from snapstore.engine import records
 from snapstore.engine import writer as wr
+from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.commit import ANY_HEAD, PlanMaker, count_bytes_new, io_errors, \
     reused_chunks, store_plans
 from snapstore.engine.index import Index, IndexView
@@ -40,7 +45,7 @@ from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionErro
                               ForkedStoreError, FormatError, InvalidArgumentError,
                               ReadOnlyError, SnapstoreError, StoreClosedError)
 from snapstore.remote import checkpoints as ckpt_objects
-from snapstore.remote import layout, refs, sync
+from snapstore.remote import layout, refs, spool, sync
 from snapstore.remote.s3client import NotFound, PreconditionFailed, S3Client
 from snapstore.remote.segments import RemoteSegments
 
@@ -79,6 +84,8 @@ class RemoteCommitter:
         self.backend: RemoteSegments | None = None
         self.log: SegmentLog | None = None
         self.log_number: int | None = None
+        self.session: spool.Session | None = None
+        self.client: S3Client | None = None
         self.writer_id = uuid.uuid4().hex
         self._serials = itertools.count(1)
         self._lock = threading.RLock()
@@ -97,11 +104,13 @@ class RemoteCommitter:
             self._open_cache(identity)
             self.index = Index(os.path.join(self.cache_path, fmt.INDEX_DIR), readonly=False,
                                durable=False)
-            self.backend = RemoteSegments(self.client, os.path.join(self.cache_path, "spool"),
+            self.backend = RemoteSegments(self.client, spool.spool_dir(self.cache_path),
                                           os.path.join(self.cache_path, "ranges"),
                                           durable=durability == "local")
             if not readonly:
-                self.log_number = self._take_log()
+                with io_errors(f"cannot open the cache of {url}"):
+                    spool.settle_sessions(self.client, self.cache_path, identity.get("uuid"))
+                    self.log_number, self.session = self._take_log(identity.get("uuid"))
                 self.log = SegmentLog(self.backend, segment_size, self.log_number)
                 self.log.open_tail()
                 if durability == "local":
@@ -156,7 +165,7 @@ class RemoteCommitter:
         except (OSError, ValueError, AttributeError):
             cached = None
         if cached != identity.get("uuid"):
-            for entry in ("index", "ranges", "spool"):
+            for entry in ("index", "ranges", spool.SPOOL_DIR):
                 shutil.rmtree(os.path.join(self.cache_path, entry), ignore_errors=True)
             tmp = f"{name}.{os.getpid()}.part"
             with open(tmp, "w") as f:
@@ -164,8 +173,9 @@ class RemoteCommitter:
             os.replace(tmp, name)
         os.makedirs(os.path.join(self.cache_path, fmt.INDEX_DIR), mode=0o700, exist_ok=True)
 
-    def _take_log(self) -> int:
-        """A log number of this writer's own: logs/<L> created If-None-Match: *."""
+    def _take_log(self, store_uuid: str | None) -> tuple[int, spool.Session]:
+        """A log number of this writer's own (logs/<L> created If-None-Match: *) and its
+        session lock in the cache directory."""
         last = None
         for obj in self.client.list(layout.LOGS_DIR):
             name = obj.key[len(layout.LOGS_DIR):]
@@ -179,18 +189,33 @@ class RemoteCommitter:
                 raise FormatError(f"{self.path}: no log numbers left")
             try:
                 self.client.put(layout.log_key(number), doc, if_none_match=True)
-                return number
             except PreconditionFailed:
                 number += 1
+                continue
+            session = spool.Session.take(self.cache_path, number, {
+                "store": store_uuid, "durability": self.durability, "writer": self.writer_id,
+                "pid": os.getpid()})
+            if session is not None:
+                return number, session
+            number += 1     # held here: a settler at work, or a session of an older store
 
     # ---- state ----------------------------------------------------------------------------
-    def _release(self) -> None:
+    def _release(self, clean: bool = False) -> None:
+        """Closes everything; clean: every upload of this session landed (its spool and
+        session lock file can go; otherwise the next writer's open settles them)."""
         if self.log is not None:
             self.log.close()
             self.log = None
         if self.backend is not None:
+            clean = clean and not self.backend.failed_uploads
             self.backend.close()
             self.backend = None
+        if self.session is not None:
+            with contextlib.suppress(OSError):
+                self.session.close(clean=clean)
+            self.session = None
+        if self.client is not None:
+            self.client.close()
         if self.index is not None:
             self.index.close()
             self.index = None
@@ -203,14 +228,16 @@ class RemoteCommitter:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                clean = False
                 try:
                     if self._uploader is not None:
                         self._uploader.stop()
                     if self.backend is not None and self.log is not None:
                         with contextlib.suppress(SnapstoreError):
                             self.backend.wait_uploaded()
+                            clean = True
                 finally:
-                    self._release()
+                    self._release(clean)
                 if self._uploader is not None:
                     self._uploader.raise_failure()
 
@@ -224,6 +251,8 @@ class RemoteCommitter:
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.RLock()
+        if self.session is not None:
+            self.session.forget()       # the parent's session; the parent's lock
 
     def check_open(self, write: bool = False) -> None:
         if self.forked and not self._closed:
@@ -338,8 +367,10 @@ class RemoteCommitter:
         except BaseException:
             self.log.rollback(mark)
             raise
+        crashpoint("remote_after_data")         # uploads in flight
         if wait:
             self.backend.wait_uploaded()
+            crashpoint("remote_after_upload")
         segments = list(range(mark[0], self.log.position[0]))
         return StoredChunks(entries, fingerprints, new_chunks, reused, sink.bytes_new,
                             segments)
@@ -355,6 +386,7 @@ class RemoteCommitter:
         is tried again against the new ref."""
         stream, head = commit.stream, commit.parent
         self.create_checkpoint_object(commit, reused)
+        crashpoint("remote_after_checkpoint_object")
         for _ in range(100):
             new_ref = ref.advanced(self.writer_id, self.next_serial(), head=commit.id,
                                    seq=commit.seq, live=ref.live + [commit.id])
@@ -371,10 +403,12 @@ class RemoteCommitter:
                 ref = moved.current
         else:
             raise CommitConflict(f"stream {stream!r} kept changing; try again", stream=stream)
+        crashpoint("remote_after_ref_write")    # committed; the cache does not know yet
         with self.index.write() as w:
             sync.apply_ref(w, new_ref, {commit.id: (commit, reused)})
             for name, fps in fingerprints:
                 w.put_fingerprints(stream, name, commit.id, self.options.page_size, fps)
+        crashpoint("remote_after_apply")
         return new_ref
 
     def commit(self, stream: str, make_plans: PlanMaker, meta: Any, *,

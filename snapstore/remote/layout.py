@@ -130,6 +130,12 @@ def segment_key(number: int) -> str:
     return SEGMENTS_DIR + segment_name(number)
 
 
+def log_segments_prefix(log: int) -> str:
+    """The beginning every segment key of log `log` shares (and no other log's does)."""
+    digits = len(str(fmt.LOG_SEGMENTS)) - 1         # the segment number within its log
+    return segment_key(log * fmt.LOG_SEGMENTS)[:len(SEGMENTS_DIR) + 16 - digits]
+
+
 def checkpoint_key(checkpoint_id: int) -> str:
     return f"{CHECKPOINTS_DIR}{checkpoint_id:0{CHECKPOINT_DIGITS}d}"
 

@@ -2,26 +2,39 @@
 store (a bucket and a prefix), conditional writes, ranged reads, multipart uploads, and the
 retry policy.
 
-Retries: connection errors, timeouts, 429 and 5xx answers are retried with exponential
-backoff (RETRY_FIRST doubling to RETRY_MAX, with jitter) until `timeout` seconds have passed
-since the request began, then RemoteError names the operation, the key and the last answer.
-Other answers raise at once: 404 -> NotFound, 412 / 409 on a conditional write ->
-PreconditionFailed (both internal: callers turn them into what they mean), anything else ->
-RemoteError. A conditional write retried after a connection error may answer 412 although
-the first attempt landed: callers that care read the object back (refs do).
+Retries: connection errors (refused, reset), timeouts, 429 and 5xx answers are retried with
+exponential backoff (RETRY_FIRST doubling to RETRY_MAX, with jitter); no attempt begins more
+than `timeout` seconds (the store's remote_timeout) after the request began, then RemoteError
+names the operation, the key and the last answer. Other answers raise at once: 404 ->
+NotFound, 412 / 409 on a conditional write -> PreconditionFailed (both internal: callers turn
+them into what they mean), anything else -> RemoteError. A conditional write retried after a
+connection error may answer 412 although the first attempt landed: callers that care read
+the object back (refs do).
+
+Timeouts of one attempt derive from `timeout` (no option of their own): connecting at most
+min(CONNECT_TIMEOUT, timeout / 4) seconds, a silent server (no byte sent or received) at most
+min(READ_TIMEOUT, timeout / 2); so a request gives up after at most about 1.5 * timeout, and
+a short remote_timeout still leaves room for a retry against a server that never answers.
+
+Uploads of files (segments) larger than PART_SIZE are multipart, parts in parallel, each part
+retried on its own; a failed upload is aborted (one attempt: a writer killed mid-upload, or an
+abort that fails, leaves an incomplete upload, which abort_uploads removes).
 
 Credentials, region and endpoint come from the standard places (AWS_ENDPOINT_URL,
 AWS_ACCESS_KEY_ID, ..., ~/.aws/config): boto3's own chain.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from snapstore.engine.crashpoints import crashpoint
 from snapstore.errors import FormatError, RemoteError
 from snapstore.remote.layout import RemoteURL
 
@@ -29,8 +42,8 @@ RETRY_FIRST = 0.1
 RETRY_MAX = 5.0
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 60.0
-PART_SIZE = 16 << 20
-UPLOAD_CONCURRENCY = 8
+PART_SIZE = 16 << 20            # multipart above it (at least 5 MiB: S3's smallest part)
+UPLOAD_CONCURRENCY = 8          # parts of multipart uploads in flight, per client
 
 
 class NotFound(Exception):
@@ -39,6 +52,10 @@ class NotFound(Exception):
 
 class PreconditionFailed(Exception):
     """A conditional write lost: the object exists (If-None-Match) or changed (If-Match)."""
+
+
+class _Abandoned(Exception):
+    """A part of a multipart upload not tried: another part failed for good."""
 
 
 @dataclass
@@ -69,25 +86,37 @@ class S3Client:
         boto3, botocore = _boto()
         self.url = url
         self.timeout = timeout
+        self.connect_timeout = min(CONNECT_TIMEOUT, timeout / 4)
+        self.read_timeout = min(READ_TIMEOUT, timeout / 2)
+        self.part_size = PART_SIZE
         self._exc = botocore.exceptions
         config = botocore.config.Config(
             retries={"total_max_attempts": 1},          # this module retries (bounded)
-            connect_timeout=min(CONNECT_TIMEOUT, timeout) if timeout else CONNECT_TIMEOUT,
-            read_timeout=READ_TIMEOUT, max_pool_connections=32,
+            connect_timeout=self.connect_timeout, read_timeout=self.read_timeout,
+            max_pool_connections=32,
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required")
         self._client = boto3.session.Session().client("s3", config=config)
         self.endpoint = self._client.meta.endpoint_url
-        from boto3.s3.transfer import TransferConfig
-        self._transfer = TransferConfig(multipart_threshold=PART_SIZE,
-                                        multipart_chunksize=PART_SIZE,
-                                        max_concurrency=UPLOAD_CONCURRENCY, use_threads=True)
-        self._pid = os.getpid()
+        self._parts: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
+    def close(self) -> None:
+        """Stops the part-upload threads (after the uploads in progress)."""
+        with self._lock:
+            pool, self._parts = self._parts, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
     # ---- the retry loop -----------------------------------------------------------------
+    def _refused(self, operation: str, key: str, last: str, status: int | None) -> RemoteError:
+        return RemoteError(f"S3 {operation} of {self.url.key(key)!r} in bucket "
+                           f"{self.url.bucket!r} refused: {last}", operation=operation,
+                           key=key, status=status)
+
     def _call(self, operation: str, key: str, fn: Callable, *, conditional: bool = False):
-        deadline = time.monotonic() + self.timeout
+        began = time.monotonic()
+        deadline = began + self.timeout
         delay = RETRY_FIRST
         attempt = 0
         while True:
@@ -109,9 +138,7 @@ class S3Client:
                     code in _RETRYABLE_CODES
                 last = f"HTTP {status} {code}: {exc.response.get('Error', {}).get('Message', '')}"
                 if not retry:
-                    raise RemoteError(f"S3 {operation} of {self.url.key(key)!r} in bucket "
-                                      f"{self.url.bucket!r} refused: {last}",
-                                      operation=operation, key=key, status=status) from None
+                    raise self._refused(operation, key, last, status) from None
             except (self._exc.BotoCoreError, OSError) as exc:
                 # connection refused / reset, timeouts, a closed connection ...
                 status, last = None, f"{type(exc).__name__}: {exc}"
@@ -119,7 +146,8 @@ class S3Client:
             if now + delay > deadline:
                 raise RemoteError(f"S3 {operation} of {self.url.key(key)!r} in bucket "
                                   f"{self.url.bucket!r} failed after {attempt} attempts in "
-                                  f"{self.timeout:g}s: {last}", operation=operation, key=key,
+                                  f"{now - began:.1f}s (remote_timeout {self.timeout:g}s); "
+                                  f"the last answer: {last}", operation=operation, key=key,
                                   status=status)
             time.sleep(delay * (0.5 + random.random() / 2))
             delay = min(delay * 2, RETRY_MAX)
@@ -169,10 +197,71 @@ class S3Client:
                           conditional=if_none_match or if_match is not None)
 
     def upload_file(self, key: str, path: str) -> None:
-        """Uploads a local file (multipart, parts in parallel, when large). Not
-        conditional: used for objects whose key belongs to one writer (segments)."""
-        self._call("upload", key, lambda: self._client.upload_file(
-            path, self.url.bucket, self.url.key(key), Config=self._transfer))
+        """Uploads a local file: one PUT, or a multipart upload (parts in parallel, each
+        retried on its own) when larger than part_size. Not conditional: used for objects
+        whose key belongs to one writer (segments). Raises RemoteError."""
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            if size <= self.part_size:
+                data = f.read()
+                self._call("PUT", key, lambda: self._client.put_object(
+                    Bucket=self.url.bucket, Key=self.url.key(key), Body=data))
+                return
+            self._multipart(key, f.fileno(), size)
+
+    def _multipart(self, key: str, fd: int, size: int) -> None:
+        full = self.url.key(key)
+        upload = self._call("CREATE upload", key, lambda: self._client.create_multipart_upload(
+            Bucket=self.url.bucket, Key=full)["UploadId"])
+        failed = threading.Event()      # a part failed for good: the others stop trying
+
+        def put_part(number: int) -> dict:
+            data = os.pread(fd, self.part_size, (number - 1) * self.part_size)
+
+            def attempt():
+                if failed.is_set():
+                    raise _Abandoned()
+                return self._client.upload_part(Bucket=self.url.bucket, Key=full,
+                                                UploadId=upload, PartNumber=number,
+                                                Body=data)["ETag"]
+            etag = self._call(f"PUT part {number}", key, attempt)
+            crashpoint("remote_after_upload_part")
+            return {"ETag": etag, "PartNumber": number}
+
+        with self._lock:
+            if self._parts is None:
+                self._parts = ThreadPoolExecutor(UPLOAD_CONCURRENCY, "snapstore-part")
+            pool = self._parts
+        futures = [pool.submit(put_part, n) for n in range(1, -(-size // self.part_size) + 1)]
+        try:
+            parts = []
+            for f in futures:
+                try:
+                    parts.append(f.result())
+                except BaseException:
+                    failed.set()
+                    for other in futures:
+                        other.cancel()
+                    wait(futures)           # no part lands after the abort below
+                    raise
+            try:
+                self._call("COMPLETE upload", key,
+                           lambda: self._client.complete_multipart_upload(
+                               Bucket=self.url.bucket, Key=full, UploadId=upload,
+                               MultipartUpload={"Parts": parts}))
+            except NotFound:
+                # a retry of a COMPLETE that had landed (AWS may forget the upload id then)
+                info = self.head(key)
+                if info is None or info.size != size:
+                    raise RemoteError(f"S3 COMPLETE upload of {full!r} in bucket "
+                                      f"{self.url.bucket!r}: the upload is gone and the "
+                                      "object is not there", operation="COMPLETE upload",
+                                      key=key, status=404) from None
+        except BaseException:
+            with contextlib.suppress(Exception):        # one attempt; see abort_uploads
+                self._client.abort_multipart_upload(Bucket=self.url.bucket, Key=full,
+                                                    UploadId=upload)
+            raise
 
     def delete(self, keys: list[str]) -> None:
         """Deletes the objects (missing ones are no error)."""
@@ -207,16 +296,29 @@ class S3Client:
                 return
             token = page.get("NextContinuationToken")
 
-    def abort_uploads(self, older_than: float) -> int:
-        """Aborts the store's multipart uploads begun before unix time `older_than` (a
-        writer killed mid-upload leaves one); returns how many."""
+    def abort_uploads(self, under: str = "", older_than: float | None = None) -> int:
+        """Aborts the incomplete multipart uploads of the store's keys beginning with `under`
+        (a writer killed mid-upload leaves them: under = the segment keys of its log), only
+        those begun before unix time `older_than` when given; returns how many."""
         n = 0
-        answer = self._call("LIST uploads", "", lambda: self._client.list_multipart_uploads(
-            Bucket=self.url.bucket, Prefix=self.url.prefix))
-        for u in answer.get("Uploads", []):
-            if u["Initiated"].timestamp() < older_than:
-                self._call("ABORT upload", u["Key"][len(self.url.prefix):],
-                           lambda u=u: self._client.abort_multipart_upload(
-                               Bucket=self.url.bucket, Key=u["Key"], UploadId=u["UploadId"]))
+        marker: dict = {}
+        while True:
+            answer = self._call("LIST uploads", under,
+                                lambda marker=marker: self._client.list_multipart_uploads(
+                                    Bucket=self.url.bucket, Prefix=self.url.key(under),
+                                    **marker))
+            for u in answer.get("Uploads", []):
+                if older_than is not None and u["Initiated"].timestamp() >= older_than:
+                    continue
+                try:
+                    self._call("ABORT upload", u["Key"][len(self.url.prefix):],
+                               lambda u=u: self._client.abort_multipart_upload(
+                                   Bucket=self.url.bucket, Key=u["Key"],
+                                   UploadId=u["UploadId"]))
+                except NotFound:
+                    continue            # aborted or completed meanwhile
                 n += 1
-        return n
+            if not answer.get("IsTruncated"):
+                return n
+            marker = {"KeyMarker": answer.get("NextKeyMarker", ""),
+                      "UploadIdMarker": answer.get("NextUploadIdMarker", "")}

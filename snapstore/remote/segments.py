@@ -4,9 +4,12 @@ snapstore.engine.backends.base).
 This writer's own log lives in local files (cache_dir/spool) while it is written; once the
 log creates segment n + 1, segment n is sealed (the contract's rule) and uploaded in the
 background as segments/<name> — the object is exactly the file's bytes. wait_uploaded()
-waits for every upload begun so far and raises the first failure. After its upload a segment
-moves into the block cache as a whole segment. Every other segment (other writers', earlier
-sessions') is read by range from the bucket through the block cache (cache.BlockCache).
+waits for every upload begun so far and raises the first failure; once one upload has failed
+for good, the uploads queued after it fail at once with the same error (the commit they
+belong to fails anyway) instead of each retrying for remote_timeout. After its upload a
+segment moves into the block cache as a whole segment. Every other segment (other writers',
+earlier sessions') is read by range from the bucket through the block cache
+(cache.BlockCache).
 """
 from __future__ import annotations
 
@@ -68,9 +71,10 @@ class RemoteSegments(SegmentBackend):
         self._lock = threading.Lock()
         self._spooled: set[int] = set()      # own segments still in the spool
         self._uploads: dict[int, Future] = {}
-        self._failed: list[BaseException] = []
+        self._failure: BaseException | None = None    # of the uploads begun so far
         self._pool: ThreadPoolExecutor | None = None
         self.uploaded_bytes = 0
+        self.failed_uploads = 0                        # uploads that failed for good
 
     def _fetch(self, number: int, offset: int, length: int) -> bytes:
         try:
@@ -151,8 +155,18 @@ class RemoteSegments(SegmentBackend):
             self._uploads[number] = self._pool.submit(self._upload_one, number)
 
     def _upload_one(self, number: int) -> None:
+        with self._lock:
+            failure = self._failure
+        if failure is not None:
+            raise failure
         path = os.path.join(self.spool_dir, segment_name(number))
-        self.client.upload_file(layout.segment_key(number), path)
+        try:
+            self.client.upload_file(layout.segment_key(number), path)
+        except BaseException as exc:
+            with self._lock:
+                self._failure = self._failure or exc
+                self.failed_uploads += 1
+            raise
         size = os.path.getsize(path)
         with self._lock:
             self.uploaded_bytes += size
@@ -163,18 +177,20 @@ class RemoteSegments(SegmentBackend):
 
     def wait_uploaded(self) -> None:
         """Waits for every upload begun so far; raises the first that failed (RemoteError),
-        forgetting it (the segment stays in the spool, never referenced)."""
+        forgetting it (the segment stays in the spool, never referenced; the next open of
+        the cache directory removes it: remote/spool.py)."""
         with self._lock:
             pending = list(self._uploads.items())
-        error = None
         for number, future in pending:
             try:
                 future.result()
-            except BaseException as exc:      # noqa: BLE001 - reported below
-                error = error or exc
+            except BaseException:             # noqa: BLE001 - reported below
+                pass
             with self._lock:
                 if self._uploads.get(number) is future:
                     del self._uploads[number]
+        with self._lock:
+            error, self._failure = self._failure, None
         if error is not None:
             raise error
 

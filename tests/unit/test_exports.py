@@ -41,6 +41,13 @@ INTERNAL = {
     "snapstore.cli.common.UsageError": "the CLI's own control flow (exit codes)",
     "snapstore.cli.common.Problem": "the CLI's own control flow (exit codes)",
     "snapstore.bench.errors.BenchError": "the bench harness's one error, in its own package",
+    "snapstore.remote.s3client.NotFound": "the S3 client's answer 404, turned by its callers "
+                                          "into what it means (absent ref, missing object)",
+    "snapstore.remote.s3client.PreconditionFailed": "a conditional write lost: turned by "
+                                                    "its callers into CommitConflict or a "
+                                                    "retry",
+    "snapstore.remote.refs.RefMoved": "the commit path's control flow: CommitConflict or "
+                                      "a retry of a delete or tag",
 }
 
 
