@@ -19,6 +19,7 @@ from snapstore.errors import (AmbiguousCheckpointName, CheckpointNotFound, Commi
 from snapstore.store import CheckpointInfo, Group, Store, group_parts, open, repair
 from snapstore.arrays import load_arrays, save_arrays
 from snapstore.exporter import export
+from snapstore.copying import copy_checkpoints
 
 from snapstore.version import __version__
 __all__ = ["open", "repair", "Store", "CheckpointInfo", "Group", "group_parts", "errors",
@@ -27,4 +28,4 @@ __all__ = ["open", "repair", "Store", "CheckpointInfo", "Group", "group_parts", 
            "InvalidArgumentError", "InvalidArgumentTypeError", "NotAnObjectCheckpointError",
            "ReadOnlyError", "StoreClosedError", "StoreIOError", "StoreLocked",
            "StructureMismatchError", "AmbiguousCheckpointName", "__version__", "save_arrays",
-           "load_arrays", "export"]
+           "load_arrays", "export", "copy_checkpoints"]

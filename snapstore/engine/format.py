@@ -53,6 +53,11 @@ DCP_PART_KEY = "snapstore.dcp_part"    # ... of one rank's part of a DCP checkpo
 # "parts": {participant: the meta it staged its part with}} (+ "user": the coordinator's meta
 # when that was not a dict).
 GROUP_META_KEY = "snapstore.group"
+# The reserved key of a checkpoint copied from another store or imported from a savepoint file
+# (snapstore.copying, snapstore.savepoints): {"store": where the original lay (its path or URL),
+# "id": its id there} (+ "file": the savepoint file's name; + "user": the original meta when
+# that was not a dict). Provenance only: engine.meta.original_meta() takes it off again.
+ORIGIN_META_KEY = "snapstore.copied_from"
 
 # ---- segment files ------------------------------------------------------------------------
 # A segment starts with a fixed header, then records back to back until its end.
