@@ -20,6 +20,7 @@ from snapstore.store import CheckpointInfo, Group, Store, group_parts, open, rep
 from snapstore.arrays import load_arrays, save_arrays
 from snapstore.exporter import export
 from snapstore.copying import copy_checkpoints
+from snapstore.savepoints import export_savepoint, import_savepoint
 
 from snapstore.version import __version__
 __all__ = ["open", "repair", "Store", "CheckpointInfo", "Group", "group_parts", "errors",
@@ -28,4 +29,5 @@ __all__ = ["open", "repair", "Store", "CheckpointInfo", "Group", "group_parts", 
            "InvalidArgumentError", "InvalidArgumentTypeError", "NotAnObjectCheckpointError",
            "ReadOnlyError", "StoreClosedError", "StoreIOError", "StoreLocked",
            "StructureMismatchError", "AmbiguousCheckpointName", "__version__", "save_arrays",
-           "load_arrays", "export", "copy_checkpoints"]
+           "load_arrays", "export", "copy_checkpoints", "export_savepoint",
+           "import_savepoint"]

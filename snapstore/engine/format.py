@@ -124,6 +124,24 @@ assert NEW_CHUNK.size == 57                  # (prefix + data), raw length, code
 EXTENT = struct.Struct("<QII32s")            # buffer offset, offset inside chunk, length, chunk id
 assert EXTENT.size == 48
 
+# ---- savepoint files ------------------------------------------------------------------------
+# One checkpoint in one self-contained, portable file (engine/savefile.py; docs/design.md,
+# "Savepoint files"): SAVEPOINT_HEADER, the description (UTF-8 JSON of the checkpoint, then
+# each buffer's full manifest as EXTENTs in buffer order), the chunk records the manifests
+# name (each chunk once; records exactly as in segments: RECORD_HEADER + chunk payload), then
+# SAVEPOINT_TRAILER. All integers little-endian.
+SAVEPOINT_SUFFIX = ".snap"
+SAVEPOINT_FORMAT = "snapstore-savepoint"    # the description's "format"
+SAVEPOINT_MAGIC = b"SNAPSAVE"
+SAVEPOINT_VERSION = 1           # the version this library writes and the newest it reads
+SAVEPOINT_HEADER = struct.Struct("<8sIIQQQQ")  # magic, version, reserved 0, JSON length,
+assert SAVEPOINT_HEADER.size == 48             # manifests length, XXH3-64 of the description
+                                               # (JSON + manifests), XXH3-64 of bytes 0..39
+SAVEPOINT_TRAILER_MAGIC = b"SNAPEND\x00"
+SAVEPOINT_TRAILER = struct.Struct("<8sQQQ")    # magic, number of chunk records, offset of
+assert SAVEPOINT_TRAILER.size == 32            # the trailer (= the file's length before it),
+                                               # XXH3-64 of every byte before this field
+
 # ---- LMDB index ----------------------------------------------------------------------------
 DB_META = b"meta"                 # META_* keys below
 DB_CHUNKS = b"chunks"             # chunk id -> CHUNK_ENTRY
