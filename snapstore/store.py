@@ -495,7 +495,7 @@ class Store:
         if isinstance(tags, (str, bytes)):
             raise InvalidArgumentTypeError(f"tags must be a list of names, got the "
                                            f"{type(tags).__name__} {tags!r}")
-        tags = tuple(dict.fromkeys(validate_name(t, "tag") for t in tags))
+        tags = tuple(sorted({validate_name(t, "tag") for t in tags}))   # as the index keeps them
         self._committer.check_open(write=True)
         self._persister.prepare_sync_checkpoint(stream)
         commit = self._committer.commit_manifests(

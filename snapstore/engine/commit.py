@@ -9,6 +9,9 @@ object saves and the integrations (through store.checkpoint), delete, tag, retai
 commits (groups.py), compaction.
 
     commit(stream, make_plans, meta)  stores planned buffers as the stream's next checkpoint
+    commit_manifests(stream, entries, read_chunks, meta, created=, tags=)
+                                      ... pre-made full manifests, asking read_chunks only for
+                                      the chunks the store lacks (copy, savepoint import)
     apply_ops(make_ops)               claims, appends and applies delete and tag records
     exclusive(write)                  runs a block under the process's writer lock
     maintenance(exclusive)            ... and the store's maintenance lock (compact, verify)
