@@ -20,6 +20,8 @@ from snapstore.errors import (AmbiguousCheckpointName, CheckpointNotFound, Commi
 from snapstore.store import CheckpointInfo, Group, Store, group_parts, open, repair
 from snapstore.arrays import load_arrays, save_arrays
 from snapstore.exporter import export
+from snapstore.copying import copy_checkpoints
+from snapstore.savepoints import export_savepoint, import_savepoint
 
 from snapstore.version import __version__
 __all__ = ["open", "repair", "Store", "CheckpointInfo", "Group", "group_parts", "errors",
@@ -28,4 +30,5 @@ __all__ = ["open", "repair", "Store", "CheckpointInfo", "Group", "group_parts", 
            "InvalidArgumentError", "InvalidArgumentTypeError", "NotAnObjectCheckpointError",
            "ReadOnlyError", "RemoteError", "StoreClosedError", "StoreIOError", "StoreLocked",
            "StructureMismatchError", "AmbiguousCheckpointName", "__version__", "save_arrays",
-           "load_arrays", "export"]
+           "load_arrays", "export", "copy_checkpoints", "export_savepoint",
+           "import_savepoint"]

@@ -87,17 +87,20 @@ class AmbiguousCheckpointName(InvalidArgumentError):
 class CorruptionError(SnapstoreError):
     """Stored bytes do not match their checksum or id, or the index contradicts the log.
 
-    Attributes name where: ``segment`` (file name) and ``offset`` when known.
+    Attributes name where: ``segment`` (file name) and ``offset`` when known; ``file`` (a
+    path) instead of ``segment`` for damage in a file outside a store (a savepoint file).
     """
 
     def __init__(self, message: str, *, segment: str | None = None,
-                 offset: int | None = None) -> None:
+                 offset: int | None = None, file: str | None = None) -> None:
         where = ""
-        if segment is not None:
-            where = f" (segment {segment}" + (f", offset {offset}" if offset is not None else "") + ")"
+        if segment is not None or file is not None:
+            where = (f" (segment {segment}" if segment is not None else f" (file {file}") + \
+                (f", offset {offset}" if offset is not None else "") + ")"
         super().__init__(message + where)
         self.segment = segment
         self.offset = offset
+        self.file = file
 
 
 class ConcurrentCompactionError(SnapstoreError):

@@ -9,9 +9,10 @@ import contextlib
 import inspect
 import math
 import os
+import struct
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from snapstore import _native as native
 from snapstore.capture.persister import Persister
@@ -28,7 +29,8 @@ from snapstore.engine.commit import ANY_HEAD, Committer, io_errors
 from snapstore.engine.index import IndexView
 from snapstore.engine.memory import OutputBytes
 from snapstore.engine.meta import reserved_meta, user_meta
-from snapstore.engine.reader import (buffer_manifest, find_buffer, restore_range,
+from snapstore.engine.extents import check_manifest
+from snapstore.engine.reader import (ChunkReader, buffer_manifest, find_buffer, restore_range,
                                      restore_ranges)
 from snapstore.engine.repair import repair as rebuild_index
 from snapstore.engine.records import Commit
@@ -38,7 +40,7 @@ from snapstore.engine.validation import (buffer_view, check_choice, validate_buf
                                          validate_int, validate_meta, validate_name,
                                          validate_path, validate_timeout)
 from snapstore.engine.verify import verify as verify_store
-from snapstore.errors import InvalidArgumentError, InvalidArgumentTypeError
+from snapstore.errors import CorruptionError, InvalidArgumentError, InvalidArgumentTypeError
 from snapstore.remote import groups as remote_groups
 from snapstore.remote import layout as remote_layout
 from snapstore.remote.committer import RemoteCommitter, rebuild_cache
@@ -139,6 +141,84 @@ def split_meta(meta: Any) -> tuple[Any, dict]:
             if isinstance(entry, dict) and "user" in entry:
                 return entry["user"], reserved
     return user, reserved
+
+
+@dataclass(frozen=True)
+class BufferManifest:
+    """One buffer of a checkpoint as a full manifest: what Store.manifests() gives and
+    Store.import_checkpoint() takes.
+
+    Attributes:
+        name: the buffer's name.
+        size: its bytes.
+        extents: ((offset, length, chunk_id, chunk_offset), ...) as Store.layout() gives
+            them: sorted by offset, back to back, covering the buffer; chunk ids are BLAKE3
+            content addresses, the same in every store.
+        layout: "pages" or "cdc" (how the buffer was cut; kept for its next checkpoint).
+        page_size: the page size it was stored with.
+    """
+    name: str
+    size: int
+    extents: tuple
+    layout: str = "pages"
+    page_size: int = fmt.DEFAULT_PAGE_SIZE
+
+
+@dataclass(frozen=True)
+class CheckpointManifests:
+    """A checkpoint as full manifests (Store.manifests()): restorable from these alone, in any
+    store holding the chunks they name.
+
+    Attributes:
+        info: its CheckpointInfo.
+        meta: its meta as stored: the user's meta with snapstore's reserved keys (what
+            Store.import_checkpoint() takes to make the same kind of checkpoint).
+        buffers: a BufferManifest per buffer, in the checkpoint's order.
+    """
+    info: CheckpointInfo
+    meta: Any
+    buffers: tuple
+
+    def chunk_ids(self) -> list[bytes]:
+        """The distinct chunk ids its extents name, in order of first use."""
+        return list(dict.fromkeys(e[2] for b in self.buffers for e in b.extents))
+
+
+def _manifest_entries(buffers: Any) -> list[records.BufferEntry]:
+    """Store.import_checkpoint()'s buffers, checked, as full BufferEntries (packed extents).
+    InvalidArgumentError / InvalidArgumentTypeError for anything that is not a list of valid
+    BufferManifests with distinct names, each covering its buffer."""
+    if isinstance(buffers, (str, bytes)) or not hasattr(buffers, "__iter__"):
+        raise InvalidArgumentTypeError(f"buffers must be a list of BufferManifest, got "
+                                       f"{type(buffers).__name__}")
+    entries, names = [], set()
+    for b in buffers:
+        if not isinstance(b, BufferManifest):
+            raise InvalidArgumentTypeError(f"buffers must hold BufferManifest, got "
+                                           f"{type(b).__name__}")
+        validate_name(b.name, "buffer name")
+        if b.name in names:
+            raise InvalidArgumentError(f"buffer {b.name!r} is given twice")
+        names.add(b.name)
+        validate_int(b.size, f"buffer {b.name!r}'s size", 0)
+        check_choice(b.layout, fmt.CHUNKING_MODES, f"buffer {b.name!r}'s layout")
+        validate_int(b.page_size, f"buffer {b.name!r}'s page_size", native.PAGE_MIN,
+                     native.PAGE_MAX)
+        try:
+            packed = b"".join(fmt.EXTENT.pack(off, coff, length, cid)
+                              for off, length, cid, coff in b.extents)
+            extents = [(off, coff, length, cid) for off, length, cid, coff in b.extents]
+            if any(not isinstance(cid, bytes) or len(cid) != fmt.CHUNK_ID_BYTES
+                   for _, _, _, cid in extents):
+                raise ValueError(f"a chunk id is not {fmt.CHUNK_ID_BYTES} bytes")
+            check_manifest(extents, b.size, True, f"buffer {b.name!r}")
+        except (TypeError, ValueError, struct.error, CorruptionError) as exc:
+            raise InvalidArgumentError(f"buffer {b.name!r}: extents must be (offset, length, "
+                                       f"chunk id, chunk offset) covering its {b.size} bytes: "
+                                       f"{exc}") from None
+        entries.append(records.BufferEntry(b.name, b.size, "full", 0, b.layout, b.page_size,
+                                           packed))
+    return entries
 
 
 class Group:
@@ -420,6 +500,50 @@ class Store:
             return wr.plan_buffers(view, stream, head, parent, views, opts, layout)
         return CheckpointInfo.from_commit(self._committer.commit(stream, plans, meta,
                                                                  expect_head=expect_head))
+
+    def import_checkpoint(self, stream: str, buffers, read_chunks: Callable, meta: Any = None,
+                          *, created: float | None = None, tags=()) -> CheckpointInfo:
+        """Commits a checkpoint made elsewhere, given as full manifests, as the stream's next
+        checkpoint (what snapstore.copy_checkpoints and snapstore.import_savepoint use).
+
+        Args:
+            stream: the stream it extends; its parent is the stream's head.
+            buffers: [BufferManifest], each covering its buffer (Store.manifests() of
+                another store gives them).
+            read_chunks: read_chunks(chunk ids) -> iterable of (chunk id, raw bytes). Called
+                once, with only the chunks this store lacks (not at all when it has every
+                one), in the calling thread; it must yield each of them once, in any order
+                (another store's Store.read_chunks fits). Every chunk is checked to hash to
+                its id and stored compressed per this store's options.
+            meta: the meta as stored (Store.manifests().meta: reserved keys included).
+            created: its creation time, seconds since the epoch (default: now).
+            tags: its tags.
+        Returns: CheckpointInfo (kind "full").
+        Raises: InvalidArgumentError / InvalidArgumentTypeError (bad input, nothing written),
+            CorruptionError (a chunk's bytes are not that chunk, a chunk not given, an extent
+            past its chunk's end: nothing is visible), CommitConflict (the stream's head
+            moved meanwhile), StoreIOError, ReadOnlyError, StoreClosedError."""
+        validate_name(stream, "stream")
+        entries = _manifest_entries(buffers)
+        if not callable(read_chunks):
+            raise InvalidArgumentTypeError(f"read_chunks must be callable, got "
+                                           f"{type(read_chunks).__name__}")
+        meta = validate_meta(meta)
+        if created is not None and (isinstance(created, bool) or
+                                    not isinstance(created, (int, float)) or
+                                    not math.isfinite(created) or created < 0):
+            raise InvalidArgumentError(f"created must be seconds since the epoch (a finite "
+                                       f"number >= 0) or None, got {created!r}")
+        if isinstance(tags, (str, bytes)):
+            raise InvalidArgumentTypeError(f"tags must be a list of names, got the "
+                                           f"{type(tags).__name__} {tags!r}")
+        tags = tuple(sorted({validate_name(t, "tag") for t in tags}))   # as the index keeps them
+        self._committer.check_open(write=True)
+        self._persister.prepare_sync_checkpoint(stream)
+        commit = self._committer.commit_manifests(
+            stream, entries, read_chunks, meta,
+            created=None if created is None else float(created), tags=tags)
+        return CheckpointInfo.from_commit(commit)
 
     # ---- group commits -------------------------------------------------------------------------
     def group(self, stream: str, participants, *, timeout: float = 600.0,
@@ -888,6 +1012,43 @@ class Store:
                 raise InvalidArgumentError(f"out has {len(view)} bytes; the ranges hold {total}")
             restore_ranges(r, self.backend, commit, name, checked, view)
             return out
+
+    def manifests(self, name: Any) -> CheckpointManifests:
+        """A checkpoint (named as for resolve()) as full manifests, from one index snapshot:
+        its info, its meta as stored (reserved keys included) and, per buffer, the one
+        manifest covering it (a delta chain's layers written over each other, as layout()
+        gives it). With the chunks they name (read_chunks()) they make the same checkpoint in
+        any store (import_checkpoint()). Reads only the index."""
+        with self._committer.read() as r:
+            commit = self._get_commit(r, name)
+            buffers = tuple(
+                BufferManifest(b.name, b.size,
+                               tuple((off, length, cid, coff) for off, coff, length, cid
+                                     in buffer_manifest(r, commit, b.name)),
+                               b.layout, b.page_size)
+                for b in commit.buffers)
+            return CheckpointManifests(CheckpointInfo.from_commit(commit), commit.meta,
+                                       buffers)
+
+    def read_chunks(self, chunk_ids) -> Iterator[tuple[bytes, bytes]]:
+        """Yields (chunk id, raw bytes) for each of chunk_ids (32-byte BLAKE3 ids, as
+        layout() and manifests() name them), in order, each read, checked and decoded by the
+        one chunk decoder (CorruptionError naming segment and offset on damage, or when the
+        store has no such chunk). One index snapshot and one read session for all of them,
+        held until the iterator is exhausted or closed: use it in one thread."""
+        ids = list(chunk_ids) if not isinstance(chunk_ids, (str, bytes)) else None
+        if ids is None or any(not isinstance(c, bytes) or len(c) != fmt.CHUNK_ID_BYTES
+                              for c in ids):
+            raise InvalidArgumentTypeError(f"chunk_ids must be an iterable of "
+                                           f"{fmt.CHUNK_ID_BYTES}-byte chunk ids")
+        self._committer.check_open()
+        return self._read_chunks(ids)
+
+    def _read_chunks(self, ids: list) -> Iterator[tuple[bytes, bytes]]:
+        with self._committer.read() as r, self.backend.open_reader() as segments:
+            reader = ChunkReader(self.backend, segments, r)
+            for cid in ids:
+                yield cid, bytes(reader.read(cid))
 
     def stats(self) -> dict:
         """Sizes, counts, deduplication ratio and chain lengths of the store."""

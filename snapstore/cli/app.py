@@ -18,7 +18,7 @@ from typing import Optional
 from snapstore import errors
 from snapstore.cli import (bench_cmd, diff_cmd, inspect_cmds, maintain_cmds, restore_cmd,
                            write_cmds)
-from snapstore.cli import export_cmd
+from snapstore.cli import export_cmd, transfer_cmds
 from snapstore.cli.args import (STORE_RULE, Parser, add_global_options,
                                 add_store_positional, command_options, parse_command_line)
 from snapstore.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, PROG, Problem, UsageError
@@ -66,6 +66,9 @@ examples:
   SNAPSTORE_STORE=ckpts snapstore verify --deep --json
   snapstore repair ckpts
   snapstore bench --size 1GiB --dirty 0.001,0.01,0.1 --plot overhead.png
+  snapstore copy ckpts backup               # only the chunks backup lacks
+  snapstore export ckpts best -o best.snap  # a savepoint: one portable file
+  snapstore import best.snap other-store
 """
 
 # The commands in the order `snapstore --help` lists them: each adds its subparser.
@@ -73,7 +76,7 @@ COMMANDS = (write_cmds.add_init, inspect_cmds.add_ls, inspect_cmds.add_show, dif
             restore_cmd.add_restore, write_cmds.add_rm, write_cmds.add_tag,
             write_cmds.add_retain, maintain_cmds.add_compact, maintain_cmds.add_verify,
             maintain_cmds.add_repair, inspect_cmds.add_stats, bench_cmd.add_bench,
-            export_cmd.add_export)
+            export_cmd.add_export, transfer_cmds.add_copy, transfer_cmds.add_import)
 
 # Store errors that mean "you asked for something that does not exist or is invalid".
 _USAGE_ERRORS = (UsageError, errors.CheckpointNotFound, errors.InvalidArgumentError,

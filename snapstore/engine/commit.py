@@ -9,6 +9,9 @@ object saves and the integrations (through store.checkpoint), delete, tag, retai
 commits (groups.py), compaction.
 
     commit(stream, make_plans, meta)  stores planned buffers as the stream's next checkpoint
+    commit_manifests(stream, entries, read_chunks, meta, created=, tags=)
+                                      ... pre-made full manifests, asking read_chunks only for
+                                      the chunks the store lacks (copy, savepoint import)
     apply_ops(make_ops)               claims, appends and applies delete and tag records
     exclusive(write)                  runs a block under the process's writer lock
     maintenance(exclusive)            ... and the store's maintenance lock (compact, verify)
@@ -70,7 +73,7 @@ import fcntl
 import os
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from snapstore.engine import claims as claim_rules
 from snapstore.engine import format as fmt
@@ -93,6 +96,8 @@ from snapstore.errors import (CommitConflict, ConcurrentCompactionError, Corrupt
 
 # make_plans(view, head id or None, head Commit or None) -> [BufferPlan]
 PlanMaker = Callable[[IndexView, "int | None", "Commit | None"], list]
+# read_chunks(chunk ids) -> iterable of (chunk id, raw bytes): commit_manifests' chunk source
+ChunkSource = Callable[[list], Iterable]
 
 ANY_HEAD = object()        # commit(expect_head=ANY_HEAD): whatever head the commit is planned on
 _ATTEMPTS = 5              # plans made again when garbage collection raced a commit
@@ -597,26 +602,97 @@ class Committer:
                                                     self._staging, on_stored)
                 generation = r.gc_generation()
             crashpoint("after_data_append")
-            new_chunks = sink.new_chunk_table()
-            pins = reused_chunks(entries, new_chunks)
-
-            def prepare(w: IndexWriter) -> tuple:
-                claim_rules.check_stream(w, stream, head, self.alive)
-                claim_rules.check_pins(w, claim_rules.unpack_ids(pins), generation)
-                return "commit", {"stream": stream, "parent": head, "pins": pins}
-            claimed = self.claim(prepare)
-            commit = Commit(claimed.id, stream, head, time.time(), meta, entries, new_chunks,
-                            seq=claimed.seq, order=claimed.order)
-            count_bytes_new(commit, sink.bytes_new)
-
-            def put_fingerprints(w: IndexWriter) -> None:
-                for name, fps in fingerprints:
-                    w.put_fingerprints(stream, name, commit.id, opts.page_size, fps)
-
-            self.publish([(fmt.REC_COMMIT, commit.encode())], claimed, put_fingerprints)
-            return commit
+            return self._claim_and_publish(stream, head, entries, sink, generation, meta,
+                                           fingerprints)
         except BaseException:
             log.rollback(mark)      # the chunk records too (publish dropped its claim)
+            raise
+
+    def _claim_and_publish(self, stream: str, head: int | None, entries: list,
+                           sink: wr.ChunkSink, generation: int, meta: Any,
+                           fingerprints: list, created: float | None = None,
+                           tags: tuple = ()) -> Commit:
+        """Steps 2 to 4 of a commit whose chunks `sink` appended (planned on a snapshot
+        showing `head` and GC generation `generation`): claims the stream (CommitConflict
+        unless head is still its head; claims.ChunksVanished when GC removed a chunk the
+        entries reuse), then appends the commit record, syncs and publishes it with the page
+        fingerprints [(buffer name, digests)]. The caller rolls its log back on failure."""
+        new_chunks = sink.new_chunk_table()
+        pins = reused_chunks(entries, new_chunks)
+
+        def prepare(w: IndexWriter) -> tuple:
+            claim_rules.check_stream(w, stream, head, self.alive)
+            claim_rules.check_pins(w, claim_rules.unpack_ids(pins), generation)
+            return "commit", {"stream": stream, "parent": head, "pins": pins}
+        claimed = self.claim(prepare)
+        commit = Commit(claimed.id, stream, head, time.time() if created is None else created,
+                        meta, entries, new_chunks, tags=list(tags), seq=claimed.seq,
+                        order=claimed.order)
+        count_bytes_new(commit, sink.bytes_new)
+
+        def put_fingerprints(w: IndexWriter) -> None:
+            for name, fps in fingerprints:
+                w.put_fingerprints(stream, name, commit.id, self.options.page_size, fps)
+
+        self.publish([(fmt.REC_COMMIT, commit.encode())], claimed, put_fingerprints)
+        return commit
+
+    def commit_manifests(self, stream: str, entries: list, read_chunks: ChunkSource,
+                         meta: Any, *, created: float | None = None,
+                         tags: tuple = ()) -> Commit:
+        """Commits pre-made manifests as the stream's next checkpoint (checkpoint copy and
+        savepoint import); returns the Commit.
+
+        entries: [BufferEntry] with base "full" and depth 0, each a checked full manifest of
+        its buffer whose extents name chunks by id (BLAKE3: portable between stores).
+        read_chunks(chunk ids) -> iterable of (chunk id, raw bytes): called once, with the
+        chunks this store lacks only (not at all when it has them all); it must yield each
+        of them (in any order). Each is checked (its BLAKE3 must be its id: else
+        CorruptionError) and appended to this writer's log as a chunk record compressed per
+        the store's options (ChunkSink). Then the commit is claimed and published exactly as
+        commit()'s: its parent is the stream's head in the snapshot it was made on
+        (CommitConflict when the head moved or another commit of the stream is in progress);
+        created: its creation time (default now); tags: its tags. The checkpoint has no page
+        fingerprints, so the stream's next checkpoint() is stored full (deduplicated). On any
+        failure nothing is visible and the log is rolled back. An extent reaching past its
+        chunk's raw length raises CorruptionError before anything is committed."""
+        with self._lock, io_errors("checkpoint import failed"):
+            self.check_open(write=True)
+            self.log.check_writable()
+            for _ in range(_ATTEMPTS):
+                try:
+                    return self._commit_manifests_once(stream, entries, read_chunks, meta,
+                                                       created, tags)
+                except claim_rules.ChunksVanished:
+                    continue
+        raise ConcurrentCompactionError(f"import into stream {stream!r}: compaction removed "
+                                        f"chunks it reused {_ATTEMPTS} times in a row; retry")
+
+    def _commit_manifests_once(self, stream: str, entries: list, read_chunks: ChunkSource,
+                               meta: Any, created: float | None, tags: tuple) -> Commit:
+        log = self.log
+        mark = log.position
+        try:
+            with self.index.read() as r:
+                head = r.stream_head(stream)
+                sink = wr.ChunkSink(log, r, self.options)
+                raw_lengths: dict[bytes, int] = {}
+                missing = []
+                for cid in wr.chunk_ids(entries):
+                    entry = r.chunk(cid)
+                    if entry is None:
+                        missing.append(cid)
+                    else:
+                        raw_lengths[cid] = entry.raw_len
+                if missing:
+                    raw_lengths.update(wr.put_chunks(sink, missing, read_chunks))
+                wr.check_extents_in_chunks(entries, raw_lengths)
+                generation = r.gc_generation()
+            crashpoint("after_data_append")
+            return self._claim_and_publish(stream, head, entries, sink, generation, meta, [],
+                                           created, tags)
+        except BaseException:
+            log.rollback(mark)
             raise
 
     def apply_ops(self, make_ops: Callable[[IndexView], list]) -> None:

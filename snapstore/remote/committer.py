@@ -36,8 +36,8 @@ from snapstore.engine import format as fmt
 from snapstore.engine import records
 from snapstore.engine import writer as wr
 from snapstore.engine.crashpoints import crashpoint
-from snapstore.engine.commit import ANY_HEAD, PlanMaker, count_bytes_new, io_errors, \
-    reused_chunks, store_plans
+from snapstore.engine.commit import (ANY_HEAD, ChunkSource, PlanMaker, count_bytes_new,
+                                     io_errors, reused_chunks, store_plans)
 from snapstore.engine.index import Index, IndexView
 from snapstore.engine.records import Commit
 from snapstore.engine.wal import SegmentLog
@@ -388,8 +388,11 @@ class RemoteCommitter:
         self.create_checkpoint_object(commit, reused)
         crashpoint("remote_after_checkpoint_object")
         for _ in range(100):
+            tags = dict(ref.tags)
+            if commit.tags:             # an S3 store keeps tags in the ref
+                tags[commit.id] = sorted(commit.tags)
             new_ref = ref.advanced(self.writer_id, self.next_serial(), head=commit.id,
-                                   seq=commit.seq, live=ref.live + [commit.id])
+                                   seq=commit.seq, live=ref.live + [commit.id], tags=tags)
             try:
                 new_ref = refs.write(self.client, ref, new_ref)
                 break
@@ -446,6 +449,51 @@ class RemoteCommitter:
                                    stored.fingerprints)
                 return commit
             self.publish(ref, commit, stored.reused, stored.fingerprints)
+            return commit
+
+    def commit_manifests(self, stream: str, entries: list, read_chunks: ChunkSource,
+                         meta: Any, *, created: float | None = None,
+                         tags: tuple = ()) -> Commit:
+        """Commits pre-made full manifests as the stream's next checkpoint (copy, savepoint
+        import), as Committer.commit_manifests does: read_chunks(ids) is asked only for the
+        chunks the bucket (as the cache knows it) lacks; they are checked against their ids,
+        appended to this writer's log and uploaded; then the checkpoint is published like a
+        commit() (its parent the stream's head; CommitConflict when that moved). Raises
+        CorruptionError for a chunk that does not hash to its id or an extent past its
+        chunk, before anything is committed."""
+        with self._lock, io_errors("checkpoint import failed"):
+            self.check_open(write=True)
+            self.log.check_writable()
+            if self._uploader is not None:
+                self._uploader.wait_idle()
+                self._uploader.raise_failure()
+            ref = sync.pull_stream(self.client, self.index, stream)
+            mark = self.log.position
+            try:
+                with self.index.read() as r:
+                    sink = wr.ChunkSink(self.log, r, self.options)
+                    raw_lengths: dict[bytes, int] = {}
+                    missing = []
+                    for cid in wr.chunk_ids(entries):
+                        entry = r.chunk(cid)
+                        if entry is None:
+                            missing.append(cid)
+                        else:
+                            raw_lengths[cid] = entry.raw_len
+                    if missing:
+                        raw_lengths.update(wr.put_chunks(sink, missing, read_chunks))
+                    wr.check_extents_in_chunks(entries, raw_lengths)
+                    new_chunks = sink.new_chunk_table()
+                    reused = self.reused_table(r, reused_chunks(entries, new_chunks))
+                self.log.seal()
+            except BaseException:
+                self.log.rollback(mark)
+                raise
+            self.backend.wait_uploaded()
+            commit = Commit(0, stream, ref.head, time.time() if created is None else created,
+                            meta, entries, new_chunks, tags=sorted(tags), seq=ref.seq + 1)
+            count_bytes_new(commit, sink.bytes_new)
+            self.publish(ref, commit, reused, [])
             return commit
 
     def apply_ops(self, make_ops: Callable[[IndexView], list]) -> None:

@@ -267,3 +267,37 @@ def test_the_block_cache_keeps_to_its_limit(url, tmp_path, monkeypatch):
     monkeypatch.setenv("SNAPSTORE_CACHE_BYTES", "lots")
     with pytest.raises(InvalidArgumentError, match="SNAPSTORE_CACHE_BYTES"):
         open_store(url, tmp_path / "x")
+
+
+def test_copy_between_local_and_s3_sends_only_missing_chunks(url, tmp_path, s3):
+    """snapstore copy SRC DST works between any two stores: local -> S3 -> S3 -> local."""
+    from snapstore.copying import copy_checkpoints
+    a = state(4 * MiB, seed=11)
+    with snapstore.open(tmp_path / "local") as local:
+        first = local.checkpoint({"a": a}, stream="s", meta={"m": 1})
+        local.tag(first.id, "v1")
+        a[::100_000] ^= 1
+        second = local.checkpoint({"a": a}, stream="s")
+        with open_store(url, tmp_path / "c") as remote:
+            copy_checkpoints(local, remote)
+            ids = [c.id for c in remote.checkpoints("s")]
+            assert len(ids) == 2 and remote.get("v1").meta == {"m": 1}
+            assert remote.restore(ids[-1])["a"] == a.tobytes()
+            client = s3.client()
+
+            def bucket_bytes():
+                return sum(o["Size"] for o in client.list_objects_v2(
+                    Bucket=s3.bucket, Prefix=s3.prefix).get("Contents", []))
+            before = bucket_bytes()
+            copy_checkpoints(local, remote)                      # again: nothing to send
+            assert [c.id for c in remote.checkpoints("s")] == ids
+            assert bucket_bytes() - before < 64 << 10
+            other_url = url + "-copy"
+            with open_store(other_url, tmp_path / "c2") as other:
+                copy_checkpoints(remote, other)                  # S3 -> S3
+                assert other.restore(other.latest("s").id)["a"] == a.tobytes()
+        with snapstore.open(tmp_path / "back") as back:
+            with open_store(url, tmp_path / "c3") as remote:
+                copy_checkpoints(remote, back)                   # S3 -> local
+            assert back.restore(back.latest("s").id)["a"] == a.tobytes()
+    assert second.id

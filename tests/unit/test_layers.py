@@ -43,6 +43,8 @@ LAYER_RANKS = {
     "snapstore.langgraph_streams": 7,   # its stream names, importable without LangGraph
     "snapstore.workflow": 7,
     "snapstore.diff": 7,        # checkpoint diffs over the Store API
+    "snapstore.copying": 7,     # checkpoints copied between stores over the Store API
+    "snapstore.savepoints": 7,  # one checkpoint as a portable .snap file, over the Store API
     "snapstore.bench": 8,
     "snapstore.cli": 9,
     "snapstore": 10,            # the package __init__ (the public API) and __main__
