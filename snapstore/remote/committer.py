@@ -618,6 +618,11 @@ class BackgroundUploads:
     def add(self, commit: Commit, reused: bytes, parent: int | None, segments: list,
             fingerprints: list) -> None:
         item = _InFlight(commit, reused, parent, segments, fingerprints)
+        # the promise the acknowledgement rests on: if this process dies, the next writer
+        # open of the cache directory uploads the segments and writes the ref (spool.settle)
+        spool.remember_pending(self.c.cache_path, self.c.log_number, {
+            "stream": commit.stream, "id": commit.id, "parent": parent, "seq": commit.seq,
+            "segments": segments, "writer": self.c.writer_id})
         with self.c.index.write() as w:
             sync.apply_checkpoint(w, commit, reused)
             w.put_stream(commit.stream, commit.id, max(commit.seq,
@@ -672,6 +677,8 @@ class BackgroundUploads:
             except BaseException as exc:         # noqa: BLE001 - reported to the caller
                 failed = exc
                 self._forget(item.stream)       # before anyone sees the queue move on
+            if failed is not None:      # reported to the caller: no replay after a crash
+                spool.forget_pending(self.c.cache_path, self.c.log_number, item.id)
             with self._cv:
                 self._queue.pop(0)
                 dropped = []
@@ -681,6 +688,7 @@ class BackgroundUploads:
                     dropped = [i for i in self._queue if i.stream == item.stream]
                     self._queue = [i for i in self._queue if i.stream != item.stream]
                     for later in dropped:
+                        spool.forget_pending(self.c.cache_path, self.c.log_number, later.id)
                         self._failures.append(CommitConflict(
                             f"checkpoint {later.id} of stream {later.stream!r} was not "
                             f"committed: it builds on checkpoint {item.id}, whose commit "
@@ -690,22 +698,17 @@ class BackgroundUploads:
     def _publish(self, item: _InFlight) -> None:
         with io_errors(f"checkpoint {item.id} of stream {item.stream!r} failed"):
             self.c.backend.wait_uploaded()
-            ref = refs.read(self.c.client, item.stream)
-            if ref.head != item.parent:
+            try:
+                refs.advance(self.c.client, item.stream, item.id, item.parent, item.seq,
+                             self.c.writer_id, self.c.next_serial())
+            except refs.NotOnParent as moved:
                 raise CommitConflict(
                     f"checkpoint {item.id} of stream {item.stream!r} was not committed: the "
-                    f"stream's head in the bucket is {ref.head}, not {item.parent} that it "
-                    "was made on (another writer committed meanwhile)", stream=item.stream,
-                    expected=item.parent, found=ref.head)
-            new = ref.advanced(self.c.writer_id, self.c.next_serial(), head=item.id,
-                               seq=max(item.seq, ref.seq + 1), live=ref.live + [item.id])
-            try:
-                new = refs.write(self.c.client, ref, new)
-            except refs.RefMoved as moved:
-                raise CommitConflict(
-                    f"checkpoint {item.id} of stream {item.stream!r} was not committed: "
-                    "another writer committed meanwhile", stream=item.stream,
-                    expected=item.parent, found=moved.current.head) from None
+                    f"stream's head in the bucket is {moved.current.head}, not {item.parent} "
+                    "that it was made on (another writer committed meanwhile)",
+                    stream=item.stream, expected=item.parent,
+                    found=moved.current.head) from None
+        spool.forget_pending(self.c.cache_path, self.c.log_number, item.id)
 
     def _forget(self, stream: str) -> None:
         """After a failure: the stream as the bucket has it (the failed checkpoints go)."""

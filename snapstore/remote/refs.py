@@ -88,3 +88,30 @@ def write(client: S3Client, old: Ref, new: Ref) -> Ref:
         if current.writer == new.writer and current.serial == new.serial and new.writer:
             return current          # our write landed; the 412 answered a retry of it
         raise RefMoved(current) from None
+
+
+class NotOnParent(Exception):
+    """advance() found the stream's head is not the parent the checkpoint was made on."""
+
+    def __init__(self, current: Ref) -> None:
+        super().__init__(current.stream)
+        self.current = current
+
+
+def advance(client: S3Client, stream: str, checkpoint_id: int, parent: int | None, seq: int,
+            writer: str, serial: int) -> Ref:
+    """Commits checkpoint `checkpoint_id` (its object exists) as the stream's new head, only
+    if the head is still `parent`: reads the ref, writes it If-Match. Already committed (the
+    ref lists it: a replay after the write landed) -> the ref as it is. Raises NotOnParent
+    (the head moved, or it moved while writing: RefMoved's current)."""
+    ref = read(client, stream)
+    if checkpoint_id in ref.live:
+        return ref
+    if ref.head != parent:
+        raise NotOnParent(ref)
+    new = ref.advanced(writer, serial, head=checkpoint_id, seq=max(seq, ref.seq + 1),
+                       live=ref.live + [checkpoint_id])
+    try:
+        return write(client, ref, new)
+    except RefMoved as moved:
+        raise NotOnParent(moved.current) from None

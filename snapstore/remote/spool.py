@@ -26,13 +26,14 @@ import errno
 import fcntl
 import json
 import os
+import warnings
 
 from snapstore.engine import format as fmt
 from snapstore.engine.backends.base import segment_name
-from snapstore.engine.fsutil import DEFAULT_FILE_MODE, open_regular
+from snapstore.engine.fsutil import DEFAULT_FILE_MODE, fsync_directory, open_regular
 from snapstore.engine.wal import log_of
 from snapstore.errors import RemoteError
-from snapstore.remote import layout
+from snapstore.remote import layout, refs
 from snapstore.remote.s3client import S3Client
 
 WRITERS_DIR = "writers"
@@ -102,6 +103,8 @@ def _remove_spooled(cache_path: str, log: int) -> None:
             os.unlink(os.path.join(spool_dir(cache_path), segment_name(number)))
         except FileNotFoundError:
             pass
+    for entry in pending(cache_path, log):
+        forget_pending(cache_path, log, entry["id"])
 
 
 class Session:
@@ -173,6 +176,8 @@ def _sessions(cache_path: str) -> list[int]:
             stem, _, ext = name.partition(".")
             if "." + ext == fmt.SEGMENT_SUFFIX and stem.isdigit():
                 logs.add(log_of(int(stem)))
+            elif name.endswith(PENDING_SUFFIX) and stem.isdigit():
+                logs.add(int(stem))
     except FileNotFoundError:
         pass
     return sorted(logs)
@@ -201,6 +206,88 @@ def settle_sessions(client: S3Client, cache_path: str, store_uuid: str | None) -
     return settled
 
 
+PENDING_SUFFIX = ".pending"
+
+
+def _pending_path(cache_path: str, log: int, checkpoint_id: int) -> str:
+    return os.path.join(spool_dir(cache_path), f"{log}.{checkpoint_id:020d}{PENDING_SUFFIX}")
+
+
+def remember_pending(cache_path: str, log: int, entry: dict) -> None:
+    """Durability "local": records, durably (written, fsynced with its directory), a
+    checkpoint acknowledged before its ref write: {"stream", "id", "parent", "seq",
+    "segments", "writer"}. Its segments are synced in the spool and its checkpoint object
+    exists. Raises OSError."""
+    path = _pending_path(cache_path, log, entry["id"])
+    tmp = path + ".part"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, DEFAULT_FILE_MODE)
+    try:
+        os.write(fd, json.dumps(entry).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_directory(spool_dir(cache_path))
+
+
+def forget_pending(cache_path: str, log: int, checkpoint_id: int) -> None:
+    """The checkpoint's ref write is done, or its failure was reported to its writer."""
+    try:
+        os.unlink(_pending_path(cache_path, log, checkpoint_id))
+    except FileNotFoundError:
+        pass
+
+
+def pending(cache_path: str, log: int) -> list[dict]:
+    """The checkpoints of log `log` acknowledged locally and not yet committed, by id."""
+    out = []
+    prefix = f"{log}."
+    try:
+        names = sorted(n for n in os.listdir(spool_dir(cache_path))
+                       if n.startswith(prefix) and n.endswith(PENDING_SUFFIX))
+    except FileNotFoundError:
+        return []
+    for name in names:
+        try:
+            with open(os.path.join(spool_dir(cache_path), name)) as f:
+                out.append(json.load(f))
+        except (OSError, ValueError):
+            continue            # torn before its rename: never acknowledged
+    return out
+
+
+def replay(client: S3Client, cache_path: str, log: int) -> list[dict]:
+    """Finishes what a gone durability "local" session acknowledged: for each pending
+    checkpoint, in id order, uploads its segments still in the spool (the same bytes again
+    if an upload had landed) and writes its stream's ref if the head is still its parent.
+    One whose stream moved meanwhile cannot be committed any more: it is reported (a
+    RuntimeWarning naming it) and dropped with the rest of the stream's pending ones.
+    Returns those. Raises RemoteError (all stays as it is for the next open)."""
+    lost, failed_streams = [], set()
+    for entry in pending(cache_path, log):
+        stream = entry["stream"]
+        if stream not in failed_streams:
+            for number in entry.get("segments", []):
+                path = os.path.join(spool_dir(cache_path), segment_name(number))
+                if os.path.exists(path):
+                    client.upload_file(layout.segment_key(number), path)
+            try:
+                refs.advance(client, stream, entry["id"], entry["parent"], entry["seq"],
+                             entry.get("writer", ""), 1 << 40 | entry["id"])
+                forget_pending(cache_path, log, entry["id"])
+                continue
+            except refs.NotOnParent as moved:
+                failed_streams.add(stream)
+                warnings.warn(
+                    f"snapstore: checkpoint {entry['id']} of stream {stream!r}, acknowledged "
+                    f"with durability='local' by a writer that died before committing it, "
+                    f"cannot be committed: the stream's head moved to {moved.current.head} "
+                    "meanwhile", RuntimeWarning, stacklevel=2)
+        lost.append(entry)
+        forget_pending(cache_path, log, entry["id"])
+    return lost
+
+
 def settle(client: S3Client, cache_path: str, log: int, record: dict,
            store_uuid: str | None) -> None:
     """What becomes of the spool of the gone writer session of log `log` (record: what its
@@ -208,10 +295,12 @@ def settle(client: S3Client, cache_path: str, log: int, record: dict,
 
     Durability "remote": a checkpoint is acknowledged only once its ref write landed, and
     its segments were uploaded before; so nothing in a gone session's spool is needed:
-    discard it (durability "local" acknowledges at the same point today). A durability
-    that acknowledges before the ref write would replay the spool here instead."""
-    discard(client, cache_path, log, same_store=record.get("store") == store_uuid and
-            store_uuid is not None)
+    discard it. Durability "local" acknowledges once the checkpoint is synced in the spool
+    (remember_pending): those are replayed first (replay), then the rest is discarded."""
+    same_store = record.get("store") == store_uuid and store_uuid is not None
+    if same_store:
+        replay(client, cache_path, log)
+    discard(client, cache_path, log, same_store=same_store)
 
 
 def discard(client: S3Client, cache_path: str, log: int, *, same_store: bool) -> None:

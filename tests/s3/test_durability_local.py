@@ -109,3 +109,68 @@ def test_remote_durability_async_checkpoint(url, tmp_path):
         infos = [w.checkpoint_async({"a": bytes([i]) * 10}, stream="s") for i in range(3)]
         w.flush()
         assert [f.result().seq for f in infos] == [1, 2, 3]
+
+
+def test_a_writer_killed_before_its_ref_write_is_finished_by_the_next_open(url, tmp_path):
+    """durability="local" acknowledged it: the process dies before the background upload and
+    ref write; the next writer open of the same cache directory finishes both."""
+    import os
+    import subprocess
+    import sys
+    code = f"""
+import os, sys, signal, threading, snapstore
+from snapstore.remote import segments
+gate = threading.Event()
+real = segments.RemoteSegments.wait_uploaded
+def never(self):
+    if threading.current_thread().name == "snapstore-refs":
+        gate.wait()          # the background never gets to the ref write
+    return real(self)
+segments.RemoteSegments.wait_uploaded = never
+s = snapstore.open({url!r}, cache_dir=sys.argv[1], durability="local")
+info = s.checkpoint({{"a": b"acknowledged" * 10000}}, stream="s")
+second = s.checkpoint({{"a": b"second" * 10000}}, stream="s")
+print(info.id, second.id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "w")], capture_output=True,
+                       text=True, timeout=120, env=os.environ.copy())
+    assert p.returncode == -9, p.stderr
+    first, second = map(int, p.stdout.split())
+    with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as r:
+        assert r.checkpoints("s") == []                  # not committed yet
+    with snapstore.open(url, cache_dir=str(tmp_path / "w"), durability="local") as w:
+        assert [c.id for c in w.checkpoints("s")] == [first, second]
+    with snapstore.open(url, cache_dir=str(tmp_path / "fresh2")) as r:
+        assert [c.id for c in r.checkpoints("s")] == [first, second]
+        assert r.restore(second) == {"a": b"second" * 10000}
+    spool = list((tmp_path / "w").rglob("spool/*"))
+    assert spool == [], spool
+
+
+def test_a_replay_whose_stream_moved_is_reported_and_dropped(url, tmp_path):
+    import os
+    import subprocess
+    import sys
+    code = f"""
+import os, sys, signal, threading, snapstore
+from snapstore.remote import segments
+real = segments.RemoteSegments.wait_uploaded
+def never(self):
+    if threading.current_thread().name == "snapstore-refs":
+        threading.Event().wait()
+    return real(self)
+segments.RemoteSegments.wait_uploaded = never
+s = snapstore.open({url!r}, cache_dir=sys.argv[1], durability="local")
+print(s.checkpoint({{"a": b"lost"}}, stream="s").id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "w")], capture_output=True,
+                       text=True, timeout=120, env=os.environ.copy())
+    assert p.returncode == -9, p.stderr
+    lost = int(p.stdout)
+    with snapstore.open(url, cache_dir=str(tmp_path / "o")) as other:
+        theirs = other.checkpoint({"a": b"theirs"}, stream="s")
+    with pytest.warns(RuntimeWarning, match=f"checkpoint {lost} of stream 's'"):
+        with snapstore.open(url, cache_dir=str(tmp_path / "w")) as w:
+            assert [c.id for c in w.checkpoints("s")] == [theirs.id]
