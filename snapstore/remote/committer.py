@@ -38,7 +38,7 @@ from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionErro
                               ForkedStoreError, FormatError, InvalidArgumentError,
                               ReadOnlyError, SnapstoreError, StoreClosedError)
 from snapstore.remote import checkpoints as ckpt_objects
-from snapstore.remote import layout, refs, sync
+from snapstore.remote import gcguard, layout, refs, sync
 from snapstore.remote.s3client import NotFound, PreconditionFailed, S3Client
 from snapstore.remote.segments import RemoteSegments
 
@@ -72,6 +72,7 @@ class RemoteCommitter:
         self._pulled_at = -float("inf")
         try:
             self.client = S3Client(self.url, timeout=remote_timeout)
+            self.gc_guard = gcguard.Guard(self.client)
             identity = self._open_bucket(create and not readonly)
             root = cache_dir if cache_dir is not None else layout.default_cache_root()
             self.cache_path = layout.cache_dir_for(os.path.abspath(os.fspath(root)),
@@ -214,6 +215,7 @@ class RemoteCommitter:
 
     def _pull_all(self) -> None:
         sync.pull_all(self.client, self.index)
+        self.gc_guard.refresh(self.index)       # the cache follows gc's mark
         self._pulled_at = time.monotonic()
 
     def refresh(self) -> None:
@@ -288,46 +290,63 @@ class RemoteCommitter:
             self.log.check_writable()
             if self._staging is None:
                 self._staging = bytearray(wr.STAGING_BYTES)
-            ref = sync.pull_stream(self.client, self.index, stream)
-            head = ref.head
-            if expect_head is not ANY_HEAD and head != expect_head:
-                raise CommitConflict(f"stream {stream!r}: its head is {head}, not the expected "
-                                     f"{expect_head}", stream=stream, expected=expect_head,
-                                     found=head)
-            mark = self.log.position
-            try:
-                with self.index.read() as r:
-                    sink = wr.ChunkSink(self.log, r, self.options, pause)
-                    entries, fingerprints = store_plans(r, stream, head, make_plans, sink,
-                                                        self._staging, on_stored)
-                    new_chunks = sink.new_chunk_table()
-                    reused = self._reused_table(r, reused_chunks(entries, new_chunks))
-                    next_id = r.next_id()
-                self.log.seal()
-            except BaseException:
-                self.log.rollback(mark)
-                raise
-            self.backend.wait_uploaded()
-            commit = Commit(0, stream, head, time.time(), meta, entries, new_chunks,
-                            seq=ref.seq + 1)
-            count_bytes_new(commit, sink.bytes_new)
-            self._create_checkpoint_object(commit, reused,
-                                           max(next_id, (head or 0) + 1))
-            new_ref = ref.advanced(self.writer_id, self._next_serial(), head=commit.id,
-                                   seq=commit.seq, live=ref.live + [commit.id])
-            try:
-                new_ref = refs.write(self.client, ref, new_ref)
-            except refs.RefMoved as moved:
-                raise CommitConflict(
-                    f"stream {stream!r} moved while this checkpoint was made (head "
-                    f"{moved.current.head}, not {head}): nothing was committed; read the "
-                    "new head and retry", stream=stream, expected=head,
-                    found=moved.current.head) from None
-            with self.index.write() as w:
-                sync.apply_ref(w, new_ref, {commit.id: (commit, reused)})
-                for name, fps in fingerprints:
-                    w.put_fingerprints(stream, name, commit.id, self.options.page_size, fps)
-            return commit
+            ticket = self.gc_guard.begin(self.index)
+            for _ in range(layout.GC_COMMIT_ATTEMPTS):
+                try:
+                    return self._commit_once(stream, make_plans, meta, expect_head,
+                                             on_stored, pause, ticket)
+                except gcguard.Replan:
+                    continue        # gc marked chunks it reused: planned again without them
+            raise CommitConflict(f"stream {stream!r}: garbage collection kept marking chunks "
+                                 "this checkpoint reused; nothing was committed; try again",
+                                 stream=stream)
+
+    def _commit_once(self, stream: str, make_plans: PlanMaker, meta: Any, expect_head: Any,
+                     on_stored: dict | None, pause: Callable[[], None] | None,
+                     ticket: gcguard.CommitTicket) -> Commit:
+        """One plan and commit of commit(); raises gcguard.Replan to be planned again."""
+        ref = sync.pull_stream(self.client, self.index, stream)
+        head = ref.head
+        if expect_head is not ANY_HEAD and head != expect_head:
+            raise CommitConflict(f"stream {stream!r}: its head is {head}, not the expected "
+                                 f"{expect_head}", stream=stream, expected=expect_head,
+                                 found=head)
+        mark = self.log.position
+        try:
+            with self.index.read() as r:
+                sink = wr.ChunkSink(self.log, r, self.options, pause)
+                entries, fingerprints = store_plans(r, stream, head, make_plans, sink,
+                                                    self._staging, on_stored)
+                new_chunks = sink.new_chunk_table()
+                reused = self._reused_table(r, reused_chunks(entries, new_chunks))
+                next_id = r.next_id()
+            self.log.seal()
+        except BaseException:
+            self.log.rollback(mark)
+            raise
+        self.backend.wait_uploaded()
+        self.gc_guard.check(self.index, ticket, new_chunks, reused)     # gc's mark: W1-W3
+        commit = Commit(0, stream, head, time.time(), meta, entries, new_chunks,
+                        seq=ref.seq + 1)
+        count_bytes_new(commit, sink.bytes_new)
+        self._create_checkpoint_object(commit, reused,
+                                       max(next_id, (head or 0) + 1, ticket.next_id))
+        new_ref = ref.advanced(self.writer_id, self._next_serial(), head=commit.id,
+                               seq=commit.seq, live=ref.live + [commit.id])
+        self.gc_guard.check_deadline(ticket)
+        try:
+            new_ref = refs.write(self.client, ref, new_ref)
+        except refs.RefMoved as moved:
+            raise CommitConflict(
+                f"stream {stream!r} moved while this checkpoint was made (head "
+                f"{moved.current.head}, not {head}): nothing was committed; read the "
+                "new head and retry", stream=stream, expected=head,
+                found=moved.current.head) from None
+        with self.index.write() as w:
+            sync.apply_ref(w, new_ref, {commit.id: (commit, reused)})
+            for name, fps in fingerprints:
+                w.put_fingerprints(stream, name, commit.id, self.options.page_size, fps)
+        return commit
 
     def apply_ops(self, make_ops: Callable[[IndexView], list]) -> None:
         """Deletes and tags: make_ops(view) returns [(record type, checkpoint id,
