@@ -71,7 +71,8 @@ examples:
 # The commands in the order `snapstore --help` lists them: each adds its subparser.
 COMMANDS = (write_cmds.add_init, inspect_cmds.add_ls, inspect_cmds.add_show, diff_cmd.add_diff,
             restore_cmd.add_restore, write_cmds.add_rm, write_cmds.add_tag,
-            write_cmds.add_retain, maintain_cmds.add_compact, maintain_cmds.add_verify,
+            write_cmds.add_retain, maintain_cmds.add_compact, maintain_cmds.add_gc,
+            maintain_cmds.add_verify,
             maintain_cmds.add_repair, inspect_cmds.add_stats, bench_cmd.add_bench,
             export_cmd.add_export)
 

@@ -7,6 +7,7 @@ from typing import Callable, Optional
 
 from snapstore.cli.progress import Progress, spinner
 from snapstore.engine import format as fmt
+from snapstore.remote.layout import is_remote
 from snapstore.store import open as open_snapstore
 
 EXIT_OK = 0
@@ -47,12 +48,13 @@ def same_path(a: str, b: str) -> bool:
 
 
 def open_store(args, *, write: bool = False):
-    """Opens the existing store of `args`: read-only, or as a writer when `write` (alongside
+    """Opens the existing store of `args` (a directory, or an S3 store's s3:// URL, cached
+    in the default cache directory): read-only, or as a writer when `write` (alongside
     any other writers). --timeout is the store's: how long a writer's open waits for an
     exclusive holder (a repair, a format upgrade...), and compact/verify for a running
     compaction."""
     path = store_path(args)
-    if not os.path.isdir(path):
+    if not is_remote(path) and not os.path.isdir(path):
         hint = ""
         if getattr(args, "store_source", None) == "argument" and not os.environ.get(STORE_ENV):
             hint = (" (the first argument names the store when neither -s nor "
