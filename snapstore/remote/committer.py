@@ -325,7 +325,8 @@ class RemoteCommitter:
             self.log.rollback(mark)
             raise
         self.backend.wait_uploaded()
-        self.gc_guard.check(self.index, ticket, new_chunks, reused)     # gc's mark: W1-W3
+        self.gc_guard.check(self.index, self.log, self.backend, ticket, new_chunks,
+                            reused)                 # gc's mark: W1-W3, Replan
         commit = Commit(0, stream, head, time.time(), meta, entries, new_chunks,
                         seq=ref.seq + 1)
         count_bytes_new(commit, sink.bytes_new)

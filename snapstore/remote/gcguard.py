@@ -12,14 +12,18 @@ One Guard per open S3 store:
   checkpoint's objects name another.) So a cache never plans with, nor reads from, a segment
   gc may delete, a machine back after a long time included;
 - begin(index) -> CommitTicket, at a commit's start: refresh, and the start time s;
-- check(index, ticket, new_chunks, reused), after the commit's uploads and before it
-  creates its checkpoint object: reads the mark again. (W1) a reused chunk in a segment the
-  mark names or that is missing from the bucket: the cache follows the mark as above, the
-  commit's own new chunks are kept in the cache index (the next plan reuses them instead of
-  uploading them again), and Replan is raised: the commit plans again, so it writes the
-  chunks it can no longer reuse anew into its own log. (W2) one of the commit's own new
-  segments is named by the mark: CommitConflict (the commit took too long). Then W3.
-  Sets ticket.next_id, the lowest id the checkpoint may take;
+- check(index, log, backend, ticket, new_chunks, reused), after the commit's uploads and
+  before it creates its checkpoint object: reads the mark again. (W1) a reused chunk in a
+  segment the mark names or that is missing from the bucket: the cache follows the mark as
+  above; a chunk a cached checkpoint uses that no object locates elsewhere (a checkpoint
+  committed after the mark was made uses the marked segment: legal, gc will find it
+  reachable, but this commit must not count on that) has its record copied into this
+  writer's log and uploaded, and its entry moved to the copy; the commit's own new chunks
+  are kept in the cache index (the next plan reuses them instead of uploading them again);
+  and Replan is raised: the commit plans again, so it writes the chunks the cache no
+  longer offers anew into its own log. (W2) one of the commit's own new segments is named
+  by the mark: CommitConflict (the commit took too long). Then W3. Sets ticket.next_id,
+  the lowest id the checkpoint may take;
 - check_deadline(ticket), just before the ref write: (W3) CommitConflict when more than
   g / 2 passed since s, g the smallest grace of the marks read during the commit (the
   default, layout.DEFAULT_GC_GRACE_SECONDS, when there was none).
@@ -33,8 +37,11 @@ import threading
 import time
 from dataclasses import dataclass
 
+from snapstore.engine import chunks
 from snapstore.engine import format as fmt
+from snapstore.engine.backends.base import SegmentBackend
 from snapstore.engine.index import ChunkEntry, Index
+from snapstore.engine.wal import SegmentLog
 from snapstore.errors import CommitConflict
 from snapstore.remote import gcmark, layout, reach, sync
 from snapstore.remote.s3client import S3Client
@@ -67,7 +74,7 @@ class Guard:
         self._present: set[int] = set()     # segments seen in the bucket under self.mark
         self._lock = threading.Lock()
         self.stats = {"marks": 0, "dropped": 0, "relocated": 0, "unresolved": 0,
-                      "replans": 0}
+                      "copied": 0, "replans": 0}
 
     # ---- following the mark -----------------------------------------------------------------
     def refresh(self, index: Index) -> gcmark.Mark | None:
@@ -100,11 +107,12 @@ class Guard:
         self._present.add(segment)
         return True
 
-    def _follow(self, index: Index, bad: set[int]) -> None:
+    def _follow(self, index: Index, bad: set[int]) -> set[bytes]:
         """Drops the cache's chunk entries in `bad` segments that no cached checkpoint uses;
-        moves the others to where the checkpoint objects locate them outside `bad`."""
+        moves the others to where the checkpoint objects locate them in a usable segment.
+        Returns the chunk ids left in `bad` segments (used, and located nowhere else)."""
         if not bad:
-            return
+            return set()
 
         def scan() -> tuple[set, set]:
             unused, used = set(), set()
@@ -120,10 +128,14 @@ class Guard:
             unused, used = scan()
             with index.read() as r:
                 ids = r.checkpoint_ids()
+            usable: dict[int, bool] = {n: False for n in bad}
             for commit, reused in reach.chains(self.client, ids).values():
                 for loc in reach.chunk_locations(commit, reused):
-                    if loc[0] in used and loc[1] not in bad and loc[0] not in where:
-                        where[loc[0]] = loc
+                    if loc[0] in used and loc[0] not in where:
+                        if loc[1] not in usable:
+                            usable[loc[1]] = self._usable(loc[1])
+                        if usable[loc[1]]:
+                            where[loc[0]] = loc
         with index.write() as w:
             dropped = relocated = 0
             for cid in unused:
@@ -141,6 +153,39 @@ class Guard:
         self.stats["dropped"] += dropped
         self.stats["relocated"] += relocated
         self.stats["unresolved"] += len(used) - len(where)
+        return used - where.keys()
+
+    def _copy(self, index: Index, log: SegmentLog, backend: SegmentBackend,
+              cids: set[bytes], bad: set[int]) -> None:
+        """Copies the records of chunks `cids` (cache entries in `bad` segments) into this
+        writer's log, uploads them, and moves the entries to the copies (as compaction
+        moves chunks). CorruptionError when a record cannot be read (its segment is gone:
+        a checkpoint that needs it lost it)."""
+        with index.read() as r:
+            todo = sorted(((e.segment, e.offset, cid, e.stored_len) for cid in cids
+                           if (e := r.chunk(cid)) is not None and e.segment in bad))
+        mark = log.position
+        moves = []
+        try:
+            with backend.open_reader() as segments:
+                for number, offset, cid, stored_len in todo:
+                    chunk = chunks.read_stored_chunk(segments, number, offset, stored_len, cid)
+                    seg, off = log.append(fmt.REC_CHUNK, chunk.record.codec,
+                                          [fmt.CHUNK_PREFIX.pack(cid, chunk.raw_len),
+                                           chunk.stored])
+                    moves.append((cid, seg, off))
+            log.seal()
+        except BaseException:
+            log.rollback(mark)
+            raise
+        backend.wait_uploaded()
+        with index.write() as w:
+            for cid, seg, off in moves:
+                e = w.chunk(cid)
+                if e is not None and e.segment in bad:
+                    w.put_chunk(cid, ChunkEntry(seg, off, e.stored_len, e.raw_len, e.refs,
+                                                e.codec))
+        self.stats["copied"] += len(moves)
 
     # ---- commits --------------------------------------------------------------------------
     def begin(self, index: Index) -> CommitTicket:
@@ -150,8 +195,8 @@ class Guard:
         ticket.note(self.refresh(index))
         return ticket
 
-    def check(self, index: Index, ticket: CommitTicket, new_chunks: bytes,
-              reused: bytes) -> None:
+    def check(self, index: Index, log: SegmentLog, backend: SegmentBackend,
+              ticket: CommitTicket, new_chunks: bytes, reused: bytes) -> None:
         """After the commit's uploads, before its checkpoint object: W1, W2, W3 (module
         docstring). Raises Replan or CommitConflict; sets ticket.next_id."""
         mark = self.refresh(index)
@@ -171,7 +216,9 @@ class Guard:
                                 fmt.NEW_CHUNK.iter_unpack(new_chunks):
                             if not w.has_chunk(cid):
                                 w.put_chunk(cid, ChunkEntry(seg, off, stored, raw, 0, codec))
-                    self._follow(index, bad)
+                    left = self._follow(index, bad)
+                    if left:
+                        self._copy(index, log, backend, left, bad)
                     self.stats["replans"] += 1
                     raise Replan()
                 self._present.update(own)
