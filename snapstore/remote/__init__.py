@@ -4,5 +4,7 @@ Modules: layout (keys, URLs and the remote format's constants), s3client (the on
 that talks to S3), checkpoints (checkpoint objects), refs (stream refs), segments (the
 segment backend: own segments uploaded, others read by range through a block cache), sync
 (pulling the bucket's state into the local cache index), committer (RemoteCommitter: the
-commit path of an S3 store).
+commit path of an S3 store), gc (garbage collection: mark, grace, delete), gcmark (gc's
+pending mark, gc/pending.json), reach (what checkpoints need of the bucket), gcguard (the
+writers' and caches' side of gc).
 """

@@ -24,26 +24,30 @@ A mark's `due` is its time plus the larger of its grace and the grace writers as
 before it (the replaced mark's, or layout.DEFAULT_GC_GRACE_SECONDS for the first mark): a
 smaller grace takes effect only once writers that read the larger one are done.
 
-Why nothing a commit can still name is deleted. A writer's commit (gcguard.py) starts at s,
-before it plans against its cache; it reads the mark at r, after its uploads and before it
-creates its checkpoint object; its ref write lands at c. It refuses to commit (W1) with a
-reused chunk in a segment the mark names or that is missing from the bucket, (W2) with one
-of its own new segments named by the mark, (W3) when c - s would exceed g / 2, g the
-smaller grace of the marks it read at s and at r (the default when there was none). Let
-object X, named by the checkpoint C the commit makes, be deleted by run R, from mark M
-(written at about M.at). R lists refs/ after M.due, so if c came first R reads C's ref and
-finds X reachable, and keeps it. So c > M.due. M is replaced only by R, whose mark names X
-too, before R deletes X: a mark read at r >= M's writing names X while X exists, and X is
-missing after. So X was neither reused (W1) nor new (W2) while the writer read M, R's mark
-or a later one, unless c - s > g / 2: with a later one, M.due < r and X, new, is older
-than M's grace at M.at (or X was reused). Else the writer read an earlier mark (or none)
-at r < M.at, of grace g' >= g, and M.due >= M.at + g' > r + g' / 2 >= c: a contradiction
-(a new X, or C's checkpoint object, is a candidate of M only when older than M's grace at
-M.at, so M came after r there too). Deleting a mark's objects after its replacement was
-written is harmless however late (a stalled run): until they are gone, every later mark
-names them. The bounds have slack g / 2 for the latency of a mark's and a ref's write
-and for clock differences between gc machines and the server's LastModified; both must
-stay well below it (milliseconds against the default hour).
+Why nothing a commit can still name is deleted (docs/design.md says the same). A writer's
+commit (gcguard.py) starts at s, before it plans against its cache, and reads the mark; it
+reads the mark again at r, after its uploads, before it creates its checkpoint object; its
+ref write lands at c. It does not commit (W1) with a reused chunk in a segment the mark
+names or that is missing from the bucket, (W2) with one of its own new segments named by
+the mark, (W3) when c - s would exceed g / 2, g the smallest grace of the marks it read
+(the default when there was none). Marks form one sequence (each replaces the one before).
+(L) Every mark written after a time s is due after s + g_s, g_s the grace of the mark
+current at s (the default if none): the first one written after s replaces that mark, so
+its due is at least its at + g_s, and later ones come later. Let X be an object a commit C
+names itself (a segment its chunk tables name, or C's object; what its delta ancestors
+name, their commits named, and C's parent, live in the ref from before s until c, keeps it
+reachable), and let run R delete X, from mark M, while C needs it; take C the first commit
+for which this happens. R lists refs/ once M is due: had C's ref write landed before that,
+R would have read it and kept X. So c > M.due.
+- If M was written after s, then c - s > M.due - s > g_s >= g by (L): W3 refused.
+- Else M was current or older at s. From M until X is gone every mark names X: M does, R's
+  replacement does, and a mark written while X still exists (R stalled before deleting)
+  finds it unreachable and old. So the mark read at r names X (W1, W2 refuse) or X was gone
+  at r (W1 refuses a missing reused segment). And X is not one of C's own new segments,
+  nor C's object: those came into being after s, after M was listed.
+The bounds keep g / 2 of slack for the latency of a mark's and of a ref's write and for
+clock differences between the machines running gc, the writers' and the server's
+LastModified; they must stay well below it (milliseconds against the default hour).
 """
 from __future__ import annotations
 
