@@ -606,9 +606,9 @@ class Store:
         dry_run=True deletes nothing and reports what a real run would delete (works on a
         read-only store). prune=False only deletes (space comes back at the next compact()).
         The prune runs only when something was deleted; on an S3 store never (its space
-        comes back through gc(), which deletes only after a grace period). The doomed set is decided on a
-        snapshot and deleted all or none (CheckpointNotFound, nothing deleted, if another
-        thread deleted one of them meanwhile)."""
+        comes back through gc(), which deletes only after a grace period). The doomed set is
+        decided on a snapshot and deleted all or none (CheckpointNotFound, nothing deleted,
+        if another thread deleted one of them meanwhile)."""
         validate_name(stream, "stream")
         policy = retention.Policy.of(keep_last=keep_last, keep_every=keep_every,
                                      keep_within=keep_within, keep_hourly=keep_hourly,

@@ -215,7 +215,7 @@ class RemoteCommitter:
 
     def _pull_all(self) -> None:
         sync.pull_all(self.client, self.index)
-        self.gc_guard.refresh(self.index)       # the cache follows gc's mark
+        self.gc_guard.follow(self.index)        # the cache follows gc's mark
         self._pulled_at = time.monotonic()
 
     def refresh(self) -> None:

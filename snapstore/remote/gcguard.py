@@ -2,15 +2,16 @@
 collection"; gc.py's docstring holds the safety argument rules W1-W3 below are part of).
 
 One Guard per open S3 store:
-- refresh(index), at every pull and at a commit's start: reads gc/pending.json (a
-  conditional GET by etag: no body unless it changed). When it changed, the cache follows
-  it: a chunk entry of the cache index lying in a segment the mark names, or in one missing
-  from the bucket, is dropped when no cached checkpoint uses it, and moved to where the
-  objects of the cached checkpoints (and their delta ancestors) locate it otherwise. (A
-  chunk can lie in several segments: writers that never saw each other's chunks each wrote
-  it. The cache keeps the location it learnt first, which gc may delete while a live
-  checkpoint's objects name another.) So a cache never plans with, nor reads from, a segment
-  gc may delete, a machine back after a long time included;
+- refresh(index), at a commit's start (follow(index) at every pull: the same, but a
+  damaged mark stops no read): reads gc/pending.json (a conditional GET by etag: no body
+  unless it changed). When it changed, the cache follows it: a chunk entry of the cache
+  index lying in a segment the mark names, or in one missing from the bucket, is dropped
+  when no cached checkpoint uses it, and moved to where the objects of the cached
+  checkpoints (and their delta ancestors) locate it otherwise. (A chunk can lie in several
+  segments: writers that never saw each other's chunks each wrote it. The cache keeps the
+  location it learnt first, which gc may delete while a live checkpoint's objects name
+  another.) So a cache neither plans with nor reads from a segment gc may delete, a machine
+  back after a long time included;
 - begin(index) -> CommitTicket, at a commit's start: refresh, and the start time s;
 - check(index, log, backend, ticket, new_chunks, reused), after the commit's uploads and
   before it creates its checkpoint object: reads the mark again. (W1) a reused chunk in a
@@ -42,7 +43,7 @@ from snapstore.engine import format as fmt
 from snapstore.engine.backends.base import SegmentBackend
 from snapstore.engine.index import ChunkEntry, Index
 from snapstore.engine.wal import SegmentLog
-from snapstore.errors import CommitConflict
+from snapstore.errors import CommitConflict, CorruptionError
 from snapstore.remote import gcmark, layout, reach, sync
 from snapstore.remote.s3client import S3Client
 
@@ -93,6 +94,14 @@ class Guard:
                     used = {entry.segment for _, entry in r.chunks()}
                 self._follow(index, {n for n in used if not self._usable(n)})
             return mark
+
+    def follow(self, index: Index) -> None:
+        """refresh() for a pull: a damaged mark does not stop reads (commits and gc report
+        it: they cannot go on without knowing what gc may delete)."""
+        try:
+            self.refresh(index)
+        except CorruptionError:
+            pass
 
     def _usable(self, segment: int) -> bool:
         """Whether the current mark leaves the segment alone and it is in the bucket."""

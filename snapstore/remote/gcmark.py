@@ -14,7 +14,9 @@ before their commit point (gcguard.py).
      "segments": [segment numbers], "checkpoints": [ids], "groups": [keys under groups/]}
 
 A store has no mark until its first gc run; after that there is always exactly one, replaced
-(If-Match) only by the run that deletes its objects.
+(If-Match) only by the run that deletes its objects. It is part of the store: writers take
+"no mark" to mean that gc never ran (nothing was ever deleted), so it must never be deleted
+by hand.
 """
 from __future__ import annotations
 
@@ -66,7 +68,9 @@ def decode(data: bytes, etag: str | None) -> Mark:
                     frozenset(int(i) for i in d["checkpoints"]),
                     frozenset(str(k) for k in d["groups"]), etag)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptionError(f"the gc mark {key!r} is damaged: {exc}") from None
+        raise CorruptionError(f"the gc mark {key!r} is damaged ({exc}): writers cannot know "
+                              "what garbage collection may delete, so nothing commits") \
+            from None
     if not mark.grace >= layout.MIN_GC_GRACE_SECONDS or not mark.due >= mark.at + mark.grace:
         raise CorruptionError(f"the gc mark {key!r} is damaged: grace {mark.grace}, at "
                               f"{mark.at}, due {mark.due}")

@@ -10,7 +10,6 @@ marked GRACE + 1 s after it was written (LastModified has 1 s resolution): OLD.
 """
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
@@ -20,8 +19,8 @@ import pytest
 
 import snapstore
 from cli_runner import cli_error, cli_json, cli_ok
-from snapstore.errors import (CommitConflict, CheckpointNotFound, InvalidArgumentError,
-                              ReadOnlyError, StoreClosedError)
+from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionError,
+                              InvalidArgumentError, ReadOnlyError, StoreClosedError)
 from snapstore.remote import checkpoints as ckpt_objects
 from snapstore.remote import layout, reach
 
@@ -277,6 +276,20 @@ def test_wrong_use(url, tmp_path):
         s.gc(grace=GRACE)
     with pytest.raises(StoreClosedError):
         s.gc(grace=GRACE, dry_run=True)
+
+
+def test_a_damaged_mark_stops_commits_and_gc(url, tmp_path, s3):
+    with open_store(url, tmp_path / "c") as s:
+        s.checkpoint({"a": b"1"}, stream="s")
+        s3.client().put_object(Bucket=s3.bucket, Key=s3.prefix + layout.GC_PENDING_KEY,
+                               Body=b'{"at": 1')
+        with pytest.raises(CorruptionError, match="gc/pending.json"):
+            s.checkpoint({"a": b"2"}, stream="s")
+        with pytest.raises(CorruptionError, match="gc/pending.json"):
+            s.gc(grace=GRACE)
+        s.refresh()                                         # reads go on
+        assert [c.seq for c in s.checkpoints("s")] == [1]
+        assert s.restore("s") == {"a": b"1"}
 
 
 # ---- the writer guard -----------------------------------------------------------------------
