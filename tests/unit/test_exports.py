@@ -30,6 +30,15 @@ INTERNAL = {
     "snapstore.engine.claims.ChunksVanished": "the commit path's control flow: the commit "
                                               "is planned again",
     "snapstore.engine.commit._NothingToDo": "apply_ops's control flow",
+    "snapstore.remote.gcguard.Replan": "the S3 commit path's control flow: the commit is "
+                                       "planned again",
+    "snapstore.remote.gcmark.MarkRaced": "gc's control flow: another run replaced the mark",
+    "snapstore.remote.s3client.NotFound": "an S3 answer, turned into what it means by "
+                                          "its callers",
+    "snapstore.remote.s3client.PreconditionFailed": "an S3 answer, turned into what it means "
+                                                    "by its callers",
+    "snapstore.remote.refs.RefMoved": "the S3 commit path's control flow: CommitConflict or "
+                                      "a retry",
     "snapstore.cli.common.UsageError": "the CLI's own control flow (exit codes)",
     "snapstore.cli.common.Problem": "the CLI's own control flow (exit codes)",
     "snapstore.bench.errors.BenchError": "the bench harness's one error, in its own package",
