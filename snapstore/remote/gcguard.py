@@ -78,10 +78,16 @@ class Guard:
                       "copied": 0, "replans": 0}
 
     # ---- following the mark -----------------------------------------------------------------
-    def refresh(self, index: Index) -> gcmark.Mark | None:
-        """The mark in the bucket now; when it changed, the cache follows it first."""
+    def refresh(self, index: Index, *, damaged_ok: bool = False) -> gcmark.Mark | None:
+        """The mark in the bucket now; when it changed, the cache follows it first. A
+        damaged mark raises CorruptionError, or with damaged_ok leaves all as it was."""
         with self._lock:
-            mark = gcmark.read(self.client, self.mark if self._read else None)
+            try:
+                mark = gcmark.read(self.client, self.mark if self._read else None)
+            except CorruptionError:
+                if damaged_ok:
+                    return self.mark
+                raise
             if self._read and mark is self.mark:
                 return mark
             self.mark, self._read, self._present = mark, True, set()
@@ -98,10 +104,7 @@ class Guard:
     def follow(self, index: Index) -> None:
         """refresh() for a pull: a damaged mark does not stop reads (commits and gc report
         it: they cannot go on without knowing what gc may delete)."""
-        try:
-            self.refresh(index)
-        except CorruptionError:
-            pass
+        self.refresh(index, damaged_ok=True)
 
     def _usable(self, segment: int) -> bool:
         """Whether the current mark leaves the segment alone and it is in the bucket."""
