@@ -33,7 +33,8 @@ itself locks them out: creating it, upgrading its format, `repair` (which waits 
 writer to close) and writers of an older snapstore. Compactions (compact, retain's prune) run
 one at a time, and verify waits for a running one. A command kept out fails at once, exit 1,
 naming the holder's pid, host and since-when; --timeout SECONDS waits for it first. ls, show,
-restore, diff and stats take no lock.
+restore, diff and stats take no lock, nor does anything on an S3 store (s3://BUCKET/PREFIX):
+gc deletes its garbage while its writers write.
 
 checkpoint names (show, restore, diff, rm, tag), in this order of precedence:
   7              the checkpoint id, as `ls` shows it (digits are always an id)
