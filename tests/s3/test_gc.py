@@ -240,6 +240,11 @@ def test_a_delta_chain_whose_middle_is_deleted_keeps_the_ancestors_it_needs(url,
         assert needed <= segments_in_bucket(s3)
         assert s.restore(chain[3]) == expected[chain[3]]
         assert_nothing_live_is_missing(s3, s)
+    with open_store(url, tmp_path / "fresh") as s:     # knows no id above chain[3]
+        assert other.id == chain[3] + 1
+        new = s.checkpoint({"n": b"new"}, stream="new")
+        assert new.id > other.id            # a collected checkpoint's id is never taken again
+        expected[new.id] = {"n": b"new"}
     assert_restores(url, tmp_path / "empty", expected)
 
 
