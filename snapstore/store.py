@@ -41,6 +41,7 @@ from snapstore.engine.validation import (buffer_view, check_choice, validate_buf
                                          validate_path, validate_timeout)
 from snapstore.engine.verify import verify as verify_store
 from snapstore.errors import CorruptionError, InvalidArgumentError, InvalidArgumentTypeError
+from snapstore.remote import gc as remote_gc
 from snapstore.remote import groups as remote_groups
 from snapstore.remote import layout as remote_layout
 from snapstore.remote.committer import RemoteCommitter, rebuild_cache
@@ -382,6 +383,7 @@ class Store:
         # group commits: engine/groups.py over the index, remote/groups.py over the bucket
         # (the same operations, taking this Store's committer)
         self._groups = remote_groups if remote else local_groups
+        self._remote = remote
         self.backend = self._committer.backend
         self._persister = Persister(self._committer, staging_bytes, CheckpointInfo.from_commit)
         _STORES.add(self)
@@ -741,9 +743,10 @@ class Store:
 
         dry_run=True deletes nothing and reports what a real run would delete (works on a
         read-only store). prune=False only deletes (space comes back at the next compact()).
-        The prune runs only when something was deleted. The doomed set is decided on a
-        snapshot and deleted all or none (CheckpointNotFound, nothing deleted, if another
-        thread deleted one of them meanwhile)."""
+        The prune runs only when something was deleted; on an S3 store never (its space
+        comes back through gc(), which deletes only after a grace period). The doomed set is
+        decided on a snapshot and deleted all or none (CheckpointNotFound, nothing deleted,
+        if another thread deleted one of them meanwhile)."""
         validate_name(stream, "stream")
         policy = retention.Policy.of(keep_last=keep_last, keep_every=keep_every,
                                      keep_within=keep_within, keep_hourly=keep_hourly,
@@ -765,6 +768,7 @@ class Store:
             # maintenance lock when pruning, taken first: a running compaction makes retain
             # wait (up to the store's timeout) or fail before it deletes anything, never
             # between its deletes and its prune.
+            prune = prune and not self._remote
             with (self._committer.maintenance(exclusive=True) if prune and doomed
                   else contextlib.nullcontext()):
                 self.delete_many(reversed(doomed))     # newest first: merges stay small
@@ -801,7 +805,10 @@ class Store:
         index_bytes_after, store_bytes_before/store_bytes_after (segments + index: what the
         store occupies), index_shrunk, chunks freed, segments rewritten and removed, live
         bytes copied, chains folded, chunks trimmed, seconds. Safe to interrupt at any
-        moment, a crash included."""
+        moment, a crash included. An S3 store has gc() instead (InvalidArgumentError)."""
+        if self._remote:
+            raise InvalidArgumentError(f"{self.path} is an S3 store: its space comes back "
+                                       "through gc(), not compact()")
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
                 or not 0 <= threshold <= 1:
             raise InvalidArgumentError(f"threshold must be a number from 0 to 1, got "
@@ -825,6 +832,43 @@ class Store:
                                       max_garbage=None if max_garbage is None
                                       else float(max_garbage),
                                       shrink=shrink_index)
+
+    def gc(self, grace: float = remote_layout.DEFAULT_GC_GRACE_SECONDS, dry_run: bool = False,
+           wait: bool = False) -> dict:
+        """An S3 store: deletes the objects of deleted checkpoints (garbage collection
+        without a lock; docs/design.md, "Garbage collection"). A run marks what no ref
+        reaches and is older than `grace` seconds (segments, checkpoint objects; abandoned
+        group commits after 2 * grace) in gc/pending.json; a later run, once that mark is
+        due (`grace` after it, or the larger grace writers used before it: the first mark
+        of a store waits DEFAULT_GC_GRACE_SECONDS, an hour), deletes what is still
+        unreachable. Writers go on meanwhile: a commit that took longer than grace / 2
+        fails with CommitConflict, one that reused chunks gc marked writes them anew.
+
+        grace: seconds (>= 1; default 3600); dry_run: mark, write and delete nothing, report
+        what a run would do (works on a read-only store); wait: when the run leaves a mark
+        naming objects, sleep until it is due and run again (what this call marked is
+        deleted before it returns).
+
+        Returns {"checkpoints_live", "checkpoints_reachable", "segments_reachable",
+        "marked": {"segments": [...], "checkpoints": [...], "groups": [...], "bytes"},
+        "deleted": (the same), "bytes_deleted", "aborted_uploads", "mark_written",
+        "mark_at", "due_at", "raced", "runs", "dry_run", "seconds"}. A local store raises
+        InvalidArgumentError (its space comes back through compact()); a closed one
+        StoreClosedError; RemoteError, CorruptionError (a ref or a needed checkpoint
+        object is damaged or missing: then nothing is deleted)."""
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or \
+                not remote_layout.MIN_GC_GRACE_SECONDS <= grace < math.inf:
+            raise InvalidArgumentError(f"grace must be a number of seconds from "
+                                       f"{remote_layout.MIN_GC_GRACE_SECONDS:g}, got {grace!r}")
+        dry_run = validate_flag(dry_run, "dry_run")
+        wait = validate_flag(wait, "wait")
+        if not self._remote:
+            raise InvalidArgumentError(f"gc() is for S3 stores; {self.path} is a local store: "
+                                       "its space comes back through compact()")
+        c = self._committer
+        c.check_open(write=not dry_run)
+        with io_errors("garbage collection failed"):
+            return remote_gc.collect(c.client, grace=float(grace), dry_run=dry_run, wait=wait)
 
     def verify(self, deep: bool = False) -> dict:
         """Checks the store; returns a report {"ok", "problems": [...], ...}. Each problem has

@@ -54,7 +54,8 @@ def same_path(a: str, b: str) -> bool:
 
 
 def open_store(args, *, write: bool = False):
-    """Opens the existing store of `args`: read-only, or as a writer when `write` (alongside
+    """Opens the existing store of `args` (a directory, or an S3 store's s3:// URL, cached
+    in the default cache directory): read-only, or as a writer when `write` (alongside
     any other writers). --timeout is the store's: how long a writer's open waits for an
     exclusive holder (a repair, a format upgrade...), and compact/verify for a running
     compaction."""

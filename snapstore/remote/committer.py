@@ -45,7 +45,7 @@ from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionErro
                               ForkedStoreError, FormatError, InvalidArgumentError,
                               ReadOnlyError, SnapstoreError, StoreClosedError)
 from snapstore.remote import checkpoints as ckpt_objects
-from snapstore.remote import layout, refs, spool, sync
+from snapstore.remote import gcguard, layout, refs, spool, sync
 from snapstore.remote.s3client import NotFound, PreconditionFailed, S3Client
 from snapstore.remote.segments import RemoteSegments
 
@@ -97,6 +97,7 @@ class RemoteCommitter:
         self._uploader = None
         try:
             self.client = S3Client(self.url, timeout=remote_timeout)
+            self.gc_guard = gcguard.Guard(self.client)
             identity = self._open_bucket(create and not readonly)
             root = cache_dir if cache_dir is not None else layout.default_cache_root()
             self.cache_path = layout.cache_dir_for(os.path.abspath(os.fspath(root)),
@@ -268,6 +269,7 @@ class RemoteCommitter:
     def _pull_all(self) -> None:
         skip = self._uploader.streams() if self._uploader is not None else set()
         sync.pull_all(self.client, self.index, skip=skip)
+        self.gc_guard.follow(self.index)        # the cache follows gc's mark
         self._pulled_at = time.monotonic()
 
     def flush(self) -> None:
@@ -310,12 +312,13 @@ class RemoteCommitter:
         """A number unique to this writer's ref writes (thread-safe)."""
         return next(self._serials)
 
-    def create_checkpoint_object(self, commit: Commit, reused: bytes) -> None:
+    def create_checkpoint_object(self, commit: Commit, reused: bytes, floor: int = 0) -> None:
         """Creates checkpoints/<id> If-None-Match: *, for the first free id past the cache's
-        newest and the commit's parent; sets commit.id."""
+        newest, the commit's parent and `floor` (gc's mark names the next id it ever
+        allocated: ids of deleted objects are never taken again); sets commit.id."""
         with self.index.read() as r:
             next_id = r.next_id()
-        candidate = max(next_id, (commit.parent or 0) + 1)
+        candidate = max(next_id, (commit.parent or 0) + 1, floor)
         for attempt in range(10_000):
             commit.id = candidate
             try:
@@ -376,7 +379,8 @@ class RemoteCommitter:
                             segments)
 
     def publish(self, ref: refs.Ref, commit: Commit, reused: bytes, fingerprints: list, *,
-                still_follows: Callable[[refs.Ref], bool] | None = None) -> refs.Ref:
+                still_follows: Callable[[refs.Ref], bool] | None = None,
+                ticket: "gcguard.CommitTicket | None" = None) -> refs.Ref:
         """Steps 3 to 5 of a commit: creates the checkpoint object (allocating commit.id),
         writes the stream's ref (read as `ref`) advanced by it with If-Match (the commit
         point), applies it to the cache with its page fingerprints [(buffer, digests)];
@@ -385,8 +389,10 @@ class RemoteCommitter:
         way that commutes with it: a tag, a delete of an older checkpoint), when the write
         is tried again against the new ref."""
         stream, head = commit.stream, commit.parent
-        self.create_checkpoint_object(commit, reused)
+        self.create_checkpoint_object(commit, reused, ticket.next_id if ticket else 0)
         crashpoint("remote_after_checkpoint_object")
+        if ticket is not None:
+            self.gc_guard.check_deadline(ticket)
         for _ in range(100):
             tags = dict(ref.tags)
             if commit.tags:             # an S3 store keeps tags in the ref
@@ -425,31 +431,48 @@ class RemoteCommitter:
             self.log.check_writable()
             if self._uploader is not None:
                 self._uploader.raise_failure()
-            in_flight = self._uploader.last_of(stream) if self._uploader else None
-            if in_flight is None:
-                ref = sync.pull_stream(self.client, self.index, stream)
-            else:       # builds on a local commit whose ref write is still to come
-                ref = refs.Ref(stream, in_flight.id, in_flight.seq)
-            head = ref.head
-            if expect_head is not ANY_HEAD and head != expect_head:
-                raise CommitConflict(f"stream {stream!r}: its head is {head}, not the expected "
-                                     f"{expect_head}", stream=stream, expected=expect_head,
-                                     found=head)
-            local = self._uploader is not None
-            stored = self.store_chunks(stream, head, make_plans, on_stored, pause,
-                                       wait=not local)
-            commit = Commit(0, stream, head, time.time(), meta, stored.entries,
-                            stored.new_chunks, seq=ref.seq + 1)
-            count_bytes_new(commit, stored.bytes_new)
-            if local:
-                # durable in the local log (sealed and synced); the ref is written in the
-                # background once the segments are uploaded
-                self.create_checkpoint_object(commit, stored.reused)
-                self._uploader.add(commit, stored.reused, head, stored.segments,
-                                   stored.fingerprints)
-                return commit
-            self.publish(ref, commit, stored.reused, stored.fingerprints)
+            ticket = self.gc_guard.begin(self.index)
+            for _ in range(layout.GC_COMMIT_ATTEMPTS):
+                try:
+                    return self._commit_once(stream, make_plans, meta, expect_head,
+                                             on_stored, pause, ticket)
+                except gcguard.Replan:
+                    continue        # gc marked chunks it reused: planned again without them
+            raise CommitConflict(f"stream {stream!r}: garbage collection kept marking chunks "
+                                 "this checkpoint reused; nothing was committed; try again",
+                                 stream=stream)
+
+    def _commit_once(self, stream: str, make_plans: PlanMaker, meta: Any, expect_head: Any,
+                     on_stored: dict | None, pause: Callable[[], None] | None,
+                     ticket: gcguard.CommitTicket) -> Commit:
+        """One plan and commit of commit(); raises gcguard.Replan to be planned again."""
+        in_flight = self._uploader.last_of(stream) if self._uploader else None
+        if in_flight is None:
+            ref = sync.pull_stream(self.client, self.index, stream)
+        else:       # builds on a local commit whose ref write is still to come
+            ref = refs.Ref(stream, in_flight.id, in_flight.seq)
+        head = ref.head
+        if expect_head is not ANY_HEAD and head != expect_head:
+            raise CommitConflict(f"stream {stream!r}: its head is {head}, not the expected "
+                                 f"{expect_head}", stream=stream, expected=expect_head,
+                                 found=head)
+        local = self._uploader is not None
+        stored = self.store_chunks(stream, head, make_plans, on_stored, pause,
+                                   wait=not local)
+        self.gc_guard.check(self.index, self.log, self.backend, ticket, stored.new_chunks,
+                            stored.reused)      # gc's mark: W1-W3, Replan
+        commit = Commit(0, stream, head, time.time(), meta, stored.entries,
+                        stored.new_chunks, seq=ref.seq + 1)
+        count_bytes_new(commit, stored.bytes_new)
+        if local:
+            # durable in the local log (sealed and synced); the ref is written in the
+            # background once the segments are uploaded
+            self.create_checkpoint_object(commit, stored.reused, ticket.next_id)
+            self._uploader.add(commit, stored.reused, head, stored.segments,
+                               stored.fingerprints, ticket)
             return commit
+        self.publish(ref, commit, stored.reused, stored.fingerprints, ticket=ticket)
+        return commit
 
     def commit_manifests(self, stream: str, entries: list, read_chunks: ChunkSource,
                          meta: Any, *, created: float | None = None,
@@ -467,34 +490,49 @@ class RemoteCommitter:
             if self._uploader is not None:
                 self._uploader.wait_idle()
                 self._uploader.raise_failure()
-            ref = sync.pull_stream(self.client, self.index, stream)
-            mark = self.log.position
-            try:
-                with self.index.read() as r:
-                    sink = wr.ChunkSink(self.log, r, self.options)
-                    raw_lengths: dict[bytes, int] = {}
-                    missing = []
-                    for cid in wr.chunk_ids(entries):
-                        entry = r.chunk(cid)
-                        if entry is None:
-                            missing.append(cid)
-                        else:
-                            raw_lengths[cid] = entry.raw_len
-                    if missing:
-                        raw_lengths.update(wr.put_chunks(sink, missing, read_chunks))
-                    wr.check_extents_in_chunks(entries, raw_lengths)
-                    new_chunks = sink.new_chunk_table()
-                    reused = self.reused_table(r, reused_chunks(entries, new_chunks))
-                self.log.seal()
-            except BaseException:
-                self.log.rollback(mark)
-                raise
-            self.backend.wait_uploaded()
-            commit = Commit(0, stream, ref.head, time.time() if created is None else created,
-                            meta, entries, new_chunks, tags=sorted(tags), seq=ref.seq + 1)
-            count_bytes_new(commit, sink.bytes_new)
-            self.publish(ref, commit, reused, [])
-            return commit
+            ticket = self.gc_guard.begin(self.index)
+            for _ in range(layout.GC_COMMIT_ATTEMPTS):
+                try:
+                    return self._commit_manifests_once(stream, entries, read_chunks, meta,
+                                                       created, tags, ticket)
+                except gcguard.Replan:
+                    continue
+            raise CommitConflict(f"stream {stream!r}: garbage collection kept marking chunks "
+                                 "this import reused; nothing was committed; try again",
+                                 stream=stream)
+
+    def _commit_manifests_once(self, stream: str, entries: list, read_chunks: ChunkSource,
+                               meta: Any, created: float | None, tags: tuple,
+                               ticket: gcguard.CommitTicket) -> Commit:
+        ref = sync.pull_stream(self.client, self.index, stream)
+        mark = self.log.position
+        try:
+            with self.index.read() as r:
+                sink = wr.ChunkSink(self.log, r, self.options)
+                raw_lengths: dict[bytes, int] = {}
+                missing = []
+                for cid in wr.chunk_ids(entries):
+                    entry = r.chunk(cid)
+                    if entry is None:
+                        missing.append(cid)
+                    else:
+                        raw_lengths[cid] = entry.raw_len
+                if missing:
+                    raw_lengths.update(wr.put_chunks(sink, missing, read_chunks))
+                wr.check_extents_in_chunks(entries, raw_lengths)
+                new_chunks = sink.new_chunk_table()
+                reused = self.reused_table(r, reused_chunks(entries, new_chunks))
+            self.log.seal()
+        except BaseException:
+            self.log.rollback(mark)
+            raise
+        self.backend.wait_uploaded()
+        self.gc_guard.check(self.index, self.log, self.backend, ticket, new_chunks, reused)
+        commit = Commit(0, stream, ref.head, time.time() if created is None else created,
+                        meta, entries, new_chunks, tags=sorted(tags), seq=ref.seq + 1)
+        count_bytes_new(commit, sink.bytes_new)
+        self.publish(ref, commit, reused, [], ticket=ticket)
+        return commit
 
     def apply_ops(self, make_ops: Callable[[IndexView], list]) -> None:
         """Deletes and tags: make_ops(view) returns [(record type, checkpoint id,
@@ -590,8 +628,8 @@ class _InFlight:
     """A checkpoint committed locally (durability "local") waiting for its ref write."""
 
     def __init__(self, commit: Commit, reused: bytes, parent: int | None, segments: list,
-                 fingerprints: list) -> None:
-        self.commit, self.reused, self.parent = commit, reused, parent
+                 fingerprints: list, ticket) -> None:
+        self.commit, self.reused, self.parent, self.ticket = commit, reused, parent, ticket
         self.segments, self.fingerprints = segments, fingerprints
         self.id, self.seq, self.stream = commit.id, commit.seq, commit.stream
 
@@ -616,8 +654,8 @@ class BackgroundUploads:
         self._thread.start()
 
     def add(self, commit: Commit, reused: bytes, parent: int | None, segments: list,
-            fingerprints: list) -> None:
-        item = _InFlight(commit, reused, parent, segments, fingerprints)
+            fingerprints: list, ticket: "gcguard.CommitTicket | None" = None) -> None:
+        item = _InFlight(commit, reused, parent, segments, fingerprints, ticket)
         # the promise the acknowledgement rests on: if this process dies, the next writer
         # open of the cache directory uploads the segments and writes the ref (spool.settle)
         spool.remember_pending(self.c.cache_path, self.c.log_number, {
@@ -698,6 +736,8 @@ class BackgroundUploads:
     def _publish(self, item: _InFlight) -> None:
         with io_errors(f"checkpoint {item.id} of stream {item.stream!r} failed"):
             self.c.backend.wait_uploaded()
+            if item.ticket is not None:     # gc's grace: W3
+                self.c.gc_guard.check_deadline(item.ticket)
             try:
                 refs.advance(self.c.client, item.stream, item.id, item.parent, item.seq,
                              self.c.writer_id, self.c.next_serial())

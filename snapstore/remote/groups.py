@@ -55,7 +55,7 @@ from snapstore.engine.index import IndexWriter
 from snapstore.engine.reader import buffer_layers
 from snapstore.engine.records import BufferEntry, Commit
 from snapstore.errors import CommitConflict, CorruptionError, GroupError, SnapstoreError
-from snapstore.remote import layout, parts, refs, sync
+from snapstore.remote import gcguard, layout, parts, refs, sync
 from snapstore.remote.committer import RemoteCommitter
 from snapstore.remote.s3client import NotFound, PreconditionFailed
 
@@ -324,7 +324,20 @@ def commit_group(c: RemoteCommitter, group: str, meta: Any, timeout: float | Non
         with c.index.read() as r:
             entries = whole_if_mostly_changed(r, header.parent, group, entries,
                                               c.options.full_threshold)
-            reused = _reused(c, r, entries, new_chunks, order)
+        # gc's mark (as for a checkpoint): parts' segments it marked -> CommitConflict;
+        # reused chunks in marked segments are relocated (or copied) in the cache first
+        ticket = c.gc_guard.begin(c.index)
+        for _ in range(layout.GC_COMMIT_ATTEMPTS):
+            with c.index.read() as r:
+                reused = _reused(c, r, entries, new_chunks, order)
+            try:
+                c.gc_guard.check(c.index, c.log, c.backend, ticket, new_chunks, reused)
+                break
+            except gcguard.Replan:
+                continue
+        else:
+            raise CommitConflict(f"group {group}: garbage collection kept marking chunks it "
+                                 "reused; try again", stream=header.stream)
         commit = Commit(0, header.stream, header.parent, time.time(),
                         group_meta(group, {p.participant: p.meta for p in order}, meta),
                         entries, new_chunks, seq=header.seq + 1)
@@ -335,7 +348,8 @@ def commit_group(c: RemoteCommitter, group: str, meta: Any, timeout: float | Non
             raise _ended(group, outcome)
         crashpoint("before_group_ref")
         try:
-            c.publish(ref, commit, reused, [], still_follows=lambda now: _follows(header, now))
+            c.publish(ref, commit, reused, [], still_follows=lambda now: _follows(header, now),
+                      ticket=ticket)
         except CommitConflict:
             _clean_up(c, header)
             raise

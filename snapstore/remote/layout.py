@@ -53,7 +53,11 @@ DURABILITY_MODES = ("remote", "local")   # an S3 store's; "remote" is the defaul
 DEFAULT_REMOTE_SEGMENT_SIZE = 64 << 20   # a pack: one multipart upload of a few parts
 DEFAULT_REFRESH_SECONDS = 1.0
 DEFAULT_REMOTE_TIMEOUT = 120.0
-DEFAULT_GC_GRACE_SECONDS = 3600.0
+DEFAULT_GC_GRACE_SECONDS = 3600.0       # also what writers assume while no gc mark exists
+MIN_GC_GRACE_SECONDS = 1.0               # writers get grace / 2 for a commit: never nothing
+MODIFIED_RESOLUTION = 1.0                # S3's LastModified is truncated to whole seconds
+GC_GROUP_GRACES = 2                      # groups/ objects older than this many graces: garbage
+GC_COMMIT_ATTEMPTS = 3                   # plans of one commit when gc marks what it reused
 CACHE_BLOCK = 1 << 20                    # remote segments are read and cached in blocks
 
 

@@ -174,6 +174,23 @@ class S3Client:
             return answer["Body"].read(), answer.get("ETag", "")
         return self._call("GET", key, fetch)
 
+    def get_if_changed(self, key: str, etag: str | None) -> tuple[bytes, str] | None:
+        """(bytes, etag) of the object, or None when its etag is still `etag` (a conditional
+        GET: the server answers 304 without the body). Raises NotFound, RemoteError."""
+        if etag is None:
+            return self.get(key)
+        kwargs = {"Bucket": self.url.bucket, "Key": self.url.key(key), "IfNoneMatch": etag}
+
+        def fetch():
+            try:
+                answer = self._client.get_object(**kwargs)
+            except self._exc.ClientError as exc:
+                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 304:
+                    return None
+                raise
+            return answer["Body"].read(), answer.get("ETag", "")
+        return self._call("GET", key, fetch)
+
     def head(self, key: str) -> ObjectInfo | None:
         """Size and LastModified of the object, None when it does not exist."""
         def fetch():

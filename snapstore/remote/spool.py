@@ -33,7 +33,7 @@ from snapstore.engine.backends.base import segment_name
 from snapstore.engine.fsutil import DEFAULT_FILE_MODE, fsync_directory, open_regular
 from snapstore.engine.wal import log_of
 from snapstore.errors import RemoteError
-from snapstore.remote import layout, refs
+from snapstore.remote import gcmark, layout, refs
 from snapstore.remote.s3client import S3Client
 
 WRITERS_DIR = "writers"
@@ -264,8 +264,20 @@ def replay(client: S3Client, cache_path: str, log: int) -> list[dict]:
     RuntimeWarning naming it) and dropped with the rest of the stream's pending ones.
     Returns those. Raises RemoteError (all stays as it is for the next open)."""
     lost, failed_streams = [], set()
-    for entry in pending(cache_path, log):
+    entries = pending(cache_path, log)
+    mark = gcmark.read(client) if entries else None
+    marked = mark.segments if mark is not None else frozenset()
+    for entry in entries:
         stream = entry["stream"]
+        if set(entry.get("segments", [])) & marked:
+            # gc marked what it uploaded (the writer died long ago): gc may delete it,
+            # so it can never be committed
+            failed_streams.add(stream)
+            warnings.warn(
+                f"snapstore: checkpoint {entry['id']} of stream {stream!r}, acknowledged "
+                "with durability='local' by a writer that died before committing it, "
+                "cannot be committed: garbage collection marked its segments meanwhile",
+                RuntimeWarning, stacklevel=2)
         if stream not in failed_streams:
             for number in entry.get("segments", []):
                 path = os.path.join(spool_dir(cache_path), segment_name(number))

@@ -38,6 +38,11 @@ INTERNAL = {
                                                     "the next checkpoint id)",
     "snapstore.remote.refs.RefMoved": "a ref write that lost: CommitConflict, or re-read "
                                       "and re-applied (deletes, tags)",
+    "snapstore.remote.refs.NotOnParent": "durability local's ref write found the stream "
+                                         "moved: CommitConflict, or a replay's warning",
+    "snapstore.remote.gcguard.Replan": "the S3 commit path's control flow: the commit is "
+                                       "planned again",
+    "snapstore.remote.gcmark.MarkRaced": "gc's control flow: another run replaced the mark",
     "snapstore.cli.common.UsageError": "the CLI's own control flow (exit codes)",
     "snapstore.cli.common.Problem": "the CLI's own control flow (exit codes)",
     "snapstore.bench.errors.BenchError": "the bench harness's one error, in its own package",
