@@ -129,6 +129,21 @@ def reused_chunks(entries, new_chunks: bytes) -> bytes:
     return b"".join(seen)
 
 
+def check_usable(path: str, opened_by: int, closed: bool, read_only_write: bool) -> None:
+    """What every committer checks before an operation: ForkedStoreError in a fork()ed child
+    of the process `opened_by` (unless closed there), StoreClosedError once closed,
+    ReadOnlyError for a write to a reader."""
+    if opened_by != os.getpid() and not closed:
+        raise ForkedStoreError(
+            f"store {path} was opened by process {opened_by}; this process ({os.getpid()}) is "
+            "a fork()ed child of it and must not use that Store: open the store again in "
+            f"the child (snapstore.open({path!r}))")
+    if closed:
+        raise StoreClosedError(f"store {path} is closed")
+    if read_only_write:
+        raise ReadOnlyError(f"store {path} was opened read-only")
+
+
 def store_plans(view: IndexView, stream: str, head: int | None, make_plans: PlanMaker,
                 sink: wr.ChunkSink, staging: bytearray,
                 on_stored: dict | None) -> tuple[list, list]:
@@ -385,15 +400,8 @@ class Committer:
     def check_open(self, write: bool = False) -> None:
         """Raises StoreClosedError after close(), ForkedStoreError in a fork()ed child,
         ReadOnlyError for a write to a reader."""
-        if self.forked and not self._closed:
-            raise ForkedStoreError(
-                f"store {self.path} was opened by process {self._pid}; this process "
-                f"({os.getpid()}) is a fork()ed child of it and must not use that Store: open "
-                "the store again in the child (snapstore.open(path))")
-        if self._closed or self.index is None:
-            raise StoreClosedError(f"store {self.path} is closed")
-        if write and self.readonly:
-            raise ReadOnlyError(f"store {self.path} was opened read-only")
+        check_usable(self.path, self._pid, self._closed or self.index is None,
+                     write and self.readonly)
 
     def flush(self) -> None:
         """Nothing is in flight once a local commit returned (an S3 store's may upload in
@@ -676,17 +684,7 @@ class Committer:
             with self.index.read() as r:
                 head = r.stream_head(stream)
                 sink = wr.ChunkSink(log, r, self.options)
-                raw_lengths: dict[bytes, int] = {}
-                missing = []
-                for cid in wr.chunk_ids(entries):
-                    entry = r.chunk(cid)
-                    if entry is None:
-                        missing.append(cid)
-                    else:
-                        raw_lengths[cid] = entry.raw_len
-                if missing:
-                    raw_lengths.update(wr.put_chunks(sink, missing, read_chunks))
-                wr.check_extents_in_chunks(entries, raw_lengths)
+                wr.store_missing_chunks(sink, r, entries, read_chunks)
                 generation = r.gc_generation()
             crashpoint("after_data_append")
             return self._claim_and_publish(stream, head, entries, sink, generation, meta, [],

@@ -296,6 +296,24 @@ def put_chunks(sink: ChunkSink, wanted: list, read_chunks: Callable[[list], Iter
     return got
 
 
+def store_missing_chunks(sink: ChunkSink, view: IndexView, entries,
+                         read_chunks: Callable[[list], Iterable]) -> None:
+    """For pre-made manifests (copy, import): stores through the sink the chunks their
+    extents name that the index lacks (read_chunks(those ids) yields them: put_chunks), then
+    checks every extent lies inside its chunk. Raises CorruptionError."""
+    raw_lengths: dict[bytes, int] = {}
+    missing = []
+    for cid in chunk_ids(entries):
+        entry = view.chunk(cid)
+        if entry is None:
+            missing.append(cid)
+        else:
+            raw_lengths[cid] = entry.raw_len
+    if missing:
+        raw_lengths.update(put_chunks(sink, missing, read_chunks))
+    check_extents_in_chunks(entries, raw_lengths)
+
+
 def check_extents_in_chunks(entries, raw_lengths: dict) -> None:
     """Raises CorruptionError unless every extent of `entries` lies inside its chunk, whose
     raw length raw_lengths gives ({chunk id: length})."""

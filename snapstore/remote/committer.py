@@ -36,14 +36,13 @@ from snapstore.engine import format as fmt
 from snapstore.engine import records
 from snapstore.engine import writer as wr
 from snapstore.engine.crashpoints import crashpoint
-from snapstore.engine.commit import (ANY_HEAD, ChunkSource, PlanMaker, count_bytes_new,
-                                     io_errors, reused_chunks, store_plans)
+from snapstore.engine.commit import (ANY_HEAD, ChunkSource, PlanMaker, check_usable,
+                                     count_bytes_new, io_errors, reused_chunks, store_plans)
 from snapstore.engine.index import Index, IndexView
 from snapstore.engine.records import Commit
 from snapstore.engine.wal import SegmentLog
 from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionError,
-                              ForkedStoreError, FormatError, InvalidArgumentError,
-                              ReadOnlyError, SnapstoreError, StoreClosedError)
+                              FormatError, SnapstoreError)
 from snapstore.remote import checkpoints as ckpt_objects
 from snapstore.remote import gcguard, layout, refs, spool, sync
 from snapstore.remote.s3client import NotFound, PreconditionFailed, S3Client
@@ -256,15 +255,9 @@ class RemoteCommitter:
             self.session.forget()       # the parent's session; the parent's lock
 
     def check_open(self, write: bool = False) -> None:
-        if self.forked and not self._closed:
-            raise ForkedStoreError(
-                f"store {self.path} was opened by process {self._pid}; this process "
-                f"({os.getpid()}) is a fork()ed child of it and must not use that Store: open "
-                "the store again in the child (snapstore.open(url))")
-        if self._closed or self.index is None:
-            raise StoreClosedError(f"store {self.path} is closed")
-        if write and self.readonly:
-            raise ReadOnlyError(f"store {self.path} was opened read-only")
+        """As Committer.check_open: ForkedStoreError, StoreClosedError, ReadOnlyError."""
+        check_usable(self.path, self._pid, self._closed or self.index is None,
+                     write and self.readonly)
 
     def _pull_all(self) -> None:
         skip = self._uploader.streams() if self._uploader is not None else set()
@@ -509,17 +502,7 @@ class RemoteCommitter:
         try:
             with self.index.read() as r:
                 sink = wr.ChunkSink(self.log, r, self.options)
-                raw_lengths: dict[bytes, int] = {}
-                missing = []
-                for cid in wr.chunk_ids(entries):
-                    entry = r.chunk(cid)
-                    if entry is None:
-                        missing.append(cid)
-                    else:
-                        raw_lengths[cid] = entry.raw_len
-                if missing:
-                    raw_lengths.update(wr.put_chunks(sink, missing, read_chunks))
-                wr.check_extents_in_chunks(entries, raw_lengths)
+                wr.store_missing_chunks(sink, r, entries, read_chunks)
                 new_chunks = sink.new_chunk_table()
                 reused = self.reused_table(r, reused_chunks(entries, new_chunks))
             self.log.seal()

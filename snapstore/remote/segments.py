@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Sequence
 
 from snapstore.engine.backends.base import (SegmentBackend, SegmentFile, SegmentReader,
                                             missing_segment, segment_name)
