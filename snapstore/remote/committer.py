@@ -48,7 +48,6 @@ from snapstore.remote import gcguard, layout, refs, spool, sync
 from snapstore.remote.s3client import NotFound, PreconditionFailed, S3Client
 from snapstore.remote.segments import RemoteSegments
 
-DURABILITY_MODES = layout.DURABILITY_MODES
 _ID_PROBES = 64             # ids tried one after another before listing for the newest
 _IDENTITY_FILE = "store.json"
 
