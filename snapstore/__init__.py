@@ -13,18 +13,22 @@ from snapstore.errors import (AmbiguousCheckpointName, CheckpointNotFound, Commi
                               CorruptionError, ForkedStoreError, FormatError, GroupError,
                               GroupTimeout,
                               InvalidArgumentError, InvalidArgumentTypeError,
-                              NotAnObjectCheckpointError, ReadOnlyError, SnapstoreError,
+                              NotAnObjectCheckpointError, ReadOnlyError, RemoteError,
+                              SnapstoreError,
                               StoreClosedError, StoreIOError, StoreLocked,
                               StructureMismatchError)
 from snapstore.store import CheckpointInfo, Group, Store, group_parts, open, repair
 from snapstore.arrays import load_arrays, save_arrays
 from snapstore.exporter import export
+from snapstore.copying import copy_checkpoints
+from snapstore.savepoints import export_savepoint, import_savepoint
 
 from snapstore.version import __version__
 __all__ = ["open", "repair", "Store", "CheckpointInfo", "Group", "group_parts", "errors",
            "SnapstoreError", "CommitConflict", "GroupError", "GroupTimeout",
            "CheckpointNotFound", "CorruptionError", "ForkedStoreError", "FormatError",
            "InvalidArgumentError", "InvalidArgumentTypeError", "NotAnObjectCheckpointError",
-           "ReadOnlyError", "StoreClosedError", "StoreIOError", "StoreLocked",
+           "ReadOnlyError", "RemoteError", "StoreClosedError", "StoreIOError", "StoreLocked",
            "StructureMismatchError", "AmbiguousCheckpointName", "__version__", "save_arrays",
-           "load_arrays", "export"]
+           "load_arrays", "export", "copy_checkpoints", "export_savepoint",
+           "import_savepoint"]

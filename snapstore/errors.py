@@ -87,17 +87,20 @@ class AmbiguousCheckpointName(InvalidArgumentError):
 class CorruptionError(SnapstoreError):
     """Stored bytes do not match their checksum or id, or the index contradicts the log.
 
-    Attributes name where: ``segment`` (file name) and ``offset`` when known.
+    Attributes name where: ``segment`` (file name) and ``offset`` when known; ``file`` (a
+    path) instead of ``segment`` for damage in a file outside a store (a savepoint file).
     """
 
     def __init__(self, message: str, *, segment: str | None = None,
-                 offset: int | None = None) -> None:
+                 offset: int | None = None, file: str | None = None) -> None:
         where = ""
-        if segment is not None:
-            where = f" (segment {segment}" + (f", offset {offset}" if offset is not None else "") + ")"
+        if segment is not None or file is not None:
+            where = (f" (segment {segment}" if segment is not None else f" (file {file}") + \
+                (f", offset {offset}" if offset is not None else "") + ")"
         super().__init__(message + where)
         self.segment = segment
         self.offset = offset
+        self.file = file
 
 
 class ConcurrentCompactionError(SnapstoreError):
@@ -225,6 +228,19 @@ class StoreIOError(SnapstoreError, OSError):
     def __str__(self) -> str:      # OSError's would print "[Errno None] ..."
         return self.strerror
 
+
+
+class RemoteError(StoreIOError):
+    """A request to the object store (S3) failed for good: refused (403, 400, ...), or still
+    failing after retries with bounded backoff for the store's ``remote_timeout``. Names the
+    operation, the key and the last answer (``status``: the HTTP status, None for a
+    connection error or timeout). Nothing half-done is visible: a checkpoint that fails with
+    it was not committed (its uploads are garbage for gc)."""
+
+    def __init__(self, message: str, *, operation: str = "", key: str = "",
+                 status: int | None = None) -> None:
+        super().__init__(message)
+        self.operation, self.key, self.status = operation, key, status
 
 class ExportError(InvalidArgumentError):
     """snapstore.export cannot write the checkpoint as asked: it holds no tensors, a dtype the

@@ -35,12 +35,15 @@ from typing import Any, Optional
 from snapstore.engine.fsutil import replace_file
 from snapstore.errors import ExportError
 from snapstore.objectlayer import resolve_checkpoint
+from snapstore.savepoints import SUFFIX as SAVEPOINT_SUFFIX
+from snapstore.savepoints import export_savepoint
 from snapstore.tensors import Catalogue, TensorEntry, catalogue
 
 __all__ = ["export", "ExportResult", "FORMATS", "format_for_path"]
 
-FORMATS = ("safetensors", "pt", "npz")
-_SUFFIXES = {".safetensors": "safetensors", ".pt": "pt", ".pth": "pt", ".npz": "npz"}
+FORMATS = ("safetensors", "pt", "npz", "snap")
+_SUFFIXES = {".safetensors": "safetensors", ".pt": "pt", ".pth": "pt", ".npz": "npz",
+             SAVEPOINT_SUFFIX: "snap"}
 # dtypes safetensors (>= 0.8) writes, by the catalogue's names
 _SAFETENSORS_DTYPES = frozenset((
     "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
@@ -77,7 +80,8 @@ class ExportResult:
 
 
 def format_for_path(path: str) -> Optional[str]:
-    """The format a file name's suffix names (".safetensors", ".pt", ".pth", ".npz"), or None."""
+    """The format a file name's suffix names (".safetensors", ".pt", ".pth", ".npz", ".snap"),
+    or None."""
     return _SUFFIXES.get(os.path.splitext(os.fspath(path))[1].lower())
 
 
@@ -90,7 +94,10 @@ def export(store, name: Any, path, format: Optional[str] = None, *,
         store: an open Store (read-only is fine).
         name: the checkpoint: id, CheckpointInfo, or stream name (its latest checkpoint).
         path: the output file.
-        format: "safetensors", "pt" or "npz"; None: from path's suffix.
+        format: "safetensors", "pt", "npz" or "snap"; None: from path's suffix. "snap" is a
+            savepoint of the whole checkpoint, whatever it holds
+            (snapstore.savepoints.export_savepoint: the result's tensors is 0, bytes the
+            file's size).
         force: replace an existing file (atomically) instead of refusing.
     Returns: ExportResult.
     Raises: ExportError (nothing written: no tensors, a dtype the format lacks, a name given
@@ -101,9 +108,12 @@ def export(store, name: Any, path, format: Optional[str] = None, *,
     fmt = format if format is not None else format_for_path(path)
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {format!r} for {path!r}: use one of "
-                          f"{', '.join(FORMATS)} (or a .safetensors/.pt/.npz file name)")
+                          f"{', '.join(FORMATS)} (or a .safetensors/.pt/.npz/.snap file name)")
     if not force and os.path.lexists(path):
         raise ExportError(f"{path} exists (use force=True / --force to replace it)")
+    if fmt == "snap":
+        saved = export_savepoint(store, name, path, force=force)
+        return ExportResult(path, fmt, saved.checkpoint, 0, saved.bytes)
     info = resolve_checkpoint(store, name)
     cat = catalogue(store, info)
     if cat.kind not in ("objects", "arrays", "dcp"):

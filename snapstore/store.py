@@ -9,16 +9,17 @@ import contextlib
 import inspect
 import math
 import os
+import struct
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from snapstore import _native as native
 from snapstore.capture.persister import Persister
 from snapstore.capture.staging import DEFAULT_STAGING_BYTES, max_staging_bytes
 from snapstore.capture.tracker import Tracker
 from snapstore.engine import compact as compaction
-from snapstore.engine import groups as group_commits
+from snapstore.engine import groups as local_groups
 from snapstore.engine import format as fmt
 from snapstore.engine import names as checkpoint_names
 from snapstore.engine import records
@@ -28,7 +29,8 @@ from snapstore.engine.commit import ANY_HEAD, Committer, io_errors
 from snapstore.engine.index import IndexView
 from snapstore.engine.memory import OutputBytes
 from snapstore.engine.meta import reserved_meta, user_meta
-from snapstore.engine.reader import (buffer_manifest, find_buffer, restore_range,
+from snapstore.engine.extents import check_manifest
+from snapstore.engine.reader import (ChunkReader, buffer_manifest, find_buffer, restore_range,
                                      restore_ranges)
 from snapstore.engine.repair import repair as rebuild_index
 from snapstore.engine.records import Commit
@@ -38,7 +40,11 @@ from snapstore.engine.validation import (buffer_view, check_choice, validate_buf
                                          validate_int, validate_meta, validate_name,
                                          validate_path, validate_timeout)
 from snapstore.engine.verify import verify as verify_store
-from snapstore.errors import InvalidArgumentError, InvalidArgumentTypeError
+from snapstore.errors import CorruptionError, InvalidArgumentError, InvalidArgumentTypeError
+from snapstore.remote import gc as remote_gc
+from snapstore.remote import groups as remote_groups
+from snapstore.remote import layout as remote_layout
+from snapstore.remote.committer import RemoteCommitter, rebuild_cache
 
 
 class RetainResult(list):
@@ -138,6 +144,84 @@ def split_meta(meta: Any) -> tuple[Any, dict]:
     return user, reserved
 
 
+@dataclass(frozen=True)
+class BufferManifest:
+    """One buffer of a checkpoint as a full manifest: what Store.manifests() gives and
+    Store.import_checkpoint() takes.
+
+    Attributes:
+        name: the buffer's name.
+        size: its bytes.
+        extents: ((offset, length, chunk_id, chunk_offset), ...) as Store.layout() gives
+            them: sorted by offset, back to back, covering the buffer; chunk ids are BLAKE3
+            content addresses, the same in every store.
+        layout: "pages" or "cdc" (how the buffer was cut; kept for its next checkpoint).
+        page_size: the page size it was stored with.
+    """
+    name: str
+    size: int
+    extents: tuple
+    layout: str = "pages"
+    page_size: int = fmt.DEFAULT_PAGE_SIZE
+
+
+@dataclass(frozen=True)
+class CheckpointManifests:
+    """A checkpoint as full manifests (Store.manifests()): restorable from these alone, in any
+    store holding the chunks they name.
+
+    Attributes:
+        info: its CheckpointInfo.
+        meta: its meta as stored: the user's meta with snapstore's reserved keys (what
+            Store.import_checkpoint() takes to make the same kind of checkpoint).
+        buffers: a BufferManifest per buffer, in the checkpoint's order.
+    """
+    info: CheckpointInfo
+    meta: Any
+    buffers: tuple
+
+    def chunk_ids(self) -> list[bytes]:
+        """The distinct chunk ids its extents name, in order of first use."""
+        return list(dict.fromkeys(e[2] for b in self.buffers for e in b.extents))
+
+
+def _manifest_entries(buffers: Any) -> list[records.BufferEntry]:
+    """Store.import_checkpoint()'s buffers, checked, as full BufferEntries (packed extents).
+    InvalidArgumentError / InvalidArgumentTypeError for anything that is not a list of valid
+    BufferManifests with distinct names, each covering its buffer."""
+    if isinstance(buffers, (str, bytes)) or not hasattr(buffers, "__iter__"):
+        raise InvalidArgumentTypeError(f"buffers must be a list of BufferManifest, got "
+                                       f"{type(buffers).__name__}")
+    entries, names = [], set()
+    for b in buffers:
+        if not isinstance(b, BufferManifest):
+            raise InvalidArgumentTypeError(f"buffers must hold BufferManifest, got "
+                                           f"{type(b).__name__}")
+        validate_name(b.name, "buffer name")
+        if b.name in names:
+            raise InvalidArgumentError(f"buffer {b.name!r} is given twice")
+        names.add(b.name)
+        validate_int(b.size, f"buffer {b.name!r}'s size", 0)
+        check_choice(b.layout, fmt.CHUNKING_MODES, f"buffer {b.name!r}'s layout")
+        validate_int(b.page_size, f"buffer {b.name!r}'s page_size", native.PAGE_MIN,
+                     native.PAGE_MAX)
+        try:
+            packed = b"".join(fmt.EXTENT.pack(off, coff, length, cid)
+                              for off, length, cid, coff in b.extents)
+            extents = [(off, coff, length, cid) for off, length, cid, coff in b.extents]
+            if any(not isinstance(cid, bytes) or len(cid) != fmt.CHUNK_ID_BYTES
+                   for _, _, _, cid in extents):
+                raise ValueError(f"a chunk id is not {fmt.CHUNK_ID_BYTES} bytes")
+            check_manifest(extents, b.size, True, f"buffer {b.name!r}")
+        except (TypeError, ValueError, struct.error, CorruptionError) as exc:
+            raise InvalidArgumentError(f"buffer {b.name!r}: extents must be (offset, length, "
+                                       f"chunk id, chunk offset) covering its {b.size} bytes: "
+                                       f"{exc}") from None
+        entries.append(records.BufferEntry(b.name, b.size, "full", 0, b.layout, b.page_size,
+                                           packed))
+    return entries
+
+
 class Group:
     """A group commit opened by Store.group(): `id` (give it to the participants), `stream`,
     `participants`, `parent` (the head its checkpoint follows)."""
@@ -158,19 +242,21 @@ class Group:
         if timeout is not None:
             timeout = validate_timeout(timeout)
         self.store._committer.check_open(write=True)
-        commit = group_commits.commit_group(self.store._committer, self.id, meta, timeout)
+        commit = self.store._groups.commit_group(self.store._committer, self.id, meta,
+                                                 timeout)
         return CheckpointInfo.from_commit(commit)
 
     def abort(self) -> bool:
         """Drops the group: nothing of it becomes visible, its staged parts are garbage for
-        compact(). False when it was gone already (committed, aborted, timed out)."""
+        compact() (an S3 store's for its gc). False when it was gone already (committed,
+        aborted, timed out)."""
         self.store._committer.check_open(write=True)
-        return group_commits.abort_group(self.store._committer, self.id)
+        return self.store._groups.abort_group(self.store._committer, self.id)
 
     def status(self) -> dict:
         """{"id", "stream", "parent", "participants", "staged", "missing", "deadline"}.
         Raises GroupError when the group is gone."""
-        return group_commits.status(self.store._committer, self.id)
+        return self.store._groups.status(self.store._committer, self.id)
 
     def __repr__(self) -> str:
         return f"<snapstore.Group {self.id} of stream {self.stream!r}>"
@@ -248,10 +334,16 @@ class Store:
 
     def _open(self, path, *, durability, create, readonly, timeout, page_size, chunk_size,
               chunking, cdc_sizes, max_chain, full_threshold, compression, compression_level,
-              segment_size, staging_bytes, backend) -> None:
+              segment_size, staging_bytes, backend, cache_dir, refresh,
+              remote_timeout) -> None:
         # Every argument is checked before anything touches the file system.
         self.path = validate_path(path)
-        self.durability = check_choice(durability, fmt.DURABILITY_MODES, "durability")
+        remote = remote_layout.is_remote(self.path)
+        if durability is None:
+            durability = "remote" if remote else "fsync"
+        self.durability = check_choice(
+            durability, remote_layout.DURABILITY_MODES if remote else fmt.DURABILITY_MODES,
+            "durability")
         self.readonly = validate_flag(readonly, "readonly")
         create = validate_flag(create, "create")
         timeout = validate_timeout(timeout)
@@ -263,9 +355,35 @@ class Store:
         if backend is not None and not isinstance(backend, SegmentBackend):
             raise InvalidArgumentTypeError(f"backend must be a SegmentBackend, got "
                                            f"{type(backend).__name__}")
-        self._committer = Committer(self.path, self.options, durability=self.durability,
-                                    readonly=self.readonly, create=create, timeout=timeout,
-                                    segment_size=segment_size, backend=backend)
+        if remote:
+            if backend is not None:
+                raise InvalidArgumentError("backend= is for local stores; an S3 store's "
+                                           "segments live in its bucket")
+            if cache_dir is not None:
+                cache_dir = validate_path(cache_dir)
+            refresh = validate_timeout(refresh)
+            remote_timeout = validate_timeout(remote_timeout)
+            if not 0 < remote_timeout < math.inf:
+                raise InvalidArgumentError(f"remote_timeout must be a finite number of "
+                                           f"seconds > 0, got {remote_timeout!r}")
+            self._committer = RemoteCommitter(
+                self.path, self.options, durability=self.durability, readonly=self.readonly,
+                create=create,  cache_dir=cache_dir,
+                segment_size=(remote_layout.DEFAULT_REMOTE_SEGMENT_SIZE
+                              if segment_size == fmt.DEFAULT_SEGMENT_SIZE else segment_size),
+                refresh=refresh, remote_timeout=remote_timeout)
+        else:
+            if cache_dir is not None:
+                raise InvalidArgumentError("cache_dir= is for S3 stores (s3://...); a local "
+                                           "store needs no cache")
+            self._committer = Committer(self.path, self.options, durability=self.durability,
+                                        readonly=self.readonly, create=create,
+                                        timeout=timeout, segment_size=segment_size,
+                                        backend=backend)
+        # group commits: engine/groups.py over the index, remote/groups.py over the bucket
+        # (the same operations, taking this Store's committer)
+        self._groups = remote_groups if remote else local_groups
+        self._remote = remote
         self.backend = self._committer.backend
         self._persister = Persister(self._committer, staging_bytes, CheckpointInfo.from_commit)
         _STORES.add(self)
@@ -317,6 +435,12 @@ class Store:
         if not self._committer.closed and not self.readonly and not self._committer.forked:
             self._persister.close()      # first: its worker commits through the committer
         self._committer.close()
+
+    def refresh(self) -> None:
+        """An S3 store: pulls every stream's state from the bucket now, so reads see other
+        machines' commits (they do anyway at most `refresh` seconds late). A local store is
+        always current: nothing to do. Raises StoreClosedError, RemoteError."""
+        self._committer.refresh()
 
     @property
     def closed(self) -> bool:
@@ -379,6 +503,50 @@ class Store:
         return CheckpointInfo.from_commit(self._committer.commit(stream, plans, meta,
                                                                  expect_head=expect_head))
 
+    def import_checkpoint(self, stream: str, buffers, read_chunks: Callable, meta: Any = None,
+                          *, created: float | None = None, tags=()) -> CheckpointInfo:
+        """Commits a checkpoint made elsewhere, given as full manifests, as the stream's next
+        checkpoint (what snapstore.copy_checkpoints and snapstore.import_savepoint use).
+
+        Args:
+            stream: the stream it extends; its parent is the stream's head.
+            buffers: [BufferManifest], each covering its buffer (Store.manifests() of
+                another store gives them).
+            read_chunks: read_chunks(chunk ids) -> iterable of (chunk id, raw bytes). Called
+                once, with only the chunks this store lacks (not at all when it has every
+                one), in the calling thread; it must yield each of them once, in any order
+                (another store's Store.read_chunks fits). Every chunk is checked to hash to
+                its id and stored compressed per this store's options.
+            meta: the meta as stored (Store.manifests().meta: reserved keys included).
+            created: its creation time, seconds since the epoch (default: now).
+            tags: its tags.
+        Returns: CheckpointInfo (kind "full").
+        Raises: InvalidArgumentError / InvalidArgumentTypeError (bad input, nothing written),
+            CorruptionError (a chunk's bytes are not that chunk, a chunk not given, an extent
+            past its chunk's end: nothing is visible), CommitConflict (the stream's head
+            moved meanwhile), StoreIOError, ReadOnlyError, StoreClosedError."""
+        validate_name(stream, "stream")
+        entries = _manifest_entries(buffers)
+        if not callable(read_chunks):
+            raise InvalidArgumentTypeError(f"read_chunks must be callable, got "
+                                           f"{type(read_chunks).__name__}")
+        meta = validate_meta(meta)
+        if created is not None and (isinstance(created, bool) or
+                                    not isinstance(created, (int, float)) or
+                                    not math.isfinite(created) or created < 0):
+            raise InvalidArgumentError(f"created must be seconds since the epoch (a finite "
+                                       f"number >= 0) or None, got {created!r}")
+        if isinstance(tags, (str, bytes)):
+            raise InvalidArgumentTypeError(f"tags must be a list of names, got the "
+                                           f"{type(tags).__name__} {tags!r}")
+        tags = tuple(sorted({validate_name(t, "tag") for t in tags}))   # as the index keeps them
+        self._committer.check_open(write=True)
+        self._persister.prepare_sync_checkpoint(stream)
+        commit = self._committer.commit_manifests(
+            stream, entries, read_chunks, meta,
+            created=None if created is None else float(created), tags=tags)
+        return CheckpointInfo.from_commit(commit)
+
     # ---- group commits -------------------------------------------------------------------------
     def group(self, stream: str, participants, *, timeout: float = 600.0,
               expect_head: Any = ANY_HEAD) -> "Group":
@@ -391,6 +559,8 @@ class Store:
         Args:
             stream: the stream the checkpoint extends. It is reserved for the group until it
                 commits or aborts: other commits of it fail with CommitConflict meanwhile.
+                An S3 store reserves nothing: a checkpoint committed on the stream meanwhile
+                makes the group's commit fail with CommitConflict instead.
             participants: their names (distinct non-empty strings), or an int N for
                 "0" ... "N-1". The checkpoint needs a part from each.
             timeout: seconds from now within which the group must commit (GroupTimeout, and
@@ -408,7 +578,7 @@ class Store:
         expect_head = _checked_head(expect_head)
         self._committer.check_open(write=True)
         self._persister.prepare_sync_checkpoint(stream)
-        header = group_commits.open_group(self._committer, stream, names, timeout,
+        header = self._groups.open_group(self._committer, stream, names, timeout,
                                           expect_head)
         return Group(self, header.id, stream, tuple(names), header.parent)
 
@@ -420,7 +590,10 @@ class Store:
         when this returns. Buffer names must be distinct across the group's parts. Staging
         the same participant again replaces its part. Any Store of the store may stage, in
         any process; a process stages in parallel with others (each Store writes its own
-        log).
+        log). On an S3 store, any machine that reaches the bucket: the part's chunks are
+        uploaded and the part is an object of the bucket when this returns (distinct
+        buffer names are checked by the commit there; CommitConflict when the stream
+        moved since the group opened).
         Raises: GroupError (unknown, committed, aborted or timed-out group; not one of its
         participants; a buffer name another part staged), InvalidArgumentError."""
         if not isinstance(group_id, str) or not group_id:
@@ -435,7 +608,7 @@ class Store:
         def plans(view: IndexView, stream: str, head: int | None,
                   parent: Commit | None) -> list:
             return wr.plan_buffers(view, stream, head, parent, views, opts, opts.chunking)
-        group_commits.stage(self._committer, group_id, participant, plans, meta)
+        self._groups.stage(self._committer, group_id, participant, plans, meta)
 
     def track(self, buffers: Mapping[str, Any], stream: str = "default",
               mode: str = "auto") -> Tracker:
@@ -461,11 +634,14 @@ class Store:
         return self._persister.implicit_capturer(stream).capture(views, meta)
 
     def flush(self) -> None:
-        """Waits until every pending asynchronous checkpoint is durable (or failed)."""
+        """Waits until every pending asynchronous checkpoint is durable (or failed); on an S3
+        store with durability "local", until every checkpoint is committed in the bucket,
+        raising the first upload or commit that failed (RemoteError, CommitConflict)."""
         if self._committer.forked:
             self._committer.check_open()
         if not self.readonly:
             self._persister.wait_idle()
+            self._committer.flush()
 
     def save(self, obj: Any, stream: str = "default", meta: Any = None,
              **options) -> CheckpointInfo:
@@ -567,9 +743,10 @@ class Store:
 
         dry_run=True deletes nothing and reports what a real run would delete (works on a
         read-only store). prune=False only deletes (space comes back at the next compact()).
-        The prune runs only when something was deleted. The doomed set is decided on a
-        snapshot and deleted all or none (CheckpointNotFound, nothing deleted, if another
-        thread deleted one of them meanwhile)."""
+        The prune runs only when something was deleted; on an S3 store never (its space
+        comes back through gc(), which deletes only after a grace period). The doomed set is
+        decided on a snapshot and deleted all or none (CheckpointNotFound, nothing deleted,
+        if another thread deleted one of them meanwhile)."""
         validate_name(stream, "stream")
         policy = retention.Policy.of(keep_last=keep_last, keep_every=keep_every,
                                      keep_within=keep_within, keep_hourly=keep_hourly,
@@ -591,6 +768,7 @@ class Store:
             # maintenance lock when pruning, taken first: a running compaction makes retain
             # wait (up to the store's timeout) or fail before it deletes anything, never
             # between its deletes and its prune.
+            prune = prune and not self._remote
             with (self._committer.maintenance(exclusive=True) if prune and doomed
                   else contextlib.nullcontext()):
                 self.delete_many(reversed(doomed))     # newest first: merges stay small
@@ -627,7 +805,10 @@ class Store:
         index_bytes_after, store_bytes_before/store_bytes_after (segments + index: what the
         store occupies), index_shrunk, chunks freed, segments rewritten and removed, live
         bytes copied, chains folded, chunks trimmed, seconds. Safe to interrupt at any
-        moment, a crash included."""
+        moment, a crash included. An S3 store has gc() instead (InvalidArgumentError)."""
+        if self._remote:
+            raise InvalidArgumentError(f"{self.path} is an S3 store: its space comes back "
+                                       "through gc(), not compact()")
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
                 or not 0 <= threshold <= 1:
             raise InvalidArgumentError(f"threshold must be a number from 0 to 1, got "
@@ -651,6 +832,43 @@ class Store:
                                       max_garbage=None if max_garbage is None
                                       else float(max_garbage),
                                       shrink=shrink_index)
+
+    def gc(self, grace: float = remote_layout.DEFAULT_GC_GRACE_SECONDS, dry_run: bool = False,
+           wait: bool = False) -> dict:
+        """An S3 store: deletes the objects of deleted checkpoints (garbage collection
+        without a lock; docs/design.md, "Garbage collection"). A run marks what no ref
+        reaches and is older than `grace` seconds (segments, checkpoint objects; abandoned
+        group commits after 2 * grace) in gc/pending.json; a later run, once that mark is
+        due (`grace` after it, or the larger grace writers used before it: the first mark
+        of a store waits DEFAULT_GC_GRACE_SECONDS, an hour), deletes what is still
+        unreachable. Writers go on meanwhile: a commit that took longer than grace / 2
+        fails with CommitConflict, one that reused chunks gc marked writes them anew.
+
+        grace: seconds (>= 1; default 3600); dry_run: mark, write and delete nothing, report
+        what a run would do (works on a read-only store); wait: when the run leaves a mark
+        naming objects, sleep until it is due and run again (what this call marked is
+        deleted before it returns).
+
+        Returns {"checkpoints_live", "checkpoints_reachable", "segments_reachable",
+        "marked": {"segments": [...], "checkpoints": [...], "groups": [...], "bytes"},
+        "deleted": (the same), "bytes_deleted", "aborted_uploads", "mark_written",
+        "mark_at", "due_at", "raced", "runs", "dry_run", "seconds"}. A local store raises
+        InvalidArgumentError (its space comes back through compact()); a closed one
+        StoreClosedError; RemoteError, CorruptionError (a ref or a needed checkpoint
+        object is damaged or missing: then nothing is deleted)."""
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or \
+                not remote_layout.MIN_GC_GRACE_SECONDS <= grace < math.inf:
+            raise InvalidArgumentError(f"grace must be a number of seconds from "
+                                       f"{remote_layout.MIN_GC_GRACE_SECONDS:g}, got {grace!r}")
+        dry_run = validate_flag(dry_run, "dry_run")
+        wait = validate_flag(wait, "wait")
+        if not self._remote:
+            raise InvalidArgumentError(f"gc() is for S3 stores; {self.path} is a local store: "
+                                       "its space comes back through compact()")
+        c = self._committer
+        c.check_open(write=not dry_run)
+        with io_errors("garbage collection failed"):
+            return remote_gc.collect(c.client, grace=float(grace), dry_run=dry_run, wait=wait)
 
     def verify(self, deep: bool = False) -> dict:
         """Checks the store; returns a report {"ok", "problems": [...], ...}. Each problem has
@@ -839,6 +1057,43 @@ class Store:
             restore_ranges(r, self.backend, commit, name, checked, view)
             return out
 
+    def manifests(self, name: Any) -> CheckpointManifests:
+        """A checkpoint (named as for resolve()) as full manifests, from one index snapshot:
+        its info, its meta as stored (reserved keys included) and, per buffer, the one
+        manifest covering it (a delta chain's layers written over each other, as layout()
+        gives it). With the chunks they name (read_chunks()) they make the same checkpoint in
+        any store (import_checkpoint()). Reads only the index."""
+        with self._committer.read() as r:
+            commit = self._get_commit(r, name)
+            buffers = tuple(
+                BufferManifest(b.name, b.size,
+                               tuple((off, length, cid, coff) for off, coff, length, cid
+                                     in buffer_manifest(r, commit, b.name)),
+                               b.layout, b.page_size)
+                for b in commit.buffers)
+            return CheckpointManifests(CheckpointInfo.from_commit(commit), commit.meta,
+                                       buffers)
+
+    def read_chunks(self, chunk_ids) -> Iterator[tuple[bytes, bytes]]:
+        """Yields (chunk id, raw bytes) for each of chunk_ids (32-byte BLAKE3 ids, as
+        layout() and manifests() name them), in order, each read, checked and decoded by the
+        one chunk decoder (CorruptionError naming segment and offset on damage, or when the
+        store has no such chunk). One index snapshot and one read session for all of them,
+        held until the iterator is exhausted or closed: use it in one thread."""
+        ids = list(chunk_ids) if not isinstance(chunk_ids, (str, bytes)) else None
+        if ids is None or any(not isinstance(c, bytes) or len(c) != fmt.CHUNK_ID_BYTES
+                              for c in ids):
+            raise InvalidArgumentTypeError(f"chunk_ids must be an iterable of "
+                                           f"{fmt.CHUNK_ID_BYTES}-byte chunk ids")
+        self._committer.check_open()
+        return self._read_chunks(ids)
+
+    def _read_chunks(self, ids: list) -> Iterator[tuple[bytes, bytes]]:
+        with self._committer.read() as r, self.backend.open_reader() as segments:
+            reader = ChunkReader(self.backend, segments, r)
+            for cid in ids:
+                yield cid, bytes(reader.read(cid))
+
     def stats(self) -> dict:
         """Sizes, counts, deduplication ratio and chain lengths of the store."""
         with self._committer.read() as r:
@@ -873,7 +1128,7 @@ class Store:
         }
 
 
-def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool = False,
+def open(path, *, durability: str | None = None, create: bool = True, readonly: bool = False,
          timeout: float = 0.0, page_size: int = fmt.DEFAULT_PAGE_SIZE,
          chunk_size: int = fmt.DEFAULT_CHUNK_SIZE, chunking: str = "pages",
          cdc_sizes: tuple = fmt.DEFAULT_CDC_SIZES, max_chain: int = fmt.DEFAULT_MAX_CHAIN,
@@ -881,8 +1136,11 @@ def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool
          compression_level: int = fmt.DEFAULT_COMPRESSION_LEVEL,
          segment_size: int = fmt.DEFAULT_SEGMENT_SIZE,
          staging_bytes: int = DEFAULT_STAGING_BYTES,
-         backend: SegmentBackend | None = None) -> Store:
-    """Opens (and by default creates) the store in directory ``path``; returns a Store.
+         backend: SegmentBackend | None = None, cache_dir=None,
+         refresh: float = remote_layout.DEFAULT_REFRESH_SECONDS,
+         remote_timeout: float = remote_layout.DEFAULT_REMOTE_TIMEOUT) -> Store:
+    """Opens (and by default creates) the store in directory ``path``, or the S3 store at
+    ``path`` = "s3://BUCKET/PREFIX" (docs/design.md, "S3 stores"); returns a Store.
 
     Every option is keyword-only and checked before anything touches the file system.
     The write options (page_size ... compression_level) apply to what this Store writes;
@@ -890,9 +1148,11 @@ def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool
 
     Args:
         path: the store directory (str, bytes or os.PathLike).
-        durability: "fsync" (default): a checkpoint is on disk when the call returns (data
-            and index are synced); "none": no sync, faster, but a power loss (not a process
-            crash) may lose the latest checkpoints (never corrupts older ones).
+        durability: "fsync" (a local store's default): a checkpoint is on disk when the
+            call returns (data and index are synced); "none": no sync, faster, but a power
+            loss (not a process crash) may lose the latest checkpoints (never corrupts older
+            ones). An S3 store's: "remote" (its default): a checkpoint is committed in the
+            bucket when the call returns.
         create: create the store if ``path`` is not one yet (default True); False raises
             FormatError for a directory that is not a store.
         readonly: open as a reader: no lock is taken, any number of readers run next to
@@ -918,11 +1178,23 @@ def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool
         compression: "zstd" (default) or "none"; chunks that do not shrink are stored raw.
         compression_level: the zstd level (default 1; higher: smaller, slower).
         segment_size: bytes after which a log segment is sealed and a new one begun (at least
-            64 KiB; default 256 MiB): the unit compaction rewrites.
+            64 KiB; default 256 MiB, 64 MiB for an S3 store): the unit compaction rewrites,
+            and an S3 store's unit of upload.
         staging_bytes: the staging memory of asynchronous checkpoints and trackers (at least
             1 MiB, at most the machine's memory; default 1 GiB; touched only as used).
         backend: a snapstore.engine.backends.SegmentBackend holding the segments (default:
             files under ``path``).
+        cache_dir: an S3 store's local cache root (default $XDG_CACHE_HOME/snapstore or
+            ~/.cache/snapstore): one directory per store under it holds the cache index,
+            the blocks of segments read, and this writer's segments until uploaded. An
+            empty one is fine: everything is in the bucket.
+        refresh: an S3 store's reads see other machines' commits at most this many seconds
+            late (default 1; 0: every read pulls; Store.refresh() pulls now). Commits always
+            check the bucket.
+        remote_timeout: seconds an S3 request is retried (connection errors, timeouts,
+            429, 5xx; bounded exponential backoff) before RemoteError (default 120). One
+            attempt waits at most remote_timeout / 4 (5 s at most) to connect and
+            remote_timeout / 2 (60 s at most) for a server that does not answer.
     Returns: Store (a context manager: ``with snapstore.open(p) as store:``).
     Raises: InvalidArgumentError / InvalidArgumentTypeError (bad option), FormatError (not a
         store, or written by a newer snapstore), StoreLocked (an operation that needs the
@@ -933,14 +1205,15 @@ def open(path, *, durability: str = "fsync", create: bool = True, readonly: bool
                  page_size=page_size, chunk_size=chunk_size, chunking=chunking,
                  cdc_sizes=cdc_sizes, max_chain=max_chain, full_threshold=full_threshold,
                  compression=compression, compression_level=compression_level,
-                 segment_size=segment_size, staging_bytes=staging_bytes, backend=backend)
+                 segment_size=segment_size, staging_bytes=staging_bytes, backend=backend,
+                 cache_dir=cache_dir, refresh=refresh, remote_timeout=remote_timeout)
 
 
 _OPEN_SIGNATURE = inspect.signature(open)
 
 
 def repair(path, *, progress: Callable[[int, int], None] | None = None,
-           timeout: float = 0.0) -> dict:
+           timeout: float = 0.0, cache_dir=None) -> dict:
     """Rebuilds the index of the store at `path` from its segments alone (docs/design.md,
     "Repair"): for an index that is missing, truncated or damaged so badly the store cannot
     open, or any time. Afterwards the same checkpoints, streams, seqs and tags exist and
@@ -953,7 +1226,10 @@ def repair(path, *, progress: Callable[[int, int], None] | None = None,
     report {"ok", "problems", "checkpoints", "streams", "chunks", "segments", "bytes_scanned",
     "records_replayed", "state_section", "seconds", "mb_per_s", ...}; "ok" is False when the
     log itself is damaged (each problem names what and where; what it still holds is kept).
-    Raises FormatError (not a store, or a newer format), StoreLocked, StoreIOError."""
+    Raises FormatError (not a store, or a newer format), StoreLocked, StoreIOError.
+
+    An S3 store (s3://BUCKET/PREFIX): its bucket is the truth, so repair deletes the local
+    cache (under cache_dir, as for open()) and pulls it again from the bucket."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
             not math.isfinite(timeout) or timeout < 0:
         raise InvalidArgumentError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
@@ -961,4 +1237,8 @@ def repair(path, *, progress: Callable[[int, int], None] | None = None,
         raise InvalidArgumentError("progress must be callable or None")
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise InvalidArgumentError(f"path must be a path, got {type(path).__name__}")
+    if remote_layout.is_remote(path):
+        return rebuild_cache(validate_path(path), cache_dir=cache_dir, progress=progress)
+    if cache_dir is not None:
+        raise InvalidArgumentError("cache_dir= is for S3 stores (s3://...)")
     return rebuild_index(os.fsdecode(path), progress=progress, timeout=float(timeout))

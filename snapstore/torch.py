@@ -318,8 +318,9 @@ class _StoreUser:
 # writes through and, on the coordinator, the group every rank stages into. A save whose
 # finish() never runs (DCP skips it when any rank failed) is ended when its thread starts
 # the next save: a thread runs one dcp.save at a time, so a save still registered in it then
-# is abandoned. Closing a Store the save opened drops its group (Store.close); a group in a
-# caller's Store is aborted.
+# is abandoned. Its group is aborted (an S3 store's groups outlive the Store that opened
+# them; a local store would also drop it when that Store closes), then a Store the save
+# opened is closed.
 _THREAD_SAVES = threading.local()
 
 
@@ -345,7 +346,7 @@ class _Save:
             _THREAD_SAVES.saves.remove(self)
         store, group, self.store, self.group = self.store, self.group, None, None
         try:
-            if group is not None and not self.committed and store is self.user._store_obj \
+            if group is not None and not self.committed and store is not None \
                     and not store.closed:
                 with contextlib.suppress(SnapstoreError):
                     group.abort()
@@ -362,13 +363,16 @@ class SnapstoreWriter(_StoreUser, StorageWriter):
     """torch.distributed.checkpoint StorageWriter into a snapstore store.
 
     Args:
-        path: the store directory (created if needed), or an open Store (used, not closed).
+        path: the store directory (created if needed), an S3 store's URL
+            ("s3://BUCKET/PREFIX": every rank reaches the bucket, each through its own
+            cache_dir, e.g. on its own machine), or an open Store (used, not closed).
         stream: the stream of the DCP checkpoints (default "dcp").
         timeout: seconds one save may take from the coordinator's global plan to its commit
             (the group commit's deadline: past it the save fails with GroupTimeout and nothing
             of it is visible); opening the store also waits up to this long for an operation
             that holds it exclusively (its creation by another rank, an upgrade, a repair).
-        **open_options: more snapstore.open options (durability, page_size...).
+        **open_options: more snapstore.open options (durability, page_size, an S3 store's
+            cache_dir...).
 
     Each dcp.save is one group commit of the stream (Store.group): the coordinator opens the
     group in prepare_global_plan, every rank stages its write items as participant
@@ -381,9 +385,14 @@ class SnapstoreWriter(_StoreUser, StorageWriter):
     checkpoint's CheckpointInfo is ``writer.last_info``.
 
     When a rank fails, DCP raises on every rank and never calls finish(): the save's group
-    stays open in the coordinator's Store (reserving the stream) until this writer's next
-    save or close(), the next dcp.save in the same thread, the group's deadline, or the end
-    of the coordinator's process, whichever comes first; nothing of it is ever visible.
+    stays open (reserving a local store's stream) until this writer's next save or close(),
+    the next dcp.save in the same thread, the group's deadline, or the end of the
+    coordinator's process, whichever comes first; nothing of it is ever visible.
+
+    Over an S3 store each rank stages through its own cache directory (its own machine or
+    not): the ranks' chunks upload in parallel, the coordinator's commit is one conditional
+    write of the stream's ref, and each rank's next part is a page diff against the page
+    fingerprints it kept of its own last part (docs/design.md, "S3 stores").
     """
 
     def __init__(self, path, stream: str = "dcp", *, timeout: float = 600.0,
@@ -543,7 +552,8 @@ class SnapstoreReader(_StoreUser, StorageReader):
     """torch.distributed.checkpoint StorageReader from a snapstore store.
 
     Args:
-        path: the store directory (opened read-only), or an open Store (used, not closed).
+        path: the store directory (opened read-only), an S3 store's URL ("s3://BUCKET/PREFIX"),
+            or an open Store (used, not closed).
         stream: the stream of the DCP checkpoints (default "dcp").
 
     dcp.load's checkpoint_id selects the newest checkpoint saved with that id; without one the

@@ -18,7 +18,7 @@ from typing import Optional
 from snapstore import errors
 from snapstore.cli import (bench_cmd, diff_cmd, inspect_cmds, maintain_cmds, restore_cmd,
                            write_cmds)
-from snapstore.cli import export_cmd
+from snapstore.cli import export_cmd, transfer_cmds
 from snapstore.cli.args import (STORE_RULE, Parser, add_global_options,
                                 add_store_positional, command_options, parse_command_line)
 from snapstore.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, PROG, Problem, UsageError
@@ -33,7 +33,8 @@ itself locks them out: creating it, upgrading its format, `repair` (which waits 
 writer to close) and writers of an older snapstore. Compactions (compact, retain's prune) run
 one at a time, and verify waits for a running one. A command kept out fails at once, exit 1,
 naming the holder's pid, host and since-when; --timeout SECONDS waits for it first. ls, show,
-restore, diff and stats take no lock.
+restore, diff and stats take no lock, nor does anything on an S3 store (s3://BUCKET/PREFIX):
+gc deletes its garbage while its writers write.
 
 checkpoint names (show, restore, diff, rm, tag), in this order of precedence:
   7              the checkpoint id, as `ls` shows it (digits are always an id)
@@ -66,14 +67,18 @@ examples:
   SNAPSTORE_STORE=ckpts snapstore verify --deep --json
   snapstore repair ckpts
   snapstore bench --size 1GiB --dirty 0.001,0.01,0.1 --plot overhead.png
+  snapstore copy ckpts backup               # only the chunks backup lacks
+  snapstore export ckpts best -o best.snap  # a savepoint: one portable file
+  snapstore import best.snap other-store
 """
 
 # The commands in the order `snapstore --help` lists them: each adds its subparser.
 COMMANDS = (write_cmds.add_init, inspect_cmds.add_ls, inspect_cmds.add_show, diff_cmd.add_diff,
             restore_cmd.add_restore, write_cmds.add_rm, write_cmds.add_tag,
-            write_cmds.add_retain, maintain_cmds.add_compact, maintain_cmds.add_verify,
+            write_cmds.add_retain, maintain_cmds.add_compact, maintain_cmds.add_gc,
+            maintain_cmds.add_verify,
             maintain_cmds.add_repair, inspect_cmds.add_stats, bench_cmd.add_bench,
-            export_cmd.add_export)
+            export_cmd.add_export, transfer_cmds.add_copy, transfer_cmds.add_import)
 
 # Store errors that mean "you asked for something that does not exist or is invalid".
 _USAGE_ERRORS = (UsageError, errors.CheckpointNotFound, errors.InvalidArgumentError,

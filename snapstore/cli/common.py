@@ -7,6 +7,7 @@ from typing import Callable, Optional
 
 from snapstore.cli.progress import Progress, spinner
 from snapstore.engine import format as fmt
+from snapstore.remote.layout import is_remote
 from snapstore.store import open as open_snapstore
 
 EXIT_OK = 0
@@ -36,23 +37,30 @@ def store_path(args) -> str:
 
 
 def is_store_dir(path) -> bool:
-    """True when path is a directory holding a snapstore store (its FORMAT file)."""
+    """True when path is a directory holding a snapstore store (its FORMAT file), or an S3
+    store's URL (s3://BUCKET/PREFIX: whether it holds a store is for open() to find out)."""
+    if is_remote(path):
+        return True
     return isinstance(path, str) and bool(path) and \
         os.path.isfile(os.path.join(path, fmt.FORMAT_FILE))
 
 
 def same_path(a: str, b: str) -> bool:
-    """True when a and b name the same file system location (after symlinks, '..', '/')."""
+    """True when a and b name the same store: the same file system location (after
+    symlinks, '..', '/'), or the same S3 URL."""
+    if is_remote(a) or is_remote(b):
+        return a.rstrip("/") == b.rstrip("/")
     return os.path.realpath(a) == os.path.realpath(b)
 
 
 def open_store(args, *, write: bool = False):
-    """Opens the existing store of `args`: read-only, or as a writer when `write` (alongside
+    """Opens the existing store of `args` (a directory, or an S3 store's s3:// URL, cached
+    in the default cache directory): read-only, or as a writer when `write` (alongside
     any other writers). --timeout is the store's: how long a writer's open waits for an
     exclusive holder (a repair, a format upgrade...), and compact/verify for a running
     compaction."""
     path = store_path(args)
-    if not os.path.isdir(path):
+    if not is_remote(path) and not os.path.isdir(path):
         hint = ""
         if getattr(args, "store_source", None) == "argument" and not os.environ.get(STORE_ENV):
             hint = (" (the first argument names the store when neither -s nor "

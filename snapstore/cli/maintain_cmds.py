@@ -1,16 +1,18 @@
-"""`snapstore compact`, `verify` and `repair`: reclaim space and fold chains; check integrity
-(exit 1 when verify finds a problem); rebuild the index from the log (exit 1 when the log
-itself is damaged)."""
+"""`snapstore compact`, `gc`, `verify` and `repair`: reclaim space and fold chains (a local
+store), delete the objects of deleted checkpoints after a grace period (an S3 store); check
+integrity (exit 1 when verify finds a problem); rebuild the index from the log (exit 1 when
+the log itself is damaged)."""
 from __future__ import annotations
 
 import argparse
 import os
 
-from snapstore.cli.args import count_arg
+from snapstore.cli.args import count_arg, seconds_arg
 from snapstore.cli.common import (EXIT_OK, EXIT_PROBLEM, Problem, UsageError, need, open_store,
                                   progress, spinner_for, store_path)
-from snapstore.cli.output import print_json, print_report
+from snapstore.cli.output import local_time, print_json, print_report
 from snapstore.formatting import human_bytes, printable
+from snapstore.remote.layout import is_remote
 from snapstore.store import repair as repair_store
 
 
@@ -50,6 +52,28 @@ def garbage_arg(text: str):
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number >= 0 or 'none', got {text!r}")
     return value
+
+
+def add_gc(add) -> None:
+    p = add("gc", "delete the objects of deleted checkpoints of an S3 store (after a grace "
+            "period)", cmd_gc,
+            description="Garbage collection of an S3 store (s3://BUCKET/PREFIX), while "
+            "writers write: a run marks the segments and checkpoint objects no stream "
+            "reaches that are older than --grace (and abandoned group commits older than "
+            "twice that); a later run, once the mark is due, deletes what is still "
+            "unreachable. Run it regularly (cron), or with --wait to mark, wait and delete "
+            "in one go. A store's first mark is due after an hour whatever --grace says "
+            "(writers assume an hour until gc tells them otherwise). A local store's space "
+            "comes back through `snapstore compact`.")
+    p.add_argument("--grace", type=seconds_arg, default=None, metavar="SECONDS",
+                   help="only objects unreachable and older than this are marked, and a "
+                        "mark is deleted this long after it was made (default 3600, at "
+                        "least 1); writers get half of it for a checkpoint")
+    p.add_argument("--dry-run", action="store_true",
+                   help="write and delete nothing: report what a run would mark and delete")
+    p.add_argument("--wait", action="store_true",
+                   help="when the run leaves objects marked, wait until the mark is due and "
+                        "run again (deletes what it marked before it exits)")
 
 
 def add_verify(add) -> None:
@@ -102,6 +126,51 @@ def compact_title(report: dict) -> str:
     return title
 
 
+def cmd_gc(args) -> int:
+    with open_store(args, write=not args.dry_run) as store:
+        fn = need(store, "gc")
+        opts = {"dry_run": args.dry_run, "wait": args.wait}
+        if args.grace is not None:
+            opts["grace"] = args.grace
+        with spinner_for(args, "collecting garbage" + (" (waiting for the mark)"
+                                                       if args.wait else "")):
+            report = dict(fn(**opts) or {})
+    if args.json:
+        print_json(report)
+        return EXIT_OK
+    print(gc_title(report))
+    due = report.get("due_at")
+    print_report("", {"checkpoints_live": report.get("checkpoints_live"),
+                      "checkpoints_reachable": report.get("checkpoints_reachable"),
+                      "segments_reachable": report.get("segments_reachable"),
+                      "next_deletion": "-" if due is None else local_time(due),
+                      "aborted_uploads": report.get("aborted_uploads"),
+                      "seconds": report.get("seconds")})
+    return EXIT_OK
+
+
+def _objects(part: dict) -> str:
+    """'3 segments, 1 checkpoint (12.0 MiB)' of a gc report's marked/deleted part."""
+    def n(kind: str, one: str) -> str:
+        k = len(part.get(kind) or ())
+        return f"{k} {one}{'' if k == 1 else 's'}"
+    text = f"{n('segments', 'segment')}, {n('checkpoints', 'checkpoint object')}"
+    if part.get("groups"):
+        text += f", {n('groups', 'group object')}"
+    return f"{text} ({human_bytes(int(part.get('bytes') or 0))})"
+
+
+def gc_title(report: dict) -> str:
+    """The headline: what was deleted, and what waits for the next run."""
+    deleted, marked = report.get("deleted") or {}, report.get("marked") or {}
+    verb = ("would delete", "would leave marked") if report.get("dry_run") else \
+        ("deleted", "marked")
+    title = f"gc: {verb[0]} {_objects(deleted)}; {verb[1]} {_objects(marked)}"
+    if report.get("raced"):
+        title += " (another gc run replaced the mark first: this one deleted nothing)"
+    return title
+
+
 def cmd_verify(args) -> int:
     with open_store(args) as store:
         fn = need(store, "verify")
@@ -126,7 +195,7 @@ def cmd_verify(args) -> int:
 
 def cmd_repair(args) -> int:
     path = store_path(args)
-    if not os.path.isdir(path):
+    if not is_remote(path) and not os.path.isdir(path):
         raise UsageError(f"no snapstore store at {path}")
     with progress(args, total=0, label="repair: scanning the log") as bar:
         def on_progress(done: int, total: int) -> None:

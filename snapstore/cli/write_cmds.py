@@ -13,8 +13,9 @@ from snapstore.cli.common import EXIT_OK, UsageError, need, open_store, resolve,
 from snapstore.cli.output import print_json
 from snapstore.engine import format as fmt
 from snapstore.engine.retention import parse_duration
-from snapstore.errors import InvalidArgumentError
+from snapstore.errors import FormatError, InvalidArgumentError
 from snapstore.formatting import human_bytes, printable
+from snapstore.remote.layout import is_remote
 from snapstore.store import open as open_snapstore
 
 
@@ -101,6 +102,18 @@ def add_retain(add) -> None:
 
 def cmd_init(args) -> int:
     path = store_path(args)
+    if is_remote(path):
+        try:
+            open_snapstore(path, create=False, readonly=True).close()
+            existed = True
+        except FormatError:
+            open_snapstore(path, create=True).close()
+            existed = False
+        if args.json:
+            print_json({"path": path, "created": not existed})
+        else:
+            print(f"{'store already exists at' if existed else 'created store'} {path}")
+        return EXIT_OK
     existed = os.path.exists(os.path.join(path, fmt.FORMAT_FILE))
     if existed:     # validate it read-only: no lock to wait for (a repair may hold it)
         open_snapstore(path, create=False, readonly=True).close()

@@ -9,6 +9,9 @@ object saves and the integrations (through store.checkpoint), delete, tag, retai
 commits (groups.py), compaction.
 
     commit(stream, make_plans, meta)  stores planned buffers as the stream's next checkpoint
+    commit_manifests(stream, entries, read_chunks, meta, created=, tags=)
+                                      ... pre-made full manifests, asking read_chunks only for
+                                      the chunks the store lacks (copy, savepoint import)
     apply_ops(make_ops)               claims, appends and applies delete and tag records
     exclusive(write)                  runs a block under the process's writer lock
     maintenance(exclusive)            ... and the store's maintenance lock (compact, verify)
@@ -70,7 +73,7 @@ import fcntl
 import os
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from snapstore.engine import claims as claim_rules
 from snapstore.engine import format as fmt
@@ -93,6 +96,8 @@ from snapstore.errors import (CommitConflict, ConcurrentCompactionError, Corrupt
 
 # make_plans(view, head id or None, head Commit or None) -> [BufferPlan]
 PlanMaker = Callable[[IndexView, "int | None", "Commit | None"], list]
+# read_chunks(chunk ids) -> iterable of (chunk id, raw bytes): commit_manifests' chunk source
+ChunkSource = Callable[[list], Iterable]
 
 ANY_HEAD = object()        # commit(expect_head=ANY_HEAD): whatever head the commit is planned on
 _ATTEMPTS = 5              # plans made again when garbage collection raced a commit
@@ -122,6 +127,61 @@ def reused_chunks(entries, new_chunks: bytes) -> bytes:
             if cid not in new:
                 seen[cid] = None
     return b"".join(seen)
+
+
+def check_usable(path: str, opened_by: int, closed: bool, read_only_write: bool) -> None:
+    """What every committer checks before an operation: ForkedStoreError in a fork()ed child
+    of the process `opened_by` (unless closed there), StoreClosedError once closed,
+    ReadOnlyError for a write to a reader."""
+    if opened_by != os.getpid() and not closed:
+        raise ForkedStoreError(
+            f"store {path} was opened by process {opened_by}; this process ({os.getpid()}) is "
+            "a fork()ed child of it and must not use that Store: open the store again in "
+            f"the child (snapstore.open({path!r}))")
+    if closed:
+        raise StoreClosedError(f"store {path} is closed")
+    if read_only_write:
+        raise ReadOnlyError(f"store {path} was opened read-only")
+
+
+def store_plans(view: IndexView, stream: str, head: int | None, make_plans: PlanMaker,
+                sink: wr.ChunkSink, staging: bytearray,
+                on_stored: dict | None) -> tuple[list, list]:
+    """Step 1's data part, shared by every committer: makes the plans against the snapshot
+    (head: the stream's head in it) and stores them through the sink. Returns (buffer
+    entries, [(buffer name, page fingerprints)]). A delta that reaches max_chain is rebased
+    into a full manifest."""
+    opts = sink.opts
+    parent = (view.named_checkpoint(head, f"stream {stream!r}'s head")
+              if head is not None else None)
+    parents = {b.name: b for b in parent.buffers} if parent else {}
+    entries, fingerprints = [], []
+    for plan in make_plans(view, head, parent):
+        if plan.base == "delta":
+            pb = parents.get(plan.name)
+            if pb is None or pb.size != len(plan.view) or pb.layout != "pages" \
+                    or pb.page_size != plan.page_size:
+                raise SnapstoreError(
+                    f"buffer {plan.name!r} of stream {stream!r} changed under "
+                    "its tracker (another writer checkpointed the stream)")
+            plan.depth = pb.depth + 1
+        entry = wr.store_buffer(plan, sink, staging, (on_stored or {}).get(plan.name))
+        if entry.base == "delta" and entry.depth >= opts.max_chain:
+            entry = wr.rebase(view, parent, entry)
+        entries.append(entry)
+        if plan.fingerprints is not None:
+            fingerprints.append((plan.name, plan.fingerprints))
+    return entries, fingerprints
+
+
+def count_bytes_new(commit: Commit, chunk_bytes: int) -> None:
+    """Sets commit.bytes_new: the chunk bytes it stored plus its commit record, whose size
+    depends on bytes_new's digits (iterated to the fixpoint)."""
+    while True:
+        total = chunk_bytes + fmt.RECORD_HEADER.size + sum(len(p) for p in commit.encode())
+        if total == commit.bytes_new:
+            return
+        commit.bytes_new = total
 
 
 class Committer:
@@ -340,15 +400,18 @@ class Committer:
     def check_open(self, write: bool = False) -> None:
         """Raises StoreClosedError after close(), ForkedStoreError in a fork()ed child,
         ReadOnlyError for a write to a reader."""
-        if self.forked and not self._closed:
-            raise ForkedStoreError(
-                f"store {self.path} was opened by process {self._pid}; this process "
-                f"({os.getpid()}) is a fork()ed child of it and must not use that Store: open "
-                "the store again in the child (snapstore.open(path))")
-        if self._closed or self.index is None:
-            raise StoreClosedError(f"store {self.path} is closed")
-        if write and self.readonly:
-            raise ReadOnlyError(f"store {self.path} was opened read-only")
+        check_usable(self.path, self._pid, self._closed or self.index is None,
+                     write and self.readonly)
+
+    def flush(self) -> None:
+        """Nothing is in flight once a local commit returned (an S3 store's may upload in
+        the background). Raises StoreClosedError after close()."""
+        self.check_open()
+
+    def refresh(self) -> None:
+        """Nothing to pull: a local store's index is always current (an S3 store's
+        RemoteCommitter pulls the bucket here). Raises StoreClosedError after close()."""
+        self.check_open()
 
     def read(self) -> "contextlib.AbstractContextManager[IndexView]":
         """`with committer.read() as view:` a consistent snapshot of the index (no lock)."""
@@ -542,56 +605,92 @@ class Committer:
                     # claim's holder is alive (it may have published and exited since), so
                     # none is taken for dead (DeadHolder is for claim(), in a write txn)
                     claim_rules.check_stream(r, stream, expect_head, lambda log: True)
-                parent = (r.named_checkpoint(head, f"stream {stream!r}'s head")
-                          if head is not None else None)
-                parents = {b.name: b for b in parent.buffers} if parent else {}
                 sink = wr.ChunkSink(log, r, opts, pause)
-                entries, fingerprints = [], []
-                for plan in make_plans(r, head, parent):
-                    if plan.base == "delta":
-                        pb = parents.get(plan.name)
-                        if pb is None or pb.size != len(plan.view) or pb.layout != "pages" \
-                                or pb.page_size != plan.page_size:
-                            raise SnapstoreError(
-                                f"buffer {plan.name!r} of stream {stream!r} changed under "
-                                "its tracker (another writer checkpointed the stream)")
-                        plan.depth = pb.depth + 1
-                    entry = wr.store_buffer(plan, sink, self._staging,
-                                            (on_stored or {}).get(plan.name))
-                    if entry.base == "delta" and entry.depth >= opts.max_chain:
-                        entry = wr.rebase(r, parent, entry)
-                    entries.append(entry)
-                    if plan.fingerprints is not None:
-                        fingerprints.append((plan.name, plan.fingerprints))
+                entries, fingerprints = store_plans(r, stream, head, make_plans, sink,
+                                                    self._staging, on_stored)
                 generation = r.gc_generation()
             crashpoint("after_data_append")
-            new_chunks = sink.new_chunk_table()
-            pins = reused_chunks(entries, new_chunks)
-
-            def prepare(w: IndexWriter) -> tuple:
-                claim_rules.check_stream(w, stream, head, self.alive)
-                claim_rules.check_pins(w, claim_rules.unpack_ids(pins), generation)
-                return "commit", {"stream": stream, "parent": head, "pins": pins}
-            claimed = self.claim(prepare)
-            commit = Commit(claimed.id, stream, head, time.time(), meta, entries, new_chunks,
-                            seq=claimed.seq, order=claimed.order)
-            # bytes_new counts the commit record too, whose size depends on bytes_new's
-            # digits: iterate to the fixpoint.
-            while True:
-                total = sink.bytes_new + fmt.RECORD_HEADER.size + \
-                    sum(len(p) for p in commit.encode())
-                if total == commit.bytes_new:
-                    break
-                commit.bytes_new = total
-
-            def put_fingerprints(w: IndexWriter) -> None:
-                for name, fps in fingerprints:
-                    w.put_fingerprints(stream, name, commit.id, opts.page_size, fps)
-
-            self.publish([(fmt.REC_COMMIT, commit.encode())], claimed, put_fingerprints)
-            return commit
+            return self._claim_and_publish(stream, head, entries, sink, generation, meta,
+                                           fingerprints)
         except BaseException:
             log.rollback(mark)      # the chunk records too (publish dropped its claim)
+            raise
+
+    def _claim_and_publish(self, stream: str, head: int | None, entries: list,
+                           sink: wr.ChunkSink, generation: int, meta: Any,
+                           fingerprints: list, created: float | None = None,
+                           tags: tuple = ()) -> Commit:
+        """Steps 2 to 4 of a commit whose chunks `sink` appended (planned on a snapshot
+        showing `head` and GC generation `generation`): claims the stream (CommitConflict
+        unless head is still its head; claims.ChunksVanished when GC removed a chunk the
+        entries reuse), then appends the commit record, syncs and publishes it with the page
+        fingerprints [(buffer name, digests)]. The caller rolls its log back on failure."""
+        new_chunks = sink.new_chunk_table()
+        pins = reused_chunks(entries, new_chunks)
+
+        def prepare(w: IndexWriter) -> tuple:
+            claim_rules.check_stream(w, stream, head, self.alive)
+            claim_rules.check_pins(w, claim_rules.unpack_ids(pins), generation)
+            return "commit", {"stream": stream, "parent": head, "pins": pins}
+        claimed = self.claim(prepare)
+        commit = Commit(claimed.id, stream, head, time.time() if created is None else created,
+                        meta, entries, new_chunks, tags=list(tags), seq=claimed.seq,
+                        order=claimed.order)
+        count_bytes_new(commit, sink.bytes_new)
+
+        def put_fingerprints(w: IndexWriter) -> None:
+            for name, fps in fingerprints:
+                w.put_fingerprints(stream, name, commit.id, self.options.page_size, fps)
+
+        self.publish([(fmt.REC_COMMIT, commit.encode())], claimed, put_fingerprints)
+        return commit
+
+    def commit_manifests(self, stream: str, entries: list, read_chunks: ChunkSource,
+                         meta: Any, *, created: float | None = None,
+                         tags: tuple = ()) -> Commit:
+        """Commits pre-made manifests as the stream's next checkpoint (checkpoint copy and
+        savepoint import); returns the Commit.
+
+        entries: [BufferEntry] with base "full" and depth 0, each a checked full manifest of
+        its buffer whose extents name chunks by id (BLAKE3: portable between stores).
+        read_chunks(chunk ids) -> iterable of (chunk id, raw bytes): called once, with the
+        chunks this store lacks only (not at all when it has them all); it must yield each
+        of them (in any order). Each is checked (its BLAKE3 must be its id: else
+        CorruptionError) and appended to this writer's log as a chunk record compressed per
+        the store's options (ChunkSink). Then the commit is claimed and published exactly as
+        commit()'s: its parent is the stream's head in the snapshot it was made on
+        (CommitConflict when the head moved or another commit of the stream is in progress);
+        created: its creation time (default now); tags: its tags. The checkpoint has no page
+        fingerprints, so the stream's next checkpoint() is stored full (deduplicated). On any
+        failure nothing is visible and the log is rolled back. An extent reaching past its
+        chunk's raw length raises CorruptionError before anything is committed."""
+        with self._lock, io_errors("checkpoint import failed"):
+            self.check_open(write=True)
+            self.log.check_writable()
+            for _ in range(_ATTEMPTS):
+                try:
+                    return self._commit_manifests_once(stream, entries, read_chunks, meta,
+                                                       created, tags)
+                except claim_rules.ChunksVanished:
+                    continue
+        raise ConcurrentCompactionError(f"import into stream {stream!r}: compaction removed "
+                                        f"chunks it reused {_ATTEMPTS} times in a row; retry")
+
+    def _commit_manifests_once(self, stream: str, entries: list, read_chunks: ChunkSource,
+                               meta: Any, created: float | None, tags: tuple) -> Commit:
+        log = self.log
+        mark = log.position
+        try:
+            with self.index.read() as r:
+                head = r.stream_head(stream)
+                sink = wr.ChunkSink(log, r, self.options)
+                wr.store_missing_chunks(sink, r, entries, read_chunks)
+                generation = r.gc_generation()
+            crashpoint("after_data_append")
+            return self._claim_and_publish(stream, head, entries, sink, generation, meta, [],
+                                           created, tags)
+        except BaseException:
+            log.rollback(mark)
             raise
 
     def apply_ops(self, make_ops: Callable[[IndexView], list]) -> None:

@@ -53,6 +53,11 @@ DCP_PART_KEY = "snapstore.dcp_part"    # ... of one rank's part of a DCP checkpo
 # "parts": {participant: the meta it staged its part with}} (+ "user": the coordinator's meta
 # when that was not a dict).
 GROUP_META_KEY = "snapstore.group"
+# The reserved key of a checkpoint copied from another store or imported from a savepoint file
+# (snapstore.copying, snapstore.savepoints): {"store": where the original lay (its path or URL),
+# "id": its id there} (+ "file": the savepoint file's name; + "user": the original meta when
+# that was not a dict). Provenance only: engine.meta.original_meta() takes it off again.
+ORIGIN_META_KEY = "snapstore.copied_from"
 
 # ---- segment files ------------------------------------------------------------------------
 # A segment starts with a fixed header, then records back to back until its end.
@@ -118,6 +123,24 @@ NEW_CHUNK = struct.Struct("<32sQQIIB")       # id, segment, record offset, store
 assert NEW_CHUNK.size == 57                  # (prefix + data), raw length, codec
 EXTENT = struct.Struct("<QII32s")            # buffer offset, offset inside chunk, length, chunk id
 assert EXTENT.size == 48
+
+# ---- savepoint files ------------------------------------------------------------------------
+# One checkpoint in one self-contained, portable file (engine/savefile.py; docs/design.md,
+# "Savepoint files"): SAVEPOINT_HEADER, the description (UTF-8 JSON of the checkpoint, then
+# each buffer's full manifest as EXTENTs in buffer order), the chunk records the manifests
+# name (each chunk once; records exactly as in segments: RECORD_HEADER + chunk payload), then
+# SAVEPOINT_TRAILER. All integers little-endian.
+SAVEPOINT_SUFFIX = ".snap"
+SAVEPOINT_FORMAT = "snapstore-savepoint"    # the description's "format"
+SAVEPOINT_MAGIC = b"SNAPSAVE"
+SAVEPOINT_VERSION = 1           # the version this library writes and the newest it reads
+SAVEPOINT_HEADER = struct.Struct("<8sIIQQQQ")  # magic, version, reserved 0, JSON length,
+assert SAVEPOINT_HEADER.size == 48             # manifests length, XXH3-64 of the description
+                                               # (JSON + manifests), XXH3-64 of bytes 0..39
+SAVEPOINT_TRAILER_MAGIC = b"SNAPEND\x00"
+SAVEPOINT_TRAILER = struct.Struct("<8sQQQ")    # magic, number of chunk records, offset of
+assert SAVEPOINT_TRAILER.size == 32            # the trailer (= the file's length before it),
+                                               # XXH3-64 of every byte before this field
 
 # ---- LMDB index ----------------------------------------------------------------------------
 DB_META = b"meta"                 # META_* keys below

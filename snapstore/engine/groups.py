@@ -41,7 +41,8 @@ from typing import Any, Callable
 from snapstore.engine import claims as claim_rules
 from snapstore.engine import format as fmt
 from snapstore.engine import writer as wr
-from snapstore.engine.commit import ANY_HEAD, Committer, io_errors, reused_chunks
+from snapstore.engine.commit import ANY_HEAD, Committer, count_bytes_new, io_errors, \
+    reused_chunks
 from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.index import IndexView, IndexWriter, damaged
 from snapstore.engine.records import BufferEntry, Commit
@@ -218,16 +219,53 @@ def wait_for_parts(c: Committer, group: str, timeout: float | None) -> dict[str,
             left = min(left, timeout - (time.monotonic() - started))
         if left <= 0:
             abort_group(c, group)
-            raise GroupTimeout(f"group {group} of stream {header.stream!r}: "
-                               f"{len(missing)} of {len(header.participants)} participant(s) "
-                               f"never staged their part: {', '.join(map(repr, missing))}; "
-                               "the group is aborted (nothing of it is visible)",
-                               group=group, missing=missing)
+            raise timed_out(group, header.stream, header.participants, missing)
         time.sleep(min(pause, left))
         pause = min(pause * 2, 0.05)
 
 
-def whole_if_mostly_changed(view: IndexView, header: GroupHeader, entries: list,
+# ---- what every group commit shares (this module's and remote/groups.py's) ------------------
+
+def timed_out(group: str, stream: str, participants: list, missing: list) -> GroupTimeout:
+    """The GroupTimeout of a group whose `missing` participants never staged (the caller has
+    aborted it)."""
+    return GroupTimeout(f"group {group} of stream {stream!r}: {len(missing)} of "
+                        f"{len(participants)} participant(s) never staged their part: "
+                        f"{', '.join(map(repr, missing))}; the group is aborted (nothing of "
+                        "it is visible)", group=group, missing=missing)
+
+
+def check_distinct(group: str, participant: str, entries: list, others: dict) -> None:
+    """Raises GroupError when a buffer of `participant`'s part (its entries) has the name of
+    a buffer another participant staged; others: {participant: its entries}."""
+    mine = {e.name for e in entries}
+    for other, theirs in others.items():
+        clash = mine & {e.name for e in theirs}
+        if other != participant and clash:
+            raise GroupError(f"participant {participant!r} stages buffer(s) {sorted(clash)} "
+                             f"which participant {other!r} staged already: buffer names must "
+                             "be distinct across a group's parts", group=group)
+
+
+def combine_parts(parts: list) -> tuple[list, bytes, int]:
+    """The buffers of a group's checkpoint from its parts, given in participant order as
+    (buffer entries, new-chunk table, chunk bytes stored): (entries, new-chunk table,
+    chunk bytes). A chunk two parts both stored (the same bytes, written by two
+    participants at once) is listed once, where the first part stored it; the other copy is
+    garbage."""
+    entries, new_chunks, seen, bytes_new = [], bytearray(), set(), 0
+    for part_entries, part_new, part_bytes in parts:
+        entries.extend(part_entries)
+        for i in range(0, len(part_new), fmt.NEW_CHUNK.size):
+            item = part_new[i:i + fmt.NEW_CHUNK.size]
+            if item[:fmt.CHUNK_ID_BYTES] not in seen:
+                seen.add(item[:fmt.CHUNK_ID_BYTES])
+                new_chunks += item
+        bytes_new += part_bytes
+    return entries, bytes(new_chunks), bytes_new
+
+
+def whole_if_mostly_changed(view: IndexView, parent: int | None, group: str, entries: list,
                             full_threshold: float) -> list:
     """writer.whole_if_mostly_changed for the group's checkpoint as a whole. Each part applied
     it to its own buffers when it staged; a part alone cannot see that the others changed
@@ -235,16 +273,27 @@ def whole_if_mostly_changed(view: IndexView, header: GroupHeader, entries: list,
     "incremental" and grow a chain to max_chain). When more than full_threshold of the
     checkpoint's bytes are stored anyway (full buffers plus the deltas' dirty bytes), or it
     holds no bytes, the remaining deltas are rebased into full manifests: manifest work only,
-    over the parent's chunks and the part's. Returns `entries` itself when nothing changes."""
-    if header.parent is None or not any(e.base == "delta" for e in entries):
+    over the parent's chunks and the part's (`parent`: the checkpoint the group follows).
+    Returns `entries` itself when nothing changes."""
+    if parent is None or not any(e.base == "delta" for e in entries):
         return entries
     total = sum(e.size for e in entries)
     stored = sum(e.size if e.base == "full" else
                  sum(n for _, _, n, _ in fmt.EXTENT.iter_unpack(e.extents)) for e in entries)
     if total and stored <= full_threshold * total:
         return entries
-    parent = view.named_checkpoint(header.parent, f"group {header.id}'s parent")
-    return [wr.rebase(view, parent, e) if e.base == "delta" else e for e in entries]
+    head = view.named_checkpoint(parent, f"group {group}'s parent")
+    return [wr.rebase(view, head, e) if e.base == "delta" else e for e in entries]
+
+
+def group_meta(group: str, parts_meta: dict, meta: Any) -> Any:
+    """The meta of a group's checkpoint: the coordinator's `meta` with the reserved key
+    format.GROUP_META_KEY = {"id", "parts": {participant: its meta}} (a meta that is not a
+    dict goes under the reserved entry's "user")."""
+    reserved = {"id": group, "parts": parts_meta}
+    if isinstance(meta, dict) or meta is None:
+        return dict(meta or {}, **{fmt.GROUP_META_KEY: reserved})
+    return {fmt.GROUP_META_KEY: dict(reserved, user=meta)}
 
 
 def commit_group(c: Committer, group: str, meta: Any, timeout: float | None) -> Commit:
@@ -257,30 +306,18 @@ def commit_group(c: Committer, group: str, meta: Any, timeout: float | None) -> 
         c.log.check_writable()
         with c.read() as r:
             header = _live_header(r, group)
-        order = header.participants
-        entries, new_chunks, pins, seen = [], bytearray(), bytearray(), set()
-        fingerprints, bytes_new = [], 0
-        for participant in order:
-            part = found[participant]
-            entries.extend(part.entries)
-            for i in range(0, len(part.new_chunks), fmt.NEW_CHUNK.size):
-                item = part.new_chunks[i:i + fmt.NEW_CHUNK.size]
-                if item[:fmt.CHUNK_ID_BYTES] not in seen:
-                    seen.add(item[:fmt.CHUNK_ID_BYTES])
-                    new_chunks += item
-            pins += part.pins
-            fingerprints.extend(part.fingerprints)
-            bytes_new += part.bytes_new
+        order = [found[p] for p in header.participants]
+        entries, new_chunks, bytes_new = combine_parts(
+            [(p.entries, p.new_chunks, p.bytes_new) for p in order])
+        pins = b"".join(p.pins for p in order)
+        fingerprints = [fp for p in order for fp in p.fingerprints]
         with c.read() as r:
-            whole = whole_if_mostly_changed(r, header, entries, c.options.full_threshold)
+            whole = whole_if_mostly_changed(r, header.parent, group, entries,
+                                            c.options.full_threshold)
         if whole is not entries:
             entries = whole
-            pins = bytearray(reused_chunks(entries, bytes(new_chunks)))
-        reserved = {"id": group, "parts": {p: found[p].meta for p in order}}
-        if isinstance(meta, dict) or meta is None:
-            full_meta = dict(meta or {}, **{fmt.GROUP_META_KEY: reserved})
-        else:
-            full_meta = {fmt.GROUP_META_KEY: dict(reserved, user=meta)}
+            pins = reused_chunks(entries, new_chunks)
+        full_meta = group_meta(group, {p.participant: p.meta for p in order}, meta)
         log = c.log
         mark = log.position
 
@@ -294,12 +331,8 @@ def commit_group(c: Committer, group: str, meta: Any, timeout: float | None) -> 
             claim_rules.release(w, header.claim)
         claimed = c.claim(prepare, retire_group_claim)
         commit = Commit(claimed.id, header.stream, header.parent, time.time(), full_meta,
-                        entries, bytes(new_chunks), seq=claimed.seq, order=claimed.order)
-        while True:
-            total = bytes_new + fmt.RECORD_HEADER.size + sum(len(p) for p in commit.encode())
-            if total == commit.bytes_new:
-                break
-            commit.bytes_new = total
+                        entries, new_chunks, seq=claimed.seq, order=claimed.order)
+        count_bytes_new(commit, bytes_new)
 
         def publish_extra(w: IndexWriter) -> None:
             for name, page_size, digests in fingerprints:
@@ -365,14 +398,8 @@ def stage(c: Committer, group: str, participant: str, make_plans: PartPlanMaker,
 
                 def register(w: IndexWriter) -> None:
                     _live_header(w, group)
-                    mine = {e.name for e in part.entries}
-                    for other, p in parts(w, group).items():
-                        clash = mine & {e.name for e in p.entries}
-                        if other != participant and clash:
-                            raise GroupError(f"participant {participant!r} stages buffer(s) "
-                                             f"{sorted(clash)} which participant {other!r} "
-                                             "staged already: buffer names must be distinct "
-                                             "across a group's parts", group=group)
+                    check_distinct(group, participant, part.entries,
+                                   {o: p.entries for o, p in parts(w, group).items()})
                     claim_rules.check_pins(w, claim_rules.unpack_ids(part.pins), generation)
                     d, blob = part.encode(c.log_number, start, end)
                     w.put_group_entry(_key(group, participant), d, blob)

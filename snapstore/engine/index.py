@@ -990,9 +990,13 @@ class IndexWriter(IndexView):
     def set_format(self, version: int) -> None:
         self._put(fmt.DB_META, fmt.META_FORMAT, fmt.U64.pack(version))
 
-    def set_applied(self, position: tuple[int, int]) -> None:
+    def set_applied(self, position: tuple[int, int] | None) -> None:
         """Records that the log holding `position` (its segment number names the log) is
-        applied up to there (format <= 2: META_APPLIED, the one log)."""
+        applied up to there (format <= 2: META_APPLIED, the one log). None records nothing:
+        the cache index of an S3 store applies checkpoints pulled from the bucket, whose
+        logs it does not follow."""
+        if position is None:
+            return
         if self.version < 3:
             self._put(fmt.DB_META, fmt.META_APPLIED, fmt.LOG_POSITION.pack(*position))
             return

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from snapstore.engine.format import RESERVED_META_PREFIX
+from snapstore.engine.format import ORIGIN_META_KEY, RESERVED_META_PREFIX
 
 
 def is_reserved_key(key: Any) -> bool:
@@ -29,3 +29,26 @@ def reserved_meta(meta: Any) -> dict:
     if isinstance(meta, dict):
         return {k: v for k, v in meta.items() if is_reserved_key(k)}
     return {}
+
+
+def original_meta(meta: Any) -> Any:
+    """meta without the provenance a copy or an import added (ORIGIN_META_KEY): the meta of
+    the checkpoint it was copied from (with_origin's inverse)."""
+    if not isinstance(meta, dict) or ORIGIN_META_KEY not in meta:
+        return meta
+    rest = {k: v for k, v in meta.items() if k != ORIGIN_META_KEY}
+    origin = meta[ORIGIN_META_KEY]
+    if not rest and isinstance(origin, dict) and "user" in origin:
+        return origin["user"]           # the original was not a dict
+    return rest
+
+
+def with_origin(meta: Any, origin: dict) -> Any:
+    """The meta of a copy of a checkpoint whose meta is `meta` (as stored, reserved keys
+    included): its original meta (original_meta) with ORIGIN_META_KEY: origin added. A meta
+    that is not a dict (None too) is kept as origin["user"], as the object layers keep it,
+    so CheckpointInfo.meta of the copy is the original's."""
+    meta = original_meta(meta)
+    if isinstance(meta, dict):
+        return {**meta, ORIGIN_META_KEY: dict(origin)}
+    return {ORIGIN_META_KEY: {**origin, "user": meta}}

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import bisect
 import collections
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from snapstore.engine import chunks
 from snapstore.engine import extents as ext
+from snapstore.engine import format as fmt
 from snapstore.errors import CheckpointNotFound, ConcurrentCompactionError, CorruptionError
 from snapstore.engine.backends.base import SegmentBackend, SegmentReader
 from snapstore.engine.index import IndexView
@@ -117,13 +119,112 @@ def restore_range(view: IndexView, backend: SegmentBackend, commit: Commit, name
     """Writes bytes [start, start + len(out)) of buffer `name` of `commit` into out."""
     end = start + len(out)
     whole = start == 0 and end == find_buffer(commit, name).size
+    layers = [layer if whole else ext.clip(layer, start, end)
+              for layer in buffer_layers(view, commit, name)]
     with backend.open_reader() as segments:
         reader = ChunkReader(backend, segments, view)
-        for depth, layer in enumerate(buffer_layers(view, commit, name)):
-            extents = layer if whole else ext.clip(layer, start, end)
+        segments.prefetch(record_ranges(view, [e for layer in layers for e in layer]))
+        for depth, extents in enumerate(layers):
             if depth == 0:      # the full base writes every byte of out: none is left unfilled
                 ext.check_fills(extents, start, end, f"checkpoint {commit.id} buffer {name!r}")
-            copy_extents(reader, extents, out, start, progress)
+            reported = copy_extents_parallel(view, backend, segments, extents, out, start,
+                                             progress)
+            if reported is not True:
+                copy_extents(reader, extents, out, start, _skipping(progress, reported))
+
+
+PARALLEL_MIN_BYTES = 32 << 20   # a layer this large is decoded by DECODE_THREADS threads
+PARALLEL_BATCH_BYTES = 4 << 20
+DECODE_THREADS = 4
+
+
+def copy_extents_parallel(view: IndexView, backend: SegmentBackend, segments: SegmentReader,
+                          extents, out: memoryview, start: int,
+                          progress: Callable[[int], None] | None = None) -> "bool | int":
+    """copy_extents for a large layer, its chunks read and decoded by several threads (zstd
+    and the reads let go of the GIL; extents of one layer never overlap, so the threads
+    write disjoint bytes). Returns True when done. A small layer is left to the caller (0:
+    nothing done or reported); so is a layer where anything failed: the caller's
+    copy_extents redoes it one chunk at a time, whose errors are the authoritative ones (a
+    chunk a compaction moved: ConcurrentCompactionError; damage: CorruptionError), and the
+    int returned is how many bytes progress() was already told of."""
+    total = sum(e[2] for e in extents)
+    if total < PARALLEL_MIN_BYTES:
+        return 0
+    entries = {}
+    for _, _, _, cid in extents:
+        if cid not in entries:
+            entry = view.chunk(cid)
+            if entry is None:
+                return 0
+            entries[cid] = entry
+    for number in {e.segment for e in entries.values()}:
+        try:
+            segment_version(segments, number)       # FormatError for a newer segment
+        except CorruptionError:
+            pass
+    batches, batch, size = [], [], 0
+    for e in extents:
+        batch.append(e)
+        size += e[2]
+        if size >= PARALLEL_BATCH_BYTES:
+            batches.append((batch, size))
+            batch, size = [], 0
+    if batch:
+        batches.append((batch, size))
+
+    def copy_batch(work) -> int:
+        batch, size = work
+        decoded: dict = {}
+        with backend.open_reader() as own:
+            for off, coff, length, cid in batch:
+                data = decoded.get(cid)
+                if data is None:
+                    entry = entries[cid]
+                    data = chunks.read_chunk(own, entry.segment, entry.offset,
+                                             entry.stored_len, cid, entry.raw_len)
+                    decoded = {cid: data}       # packed deltas revisit the last chunk
+                if coff + length > len(data):
+                    raise CorruptionError(f"manifest extent exceeds chunk {cid.hex()[:16]}…")
+                out[off - start:off - start + length] = memoryview(data)[coff:coff + length]
+        return size
+    reported = 0
+    try:
+        with ThreadPoolExecutor(DECODE_THREADS, "snapstore-decode") as pool:
+            for done in pool.map(copy_batch, batches):
+                if progress is not None:
+                    progress(done)
+                reported += done
+    except (CorruptionError, OSError):
+        return reported
+    return True
+
+
+def _skipping(progress: Callable[[int], None] | None, skip: int):
+    """progress, silent for the first `skip` bytes (already reported)."""
+    if progress is None or not skip:
+        return progress
+    left = [skip]
+
+    def report(n: int) -> None:
+        quiet = min(n, left[0])
+        left[0] -= quiet
+        if n > quiet:
+            progress(n - quiet)
+    return report
+
+
+def record_ranges(view: IndexView, extents) -> list:
+    """(segment, offset, length) of the chunk records the extents name, each once, in order
+    of first use (what a read session may prefetch)."""
+    seen: dict = {}
+    for _, _, _, cid in extents:
+        if cid not in seen:
+            entry = view.chunk(cid)
+            if entry is not None:
+                seen[cid] = (entry.segment, entry.offset,
+                             fmt.RECORD_HEADER.size + entry.stored_len)
+    return list(seen.values())
 
 
 def copy_extents(reader: ChunkReader, extents, out: memoryview, start: int,
@@ -153,11 +254,18 @@ def restore_ranges(view: IndexView, backend: SegmentBackend, commit: Commit, nam
     """Writes the byte ranges [(offset, length), ...] of buffer `name` of `commit` back to
     back into out (len(out) == their total; each inside the buffer): one manifest lookup and
     one read session for them all, however many and scattered they are."""
+    ranges = list(ranges)
     manifest = buffer_manifest(view, commit, name)
     starts = [e[0] for e in manifest]
     pos = 0
     with backend.open_reader() as segments:
         reader = ChunkReader(backend, segments, view)
+        if len(ranges) > 1:
+            segments.prefetch(record_ranges(view, [
+                e for start, length in ranges if length > 0
+                for e in ext.clip(manifest[max(0, bisect.bisect_right(starts, start) - 1):
+                                           bisect.bisect_left(starts, start + length)],
+                                  start, start + length)]))
         for start, length in ranges:
             if length <= 0:
                 continue

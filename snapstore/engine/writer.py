@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import blake3
 import zstandard
@@ -23,6 +23,7 @@ from snapstore.engine.index import IndexView
 from snapstore.engine.reader import buffer_layers
 from snapstore.engine.records import BufferEntry, Commit
 from snapstore.engine.wal import SegmentLog
+from snapstore.errors import CorruptionError
 
 STAGING_BYTES = fmt.MAX_CHUNK_BYTES  # gather this much at a time (bounds memory, amortises
                                     # calls); holds the largest chunk whole
@@ -200,11 +201,32 @@ def plan_buffers(view: IndexView, stream: str, head: int | None, parent: Commit 
          for name, buf in buffers.items()], opts)
 
 
+_local = threading.local()
+
+
+def _compressor(level: int):
+    c = getattr(_local, "zstd", None)
+    if c is None or _local.level != level:
+        c = zstandard.ZstdCompressor(level=level, write_content_size=True)
+        _local.zstd, _local.level = c, level
+    return c
+
+
+def encode_chunk(cid: bytes, data, opts: WriteOptions) -> tuple[int, list]:
+    """(codec, payload parts) of the chunk record of chunk `cid` holding `data` (its raw
+    bytes): zstd per opts when that saves at least 1/32 of it, else the raw bytes. The one
+    rule for every chunk record a writer makes (ChunkSink, savepoint files)."""
+    codec, stored = fmt.CODEC_RAW, data
+    if opts.compression == "zstd" and len(data) >= 64:
+        packed = _compressor(opts.compression_level).compress(data)
+        if len(packed) < len(data) - len(data) // 32:   # keep only a real saving
+            codec, stored = fmt.CODEC_ZSTD, packed
+    return codec, [fmt.CHUNK_PREFIX.pack(cid, len(data)), stored]
+
+
 class ChunkSink:
     """Stores chunks for one checkpoint: dedups against the index and this checkpoint's own new
     chunks, compresses, appends chunk records. Collects the NEW_CHUNK table."""
-
-    _local = threading.local()
 
     def __init__(self, log: SegmentLog, view: IndexView, opts: WriteOptions,
                  pause: Callable[[], None] | None = None) -> None:
@@ -212,35 +234,95 @@ class ChunkSink:
         self.new: dict[bytes, tuple] = {}
         self.bytes_new = 0
 
-    def _compressor(self):
-        c = getattr(self._local, "zstd", None)
-        if c is None or self._local.level != self.opts.compression_level:
-            c = zstandard.ZstdCompressor(level=self.opts.compression_level,
-                                         write_content_size=True)
-            self._local.zstd, self._local.level = c, self.opts.compression_level
-        return c
-
-    def put(self, data: memoryview) -> bytes:
-        """Ensures the chunk is stored; returns its id."""
+    def put(self, data: memoryview, expected: bytes | None = None) -> bytes:
+        """Ensures the chunk is stored; returns its id. With `expected` (a chunk handed in by
+        id: copy, import), CorruptionError unless data's BLAKE3 is that id, before anything
+        is appended."""
         if self.pause is not None:
             self.pause()
         cid = blake3.blake3(data).digest()
+        if expected is not None and cid != expected:
+            raise CorruptionError(f"the bytes given for chunk {expected.hex()[:16]}… "
+                                  f"({len(data)} bytes) hash to {cid.hex()[:16]}…: not that "
+                                  "chunk")
         if cid in self.new or self.view.has_chunk(cid):
             return cid
-        codec, stored = fmt.CODEC_RAW, data
-        if self.opts.compression == "zstd" and len(data) >= 64:
-            packed = self._compressor().compress(data)
-            if len(packed) < len(data) - len(data) // 32:   # keep only a real saving
-                codec, stored = fmt.CODEC_ZSTD, packed
-        prefix = fmt.CHUNK_PREFIX.pack(cid, len(data))
-        seg, off = self.log.append(fmt.REC_CHUNK, codec, [prefix, stored])
-        stored_len = len(prefix) + len(stored)
+        codec, parts = encode_chunk(cid, data, self.opts)
+        seg, off = self.log.append(fmt.REC_CHUNK, codec, parts)
+        stored_len = sum(len(p) for p in parts)
         self.new[cid] = (seg, off, stored_len, len(data), codec)
         self.bytes_new += fmt.RECORD_HEADER.size + stored_len
         return cid
 
     def new_chunk_table(self) -> bytes:
         return b"".join(fmt.NEW_CHUNK.pack(cid, *loc) for cid, loc in self.new.items())
+
+
+def chunk_ids(entries) -> list[bytes]:
+    """The distinct chunk ids the extents of `entries` name, in order of first use."""
+    seen: dict[bytes, None] = {}
+    for entry in entries:
+        for _, _, _, cid in fmt.EXTENT.iter_unpack(entry.extents):
+            seen[cid] = None
+    return list(seen)
+
+
+def put_chunks(sink: ChunkSink, wanted: list, read_chunks: Callable[[list], Iterable]
+               ) -> dict[bytes, int]:
+    """Stores the chunks `wanted` (ids) from read_chunks(wanted), an iterable of (chunk id,
+    raw bytes) yielding each of them once, in any order: each is checked to hash to its id
+    and stored through the sink (ChunkSink.put). Returns {chunk id: raw length}. Raises
+    CorruptionError for bytes that are not their chunk, a chunk not asked for or given
+    twice, or one never given."""
+    todo = dict.fromkeys(wanted)
+    got: dict[bytes, int] = {}
+    source = read_chunks(list(wanted))
+    try:
+        for cid, data in source:
+            if cid not in todo:
+                raise CorruptionError(f"chunk {bytes(cid).hex()[:16]}… was given " +
+                                      ("twice" if cid in got else "but not asked for"))
+            del todo[cid]
+            sink.put(memoryview(data), expected=cid)
+            got[cid] = len(data)
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()         # a generator's read session ends here, not at garbage collection
+    if todo:
+        first = next(iter(todo))
+        raise CorruptionError(f"{len(todo)} chunk(s) asked for were not given (the first: "
+                              f"{first.hex()[:16]}…)")
+    return got
+
+
+def store_missing_chunks(sink: ChunkSink, view: IndexView, entries,
+                         read_chunks: Callable[[list], Iterable]) -> None:
+    """For pre-made manifests (copy, import): stores through the sink the chunks their
+    extents name that the index lacks (read_chunks(those ids) yields them: put_chunks), then
+    checks every extent lies inside its chunk. Raises CorruptionError."""
+    raw_lengths: dict[bytes, int] = {}
+    missing = []
+    for cid in chunk_ids(entries):
+        entry = view.chunk(cid)
+        if entry is None:
+            missing.append(cid)
+        else:
+            raw_lengths[cid] = entry.raw_len
+    if missing:
+        raw_lengths.update(put_chunks(sink, missing, read_chunks))
+    check_extents_in_chunks(entries, raw_lengths)
+
+
+def check_extents_in_chunks(entries, raw_lengths: dict) -> None:
+    """Raises CorruptionError unless every extent of `entries` lies inside its chunk, whose
+    raw length raw_lengths gives ({chunk id: length})."""
+    for entry in entries:
+        for off, coff, length, cid in fmt.EXTENT.iter_unpack(entry.extents):
+            if coff + length > raw_lengths[cid]:
+                raise CorruptionError(f"buffer {entry.name!r}: the extent at byte {off} reaches "
+                                      f"byte {coff + length} of chunk {cid.hex()[:16]}…, which "
+                                      f"holds {raw_lengths[cid]}")
 
 
 def _batches(chunks: list, limit: int) -> Iterator[list]:

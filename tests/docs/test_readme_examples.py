@@ -10,6 +10,9 @@ An HTML comment on the line right before a fence changes that:
   <!-- readme-test: skip: REASON -->     not run (only set-up and benchmark commands that take
                                          minutes; each one says why)
   <!-- readme-test: check=NAME -->       after the block, run the check NAME (CHECKS below)
+  <!-- readme-test: s3 -->               run against a real S3 server (SeaweedFS, started
+                                         once for the module), with its AWS_* variables and
+                                         its bucket named as the example names it
 """
 from __future__ import annotations
 
@@ -68,7 +71,7 @@ def _programs(blocks: list[dict]) -> list[dict]:
             prev["checks"] += checks
             continue
         programs.append({"lang": b["lang"], "code": b["code"], "line": b["line"],
-                         "skip": skip, "checks": checks})
+                         "skip": skip, "checks": checks, "s3": "s3" in b["markers"]})
     return programs
 
 
@@ -103,6 +106,27 @@ def workdir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("readme"))
 
 
+@pytest.fixture(scope="module")
+def s3_env(tmp_path_factory):
+    """Starts a real S3 server on first use (for blocks marked s3); returns its variables."""
+    servers, buckets = [], set()
+
+    def env(code: str) -> dict:
+        if not servers:
+            sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            from s3server import WeedServer
+            servers.append(WeedServer(root=str(tmp_path_factory.mktemp("weed"))))
+        server = servers[0]
+        for bucket in set(re.findall(r"s3://([a-z0-9.-]+)/", code)):
+            if bucket not in buckets and bucket != server.bucket:
+                server.create_bucket(bucket)
+                buckets.add(bucket)
+        return server.env()
+    yield env
+    for server in servers:
+        server.kill()
+
+
 def test_readme_has_examples_and_few_skips():
     assert sum(p["lang"] == "python" for p in PROGRAMS) >= 4
     skipped = [p for p in PROGRAMS if p["skip"]]
@@ -117,10 +141,12 @@ def test_readme_has_examples_and_few_skips():
 
 @pytest.mark.parametrize("program", PROGRAMS,
                          ids=[f"README.md:{p['line']}-{p['lang']}" for p in PROGRAMS])
-def test_readme_example_runs(program, workdir):
+def test_readme_example_runs(program, workdir, s3_env):
     if program["skip"]:
         pytest.skip(program["skip"])
     env = dict(os.environ)
+    if program.get("s3"):
+        env.update(s3_env(program["code"]))
     env.pop("SNAPSTORE_STORE", None)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")

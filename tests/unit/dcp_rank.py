@@ -3,7 +3,9 @@ small sharded-ish state, and scenarios of saves, loads and failures.
 
     python dcp_rank.py WORKDIR STEPS_JSON
 
-STEPS_JSON is a list of steps {"name", "scenario", "world", "store", ...}, run in order. For
+STEPS_JSON is a list of steps {"name", "scenario", "world", "store", ...}, run in order (a
+store may be an S3 URL: then the step's "cache_root" holds each rank's cache directories, a
+rank's own for its saves and an empty one for each load and look). For
 each step this launcher forks `world` ranks (torch is imported once, here: a rank costs no
 interpreter or torch start-up), which join a gloo group (FileStore in WORKDIR) and run the
 scenario. Rank 0 prints JSON lines {"step": name, ...facts}; the launcher prints
@@ -131,9 +133,23 @@ def check_loaded(target: dict, version: int, saved_world: int) -> None:
             assert got == expected, (name, got, expected)
 
 
+CACHE_ROOT = None                      # the step's "cache_root" (S3 stores), or None
+_fresh = iter(range(1 << 30))
+
+
+def options(purpose: str) -> dict:
+    """snapstore.open options for this rank: for an S3 store its cache directory, the rank's
+    own for "save", an empty one for anything else (a machine that never saw the store)."""
+    if CACHE_ROOT is None:
+        return {}
+    name = f"save-rank{RANK}" if purpose == "save" else f"{purpose}-rank{RANK}-{next(_fresh)}"
+    return {"cache_dir": os.path.join(CACHE_ROOT, name)}
+
+
 def load_check(path: str, saved_world: int, version: int) -> None:
     target = load_target(saved_world)
-    dcp.load(target, checkpoint_id=f"v{version}", storage_reader=st.SnapstoreReader(path))
+    dcp.load(target, checkpoint_id=f"v{version}",
+             storage_reader=st.SnapstoreReader(path, **options("load")))
     check_loaded(target, version, saved_world)
 
 
@@ -147,14 +163,14 @@ def describe(info) -> dict:
 
 def visible(path: str) -> dict:
     """What a reader sees: (id, DCP checkpoint_id) of every checkpoint, and the streams."""
-    with snapstore.open(path, readonly=True) as s:
+    with snapstore.open(path, readonly=True, **options("look")) as s:
         return {"checkpoints": [[c.id, (c.reserved_meta.get("snapstore.dcp") or {})
                                  .get("checkpoint_id")] for c in s.checkpoints()],
                 "streams": s.streams()}
 
 
 def save(path: str, version: int, writer=None):
-    writer = writer or st.SnapstoreWriter(path, timeout=60)
+    writer = writer or st.SnapstoreWriter(path, timeout=60, **options("save"))
     dcp.save(rank_state(version), checkpoint_id=f"v{version}", storage_writer=writer)
     return writer
 
@@ -279,8 +295,9 @@ SCENARIOS = {"save": scenario_save, "load": scenario_load, "raise": scenario_rai
 
 # ---- the launcher --------------------------------------------------------------------------------
 def rank_main(step: dict, rank: int, init: str) -> None:
-    global RANK, WORLD, MESH, STEP
+    global RANK, WORLD, MESH, STEP, CACHE_ROOT
     RANK, WORLD, STEP = rank, step["world"], step["name"]
+    CACHE_ROOT = step.get("cache_root")
     code = 0
     try:
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD,

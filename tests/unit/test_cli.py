@@ -23,8 +23,8 @@ from snapstore.engine import storedir
 from snapstore.formatting import human_bytes, human_seconds, parse_size
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-COMMANDS = ("init", "ls", "show", "diff", "restore", "rm", "tag", "retain", "compact", "verify",
-            "stats", "bench")
+COMMANDS = ("init", "ls", "show", "diff", "restore", "rm", "tag", "retain", "compact", "gc",
+            "verify", "stats", "bench")
 
 
 def _env(**extra):

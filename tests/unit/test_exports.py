@@ -30,9 +30,29 @@ INTERNAL = {
     "snapstore.engine.claims.ChunksVanished": "the commit path's control flow: the commit "
                                               "is planned again",
     "snapstore.engine.commit._NothingToDo": "apply_ops's control flow",
+    "snapstore.remote.s3client.NotFound": "the S3 client's answer 404, which its callers "
+                                          "turn into what it means (FormatError, "
+                                          "CorruptionError, an empty ref)",
+    "snapstore.remote.s3client.PreconditionFailed": "a conditional write that lost: the "
+                                                    "callers' control flow (CommitConflict, "
+                                                    "the next checkpoint id)",
+    "snapstore.remote.refs.RefMoved": "a ref write that lost: CommitConflict, or re-read "
+                                      "and re-applied (deletes, tags)",
+    "snapstore.remote.refs.NotOnParent": "durability local's ref write found the stream "
+                                         "moved: CommitConflict, or a replay's warning",
+    "snapstore.remote.gcguard.Replan": "the S3 commit path's control flow: the commit is "
+                                       "planned again",
+    "snapstore.remote.gcmark.MarkRaced": "gc's control flow: another run replaced the mark",
     "snapstore.cli.common.UsageError": "the CLI's own control flow (exit codes)",
     "snapstore.cli.common.Problem": "the CLI's own control flow (exit codes)",
     "snapstore.bench.errors.BenchError": "the bench harness's one error, in its own package",
+    "snapstore.remote.s3client.NotFound": "the S3 client's answer 404, turned by its callers "
+                                          "into what it means (absent ref, missing object)",
+    "snapstore.remote.s3client.PreconditionFailed": "a conditional write lost: turned by "
+                                                    "its callers into CommitConflict or a "
+                                                    "retry",
+    "snapstore.remote.refs.RefMoved": "the commit path's control flow: CommitConflict or "
+                                      "a retry of a delete or tag",
 }
 
 
@@ -154,7 +174,8 @@ def test_raises_sections_name_exceptions_of_snapstore_errors():
 
 OPTIONS = ("durability", "create", "readonly", "timeout", "page_size", "chunk_size",
            "chunking", "cdc_sizes", "max_chain", "full_threshold", "compression",
-           "compression_level", "segment_size", "staging_bytes", "backend")
+           "compression_level", "segment_size", "staging_bytes", "backend", "cache_dir",
+           "refresh", "remote_timeout")
 
 
 def test_help_of_open_documents_every_option():

@@ -30,6 +30,7 @@ LAYER_RANKS = {
     "snapstore._native": 1,
     "snapstore._ffi": 1,
     "snapstore.engine": 2,
+    "snapstore.remote": 2.5,    # S3 stores: the engine's pieces over a bucket
     "snapstore.capture": 3,
     "snapstore.store": 4,
     "snapstore.objectlayer": 5,  # what the object layers share
@@ -42,6 +43,8 @@ LAYER_RANKS = {
     "snapstore.langgraph_streams": 7,   # its stream names, importable without LangGraph
     "snapstore.workflow": 7,
     "snapstore.diff": 7,        # checkpoint diffs over the Store API
+    "snapstore.copying": 7,     # checkpoints copied between stores over the Store API
+    "snapstore.savepoints": 7,  # one checkpoint as a portable .snap file, over the Store API
     "snapstore.bench": 8,
     "snapstore.cli": 9,
     "snapstore": 10,            # the package __init__ (the public API) and __main__

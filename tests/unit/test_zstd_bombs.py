@@ -79,7 +79,7 @@ def make_bombed_store(path: str, frame: bytes, monkeypatch) -> bytes:
     returns the buffer's real bytes."""
     data = np.random.default_rng(6).integers(0, 256, CHUNK, dtype=np.uint8).tobytes()
     with monkeypatch.context() as m:
-        m.setattr(wr.ChunkSink, "_compressor", lambda self: _BombCompressor(frame))
+        m.setattr(wr, "_compressor", lambda level: _BombCompressor(frame))
         with snapstore.open(path, durability="none") as s:
             info = s.checkpoint({"a": data}, "t")
     assert info.id == 1

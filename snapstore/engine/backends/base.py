@@ -88,6 +88,13 @@ class SegmentReader(ABC):
         segment. Raises missing_segment(number) (CorruptionError) when the segment does not
         exist, OSError when reading fails, ValueError after close()."""
 
+    def prefetch(self, ranges) -> None:
+        """A hint: the session will read these (segment, offset, length) ranges soon, in
+        about this order. A backend whose reads are slow one at a time (an object store)
+        starts fetching them in parallel; reads then wait only for what they need. Never
+        raises: a failed fetch is retried, or reported, by the read that needs it. The
+        default does nothing (local files)."""
+
     @abstractmethod
     def close(self) -> None:
         """Ends the session and releases what it holds. Idempotent."""

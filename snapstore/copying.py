@@ -1,0 +1,184 @@
+"""Copying checkpoints between stores, as `restic copy` copies snapshots between repositories:
+only the chunks the destination lacks are read and sent.
+
+    result = snapstore.copy_checkpoints(src, dst)                 # every checkpoint of src
+    result = snapstore.copy_checkpoints(src, dst, ["train@3", "best"])
+    result.copied            # {source id: id in dst}, result.skipped likewise
+
+Chunk ids are BLAKE3 content addresses, the same in every store, so a manifest of one store is
+valid in any other that holds its chunks. For each source checkpoint, in ascending id order:
+its full manifests (Store.manifests: a delta chain's layers written over each other) and meta
+are read from the source, and dst.import_checkpoint commits them as the next checkpoint of the
+same stream in the destination (its parent: the destination stream's head then), asking the
+source (Store.read_chunks) only for the chunks the destination's index lacks. A copy is
+always stored full, so it never depends on what else was copied; its chunks deduplicate
+anyway. It keeps its stream, meta (reserved keys included), tags and creation time; its id is
+the destination's own (result.copied maps them), and its reserved meta
+"snapstore.copied_from" says where it came from ({"store": the source's path, "id": its id
+there}; CheckpointInfo.meta is the original's).
+
+Copying is idempotent: a source checkpoint is skipped when the destination already holds the
+same checkpoint, i.e. one of the same stream with the same creation time, the same meta
+(apart from "snapstore.copied_from") and the same buffers and manifests (names, sizes,
+extents); a copy of a copy counts, and so does the original itself. (A compaction that
+trimmed the chunks of either side since changes the manifests: such a checkpoint is copied
+again.) Tags added to the source checkpoint after it was copied are not carried over.
+
+Each checkpoint is its own commit: a failure (CommitConflict when another writer commits to
+the stream at that moment, CorruptionError from the source, StoreIOError...) leaves the
+checkpoints copied before it in place, and running the copy again skips them.
+
+Only the public Store API is used, so the same code copies between any two kinds of store;
+what differs per destination is its committer's commit_manifests.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from snapstore.engine.meta import original_meta, with_origin
+from snapstore.errors import (CheckpointNotFound, InvalidArgumentTypeError, ReadOnlyError,
+                              StoreClosedError)
+from snapstore.store import CheckpointManifests, Store
+
+__all__ = ["copy_checkpoints", "CopyResult", "store_location"]
+
+
+@dataclass
+class CopyResult:
+    """What copy_checkpoints() did.
+
+    Attributes:
+        copied: {source id: the new checkpoint's id in the destination}, ascending.
+        skipped: {source id: the destination checkpoint that already is that checkpoint}.
+        chunks_sent: chunks read from the source and given to the destination (the ones it
+            lacked).
+        bytes_sent: their raw bytes.
+        bytes_written: what the copies added to the destination's log (their bytes_new:
+            compressed chunk records and commit records).
+    """
+    copied: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)
+    chunks_sent: int = 0
+    bytes_sent: int = 0
+    bytes_written: int = 0
+
+    def to_json(self) -> dict:
+        return {"copied": {str(k): v for k, v in self.copied.items()},
+                "skipped": {str(k): v for k, v in self.skipped.items()},
+                "chunks_sent": self.chunks_sent, "bytes_sent": self.bytes_sent,
+                "bytes_written": self.bytes_written}
+
+
+def store_location(store: Store) -> str:
+    """Where a store lies, for provenance: an absolute path (a URL as it is)."""
+    path = os.fsdecode(store.path)
+    return path if "://" in path else os.path.abspath(path)
+
+
+def copy_checkpoints(src: Store, dst: Store, checkpoints: Iterable | None = None, *,
+                     progress: Callable[[int, int | None], None] | None = None) -> CopyResult:
+    """Copies checkpoints of store src into store dst, sending only the chunks dst lacks (see
+    the module doc).
+
+    Args:
+        src: the store to copy from (read-only is fine).
+        dst: the store to copy into (a writer).
+        checkpoints: names as Store.resolve takes them (ids, "STREAM@SEQ", tags, stream
+            names for their newest, ...), all resolved before anything is copied; None
+            (default): every checkpoint of src.
+        progress: progress(source id, its id in dst, or None when skipped), after each.
+    Returns: CopyResult.
+    Raises: CheckpointNotFound / AmbiguousCheckpointName (a name, before anything is
+        copied), ReadOnlyError (dst read-only), StoreClosedError, CommitConflict (another
+        writer committed to the stream meanwhile: the checkpoints copied before stay),
+        CorruptionError (damage in src), StoreIOError.
+    """
+    for store, what in ((src, "src"), (dst, "dst")):
+        if not isinstance(store, Store):
+            raise InvalidArgumentTypeError(f"{what} must be an open Store, got "
+                                           f"{type(store).__name__}")
+        if store.closed:
+            raise StoreClosedError(f"store {store.path} is closed")
+    if dst.readonly:
+        raise ReadOnlyError(f"store {dst.path} was opened read-only: open the destination "
+                            "as a writer to copy into it")
+    if progress is not None and not callable(progress):
+        raise InvalidArgumentTypeError("progress must be callable or None")
+    ids = _selected(src, checkpoints)
+    result = CopyResult()
+    known = _Existing(dst)
+    origin = store_location(src)
+
+    def read_chunks(wanted: list):
+        for cid, data in src.read_chunks(wanted):
+            result.chunks_sent += 1
+            result.bytes_sent += len(data)
+            yield cid, data
+
+    for source_id in ids:
+        m = src.manifests(source_id)
+        same = known.find(m)
+        if same is not None:
+            result.skipped[source_id] = same
+            if progress is not None:
+                progress(source_id, None)
+            continue
+        info = dst.import_checkpoint(m.info.stream, m.buffers, read_chunks,
+                                     with_origin(m.meta, {"store": origin, "id": source_id}),
+                                     created=m.info.created, tags=m.info.tags)
+        known.add(info.stream, info.created, info.id)
+        result.copied[source_id] = info.id
+        result.bytes_written += info.bytes_new
+        if progress is not None:
+            progress(source_id, info.id)
+    return result
+
+
+def _selected(src: Store, checkpoints: Iterable | None) -> list[int]:
+    """The source ids to copy, ascending, each once."""
+    if checkpoints is None:
+        return [c.id for c in src.checkpoints()]
+    if isinstance(checkpoints, (str, bytes, int)) or not hasattr(checkpoints, "__iter__"):
+        raise InvalidArgumentTypeError(f"checkpoints must be a list of checkpoint names or "
+                                       f"None, got {type(checkpoints).__name__} "
+                                       f"{checkpoints!r}")
+    return sorted({src.resolve(name).id for name in checkpoints})
+
+
+def same_checkpoint(a: CheckpointManifests, b: CheckpointManifests) -> bool:
+    """Whether two checkpoints (of any stores) are the same checkpoint: stream, creation time,
+    meta apart from its provenance, and buffers with their manifests."""
+    return (a.info.stream == b.info.stream and a.info.created == b.info.created
+            and original_meta(a.meta) == original_meta(b.meta) and a.buffers == b.buffers)
+
+
+class _Existing:
+    """The destination's checkpoints by (stream, creation time), read once per stream, to
+    find one that already is a given source checkpoint."""
+
+    def __init__(self, dst: Store) -> None:
+        self.dst = dst
+        self.by_stream: dict[str, dict[float, list[int]]] = {}
+
+    def _stream(self, stream: str) -> dict[float, list[int]]:
+        found = self.by_stream.get(stream)
+        if found is None:
+            found = self.by_stream[stream] = {}
+            for c in self.dst.checkpoints(stream):
+                found.setdefault(c.created, []).append(c.id)
+        return found
+
+    def find(self, m: CheckpointManifests) -> Any:
+        for candidate in self._stream(m.info.stream).get(m.info.created, ()):
+            try:
+                theirs = self.dst.manifests(candidate)
+            except CheckpointNotFound:       # deleted since it was listed
+                continue
+            if same_checkpoint(theirs, m):
+                return candidate
+        return None
+
+    def add(self, stream: str, created: float, checkpoint_id: int) -> None:
+        self._stream(stream).setdefault(created, []).append(checkpoint_id)

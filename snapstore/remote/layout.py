@@ -1,0 +1,193 @@
+"""The remote format: S3 URLs, object keys and the constants of a store in a bucket (the one
+source of truth for them; docs/design.md, "S3 stores", explains them)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from dataclasses import dataclass
+
+from snapstore.engine import format as fmt
+from snapstore.engine.backends.base import segment_name
+from snapstore.errors import InvalidArgumentError
+
+SCHEME = "s3://"
+REMOTE_FORMAT = "snapstore-s3"
+REMOTE_FORMAT_VERSION = 1
+
+FORMAT_KEY = "snapstore.json"
+LOGS_DIR = "logs/"
+SEGMENTS_DIR = "segments/"
+CHECKPOINTS_DIR = "checkpoints/"
+REFS_DIR = "refs/"
+GROUPS_DIR = "groups/"
+GC_PENDING_KEY = "gc/pending.json"
+
+LOG_DIGITS = 10
+CHECKPOINT_DIGITS = 20
+
+# A checkpoint object: magic, version u32, reserved u32, commit payload length u64; then the
+# commit payload, the reused-chunk table (format.NEW_CHUNK entries) and an XXH3-64 trailer.
+CKPT_MAGIC = b"SNAPCKPT"
+CKPT_VERSION = 1
+CKPT_HEADER = struct.Struct("<8sIIQ")
+CKPT_TRAILER = struct.Struct("<Q")
+
+# A group's objects, under GROUPS_DIR<group id>/: its header (JSON), its staged parts (one
+# object per participant, named by the hex of the participant's UTF-8 name), and its outcome
+# (JSON, created If-None-Match: *: "commit" or "aborted", whichever comes first).
+GROUP_ID_HEX = 32                        # a group id: uuid4().hex
+GROUP_HEADER = "header"
+GROUP_PARTS = "parts/"
+GROUP_OUTCOME = "outcome"
+
+# A group's part object: magic, version u32, reserved u32, JSON length u64; then the JSON
+# (group, participant, stream, parent, meta, buffers, table sizes, bytes_new), the blob (the
+# new-chunk table, the reused-chunk table, each buffer's extents) and an XXH3-64 trailer.
+PART_MAGIC = b"SNAPPART"
+PART_VERSION = 1
+PART_HEADER = struct.Struct("<8sIIQ")
+PART_TRAILER = struct.Struct("<Q")
+
+DURABILITY_MODES = ("remote", "local")   # an S3 store's; "remote" is the default
+DEFAULT_REMOTE_SEGMENT_SIZE = 64 << 20   # a pack: one multipart upload of a few parts
+DEFAULT_REFRESH_SECONDS = 1.0
+DEFAULT_REMOTE_TIMEOUT = 120.0
+DEFAULT_GC_GRACE_SECONDS = 3600.0       # also what writers assume while no gc mark exists
+MIN_GC_GRACE_SECONDS = 1.0               # writers get grace / 2 for a commit: never nothing
+MODIFIED_RESOLUTION = 1.0                # S3's LastModified is truncated to whole seconds
+GC_GROUP_GRACES = 2                      # groups/ objects older than this many graces: garbage
+GC_COMMIT_ATTEMPTS = 3                   # plans of one commit when gc marks what it reused
+CACHE_BLOCK = 1 << 20                    # remote segments are read and cached in blocks
+
+
+def is_remote(path) -> bool:
+    """Whether a store path names an S3 store (s3://...)."""
+    return isinstance(path, str) and path.startswith(SCHEME)
+
+
+@dataclass(frozen=True)
+class RemoteURL:
+    bucket: str
+    prefix: str           # "" or ends with "/"
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.bucket}/{self.prefix}"
+
+    def key(self, name: str) -> str:
+        return self.prefix + name
+
+
+def parse_url(url: str) -> RemoteURL:
+    """s3://BUCKET[/PREFIX] -> RemoteURL; raises InvalidArgumentError for anything else."""
+    if not is_remote(url):
+        raise InvalidArgumentError(f"not an S3 URL (s3://BUCKET/PREFIX): {url!r}")
+    rest = url[len(SCHEME):]
+    bucket, _, prefix = rest.partition("/")
+    if not 3 <= len(bucket) <= 63 or any(c not in "abcdefghijklmnopqrstuvwxyz0123456789.-"
+                                         for c in bucket):
+        raise InvalidArgumentError(f"{url!r}: the bucket name must be 3-63 characters of "
+                                   "a-z, 0-9, '.' and '-'")
+    prefix = prefix.strip("/")
+    if "//" in prefix or any(part in (".", "..") for part in prefix.split("/") if prefix):
+        raise InvalidArgumentError(f"{url!r}: the prefix must not hold empty, '.' or '..' "
+                                   "parts")
+    return RemoteURL(bucket, prefix + "/" if prefix else "")
+
+
+CACHE_ENV = "SNAPSTORE_CACHE_DIR"
+CACHE_LIMIT_ENV = "SNAPSTORE_CACHE_BYTES"
+DEFAULT_CACHE_LIMIT = 16 << 30          # cached segment bytes per store, then oldest go
+
+
+def cache_limit() -> int:
+    """The most segment bytes one store's cache keeps: $SNAPSTORE_CACHE_BYTES, else 16 GiB."""
+    value = os.environ.get(CACHE_LIMIT_ENV)
+    try:
+        return max(0, int(value)) if value else DEFAULT_CACHE_LIMIT
+    except ValueError:
+        raise InvalidArgumentError(f"${CACHE_LIMIT_ENV} must be a number of bytes, got "
+                                   f"{value!r}") from None
+
+
+def default_cache_root() -> str:
+    """$SNAPSTORE_CACHE_DIR, else $XDG_CACHE_HOME/snapstore, else ~/.cache/snapstore."""
+    if os.environ.get(CACHE_ENV):
+        return os.environ[CACHE_ENV]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "snapstore")
+
+
+def cache_dir_for(root: str, endpoint: str, url: RemoteURL) -> str:
+    """The cache directory of one store: one per endpoint, bucket and prefix under root."""
+    tag = hashlib.sha256(f"{endpoint}\0{url.bucket}\0{url.prefix}".encode()).hexdigest()[:16]
+    readable = "".join(c if c.isalnum() or c in "-." else "_"
+                       for c in f"{url.bucket}-{url.prefix}".strip("-/"))[:48]
+    return os.path.join(root, f"{readable}-{tag}")
+
+
+def log_key(log: int) -> str:
+    return f"{LOGS_DIR}{log:0{LOG_DIGITS}d}"
+
+
+def segment_key(number: int) -> str:
+    return SEGMENTS_DIR + segment_name(number)
+
+
+def log_segments_prefix(log: int) -> str:
+    """The beginning every segment key of log `log` shares (and no other log's does)."""
+    digits = len(str(fmt.LOG_SEGMENTS)) - 1         # the segment number within its log
+    return segment_key(log * fmt.LOG_SEGMENTS)[:len(SEGMENTS_DIR) + 16 - digits]
+
+
+def checkpoint_key(checkpoint_id: int) -> str:
+    return f"{CHECKPOINTS_DIR}{checkpoint_id:0{CHECKPOINT_DIGITS}d}"
+
+
+def checkpoint_id_of(key: str) -> int | None:
+    """The id a checkpoint object's key (relative to the prefix) names, or None."""
+    name = key[len(CHECKPOINTS_DIR):] if key.startswith(CHECKPOINTS_DIR) else ""
+    return int(name) if len(name) == CHECKPOINT_DIGITS and name.isdigit() else None
+
+
+def ref_key(stream: str) -> str:
+    return REFS_DIR + stream.encode().hex()
+
+
+def stream_of_ref(key: str) -> str | None:
+    """The stream a ref key (relative to the prefix) names, or None when it is not one."""
+    if not key.startswith(REFS_DIR):
+        return None
+    try:
+        return bytes.fromhex(key[len(REFS_DIR):]).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def segment_of(key: str) -> int | None:
+    """The segment number a segment object's key names, or None."""
+    name = key[len(SEGMENTS_DIR):] if key.startswith(SEGMENTS_DIR) else ""
+    stem = name[:-len(fmt.SEGMENT_SUFFIX)] if name.endswith(fmt.SEGMENT_SUFFIX) else ""
+    return int(stem) if len(stem) == 16 and stem.isdigit() else None
+
+
+def is_group_id(group) -> bool:
+    """Whether `group` is shaped like a group id (so that it is a safe part of a key)."""
+    return isinstance(group, str) and len(group) == GROUP_ID_HEX and \
+        all(c in "0123456789abcdef" for c in group)
+
+
+def group_key(group: str, name: str) -> str:
+    return f"{GROUPS_DIR}{group}/{name}"
+
+
+def group_header_key(group: str) -> str:
+    return group_key(group, GROUP_HEADER)
+
+
+def group_outcome_key(group: str) -> str:
+    return group_key(group, GROUP_OUTCOME)
+
+
+def group_part_key(group: str, participant: str) -> str:
+    return group_key(group, GROUP_PARTS + participant.encode().hex())

@@ -1,0 +1,176 @@
+"""durability="local" on an S3 store: a checkpoint returns once its chunks are synced in the
+local log and its checkpoint object exists; segments upload and the ref is written in the
+background; failures are raised by the next call, flush() or close(), once."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import snapstore
+from snapstore.errors import CommitConflict, RemoteError
+from snapstore.remote import segments as remote_segments
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def url(s3):
+    return f"s3://{s3.bucket}/{s3.prefix.rstrip('/')}"
+
+
+def hold_uploads(store) -> threading.Event:
+    """The background ref writes of `store` (durability "local") wait until the event is
+    set: they wait for its uploads first."""
+    gate = threading.Event()
+    backend = store._committer.backend
+    real = backend.wait_uploaded
+
+    def wait():
+        if threading.current_thread().name == "snapstore-refs":
+            gate.wait(60)
+        return real()
+    backend.wait_uploaded = wait
+    return gate
+
+
+def test_returns_before_the_bucket_has_it_and_flush_waits(url, tmp_path):
+    a = np.random.default_rng(0).integers(0, 256, 4 * MiB, dtype=np.uint8)
+    with snapstore.open(url, cache_dir=str(tmp_path / "w"), durability="local") as w, \
+            snapstore.open(url, cache_dir=str(tmp_path / "r"), refresh=0) as r:
+        held_uploads = hold_uploads(w)
+        info = w.checkpoint({"a": a}, stream="s")
+        assert w.restore(info.id)["a"] == a.tobytes()      # visible here at once
+        assert r.checkpoints("s") == []                    # not in the bucket yet
+        held_uploads.set()
+        w.flush()
+        assert [c.id for c in r.checkpoints("s")] == [info.id]
+        assert r.restore(info.id)["a"] == a.tobytes()
+
+
+def test_later_checkpoints_build_on_ones_in_flight(url, tmp_path):
+    with snapstore.open(url, cache_dir=str(tmp_path / "w"), durability="local") as w:
+        held_uploads = hold_uploads(w)
+        ids = [w.checkpoint({"a": bytes([i]) * 5000}, stream="s").id for i in range(3)]
+        assert [c.seq for c in w.checkpoints("s")] == [1, 2, 3]
+        held_uploads.set()
+        w.flush()
+    with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as r:
+        assert [c.id for c in r.checkpoints("s")] == ids
+        assert r.restore(ids[-1]) == {"a": b"\x02" * 5000}
+
+
+def test_a_conflict_found_in_the_background_is_raised_once_and_undone(url, tmp_path):
+    with snapstore.open(url, cache_dir=str(tmp_path / "w"), durability="local") as w, \
+            snapstore.open(url, cache_dir=str(tmp_path / "o")) as other:
+        held_uploads = hold_uploads(w)
+        base = other.checkpoint({"a": b"base"}, stream="s")
+        w.refresh()
+        mine = w.checkpoint({"a": b"mine"}, stream="s")
+        child = w.checkpoint({"a": b"child"}, stream="s")
+        theirs = other.checkpoint({"a": b"theirs"}, stream="s")
+        held_uploads.set()
+        with pytest.raises(CommitConflict) as e:
+            w.flush()
+        assert e.value.stream == "s"
+        w.flush()                                           # reported once
+        ids = [c.id for c in w.checkpoints("s")]
+        assert mine.id not in ids and child.id not in ids
+        assert ids == [base.id, theirs.id]
+        assert w.restore("s") == {"a": b"theirs"}
+
+
+def test_an_upload_that_fails_is_raised_by_the_next_call(url, tmp_path, monkeypatch):
+    def broken(self, key, path):
+        raise RemoteError("injected upload failure", operation="upload", key=key)
+    with snapstore.open(url, cache_dir=str(tmp_path / "w"), durability="local") as w:
+        monkeypatch.setattr(snapstore.remote.s3client.S3Client, "upload_file", broken)
+        w.checkpoint({"a": b"x" * 100000}, stream="s")
+        w._committer._uploader.wait_idle()
+        with pytest.raises(RemoteError, match="injected"):
+            w.checkpoint({"a": b"y"}, stream="t")
+        monkeypatch.undo()
+        assert w.checkpoints("s") == []
+        w.checkpoint({"a": b"z"}, stream="t")
+        w.flush()
+
+
+def test_close_flushes_and_async_checkpoints_never_wait_for_the_network(url, tmp_path):
+    with snapstore.open(url, cache_dir=str(tmp_path / "w"), durability="local") as w:
+        future = w.checkpoint_async({"a": b"async" * 1000}, stream="s")
+        info = future.result(timeout=60)
+    with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as r:
+        assert r.restore(info.id) == {"a": b"async" * 1000}
+
+
+def test_remote_durability_async_checkpoint(url, tmp_path):
+    with snapstore.open(url, cache_dir=str(tmp_path / "w")) as w:
+        infos = [w.checkpoint_async({"a": bytes([i]) * 10}, stream="s") for i in range(3)]
+        w.flush()
+        assert [f.result().seq for f in infos] == [1, 2, 3]
+
+
+def test_a_writer_killed_before_its_ref_write_is_finished_by_the_next_open(url, tmp_path):
+    """durability="local" acknowledged it: the process dies before the background upload and
+    ref write; the next writer open of the same cache directory finishes both."""
+    import os
+    import subprocess
+    import sys
+    code = f"""
+import os, sys, signal, threading, snapstore
+from snapstore.remote import segments
+gate = threading.Event()
+real = segments.RemoteSegments.wait_uploaded
+def never(self):
+    if threading.current_thread().name == "snapstore-refs":
+        gate.wait()          # the background never gets to the ref write
+    return real(self)
+segments.RemoteSegments.wait_uploaded = never
+s = snapstore.open({url!r}, cache_dir=sys.argv[1], durability="local")
+info = s.checkpoint({{"a": b"acknowledged" * 10000}}, stream="s")
+second = s.checkpoint({{"a": b"second" * 10000}}, stream="s")
+print(info.id, second.id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "w")], capture_output=True,
+                       text=True, timeout=120, env=os.environ.copy())
+    assert p.returncode == -9, p.stderr
+    first, second = map(int, p.stdout.split())
+    with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as r:
+        assert r.checkpoints("s") == []                  # not committed yet
+    with snapstore.open(url, cache_dir=str(tmp_path / "w"), durability="local") as w:
+        assert [c.id for c in w.checkpoints("s")] == [first, second]
+    with snapstore.open(url, cache_dir=str(tmp_path / "fresh2")) as r:
+        assert [c.id for c in r.checkpoints("s")] == [first, second]
+        assert r.restore(second) == {"a": b"second" * 10000}
+    spool = list((tmp_path / "w").rglob("spool/*"))
+    assert spool == [], spool
+
+
+def test_a_replay_whose_stream_moved_is_reported_and_dropped(url, tmp_path):
+    import os
+    import subprocess
+    import sys
+    code = f"""
+import os, sys, signal, threading, snapstore
+from snapstore.remote import segments
+real = segments.RemoteSegments.wait_uploaded
+def never(self):
+    if threading.current_thread().name == "snapstore-refs":
+        threading.Event().wait()
+    return real(self)
+segments.RemoteSegments.wait_uploaded = never
+s = snapstore.open({url!r}, cache_dir=sys.argv[1], durability="local")
+print(s.checkpoint({{"a": b"lost"}}, stream="s").id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "w")], capture_output=True,
+                       text=True, timeout=120, env=os.environ.copy())
+    assert p.returncode == -9, p.stderr
+    lost = int(p.stdout)
+    with snapstore.open(url, cache_dir=str(tmp_path / "o")) as other:
+        theirs = other.checkpoint({"a": b"theirs"}, stream="s")
+    with pytest.warns(RuntimeWarning, match=f"checkpoint {lost} of stream 's'"):
+        with snapstore.open(url, cache_dir=str(tmp_path / "w")) as w:
+            assert [c.id for c in w.checkpoints("s")] == [theirs.id]

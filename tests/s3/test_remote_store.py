@@ -1,0 +1,303 @@
+"""S3 stores against a real server (SeaweedFS): the Store API over a bucket.
+
+The boring cases first (nothing changed, everything changed, empty, one byte, the same call
+twice, after close(), after fork()), then what only an S3 store has: a new machine (an empty
+cache) opens the store from the bucket alone, one winner per race on a stream, damaged
+objects in the bucket, and a cache that belongs to another store of the same URL.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import snapstore
+from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionError,
+                              FormatError, InvalidArgumentError, ReadOnlyError,
+                              StoreClosedError, ForkedStoreError)
+from snapstore.remote import layout
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def url(s3):
+    return f"s3://{s3.bucket}/{s3.prefix.rstrip('/')}"
+
+
+def open_store(url, cache, **kw):
+    return snapstore.open(url, cache_dir=str(cache), **kw)
+
+
+def state(n=4 * MiB, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def test_round_trip_and_a_new_machine_restores_from_the_bucket_alone(url, tmp_path):
+    a = state()
+    with open_store(url, tmp_path / "c1") as s:
+        first = s.checkpoint({"a": a, "one": b"x", "empty": b""}, stream="s", meta={"step": 1})
+        a[::65536] ^= 0xFF
+        second = s.checkpoint({"a": a, "one": b"y", "empty": b""}, stream="s")
+        assert (first.kind, second.kind) == ("full", "incremental")
+        assert second.parent == first.id and second.seq == 2
+        assert s.restore(second.id)["a"] == a.tobytes()
+    with open_store(url, tmp_path / "empty") as s:       # another machine: nothing cached
+        assert [c.id for c in s.checkpoints("s")] == [first.id, second.id]
+        out = s.restore(second.id)
+        assert out == {"a": a.tobytes(), "one": b"y", "empty": b""}
+        assert s.restore(first.id)["one"] == b"x"
+        assert s.get(first.id).meta == {"step": 1}
+        assert s.read(second.id, "a", 100, 10) == a.tobytes()[100:110]
+
+
+def test_nothing_changed_everything_changed_empty_and_one_byte(url, tmp_path):
+    with open_store(url, tmp_path / "c") as s:
+        a = state(1 * MiB)
+        s.checkpoint({"a": a}, stream="s")
+        same = s.checkpoint({"a": a}, stream="s")          # nothing changed
+        assert same.bytes_new < 4096
+        changed = s.checkpoint({"a": state(1 * MiB, seed=9)}, stream="s")
+        assert changed.kind == "full" and changed.bytes_new > MiB
+        empty = s.checkpoint({}, stream="empty")
+        assert s.restore(empty.id) == {}
+        one = s.checkpoint({"b": b"\x01"}, stream="one")
+        assert s.restore(one.id) == {"b": b"\x01"}
+        assert s.restore(same.id)["a"] == a.tobytes()
+
+
+def test_the_same_call_twice_and_ids_grow(url, tmp_path):
+    with open_store(url, tmp_path / "c") as s:
+        i1 = s.checkpoint({"a": b"abc"}, stream="s")
+        i2 = s.checkpoint({"a": b"abc"}, stream="s")
+        assert i2.id > i1.id and i2.seq == i1.seq + 1
+        s.delete(i1.id)
+        with pytest.raises(CheckpointNotFound):
+            s.delete(i1.id)
+        s.tag(i2.id, "t")
+        s.tag(i2.id, "t")
+        assert s.get("t").id == i2.id
+
+
+def test_one_winner_per_race_on_a_stream_and_other_streams_pass(url, tmp_path):
+    with open_store(url, tmp_path / "c1") as a, open_store(url, tmp_path / "c2") as b:
+        base = a.checkpoint({"x": b"0"}, stream="s")
+        a.checkpoint({"x": b"a"}, stream="s", expect_head=base.id)
+        with pytest.raises(CommitConflict) as e:
+            b.checkpoint({"x": b"b"}, stream="s", expect_head=base.id)
+        assert e.value.stream == "s" and e.value.expected == base.id
+        b.checkpoint({"x": b"other"}, stream="t")
+        b.refresh()
+        assert b.restore(b.latest("s").id) == {"x": b"a"}
+
+
+def test_a_commit_planned_on_a_head_that_moves_conflicts(url, tmp_path, monkeypatch):
+    """b plans on head H; a commits onto H before b's ref write: b's conditional write of
+    the ref must lose (never a lost update), and nothing of b's is visible."""
+    from snapstore.remote import refs
+    with open_store(url, tmp_path / "c1") as a, open_store(url, tmp_path / "c2") as b:
+        a.checkpoint({"x": b"0"}, stream="s")
+        real_write = refs.write
+        raced = []
+
+        def write_after_a(client, old, new):
+            if new.writer == b._committer.writer_id and not raced:
+                raced.append(a.checkpoint({"x": b"a"}, stream="s"))
+            return real_write(client, old, new)
+        monkeypatch.setattr(refs, "write", write_after_a)
+        with pytest.raises(CommitConflict) as e:
+            b.checkpoint({"x": b"b"}, stream="s")
+        assert e.value.found == raced[0].id
+        b.refresh()
+        assert [c.id for c in b.checkpoints("s")][-1] == raced[0].id
+        assert b.restore("s") == {"x": b"a"}
+
+
+def test_dedup_across_writers(url, tmp_path, s3):
+    a_state = state(8 * MiB, seed=1)
+    with open_store(url, tmp_path / "c1") as a:
+        a.checkpoint({"w": a_state}, stream="one")
+    with open_store(url, tmp_path / "c2") as b:
+        b.checkpoint({"w": a_state}, stream="two")
+    client = s3.client()
+    total = sum(o["Size"] for o in client.list_objects_v2(
+        Bucket=s3.bucket, Prefix=s3.prefix + layout.SEGMENTS_DIR).get("Contents", []))
+    assert total < 1.1 * a_state.nbytes
+
+
+def test_after_close_every_call_raises(url, tmp_path):
+    s = open_store(url, tmp_path / "c")
+    info = s.checkpoint({"a": b"1"}, stream="s")
+    s.close()
+    s.close()
+    for call in (lambda: s.checkpoint({"a": b"1"}), lambda: s.restore(info.id),
+                 lambda: s.checkpoints(), lambda: s.delete(info.id), s.refresh):
+        with pytest.raises(StoreClosedError):
+            call()
+
+
+def test_a_forked_child_must_open_its_own(url, tmp_path):
+    s = open_store(url, tmp_path / "c")
+    s.checkpoint({"a": b"1"}, stream="s")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            s.checkpoint({"a": b"2"}, stream="s")
+            code = 1
+        except ForkedStoreError:
+            code = 0
+        os.write(w, bytes([code]))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"\x00"
+    assert s.checkpoint({"a": b"3"}, stream="s").seq == 2
+    s.close()
+
+
+def test_readonly_and_not_a_store(url, tmp_path):
+    with pytest.raises(FormatError):
+        open_store(url, tmp_path / "c", create=False)
+    with open_store(url, tmp_path / "c") as s:
+        s.checkpoint({"a": b"1"}, stream="s")
+    with open_store(url, tmp_path / "r", readonly=True) as r:
+        assert r.restore("s") == {"a": b"1"}
+        with pytest.raises(ReadOnlyError):
+            r.checkpoint({"a": b"2"}, stream="s")
+
+
+@pytest.mark.parametrize("bad", ["s3://", "s3://ab/x", "s3://Upper/x", "s3://b_b_b/x",
+                                 "s3://bucket/a//b", "s3://bucket/../x"])
+def test_bad_urls_are_refused(bad, tmp_path):
+    with pytest.raises(InvalidArgumentError):
+        snapstore.open(bad, cache_dir=str(tmp_path))
+
+
+def test_options_that_do_not_apply(url, tmp_path):
+    with pytest.raises(InvalidArgumentError):
+        snapstore.open(str(tmp_path / "local"), cache_dir=str(tmp_path))
+    with pytest.raises(InvalidArgumentError):
+        snapstore.open(url, cache_dir=str(tmp_path), durability="fsync")
+    with pytest.raises(InvalidArgumentError):
+        snapstore.open(url, cache_dir=str(tmp_path), remote_timeout=0)
+
+
+def test_a_damaged_checkpoint_object_is_corruption_never_wrong_bytes(url, tmp_path, s3):
+    with open_store(url, tmp_path / "c") as s:
+        info = s.checkpoint({"a": state(MiB)}, stream="s")
+    client = s3.client()
+    key = s3.prefix + layout.checkpoint_key(info.id)
+    data = bytearray(client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
+    data[len(data) // 2] ^= 1
+    client.put_object(Bucket=s3.bucket, Key=key, Body=bytes(data))
+    with pytest.raises(CorruptionError, match="checkpoint object"):
+        open_store(url, tmp_path / "fresh")
+
+
+def test_a_damaged_segment_is_corruption_never_wrong_bytes(url, tmp_path, s3):
+    a = state(MiB)
+    with open_store(url, tmp_path / "c") as s:
+        info = s.checkpoint({"a": a}, stream="s", )
+    client = s3.client()
+    seg_keys = [o["Key"] for o in client.list_objects_v2(
+        Bucket=s3.bucket, Prefix=s3.prefix + layout.SEGMENTS_DIR)["Contents"]]
+    for key in seg_keys:
+        data = bytearray(client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
+        data[-100] ^= 1
+        client.put_object(Bucket=s3.bucket, Key=key, Body=bytes(data))
+    with open_store(url, tmp_path / "fresh") as s:
+        with pytest.raises(CorruptionError):
+            s.restore(info.id)
+
+
+def test_a_cache_of_another_store_at_the_same_url_is_dropped(url, tmp_path, s3):
+    with open_store(url, tmp_path / "c") as s:
+        s.checkpoint({"a": b"old"}, stream="s")
+    client = s3.client()
+    for o in client.list_objects_v2(Bucket=s3.bucket, Prefix=s3.prefix)["Contents"]:
+        client.delete_object(Bucket=s3.bucket, Key=o["Key"])
+    with open_store(url, tmp_path / "c") as s:
+        assert s.checkpoints() == []
+        s.checkpoint({"a": b"new"}, stream="s")
+        assert s.restore("s") == {"a": b"new"}
+
+
+def test_seq_is_never_reused_after_every_checkpoint_is_deleted(url, tmp_path):
+    with open_store(url, tmp_path / "c") as s:
+        i1 = s.checkpoint({"a": b"1"}, stream="s")
+        s.delete(i1.id)
+        assert s.latest("s") is None
+        i2 = s.checkpoint({"a": b"2"}, stream="s")
+        assert i2.seq == 2 and i2.id > i1.id
+
+
+def test_processes_race_one_winner(url, tmp_path):
+    with open_store(url, tmp_path / "c") as s:
+        base = s.checkpoint({"x": b"0"}, stream="s")
+    code = f"""
+import sys, snapstore
+s = snapstore.open({url!r}, cache_dir=sys.argv[1])
+try:
+    s.checkpoint({{"x": sys.argv[1].encode()}}, stream="s", expect_head={base.id})
+    print("won")
+except snapstore.CommitConflict:
+    print("lost")
+s.close()
+"""
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / f"p{i}")],
+                              stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+             for i in range(4)]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert sorted(outs) == ["lost", "lost", "lost", "won"], outs
+
+
+def test_the_block_cache_keeps_to_its_limit(url, tmp_path, monkeypatch):
+    monkeypatch.setenv("SNAPSTORE_CACHE_BYTES", str(3 * MiB))
+    a = state(8 * MiB, seed=5)
+    with open_store(url, tmp_path / "w") as s:
+        info = s.checkpoint({"a": a}, stream="s", )
+    with open_store(url, tmp_path / "r") as s:
+        assert s.restore(info.id)["a"] == a.tobytes()
+        assert s.restore(info.id)["a"] == a.tobytes()      # evicted blocks fetched again
+    ranges = [p for p in tmp_path.rglob("ranges/*") if p.is_file()]
+    assert sum(p.stat().st_size for p in ranges if "/r/" in str(p)) <= 3 * MiB + MiB
+    monkeypatch.setenv("SNAPSTORE_CACHE_BYTES", "lots")
+    with pytest.raises(InvalidArgumentError, match="SNAPSTORE_CACHE_BYTES"):
+        open_store(url, tmp_path / "x")
+
+
+def test_copy_between_local_and_s3_sends_only_missing_chunks(url, tmp_path, s3):
+    """snapstore copy SRC DST works between any two stores: local -> S3 -> S3 -> local."""
+    from snapstore.copying import copy_checkpoints
+    a = state(4 * MiB, seed=11)
+    with snapstore.open(tmp_path / "local") as local:
+        first = local.checkpoint({"a": a}, stream="s", meta={"m": 1})
+        local.tag(first.id, "v1")
+        a[::100_000] ^= 1
+        second = local.checkpoint({"a": a}, stream="s")
+        with open_store(url, tmp_path / "c") as remote:
+            copy_checkpoints(local, remote)
+            ids = [c.id for c in remote.checkpoints("s")]
+            assert len(ids) == 2 and remote.get("v1").meta == {"m": 1}
+            assert remote.restore(ids[-1])["a"] == a.tobytes()
+            client = s3.client()
+
+            def bucket_bytes():
+                return sum(o["Size"] for o in client.list_objects_v2(
+                    Bucket=s3.bucket, Prefix=s3.prefix).get("Contents", []))
+            before = bucket_bytes()
+            copy_checkpoints(local, remote)                      # again: nothing to send
+            assert [c.id for c in remote.checkpoints("s")] == ids
+            assert bucket_bytes() - before < 64 << 10
+            other_url = url + "-copy"
+            with open_store(other_url, tmp_path / "c2") as other:
+                copy_checkpoints(remote, other)                  # S3 -> S3
+                assert other.restore(other.latest("s").id)["a"] == a.tobytes()
+        with snapstore.open(tmp_path / "back") as back:
+            with open_store(url, tmp_path / "c3") as remote:
+                copy_checkpoints(remote, back)                   # S3 -> local
+            assert back.restore(back.latest("s").id)["a"] == a.tobytes()
+    assert second.id

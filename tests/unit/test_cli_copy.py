@@ -1,0 +1,96 @@
+"""`snapstore copy`, `snapstore export -o FILE.snap` and `snapstore import` through the
+installed console script: text and --json output, the id mapping, reruns that copy nothing,
+and exit codes (2: usage, no such store, not a savepoint; 1: a damaged savepoint)."""
+from __future__ import annotations
+
+import os
+
+import snapstore
+from cli_runner import cli_error, cli_json, cli_ok
+
+
+def _init(path):
+    snapstore.open(str(path), durability="none").close()
+
+
+def _source(path):
+    with snapstore.open(str(path), durability="none") as s:
+        x = bytearray(os.urandom(200_000))
+        for step in range(3):
+            x[step * 5000] ^= 1
+            s.checkpoint({"x": x}, "train", meta={"step": step})
+        s.tag("train@2", "best")
+        s.checkpoint({"y": b"y" * 1000}, "other")
+        return {i: s.restore(i) for i in s.checkpoint_ids("train") + s.checkpoint_ids("other")}
+
+
+def test_copy_all_then_some_then_nothing(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    states = _source(src)
+    _init(dst)
+    p = cli_ok("copy", src, dst)
+    assert "copied 4 checkpoint(s)" in p.stdout and "1 -> 1  train" in p.stdout
+    doc = cli_json("copy", src, dst)
+    assert doc["copied"] == {} and doc["skipped"] == {"1": 1, "2": 2, "3": 3, "4": 4}
+    assert doc["chunks_sent"] == 0 and doc["dst"] == str(dst)
+    with snapstore.open(str(dst), readonly=True) as d:
+        assert {i: d.restore(i) for i in d.checkpoint_ids("train") +
+                d.checkpoint_ids("other")} == states
+        assert d.resolve("best").id == 2
+    other = tmp_path / "other"
+    _init(other)
+    doc = cli_json("copy", src, other, "best", "other")
+    assert doc["copied"] == {"2": 1, "4": 2} and doc["chunks_sent"] > 0
+    p = cli_ok("copy", src, other, "train@2")
+    assert "copied 0 checkpoint(s)" in p.stdout and "2 = 1  train (already there)" in p.stdout
+
+
+def test_copy_usage_errors(tmp_path):
+    src = tmp_path / "src"
+    _source(src)
+    cli_error(2, "copy", src, tmp_path / "missing", needles=["no snapstore store",
+                                                             "snapstore init"])
+    _init(tmp_path / "dst")
+    cli_error(2, "copy", src, tmp_path / "dst", "nope", needles=["nope"])
+    cli_error(2, "copy", src, needles=["DST"])
+    out = cli_ok("--help").stdout
+    assert "copy checkpoints into another store" in out and "savepoint file" in out
+
+
+def test_export_snap_and_import(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    states = _source(src)
+    snap = tmp_path / "best.snap"
+    p = cli_ok("export", src, "best", "-o", snap)
+    assert "(savepoint)" in p.stdout and snap.exists()
+    doc = cli_json("export", src, "latest:train", "-o", tmp_path / "t.bin", "--format", "snap")
+    assert doc["format"] == "snap" and doc["checkpoint"] == 3 and doc["chunks"] >= 1
+    cli_error(2, "export", src, "best", "-o", snap, needles=["exists", "--force"])
+    _init(dst)
+    p = cli_ok("import", snap, dst)
+    assert "as checkpoint 1 (train@1)" in p.stdout
+    doc = cli_json("-s", dst, "import", snap, "--stream", "again")
+    assert doc["id"] == 2 and doc["stream"] == "again" and doc["seq"] == 1
+    with snapstore.open(str(dst), readonly=True) as d:
+        assert d.restore(1) == d.restore(2) == states[2]
+        assert d.get(1).tags == ("best",)
+    cli_error(2, "import", snap, needles=["no store given"])
+    cli_error(2, "import", dst, snap, needles=["the file comes first"])
+
+
+def test_import_refuses_damaged_and_foreign_files(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _source(src)
+    snap = tmp_path / "x.snap"
+    cli_ok("export", src, "latest:train", "-o", snap)
+    _init(dst)
+    data = snap.read_bytes()
+    bad = tmp_path / "bad.snap"
+    flipped = bytearray(data[:len(data) // 2])
+    flipped[len(flipped) // 2] ^= 4
+    bad.write_bytes(bytes(flipped))
+    cli_error(1, "import", bad, dst, needles=[str(bad), "offset"])
+    bad.write_bytes(b"hello, not a savepoint")
+    cli_error(2, "import", bad, dst, needles=["not a snapstore savepoint"])
+    with snapstore.open(str(dst), readonly=True) as d:
+        assert d.checkpoints() == []

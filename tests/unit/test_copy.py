@@ -1,0 +1,230 @@
+"""snapstore.copy_checkpoints: checkpoints copied between stores, byte-exact, sending only the
+chunks the destination lacks; full manifests; stream, meta, tags and created kept; ids mapped;
+idempotent; failures leave what was copied before."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import snapstore
+from snapstore.errors import (CheckpointNotFound, CorruptionError, InvalidArgumentTypeError,
+                              ReadOnlyError, StoreClosedError)
+
+ORIGIN = "snapstore.copied_from"
+
+
+def _open(path, **kw):
+    return snapstore.open(str(path), durability="none", **kw)
+
+
+def _segment_bytes(store) -> int:
+    return sum(store.backend.size(n) for n in store.backend.list())
+
+
+@pytest.fixture
+def src(tmp_path):
+    s = _open(tmp_path / "src")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def dst(tmp_path):
+    s = _open(tmp_path / "dst")
+    yield s
+    s.close()
+
+
+def _fill(src, steps=4, size=400_000, seed=0):
+    """Stream "train": a full checkpoint and `steps` - 1 deltas (a few pages changed each),
+    with an empty and a 1-byte buffer; stream "other": one checkpoint, tagged."""
+    rng = np.random.default_rng(seed)
+    x = bytearray(rng.bytes(size))
+    infos = []
+    for step in range(steps):
+        if step:
+            for at in rng.integers(0, size - 8, 3):
+                x[at:at + 8] = rng.bytes(8)
+        infos.append(src.checkpoint({"x": x, "empty": b"", "one": bytes([step])}, "train",
+                                    meta={"step": step, "cfg": {"lr": 0.1}}))
+    other = src.checkpoint({"y": rng.bytes(50_000)}, "other", meta=[1, "two"])
+    src.tag(other.id, "best")
+    if len(infos) > 1:
+        src.tag(infos[1].id, "second")
+    return infos, src.get(other.id)
+
+
+def _same_content(src, dst, mapping):
+    for s_id, d_id in mapping.items():
+        a, b = src.get(s_id), dst.get(d_id)
+        assert dst.restore(d_id) == src.restore(s_id)
+        assert (b.stream, b.created, b.meta, b.tags, b.sizes) == \
+            (a.stream, a.created, a.meta, a.tags, a.sizes)
+        assert b.kind == "full" and b.chain_length == 0
+        assert b.reserved_meta[ORIGIN]["id"] == s_id
+        assert b.reserved_meta[ORIGIN]["store"] == os.path.abspath(src.path)
+
+
+def test_copy_everything_into_a_new_store(src, dst):
+    infos, other = _fill(src)
+    assert infos[-1].kind == "incremental"
+    result = snapstore.copy_checkpoints(src, dst)
+    ids = [c.id for c in src.checkpoints()]
+    assert list(result.copied) == ids and result.skipped == {}
+    assert list(result.copied.values()) == [c.id for c in dst.checkpoints()]
+    _same_content(src, dst, result.copied)
+    train = dst.checkpoints("train")
+    assert [c.seq for c in train] == [1, 2, 3, 4]
+    assert [c.parent for c in train] == [None] + [c.id for c in train[:-1]]
+    assert dst.resolve("best").id == result.copied[other.id]
+    assert dst.get(result.copied[other.id]).meta == [1, "two"]      # not a dict: kept whole
+    assert dst.verify(deep=True)["ok"]
+    # chunks: each sent once, the source's live chunks exactly
+    assert result.chunks_sent == dst.stats()["chunks"] == src.stats()["chunks"]
+    assert result.bytes_written == sum(c.bytes_new for c in dst.checkpoints())
+
+
+def test_copy_some_by_name(src, dst):
+    infos, other = _fill(src)
+    result = snapstore.copy_checkpoints(src, dst, ["train@3", "second", "other", infos[0].id,
+                                                   f"latest:train", "train@3"])
+    assert list(result.copied) == [infos[0].id, infos[1].id, infos[2].id, infos[3].id,
+                                   other.id]
+    _same_content(src, dst, result.copied)
+    with pytest.raises(CheckpointNotFound):
+        snapstore.copy_checkpoints(src, dst, ["nope"])
+    with pytest.raises(InvalidArgumentTypeError):
+        snapstore.copy_checkpoints(src, dst, "train")
+
+
+def test_the_tip_of_a_chain_alone_is_full_and_restores(src, dst):
+    infos, _ = _fill(src, steps=6)
+    assert src.get(infos[-1].id).chain_length == 5
+    result = snapstore.copy_checkpoints(src, dst, [infos[-1].id])
+    (new,) = result.copied.values()
+    assert dst.restore(new) == src.restore(infos[-1].id)
+    assert dst.get(new).kind == "full"
+    src.delete(infos[-1].id)                 # the copy depends on nothing in src
+    assert dst.verify(deep=True)["ok"]
+
+
+def test_only_missing_chunks_are_sent(src, dst):
+    infos, _ = _fill(src, steps=5, size=2_000_000)
+    first = snapstore.copy_checkpoints(src, dst, [infos[0].id])
+    chunks, written = dst.stats()["chunks"], _segment_bytes(dst)
+    assert first.bytes_sent >= 2_000_000
+    rest = snapstore.copy_checkpoints(src, dst, [i.id for i in infos[1:]])
+    # 4 checkpoints of 3 scattered 8-byte changes each: at most 12 new chunks, a few KiB
+    # of delta chunks, whatever the 2 MB of buffer
+    assert 0 < rest.chunks_sent <= 12
+    assert rest.bytes_sent <= 12 * 65536
+    assert dst.stats()["chunks"] - chunks == rest.chunks_sent
+    assert _segment_bytes(dst) - written < 12 * 65536 + 4 * 4096
+    _same_content(src, dst, {**first.copied, **rest.copied})
+
+
+def test_copying_twice_skips_and_copies_of_copies_count(tmp_path, src, dst):
+    _fill(src)
+    first = snapstore.copy_checkpoints(src, dst)
+    size = _segment_bytes(dst)
+    again = snapstore.copy_checkpoints(src, dst)
+    assert again.copied == {} and again.skipped == first.copied
+    assert again.chunks_sent == 0 and _segment_bytes(dst) == size
+    with _open(tmp_path / "third") as third:
+        via = snapstore.copy_checkpoints(dst, third)            # a copy of the copies
+        assert len(via.copied) == len(first.copied)
+        direct = snapstore.copy_checkpoints(src, third)         # the originals: the same
+        assert direct.copied == {} and list(direct.skipped) == list(first.copied)
+        back = snapstore.copy_checkpoints(third, src)           # back to where they came from
+        assert back.copied == {} and len(back.skipped) == len(first.copied)
+        # the copy's own provenance names its immediate source
+        c = third.get(via.copied[first.copied[1]])
+        assert c.reserved_meta[ORIGIN] == {"store": os.path.abspath(dst.path),
+                                           "id": first.copied[1]}
+    assert snapstore.copy_checkpoints(src, src).copied == {}     # into itself: nothing
+
+
+def test_copy_onto_a_stream_with_history_and_nothing_to_copy(tmp_path, src, dst):
+    own = dst.checkpoint({"x": b"mine"}, "train")
+    assert snapstore.copy_checkpoints(src, dst).copied == {}     # an empty source
+    _fill(src, steps=2)
+    result = snapstore.copy_checkpoints(src, dst, ["train"])
+    (new,) = result.copied.values()
+    info = dst.get(new)
+    assert info.parent == own.id and info.seq == 2 and dst.latest("train").id == new
+    # the copied checkpoint has no page fingerprints: the next one is stored full, correctly
+    x = bytearray(src.restore("train")["x"])
+    nxt = dst.checkpoint({"x": x, "empty": b"", "one": b"\1"}, "train")
+    assert nxt.kind == "full" and dst.restore(nxt.id)["x"] == bytes(x)
+
+
+def test_objects_arrays_groups_and_other_write_options(tmp_path, src):
+    params = {"w": np.arange(30_000, dtype=np.float32), "b": np.zeros(10)}
+    saved = src.save({"model": params, "step": 3}, "objects", meta={"run": "r"})
+    arrays = snapstore.save_arrays(src, {"a": np.ones((50, 40))}, "arrays")
+    g = src.group("g", ["p0", "p1"])
+    src.stage(g.id, "p0", {"b0": b"zero" * 1000}, meta={"offset": 7})
+    src.stage(g.id, "p1", {"b1": b"one" * 1000}, meta={"offset": 9})
+    grouped = g.commit(meta={"epoch": 1})
+    cdc = src.checkpoint({"c": os.urandom(300_000)}, "cdc", chunking="cdc")
+    with _open(tmp_path / "raw", compression="none", page_size=8192,
+               chunk_size=1 << 20) as dst:
+        result = snapstore.copy_checkpoints(src, dst)
+        loaded = dst.load(result.copied[saved.id])
+        assert loaded["step"] == 3 and np.array_equal(loaded["model"]["w"], params["w"])
+        assert dst.get(result.copied[saved.id]).meta == {"run": "r"}
+        got = snapstore.load_arrays(dst, result.copied[arrays.id])
+        assert np.array_equal(got["a"], np.ones((50, 40)))
+        assert snapstore.group_parts(dst.get(result.copied[grouped.id])) == \
+            {"p0": {"offset": 7}, "p1": {"offset": 9}}
+        assert dst.restore(result.copied[cdc.id]) == src.restore(cdc.id)
+        assert dst.manifests(result.copied[cdc.id]).buffers[0].layout == "cdc"
+        _same_content(src, dst, result.copied)
+        assert dst.verify(deep=True)["ok"]
+
+
+def test_a_failure_keeps_what_was_copied_and_a_rerun_finishes(src, dst, monkeypatch):
+    infos, _ = _fill(src)
+    real, calls = src.read_chunks, [0]
+
+    def failing(ids):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise CorruptionError("simulated damage in the source")
+        return real(ids)
+    monkeypatch.setattr(src, "read_chunks", failing)
+    with pytest.raises(CorruptionError, match="simulated"):
+        snapstore.copy_checkpoints(src, dst)
+    assert len(dst.checkpoints()) == 1 and dst.verify()["ok"]
+    result = snapstore.copy_checkpoints(src, dst)
+    assert list(result.skipped) == [infos[0].id]
+    assert len(result.copied) == len(src.checkpoints()) - 1
+    _same_content(src, dst, {**result.skipped, **result.copied})
+
+
+def test_read_only_closed_and_bad_arguments(tmp_path, src, dst):
+    _fill(src, steps=1)
+    seen = []
+    snapstore.copy_checkpoints(src, dst, progress=lambda s, d: seen.append((s, d)))
+    snapstore.copy_checkpoints(src, dst, progress=lambda s, d: seen.append((s, d)))
+    assert [d is None for _, d in seen] == [False, False, True, True]
+    assert [s for s, _ in seen] == [1, 2, 1, 2]
+    reader = snapstore.open(dst.path, readonly=True)
+    try:
+        with pytest.raises(ReadOnlyError):
+            snapstore.copy_checkpoints(src, reader)
+        snapstore.copy_checkpoints(reader, dst)        # a read-only source is fine
+    finally:
+        reader.close()
+    with pytest.raises(InvalidArgumentTypeError):
+        snapstore.copy_checkpoints(src, str(dst.path))
+    with pytest.raises(InvalidArgumentTypeError):
+        snapstore.copy_checkpoints(src, dst, progress="x")
+    src.close()
+    with pytest.raises(StoreClosedError):
+        snapstore.copy_checkpoints(src, dst)
+    dst.close()
+    with _open(tmp_path / "src") as again, pytest.raises(StoreClosedError):
+        snapstore.copy_checkpoints(again, dst)
