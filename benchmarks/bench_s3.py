@@ -429,7 +429,7 @@ def snapstore_four_writers(url: str, cache_root: str, nbytes: int, *, writers: i
 
 
 def snapstore_dcp_writer(url: str, cache_dir: str):
-    """HOOK(snapstore.torch): the DCP StorageWriter into an S3 store."""
+    """The DCP StorageWriter into an S3 store (snapstore.torch)."""
     import snapstore.torch as st
     return st.SnapstoreWriter(url, stream="dcp", cache_dir=cache_dir, durability="remote")
 
@@ -1142,7 +1142,7 @@ def report(args, res: dict) -> None:
     print("\nindex memory per TB stored: " + (
         f"{im['per_tb'] / 2**30:.2f} GiB (measured {im['bytes'] / MiB:.1f} MiB for "
         f"{fmt_mb(im['stored'])} stored, scaled linearly)" if im else
-        "not available (HOOK: snapstore_index_memory_bytes, the lead's function)"))
+        "not available (the snapstore rows did not run)"))
     v = res.get("versions", {})
     print(f"\n{res.get('server', '?')}; " + ", ".join(f"{k} {x}" for k, x in v.items() if x))
     m = res.get("machine", {})
