@@ -174,3 +174,17 @@ os.kill(os.getpid(), signal.SIGKILL)
     with pytest.warns(RuntimeWarning, match=f"checkpoint {lost} of stream 's'"):
         with snapstore.open(url, cache_dir=str(tmp_path / "w")) as w:
             assert [c.id for c in w.checkpoints("s")] == [theirs.id]
+
+
+def test_a_tracker_on_an_s3_store_captures_and_commits_in_the_background(url, tmp_path):
+    a = np.zeros(4 * MiB, dtype=np.uint8)
+    with snapstore.open(url, cache_dir=str(tmp_path / "w"), durability="local") as w:
+        tracker = w.track({"a": a}, stream="t")
+        tracker.checkpoint_async()
+        a[::100_000] = 7
+        second = tracker.checkpoint_async().result(timeout=60)
+        assert second.kind == "incremental" and second.bytes_new < 64 << 10
+        tracker.close()
+        w.flush()
+    with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as r:
+        assert r.restore(second.id)["a"] == a.tobytes()
