@@ -368,7 +368,7 @@ class Store:
                                            f"seconds > 0, got {remote_timeout!r}")
             self._committer = RemoteCommitter(
                 self.path, self.options, durability=self.durability, readonly=self.readonly,
-                create=create,  cache_dir=cache_dir,
+                create=create, cache_dir=cache_dir,
                 segment_size=(remote_layout.DEFAULT_REMOTE_SEGMENT_SIZE
                               if segment_size == fmt.DEFAULT_SEGMENT_SIZE else segment_size),
                 refresh=refresh, remote_timeout=remote_timeout)
