@@ -423,16 +423,23 @@ class RemoteCommitter:
             self.log.check_writable()
             if self._uploader is not None:
                 self._uploader.raise_failure()
-            ticket = self.gc_guard.begin(self.index)
-            for _ in range(layout.GC_COMMIT_ATTEMPTS):
-                try:
-                    return self._commit_once(stream, make_plans, meta, expect_head,
-                                             on_stored, pause, ticket)
-                except gcguard.Replan:
-                    continue        # gc marked chunks it reused: planned again without them
-            raise CommitConflict(f"stream {stream!r}: garbage collection kept marking chunks "
-                                 "this checkpoint reused; nothing was committed; try again",
-                                 stream=stream)
+            return self._replanning(stream, "checkpoint", lambda ticket: self._commit_once(
+                stream, make_plans, meta, expect_head, on_stored, pause, ticket))
+
+    def _replanning(self, stream: str, what: str,
+                    attempt: Callable[[gcguard.CommitTicket], Commit]) -> Commit:
+        """Runs attempt(ticket) until it does not raise gcguard.Replan (gc marked chunks it
+        reused: it is planned again without them), at most layout.GC_COMMIT_ATTEMPTS times;
+        then CommitConflict."""
+        ticket = self.gc_guard.begin(self.index)
+        for _ in range(layout.GC_COMMIT_ATTEMPTS):
+            try:
+                return attempt(ticket)
+            except gcguard.Replan:
+                continue
+        raise CommitConflict(f"stream {stream!r}: garbage collection kept marking chunks "
+                             f"this {what} reused; nothing was committed; try again",
+                             stream=stream)
 
     def _commit_once(self, stream: str, make_plans: PlanMaker, meta: Any, expect_head: Any,
                      on_stored: dict | None, pause: Callable[[], None] | None,
@@ -482,16 +489,8 @@ class RemoteCommitter:
             if self._uploader is not None:
                 self._uploader.wait_idle()
                 self._uploader.raise_failure()
-            ticket = self.gc_guard.begin(self.index)
-            for _ in range(layout.GC_COMMIT_ATTEMPTS):
-                try:
-                    return self._commit_manifests_once(stream, entries, read_chunks, meta,
-                                                       created, tags, ticket)
-                except gcguard.Replan:
-                    continue
-            raise CommitConflict(f"stream {stream!r}: garbage collection kept marking chunks "
-                                 "this import reused; nothing was committed; try again",
-                                 stream=stream)
+            return self._replanning(stream, "import", lambda ticket: self._commit_manifests_once(
+                stream, entries, read_chunks, meta, created, tags, ticket))
 
     def _commit_manifests_once(self, stream: str, entries: list, read_chunks: ChunkSource,
                                meta: Any, created: float | None, tags: tuple,
