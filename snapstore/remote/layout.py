@@ -30,8 +30,10 @@ CHECKPOINT_DIGITS = 20
 # commit payload, the reused-chunk table (format.NEW_CHUNK entries) and an XXH3-64 trailer.
 CKPT_MAGIC = b"SNAPCKPT"
 CKPT_VERSION = 1
-CKPT_HEADER = struct.Struct("<8sIIQ")
-CKPT_TRAILER = struct.Struct("<Q")
+# Checkpoint objects and group parts share one framing (remote/envelope.py): magic,
+# version u32, reserved u32, a length u64; the body; XXH3-64 of everything before it.
+OBJECT_HEADER = struct.Struct("<8sIIQ")
+OBJECT_TRAILER = struct.Struct("<Q")
 
 # A group's objects, under GROUPS_DIR<group id>/: its header (JSON), its staged parts (one
 # object per participant, named by the hex of the participant's UTF-8 name), and its outcome
@@ -46,8 +48,6 @@ GROUP_OUTCOME = "outcome"
 # new-chunk table, the reused-chunk table, each buffer's extents) and an XXH3-64 trailer.
 PART_MAGIC = b"SNAPPART"
 PART_VERSION = 1
-PART_HEADER = struct.Struct("<8sIIQ")
-PART_TRAILER = struct.Struct("<Q")
 
 DURABILITY_MODES = ("remote", "local")   # an S3 store's; "remote" is the default
 DEFAULT_REMOTE_SEGMENT_SIZE = 64 << 20   # a pack: one multipart upload of a few parts

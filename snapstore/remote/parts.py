@@ -1,12 +1,12 @@
 """A group's staged part as an object of the bucket (groups/<gid>/parts/<participant>): what
 one participant of an S3 store's group commit stored (docs/design.md, "S3 stores").
 
-    PART_HEADER (magic, version, reserved, JSON length)
+    the framing of remote/envelope.py (magic SNAPPART; the header's length is the JSON's)
+    around:
     JSON {"group", "participant", "stream", "parent", "meta", "buffers": [buffer entries'
           JSON], "new_chunks": n, "reused": n, "bytes_new"}
     the new-chunk table, the reused-chunk table (format.NEW_CHUNK entries: where each chunk
         the extents name lies), then each buffer's extents, in the order of "buffers"
-    PART_TRAILER: XXH3-64 of every byte before it
 
 With both tables the coordinator, on any machine, builds the group's checkpoint from the
 parts alone.
@@ -17,12 +17,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import xxhash
-
 from snapstore.engine import format as fmt
 from snapstore.engine.records import BufferEntry
-from snapstore.errors import CorruptionError, FormatError
-from snapstore.remote import layout
+from snapstore.remote import envelope, layout
 
 
 @dataclass
@@ -46,30 +43,17 @@ def encode(part: Part) -> bytes:
            "new_chunks": len(part.new_chunks) // fmt.NEW_CHUNK.size,
            "reused": len(part.reused) // fmt.NEW_CHUNK.size, "bytes_new": part.bytes_new}
     text = json.dumps(doc, separators=(",", ":")).encode()
-    body = b"".join([layout.PART_HEADER.pack(layout.PART_MAGIC, layout.PART_VERSION, 0,
-                                             len(text)), text, part.new_chunks, part.reused]
-                    + [e.extents for e in part.entries])
-    return body + layout.PART_TRAILER.pack(xxhash.xxh3_64_intdigest(body))
+    return envelope.seal(layout.PART_MAGIC, layout.PART_VERSION, len(text),
+                         [text, part.new_chunks, part.reused]
+                         + [e.extents for e in part.entries])
 
 
 def decode(data: bytes, key: str) -> Part:
     """The Part of an object; CorruptionError naming the key when it is damaged, FormatError
     when it is of a newer version."""
-    def damaged(why: str) -> CorruptionError:
-        return CorruptionError(f"group part object {key!r} is damaged: {why}")
-    head, tail = layout.PART_HEADER.size, layout.PART_TRAILER.size
-    if len(data) < head + tail:
-        raise damaged(f"{len(data)} bytes is too short")
-    end = len(data) - tail
-    (checksum,) = layout.PART_TRAILER.unpack_from(data, end)
-    if xxhash.xxh3_64_intdigest(memoryview(data)[:end]) != checksum:
-        raise damaged("checksum mismatch")
-    magic, version, _, length = layout.PART_HEADER.unpack_from(data)
-    if magic != layout.PART_MAGIC:
-        raise damaged("not a group part (wrong magic)")
-    if version > layout.PART_VERSION:
-        raise FormatError(f"group part object {key!r} is of version {version}; this "
-                          f"snapstore reads up to {layout.PART_VERSION}: upgrade snapstore")
+    what = "group part object"
+    head, length, end = envelope.unseal(data, key, what, "a group part", layout.PART_MAGIC,
+                                        layout.PART_VERSION)
     try:
         doc = json.loads(bytes(data[head:head + length]))
         pos = head + length
@@ -88,7 +72,8 @@ def decode(data: bytes, key: str) -> Part:
                     None if parent is None else int(parent), doc["meta"], entries, tables[0],
                     tables[1], int(doc["bytes_new"]))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise damaged(f"its description does not decode: {exc!r}") from None
+        raise envelope.damaged(what, key, f"its description does not decode: {exc!r}") \
+            from None
     if pos != end:
-        raise damaged("lengths do not match")
+        raise envelope.damaged(what, key, "lengths do not match")
     return part
