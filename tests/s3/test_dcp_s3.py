@@ -9,9 +9,7 @@ The ranks run in tests/unit/dcp_rank.py (its "save" scenario), as in test_dcp_ra
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -31,24 +29,7 @@ import dcp_rank  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
 
-def launch(workdir, steps: list) -> dict:
-    """Runs the steps in dcp_rank.py; {step name: {"facts": [rank 0's], "exits": [...]}}."""
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1")
-    env.pop("SNAPSTORE_CRASH_AT", None)
-    proc = subprocess.run([sys.executable, os.path.join(UNIT, "dcp_rank.py"), str(workdir),
-                           json.dumps(steps)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out: dict = {s["name"]: {"facts": [], "exits": None} for s in steps}
-    for line in proc.stdout.splitlines():
-        d = json.loads(line)
-        if "exits" in d:
-            out[d["step"]]["exits"] = d["exits"]
-        else:
-            out[d["step"]]["facts"].append(d)
-    out["stderr"] = proc.stderr
-    return out
+launch = dcp_rank.launch
 
 
 def test_two_ranks_save_incrementally_and_load_from_empty_caches(s3, tmp_path):

@@ -52,6 +52,29 @@ RANK = WORLD = 0
 MESH = None
 
 
+def launch(workdir, steps: list) -> dict:
+    """Runs the steps in one launcher process of this script (the tests' side); {step name:
+    {"facts": [rank 0's facts], "exits": [per rank]}}, "stderr": the ranks' tracebacks}."""
+    import subprocess
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1")
+    env.pop("SNAPSTORE_CRASH_AT", None)
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), str(workdir),
+                           json.dumps(steps)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out: dict = {s["name"]: {"facts": [], "exits": None} for s in steps}
+    for line in proc.stdout.splitlines():
+        d = json.loads(line)
+        if "exits" in d:
+            out[d["step"]]["exits"] = d["exits"]
+        else:
+            out[d["step"]]["facts"].append(d)
+    out["stderr"] = proc.stderr
+    return out
+
+
 def full_state(version: int, world: int) -> dict:
     """The global state of a save by `world` ranks, as plain tensors."""
     g = torch.Generator().manual_seed(1234)

@@ -8,9 +8,7 @@ save still loads.
 The ranks run in dcp_rank.py (one launcher per fixture, which forks the ranks of each step),
 rank 0 reports facts as JSON lines; the checks that need the ranks gone run here.
 """
-import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -22,7 +20,6 @@ import snapstore  # noqa: E402
 import snapstore.torch as st  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import dcp_rank  # noqa: E402
 
@@ -30,25 +27,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")]
 
 
-def launch(workdir, steps: list) -> dict:
-    """Runs the steps in one launcher; {step name: {"facts": [rank 0's facts], "exits":
-    [per rank]}}, "stderr": the ranks' tracebacks}."""
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1")
-    env.pop("SNAPSTORE_CRASH_AT", None)
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "dcp_rank.py"), str(workdir),
-                           json.dumps(steps)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out: dict = {s["name"]: {"facts": [], "exits": None} for s in steps}
-    for line in proc.stdout.splitlines():
-        d = json.loads(line)
-        if "exits" in d:
-            out[d["step"]]["exits"] = d["exits"]
-        else:
-            out[d["step"]]["facts"].append(d)
-    out["stderr"] = proc.stderr
-    return out
+launch = dcp_rank.launch
 
 
 def fact(step: dict, what: str) -> dict:
