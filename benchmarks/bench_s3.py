@@ -22,7 +22,9 @@ Baselines (what a snapstore figure is divided by):
   raw put      boto3 `upload_fileobj` of the state's bytes from memory (multipart, --part-mib
                parts, --conc in flight: the best of `--sweep` on this machine), one object
   raw get      boto3 ranged GETs of that object (--range-mib ranges, --threads threads) into one
-               preallocated buffer: what a restore must at least do
+               preallocated buffer: what a restore must at least do. The snapstore restore
+               writes into a buffer preallocated the same way (`Store.restore_into`): in this
+               VM first-touching a fresh GiB costs about 2 CPU seconds, which both would pay
   fsspec DCP   torch.distributed.checkpoint.save with FsspecWriter over s3fs, a new
                checkpoint directory per save (DCP's way; overwriting in place is not atomic)
 
@@ -364,17 +366,18 @@ def snapstore_incremental(store, arr: np.ndarray, stream: str = "bench"):
     return store.checkpoint({"state": arr}, stream=stream)
 
 
-def snapstore_restore_empty_cache(url: str, cache_dir: str, ckpt_id) -> tuple:
+def snapstore_restore_empty_cache(url: str, cache_dir: str, ckpt_id, out: memoryview) -> tuple:
     """A new Store on an empty cache_dir (another machine, or a wiped cache) restores the
-    checkpoint: open + pull + ranged reads of the segments. Returns (open seconds, restore
-    seconds, the restored bytes)."""
+    checkpoint into `out`, a buffer allocated once for all rounds as the raw ranged download's
+    is (`Store.restore_into`; new memory costs the same to both, and is left out of both):
+    open + pull + ranged reads of the segments. Returns (open seconds, restore seconds)."""
     t = time.perf_counter()
     store = snapstore_open(url, cache_dir)
     t_open = time.perf_counter() - t
     try:
         t = time.perf_counter()
-        out = store.restore(ckpt_id)["state"]
-        return t_open, time.perf_counter() - t, out
+        store.restore_into(ckpt_id, {"state": out})
+        return t_open, time.perf_counter() - t
     finally:
         store.close()
 
@@ -848,6 +851,7 @@ def run(args, only: set, size: int, srv: WeedServer, wire: WireCounter, work: st
     snap = res.setdefault("snapstore", {"full": [], "incremental": [], "restore": [],
                                         "errors": []})
     out = memoryview(bytearray(size))
+    restore_out = memoryview(bytearray(size))      # snapstore's, allocated as `out` is
     for rnd in range(args.rounds):
         if rnd:
             np.copyto(arr, np.frombuffer(pristine, dtype=np.float32))
@@ -869,7 +873,8 @@ def run(args, only: set, size: int, srv: WeedServer, wire: WireCounter, work: st
             delete_prefix(s3, bucket, key)
         if why_not is None:
             try:
-                snapstore_round(args, meter, srv, arr, pages, work, rnd, snap, res)
+                snapstore_round(args, meter, srv, arr, pages, work, rnd, snap, res,
+                                restore_out)
             except Exception as e:
                 snap["errors"].append(f"round {rnd + 1}: {type(e).__name__}: {e}")
                 traceback.print_exc()
@@ -939,7 +944,7 @@ def run(args, only: set, size: int, srv: WeedServer, wire: WireCounter, work: st
             res["writers"][mode] = r
 
 
-def snapstore_round(args, meter, srv, arr, pages, work, rnd, snap, res) -> None:
+def snapstore_round(args, meter, srv, arr, pages, work, rnd, snap, res, out) -> None:
     """One round on a fresh prefix: full checkpoint; the 1% of pages change; incremental; a
     restore of the incremental (full + delta, the latest state) from an empty cache, checked
     against the state. Round 1 also asks the index-memory hook."""
@@ -965,11 +970,10 @@ def snapstore_round(args, meter, srv, arr, pages, work, rnd, snap, res) -> None:
     finally:
         store.close()
     r = meter.run(prefix, snapstore_restore_empty_cache, url,
-                  os.path.join(work, f"cache-{rnd}-empty"), info.id)
-    t_open, t_restore, got = r.pop("value")
+                  os.path.join(work, f"cache-{rnd}-empty"), info.id, out)
+    t_open, t_restore = r.pop("value")
     r.update(open_seconds=t_open, restore_seconds=t_restore,
-             equal=np.array_equal(np.frombuffer(got, np.uint8), arr.view(np.uint8)))
-    del got
+             equal=np.array_equal(np.frombuffer(out, np.uint8), arr.view(np.uint8)))
     snap["restore"].append(r)
     print(f"  round {rnd + 1} snapstore: full {arr.nbytes / snap['full'][-1]['seconds'] / MB:.0f}"
           f" MB/s, incremental {snap['incremental'][-1]['uploaded'] / MB:.1f} MB up, restore "

@@ -158,11 +158,7 @@ def copy_extents_parallel(view: IndexView, backend: SegmentBackend, segments: Se
             if entry is None:
                 return 0
             entries[cid] = entry
-    for number in {e.segment for e in entries.values()}:
-        try:
-            segment_version(segments, number)       # FormatError for a newer segment
-        except CorruptionError:
-            pass
+    checked: set = set()        # segments whose version was checked (by any thread)
     batches, batch, size = [], [], 0
     for e in extents:
         batch.append(e)
@@ -177,11 +173,20 @@ def copy_extents_parallel(view: IndexView, backend: SegmentBackend, segments: Se
         batch, size = work
         decoded: dict = {}
         with backend.open_reader() as own:
+            # FormatError for a newer segment; checked as the batches reach each segment, so
+            # that decoding begins as soon as the first blocks arrive from an object store
+            for number in {entries[cid].segment for _, _, _, cid in batch} - checked:
+                try:
+                    segment_version(own, number)
+                except CorruptionError:
+                    pass
+                checked.add(number)
+            spans = SpanReader(own, [entries[cid] for _, _, _, cid in batch])
             for off, coff, length, cid in batch:
                 data = decoded.get(cid)
                 if data is None:
                     entry = entries[cid]
-                    data = chunks.read_chunk(own, entry.segment, entry.offset,
+                    data = chunks.read_chunk(spans, entry.segment, entry.offset,
                                              entry.stored_len, cid, entry.raw_len)
                     decoded = {cid: data}       # packed deltas revisit the last chunk
                 if coff + length > len(data):
@@ -198,6 +203,41 @@ def copy_extents_parallel(view: IndexView, backend: SegmentBackend, segments: Se
     except (CorruptionError, OSError):
         return reported
     return True
+
+
+class SpanReader(SegmentReader):
+    """A read session over `inner` that reads each run of back-to-back chunk records of
+    `entries` (index entries, in the order they will be read) with one read when its first
+    record is asked for, and serves the run's records from memory: one read (one system call,
+    one trip through an object store's cache) per run instead of one per chunk. Anything
+    outside a run, or past the end of a short read, is read from `inner`, whose errors stand.
+    Holds one run at a time. Closing it leaves `inner` open."""
+
+    def __init__(self, inner: SegmentReader, entries) -> None:
+        self.inner = inner
+        self.runs: dict = {}            # (segment, offset of the run's first record) -> length
+        run = None
+        for e in entries:
+            start, end = e.offset, e.offset + fmt.RECORD_HEADER.size + e.stored_len
+            if run is None or run[0] != e.segment or run[2] != start:
+                run = self.runs.setdefault((e.segment, start), [e.segment, start, start])
+            run[2] = max(run[2], end)
+        self._held = (None, 0, b"")     # (segment, offset, bytes) of the run read last
+
+    def read(self, number: int, offset: int, length: int) -> bytes:
+        seg, at, data = self._held
+        if seg != number or not at <= offset or offset + length > at + len(data):
+            run = self.runs.get((number, offset))
+            if run is None or offset + length > run[2]:
+                return self.inner.read(number, offset, length)
+            data = self.inner.read(number, offset, run[2] - offset)
+            self._held = seg, at, _ = number, offset, data
+            if offset + length > at + len(data):        # a short read: let inner answer
+                return self.inner.read(number, offset, length)
+        return memoryview(data)[offset - at:offset - at + length]
+
+    def close(self) -> None:
+        self._held = (None, 0, b"")
 
 
 def _skipping(progress: Callable[[int], None] | None, skip: int):

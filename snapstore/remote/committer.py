@@ -104,7 +104,7 @@ class RemoteCommitter:
             self.index = Index(os.path.join(self.cache_path, fmt.INDEX_DIR), readonly=False,
                                durable=False)
             self.backend = RemoteSegments(self.client, spool.spool_dir(self.cache_path),
-                                          os.path.join(self.cache_path, "ranges"),
+                                          os.path.join(self.cache_path, layout.CACHE_RANGES_DIR),
                                           durable=durability == "local")
             if not readonly:
                 with io_errors(f"cannot open the cache of {url}"):
@@ -164,7 +164,7 @@ class RemoteCommitter:
         except (OSError, ValueError, AttributeError):
             cached = None
         if cached != identity.get("uuid"):
-            for entry in ("index", "ranges", spool.SPOOL_DIR):
+            for entry in (fmt.INDEX_DIR, layout.CACHE_RANGES_DIR, spool.SPOOL_DIR):
                 shutil.rmtree(os.path.join(self.cache_path, entry), ignore_errors=True)
             tmp = f"{name}.{os.getpid()}.part"
             with open(tmp, "w") as f:
@@ -583,7 +583,7 @@ def rebuild_cache(url: str, *, cache_dir: str | None = None,
                             refresh=float("inf"), remote_timeout=remote_timeout)
     path = probe.cache_path
     probe.close()
-    for entry in (fmt.INDEX_DIR, "ranges"):
+    for entry in (fmt.INDEX_DIR, layout.CACHE_RANGES_DIR):
         shutil.rmtree(os.path.join(path, entry), ignore_errors=True)
     store = RemoteCommitter(url, wr.WriteOptions(), durability="remote", readonly=True,
                             create=False, cache_dir=cache_dir, segment_size=1 << 20,

@@ -174,6 +174,32 @@ class S3Client:
             return answer["Body"].read(), answer.get("ETag", "")
         return self._call("GET", key, fetch)
 
+    def get_into(self, key: str, start: int, length: int, consume: Callable):
+        """Streams bytes [start, start + length) of the object (fewer at its end; none at or
+        past it) to consume(readinto) and returns what consume returns; readinto(buffer)
+        fills a writable buffer and returns the bytes read, 0 at the end (a body shorter
+        than the server declared raises, and the request is retried). A failed attempt is
+        retried as a whole, so consume must start over when called again. Raises NotFound,
+        RemoteError."""
+        kwargs = {"Bucket": self.url.bucket, "Key": self.url.key(key),
+                  "Range": f"bytes={start}-{start + max(length, 1) - 1}"}
+
+        def fetch():
+            if length <= 0:
+                return consume(lambda buf: 0)
+            try:
+                answer = self._client.get_object(**kwargs)
+            except self._exc.ClientError as exc:
+                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 416:
+                    return consume(lambda buf: 0)       # a range starting past the end
+                raise
+            body = answer["Body"]
+            try:
+                return consume(body.readinto)
+            finally:
+                body.close()
+        return self._call("GET", key, fetch)
+
     def get_if_changed(self, key: str, etag: str | None) -> tuple[bytes, str] | None:
         """(bytes, etag) of the object, or None when its etag is still `etag` (a conditional
         GET: the server answers 304 without the body). Raises NotFound, RemoteError."""

@@ -75,10 +75,9 @@ class RemoteSegments(SegmentBackend):
         self.uploaded_bytes = 0
         self.failed_uploads = 0                        # uploads that failed for good
 
-    def _fetch(self, number: int, offset: int, length: int) -> bytes:
+    def _fetch(self, number: int, offset: int, length: int, consume):
         try:
-            return self.client.get(layout.segment_key(number), start=offset,
-                                   length=length)[0]
+            return self.client.get_into(layout.segment_key(number), offset, length, consume)
         except NotFound:
             raise missing_segment(number) from None
 

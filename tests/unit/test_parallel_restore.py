@@ -2,11 +2,16 @@
 the progress reports and the errors must be exactly those of the one-chunk-at-a-time path."""
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import snapstore
+from snapstore.engine import format as fmt
 from snapstore.engine import reader
+from snapstore.engine.backends.base import SegmentReader
 from snapstore.errors import CorruptionError
 
 
@@ -76,3 +81,54 @@ def test_damage_is_reported_as_by_the_sequential_path(tmp_path, small_threshold)
     with snapstore.open(path) as s:
         with pytest.raises(CorruptionError, match="segment"):
             s.restore(info.id)
+
+
+# ---- SpanReader: one read per run of back-to-back records ---------------------------------
+Entry = namedtuple("Entry", "segment offset stored_len")
+
+
+class BytesReader(SegmentReader):
+    def __init__(self, segments):
+        self.segments, self.reads = segments, []
+
+    def read(self, number, offset, length):
+        self.reads.append((number, offset, length))
+        return self.segments[number][offset:offset + length]
+
+    def close(self):
+        pass
+
+
+@settings(max_examples=150, deadline=None)
+@given(layout=st.lists(st.tuples(st.integers(1, 2), st.integers(0, 40), st.integers(0, 300)),
+                       min_size=1, max_size=12),
+       extra=st.lists(st.tuples(st.integers(1, 2), st.integers(0, 2000), st.integers(0, 400)),
+                      max_size=5),
+       cut=st.integers(0, 3000))
+def test_span_reader_reads_what_its_inner_reader_reads(layout, extra, cut):
+    """Records laid out back to back (gap 0) or apart, in one or two segments, a segment cut
+    short (a damaged store): every read answers exactly what the inner reader answers."""
+    H = fmt.RECORD_HEADER.size
+    pos, entries = {1: 0, 2: 0}, []
+    for seg, gap, stored in layout:
+        pos[seg] += gap if gap > 20 else 0
+        entries.append(Entry(seg, pos[seg], stored))
+        pos[seg] += H + stored
+    data = {n: bytes((i * 7 + n) % 251 for i in range(3000)) for n in (1, 2)}
+    data[1] = data[1][:cut]
+    inner = BytesReader(data)
+    spans = reader.SpanReader(inner, entries)
+    for e in entries + [Entry(s, o, ln) for s, o, ln in extra]:
+        want = data[e.segment][e.offset:e.offset + H + e.stored_len]
+        assert bytes(spans.read(e.segment, e.offset, H + e.stored_len)) == want
+    spans.close()
+
+
+def test_span_reader_reads_a_run_once():
+    H = fmt.RECORD_HEADER.size
+    entries = [Entry(1, i * (H + 100), 100) for i in range(50)]
+    inner = BytesReader({1: bytes(50 * (H + 100))})
+    spans = reader.SpanReader(inner, entries)
+    for e in entries:
+        assert len(spans.read(1, e.offset, H + 100)) == H + 100
+    assert inner.reads == [(1, 0, 50 * (H + 100))]
