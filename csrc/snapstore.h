@@ -127,16 +127,27 @@ int snap_diff_bytes(const uint8_t *a, const uint8_t *b, size_t len, size_t gap,
 #define SNAP_DELTA_XOR 1
 #define SNAP_DELTA_SUB 2
 
+/* Split flags.
+ *   SNAP_PLANES_ROTATE  each item, read as an unsigned little-endian word of itemsize bytes
+ *                       (1, 2, 4 or 8 only), is rotated left by one bit before the split:
+ *                       (w << 1) | (w >> (8 itemsize - 1)). An IEEE float's sign bit becomes
+ *                       bit 0, so plane itemsize-1 of float32 or bfloat16 holds exactly the
+ *                       exponents. The tail bytes are not rotated. */
+#define SNAP_PLANES_ROTATE 1u
+
 /* snap_split_planes: src[0:len] -> planes[0:len] as above ("byte shuffle").
+ *   flags       0, or SNAP_PLANES_ROTATE.
  *   planes_cap  capacity of planes in bytes; must be >= len.
- * Errors: SNAP_EINVAL, SNAP_ESPACE. */
-int snap_split_planes(const uint8_t *src, size_t len, size_t itemsize,
+ * Errors: SNAP_EINVAL (also: unknown flags, SNAP_PLANES_ROTATE with itemsize not 1, 2, 4 or 8),
+ * SNAP_ESPACE. */
+int snap_split_planes(const uint8_t *src, size_t len, size_t itemsize, unsigned flags,
                       uint8_t *planes, size_t planes_cap);
 
-/* snap_join_planes: the exact inverse: planes[0:len] (laid out as above) -> dst[0:len].
+/* snap_join_planes: the exact inverse: planes[0:len] (made by snap_split_planes with the same
+ * itemsize and flags) -> dst[0:len].
  *   dst_cap  capacity of dst in bytes; must be >= len.
- * Errors: SNAP_EINVAL, SNAP_ESPACE. */
-int snap_join_planes(const uint8_t *planes, size_t len, size_t itemsize,
+ * Errors: SNAP_EINVAL (as snap_split_planes), SNAP_ESPACE. */
+int snap_join_planes(const uint8_t *planes, size_t len, size_t itemsize, unsigned flags,
                      uint8_t *dst, size_t dst_cap);
 
 /* snap_delta_split_planes: the planes of the delta of cur[0:len] against ref[0:len] (the

@@ -28,7 +28,7 @@ __all__ = [
     "fingerprint_diff", "fingerprint_diff_runs", "PageFingerprints", "shadow_diff",
     "runs_to_ranges", "gather", "diff_bytes", "Chunker", "chunk_boundaries", "buffer_address",
     "SCAN_HUGE", "uffd_open", "uffd_register", "uffd_unregister", "pagemap_scan",
-    "ITEMSIZE_MAX", "DELTA_XOR", "DELTA_SUB", "split_planes", "join_planes",
+    "ITEMSIZE_MAX", "DELTA_XOR", "DELTA_SUB", "PLANES_ROTATE", "split_planes", "join_planes",
     "delta_split_planes", "delta_join_planes",
 ]
 
@@ -450,6 +450,7 @@ class PageFingerprints:
 ITEMSIZE_MAX: int = int(lib.SNAP_ITEMSIZE_MAX)
 DELTA_XOR: int = int(lib.SNAP_DELTA_XOR)
 DELTA_SUB: int = int(lib.SNAP_DELTA_SUB)
+PLANES_ROTATE: int = int(lib.SNAP_PLANES_ROTATE)
 _DELTA_NAMES = {DELTA_XOR: "DELTA_XOR", DELTA_SUB: "DELTA_SUB"}
 
 
@@ -517,7 +518,18 @@ def _planes_out(out, nbytes: int, inputs, name: str = "out", allow=None) -> memo
     return dst
 
 
-def split_planes(buf, itemsize: int, out=None) -> memoryview:
+def _rotate_arg(rotate, itemsize: int) -> int:
+    """The split flags for rotate (a bool): PLANES_ROTATE needs an item size of 1, 2, 4 or 8."""
+    if not isinstance(rotate, (bool, int)):
+        raise errors.InvalidArgumentTypeError(
+            f"rotate: expected a bool, got {type(rotate).__name__}")
+    if rotate and itemsize not in (1, 2, 4, 8):
+        raise errors.InvalidArgumentError(
+            f"rotate works on 1-, 2-, 4- or 8-byte items, not {itemsize}")
+    return PLANES_ROTATE if rotate else 0
+
+
+def split_planes(buf, itemsize: int, out=None, rotate: bool = False) -> memoryview:
     """The byte planes of buf's items (snap_split_planes): byte 0 of every item, then byte 1,
     ..., then the len(buf) % itemsize tail bytes as they are. Any bytes (floats as raw bytes
     or not) and any length are accepted.
@@ -526,27 +538,31 @@ def split_planes(buf, itemsize: int, out=None) -> memoryview:
         buf: the items, a C-contiguous buffer (len(buf) bytes).
         itemsize: bytes per item, 1..ITEMSIZE_MAX (2 for float16/bfloat16, 4 for float32...).
         out: optional writable buffer of at least len(buf) bytes, not overlapping buf.
+        rotate: rotate each item (a little-endian word of 1, 2, 4 or 8 bytes) left by one bit
+            first (SNAP_PLANES_ROTATE): a float's sign bit goes to bit 0, so the top plane of
+            float32 or bfloat16 holds exactly the exponents.
     Returns:
         A writable memoryview of len(buf) bytes: out's prefix, or a new buffer.
     Raises:
-        InvalidArgumentError (bad itemsize, out too small or overlapping),
-        InvalidArgumentTypeError (not a buffer, out read-only).
+        InvalidArgumentError (bad itemsize, rotate with another item size, out too small or
+        overlapping), InvalidArgumentTypeError (not a buffer, out read-only).
     """
     k = _itemsize_arg(itemsize)
+    flags = _rotate_arg(rotate, k)
     src = _typed_view(buf, "buf")
     dst = _planes_out(out, len(src), [("buf", src)])
-    check(lib.snap_split_planes(_ptr(src), len(src), k, _ptr(dst, True), len(dst)),
+    check(lib.snap_split_planes(_ptr(src), len(src), k, flags, _ptr(dst, True), len(dst)),
           "snap_split_planes")
     return dst
 
 
-def join_planes(planes, itemsize: int, out=None) -> memoryview:
+def join_planes(planes, itemsize: int, out=None, rotate: bool = False) -> memoryview:
     """The items back from their byte planes (snap_join_planes): the exact inverse of
-    split_planes with the same itemsize.
+    split_planes with the same itemsize and rotate.
 
     Args:
         planes: split_planes' output (len(planes) bytes).
-        itemsize: the item size it was split with.
+        itemsize, rotate: as given to split_planes.
         out: optional writable buffer of at least len(planes) bytes, not overlapping planes.
     Returns:
         A writable memoryview of len(planes) bytes: out's prefix, or a new buffer.
@@ -554,9 +570,10 @@ def join_planes(planes, itemsize: int, out=None) -> memoryview:
         InvalidArgumentError, InvalidArgumentTypeError (as split_planes).
     """
     k = _itemsize_arg(itemsize)
+    flags = _rotate_arg(rotate, k)
     src = _typed_view(planes, "planes")
     dst = _planes_out(out, len(src), [("planes", src)])
-    check(lib.snap_join_planes(_ptr(src), len(src), k, _ptr(dst, True), len(dst)),
+    check(lib.snap_join_planes(_ptr(src), len(src), k, flags, _ptr(dst, True), len(dst)),
           "snap_join_planes")
     return dst
 

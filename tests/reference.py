@@ -144,20 +144,33 @@ def chunk_boundaries(buf: bytes, min_size: int = 16384, avg_size: int = 65536,
 DELTA_XOR, DELTA_SUB = 1, 2
 
 
-def split_planes(buf: bytes, itemsize: int) -> bytes:
+def rotate_items(buf: bytes, itemsize: int, left: bool = True) -> bytes:
+    """Each whole item, a little-endian word, rotated by one bit (left: the top bit to bit 0);
+    the tail as it is."""
     buf = bytes(buf)
+    bits, mask = 8 * itemsize, (1 << 8 * itemsize) - 1
+    out = bytearray()
+    for item in _items(buf, itemsize):
+        w = int.from_bytes(item, "little")
+        w = ((w << 1) | (w >> (bits - 1))) if left else ((w >> 1) | (w << (bits - 1)))
+        out += (w & mask).to_bytes(itemsize, "little")
+    return bytes(out) + buf[len(buf) // itemsize * itemsize:]
+
+
+def split_planes(buf: bytes, itemsize: int, rotate: bool = False) -> bytes:
+    buf = rotate_items(buf, itemsize) if rotate else bytes(buf)
     n = len(buf) // itemsize
     return b"".join(buf[j:n * itemsize:itemsize] for j in range(itemsize)) + buf[n * itemsize:]
 
 
-def join_planes(planes: bytes, itemsize: int) -> bytes:
+def join_planes(planes: bytes, itemsize: int, rotate: bool = False) -> bytes:
     planes = bytes(planes)
     n = len(planes) // itemsize
     out = bytearray(len(planes))
     for j in range(itemsize):
         out[j:n * itemsize:itemsize] = planes[j * n:(j + 1) * n]
     out[n * itemsize:] = planes[n * itemsize:]
-    return bytes(out)
+    return rotate_items(out, itemsize, left=False) if rotate else bytes(out)
 
 
 def zigzag(d: int, bits: int) -> int:

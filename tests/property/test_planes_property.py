@@ -6,7 +6,8 @@ with payloads, infinities, denormals, -0.0, extreme finite values), arbitrary no
 odd lengths (tails of 1..itemsize-1 bytes), empty and 1-byte buffers, every item size 1..8 also
 against float data of another width, views at odd alignments, and pairs of versions: small
 relative changes (Adam-like), sign flips, some items unchanged, unrelated bytes. Every kernel is
-checked byte-exact against the reference and round-tripped, the delta join also in place.
+checked byte-exact against the reference and round-tripped (the split also with rotation), the
+delta join also in place.
 SNAPSTORE_HYPOTHESIS_PROFILE=slow runs 10x more.
 """
 import struct
@@ -118,14 +119,15 @@ MODES_FOR = {k: ([nat.DELTA_XOR, nat.DELTA_SUB] if k in (1, 2, 4, 8) else [nat.D
 
 
 def _check_split(raw: bytes, k: int, off_in: int, off_out: int) -> None:
-    expect = ref.split_planes(raw, k)
-    out = unaligned(bytes(len(raw)), off_out)
-    got = nat.split_planes(unaligned(raw, off_in), k, out=out)
-    assert bytes(got) == expect and bytes(out) == expect
-    assert bytes(nat.split_planes(raw, k)) == expect                # fresh output
-    assert ref.join_planes(expect, k) == raw                          # the reference inverts
-    back = nat.join_planes(unaligned(expect, off_out), k)
-    assert bytes(back) == raw
+    for rotate in ([False, True] if k in (1, 2, 4, 8) else [False]):
+        expect = ref.split_planes(raw, k, rotate)
+        out = unaligned(bytes(len(raw)), off_out)
+        got = nat.split_planes(unaligned(raw, off_in), k, out=out, rotate=rotate)
+        assert bytes(got) == expect and bytes(out) == expect
+        assert bytes(nat.split_planes(raw, k, rotate=rotate)) == expect   # fresh output
+        assert ref.join_planes(expect, k, rotate) == raw                  # the reference inverts
+        back = nat.join_planes(unaligned(expect, off_out), k, rotate=rotate)
+        assert bytes(back) == raw
 
 
 @settings(max_examples=examples(200))
@@ -204,4 +206,6 @@ def test_large_buffers_across_in_place_tiles(k, seed, data):
     cur = bytes(cur)
     mode = data.draw(st.sampled_from(MODES_FOR[k]))
     assert bytes(nat.split_planes(cur, k)) == ref.split_planes(cur, k)
+    if k in (1, 2, 4, 8):
+        assert bytes(nat.split_planes(cur, k, rotate=True)) == ref.split_planes(cur, k, True)
     _check_delta(cur, old, k, mode, (0, 5, 3))

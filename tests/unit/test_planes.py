@@ -14,8 +14,8 @@ from snapstore._ffi import ffi, lib
 
 NULL = ffi.NULL
 XOR, SUB = nat.DELTA_XOR, nat.DELTA_SUB
-SPLITS = [lambda s, n, k, o, c: lib.snap_split_planes(s, n, k, o, c),
-          lambda s, n, k, o, c: lib.snap_join_planes(s, n, k, o, c)]
+SPLITS = [lambda s, n, k, o, c, f=0: lib.snap_split_planes(s, n, k, f, o, c),
+          lambda s, n, k, o, c, f=0: lib.snap_join_planes(s, n, k, f, o, c)]
 
 
 def u8(buf):
@@ -29,7 +29,7 @@ def delta_c(split, a, b, n, k, mode, o, c):
 
 # ---- known answers ------------------------------------------------------------------------
 def test_constants_come_from_the_library():
-    assert (nat.ITEMSIZE_MAX, nat.DELTA_XOR, nat.DELTA_SUB) == (8, 1, 2)
+    assert (nat.ITEMSIZE_MAX, nat.DELTA_XOR, nat.DELTA_SUB, nat.PLANES_ROTATE) == (8, 1, 2, 1)
 
 
 def test_split_layout_known_answer():
@@ -44,6 +44,17 @@ def test_float32_planes_group_sign_and_exponent_bytes():
     vals = [1.0, -2.0, 0.5]
     planes = bytes(nat.split_planes(struct.pack("<3f", *vals), 4))
     assert planes[9:] == bytes([0x3F, 0xC0, 0x3F])   # the high (sign/exponent) bytes
+
+
+def test_rotate_puts_the_float_exponent_in_the_top_plane():
+    vals = [1.0, -2.0, 0.5, -0.0]
+    raw = struct.pack("<4f", *vals)
+    planes = bytes(nat.split_planes(raw, 4, rotate=True))
+    assert planes[12:] == bytes([127, 128, 126, 0])       # the biased exponents
+    assert planes[:4] == bytes([0, 1, 0, 1])              # the signs, in bit 0
+    assert bytes(nat.join_planes(planes, 4, rotate=True)) == raw
+    bf16 = struct.pack("<f", -3.0)[2:] + b"\x01"           # a bfloat16 and a 1-byte tail
+    assert bytes(nat.split_planes(bf16, 2, rotate=True)) == bytes([0x81, 0x80, 0x01])
 
 
 def test_sub_is_zigzag_of_the_little_endian_difference():
@@ -155,6 +166,16 @@ def test_c_sub_needs_a_word_size(k):
         assert delta_c(split, u8(a), u8(a), 14, k, XOR, u8(o), 14) == lib.SNAP_OK
 
 
+@pytest.mark.parametrize("k,flags", [(3, 1), (5, 1), (4, 2), (4, 3), (2, 0x80000000), (1, 1 << 31)])
+def test_c_rejects_flags(k, flags):
+    a, o = bytes(40), bytearray(b"\xaa" * 40)
+    for fn in SPLITS:
+        assert fn(u8(a), 40, k, u8(o), 40, flags) == lib.SNAP_EINVAL
+    assert o == bytearray(b"\xaa" * 40)
+    for k_ok in (1, 2, 4, 8):
+        assert SPLITS[0](u8(a), 40, k_ok, u8(o), 40, lib.SNAP_PLANES_ROTATE) == lib.SNAP_OK
+
+
 def test_c_null_pointers_with_nonzero_lengths():
     a, o = bytes(8), bytearray(8)
     for fn in SPLITS:
@@ -177,7 +198,7 @@ def test_c_capacity_too_small_writes_nothing():
         assert delta_c(split, u8(a), u8(a), 16, 4, SUB, u8(o), 15) == lib.SNAP_ESPACE
     assert o == bytearray(b"\xaa" * 15)
     big = bytearray(32)                  # a larger capacity is fine: only len bytes are written
-    assert lib.snap_split_planes(u8(a), 16, 4, u8(big), 32) == lib.SNAP_OK
+    assert lib.snap_split_planes(u8(a), 16, 4, 0, u8(big), 32) == lib.SNAP_OK
     assert big[16:] == bytearray(16)
 
 
@@ -235,6 +256,15 @@ def test_wrappers_reject_modes(call):
     with pytest.raises(errors.InvalidArgumentError, match="DELTA_SUB"):
         CALLS[call](bytes(9), bytes(9), 3, SUB)
     assert len(CALLS[call](bytes(9), bytes(9), 3, XOR)) == 9
+
+
+@pytest.mark.parametrize("fn", [nat.split_planes, nat.join_planes])
+def test_wrappers_rotate_argument(fn):
+    with pytest.raises(errors.InvalidArgumentError, match="rotate works on"):
+        fn(bytes(9), 3, rotate=True)
+    with pytest.raises(errors.InvalidArgumentTypeError, match="rotate"):
+        fn(bytes(8), 4, rotate="yes")
+    assert len(fn(bytes(9), 3, rotate=False)) == 9
 
 
 @pytest.mark.parametrize("call", ["delta_split", "delta_join"])
@@ -326,9 +356,10 @@ def test_exact_size_buffers(k):
         cur = rng.integers(0, 256, n, dtype=np.uint8)
         old = rng.integers(0, 256, n, dtype=np.uint8)
         out, back = np.empty(n, np.uint8), np.empty(n, np.uint8)
-        nat.split_planes(cur, k, out=out)
-        nat.join_planes(out, k, out=back)
-        assert back.tobytes() == cur.tobytes()
+        for rotate in ([False, True] if k in (1, 2, 4, 8) else [False]):
+            nat.split_planes(cur, k, out=out, rotate=rotate)
+            nat.join_planes(out, k, out=back, rotate=rotate)
+            assert back.tobytes() == cur.tobytes()
         for mode in ([XOR, SUB] if k in (1, 2, 4, 8) else [XOR]):
             nat.delta_split_planes(cur, old, k, mode, out=out)
             nat.delta_join_planes(out, old, k, mode, out=back)
