@@ -21,8 +21,8 @@
  *                   small differences of either sign to small numbers, so the high planes
  *                   are mostly zero. For same-sign IEEE floats the integer difference of the
  *                   bit patterns is the distance in ulps, so a small relative change of a
- *                   weight becomes a small number: it measured 2-8 points of size better than
- *                   XOR (benchmarks/bench_floatcodec.py), at the same speed.
+ *                   weight becomes a small number: it saved 1-7 points more than XOR on
+ *                   Adam-like updates (benchmarks/bench_floatcodec.py), at the same speed.
  *
  * Speed: every kernel is one pass of portable C that gcc -O3 vectorises: the item size is a
  * compile-time constant in each specialised loop (the switch in dispatch()), so the per-item
