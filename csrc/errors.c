@@ -8,7 +8,8 @@ const char *snap_strerror(int code)
         return "success";
     case SNAP_EINVAL:
         return "invalid argument (NULL pointer with nonzero length, bad page size, "
-               "bad chunk sizes, or a range outside the buffer)";
+               "bad chunk sizes, bad item size, delta mode or flags, overlapping buffers, "
+               "or a range outside the buffer)";
     case SNAP_ESPACE:
         return "output array too small for the result";
     case SNAP_ESTATE:

@@ -101,6 +101,72 @@ int snap_gather(const uint8_t *buf, size_t len, const uint64_t *ranges, size_t n
 int snap_diff_bytes(const uint8_t *a, const uint8_t *b, size_t len, size_t gap,
                     uint64_t *runs, size_t max_runs, size_t *n_runs, uint64_t *n_changed);
 
+/* ---- byte planes of fixed-size items (csrc/planes.c; docs/floatcodec.md) ------------------
+ * A buffer of len bytes holds n = len / itemsize items of itemsize bytes and t = len % itemsize
+ * tail bytes. Its planes are len bytes laid out as:
+ *   [plane 0: byte 0 of items 0..n-1][plane 1: byte 1 of every item] ... [plane itemsize-1]
+ *   [the t tail bytes]
+ * i.e. planes[j * n + i] = item i's byte j (the byte at offset itemsize * i + j), and
+ * planes[itemsize * n + r] = the tail's byte r. itemsize 1 is a plain copy. Every byte string
+ * is accepted, float or not (NaN payloads, denormals, -0.0 are bytes like any other).
+ * itemsize is 1..SNAP_ITEMSIZE_MAX. Output and input must not overlap (except dst == ref in
+ * snap_delta_join_planes); no function allocates. Every function writes exactly len bytes of
+ * its output on success and nothing on error.
+ * Common errors: SNAP_EINVAL (itemsize out of range, a NULL pointer with a nonzero length or
+ * capacity, overlapping buffers, a bad delta mode), SNAP_ESPACE (output capacity < len). */
+#define SNAP_ITEMSIZE_MAX 8u
+
+/* Delta modes: how an item is coded against the same item of a reference buffer.
+ *   SNAP_DELTA_XOR  item XOR reference item; any itemsize.
+ *   SNAP_DELTA_SUB  zigzag(item - reference item) over unsigned little-endian words of
+ *                   itemsize bytes (1, 2, 4 or 8 only), mod 2^(8 itemsize), where
+ *                   zigzag(d) = (d << 1) XOR (all ones if d's top bit is set, else 0):
+ *                   differences 0, -1, 1, -2, ... become 0, 1, 2, 3, ... For IEEE floats of the
+ *                   same sign this is the distance in ulps: small changes give small numbers.
+ * The tail bytes are coded by XOR in both modes. */
+#define SNAP_DELTA_XOR 1
+#define SNAP_DELTA_SUB 2
+
+/* Split flags.
+ *   SNAP_PLANES_ROTATE  each item, read as an unsigned little-endian word of itemsize bytes
+ *                       (1, 2, 4 or 8 only), is rotated left by one bit before the split:
+ *                       (w << 1) | (w >> (8 itemsize - 1)). An IEEE float's sign bit becomes
+ *                       bit 0, so plane itemsize-1 of float32 or bfloat16 holds exactly the
+ *                       exponents. The tail bytes are not rotated. */
+#define SNAP_PLANES_ROTATE 1u
+
+/* snap_split_planes: src[0:len] -> planes[0:len] as above ("byte shuffle").
+ *   flags       0, or SNAP_PLANES_ROTATE.
+ *   planes_cap  capacity of planes in bytes; must be >= len.
+ * Errors: SNAP_EINVAL (also: unknown flags, SNAP_PLANES_ROTATE with itemsize not 1, 2, 4 or 8),
+ * SNAP_ESPACE. */
+int snap_split_planes(const uint8_t *src, size_t len, size_t itemsize, unsigned flags,
+                      uint8_t *planes, size_t planes_cap);
+
+/* snap_join_planes: the exact inverse: planes[0:len] (made by snap_split_planes with the same
+ * itemsize and flags) -> dst[0:len].
+ *   dst_cap  capacity of dst in bytes; must be >= len.
+ * Errors: SNAP_EINVAL (as snap_split_planes), SNAP_ESPACE. */
+int snap_join_planes(const uint8_t *planes, size_t len, size_t itemsize, unsigned flags,
+                     uint8_t *dst, size_t dst_cap);
+
+/* snap_delta_split_planes: the planes of the delta of cur[0:len] against ref[0:len] (the
+ * previous version of the same buffer, same length), in one pass: plane j holds byte j of
+ * delta(item i of cur, item i of ref) for every i (delta per mode, above); the tail holds
+ * cur's tail XOR ref's tail. cur and ref may overlap each other (cur == ref gives zeros).
+ * Errors: SNAP_EINVAL (also: mode not a SNAP_DELTA_* value, SNAP_DELTA_SUB with itemsize not
+ * 1, 2, 4 or 8, planes overlapping cur or ref), SNAP_ESPACE (planes_cap < len). */
+int snap_delta_split_planes(const uint8_t *cur, const uint8_t *ref, size_t len, size_t itemsize,
+                            int mode, uint8_t *planes, size_t planes_cap);
+
+/* snap_delta_join_planes: the exact inverse: given ref[0:len] and the planes made by
+ * snap_delta_split_planes with the same itemsize and mode, rebuilds cur into dst[0:len].
+ * dst == ref is allowed (rebuild in place over the reference); any other overlap of dst with
+ * ref or planes is not.
+ * Errors: SNAP_EINVAL (as snap_delta_split_planes), SNAP_ESPACE (dst_cap < len). */
+int snap_delta_join_planes(const uint8_t *planes, const uint8_t *ref, size_t len,
+                           size_t itemsize, int mode, uint8_t *dst, size_t dst_cap);
+
 /* ---- content-defined chunking (FastCDC, gear hash, normalized chunking level 2) ---------- */
 /* For each byte b, with L the length of the open chunk before b:
  *   L <  min_size        b is skipped (not hashed; the hash restarts at 0 for every chunk);

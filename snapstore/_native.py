@@ -28,6 +28,8 @@ __all__ = [
     "fingerprint_diff", "fingerprint_diff_runs", "PageFingerprints", "shadow_diff",
     "runs_to_ranges", "gather", "diff_bytes", "Chunker", "chunk_boundaries", "buffer_address",
     "SCAN_HUGE", "uffd_open", "uffd_register", "uffd_unregister", "pagemap_scan",
+    "ITEMSIZE_MAX", "DELTA_XOR", "DELTA_SUB", "PLANES_ROTATE", "split_planes", "join_planes",
+    "delta_split_planes", "delta_join_planes",
 ]
 
 # C code -> exception class, built from the library's own constants and errors.NATIVE_ERRORS.
@@ -442,6 +444,196 @@ class PageFingerprints:
             raise errors.InvalidArgumentError(
                 f"first_page {first_page} is outside the buffer's {size // FP_BYTES} pages")
         _fp_pages(data, self.page_size, self._pin + at, size - at)
+
+
+# ---- byte planes of fixed-size items (csrc/planes.c; docs/floatcodec.md) ------------------
+ITEMSIZE_MAX: int = int(lib.SNAP_ITEMSIZE_MAX)
+DELTA_XOR: int = int(lib.SNAP_DELTA_XOR)
+DELTA_SUB: int = int(lib.SNAP_DELTA_SUB)
+PLANES_ROTATE: int = int(lib.SNAP_PLANES_ROTATE)
+_DELTA_NAMES = {DELTA_XOR: "DELTA_XOR", DELTA_SUB: "DELTA_SUB"}
+
+
+def _typed_view(obj, name: str, writable: bool = False) -> memoryview:
+    """as_bytes_view, with its TypeErrors (no buffer protocol, read-only where writable is
+    needed) raised as errors.InvalidArgumentTypeError (still a TypeError)."""
+    try:
+        return as_bytes_view(obj, writable=writable, name=name)
+    except errors.InvalidArgumentError:
+        raise
+    except TypeError as exc:
+        raise errors.InvalidArgumentTypeError(str(exc)) from None
+
+
+def _itemsize_arg(itemsize) -> int:
+    """An item size: an int in [1, ITEMSIZE_MAX]."""
+    try:
+        k = operator.index(itemsize)
+    except TypeError:
+        raise errors.InvalidArgumentTypeError(
+            f"itemsize: expected an int, got {type(itemsize).__name__}") from None
+    if not 1 <= k <= ITEMSIZE_MAX:
+        raise errors.InvalidArgumentError(f"itemsize must be in [1, {ITEMSIZE_MAX}], got {k}")
+    return k
+
+
+def _delta_arg(mode, itemsize: int) -> int:
+    """A delta mode: DELTA_XOR (any item size) or DELTA_SUB (item size 1, 2, 4 or 8)."""
+    try:
+        m = operator.index(mode)
+    except TypeError:
+        raise errors.InvalidArgumentTypeError(
+            f"mode: expected DELTA_XOR or DELTA_SUB, got {type(mode).__name__}") from None
+    if m not in _DELTA_NAMES:
+        raise errors.InvalidArgumentError(
+            f"mode must be DELTA_XOR ({DELTA_XOR}) or DELTA_SUB ({DELTA_SUB}), got {m}")
+    if m == DELTA_SUB and itemsize not in (1, 2, 4, 8):
+        raise errors.InvalidArgumentError(
+            f"DELTA_SUB works on 1-, 2-, 4- or 8-byte items, not {itemsize}: use DELTA_XOR")
+    return m
+
+
+def _overlap(a: memoryview, b: memoryview) -> bool:
+    """Do two non-empty byte views share memory?"""
+    if not len(a) or not len(b):
+        return False
+    pa, pb = buffer_address(a), buffer_address(b)
+    return pa < pb + len(b) and pb < pa + len(a)
+
+
+def _planes_out(out, nbytes: int, inputs, name: str = "out", allow=None) -> memoryview:
+    """The output view: a new uninitialised buffer of nbytes (out None), else out checked:
+    writable, at least nbytes, sharing no memory with the inputs (except `allow` exactly)."""
+    if out is None:
+        return memoryview(ffi.buffer(_new_uninit("uint8_t[]", nbytes or 1)))[:nbytes]
+    dst = _typed_view(out, name, writable=True)
+    if len(dst) < nbytes:
+        raise errors.InvalidArgumentError(f"{name} holds {len(dst)} bytes; {nbytes} are needed")
+    dst = dst[:nbytes]
+    for what, view in inputs:
+        if view is allow and buffer_address(view) == buffer_address(dst):
+            continue
+        if _overlap(dst, view):
+            raise errors.InvalidArgumentError(f"{name} must not overlap {what}")
+    return dst
+
+
+def _rotate_arg(rotate, itemsize: int) -> int:
+    """The split flags for rotate (a bool): PLANES_ROTATE needs an item size of 1, 2, 4 or 8."""
+    if not isinstance(rotate, (bool, int)):
+        raise errors.InvalidArgumentTypeError(
+            f"rotate: expected a bool, got {type(rotate).__name__}")
+    if rotate and itemsize not in (1, 2, 4, 8):
+        raise errors.InvalidArgumentError(
+            f"rotate works on 1-, 2-, 4- or 8-byte items, not {itemsize}")
+    return PLANES_ROTATE if rotate else 0
+
+
+def split_planes(buf, itemsize: int, out=None, rotate: bool = False) -> memoryview:
+    """The byte planes of buf's items (snap_split_planes): byte 0 of every item, then byte 1,
+    ..., then the len(buf) % itemsize tail bytes as they are. Any bytes (floats as raw bytes
+    or not) and any length are accepted.
+
+    Args:
+        buf: the items, a C-contiguous buffer (len(buf) bytes).
+        itemsize: bytes per item, 1..ITEMSIZE_MAX (2 for float16/bfloat16, 4 for float32...).
+        out: optional writable buffer of at least len(buf) bytes, not overlapping buf.
+        rotate: rotate each item (a little-endian word of 1, 2, 4 or 8 bytes) left by one bit
+            first (SNAP_PLANES_ROTATE): a float's sign bit goes to bit 0, so the top plane of
+            float32 or bfloat16 holds exactly the exponents.
+    Returns:
+        A writable memoryview of len(buf) bytes: out's prefix, or a new buffer.
+    Raises:
+        InvalidArgumentError (bad itemsize, rotate with another item size, out too small or
+        overlapping), InvalidArgumentTypeError (not a buffer, out read-only).
+    """
+    k = _itemsize_arg(itemsize)
+    flags = _rotate_arg(rotate, k)
+    src = _typed_view(buf, "buf")
+    dst = _planes_out(out, len(src), [("buf", src)])
+    check(lib.snap_split_planes(_ptr(src), len(src), k, flags, _ptr(dst, True), len(dst)),
+          "snap_split_planes")
+    return dst
+
+
+def join_planes(planes, itemsize: int, out=None, rotate: bool = False) -> memoryview:
+    """The items back from their byte planes (snap_join_planes): the exact inverse of
+    split_planes with the same itemsize and rotate.
+
+    Args:
+        planes: split_planes' output (len(planes) bytes).
+        itemsize, rotate: as given to split_planes.
+        out: optional writable buffer of at least len(planes) bytes, not overlapping planes.
+    Returns:
+        A writable memoryview of len(planes) bytes: out's prefix, or a new buffer.
+    Raises:
+        InvalidArgumentError, InvalidArgumentTypeError (as split_planes).
+    """
+    k = _itemsize_arg(itemsize)
+    flags = _rotate_arg(rotate, k)
+    src = _typed_view(planes, "planes")
+    dst = _planes_out(out, len(src), [("planes", src)])
+    check(lib.snap_join_planes(_ptr(src), len(src), k, flags, _ptr(dst, True), len(dst)),
+          "snap_join_planes")
+    return dst
+
+
+def delta_split_planes(cur, ref, itemsize: int, mode: int = DELTA_SUB, out=None) -> memoryview:
+    """The byte planes of cur coded against ref, its previous version (snap_delta_split_planes).
+
+    Item i becomes delta(cur item i, ref item i), then the items are split as by split_planes;
+    the tail bytes are cur's XOR ref's. DELTA_SUB (the default): zigzag of the little-endian
+    integer difference (items of 1, 2, 4 or 8 bytes; for floats of the same sign, the distance
+    in ulps); DELTA_XOR: byte-wise XOR (any item size). Unchanged items give zero bytes.
+
+    Args:
+        cur, ref: buffers of equal length (they may be the same object).
+        itemsize: bytes per item, 1..ITEMSIZE_MAX.
+        mode: DELTA_SUB or DELTA_XOR.
+        out: optional writable buffer of at least len(cur) bytes, overlapping neither input.
+    Returns:
+        A writable memoryview of len(cur) bytes: out's prefix, or a new buffer.
+    Raises:
+        InvalidArgumentError (lengths differ, bad itemsize or mode, out too small or
+        overlapping), InvalidArgumentTypeError (not a buffer, out read-only).
+    """
+    k = _itemsize_arg(itemsize)
+    m = _delta_arg(mode, k)
+    c, r = _typed_view(cur, "cur"), _typed_view(ref, "ref")
+    if len(c) != len(r):
+        raise errors.InvalidArgumentError(
+            f"cur holds {len(c)} bytes and ref {len(r)}: they must be the same size")
+    dst = _planes_out(out, len(c), [("cur", c), ("ref", r)])
+    check(lib.snap_delta_split_planes(_ptr(c), _ptr(r), len(c), k, m, _ptr(dst, True), len(dst)),
+          "snap_delta_split_planes")
+    return dst
+
+
+def delta_join_planes(planes, ref, itemsize: int, mode: int = DELTA_SUB,
+                      out=None) -> memoryview:
+    """cur rebuilt from delta_split_planes' planes and ref (snap_delta_join_planes): the exact
+    inverse with the same itemsize and mode.
+
+    Args:
+        planes: delta_split_planes' output; ref: the same reference (equal lengths).
+        itemsize, mode: as given to delta_split_planes.
+        out: optional writable buffer of at least len(planes) bytes, not overlapping planes;
+            it may be ref itself (same start: rebuilt in place), but not overlap it otherwise.
+    Returns:
+        A writable memoryview of len(planes) bytes: out's prefix, or a new buffer.
+    Raises:
+        InvalidArgumentError, InvalidArgumentTypeError (as delta_split_planes).
+    """
+    k = _itemsize_arg(itemsize)
+    m = _delta_arg(mode, k)
+    p, r = _typed_view(planes, "planes"), _typed_view(ref, "ref")
+    if len(p) != len(r):
+        raise errors.InvalidArgumentError(
+            f"planes holds {len(p)} bytes and ref {len(r)}: they must be the same size")
+    dst = _planes_out(out, len(p), [("planes", p), ("ref", r)], allow=r)
+    check(lib.snap_delta_join_planes(_ptr(p), _ptr(r), len(p), k, m, _ptr(dst, True), len(dst)),
+          "snap_delta_join_planes")
+    return dst
 
 
 # ---- kernel dirty-page tracking (csrc/uffd.c): system-call wrappers over plain integers ----

@@ -137,3 +137,94 @@ def chunk_boundaries(buf: bytes, min_size: int = 16384, avg_size: int = 65536,
                      max_size: int = 262144) -> List[int]:
     c = RefChunker(min_size, avg_size, max_size)
     return c.feed(buf) + c.finish()
+
+
+# ---- byte planes (csrc/planes.c) ----------------------------------------------------------
+# From the layout in snapstore.h: planes[j * n + i] = byte j of item i, then the tail bytes.
+DELTA_XOR, DELTA_SUB = 1, 2
+
+
+def rotate_items(buf: bytes, itemsize: int, left: bool = True) -> bytes:
+    """Each whole item, a little-endian word, rotated by one bit (left: the top bit to bit 0);
+    the tail as it is."""
+    buf = bytes(buf)
+    bits, mask = 8 * itemsize, (1 << 8 * itemsize) - 1
+    out = bytearray()
+    for item in _items(buf, itemsize):
+        w = int.from_bytes(item, "little")
+        w = ((w << 1) | (w >> (bits - 1))) if left else ((w >> 1) | (w << (bits - 1)))
+        out += (w & mask).to_bytes(itemsize, "little")
+    return bytes(out) + buf[len(buf) // itemsize * itemsize:]
+
+
+def split_planes(buf: bytes, itemsize: int, rotate: bool = False) -> bytes:
+    buf = rotate_items(buf, itemsize) if rotate else bytes(buf)
+    n = len(buf) // itemsize
+    return b"".join(buf[j:n * itemsize:itemsize] for j in range(itemsize)) + buf[n * itemsize:]
+
+
+def join_planes(planes: bytes, itemsize: int, rotate: bool = False) -> bytes:
+    planes = bytes(planes)
+    n = len(planes) // itemsize
+    out = bytearray(len(planes))
+    for j in range(itemsize):
+        out[j:n * itemsize:itemsize] = planes[j * n:(j + 1) * n]
+    out[n * itemsize:] = planes[n * itemsize:]
+    return rotate_items(out, itemsize, left=False) if rotate else bytes(out)
+
+
+def zigzag(d: int, bits: int) -> int:
+    """An unsigned difference mod 2**bits read as signed, then 0, -1, 1, -2, ... -> 0, 1, 2, 3, ..."""
+    s = d - (1 << bits) if d >> (bits - 1) else d
+    return 2 * s if s >= 0 else -2 * s - 1
+
+
+def unzigzag(z: int, bits: int) -> int:
+    """The inverse of zigzag, as an unsigned number mod 2**bits."""
+    s = z // 2 if z % 2 == 0 else -(z + 1) // 2
+    return s % (1 << bits)
+
+
+def _items(buf: bytes, itemsize: int) -> List[bytes]:
+    return [buf[i:i + itemsize] for i in range(0, len(buf) // itemsize * itemsize, itemsize)]
+
+
+def delta_items(cur: bytes, ref: bytes, itemsize: int, mode: int) -> bytes:
+    """Item-ordered deltas of cur against ref: XOR, or zigzag of the little-endian difference;
+    the tail bytes XOR'ed."""
+    cur, ref = bytes(cur), bytes(ref)
+    bits = 8 * itemsize
+    out = bytearray()
+    for a, b in zip(_items(cur, itemsize), _items(ref, itemsize)):
+        if mode == DELTA_XOR:
+            out += bytes(x ^ y for x, y in zip(a, b))
+        else:
+            d = (int.from_bytes(a, "little") - int.from_bytes(b, "little")) % (1 << bits)
+            out += zigzag(d, bits).to_bytes(itemsize, "little")
+    body = len(cur) // itemsize * itemsize
+    out += bytes(x ^ y for x, y in zip(cur[body:], ref[body:]))
+    return bytes(out)
+
+
+def undelta_items(deltas: bytes, ref: bytes, itemsize: int, mode: int) -> bytes:
+    """The inverse of delta_items: cur from its item-ordered deltas and ref."""
+    deltas, ref = bytes(deltas), bytes(ref)
+    bits = 8 * itemsize
+    out = bytearray()
+    for z, b in zip(_items(deltas, itemsize), _items(ref, itemsize)):
+        if mode == DELTA_XOR:
+            out += bytes(x ^ y for x, y in zip(z, b))
+        else:
+            d = unzigzag(int.from_bytes(z, "little"), bits)
+            out += ((int.from_bytes(b, "little") + d) % (1 << bits)).to_bytes(itemsize, "little")
+    body = len(deltas) // itemsize * itemsize
+    out += bytes(x ^ y for x, y in zip(deltas[body:], ref[body:]))
+    return bytes(out)
+
+
+def delta_split_planes(cur: bytes, ref: bytes, itemsize: int, mode: int) -> bytes:
+    return split_planes(delta_items(cur, ref, itemsize, mode), itemsize)
+
+
+def delta_join_planes(planes: bytes, ref: bytes, itemsize: int, mode: int) -> bytes:
+    return undelta_items(join_planes(planes, itemsize), ref, itemsize, mode)
