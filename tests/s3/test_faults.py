@@ -13,7 +13,10 @@ sockets: nothing is mocked.
     * the server killed -9 and restarted in the middle of a checkpoint's uploads: with a
       remote_timeout longer than the restart the checkpoint lands after retries; with a
       shorter one it raises RemoteError; either way no partial checkpoint is visible from
-      an empty cache and the same Store goes on committing afterwards.
+      an empty cache and the same Store goes on committing afterwards;
+    * the server killed -9 in the middle of a restore from an empty cache (between two of
+      its streamed GETs): restarted within remote_timeout the restore ends byte-exact; left
+      down, it raises RemoteError, and the same Store restores once the server is back.
 """
 from __future__ import annotations
 
@@ -245,3 +248,61 @@ def test_the_server_killed_and_restarted_mid_upload(weed_server, tmp_path, remot
     with snapstore.open(url, cache_dir=str(tmp_path / "fresh2"), readonly=True) as r:
         assert [c.id for c in r.checkpoints("s")] == expected + [after.id]
         assert r.restore(after.id)["b"] == b"after"
+
+
+# ---- the server killed -9 mid-restore (an empty cache: every block comes from the bucket) --
+@pytest.mark.parametrize("remote_timeout,restarted", [(30, True), (1.5, False)],
+                         ids=["retries-outlast-the-restart", "gives-up"])
+def test_the_server_killed_and_restarted_mid_restore(weed_server, tmp_path, remote_timeout,
+                                                      restarted):
+    from snapstore.remote.segments import RemoteSegments
+    srv = weed_server()
+    url = f"s3://{srv.bucket}/killread"
+    big = state(40 * MiB, seed=6)
+    with snapstore.open(url, cache_dir=str(tmp_path / "w")) as w:
+        info = w.checkpoint({"a": big}, stream="s")
+    first_done, killed = threading.Event(), threading.Event()
+    calls = iter(range(1 << 30))
+    real_fetch = RemoteSegments._fetch
+
+    def fetch(self, number, offset, length, consume):
+        # the first streamed GET runs; every other waits until the server has been killed
+        if next(calls):
+            killed.wait(30)
+        try:
+            return real_fetch(self, number, offset, length, consume)
+        finally:
+            first_done.set()
+    r = snapstore.open(url, cache_dir=str(tmp_path / "r"), remote_timeout=remote_timeout)
+    try:
+        r.backend._fetch = fetch.__get__(r.backend)        # its BlockCache calls this one
+        r.backend.cache.fetch = r.backend._fetch
+        outcome: dict = {}
+
+        def restore():
+            try:
+                outcome["bytes"] = r.restore(info.id)["a"]
+            except BaseException as exc:                   # noqa: BLE001 - asserted below
+                outcome["error"] = exc
+        worker = threading.Thread(target=restore)
+        worker.start()
+        assert first_done.wait(60)
+        srv.kill()
+        killed.set()
+        if restarted:
+            time.sleep(1.5)                 # down: connections refused meanwhile
+            srv.start()
+            worker.join(120)
+            assert not worker.is_alive()
+            assert outcome.get("bytes") == big.tobytes(), outcome.get("error")
+        else:
+            worker.join(60)
+            assert not worker.is_alive()
+            err = outcome.get("error")
+            assert isinstance(err, RemoteError), outcome
+            assert "attempts" in str(err), str(err)
+            srv.start()
+            assert r.restore(info.id)["a"] == big.tobytes()     # the same Store, later
+        assert r.restore(info.id)["a"] == big.tobytes()         # from the cache now
+    finally:
+        r.close()
