@@ -215,7 +215,7 @@ class SpanReader(SegmentReader):
 
     def __init__(self, inner: SegmentReader, entries) -> None:
         self.inner = inner
-        self.runs: dict = {}            # (segment, offset of the run's first record) -> length
+        self.runs: dict = {}    # (segment, its first record's offset) -> [segment, start, end]
         run = None
         for e in entries:
             start, end = e.offset, e.offset + fmt.RECORD_HEADER.size + e.stored_len
@@ -230,8 +230,8 @@ class SpanReader(SegmentReader):
             run = self.runs.get((number, offset))
             if run is None or offset + length > run[2]:
                 return self.inner.read(number, offset, length)
-            data = self.inner.read(number, offset, run[2] - offset)
-            self._held = seg, at, _ = number, offset, data
+            at, data = offset, self.inner.read(number, offset, run[2] - offset)
+            self._held = (number, at, data)
             if offset + length > at + len(data):        # a short read: let inner answer
                 return self.inner.read(number, offset, length)
         return memoryview(data)[offset - at:offset - at + length]
