@@ -160,9 +160,46 @@ def _fp_diff_args(buf, fingerprints, page_size):
     return ps, src, fps, pages
 
 
+PARALLEL_DIFF_BYTES = 64 << 20     # fingerprint_diff of a buffer this large uses 2 threads
+
+
 def fingerprint_diff(buf, fingerprints, page_size: int = 4096) -> List[Tuple[int, int]]:
-    """Changed-page runs (first_page, n_pages) of buf vs fingerprints, updated in place (snap_fp_diff)."""
+    """Changed-page runs (first_page, n_pages) of buf vs fingerprints, updated in place (snap_fp_diff).
+
+    A buffer of PARALLEL_DIFF_BYTES or more is diffed in two halves at once, the second on a
+    thread of its own (the C call lets go of the GIL): pages are independent, so the result
+    is the same; a run that crosses the halves' border is joined again."""
     ps, src, fps, pages = _fp_diff_args(buf, fingerprints, page_size)
+    if len(src) < PARALLEL_DIFF_BYTES or pages < 2:
+        return _fp_diff_span(src, ps, fps, pages, 0)
+    half = pages // 2
+    cut = half * ps
+    second: list = []
+
+    def run_second() -> None:
+        try:
+            second.append(_fp_diff_span(src[cut:], ps, fps[FP_BYTES * half:], pages - half,
+                                        half))
+        except BaseException as exc:        # raised in the calling thread below
+            second.append(exc)
+    worker = threading.Thread(target=run_second, name="snapstore-fpdiff", daemon=True)
+    worker.start()
+    try:
+        first = _fp_diff_span(src[:cut], ps, fps[:FP_BYTES * half], half, 0)
+    finally:
+        worker.join()
+    if isinstance(second[0], BaseException):
+        raise second[0]
+    rest = second[0]
+    if first and rest and first[-1][0] + first[-1][1] == rest[0][0]:
+        first[-1] = (first[-1][0], first[-1][1] + rest[0][1])
+        rest = rest[1:]
+    return first + rest
+
+
+def _fp_diff_span(src: memoryview, ps: int, fps: memoryview, pages: int,
+                  base: int) -> List[Tuple[int, int]]:
+    """snap_fp_diff over src (pages pages, fps their digests), runs numbered from page base."""
     max_runs = (pages + 1) // 2
     runs = _new_uninit("uint64_t[]", 2 * max_runs or 1)
     n = ffi.new("size_t *")
@@ -170,7 +207,8 @@ def fingerprint_diff(buf, fingerprints, page_size: int = 4096) -> List[Tuple[int
                            _ptr(fps, True), len(fps),
                            runs, max_runs, n),
           "snap_fp_diff")
-    return _runs_list(runs, n[0])
+    found = _runs_list(runs, n[0])
+    return [(first + base, count) for first, count in found] if base else found
 
 
 def shadow_diff(buf, shadow, page_size: int = 4096) -> List[Tuple[int, int]]:

@@ -80,6 +80,25 @@ def test_fingerprint_diff_matches_reference(m, off_buf, off_fps):
 
 
 @settings(max_examples=examples(150))
+@given(mutated(max_pages=9), st.integers(0, 15), st.integers(0, 15))
+def test_fingerprint_diff_in_two_threads_matches_reference(m, off_buf, off_fps):
+    """Every buffer of at least two pages is diffed in two halves at once (the threshold
+    lowered to 0): the same runs, a run across the border joined, the same digests."""
+    ps, old, new, dirty = m
+    saved = nat.PARALLEL_DIFF_BYTES
+    nat.PARALLEL_DIFF_BYTES = 0
+    try:
+        fps = unaligned(ref.page_fingerprints(old, ps), off_fps)
+        runs = nat.fingerprint_diff(unaligned(new, off_buf), fps, ps)
+        assert nat.fingerprint_diff(new, fps, ps) == []
+    finally:
+        nat.PARALLEL_DIFF_BYTES = saved
+    expect_runs, expect_fps = ref.fingerprint_diff(new, ref.page_fingerprints(old, ps), ps)
+    assert runs == expect_runs == ref.coalesce(dirty)
+    assert bytes(fps) == expect_fps
+
+
+@settings(max_examples=examples(150))
 @given(mutated(), st.integers(0, 15), st.integers(0, 15))
 def test_shadow_diff_matches_reference(m, off_buf, off_shadow):
     ps, old, new, dirty = m

@@ -621,3 +621,20 @@ def test_diff_bytes_arguments():
     other[3] = 99
     assert nat.diff_bytes(arr, other, 0)[1] == sum(
         x != y for x, y in zip(arr.tobytes(), other.tobytes()))
+
+
+def test_fingerprint_diff_of_a_large_buffer_in_two_halves_joins_the_border_run(monkeypatch):
+    """A buffer of PARALLEL_DIFF_BYTES or more is diffed by two threads: every page changed is
+    still one run, nothing changed none, one changed page on each side of the border one
+    run, and the digests match a one-thread diff."""
+    monkeypatch.setattr(nat, "PARALLEL_DIFF_BYTES", 8 * 4096)
+    buf = bytearray(np.random.default_rng(3).integers(0, 256, 10 * 4096 + 7, dtype=np.uint8))
+    fps = nat.page_fingerprints(buf)
+    assert nat.fingerprint_diff(buf, fps) == []
+    for i in range(0, len(buf), 4096):
+        buf[i] ^= 1
+    assert nat.fingerprint_diff(buf, fps) == [(0, 11)]
+    buf[4 * 4096] ^= 1
+    buf[5 * 4096] ^= 1                       # pages 4 and 5: the halves are 0-4 and 5-10
+    assert nat.fingerprint_diff(buf, fps) == [(4, 2)]
+    assert bytes(fps) == bytes(nat.page_fingerprints(buf))
