@@ -9,6 +9,7 @@ fingerprints of the buffer being written (16 bytes per page).
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
@@ -224,6 +225,34 @@ def encode_chunk(cid: bytes, data, opts: WriteOptions) -> tuple[int, list]:
     return codec, [fmt.CHUNK_PREFIX.pack(cid, len(data)), stored]
 
 
+PARALLEL_ENCODE_BYTES = 1 << 20    # encode_chunks uses two threads from this many bytes
+
+
+def encode_chunks(items: list, opts: WriteOptions) -> list:
+    """[encode_chunk(cid, data, opts) for cid, data in items], the second half on a thread of
+    its own when the items hold PARALLEL_ENCODE_BYTES or more and are compressed."""
+    if opts.compression != "zstd" or len(items) < 2 or \
+            sum(len(data) for _, data in items) < PARALLEL_ENCODE_BYTES:
+        return [encode_chunk(cid, data, opts) for cid, data in items]
+    half = len(items) // 2
+    second: list = []
+
+    def encode_second() -> None:
+        try:
+            second.append([encode_chunk(cid, data, opts) for cid, data in items[half:]])
+        except BaseException as exc:        # raised in the calling thread below
+            second.append(exc)
+    worker = threading.Thread(target=encode_second, name="snapstore-encode", daemon=True)
+    worker.start()
+    try:
+        first = [encode_chunk(cid, data, opts) for cid, data in items[:half]]
+    finally:
+        worker.join()
+    if isinstance(second[0], BaseException):
+        raise second[0]
+    return first + second[0]
+
+
 class ChunkSink:
     """Stores chunks for one checkpoint: dedups against the index and this checkpoint's own new
     chunks, compresses, appends chunk records. Collects the NEW_CHUNK table."""
@@ -253,6 +282,35 @@ class ChunkSink:
         self.new[cid] = (seg, off, stored_len, len(data), codec)
         self.bytes_new += fmt.RECORD_HEADER.size + stored_len
         return cid
+
+    def put_batch(self, datas: list) -> list[bytes]:
+        """put() of each chunk in `datas` (views), in order; returns their ids. The new ones
+        are compressed by two threads at once when they hold PARALLEL_ENCODE_BYTES or more
+        (zstd lets go of the GIL); appending stays in order, in this thread."""
+        cids = [blake3.blake3(data).digest() for data in datas]
+        todo: dict[bytes, memoryview] = {}
+        for cid, data in zip(cids, datas):
+            if cid not in self.new and cid not in todo and not self.view.has_chunk(cid):
+                todo[cid] = data
+        group: list = []
+        size = 0
+        for item in todo.items():          # encoded STAGING_BYTES at a time: bounded memory
+            group.append(item)
+            size += len(item[1])
+            if size >= STAGING_BYTES:
+                self._append(group)
+                group, size = [], 0
+        self._append(group)
+        return cids
+
+    def _append(self, items: list) -> None:
+        for (cid, data), (codec, parts) in zip(items, encode_chunks(items, self.opts)):
+            if self.pause is not None:
+                self.pause()
+            seg, off = self.log.append(fmt.REC_CHUNK, codec, parts)
+            stored_len = sum(len(p) for p in parts)
+            self.new[cid] = (seg, off, stored_len, len(data), codec)
+            self.bytes_new += fmt.RECORD_HEADER.size + stored_len
 
     def new_chunk_table(self) -> bytes:
         return b"".join(fmt.NEW_CHUNK.pack(cid, *loc) for cid, loc in self.new.items())
@@ -376,10 +434,11 @@ def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
         # page boundaries and (all but a buffer's tail) hold whole pages, back to back
         whole = fps is not None and all(n % page == 0 for ps in batch for _, n in ps)
         staged_digests = native.page_fingerprints(filled, page) if whole else None
+        sizes = [sum(n for _, n in pieces) for pieces in batch]
+        starts = itertools.accumulate(sizes, initial=0)
+        cids = sink.put_batch([filled[at:at + size] for at, size in zip(starts, sizes)])
         pos = 0
-        for pieces in batch:
-            size = sum(n for _, n in pieces)
-            cid = sink.put(filled[pos:pos + size])
+        for pieces, size, cid in zip(batch, sizes, cids):
             coff = 0
             for off, length in pieces:
                 extents.append((off, coff, length, cid))
