@@ -286,7 +286,10 @@ class ChunkSink:
     def put_batch(self, datas: list) -> list[bytes]:
         """put() of each chunk in `datas` (views), in order; returns their ids. The new ones
         are compressed by two threads at once when they hold PARALLEL_ENCODE_BYTES or more
-        (zstd lets go of the GIL); appending stays in order, in this thread."""
+        (zstd lets go of the GIL); appending stays in order, in this thread. pause() is called
+        once first, even when nothing is new, and before each append."""
+        if self.pause is not None:
+            self.pause()
         cids = [blake3.blake3(data).digest() for data in datas]
         todo: dict[bytes, memoryview] = {}
         for cid, data in zip(cids, datas):

@@ -278,14 +278,15 @@ def scenario_kill_rank(step: dict) -> None:
     save(path, 1)
     if RANK == 1:
         from snapstore.engine import writer as wr
-        put, count = wr.ChunkSink.put, [0]
+        append, count = wr.ChunkSink._append, [0]
 
-        def dying_put(self, data):
-            count[0] += 1
-            if count[0] > 3:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return put(self, data)
-        wr.ChunkSink.put = dying_put
+        def dying_append(self, items):          # the records of new chunks, one at a time
+            for item in items:
+                count[0] += 1
+                if count[0] > 3:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                append(self, [item])
+        wr.ChunkSink._append = dying_append
     error = None
     try:
         save(path, 2)
