@@ -14,6 +14,7 @@ import threading
 from typing import Iterable, List, Sequence, Tuple
 
 from snapstore import errors
+from snapstore.halves import both
 from snapstore._ffi import ffi, lib
 
 FP_BYTES: int = int(lib.SNAP_FP_BYTES)
@@ -174,23 +175,9 @@ def fingerprint_diff(buf, fingerprints, page_size: int = 4096) -> List[Tuple[int
         return _fp_diff_span(src, ps, fps, pages, 0)
     half = pages // 2
     cut = half * ps
-    second: list = []
-
-    def run_second() -> None:
-        try:
-            second.append(_fp_diff_span(src[cut:], ps, fps[FP_BYTES * half:], pages - half,
-                                        half))
-        except BaseException as exc:        # raised in the calling thread below
-            second.append(exc)
-    worker = threading.Thread(target=run_second, name="snapstore-fpdiff", daemon=True)
-    worker.start()
-    try:
-        first = _fp_diff_span(src[:cut], ps, fps[:FP_BYTES * half], half, 0)
-    finally:
-        worker.join()
-    if isinstance(second[0], BaseException):
-        raise second[0]
-    rest = second[0]
+    first, rest = both(
+        lambda: _fp_diff_span(src[:cut], ps, fps[:FP_BYTES * half], half, 0),
+        lambda: _fp_diff_span(src[cut:], ps, fps[FP_BYTES * half:], pages - half, half))
     if first and rest and first[-1][0] + first[-1][1] == rest[0][0]:
         first[-1] = (first[-1][0], first[-1][1] + rest[0][1])
         rest = rest[1:]

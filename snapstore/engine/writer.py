@@ -18,6 +18,7 @@ import blake3
 import zstandard
 
 from snapstore import _native as native
+from snapstore.halves import both
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
 from snapstore.engine.index import IndexView
@@ -235,22 +236,9 @@ def encode_chunks(items: list, opts: WriteOptions) -> list:
             sum(len(data) for _, data in items) < PARALLEL_ENCODE_BYTES:
         return [encode_chunk(cid, data, opts) for cid, data in items]
     half = len(items) // 2
-    second: list = []
-
-    def encode_second() -> None:
-        try:
-            second.append([encode_chunk(cid, data, opts) for cid, data in items[half:]])
-        except BaseException as exc:        # raised in the calling thread below
-            second.append(exc)
-    worker = threading.Thread(target=encode_second, name="snapstore-encode", daemon=True)
-    worker.start()
-    try:
-        first = [encode_chunk(cid, data, opts) for cid, data in items[:half]]
-    finally:
-        worker.join()
-    if isinstance(second[0], BaseException):
-        raise second[0]
-    return first + second[0]
+    first, second = both(lambda: [encode_chunk(cid, data, opts) for cid, data in items[:half]],
+                         lambda: [encode_chunk(cid, data, opts) for cid, data in items[half:]])
+    return first + second
 
 
 class ChunkSink:

@@ -27,6 +27,7 @@ LAYER_RANKS = {
     "snapstore.errors": 0,
     "snapstore.version": 0,
     "snapstore.formatting": 0,  # leaf: sizes, durations, tables, JSON for cli and bench
+    "snapstore.halves": 0,      # leaf: two calls at once (the C core's loops, zstd)
     "snapstore._native": 1,
     "snapstore._ffi": 1,
     "snapstore.engine": 2,
