@@ -45,10 +45,7 @@ def cmd_export(args) -> int:
     with open_store(args) as store:
         result = export(store, resolve(store, args.id), args.out, args.format, force=args.force)
     if args.json:
-        d = result.to_json()
-        d["path"] = os.path.abspath(result.path)
-        print_json(d)
-        return EXIT_OK
+        return _print_json(result)
     print(f"exported checkpoint {result.checkpoint} to {printable(result.path)} "
           f"({result.format}): {result.tensors} tensor(s), {human_bytes(result.bytes)}")
     if result.values:
@@ -63,14 +60,19 @@ def cmd_export(args) -> int:
     return EXIT_OK
 
 
+def _print_json(result) -> int:
+    """The --json answer of both kinds of export: the result with its absolute path."""
+    d = result.to_json()
+    d["path"] = os.path.abspath(result.path)
+    print_json(d)
+    return EXIT_OK
+
+
 def _export_savepoint(args) -> int:
     with open_store(args) as store:
         result = export_savepoint(store, resolve(store, args.id), args.out, force=args.force)
     if args.json:
-        d = result.to_json()
-        d["path"] = os.path.abspath(result.path)
-        print_json(d)
-        return EXIT_OK
+        return _print_json(result)
     print(f"exported checkpoint {result.checkpoint} to {printable(result.path)} (savepoint): "
           f"{result.chunks} chunk(s), {human_bytes(result.chunk_bytes)} of chunks in "
           f"{human_bytes(result.bytes)}")

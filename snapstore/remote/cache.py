@@ -32,6 +32,12 @@ SPARE_BUFFERS = HELD_BYTES // layout.CACHE_BLOCK + FETCH_THREADS * RUN_BLOCKS
 DIRECT_ALIGN = 4096     # O_DIRECT writes: buffer, offset and length in multiples of this
 
 
+def _part_name(path: str) -> str:
+    """The temporary name a cache file is written under before its rename (skipped by
+    _scan: it ends in .part), one per process and thread."""
+    return f"{path}.{os.getpid()}.{threading.get_ident()}.part"
+
+
 def fill(readinto: Callable, buf) -> int:
     """Reads into buf until it is full or the stream ends; the bytes read."""
     view, got = memoryview(buf), 0
@@ -112,7 +118,7 @@ class BlockCache:
         return os.path.join(self.dir, f"{segment_name(number)}+{block * layout.CACHE_BLOCK}")
 
     def _write(self, path: str, data) -> None:
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.part"
+        tmp = _part_name(path)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
         try:
             view = memoryview(data)
@@ -131,7 +137,7 @@ class BlockCache:
         DIRECT_ALIGN and the file cut back to n."""
         if not self._direct:
             return self._write(path, memoryview(buf)[:n])
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.part"
+        tmp = _part_name(path)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT,
                          self.file_mode)
