@@ -62,6 +62,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
+from fractions import Fraction
 
 from snapstore.engine import chunks
 from snapstore.engine import claims as claim_rules
@@ -308,9 +309,12 @@ def plan_rewrite(payload: dict[int, int], needed: dict[int, float], kept: dict[i
         chosen = {n for n in payload
                   if needed.get(n, 0) + st.get(n, 0) < threshold * max(1, payload[n])}
         if max_garbage is not None:
-            garbage = {n: max(0.0, payload[n] - live[n]) for n in payload if n not in chosen}
-            allowed = max_garbage * sum(kept.get(n, 0) for n in payload)
-            left = sum(garbage.values())
+            # exact sums (Fraction of each float): a running float total drifts from the sum
+            # of what is left by a rounding, which can stop a segment early or late
+            garbage = {n: Fraction(max(0.0, payload[n] - live[n]))
+                       for n in payload if n not in chosen}
+            allowed = Fraction(max_garbage) * sum(Fraction(kept.get(n, 0)) for n in payload)
+            left = sum(garbage.values(), Fraction(0))
             for n in sorted(garbage, key=lambda n: (live[n] / max(1, payload[n]), n)):
                 if left <= allowed:
                     break

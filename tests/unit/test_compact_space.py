@@ -11,9 +11,10 @@ import subprocess
 import sys
 import threading
 import time
+from fractions import Fraction
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import snapstore
@@ -129,9 +130,9 @@ def _greedy_reference(payload, needed, kept, state, threshold, max_garbage):
         rest = [n for n in payload if n not in chosen]
         live_of = {n: kept.get(n, 0) + st.get(n, 0) for n in payload}
         rest.sort(key=lambda n: (live_of[n] / max(1, payload[n]), n))
-        total_live = sum(kept.values())
-        while rest and sum(max(0, payload[n] - live_of[n]) for n in rest) > \
-                max_garbage * total_live:
+        total_live = sum(Fraction(k) for k in kept.values())     # exact: no rounding
+        while rest and sum(Fraction(max(0, payload[n] - live_of[n])) for n in rest) > \
+                Fraction(max_garbage) * total_live:
             n = rest.pop(0)
             if payload[n] - live_of[n] > 0:
                 chosen.append(n)
@@ -145,6 +146,8 @@ def _greedy_reference(payload, needed, kept, state, threshold, max_garbage):
                           st.integers(0, 50)), min_size=0, max_size=12),
        st.sampled_from([0.0, 0.3, 0.5, 0.9, 1.0]),
        st.sampled_from([None, 0.0, 0.05, 0.1, 0.5]))
+# a running float total once rounded 1 + 1.1e-16 garbage down to 1 and stopped a segment early
+@example([(1, 0.0, 0.0, 0), (1, 0.0, 0.9999999999999999, 0)], 0.0, 0.0)
 def test_plan_rewrite_against_a_reference(segs, threshold, max_garbage):
     payload, needed, kept, state = {}, {}, {}, {}
     for n, (size, f_needed, extra, stbytes) in enumerate(segs, start=1):
