@@ -305,6 +305,16 @@ class CheckpointSaveError(SnapstoreError):
         self.step = step
 
 
+class AsyncSaveError(SnapstoreError):
+    """An earlier save_async() of the stream failed and its error had not been reported by a
+    call yet: this call raises it (the ``__cause__``) once, before saving anything; the next
+    call saves again (a full diff against the stream's head)."""
+
+    def __init__(self, message: str, *, stream: str = "") -> None:
+        super().__init__(message)
+        self.stream = stream
+
+
 class WorkflowConflictError(CommitConflict):
     """Another run of the same workflow id (another process, or another Workflow object)
     checkpointed the workflow while this run was going: this run stopped, and the state after

@@ -30,18 +30,20 @@ import sys
 import threading
 import types
 import warnings
+import weakref
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Iterator
 
 from snapstore.engine.commit import ANY_HEAD
 from snapstore.engine.memory import address_view, uninit_bytearray
 from snapstore.engine.validation import validate_meta, validate_name
-from snapstore.errors import (DeviceTensorError, InvalidArgumentError, NotAnObjectCheckpointError,
-                              ObjectSaveError, StructureMismatchError)
+from snapstore.errors import (AsyncSaveError, DeviceTensorError, InvalidArgumentError,
+                              NotAnObjectCheckpointError, ObjectSaveError,
+                              StructureMismatchError)
 from snapstore.objectlayer import (META_KEY, contiguous_tensor, layer_meta, reader_hint,
                                    require_store, resolve_checkpoint, user_meta, wrap_meta)
 
-__all__ = ["save", "load", "user_meta", "is_object_checkpoint", "FRESH", "ObjectSaveError",
+__all__ = ["save", "save_async", "load", "user_meta", "is_object_checkpoint", "FRESH", "ObjectSaveError",
            "DeviceTensorError", "StructureMismatchError", "NotAnObjectCheckpointError",
            "META_KEY", "PICKLE_BUFFER", "DEFAULT_INBAND_LIMIT"]
 
@@ -430,22 +432,92 @@ def save(store, obj: Any, stream: str = "default", meta: Any = None, *,
         InvalidArgumentError, StoreIOError, CommitConflict (the stream's head moved, or is not
         expect_head). Nothing is written on error.
     """
-    require_store(store, "snapstore.objects.save")
+    buffers, full_meta, release = _object_checkpoint(store, "snapstore.objects.save", obj,
+                                                     stream, meta, allow_device_copy,
+                                                     inband_limit)
+    try:
+        return store.checkpoint(buffers, stream=stream, meta=full_meta, expect_head=expect_head)
+    finally:
+        release()
+
+
+def save_async(store, obj: Any, stream: str = "default", meta: Any = None, *,
+               allow_device_copy: bool = False, inband_limit: int = DEFAULT_INBAND_LIMIT):
+    """save() through Store.checkpoint_async: returns a concurrent.futures.Future of the
+    CheckpointInfo as soon as the object's changed pages are copied into the store's staging
+    memory (staging_bytes; stats() reports its use). The checkpoint holds the object's values
+    as of the call: the caller may change its arrays and tensors as soon as this returns.
+    Hashing, compression, the log append, the fsync and the commit run in the background, in
+    call order per stream; the future raises their error, and the next save_async() of the
+    stream raises it too (AsyncSaveError, once, saving nothing), so a loop that never looks
+    at its futures still stops. A save larger than the whole staging memory is committed
+    before this returns.
+
+    Raises (now): AsyncSaveError, and the errors of save(), before anything is queued; the
+    future: StoreIOError, CommitConflict (the stream's head moved under the save), ..."""
+    _ASYNC_FAILURES.raise_unreported(store, stream)
+    buffers, full_meta, release = _object_checkpoint(store, "snapstore.objects.save_async",
+                                                     obj, stream, meta, allow_device_copy,
+                                                     inband_limit)
+    try:
+        future = store.checkpoint_async(buffers, stream=stream, meta=full_meta)
+    finally:
+        release()           # the capture copied what it stores: the views are not read again
+    _ASYNC_FAILURES.watch(store, stream, future)
+    return future
+
+
+class _UnreportedFailures:
+    """The first failure of a stream's save_async() futures that no later save_async() call
+    has raised yet, per store (weakly held) and stream."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failures: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    def watch(self, store, stream: str, future) -> None:
+        def done(f) -> None:
+            exc = None if f.cancelled() else f.exception()
+            if exc is not None:
+                with self._lock:
+                    self._failures.setdefault(store, {}).setdefault(stream, exc)
+        future.add_done_callback(done)
+
+    def raise_unreported(self, store, stream: str) -> None:
+        with self._lock:
+            exc = self._failures.get(store, {}).pop(stream, None)
+        if exc is not None:
+            raise AsyncSaveError(f"an earlier save_async() of stream {stream!r} failed: "
+                                 f"{exc}; nothing of this call was saved (the next call "
+                                 "saves again)", stream=stream) from exc
+
+
+_ASYNC_FAILURES = _UnreportedFailures()
+
+
+def _object_checkpoint(store, where: str, obj: Any, stream: str, meta: Any,
+                       allow_device_copy: bool, inband_limit: int) -> tuple[dict, Any, Any]:
+    """(buffers, meta, release) of an object checkpoint of obj (after the arguments are
+    checked); release() drops the views of the caller's memory."""
+    require_store(store, where)
     validate_name(stream, "stream")
     if isinstance(inband_limit, bool) or not isinstance(inband_limit, int) or inband_limit < 0:
         raise InvalidArgumentError(f"inband_limit must be an int >= 0, got {inband_limit!r}")
     validate_meta(meta)
     stream_bytes, pickler = _dump(obj, inband_limit, bool(allow_device_copy))
-    try:
-        info = {"version": FORMAT_VERSION, "buffers": len(pickler.views)}
-        buffers = {PICKLE_BUFFER: stream_bytes}
-        for i, view in enumerate(pickler.views):
-            buffers[f"{OOB_PREFIX}{i}"] = view
-        return store.checkpoint(buffers, stream=stream, meta=wrap_meta(meta, info, META_KEY),
-                                expect_head=expect_head)
-    finally:
+    info = {"version": FORMAT_VERSION, "buffers": len(pickler.views)}
+    buffers = {PICKLE_BUFFER: stream_bytes}
+    for i, view in enumerate(pickler.views):
+        buffers[f"{OOB_PREFIX}{i}"] = view
+
+    def release() -> None:
         pickler.release()
         stream_bytes.release()
+    try:
+        return buffers, wrap_meta(meta, info, META_KEY), release
+    except BaseException:
+        release()
+        raise
 
 
 # ---- load -----------------------------------------------------------------------------------

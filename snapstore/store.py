@@ -652,6 +652,14 @@ class Store:
         from snapstore import objects
         return objects.save(self, obj, stream=stream, meta=meta, **options)
 
+    def save_async(self, obj: Any, stream: str = "default", meta: Any = None, **options):
+        """save() through checkpoint_async(): a Future of the CheckpointInfo, returned once
+        the object's changed pages are copied to staging memory; the checkpoint holds the
+        values as of the call. Options (allow_device_copy, inband_limit) and details:
+        snapstore.objects.save_async."""
+        from snapstore import objects
+        return objects.save_async(self, obj, stream=stream, meta=meta, **options)
+
     def load(self, id_or_stream: Any, into: Any = None) -> Any:
         """The object of a save() checkpoint, named as for resolve() (an id, a tag, "latest",
         "STREAM@SEQ", a stream name for its newest...); with into=, restores in place into an
@@ -1095,7 +1103,9 @@ class Store:
                 yield cid, bytes(reader.read(cid))
 
     def stats(self) -> dict:
-        """Sizes, counts, deduplication ratio and chain lengths of the store."""
+        """Sizes, counts, deduplication ratio and chain lengths of the store, and the staging
+        memory of asynchronous checkpoints: staging_bytes (its bound), staging_in_use_bytes
+        (held by checkpoints not yet durable), staging_peak_bytes (the most ever held)."""
         with self._committer.read() as r:
             logical = 0
             chains = []
@@ -1125,6 +1135,7 @@ class Store:
             "dedup_ratio": (logical / live) if live else (math.inf if logical else 1.0),
             "max_chain_length": max(chains, default=0),
             "mean_chain_length": (sum(chains) / len(chains)) if chains else 0.0,
+            **self._persister.staging_stats(),
         }
 
 

@@ -56,7 +56,7 @@ from snapstore.errors import (CheckpointNotFound, InvalidArgumentError, InvalidA
 from snapstore.engine.validation import validate_name, validate_timeout
 from snapstore.store import CheckpointInfo, Group, Store
 
-__all__ = ["save", "load", "SnapstoreWriter", "SnapstoreReader", "DCP_META_KEY",
+__all__ = ["save", "save_async", "load", "SnapstoreWriter", "SnapstoreReader", "DCP_META_KEY",
            "METADATA_BUFFER", "METADATA_PARTICIPANT"]
 
 DCP_VERSION = 1
@@ -145,6 +145,32 @@ def save(store, state: Any = _MISSING, stream: str = "default", meta: Any = None
     with _opened(store, readonly=False) as s:
         return objects.save(s, _states(state), stream=stream, meta=meta,
                             allow_device_copy=allow_device_copy)
+
+
+def save_async(store: Store, state: Any, stream: str = "default", meta: Any = None, *,
+               allow_device_copy: bool = False):
+    """save() that returns as soon as the state's changed bytes are copied into the store's
+    staging memory: a concurrent.futures.Future of the CheckpointInfo, resolved once the
+    checkpoint is durable (snapstore.objects.save_async).
+
+    The checkpoint holds the values as of the call: training may update the tensors in place
+    the moment this returns (optimizer.step()), the checkpoint still restores what they held
+    at the call. Staging memory is bounded by the store's staging_bytes (open(...,
+    staging_bytes=N)); stats() reports what is in use and the peak; a save larger than all of
+    it is written before this returns. Saves of a stream commit in call order; an error
+    raises from the future and from the next save of the stream. store.flush() waits for
+    all of them, store.close() too.
+
+    Args: as save(), except that store must be an open Store (the future outlives the call;
+        a path would leave nobody to close it).
+    Raises (now): InvalidArgumentTypeError (store is not an open Store), the argument and
+        pickling errors of save(); the future: StoreIOError, CommitConflict, ..."""
+    if not isinstance(store, Store):
+        raise InvalidArgumentTypeError(
+            "snapstore.torch.save_async(store, state, ...) needs an open snapstore.Store "
+            f"first (the future outlives the call), got {type(store).__name__}")
+    return objects.save_async(store, _states(state), stream=stream, meta=meta,
+                              allow_device_copy=allow_device_copy)
 
 
 def load(store, id_or_stream: Any, into: Any = None) -> Any:

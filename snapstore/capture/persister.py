@@ -65,6 +65,12 @@ class Persister:
         self._capture_cv = threading.Condition()
 
     # -- who owns a stream
+    def staging_stats(self) -> dict:
+        """The staging arena's bound, the bytes it holds now and the most it ever held."""
+        arena = self.arena
+        return {"staging_bytes": arena.capacity, "staging_in_use_bytes": arena.in_use,
+                "staging_peak_bytes": arena.peak}
+
     def implicit_capturer(self, stream: str) -> ImplicitCapturer:
         """store.checkpoint_async's capturer of the stream, made on first use.
         InvalidArgumentError if a Tracker owns the stream."""

@@ -37,6 +37,8 @@ class StagingArena:
         self._cv = threading.Condition()
         self._regions: collections.deque = collections.deque()   # (start, end), oldest first
         self._head = 0
+        self.in_use = 0             # bytes of the regions taken and not yet freed
+        self.peak = 0               # the most in_use ever was
 
     def _memory(self) -> memoryview:
         if self._view is None:
@@ -74,12 +76,15 @@ class StagingArena:
                 self._cv.wait()
             self._regions.append((start, start + n))
             self._head = start + n
+            self.in_use += n
+            self.peak = max(self.peak, self.in_use)
             return start, memory[start:start + n]
 
     def free(self, start: int) -> None:
         with self._cv:
             first = self._regions.popleft()
             assert first[0] == start, "staging regions must be freed in order"
+            self.in_use -= first[1] - first[0]
             if not self._regions:
                 self._head = 0
             self._cv.notify_all()
