@@ -10,7 +10,8 @@ import sys
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["errors.c", "fingerprint.c", "pagediff.c", "gather.c", "fastcdc.c", "uffd.c", "fprefine.c", "bytediff.c", "planes.c"]
+SOURCES = ["errors.c", "fingerprint.c", "pagediff.c", "gather.c", "fastcdc.c", "uffd.c", "fprefine.c", "bytediff.c", "planes.c",
+           "writeback.c"]
 XXHASH_HEADER = "xxhash.h"
 
 

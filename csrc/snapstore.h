@@ -209,6 +209,13 @@ int snap_cdc_feed(snap_cdc *c, const uint8_t *data, size_t len,
  * Errors: SNAP_EINVAL, SNAP_ESTATE. */
 int snap_cdc_finish(snap_cdc *c, uint64_t *cut, size_t *n_cuts);
 
+/* ---- early writeback (csrc/writeback.c) -----------------------------------------------------
+ * snap_start_writeback: sync_file_range(fd, offset, len, SYNC_FILE_RANGE_WRITE): starts
+ * writing [offset, offset+len) of the file to the device without waiting for it. A hint: no
+ * durability. Errors: SNAP_EINVAL (fd < 0, a range past INT64_MAX, err NULL), SNAP_ESYS (*err:
+ * errno; ENOSYS where the system lacks the call). */
+int snap_start_writeback(int fd, uint64_t offset, uint64_t len, int *err);
+
 /* ---- kernel dirty-page tracking (Linux >= 6.7; csrc/uffd.c) ------------------------------
  * The one documented exception to "no I/O": thin system-call wrappers over userfaultfd
  * asynchronous write-protection (UFFD_FEATURE_WP_ASYNC) and the PAGEMAP_SCAN ioctl of

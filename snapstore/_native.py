@@ -705,6 +705,16 @@ def uffd_unregister(uffd: int, start: int, length: int) -> None:
                err, "snap_uffd_unregister")
 
 
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Starts writing [offset, offset+length) of the file to the device, without waiting
+    (snap_start_writeback: sync_file_range SYNC_FILE_RANGE_WRITE). A hint, no durability.
+    NativeSystemError (an OSError) when the kernel refuses it (ENOSYS where it lacks it)."""
+    err = ffi.new("int *")
+    _check_sys(lib.snap_start_writeback(_fd_arg(fd, "fd"), _size_arg(offset, "offset"),
+                                        _size_arg(length, "length"), err),
+               err, "snap_start_writeback")
+
+
 def pagemap_scan(pagemap_fd: int, start: int, end: int,
                  max_ranges: int = _SCAN_BATCH) -> Tuple[List[Tuple[int, int, int]], int]:
     """Written ranges (start, end, flags) of [start, end), re-protected; and the walk end (snap_pagemap_scan).

@@ -56,6 +56,9 @@ class FaultyFile(SegmentFile):
         self.backend.raise_if("sync")
         self.inner.sync()
 
+    def start_writeback(self, offset: int, length: int) -> None:
+        self.inner.start_writeback(offset, length)
+
     def truncate(self, size: int) -> None:
         self.backend.raise_if("truncate")
         self.inner.truncate(size)

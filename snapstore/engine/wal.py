@@ -189,6 +189,7 @@ def read_record(reader: SegmentReader, number: int, offset: int, *, size: int | 
 
 
 RESYNC_WINDOW = 1 << 20
+WRITEBACK_BYTES = 1 << 20     # flushes of this many bytes start their writeback at once (durable logs)
 
 
 def _valid_at(reader: SegmentReader, n: int, pos: int, size: int, types) -> bool:
@@ -421,10 +422,15 @@ class SegmentLog:
             return
         self._check()
         parts, self._pending, self._pending_bytes = self._pending, [], 0
+        start = self._current.size
         try:
             self._current.append(parts)
         except OSError as exc:
             raise _io_error(f"cannot write segment {segment_name(self._current.number)}", exc)
+        if self.durable and self._current.size - start >= WRITEBACK_BYTES:
+            # the device starts on these bytes while the caller prepares the next ones: the
+            # sync that makes them durable then finds most of them written already
+            self._current.start_writeback(start, self._current.size - start)
 
     def _roll(self) -> None:
         """Seals the current segment (flush, and sync when durable) and starts the next."""

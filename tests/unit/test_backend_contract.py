@@ -211,6 +211,33 @@ def test_sync_keeps_what_was_appended(backend):
     assert _read_all(backend, 1) == b"durable"
 
 
+def test_start_writeback_is_a_hint_that_changes_nothing(backend):
+    f = backend.create(1)
+    f.append([b"a" * 5000])
+    f.start_writeback(0, 5000)
+    f.start_writeback(4000, 10 ** 9)          # past the end: still only a hint
+    f.start_writeback(0, 0)
+    f.append([b"b"])
+    f.sync()
+    assert f.size == 5001 and _read_all(backend, 1) == b"a" * 5000 + b"b"
+    f.close()
+
+
+def test_local_writeback_failure_is_ignored(tmp_path, monkeypatch):
+    from snapstore import _native
+
+    def failing(*args):
+        raise OSError(5, "injected")
+    monkeypatch.setattr(_native, "start_writeback", failing)
+    backend = LocalSegments(str(tmp_path))
+    with backend.create(1) as f:
+        f.append([b"x" * 100])
+        f.start_writeback(0, 100)            # no error: sync() is what reports failures
+        f.sync()
+        assert f.size == 100
+    backend.close()
+
+
 def test_truncate_cuts_back_and_the_next_append_lands_there(backend):
     with backend.create(1) as f:
         f.append([b"0123456789"])
@@ -384,3 +411,33 @@ def test_defect11_local_creates_segments_with_the_file_mode(tmp_path):
         os.umask(old)
     assert oct(os.stat(tmp_path / segment_name(1)).st_mode & 0o777) == oct(0o600)
     assert oct(os.stat(tmp_path / segment_name(2)).st_mode & 0o777) == oct(0o640)
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_the_log_starts_writeback_of_large_flushes_only_when_durable(tmp_path, monkeypatch,
+                                                                      durable):
+    """A durable log hints the device to start on every flush of WRITEBACK_BYTES or more (so
+    the final sync waits less); a log that does not sync never does (the OS decides)."""
+    from snapstore import _native
+    from snapstore.engine import wal
+    calls = []
+    real = _native.start_writeback
+
+    def recording(fd, offset, length):
+        calls.append((offset, length))
+        real(fd, offset, length)
+    monkeypatch.setattr(_native, "start_writeback", recording)
+    backend = LocalSegments(str(tmp_path), durable=durable)
+    log = wal.SegmentLog(backend, segment_size=64 << 20)
+    log.open_tail()
+    log.append(fmt.REC_CHUNK, fmt.CODEC_RAW, [b"s" * 100])
+    log.flush()                                           # small: no hint
+    log.append(fmt.REC_CHUNK, fmt.CODEC_RAW, [b"x" * wal.WRITEBACK_BYTES])
+    log.flush()
+    log.sync()
+    log.close()
+    backend.close()
+    if durable:
+        assert len(calls) == 1 and calls[0][1] >= wal.WRITEBACK_BYTES
+    else:
+        assert calls == []

@@ -1,5 +1,6 @@
 """Unit tests of the C core (called directly through cffi) and of its wrappers, snapstore._native."""
 import array
+import errno
 import mmap
 import os
 
@@ -638,3 +639,41 @@ def test_fingerprint_diff_of_a_large_buffer_in_two_halves_joins_the_border_run(m
     buf[5 * 4096] ^= 1                       # pages 4 and 5: the halves are 0-4 and 5-10
     assert nat.fingerprint_diff(buf, fps) == [(4, 2)]
     assert bytes(fps) == bytes(nat.page_fingerprints(buf))
+
+
+# ---- early writeback (snap_start_writeback) ---------------------------------------------------
+def test_start_writeback_of_a_file_range(tmp_path):
+    path = tmp_path / "f"
+    with open(path, "wb", buffering=0) as f:
+        f.write(b"w" * 20000)
+        nat.start_writeback(f.fileno(), 0, 20000)
+        nat.start_writeback(f.fileno(), 0, 0)            # nothing: still fine
+        nat.start_writeback(f.fileno(), 10 ** 12, 4096)  # past the end: nothing to write
+    assert path.read_bytes() == b"w" * 20000                # a hint changes no byte
+
+
+def test_start_writeback_errors(tmp_path):
+    r, w = os.pipe()
+    try:
+        with pytest.raises(errors.NativeSystemError) as ei:        # not a file: ESPIPE
+            nat.start_writeback(w, 0, 10)
+        assert ei.value.errno == errno.ESPIPE
+    finally:
+        os.close(r)
+        os.close(w)
+    with open(tmp_path / "g", "wb") as f:
+        fd = os.dup(f.fileno())
+    os.close(fd)
+    with pytest.raises(errors.NativeSystemError) as ei:            # a closed descriptor: EBADF
+        nat.start_writeback(fd, 0, 10)
+    assert ei.value.errno == errno.EBADF
+    for bad in (-1, 1 << 31):
+        with pytest.raises(errors.InvalidArgumentError):
+            nat.start_writeback(bad, 0, 10)
+    for bad in ("3", 2.0, None):
+        with pytest.raises(TypeError):
+            nat.start_writeback(bad, 0, 10)
+    with pytest.raises(errors.InvalidArgumentError):
+        nat.start_writeback(0, -1, 10)
+    with pytest.raises(errors.InvalidArgumentError):               # beyond what a file offset holds
+        nat.start_writeback(0, 1 << 63, 1)

@@ -133,6 +133,11 @@ class SegmentFile(ABC):
         it). Raises OSError (after a failed sync nothing since the last good one can be
         trusted), ValueError after close()."""
 
+    def start_writeback(self, offset: int, length: int) -> None:
+        """A hint: start writing bytes [offset, offset + length) to the device now, without
+        waiting, so a later sync() has less left to wait for. Durability still comes only
+        from sync(). Default: nothing."""
+
     @abstractmethod
     def truncate(self, size: int) -> None:
         """Cuts the segment to `size` bytes (at most the current size: it never grows); the

@@ -12,6 +12,7 @@ import os
 import stat
 from typing import Sequence
 
+from snapstore import _native as native
 from snapstore.engine import format as fmt
 from snapstore.engine.backends.base import (SegmentBackend, SegmentFile, SegmentReader,
                                             missing_segment, not_a_segment, segment_name)
@@ -19,7 +20,6 @@ from snapstore.engine.fsutil import (DEFAULT_FILE_MODE, NotRegularFile, file_kin
                                      fsync_directory, open_regular)
 
 _IOV_MAX = 1024
-
 
 def _path(directory: str, number: int) -> str:
     return os.path.join(directory, segment_name(number))
@@ -68,6 +68,14 @@ class _LocalSegmentFile(SegmentFile):
 
     def sync(self) -> None:
         os.fdatasync(self._open_fd())
+
+    def start_writeback(self, offset: int, length: int) -> None:
+        if length <= 0:
+            return
+        try:
+            native.start_writeback(self._open_fd(), offset, length)
+        except OSError:
+            pass            # only a hint: sync() reports what matters
 
     def truncate(self, size: int) -> None:
         fd = self._open_fd()

@@ -1,0 +1,320 @@
+"""Issue 18's targets, side by side in one run: dense state, async torch saves, the sparse hot
+path. Every figure is a ratio against a baseline measured in the same run on the same bytes.
+
+  dense       float32 weights N(0, 0.02), every value then changed by a relative r N(0, 1)
+              (Adam-like: r = 1%): store.checkpoint() of the new version, default options,
+              against a raw write+fsync of the same bytes; and the bytes the store grew by
+  random      the same for incompressible bytes (what a probe must keep near 1.0x)
+  ratio       the saving of a full checkpoint of fp32/bf16/fp16 weights, beside zipnn's and
+              blosc2's (shuffle+zstd, clevel 1) on the same bytes (if installed)
+  mlp         a 4-layer MLP + Adam, trained, saved every --every steps: snapstore.torch.save
+              against torch.save + fsync (time, bytes on disk), and the warm restore of the
+              last save against torch.load
+  async       snapstore.torch.save_async right after a training step: the time the caller is
+              blocked against a memcpy (torch clone) of the same state; beside it
+              dcp.async_save (FileSystemWriter, DCP's default stager): blocked time, growth
+              of the peak RSS; and whether each checkpoint holds the values as of the call
+  sparse      store.checkpoint() of --sparse-mib MiB with 1% of the pages changed at random
+              (durability fsync): time, and store growth over the changed bytes (index
+              included), median of --rounds after two warm-up rounds
+
+    python3 benchmarks/bench_dense.py [--dense-mib 256] [--mlp-mib 144] [--sparse-mib 1024]
+                                      [--every 10] [--rounds 5] [--dir DIR] [--only NAME,...]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+import snapstore  # noqa: E402
+from snapstore.formatting import text_table  # noqa: E402
+from bench_floatcodec import versions  # noqa: E402
+from bench_store import mutate, reset_hwm, vm_hwm  # noqa: E402
+
+MiB = 1 << 20
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+
+def write_fsync(path: str, data) -> float:
+    """Seconds to write data to a new file and fsync it (the raw baseline); removes it."""
+    t = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        f.write(data)
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - t
+    os.unlink(path)
+    return seconds
+
+
+def store_bytes(store) -> int:
+    """Segments plus index, as stats() counts them."""
+    stats = store.stats()
+    return stats["segment_bytes"] + stats["index_bytes"]
+
+
+class Report:
+    def __init__(self) -> None:
+        self.rows: list = []
+
+    def add(self, measure: str, snapstore_fig: str, baseline: str, ratio: str, target: str,
+            met) -> None:
+        verdict = "-" if met is None else ("met" if met else "MISSED")
+        self.rows.append([measure, snapstore_fig, baseline, ratio, target, verdict])
+        print(f"  {measure}: {snapstore_fig} vs {baseline} = {ratio} ({target}: {verdict})",
+              flush=True)
+
+    def print(self) -> None:
+        print()
+        print(text_table(["measure", "snapstore", "baseline", "ratio", "target", ""],
+                         self.rows, right=(1, 2, 3)))
+
+
+def dense(args, root: str, rep: Report) -> None:
+    n = args.dense_mib * MiB
+    old, new = versions("float32", n, 0.01)
+    raw = statistics.median(write_fsync(os.path.join(root, "raw"), new) for _ in range(3))
+    with snapstore.open(os.path.join(root, "dense")) as s:
+        s.checkpoint({"w": np.frombuffer(old, np.uint8)}, stream="w")
+        before = store_bytes(s)
+        t = time.perf_counter()
+        s.checkpoint({"w": np.frombuffer(new, np.uint8)}, stream="w")
+        took = time.perf_counter() - t
+        added = store_bytes(s) - before
+    rep.add(f"dense fp32 {args.dense_mib} MiB, all changed: checkpoint", f"{took:.3f} s",
+            f"{raw:.3f} s raw write+fsync", f"{took / raw:.2f}x", "<= 1.2x", took / raw <= 1.2)
+    rep.add("  same: bytes added", f"{added / MiB:.1f} MiB", f"{n / MiB:.0f} MiB raw",
+            f"{added / n:.0%}", "<= 70%", added / n <= 0.70)
+    rnd = np.random.default_rng(3)
+    a = rnd.integers(0, 256, n, dtype=np.uint8)
+    b = rnd.integers(0, 256, n, dtype=np.uint8)
+    raw = statistics.median(write_fsync(os.path.join(root, "raw"), b) for _ in range(3))
+    with snapstore.open(os.path.join(root, "random")) as s:
+        s.checkpoint({"w": a}, stream="w")
+        t = time.perf_counter()
+        s.checkpoint({"w": b}, stream="w")
+        took = time.perf_counter() - t
+    rep.add(f"random {args.dense_mib} MiB (incompressible): checkpoint", f"{took:.3f} s",
+            f"{raw:.3f} s raw write+fsync", f"{took / raw:.2f}x", "<= 1.1x", took / raw <= 1.1)
+
+
+def ratios(args, root: str, rep: Report) -> None:
+    n = min(args.dense_mib, 64) * MiB
+    for dtype in ("float32", "bfloat16", "float16"):
+        data, _ = versions(dtype, n, 0)
+        with snapstore.open(os.path.join(root, f"ratio-{dtype}"), durability="none") as s:
+            before = store_bytes(s)
+            s.checkpoint({"w": np.frombuffer(data, np.uint8)})
+            ours = 1 - (store_bytes(s) - before) / n
+        peers = []
+        for name, fn in (("zipnn", _zipnn), ("blosc2", _blosc2)):
+            try:
+                peers.append(f"{name} {1 - fn(data, dtype) / n:.1%}")
+            except ImportError:
+                peers.append(f"{name} not installed")
+        rep.add(f"{dtype} weights {n >> 20} MiB, full: saved", f"{ours:.1%}", ", ".join(peers),
+                "-", "beat both", None)
+
+
+def _zipnn(data: bytes, dtype: str) -> int:
+    import torch
+    import zipnn
+    tensor = torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype))
+    return len(zipnn.ZipNN(input_format="torch").compress(tensor))
+
+
+def _blosc2(data: bytes, dtype: str) -> int:
+    import blosc2
+    k = 4 if dtype == "float32" else 2
+    return len(blosc2.compress2(data, typesize=k, clevel=1, codec=blosc2.Codec.ZSTD,
+                                filters=[blosc2.Filter.SHUFFLE]))
+
+
+def mlp(args, root: str, rep: Report):
+    import torch
+    import snapstore.torch as st
+    torch.manual_seed(0)
+    width = int((args.mlp_mib * MiB / 3 / 4 / 4) ** 0.5)   # params + 2 Adam moments = 3x
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(64, width)
+
+    def step() -> None:
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    ours, theirs, files = [], [], []
+    path = os.path.join(root, "mlp")
+    with snapstore.open(path) as s:
+        before = store_bytes(s)
+        for k in range(args.saves):
+            for _ in range(args.every):
+                step()
+            state = {"model": model, "optim": opt}
+            t = time.perf_counter()
+            info = st.save(s, state, "train")
+            ours.append(time.perf_counter() - t)
+            f = os.path.join(root, f"torch-{k}.pt")
+            t = time.perf_counter()
+            with open(f, "wb") as out:
+                torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, out)
+                out.flush()
+                os.fsync(out.fileno())
+            theirs.append(time.perf_counter() - t)
+            files.append(os.path.getsize(f))
+        grown = store_bytes(s) - before
+        loads = []
+        for _ in range(3):
+            t = time.perf_counter()
+            st.load(s, info.id)
+            ours_load = time.perf_counter() - t
+            t = time.perf_counter()
+            torch.load(f, weights_only=True)
+            loads.append((ours_load, time.perf_counter() - t))
+    mine, base = statistics.median(ours[1:]), statistics.median(theirs[1:])
+    rep.add(f"MLP+Adam {args.mlp_mib} MiB, save every {args.every} steps: save",
+            f"{mine:.3f} s", f"{base:.3f} s torch.save+fsync", f"{mine / base:.2f}x", "< 1x",
+            mine < base)
+    rep.add(f"  same: bytes of {args.saves} saves", f"{grown / MiB:.1f} MiB",
+            f"{sum(files) / MiB:.1f} MiB", f"{grown / sum(files):.2f}x", "< 1x",
+            grown < sum(files))
+    ol, tl = min(a for a, _ in loads), min(b for _, b in loads)
+    rep.add("  same: warm restore of the last save", f"{ol:.3f} s", f"{tl:.3f} s torch.load",
+            f"{ol / tl:.2f}x", "<= 1.2x", ol / tl <= 1.2)
+    for k in range(args.saves):
+        os.unlink(os.path.join(root, f"torch-{k}.pt"))
+    return model, opt, step
+
+
+def async_saves(args, root: str, rep: Report, model, opt, step) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+    import snapstore.torch as st
+
+    def tensors():
+        out = [p.data for p in model.parameters()]
+        for state in opt.state.values():
+            out += [t for t in state.values() if isinstance(t, torch.Tensor) and t.dim()]
+        return out
+    total = sum(t.numel() * t.element_size() for t in tensors())
+    copies = []
+    for _ in range(3):
+        t = time.perf_counter()
+        clones = [t_.clone() for t_ in tensors()]
+        copies.append(time.perf_counter() - t)
+    del clones
+    memcpy = min(copies)
+    with snapstore.open(os.path.join(root, "async")) as s:
+        st.save(s, {"model": model, "optim": opt}, "a")
+        blocked, holds = [], True
+        for _ in range(3):
+            step()
+            want = copy.deepcopy(model.state_dict())
+            reset_hwm()
+            hwm0 = vm_hwm()
+            t = time.perf_counter()
+            future = st.save_async(s, {"model": model, "optim": opt}, "a")
+            blocked.append(time.perf_counter() - t)
+            step()                                    # training goes on at once
+            info = future.result()
+            ours_rss = vm_hwm() - hwm0
+            got = st.load(s, info.id)["model"]
+            holds &= all(torch.equal(got[k], v) for k, v in want.items())
+        staging_peak = s.stats()["staging_peak_bytes"]
+    mine = statistics.median(blocked)
+    rep.add(f"save_async blocked time (dense, {total / MiB:.0f} MiB)", f"{mine:.3f} s",
+            f"{memcpy:.3f} s memcpy", f"{mine / memcpy:.2f}x", "<= 1.5x", mine / memcpy <= 1.5)
+    dblocked, dholds, drss = [], True, 0
+    for k in range(3):
+        step()
+        want = copy.deepcopy(model.state_dict())
+        reset_hwm()
+        hwm0 = vm_hwm()
+        t = time.perf_counter()
+        response = dcp.async_save({"model": model.state_dict()},
+                                   storage_writer=dcp.FileSystemWriter(
+                                       os.path.join(root, f"dcp-{k}")))
+        dblocked.append(time.perf_counter() - t)
+        step()
+        (response.result() if hasattr(response, "result")
+         else response.upload_completion.result())
+        drss = max(drss, vm_hwm() - hwm0)
+        target = {"model": {k_: torch.empty_like(v) for k_, v in want.items()}}
+        dcp.load(target, checkpoint_id=os.path.join(root, f"dcp-{k}"))
+        dholds &= all(torch.equal(target["model"][k_], v) for k_, v in want.items())
+    theirs = statistics.median(dblocked)
+    rep.add("save_async vs dcp.async_save: blocked", f"{mine:.3f} s", f"{theirs:.3f} s",
+            f"{mine / theirs:.2f}x", "reported", None)
+    rep.add("  same: peak RSS growth", f"{ours_rss / MiB:.0f} MiB (staging peak "
+            f"{staging_peak / MiB:.0f} MiB)", f"{drss / MiB:.0f} MiB", "-", "reported", None)
+    rep.add("  same: checkpoint holds the values as of the call", str(holds), str(dholds), "-",
+            "True", holds)
+
+
+def sparse(args, root: str, rep: Report) -> None:
+    n = args.sparse_mib * MiB
+    rng = np.random.default_rng(7)
+    arr = rng.integers(0, 256, n, dtype=np.uint8)
+    times, growth = [], []
+    with snapstore.open(os.path.join(root, "sparse")) as s:
+        s.checkpoint({"a": arr}, stream="s")
+        for k in range(args.rounds + 2):
+            changed = mutate(arr, 0.01, rng)
+            before = store_bytes(s)
+            t = time.perf_counter()
+            s.checkpoint({"a": arr}, stream="s")
+            if k >= 2:
+                times.append(time.perf_counter() - t)
+                growth.append((store_bytes(s) - before) / changed)
+    mine = statistics.median(times)
+    rep.add(f"plain checkpoint {args.sparse_mib} MiB, 1% pages scattered, fsync", f"{mine * 1e3:.0f} ms",
+            "-", "-", "<= 75 ms", mine <= 0.075)
+    rep.add("  same: store growth / changed bytes", f"{statistics.median(growth):.2f}x", "-",
+            "-", "<= 1.1x", statistics.median(growth) <= 1.1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dense-mib", type=int, default=256)
+    ap.add_argument("--mlp-mib", type=int, default=144)
+    ap.add_argument("--sparse-mib", type=int, default=1024)
+    ap.add_argument("--every", type=int, default=10, help="training steps between saves")
+    ap.add_argument("--saves", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    ap.add_argument("--only", default="dense,ratio,mlp,async,sparse")
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    root = tempfile.mkdtemp(prefix="bench-dense-", dir=args.dir)
+    rep = Report()
+    try:
+        if "dense" in only:
+            dense(args, root, rep)
+        if "ratio" in only:
+            ratios(args, root, rep)
+        if only & {"mlp", "async"}:
+            trained = mlp(args, root, rep)
+            if "async" in only:
+                async_saves(args, root, rep, *trained)
+        if "sparse" in only:
+            sparse(args, root, rep)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    rep.print()
+
+
+if __name__ == "__main__":
+    main()
