@@ -849,9 +849,23 @@ class IndexView:
         if stream is None:
             with self.txn.cursor(db=self.dbs[fmt.DB_CHECKPOINTS]) as cur:
                 return [fmt.CKPT_KEY.unpack(k)[0] for k in cur.iternext(values=False)]
+        # keys only: the ids are the keys, the values are empty, so a scan that skips the
+        # values' checksums costs a tenth; an id a damaged key makes up names no checkpoint,
+        # and whoever looks it up gets the index damage (named_checkpoint)
         prefix = _stream_key(stream)
-        return [fmt.CKPT_KEY.unpack(k[len(prefix):])[0]
-                for k, _ in self._items(fmt.DB_STREAM_CKPTS, prefix)]
+        size = len(prefix) + fmt.CKPT_KEY.size
+        unpack = fmt.CKPT_KEY.unpack_from
+        ids = []
+        with self.txn.cursor(db=self.dbs[fmt.DB_STREAM_CKPTS]) as cur:
+            if cur.set_range(prefix):
+                for key in cur.iternext(values=False):
+                    if not key.startswith(prefix):
+                        break
+                    if len(key) != size:
+                        raise damaged(f"index key {describe_key(fmt.DB_STREAM_CKPTS, key)} "
+                                      "is not a stream's checkpoint key")
+                    ids.append(unpack(key, len(prefix))[0])
+        return ids
 
     def checkpoints_mentioning(self, text: str) -> Iterator[Commit]:
         """Every checkpoint whose record may hold the string `text` (as a tag, a stream, a meta
