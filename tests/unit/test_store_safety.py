@@ -539,3 +539,23 @@ def test_defect11_restore_out_never_follows_a_planted_symlink(store_path, tmp_pa
     assert sorted(os.listdir(out)) == [".w.part", "w"]     # the planted link, left alone
     assert os.path.islink(out / ".w.part")
     capsys.readouterr()
+
+
+def test_a_malformed_stream_checkpoint_key_is_index_damage(tmp_path):
+    """checkpoint_ids reads the ids from the keys alone (a key scan): a key of the wrong
+    length under a stream's prefix is reported as index damage, never turned into an id."""
+    import lmdb
+    from snapstore.engine import format as fmt
+    from snapstore.errors import CorruptionError
+    path = str(tmp_path / "s")
+    with snapstore.open(path, durability="none") as s:
+        ids = [s.checkpoint({"a": bytes([k]) * 100}, stream="x").id for k in range(3)]
+        assert s.checkpoint_ids("x") == ids
+    env = lmdb.open(os.path.join(path, fmt.INDEX_DIR), max_dbs=fmt.INDEX_MAX_DBS)
+    with env.begin(write=True) as txn:
+        txn.put(b"x\0" + b"\1" * 3, b"", db=env.open_db(fmt.DB_STREAM_CKPTS, txn=txn))
+    env.close()
+    with snapstore.open(path, readonly=True) as s:
+        with pytest.raises(CorruptionError, match="not a stream's checkpoint key"):
+            s.checkpoint_ids("x")
+        assert s.checkpoint_ids("y") == []                   # other streams unaffected
