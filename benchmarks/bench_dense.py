@@ -242,10 +242,10 @@ def async_saves(args, root: str, rep: Report, model, opt, step) -> None:
         want = copy.deepcopy(model.state_dict())
         reset_hwm()
         hwm0 = vm_hwm()
-        t = time.perf_counter()
-        response = dcp.async_save({"model": model.state_dict()},
-                                   storage_writer=dcp.FileSystemWriter(
-                                       os.path.join(root, f"dcp-{k}")))
+        t = time.perf_counter()           # the same state: model and Adam moments
+        response = dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()},
+                                  storage_writer=dcp.FileSystemWriter(
+                                      os.path.join(root, f"dcp-{k}")))
         dblocked.append(time.perf_counter() - t)
         step()
         (response.result() if hasattr(response, "result")
