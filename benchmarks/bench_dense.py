@@ -117,14 +117,15 @@ def ratios(args, root: str, rep: Report) -> None:
             before = store_bytes(s)
             s.checkpoint({"w": np.frombuffer(data, np.uint8)})
             ours = 1 - (store_bytes(s) - before) / n
-        peers = []
+        peers, theirs = [], []
         for name, fn in (("zipnn", _zipnn), ("blosc2", _blosc2)):
             try:
-                peers.append(f"{name} {1 - fn(data, dtype) / n:.1%}")
+                theirs.append(1 - fn(data, dtype) / n)
+                peers.append(f"{name} {theirs[-1]:.1%}")
             except ImportError:
                 peers.append(f"{name} not installed")
         rep.add(f"{dtype} weights {n >> 20} MiB, full: saved", f"{ours:.1%}", ", ".join(peers),
-                "-", "beat both", None)
+                "-", "beat both", ours > max(theirs) if len(theirs) == 2 else None)
 
 
 def _zipnn(data: bytes, dtype: str) -> int:
