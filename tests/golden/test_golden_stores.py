@@ -170,12 +170,12 @@ def test_readonly_open_matches_expected(golden):
 # ---- (b) a writer opens it (recovery runs) and verify finds nothing ---------------------------
 # Segments a writer's open adds to a store of each format version. A segment only holds
 # records of its header's version (issue 14), and today's writer creates segments of version
-# 3: the upgrade of a format 1 store writes its state section into a new one (and log 0 goes
-# on in it); a format 2 store's log 0 goes on in a new, empty one; a format 3 store's log 0
-# goes on in its last segment (expected.json's "segments" are those after a writer's open of
-# the version that made the store). A format whose upgrade touches the log of older stores
-# changes this table.
-SEGMENTS_ADDED_BY_UPGRADE = {1: 1, 2: 1, 3: 0}
+# 4: the upgrade of a format 1 store writes its state section into a new one (and log 0 goes
+# on in it); a format 2 or 3 store's log 0 goes on in a new, empty one (format 4's chunk
+# codec needs segments of version 4); a format 4 store's log 0 goes on in its last segment
+# (expected.json's "segments" are those after a writer's open of the version that made the
+# store). A format whose upgrade touches the log of older stores changes this table.
+SEGMENTS_ADDED_BY_UPGRADE = {1: 1, 2: 1, 3: 1, 4: 0}
 
 
 def test_writer_open_recovers_and_verifies(golden):
