@@ -86,10 +86,10 @@ def dense(args, root: str, rep: Report) -> None:
     old, new = versions("float32", n, 0.01)
     raw = statistics.median(write_fsync(os.path.join(root, "raw"), new) for _ in range(3))
     with snapstore.open(os.path.join(root, "dense")) as s:
-        s.checkpoint({"w": np.frombuffer(old, np.uint8)}, stream="w")
+        s.checkpoint({"w": np.frombuffer(old, np.float32)}, stream="w")
         before = store_bytes(s)
         t = time.perf_counter()
-        s.checkpoint({"w": np.frombuffer(new, np.uint8)}, stream="w")
+        s.checkpoint({"w": np.frombuffer(new, np.float32)}, stream="w")
         took = time.perf_counter() - t
         added = store_bytes(s) - before
     rep.add(f"dense fp32 {args.dense_mib} MiB, all changed: checkpoint", f"{took:.3f} s",
@@ -115,7 +115,9 @@ def ratios(args, root: str, rep: Report) -> None:
         data, _ = versions(dtype, n, 0)
         with snapstore.open(os.path.join(root, f"ratio-{dtype}"), durability="none") as s:
             before = store_bytes(s)
-            s.checkpoint({"w": np.frombuffer(data, np.uint8)})
+            # typed as floats of the same width (NumPy has no bfloat16: float16 labels it)
+            s.checkpoint({"w": np.frombuffer(data, np.float32 if dtype == "float32"
+                                             else np.float16)})
             ours = 1 - (store_bytes(s) - before) / n
         peers, theirs = [], []
         for name, fn in (("zipnn", _zipnn), ("blosc2", _blosc2)):

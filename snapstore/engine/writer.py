@@ -224,16 +224,18 @@ def _compressor(level: int):
     return c
 
 
-def encode_chunk(cid: bytes, data, opts: WriteOptions, itemsize: int = 1) -> tuple[int, list]:
+def encode_chunk(cid: bytes, data, opts: WriteOptions, itemsize: int = 1,
+                 worth: tuple | None = None) -> tuple[int, list]:
     """(codec, payload parts) of the chunk record of chunk `cid` holding `data` (its raw
     bytes). With compression "zstd": a chunk of items of 2, 4 or 8 bytes (itemsize: a hint
     from the buffer's type, its items aligned to the chunk's start) as byte planes, each plane
     zstd-compressed where that saves at least 1/32 of it (engine/planes.py); other chunks one
     zstd frame when that saves at least 1/32; else the raw bytes. The one rule for every
-    chunk record a writer makes (ChunkSink, savepoint files)."""
+    chunk record a writer makes (ChunkSink, savepoint files). worth: planes.probe() of the
+    chunk's buffer (which planes to compress; default: try all)."""
     prefix = fmt.CHUNK_PREFIX.pack(cid, len(data))
     if opts.compression == "zstd" and planes.usable(itemsize, len(data)):
-        parts = planes.encode(data, itemsize)
+        parts = planes.encode(data, itemsize, worth)
         if parts is not None and sum(len(p) for p in parts) < len(data) - len(data) // 32:
             return fmt.CODEC_PLANES, [prefix, *parts]
         return fmt.CODEC_RAW, [prefix, data]
@@ -246,13 +248,21 @@ def encode_chunk(cid: bytes, data, opts: WriteOptions, itemsize: int = 1) -> tup
 
 
 PARALLEL_ENCODE_BYTES = 1 << 20    # encode_chunks uses two threads from this many bytes
+PROBE_CHUNKS = 4                   # a batch of more chunks of floats is probed on this many
 
 
 def encode_chunks(items: list, opts: WriteOptions, itemsize: int = 1) -> list:
     """[encode_chunk(cid, data, opts, itemsize) for cid, data in items], the second half on a
     thread of its own when the items hold PARALLEL_ENCODE_BYTES or more and are compressed."""
+    worth = None
+    if opts.compression == "zstd" and itemsize > 1 and len(items) > PROBE_CHUNKS:
+        # a few chunks spread over the batch say which planes compress at all
+        step = len(items) // PROBE_CHUNKS
+        worth = planes.probe([items[i * step][1] for i in range(PROBE_CHUNKS)
+                              if planes.usable(itemsize, len(items[i * step][1]))], itemsize)
+
     def encode(part: list) -> list:
-        return [encode_chunk(cid, data, opts, itemsize) for cid, data in part]
+        return [encode_chunk(cid, data, opts, itemsize, worth) for cid, data in part]
     if opts.compression != "zstd" or len(items) < 2 or \
             sum(len(data) for _, data in items) < PARALLEL_ENCODE_BYTES:
         return encode(items)
