@@ -1090,11 +1090,11 @@ def make_floats(path: str) -> dict:
         "incompressible floats stored raw", "zeros as planes", "small floats: one zstd frame",
         "torch float32/float16/bfloat16 through snapstore.torch.save, twice"])
     with rec.open() as s:
-        w32 = (rng.standard_normal(60_001) * 0.02).astype(np.float32)
-        w16 = (rng.standard_normal(40_000) * 0.02).astype(np.float16)
-        w64 = rng.standard_normal(9_000) * 0.02
+        w32 = (rng.standard_normal(20_001) * 0.02).astype(np.float32)
+        w16 = (rng.standard_normal(12_000) * 0.02).astype(np.float16)
+        w64 = rng.standard_normal(3_000) * 0.02
         rec.checkpoint(s, {"w32": w32, "w16": w16, "w64": w64}, "weights", {"step": 0})
-        w32[::4096] *= np.float32(1.01)
+        w32[::2048] *= np.float32(1.01)
         d = rec.checkpoint(s, {"w32": w32, "w16": w16, "w64": w64}, "weights", {"step": 1})
         assert d.kind == "incremental", d
         w32 *= np.float32(1.001)
@@ -1102,13 +1102,13 @@ def make_floats(path: str) -> dict:
         w64 *= 1.001
         f = rec.checkpoint(s, {"w32": w32, "w16": w16, "w64": w64}, "weights", {"step": 2})
         assert f.kind == "full", f
-        noise = np.frombuffer(rand_bytes(rng, 64 << 10), np.float32)
-        rec.checkpoint(s, {"noise": noise, "zeros": np.zeros(20_000, np.float32),
+        noise = np.frombuffer(rand_bytes(rng, 16 << 10), np.float32)
+        rec.checkpoint(s, {"noise": noise, "zeros": np.zeros(4_000, np.float32),
                            "small": np.ones(100, np.float32)}, "other")
     import torch
     import snapstore.torch as st
     torch.manual_seed(4)
-    t = torch.randn(30_000) * 0.02
+    t = torch.randn(8_000) * 0.02
     state = {"f32": t, "f16": t.half(), "bf16": t.bfloat16()}
     with rec.open() as s:
         for step in range(2):
