@@ -1094,7 +1094,7 @@ def make_floats(path: str) -> dict:
         w16 = (rng.standard_normal(12_000) * 0.02).astype(np.float16)
         w64 = rng.standard_normal(3_000) * 0.02
         rec.checkpoint(s, {"w32": w32, "w16": w16, "w64": w64}, "weights", {"step": 0})
-        w32[::2048] *= np.float32(1.01)
+        w32[::8192] *= np.float32(1.01)
         d = rec.checkpoint(s, {"w32": w32, "w16": w16, "w64": w64}, "weights", {"step": 1})
         assert d.kind == "incremental", d
         w32 *= np.float32(1.001)
