@@ -121,7 +121,8 @@ def test_golden_stores_exist():
     assert {f"v1/{n}" for n in V1_STORES} <= set(IDS), IDS
     assert {f"v2/{n}" for n in V2_STORES} <= set(IDS), IDS
     assert {f"v3/{n}" for n in V3_STORES} <= set(IDS), IDS
-    assert {f"v{v}/{n}" for v in (1, 2, 3) for n in ("objects", "torch")} <= set(OBJECT_IDS)
+    assert {f"v4/{n}" for n in V3_STORES + ("floats",)} <= set(IDS), IDS
+    assert {f"v{v}/{n}" for v in (1, 2, 3, 4) for n in ("objects", "torch")} <= set(OBJECT_IDS)
     for d, i in zip(STORE_DIRS, IDS):
         assert expected_of(d)["format_version"] == int(i.split("/")[0][1:]), i
         assert os.path.isfile(os.path.join(d, "FORMAT"))
@@ -428,10 +429,11 @@ V2_DIRS = [d for d in STORE_DIRS if expected_of(d)["format_version"] >= 2]
 V2_IDS = [i for d, i in zip(STORE_DIRS, IDS) if expected_of(d)["format_version"] >= 2]
 
 
-# What repair reports of a golden store's log that is no damage: v3/interrupted's log 1 ends in
-# a delete_many whose second record is torn (its writer was killed appending it), which repair
-# reports as an incomplete batch (none of it applied, as by recovery), docs/design.md "Repair".
-REPAIR_REPORTS = {"v3/interrupted": {"incomplete_batch"}}
+# What repair reports of a golden store's log that is no damage: v3/interrupted's (and
+# v4/interrupted's, the same recipe) log 1 ends in a delete_many whose second record is torn
+# (its writer was killed appending it), which repair reports as an incomplete batch (none of it
+# applied, as by recovery), docs/design.md "Repair".
+REPAIR_REPORTS = {"v3/interrupted": {"incomplete_batch"}, "v4/interrupted": {"incomplete_batch"}}
 
 
 @pytest.mark.parametrize("store_dir", V2_DIRS, ids=V2_IDS)
