@@ -5,8 +5,9 @@ path. Every figure is a ratio against a baseline measured in the same run on the
               (Adam-like: r = 1%): store.checkpoint() of the new version, default options,
               against a raw write+fsync of the same bytes; and the bytes the store grew by
   random      the same for incompressible bytes (what a probe must keep near 1.0x)
-  ratio       the saving of a full checkpoint of fp32/bf16/fp16 weights, beside zipnn's and
-              blosc2's (shuffle+zstd, clevel 1) on the same bytes (if installed)
+  ratio       the saving of a full checkpoint of fp32/bf16/fp16 weights (the segment bytes
+              it adds: its chunk records and commit record), beside zipnn's and blosc2's
+              (shuffle+zstd, clevel 1) on the same bytes (if installed)
   mlp         a 4-layer MLP + Adam, trained, saved every --every steps: snapstore.torch.save
               against torch.save + fsync (time, bytes on disk), and the warm restore of the
               last save against torch.load
@@ -114,11 +115,11 @@ def ratios(args, root: str, rep: Report) -> None:
     for dtype in ("float32", "bfloat16", "float16"):
         data, _ = versions(dtype, n, 0)
         with snapstore.open(os.path.join(root, f"ratio-{dtype}"), durability="none") as s:
-            before = store_bytes(s)
+            before = s.stats()["segment_bytes"]        # the stored chunks, as the peers' bytes
             # typed as floats of the same width (NumPy has no bfloat16: float16 labels it)
             s.checkpoint({"w": np.frombuffer(data, np.float32 if dtype == "float32"
                                              else np.float16)})
-            ours = 1 - (store_bytes(s) - before) / n
+            ours = 1 - (s.stats()["segment_bytes"] - before) / n
         peers, theirs = [], []
         for name, fn in (("zipnn", _zipnn), ("blosc2", _blosc2)):
             try:

@@ -28,6 +28,7 @@ import zstandard
 
 from snapstore import _native as native
 from snapstore.engine import format as fmt
+from snapstore.engine.memory import uninit_bytearray
 
 # zstd level 1 with a 64-entry hash table, one probe and 7-byte minimum matches: on byte planes
 # (noise-like literals with a few long runs) it keeps the runs and Huffman-codes the rest, 2-5x
@@ -123,7 +124,7 @@ def decode(stored, raw_len: int) -> bytearray:
                for j in range(itemsize)]
     if table_end + sum(length for _, length in entries) + tail != len(stored):
         raise ValueError("byte-plane chunk's plane lengths do not add up to its size")
-    planes = bytearray(raw_len)
+    planes = uninit_bytearray(raw_len)     # every byte is written below (lengths checked)
     out = memoryview(planes)
     pos = table_end
     d = _decompressor()
@@ -149,6 +150,6 @@ def decode(stored, raw_len: int) -> bytearray:
         else:
             raise ValueError(f"plane {j} is stored in an unknown way ({how})")
     out[itemsize * n:] = stored[pos:]
-    data = bytearray(raw_len)
+    data = uninit_bytearray(raw_len)
     native.join_planes(planes, itemsize, out=data, rotate=bool(flags & fmt.PLANES_ROTATE))
     return data

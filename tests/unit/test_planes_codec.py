@@ -239,3 +239,31 @@ def test_torch_tensors_of_every_float_width_use_planes(tmp_path):
             assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
         assert s.verify(deep=True)["ok"]
     assert fmt.CODEC_PLANES in codecs_in(path)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from([np.float16, np.float32, np.float64]), st.integers(0, 40_000),
+       st.lists(st.tuples(st.sampled_from(["none", "few", "all", "byte", "resize"]),
+                          st.integers(0, 1 << 20)), min_size=1, max_size=6))
+def test_float_checkpoint_sequences_against_a_model(dtype, n, steps):
+    """A stream of float buffers changed in random ways; every checkpoint restores to the
+    bytes it was given (the model: a dict of copies)."""
+    import tempfile
+    rng = np.random.default_rng(n)
+    w = (rng.standard_normal(n) * 0.02).astype(dtype)
+    with tempfile.TemporaryDirectory() as d:
+        with snapstore.open(os.path.join(d, "s"), durability="none") as s:
+            model = {s.checkpoint({"w": w}).id: w.tobytes()}
+            for how, seed in steps:
+                r = np.random.default_rng(seed)
+                if how == "few" and w.size:
+                    w[r.integers(0, w.size, 3)] *= dtype(1.5)
+                elif how == "all":
+                    w = w * dtype(1.001)
+                elif how == "byte" and w.size:
+                    w.view(np.uint8)[int(r.integers(0, w.nbytes))] ^= 0x10
+                elif how == "resize":
+                    w = (r.standard_normal(int(r.integers(0, 20_000))) * 0.02).astype(dtype)
+                model[s.checkpoint({"w": w}).id] = w.tobytes()
+            for cid, want in model.items():
+                assert s.restore(cid)["w"] == want
