@@ -22,8 +22,9 @@ MIN_FORMAT_VERSION = 1          # the oldest version this library reads (and upg
 #      the order and the position each log is covered up to); the index keeps an applied
 #      position per log (DB_LOGS) and the operations in progress (DB_CLAIMS, DB_GROUPS)
 #   4  chunk records may use CODEC_PLANES (byte planes of fixed-size items, engine/planes.py),
-#      in segments of header version 4; nothing else changed (the upgrade from 3 only starts
-#      a segment of version 4 at the next writer open, as every new header version does)
+#      in segments of header version 4 (SEGMENT_CODECS); no other layout changed (the upgrade
+#      from 3 sets the index's META_FORMAT to 4; each log goes on in a new segment of version
+#      4 at its writer's next open, as with every new header version)
 INDEX_DIR = "index"             # the LMDB environment (data.mdb, lock.mdb)
 INDEX_DATA_FILE = "data.mdb"    # LMDB's data file inside INDEX_DIR
 INDEX_REBUILD_DIR = ".index.new"  # repair builds, compaction copies, a new index here, then

@@ -267,3 +267,25 @@ def test_float_checkpoint_sequences_against_a_model(dtype, n, steps):
                 model[s.checkpoint({"w": w}).id] = w.tobytes()
             for cid, want in model.items():
                 assert s.restore(cid)["w"] == want
+
+
+def test_verify_reports_a_plane_chunk_in_a_segment_of_an_older_version(tmp_path):
+    """Codec 2 lives only in segments of version 4 (format.SEGMENT_CODECS): verify reports a
+    chunk record of it in a version 3 segment (its checksum made valid) as damage."""
+    import xxhash
+    path = str(tmp_path / "s")
+    w = (np.random.default_rng(8).standard_normal(20_000) * 0.02).astype(np.float32)
+    with snapstore.open(path, durability="none") as s:
+        s.checkpoint({"w": w})
+        seg = s.backend.list()[0]
+    name = os.path.join(path, fmt.SEGMENTS_DIR, f"{seg:016d}{fmt.SEGMENT_SUFFIX}")
+    with open(name, "r+b") as f:
+        head = bytearray(f.read(fmt.SEGMENT_HEADER.size))
+        struct.pack_into("<I", head, 8, 3)                           # claim version 3
+        struct.pack_into("<Q", head, 24, xxhash.xxh3_64_intdigest(bytes(head[:24])))
+        f.seek(0)
+        f.write(head)
+    with snapstore.open(path, readonly=True) as s:
+        report = s.verify(deep=True)
+        assert not report["ok"]
+        assert any("codec" in str(p) for p in report["problems"]), report["problems"][:3]
