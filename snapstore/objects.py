@@ -36,7 +36,7 @@ from typing import Any, Iterator
 
 from snapstore.engine.commit import ANY_HEAD
 from snapstore.engine.memory import address_view, uninit_bytearray
-from snapstore.engine.validation import validate_meta, validate_name
+from snapstore.engine.validation import float_item_size, validate_meta, validate_name
 from snapstore.errors import (AsyncSaveError, DeviceTensorError, InvalidArgumentError,
                               NotAnObjectCheckpointError, ObjectSaveError,
                               StructureMismatchError)
@@ -171,6 +171,28 @@ class _StorageRef:
         self.view = view
 
 
+_FLOAT_FORMATS = {2: "e", 4: "f", 8: "d"}      # a label of the item size for the chunk codec
+
+
+def _float_view(view: memoryview, tensor) -> memoryview:
+    """view labelled with the item size of the tensor's floats (memoryview format "e", "f" or
+    "d" by element size: bfloat16 is labelled "e" too), so the store codes its chunks as byte
+    planes; view itself for other dtypes."""
+    k = tensor.element_size()
+    if k not in _FLOAT_FORMATS or not tensor.is_floating_point() or view.nbytes % k:
+        return view
+    return _labelled(view, k)
+
+
+def _labelled(view: memoryview, k: int) -> memoryview:
+    """view (bytes) as a flat memoryview of k-byte floats (memoryview.cast cannot make the
+    2-byte "e" format: NumPy's float16 view gives it)."""
+    if k == 2:
+        import numpy as np
+        return memoryview(np.frombuffer(view, dtype=np.float16))
+    return view.cast(_FLOAT_FORMATS[k])
+
+
 class _DeviceTensor(Exception):
     def __init__(self, tensor) -> None:
         super().__init__()
@@ -200,6 +222,7 @@ class _Pickler(pickle.Pickler):
     def __init__(self, file, inband_limit: int, allow_device_copy: bool,
                  whole: frozenset = frozenset()) -> None:
         views: list[memoryview] = []
+        itemsizes: list[int] = []
 
         def callback(pb: pickle.PickleBuffer) -> bool:   # a closure: no cycle through self
             raw = pb.raw()
@@ -207,10 +230,12 @@ class _Pickler(pickle.Pickler):
                 raw.release()
                 return True                  # pickle copies it into the stream
             views.append(raw)
+            itemsizes.append(float_item_size(pb))
             return False
 
         super().__init__(file, protocol=5, buffer_callback=callback)
         self.views = views                   # out-of-band buffers, in pickle's order
+        self.itemsizes = itemsizes           # each one's float item size (1: not floats)
         self.conflicts: set = set()
         self._allow_device_copy = allow_device_copy
         self._whole = whole                  # storages to export whole (from a first pass)
@@ -225,6 +250,7 @@ class _Pickler(pickle.Pickler):
         for v in self.views:
             v.release()
         self.views.clear()
+        self.itemsizes.clear()
         self.clear_memo()
         self._refs = {}
         self._keep = []
@@ -288,8 +314,8 @@ class _Pickler(pickle.Pickler):
             ref = self._refs.get(key)
             if ref is None:
                 self._keep.append(storage)
-                ref = self._refs[key] = _StorageRef(
-                    address_view(storage.data_ptr(), storage.nbytes()))
+                ref = self._refs[key] = _StorageRef(_float_view(
+                    address_view(storage.data_ptr(), storage.nbytes()), src))
             offset, size, stride = src.storage_offset(), tuple(src.shape), tuple(src.stride())
         else:
             # A view that does not fill its storage: only its elements, contiguous (if another
@@ -300,7 +326,7 @@ class _Pickler(pickle.Pickler):
             if not src.is_contiguous():
                 src = contiguous_tensor(src, torch)
             self._keep.append(src)
-            ref = _StorageRef(address_view(src.data_ptr(), nbytes))
+            ref = _StorageRef(_float_view(address_view(src.data_ptr(), nbytes), src))
             offset, size = 0, tuple(src.shape)
             stride = tuple(src.stride())
         attrs = dict(t.__dict__) if t.__dict__ else None
@@ -507,8 +533,8 @@ def _object_checkpoint(store, where: str, obj: Any, stream: str, meta: Any,
     stream_bytes, pickler = _dump(obj, inband_limit, bool(allow_device_copy))
     info = {"version": FORMAT_VERSION, "buffers": len(pickler.views)}
     buffers = {PICKLE_BUFFER: stream_bytes}
-    for i, view in enumerate(pickler.views):
-        buffers[f"{OOB_PREFIX}{i}"] = view
+    for i, (view, k) in enumerate(zip(pickler.views, pickler.itemsizes)):
+        buffers[f"{OOB_PREFIX}{i}"] = view if k == 1 else _labelled(view, k)
 
     def release() -> None:
         pickler.release()

@@ -489,7 +489,8 @@ class Store:
             progress: nothing of this checkpoint is visible; read the new head and retry),
             StoreIOError (disk full, I/O error: nothing of the checkpoint is visible).
         """
-        views = validate_buffers(buffers, stream)
+        itemsizes: dict = {}
+        views = validate_buffers(buffers, stream, itemsizes)
         layout = check_choice(self.options.chunking if chunking is None else chunking,
                               fmt.CHUNKING_MODES, "chunking")
         meta = validate_meta(meta)
@@ -499,7 +500,7 @@ class Store:
         opts = self.options
 
         def plans(view: IndexView, head: int | None, parent: Commit | None) -> list:
-            return wr.plan_buffers(view, stream, head, parent, views, opts, layout)
+            return wr.plan_buffers(view, stream, head, parent, views, opts, layout, itemsizes)
         return CheckpointInfo.from_commit(self._committer.commit(stream, plans, meta,
                                                                  expect_head=expect_head))
 
@@ -600,14 +601,16 @@ class Store:
             raise InvalidArgumentTypeError(f"group_id must be a group's id (a str), got "
                                            f"{type(group_id).__name__}")
         validate_name(participant, "participant")
-        views = validate_buffers(buffers, "group part")
+        itemsizes: dict = {}
+        views = validate_buffers(buffers, "group part", itemsizes)
         meta = validate_meta(meta)
         self._committer.check_open(write=True)
         opts = self.options
 
         def plans(view: IndexView, stream: str, head: int | None,
                   parent: Commit | None) -> list:
-            return wr.plan_buffers(view, stream, head, parent, views, opts, opts.chunking)
+            return wr.plan_buffers(view, stream, head, parent, views, opts, opts.chunking,
+                                   itemsizes)
         self._groups.stage(self._committer, group_id, participant, plans, meta)
 
     def track(self, buffers: Mapping[str, Any], stream: str = "default",
@@ -628,10 +631,11 @@ class Store:
         soon as the changed pages are copied to staging memory; the rest happens in the
         background. Checkpoints of a stream commit in the order they were taken. The future
         resolves once the checkpoint is durable, or raises its error."""
-        views = validate_buffers(buffers, stream)
+        itemsizes: dict = {}
+        views = validate_buffers(buffers, stream, itemsizes)
         meta = validate_meta(meta)
         self._committer.check_open(write=True)
-        return self._persister.implicit_capturer(stream).capture(views, meta)
+        return self._persister.implicit_capturer(stream).capture(views, meta, itemsizes)
 
     def flush(self) -> None:
         """Waits until every pending asynchronous checkpoint is durable (or failed); on an S3

@@ -6,6 +6,7 @@ is generated here the same way as the literal table in csrc/fastcdc.c (splitmix6
 """
 from __future__ import annotations
 
+import struct
 from typing import Iterator, List, Tuple
 
 import xxhash
@@ -228,3 +229,22 @@ def delta_split_planes(cur: bytes, ref: bytes, itemsize: int, mode: int) -> byte
 
 def delta_join_planes(planes: bytes, ref: bytes, itemsize: int, mode: int) -> bytes:
     return undelta_items(join_planes(planes, itemsize), ref, itemsize, mode)
+
+
+def planes_chunk(stored: bytes, raw_len: int) -> bytes:
+    """The raw bytes of a CODEC_PLANES chunk record's stored bytes (format 4, written out by
+    hand from docs/design.md): <BB item size, flags (bit 0: items rotated left one bit); per
+    plane <BI how (0 raw, 1 one zstd frame), stored length; the planes; the tail bytes. Plane j
+    is byte j of every (rotated) item."""
+    import zstandard
+    itemsize, flags = struct.unpack_from("<BB", stored, 0)
+    n, tail = divmod(raw_len, itemsize)
+    table = [struct.unpack_from("<BI", stored, 2 + 5 * j) for j in range(itemsize)]
+    pos = 2 + 5 * itemsize
+    planes = b""
+    for how, length in table:
+        piece = stored[pos:pos + length]
+        pos += length
+        planes += piece if how == 0 else zstandard.ZstdDecompressor().decompress(piece)
+    assert len(planes) == n * itemsize and len(stored) - pos == tail
+    return join_planes(planes + stored[pos:], itemsize, rotate=bool(flags & 1))

@@ -59,6 +59,7 @@ class Capturer:
         # head is anything else (e.g. the head was deleted) fails instead of committing a
         # delta onto the wrong base.
         self.last_id: int | None = None
+        self.itemsizes: dict = {}        # buffer name -> float item size (chunk codec hint)
         self._lock = threading.Lock()    # one capture at a time: detectors are not re-entrant
 
     def failed(self, exc: BaseException) -> None:
@@ -96,7 +97,8 @@ class Capturer:
                 if ranges is None or self.failure is not None:
                     full_diff[name] = view
                 else:
-                    plans.append(wr.plan_delta(name, view, ranges, 0, opts))
+                    plans.append(wr.plan_delta(name, view, ranges, 0, opts,
+                                               self.itemsizes.get(name, 1)))
         if full_diff:
             # The head must be this stream's newest capture: let pending jobs land first.
             persister.wait_idle(self)
@@ -106,7 +108,8 @@ class Capturer:
                 head = r.stream_head(self.stream)
                 self.last_id = head
                 parent = r.checkpoint(head) if head is not None else None
-                plans += wr.plan_buffers(r, self.stream, head, parent, full_diff, opts, "pages")
+                plans += wr.plan_buffers(r, self.stream, head, parent, full_diff, opts, "pages",
+                                         self.itemsizes)
         return persister.submit(self, plans, meta)
 
 
@@ -136,7 +139,7 @@ class Tracker(Capturer):
     def __init__(self, persister, buffers: Mapping[str, Any], stream: str, mode: str) -> None:
         from snapstore.capture import dirty    # on first use: it installs a fork handler
         super().__init__(persister, stream)
-        self.views = validate_buffers(buffers, stream)
+        self.views = validate_buffers(buffers, stream, self.itemsizes)
         self._closed = False
         persister.claim(self)
         try:
@@ -207,7 +210,8 @@ class ImplicitCapturer(Capturer):
         super().__init__(persister, stream)
         self._memory: dict[str, tuple[int, int]] = {}   # buffer name -> (address, length)
 
-    def capture(self, views: Mapping[str, memoryview], meta: Any) -> Future:
+    def capture(self, views: Mapping[str, memoryview], meta: Any,
+                itemsizes: dict | None = None) -> Future:
         """Captures the buffers. Between captures the detectors hold only fingerprints, no
         export of the caller's buffers (detach()), so once the capture's job has landed
         (store.flush()) the caller may resize, free or close them."""
@@ -227,6 +231,7 @@ class ImplicitCapturer(Capturer):
             for name in set(self.detectors) - set(views):
                 self.detectors.pop(name).close()
                 self._memory.pop(name, None)
+            self.itemsizes = dict(itemsizes or {})
             return self._capture(views, meta)
         finally:
             for det in self.detectors.values():

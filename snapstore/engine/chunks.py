@@ -7,7 +7,7 @@ segment and offset. No caller ever gets wrong bytes, nor a zstandard, memory or 
 declared size is checked before anything is allocated, so a decompression bomb costs nothing.
 
 Chunk record payload (docs/design.md): CHUNK_PREFIX (chunk id, raw length), then the stored
-bytes (a zstd frame when the record's codec says so, else the raw bytes).
+bytes per the record's codec: a zstd frame, byte planes (engine/planes.py), or the raw bytes.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import NamedTuple
 import zstandard
 
 from snapstore.engine import format as fmt
+from snapstore.engine import planes
 from snapstore.engine.backends.base import SegmentReader
 from snapstore.engine.wal import DamagedRecord, Record, read_record
 
@@ -95,6 +96,12 @@ def decode_chunk(chunk: StoredChunk) -> bytes | memoryview:
         except zstandard.ZstdError as exc:
             raise DamagedRecord(f"chunk does not decompress: {exc}", record.segment,
                                 record.offset, record.end) from exc
+    elif record.codec == fmt.CODEC_PLANES:
+        try:
+            data = planes.decode(chunk.stored, chunk.raw_len)
+        except ValueError as exc:
+            raise DamagedRecord(f"chunk does not decode: {exc}", record.segment,
+                                record.offset, record.end) from None
     else:
         data = chunk.stored
     if len(data) != chunk.raw_len:

@@ -9,7 +9,7 @@ import struct
 # ---- store directory --------------------------------------------------------------------
 FORMAT_FILE = "FORMAT"          # JSON: {"format": FORMAT_NAME, "version": FORMAT_VERSION, ...}
 FORMAT_NAME = "snapstore"
-FORMAT_VERSION = 3              # bump on any incompatible change; newer -> FormatError
+FORMAT_VERSION = 4              # bump on any incompatible change; newer -> FormatError
 MIN_FORMAT_VERSION = 1          # the oldest version this library reads (and upgrades: upgrade.py)
 # Format history:
 #   1  the first on-disk format (tests/golden/stores/v1)
@@ -21,6 +21,10 @@ MIN_FORMAT_VERSION = 1          # the oldest version this library reads (and upg
 #      order number (commit JSON "order", DELETE_ORDER, tag JSON "order", state sections name
 #      the order and the position each log is covered up to); the index keeps an applied
 #      position per log (DB_LOGS) and the operations in progress (DB_CLAIMS, DB_GROUPS)
+#   4  chunk records may use CODEC_PLANES (byte planes of fixed-size items, engine/planes.py),
+#      in segments of header version 4 (SEGMENT_CODECS); no other layout changed (the upgrade
+#      from 3 sets the index's META_FORMAT to 4; each log goes on in a new segment of version
+#      4 at its writer's next open, as with every new header version)
 INDEX_DIR = "index"             # the LMDB environment (data.mdb, lock.mdb)
 INDEX_DATA_FILE = "data.mdb"    # LMDB's data file inside INDEX_DIR
 INDEX_REBUILD_DIR = ".index.new"  # repair builds, compaction copies, a new index here, then
@@ -64,10 +68,10 @@ ORIGIN_META_KEY = "snapstore.copied_from"
 SEGMENT_MAGIC = b"SNAPSEG\x00"
 SEGMENT_HEADER = struct.Struct("<8sIIQQ")   # magic, format version, reserved 0, segment number,
 assert SEGMENT_HEADER.size == 32            # XXH3-64 of the preceding 24 bytes
-SEGMENT_VERSION = 3             # the header version of the segments this library creates; a
+SEGMENT_VERSION = 4             # the header version of the segments this library creates; a
                                 # segment only ever holds records of its header's version
 SEGMENT_RECORD_TYPES = {1: (1, 2, 3, 4), 2: (1, 2, 3, 4, 5, 6, 7),   # version -> record types
-                        3: (1, 2, 3, 4, 5, 6, 7)}
+                        3: (1, 2, 3, 4, 5, 6, 7), 4: (1, 2, 3, 4, 5, 6, 7)}
 ORDERED_SINCE = 3               # segment version from which index records carry their order
 
 # Every record: header, then `length` payload bytes. The checksum is XXH3-64 (seed 0) over the
@@ -102,7 +106,18 @@ STATE_RECORD_TYPES = (REC_STATE_BEGIN, REC_STATE_CHECKPOINT, REC_STATE_END)
 # Chunk codecs (the record header's codec byte; 0 for non-chunk records).
 CODEC_RAW = 0
 CODEC_ZSTD = 1
-CODECS = (CODEC_RAW, CODEC_ZSTD)
+CODEC_PLANES = 2          # byte planes of fixed-size items, each raw or zstd (engine/planes.py);
+                          # only in segments of header version 4 or later
+CODECS = (CODEC_RAW, CODEC_ZSTD, CODEC_PLANES)
+SEGMENT_CODECS = {1: (0, 1), 2: (0, 1), 3: (0, 1), 4: (0, 1, 2)}   # segment version -> codecs
+
+# CODEC_PLANES stored bytes: PLANES_HEADER, itemsize PLANE_ENTRYs, the planes, the tail bytes.
+PLANES_HEADER = struct.Struct("<BB")         # item size, flags
+PLANE_ENTRY = struct.Struct("<BI")           # how the plane is stored, its stored length
+PLANES_ITEMSIZES = (2, 4, 8)
+PLANES_ROTATE = 1                            # flag: items rotated left one bit before the split
+PLANE_RAW = 0
+PLANE_ZSTD = 1
 
 CHUNK_ID_BYTES = 32                          # BLAKE3-256 of the uncompressed chunk
 CHUNK_PREFIX = struct.Struct("<32sI")        # chunk id, raw (uncompressed) length

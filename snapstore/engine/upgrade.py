@@ -112,10 +112,25 @@ def _per_log_positions(path: str, index: Index, backend: SegmentBackend) -> bool
     return True
 
 
+def _codec_planes(path: str, index: Index, backend: SegmentBackend) -> bool:
+    """Format 4 (CODEC_PLANES chunk records, only in segments of header version 4): no record
+    and no index value changes. The log goes on in a new segment of version 4 (the writer's
+    SegmentLog.open_tail: a segment only holds records of its header's version); the index
+    only says format 4 (one transaction). Done when the index is format 4."""
+    with index.read() as r:
+        if r.version >= 4:
+            return False
+    with index.write() as w:
+        w.set_format(4)
+    index.version = 4
+    return True
+
+
 STEPS: tuple[Step, ...] = (
     Step(2, "every index value carries a checksum", _index_value_checksums),
     Step(2, "the log describes every checkpoint (a state section)", _log_state_section),
     Step(3, "an applied position per log; record orders", _per_log_positions),
+    Step(4, "chunk records may be byte planes (new segments only)", _codec_planes),
 )
 
 

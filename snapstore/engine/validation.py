@@ -102,9 +102,28 @@ def buffer_view(obj: Any, what: str, writable: bool = False) -> memoryview:
         raise InvalidArgumentTypeError(str(exc)) from None
 
 
-def validate_buffers(buffers: Mapping[str, Any], stream: str) -> dict:
+# buffer formats whose items the byte-plane codec takes (floats, native or little-endian)
+_FLOAT_FORMATS = {"e": 2, "f": 4, "d": 8}
+
+
+def float_item_size(obj: Any) -> int:
+    """The item size of a buffer of floats (a NumPy float16/32/64 array, a memoryview cast to
+    "e"/"f"/"d"): 2, 4 or 8; 1 for anything else (bytes, integers, structured or big-endian
+    items, objects without the buffer protocol). A hint for the chunk codec only."""
+    try:
+        with memoryview(obj) as mv:
+            form = mv.format[1:] if mv.format[:1] in "@=<" else mv.format
+            size = _FLOAT_FORMATS.get(form, 1)
+            return size if mv.itemsize == size else 1
+    except (TypeError, ValueError, BufferError):
+        return 1
+
+
+def validate_buffers(buffers: Mapping[str, Any], stream: str,
+                     itemsizes: dict | None = None) -> dict:
     """Checks a stream name and a {buffer name: bytes-like} mapping; returns {name: flat byte
-    memoryview} (InvalidArgumentTypeError for a buffer that is not C-contiguous bytes-like)."""
+    memoryview} (InvalidArgumentTypeError for a buffer that is not C-contiguous bytes-like).
+    With `itemsizes` (a dict), also sets itemsizes[name] = float_item_size of each buffer."""
     validate_name(stream, "stream")
     if not isinstance(buffers, Mapping):
         raise InvalidArgumentTypeError(f"buffers must be a mapping of name to buffer, got "
@@ -113,6 +132,8 @@ def validate_buffers(buffers: Mapping[str, Any], stream: str) -> dict:
     for name, obj in buffers.items():
         validate_name(name, "buffer name")
         views[name] = buffer_view(obj, f"buffer {name!r}")
+        if itemsizes is not None:
+            itemsizes[name] = float_item_size(obj)
     return views
 
 

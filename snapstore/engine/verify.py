@@ -242,9 +242,10 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport
     Returns bytes read."""
     starts = sorted(known)
     seen = set()
-    types = fmt.RECORD_TYPES
+    types, codecs = fmt.RECORD_TYPES, fmt.CODECS
     try:
-        types = fmt.SEGMENT_RECORD_TYPES[segment_version(segments, seg)]
+        version = segment_version(segments, seg)
+        types, codecs = fmt.SEGMENT_RECORD_TYPES[version], fmt.SEGMENT_CODECS[version]
     except CorruptionError as exc:
         if tail is not None and tail <= fmt.SEGMENT_HEADER.size and \
                 size < fmt.SEGMENT_HEADER.size and not starts:
@@ -261,6 +262,9 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport
                 raise DamagedRecord("record of a type segments of this version do not hold",
                                     seg, pos, record.end)
             if record.rtype == fmt.REC_CHUNK:
+                if record.codec not in codecs:
+                    raise DamagedRecord("chunk record of a codec segments of this version do "
+                                        "not hold", seg, pos, record.end)
                 _check_chunk(record)
             for cid, e in known.get(pos, ()):
                 mismatch = _entry_mismatch(record, cid, e)

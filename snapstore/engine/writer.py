@@ -21,6 +21,7 @@ from snapstore import _native as native
 from snapstore.halves import both
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
+from snapstore.engine import planes
 from snapstore.engine.index import IndexView
 from snapstore.engine.reader import buffer_layers
 from snapstore.engine.records import BufferEntry, Commit
@@ -57,6 +58,7 @@ class BufferPlan:
     fingerprints: bytearray | None   # updated from the staged bytes as they are stored
     reason: str                # why full, for diagnostics
     staged: memoryview | None = None  # the chunks' bytes, already copied back to back (async)
+    itemsize: int = 1          # the buffer's float item size (validation.float_item_size)
 
     @property
     def nbytes(self) -> int:
@@ -99,7 +101,7 @@ def pack_ranges(ranges, chunk_size: int) -> list:
 
 
 def plan_delta(name: str, view: memoryview, ranges: list, depth: int,
-               opts: WriteOptions) -> BufferPlan:
+               opts: WriteOptions, itemsize: int = 1) -> BufferPlan:
     """A delta of the byte ranges a dirty-page tracker reported (relative to the previous
     checkpoint it captured)."""
     page = opts.page_size
@@ -107,7 +109,7 @@ def plan_delta(name: str, view: memoryview, ranges: list, depth: int,
     if all(off % page == 0 and (length % page == 0 or off + length == size)
            for off, length in ranges):      # detectors report whole pages already
         return BufferPlan(name, view, "delta", depth, "pages", page,
-                          pack_ranges(ranges, opts.chunk_size), None, "")
+                          pack_ranges(ranges, opts.chunk_size), None, "", itemsize=itemsize)
     aligned = []                       # widen to whole pages: deltas are page runs
     for off, length in ranges:
         lo = off // page * page
@@ -118,11 +120,12 @@ def plan_delta(name: str, view: memoryview, ranges: list, depth: int,
         elif hi > lo:
             aligned.append((lo, hi - lo))
     return BufferPlan(name, view, "delta", depth, "pages", page,
-                      pack_ranges(aligned, opts.chunk_size), None, "")
+                      pack_ranges(aligned, opts.chunk_size), None, "", itemsize=itemsize)
 
 
 def plan_buffer(name: str, view: memoryview, parent: BufferEntry | None,
-                prev_fingerprints: bytes | None, opts: WriteOptions, layout: str) -> BufferPlan:
+                prev_fingerprints: bytes | None, opts: WriteOptions, layout: str,
+                itemsize: int = 1) -> BufferPlan:
     """Chooses full or delta for one buffer and the byte ranges to store."""
     size = len(view)
     if layout == "cdc":
@@ -148,16 +151,18 @@ def plan_buffer(name: str, view: memoryview, parent: BufferEntry | None,
             reason = f"{dirty_bytes / size:.0%} of the bytes changed"
         else:
             return BufferPlan(name, view, "delta", parent.depth + 1, "pages", opts.page_size,
-                              pack_ranges(dirty, opts.chunk_size), fps, "")
-    return plan_full(name, view, opts, reason)
+                              pack_ranges(dirty, opts.chunk_size), fps, "", itemsize=itemsize)
+    return plan_full(name, view, opts, reason, itemsize)
 
 
-def plan_full(name: str, view: memoryview, opts: WriteOptions, reason: str) -> BufferPlan:
+def plan_full(name: str, view: memoryview, opts: WriteOptions, reason: str,
+              itemsize: int = 1) -> BufferPlan:
     """The buffer stored whole in the pages layout (chunk_size pieces, deduplicated)."""
     size = len(view)
     fps = bytearray(native.page_count(size, opts.page_size) * native.FP_BYTES)
     chunks = [[r] for r in split_ranges([(0, size)] if size else [], opts.chunk_size)]
-    return BufferPlan(name, view, "full", 0, "pages", opts.page_size, chunks, fps, reason)
+    return BufferPlan(name, view, "full", 0, "pages", opts.page_size, chunks, fps, reason,
+                      itemsize=itemsize)
 
 
 def whole_if_mostly_changed(plans: list, opts: WriteOptions) -> list:
@@ -177,7 +182,8 @@ def whole_if_mostly_changed(plans: list, opts: WriteOptions) -> list:
         return plans
     reason = (f"{stored / total:.0%} of the checkpoint's bytes changed" if total
               else "the checkpoint holds no bytes")
-    return [plan_full(p.name, p.view, opts, reason) if p.base == "delta" else p for p in plans]
+    return [plan_full(p.name, p.view, opts, reason, p.itemsize) if p.base == "delta" else p
+            for p in plans]
 
 
 def usable_fingerprints(view: IndexView, stream: str, buffer: str, head: int | None,
@@ -192,14 +198,18 @@ def usable_fingerprints(view: IndexView, stream: str, buffer: str, head: int | N
 
 
 def plan_buffers(view: IndexView, stream: str, head: int | None, parent: Commit | None,
-                 buffers, opts: WriteOptions, layout: str) -> list:
+                 buffers, opts: WriteOptions, layout: str,
+                 itemsizes: dict | None = None) -> list:
     """plan_buffer for each {name: memoryview} of buffers as the stream's next checkpoint:
     `parent` is the head's Commit (None for a new stream); a delta is the fingerprint diff
-    against the head's usable_fingerprints. Then whole_if_mostly_changed."""
+    against the head's usable_fingerprints; itemsizes: {name: float item size} (default 1).
+    Then whole_if_mostly_changed."""
     parents = {b.name: b for b in parent.buffers} if parent else {}
+    itemsizes = itemsizes or {}
     return whole_if_mostly_changed(
         [plan_buffer(name, buf, parents.get(name),
-                     usable_fingerprints(view, stream, name, head, opts.page_size), opts, layout)
+                     usable_fingerprints(view, stream, name, head, opts.page_size), opts, layout,
+                     itemsizes.get(name, 1))
          for name, buf in buffers.items()], opts)
 
 
@@ -214,30 +224,50 @@ def _compressor(level: int):
     return c
 
 
-def encode_chunk(cid: bytes, data, opts: WriteOptions) -> tuple[int, list]:
+def encode_chunk(cid: bytes, data, opts: WriteOptions, itemsize: int = 1,
+                 worth: tuple | None = None) -> tuple[int, list]:
     """(codec, payload parts) of the chunk record of chunk `cid` holding `data` (its raw
-    bytes): zstd per opts when that saves at least 1/32 of it, else the raw bytes. The one
-    rule for every chunk record a writer makes (ChunkSink, savepoint files)."""
+    bytes). With compression "zstd": a chunk of items of 2, 4 or 8 bytes (itemsize: a hint
+    from the buffer's type, its items aligned to the chunk's start) as byte planes, each plane
+    zstd-compressed where that saves at least 1/32 of it (engine/planes.py); other chunks one
+    zstd frame when that saves at least 1/32; else the raw bytes. The one rule for every
+    chunk record a writer makes (ChunkSink, savepoint files). worth: planes.probe() of the
+    chunk's buffer (which planes to compress; default: try all)."""
+    prefix = fmt.CHUNK_PREFIX.pack(cid, len(data))
+    if opts.compression == "zstd" and planes.usable(itemsize, len(data)):
+        parts = planes.encode(data, itemsize, worth)
+        if parts is not None and sum(len(p) for p in parts) < len(data) - len(data) // 32:
+            return fmt.CODEC_PLANES, [prefix, *parts]
+        return fmt.CODEC_RAW, [prefix, data]
     codec, stored = fmt.CODEC_RAW, data
     if opts.compression == "zstd" and len(data) >= 64:
         packed = _compressor(opts.compression_level).compress(data)
         if len(packed) < len(data) - len(data) // 32:   # keep only a real saving
             codec, stored = fmt.CODEC_ZSTD, packed
-    return codec, [fmt.CHUNK_PREFIX.pack(cid, len(data)), stored]
+    return codec, [prefix, stored]
 
 
 PARALLEL_ENCODE_BYTES = 1 << 20    # encode_chunks uses two threads from this many bytes
+PROBE_CHUNKS = 4                   # a batch of more chunks of floats is probed on this many
 
 
-def encode_chunks(items: list, opts: WriteOptions) -> list:
-    """[encode_chunk(cid, data, opts) for cid, data in items], the second half on a thread of
-    its own when the items hold PARALLEL_ENCODE_BYTES or more and are compressed."""
+def encode_chunks(items: list, opts: WriteOptions, itemsize: int = 1) -> list:
+    """[encode_chunk(cid, data, opts, itemsize) for cid, data in items], the second half on a
+    thread of its own when the items hold PARALLEL_ENCODE_BYTES or more and are compressed."""
+    worth = None
+    if opts.compression == "zstd" and itemsize > 1 and len(items) > PROBE_CHUNKS:
+        # a few chunks spread over the batch say which planes compress at all
+        step = len(items) // PROBE_CHUNKS
+        worth = planes.probe([items[i * step][1] for i in range(PROBE_CHUNKS)
+                              if planes.usable(itemsize, len(items[i * step][1]))], itemsize)
+
+    def encode(part: list) -> list:
+        return [encode_chunk(cid, data, opts, itemsize, worth) for cid, data in part]
     if opts.compression != "zstd" or len(items) < 2 or \
             sum(len(data) for _, data in items) < PARALLEL_ENCODE_BYTES:
-        return [encode_chunk(cid, data, opts) for cid, data in items]
+        return encode(items)
     half = len(items) // 2
-    first, second = both(lambda: [encode_chunk(cid, data, opts) for cid, data in items[:half]],
-                         lambda: [encode_chunk(cid, data, opts) for cid, data in items[half:]])
+    first, second = both(lambda: encode(items[:half]), lambda: encode(items[half:]))
     return first + second
 
 
@@ -271,11 +301,12 @@ class ChunkSink:
         self.bytes_new += fmt.RECORD_HEADER.size + stored_len
         return cid
 
-    def put_batch(self, datas: list) -> list[bytes]:
+    def put_batch(self, datas: list, itemsize: int = 1) -> list[bytes]:
         """put() of each chunk in `datas` (views), in order; returns their ids. The new ones
         are compressed by two threads at once when they hold PARALLEL_ENCODE_BYTES or more
-        (zstd lets go of the GIL); appending stays in order, in this thread. pause() is called
-        once first, even when nothing is new, and before each append."""
+        (zstd lets go of the GIL); appending stays in order, in this thread. itemsize: the
+        chunks hold items of that many bytes from their first byte on (encode_chunk). pause()
+        is called once first, even when nothing is new, and before each append."""
         if self.pause is not None:
             self.pause()
         cids = [blake3.blake3(data).digest() for data in datas]
@@ -289,13 +320,14 @@ class ChunkSink:
             group.append(item)
             size += len(item[1])
             if size >= STAGING_BYTES:
-                self._append(group)
+                self._append(group, itemsize)
                 group, size = [], 0
-        self._append(group)
+        self._append(group, itemsize)
         return cids
 
-    def _append(self, items: list) -> None:
-        for (cid, data), (codec, parts) in zip(items, encode_chunks(items, self.opts)):
+    def _append(self, items: list, itemsize: int = 1) -> None:
+        for (cid, data), (codec, parts) in zip(items, encode_chunks(items, self.opts,
+                                                                    itemsize)):
             if self.pause is not None:
                 self.pause()
             seg, off = self.log.append(fmt.REC_CHUNK, codec, parts)
@@ -407,6 +439,15 @@ def stage(plan: BufferPlan, out: memoryview,
         on_stored_many(ranges, filled)
 
 
+def chunk_item_size(plan: BufferPlan) -> int:
+    """plan.itemsize when every chunk of the plan holds whole items from its first byte on,
+    else 1. In the pages layout every piece starts on a page and holds whole pages (but a
+    piece ending the buffer), and chunk_size is a multiple of the page: so a page size that
+    is a multiple of the item size is enough. CDC cuts anywhere."""
+    k = plan.itemsize
+    return k if plan.layout == "pages" and plan.page_size % k == 0 else 1
+
+
 def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
                  on_stored: Callable[[int, memoryview], None] | None = None) -> BufferEntry:
     """Stores the planned chunks (gathered batch by batch through staging, or from
@@ -415,6 +456,7 @@ def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
     extents = []
     page = plan.page_size
     fps = plan.fingerprints
+    itemsize = chunk_item_size(plan)
     batches = [plan.chunks] if plan.staged is not None else _batches(plan.chunks, len(staging))
     for batch in batches:
         if plan.staged is not None:
@@ -427,7 +469,8 @@ def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
         staged_digests = native.page_fingerprints(filled, page) if whole else None
         sizes = [sum(n for _, n in pieces) for pieces in batch]
         starts = itertools.accumulate(sizes, initial=0)
-        cids = sink.put_batch([filled[at:at + size] for at, size in zip(starts, sizes)])
+        cids = sink.put_batch([filled[at:at + size] for at, size in zip(starts, sizes)],
+                              itemsize)
         pos = 0
         for pieces, size, cid in zip(batch, sizes, cids):
             coff = 0

@@ -1076,6 +1076,51 @@ def make_interrupted_writers(path: str) -> dict:
     return rec.finish(readonly_ids=[c1.id, c2.id, e1.id])
 
 
+def make_floats(path: str) -> dict:
+    """Format 4: chunks of float buffers as byte planes (CODEC_PLANES): NumPy float16 /
+    float32 / float64 weights full, then a delta and an all-changed full; an odd tail of
+    items; incompressible "floats" (random bytes typed float32: stored raw); a buffer of
+    zeros (planes that all compress); small float buffers (one zstd frame); torch float32,
+    float16 and bfloat16 tensors through snapstore.torch.save, and a second save."""
+    rng = np.random.default_rng(4004)
+    opts = dict(durability="none", segment_size=SEGMENT)
+    rec = Recorder(path, opts, [
+        "byte-plane chunks (codec 2) of float16/32/64 buffers", "a delta of float pages",
+        "an all-changed float buffer stored full", "an odd item tail",
+        "incompressible floats stored raw", "zeros as planes", "small floats: one zstd frame",
+        "torch float32/float16/bfloat16 through snapstore.torch.save, twice"])
+    with rec.open() as s:
+        w32 = (rng.standard_normal(20_001) * 0.02).astype(np.float32)
+        w16 = (rng.standard_normal(12_000) * 0.02).astype(np.float16)
+        w64 = rng.standard_normal(3_000) * 0.02
+        rec.checkpoint(s, {"w32": w32, "w16": w16, "w64": w64}, "weights", {"step": 0})
+        w32[::8192] *= np.float32(1.01)
+        d = rec.checkpoint(s, {"w32": w32, "w16": w16, "w64": w64}, "weights", {"step": 1})
+        assert d.kind == "incremental", d
+        w32 *= np.float32(1.001)
+        w16 *= np.float16(1.01)
+        w64 *= 1.001
+        f = rec.checkpoint(s, {"w32": w32, "w16": w16, "w64": w64}, "weights", {"step": 2})
+        assert f.kind == "full", f
+        noise = np.frombuffer(rand_bytes(rng, 16 << 10), np.float32)
+        rec.checkpoint(s, {"noise": noise, "zeros": np.zeros(4_000, np.float32),
+                           "small": np.ones(100, np.float32)}, "other")
+    import torch
+    import snapstore.torch as st
+    torch.manual_seed(4)
+    t = torch.randn(8_000) * 0.02
+    state = {"f32": t, "f16": t.half(), "bf16": t.bfloat16()}
+    with rec.open() as s:
+        for step in range(2):
+            info = st.save(s, state, "torch", meta={"step": step})
+            rec.took(info)
+            loaded = st.load(s, info.id)
+            assert all(torch.equal(loaded[k], v) for k, v in state.items())
+            rec.loads[info.id] = {"api": "torch", "value": describe(loaded)}
+            state = {k: v * 1.01 for k, v in state.items()}
+    return rec.finish()
+
+
 def segment_numbers(path: str) -> list[int]:
     return sorted(int(n[:-4]) for n in os.listdir(os.path.join(path, "segments")))
 
@@ -1087,7 +1132,7 @@ RECIPES = {"basic": {1: make_basic}, "raw_cdc": {1: make_raw_cdc}, "objects": {1
            "torch": {1: make_torch}, "unapplied": {1: make_unapplied},
            "compacted": {2: make_compacted}, "upgraded": {2: make_upgraded},
            "interrupted": {2: make_interrupted_compactions, 3: make_interrupted_writers},
-           "writers": {3: make_writers}, "group": {3: make_group}}
+           "writers": {3: make_writers}, "group": {3: make_group}, "floats": {4: make_floats}}
 
 
 def recipe(name: str, version: int):

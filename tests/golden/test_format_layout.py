@@ -646,9 +646,10 @@ def index_checksum(db: bytes, key: bytes, payload: bytes) -> bytes:
         db + b"\0" + struct.pack("<I", len(key)) + key + payload, seed=0))
 
 
-def test_todays_code_writes_format_3(tmp_path):
+def test_todays_code_writes_format_4(tmp_path):
     """A store made by today's code (one writer: log 0): FORMAT and the segment headers say
-    version 3; records keep the v1 layouts but for their order (format 3: commit JSON "order",
+    version 4 (format 4 only adds a chunk codec, byte planes, for float buffers: none here;
+    test_format_layout_v4.py decodes it); records keep the v1 layouts but for their order (format 3: commit JSON "order",
     delete <QQI id + order + records in its batch, tag JSON "order" and "records"), 1, 2, 3...
     in the order the operations claimed it; every LMDB value is its payload followed by its
     checksum (index_checksum): the v1 payloads, META_APPLIED replaced by log 0's entry in the
@@ -663,13 +664,13 @@ def test_todays_code_writes_format_3(tmp_path):
     with open(os.path.join(path, "FORMAT")) as f:
         d = json.load(f)
     assert set(d) == {"format", "version", "created"}
-    assert (d["format"], d["version"]) == ("snapstore", 3)
+    assert (d["format"], d["version"]) == ("snapstore", 4)
     records = []
     paths = sorted(glob.glob(os.path.join(path, "segments", "*.seg")))
     assert [os.path.basename(p) for p in paths] == \
         [f"{n:016d}.seg" for n in range(1, len(paths) + 1)]          # log 0: 1, 2, 3...
     for p in paths:
-        records += parse_segment(p, version=3)[1]
+        records += parse_segment(p, version=4)[1]
     kinds = [r.rtype for r in records]
     assert kinds.count(COMMIT) == 2 and kinds.count(TAG) == 1 and kinds.count(DELETE) == 1
     assert kinds[-2:] == [TAG, DELETE]
@@ -699,7 +700,7 @@ def test_todays_code_writes_format_3(tmp_path):
     # the payloads are the v1 values, but for where the log is applied up to
     meta = payloads[b"meta"]
     assert set(meta) == {b"format", b"next_id", b"next_order"}
-    assert meta[b"format"] == struct.pack("<Q", 3)
+    assert meta[b"format"] == struct.pack("<Q", 4)
     assert meta[b"next_id"] == struct.pack("<Q", b.id + 1)
     assert meta[b"next_order"] == struct.pack("<Q", 5)
     assert payloads[b"logs"] == {struct.pack(">I", 0): struct.pack(

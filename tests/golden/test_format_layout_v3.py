@@ -98,16 +98,23 @@ PART_KEYS = {"log", "start", "end", "meta", "buffers", "new_chunks", "fps", "pin
 
 
 # ---- a parser of the v3 log ----------------------------------------------------------------
-def parse_segment(path: str) -> list:
-    """The records of a version 3 segment, every header and checksum checked, walked to the
-    exact end of the file."""
+# Today's code writes format 4, which keeps every layout of format 3 and only adds a chunk codec
+# (2, byte planes, for buffers of floats: test_format_layout_v4.py) in segments of header
+# version 4; the stores this file makes with today's code are read with the v3 layouts below.
+TODAY = 4
+CHUNK_CODECS = {3: (0, 1), 4: (0, 1, 2)}         # segment header version -> chunk codecs
+
+
+def parse_segment(path: str, version: int = TODAY) -> list:
+    """The records of a segment of header `version` (3, or 4 that keeps its layouts), every
+    header and checksum checked, walked to the exact end of the file."""
     with open(path, "rb") as f:
         data = f.read()
     name = os.path.basename(path)
     assert len(name) == 20 and name.endswith(".seg") and name[:16].isdigit(), name
-    magic, version, reserved, number, checksum = SEG_HEADER.unpack_from(data, 0)
+    magic, found, reserved, number, checksum = SEG_HEADER.unpack_from(data, 0)
     assert magic == b"SNAPSEG\x00" and reserved == 0 and number == int(name[:16])
-    assert version == 3, (name, version)
+    assert found == version, (name, found)
     assert checksum == xxhash.xxh3_64_intdigest(data[:24], seed=0)
     assert 1 <= number % LOG_SEGMENTS
     records, pos = [], 32
@@ -115,7 +122,7 @@ def parse_segment(path: str) -> list:
         magic, rtype, codec, flags, length, reserved, checksum = REC_HEADER.unpack_from(data, pos)
         assert magic == b"SREC", (name, pos)
         assert rtype in RECORD_TYPES, (name, pos, rtype)
-        assert codec in ((0, 1) if rtype == CHUNK else (0,)), (name, pos, codec)
+        assert codec in (CHUNK_CODECS[version] if rtype == CHUNK else (0,)), (name, pos, codec)
         assert flags == 0 and reserved == 0, (name, pos)
         payload = data[pos + 24:pos + 24 + length]
         assert len(payload) == length, (name, pos, "record runs past the end")
@@ -528,7 +535,7 @@ def test_lmdb_after_every_writer_closed(made):
     dbs = made.index
     meta = dbs[b"meta"]
     assert set(meta) == {b"format", b"next_id", b"next_order", b"gc_generation", b"log_state"}
-    assert u64(meta[b"format"]) == 3
+    assert u64(meta[b"format"]) == TODAY
     assert u64(meta[b"next_order"]) == ORDERS["k"] + 1
     assert u64(meta[b"gc_generation"]) == 1               # the one compaction's collection
     assert {LOG_KEY.unpack(k)[0]: LOG_POSITION.unpack(v) for k, v in dbs[b"logs"].items()} \
@@ -629,8 +636,8 @@ with snapstore.open(sys.argv[1], durability="none", segment_size=65536) as s:
 """
 
 
-def segment_header(number: int) -> bytes:
-    head = struct.pack("<8sIIQ", b"SNAPSEG\x00", 3, 0, number)
+def segment_header(number: int, version: int = TODAY) -> bytes:
+    head = struct.pack("<8sIIQ", b"SNAPSEG\x00", version, 0, number)
     return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head, seed=0))
 
 

@@ -121,7 +121,8 @@ def test_golden_stores_exist():
     assert {f"v1/{n}" for n in V1_STORES} <= set(IDS), IDS
     assert {f"v2/{n}" for n in V2_STORES} <= set(IDS), IDS
     assert {f"v3/{n}" for n in V3_STORES} <= set(IDS), IDS
-    assert {f"v{v}/{n}" for v in (1, 2, 3) for n in ("objects", "torch")} <= set(OBJECT_IDS)
+    assert {f"v4/{n}" for n in V3_STORES + ("floats",)} <= set(IDS), IDS
+    assert {f"v{v}/{n}" for v in (1, 2, 3, 4) for n in ("objects", "torch")} <= set(OBJECT_IDS)
     for d, i in zip(STORE_DIRS, IDS):
         assert expected_of(d)["format_version"] == int(i.split("/")[0][1:]), i
         assert os.path.isfile(os.path.join(d, "FORMAT"))
@@ -170,12 +171,12 @@ def test_readonly_open_matches_expected(golden):
 # ---- (b) a writer opens it (recovery runs) and verify finds nothing ---------------------------
 # Segments a writer's open adds to a store of each format version. A segment only holds
 # records of its header's version (issue 14), and today's writer creates segments of version
-# 3: the upgrade of a format 1 store writes its state section into a new one (and log 0 goes
-# on in it); a format 2 store's log 0 goes on in a new, empty one; a format 3 store's log 0
-# goes on in its last segment (expected.json's "segments" are those after a writer's open of
-# the version that made the store). A format whose upgrade touches the log of older stores
-# changes this table.
-SEGMENTS_ADDED_BY_UPGRADE = {1: 1, 2: 1, 3: 0}
+# 4: the upgrade of a format 1 store writes its state section into a new one (and log 0 goes
+# on in it); a format 2 or 3 store's log 0 goes on in a new, empty one (format 4's chunk
+# codec needs segments of version 4); a format 4 store's log 0 goes on in its last segment
+# (expected.json's "segments" are those after a writer's open of the version that made the
+# store). A format whose upgrade touches the log of older stores changes this table.
+SEGMENTS_ADDED_BY_UPGRADE = {1: 1, 2: 1, 3: 1, 4: 0}
 
 
 def test_writer_open_recovers_and_verifies(golden):
@@ -428,10 +429,11 @@ V2_DIRS = [d for d in STORE_DIRS if expected_of(d)["format_version"] >= 2]
 V2_IDS = [i for d, i in zip(STORE_DIRS, IDS) if expected_of(d)["format_version"] >= 2]
 
 
-# What repair reports of a golden store's log that is no damage: v3/interrupted's log 1 ends in
-# a delete_many whose second record is torn (its writer was killed appending it), which repair
-# reports as an incomplete batch (none of it applied, as by recovery), docs/design.md "Repair".
-REPAIR_REPORTS = {"v3/interrupted": {"incomplete_batch"}}
+# What repair reports of a golden store's log that is no damage: v3/interrupted's (and
+# v4/interrupted's, the same recipe) log 1 ends in a delete_many whose second record is torn
+# (its writer was killed appending it), which repair reports as an incomplete batch (none of it
+# applied, as by recovery), docs/design.md "Repair".
+REPAIR_REPORTS = {"v3/interrupted": {"incomplete_batch"}, "v4/interrupted": {"incomplete_batch"}}
 
 
 @pytest.mark.parametrize("store_dir", V2_DIRS, ids=V2_IDS)

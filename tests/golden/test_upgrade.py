@@ -53,9 +53,10 @@ V3_STORES = sorted(os.path.basename(os.path.dirname(p))
                    for p in glob.glob(os.path.join(V3, "*", "FORMAT")))
 PKG_ROOT = os.path.dirname(os.path.dirname(HERE))
 
-# The format a writer's open leaves a format 1 or 2 store at. The next format changes this and
-# adds what its own upgrade step changes (the checks of the 2 -> 3 step below stay).
-UPGRADED_TO = 3
+# The format a writer's open leaves a format 1, 2 or 3 store at. The next format changes this
+# and adds what its own upgrade step changes (the checks of the earlier steps below stay).
+UPGRADED_TO = 4
+TODAYS_SEGMENT_VERSION = 4      # the header version of the segments today's writer creates
 # The databases format 3 added (a writer's open creates them, empty, before it upgrades).
 V3_DBS = {fmt.DB_LOGS, fmt.DB_CLAIMS, fmt.DB_GROUPS}
 # The torn record a writer's recovery cuts from the last segment: a 24-byte header and 6 of
@@ -133,8 +134,8 @@ def segment_version(data: bytes) -> int:
 
 
 def new_segment(number: int) -> bytes:
-    """A segment holding no record yet, as the version 3 writer creates it."""
-    head = struct.pack("<8sIIQ", b"SNAPSEG\x00", 3, 0, number)
+    """A segment holding no record yet, as today's writer creates it (header version 4)."""
+    head = struct.pack("<8sIIQ", b"SNAPSEG\x00", TODAYS_SEGMENT_VERSION, 0, number)
     return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head, seed=0))
 
 
@@ -172,6 +173,14 @@ def v3_of(v2: dict) -> dict:
     meta[fmt.META_NEXT_ORDER] = seal(fmt.DB_META, fmt.META_NEXT_ORDER, struct.pack("<Q", 1))
     meta[fmt.META_FORMAT] = seal(fmt.DB_META, fmt.META_FORMAT, struct.pack("<Q", 3))
     assert not out[fmt.DB_CLAIMS] and not out[fmt.DB_GROUPS]
+    return out
+
+
+def v4_of(v3: dict) -> dict:
+    """The index the 3 -> 4 step makes of the format 3 index `v3` (raw values): META_FORMAT is
+    4; nothing else changes (format 4 only adds a chunk codec, in new segments)."""
+    out = {name: dict(v3.get(name, {})) for name in fmt.INDEX_DBS}
+    out[fmt.DB_META][fmt.META_FORMAT] = seal(fmt.DB_META, fmt.META_FORMAT, struct.pack("<Q", 4))
     return out
 
 
@@ -241,21 +250,25 @@ def test_writer_open_upgrades_each_v1_store(store, tmp_path):
         assert len(added) == 1 and added[0] == f"{int(max(segments0)[:16]) + 1:016d}.seg"
         # (a segment of today's version: the section BEGINs without an order, written before
         # the index counts orders, and covers log 0 up to itself)
-        assert segment_version(segments[added[0]]) == 3
+        assert segment_version(segments[added[0]]) == TODAYS_SEGMENT_VERSION
         assert {k: segments[k] for k in segments0} == cut(store, segments0)
         # 2 -> 3: log 0's applied position, the order count, META_FORMAT 3, all at once
         assert upgrade.STEPS[2].run(path, o.index, o.backend)
         assert o.index.version == 3
         assert raw_index(path, o) == v3_of(v2)
+        # 3 -> 4: META_FORMAT 4, nothing else
+        assert upgrade.STEPS[3].run(path, o.index, o.backend)
+        assert o.index.version == 4
+        assert raw_index(path, o) == v4_of(v3_of(v2))
         assert format_file(path)["version"] == 1      # FORMAT last
         assert upgrade.upgrade(path, o.index, o.backend) == 1
     finally:
         o.close()
-    assert format_file(path) == {"format": "snapstore", "version": 3, "created": created}
+    assert format_file(path) == {"format": "snapstore", "version": 4, "created": created}
     upgraded = raw_segments(path)
     assert upgraded == segments
     # and through the public API: recovery, verify, restores, readers; log 0 goes on in the
-    # upgrade's segment (of version 3: no other is added)
+    # upgrade's segment (of today's version: no other is added)
     ids = [c["id"] for c in exp["checkpoints"]]
     with snapstore.open(path, durability="none") as s:
         check_exact(s, exp, ids)
@@ -269,13 +282,13 @@ def test_writer_open_upgrades_each_v1_store(store, tmp_path):
     with snapstore.open(path, readonly=True) as s:
         check_exact(s, exp, ids, listed=False)
         assert [c.id for c in s.checkpoints()] == ids + [info.id]
-    assert index_version(path) == 3 and format_file(path)["version"] == 3
+    assert index_version(path) == 4 and format_file(path)["version"] == 4
 
 
 def test_format_file_older_than_its_index_is_finished(tmp_path):
     """FORMAT still 1 over a format 2 index (a crash between the two): a reader reads it, the
-    next writer runs the steps still to do (the log step's section, 2 -> 3) and publishes
-    FORMAT 3; the sealed values stay as they were."""
+    next writer runs the steps still to do (the log step's section, 2 -> 3, 3 -> 4) and
+    publishes FORMAT 4; the sealed values stay as they were."""
     path = copy("raw_cdc", tmp_path)
     exp = expected_of("raw_cdc")
     index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
@@ -288,11 +301,11 @@ def test_format_file_older_than_its_index_is_finished(tmp_path):
     with snapstore.open(path, readonly=True) as s:
         check_exact(s, exp, exp["readonly_ids"])
     snapstore.open(path, durability="none").close()
-    assert format_file(path)["version"] == 3
+    assert format_file(path)["version"] == 4
     after = raw_index(path)
-    # the log step's note (a state section for the format 1 log), then the 2 -> 3 step
+    # the log step's note (a state section for the format 1 log), then 2 -> 3 and 3 -> 4
     assert after[fmt.DB_META].pop(fmt.META_LOG_STATE) is not None
-    assert after == v3_of(sealed)
+    assert after == v4_of(v3_of(sealed))
 
 
 # ---- format 2 stores --------------------------------------------------------------------------
@@ -323,17 +336,19 @@ def test_v2_store_under_todays_writer(store, tmp_path):
     # log 0's segments as they were: the 2 -> 3 step's recovery only cut the torn tail
     assert raw_segments(path) == cut(store, segments0)
     last = max(segments0)
-    if exp["readonly_ids"] == ids:     # nothing for recovery to apply: only the 2 -> 3 step
-        assert upgraded == v3_of(index0)
+    if exp["readonly_ids"] == ids:     # nothing for recovery to apply: 2 -> 3, 3 -> 4 alone
+        assert upgraded == v4_of(v3_of(index0))
     else:                              # "unapplied": its second commit, applied up to its end
         assert log0_applied(upgraded) == (int(last[:16]), len(cut(store, segments0)[last]))
         assert unseal(fmt.DB_META, fmt.META_NEXT_ORDER,
                       upgraded[fmt.DB_META][fmt.META_NEXT_ORDER], 3) == struct.pack("<Q", 1)
         assert not upgraded[fmt.DB_CLAIMS] and not upgraded[fmt.DB_GROUPS]
+        assert unseal(fmt.DB_META, fmt.META_FORMAT, upgraded[fmt.DB_META][fmt.META_FORMAT],
+                      4) == struct.pack("<Q", 4)
     created = json.loads(format0)["created"]
-    assert format_file(path) == {"format": "snapstore", "version": 3, "created": created}
+    assert format_file(path) == {"format": "snapstore", "version": 4, "created": created}
 
-    # through the public API: log 0 goes on in a new segment of version 3; recovery, verify,
+    # through the public API: log 0 goes on in a new segment of version 4; recovery, verify,
     # restores, readers afterwards
     with snapstore.open(path, durability="none") as s:
         check_exact(s, exp, ids)
@@ -351,10 +366,11 @@ def test_v2_store_under_todays_writer(store, tmp_path):
 # ---- format 3 stores ----------------------------------------------------------------------------
 @pytest.mark.parametrize("store", V3_STORES)
 def test_v3_store_under_todays_writer(store, tmp_path):
-    """A store of today's format is upgraded by nothing: readers change nothing; no upgrade
-    step finds work (the index stays format 3, its values as they were, FORMAT byte for
-    byte); a writer's open recovers what its dead writers left (unapplied, interrupted) and
-    adds no segment; opening it again changes nothing at all."""
+    """A format 3 store becomes format 4 by the 3 -> 4 step alone: readers change nothing; the
+    upgrade changes META_FORMAT (4) and nothing else of the index, no segment, and publishes
+    FORMAT 4 (its "created" kept); a writer's open recovers what its dead writers left
+    (unapplied, interrupted) and goes on in a new, empty segment of version 4 (a segment only
+    holds records of its header's version); opening it again changes nothing at all."""
     path = copy(store, tmp_path, 3)
     exp = expected_of(store, 3)
     ids = [c["id"] for c in exp["checkpoints"]]
@@ -370,32 +386,41 @@ def test_v3_store_under_todays_writer(store, tmp_path):
     try:
         assert o.index.version == 3
         assert not o.index.add_value_checksums()
-        assert not any(step.run(path, o.index, o.backend) for step in upgrade.STEPS)
-        assert upgrade.upgrade(path, o.index, o.backend) == 3
+        assert not any(step.run(path, o.index, o.backend) for step in upgrade.STEPS[:3])
+        assert upgrade.STEPS[3].run(path, o.index, o.backend)
+        assert o.index.version == 4
+        assert upgrade.upgrade(path, o.index, o.backend) == 3   # the version FORMAT named
     finally:
         o.close()
-    assert (raw_index(path), raw_segments(path), raw_format(path)) == \
-        (index0, segments0, format0)
+    assert raw_index(path) == v4_of(index0)
+    assert raw_segments(path) == segments0
+    created = json.loads(format0)["created"]
+    assert format_file(path) == {"format": "snapstore", "version": 4, "created": created}
+    upgraded_format = raw_format(path)
 
     with snapstore.open(path, durability="none") as s:      # recovery, verify, restores
         check_exact(s, exp, ids)
         report = s.verify(deep=True)
         assert report["ok"], report["problems"][:5]
     recovered, segments = raw_index(path), raw_segments(path)
-    assert sorted(segments) == [f"{n:016d}.seg" for n in exp["segments"]]
-    if exp["readonly_ids"] == ids:      # nothing to recover: nothing changed
-        assert recovered == index0 and segments == segments0
+    log0 = [n for n in exp["segments"] if n < fmt.LOG_SEGMENTS]
+    nxt = f"{max(log0) + 1:016d}.seg"
+    assert sorted(segments) == sorted([f"{n:016d}.seg" for n in exp["segments"]] + [nxt])
+    assert segments[nxt] == new_segment(int(nxt[:16]))
+    if exp["readonly_ids"] == ids:      # nothing to recover: nothing else changed
+        assert recovered == v4_of(index0)
+        assert {k: v for k, v in segments.items() if k != nxt} == segments0
     else:                               # claims and groups of dead writers gone
         assert not recovered[fmt.DB_CLAIMS] and not recovered[fmt.DB_GROUPS]
-    assert raw_format(path) == format0
+    assert raw_format(path) == upgraded_format
     snapstore.open(path, durability="none").close()
     assert (raw_index(path), raw_segments(path), raw_format(path)) == \
-        (recovered, segments, format0)
-    assert index_version(path) == format_file(path)["version"] == UPGRADED_TO == 3
+        (recovered, segments, upgraded_format)
+    assert index_version(path) == format_file(path)["version"] == UPGRADED_TO == 4
 
 
 # ---- both ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_upgrade_is_idempotent(tmp_path, version):
     path = copy("basic", tmp_path, version)
     exp = expected_of("basic", version)
@@ -404,10 +429,10 @@ def test_upgrade_is_idempotent(tmp_path, version):
     fmt_first = raw_format(path)
     o = Opened(path)
     try:
-        assert o.index.version == 3
+        assert o.index.version == 4
         assert not o.index.add_value_checksums()               # nothing left to do
         assert not any(step.run(path, o.index, o.backend) for step in upgrade.STEPS)
-        assert upgrade.upgrade(path, o.index, o.backend) == 3
+        assert upgrade.upgrade(path, o.index, o.backend) == 4
     finally:
         o.close()
     snapstore.open(path, durability="none").close()
@@ -439,11 +464,13 @@ CRASHES = [
     (1, "upgrade_before_index_commit", 1, 1),
     (1, "upgrade_before_state_mark", 2, 1),
     (1, "upgrade_v3_before_index_commit", 2, 1),
-    (1, "upgrade_before_format", 3, 1),
-    (1, "upgrade_after_format", 3, 3),
+    (1, "upgrade_before_format", 4, 1),
+    (1, "upgrade_after_format", 4, 4),
     (2, "upgrade_v3_before_index_commit", 2, 2),
-    (2, "upgrade_before_format", 3, 2),
-    (2, "upgrade_after_format", 3, 3),
+    (2, "upgrade_before_format", 4, 2),
+    (2, "upgrade_after_format", 4, 4),
+    (3, "upgrade_before_format", 4, 3),
+    (3, "upgrade_after_format", 4, 4),
 ]
 
 
@@ -462,8 +489,9 @@ def test_crash_during_upgrade(tmp_path, store, version, point, index_after, form
         assert not raw_index(path).get(fmt.DB_LOGS)
     # readers read it as it is: the first step that recovers the log (the log step of a v1
     # store, the 2 -> 3 step of a v2 store) ran before its crash point, so from there on they
-    # see the recovered checkpoints
-    recovered = point != "upgrade_before_index_commit"
+    # see the recovered checkpoints; no step recovers a v3 store's logs (the writer's open
+    # does, after the upgrade)
+    recovered = point != "upgrade_before_index_commit" and version < 3
     with snapstore.open(path, readonly=True) as s:
         check_exact(s, exp, [c["id"] for c in exp["checkpoints"]] if recovered
                     else exp["readonly_ids"])
@@ -471,7 +499,7 @@ def test_crash_during_upgrade(tmp_path, store, version, point, index_after, form
         report = s.verify(deep=True)
         assert report["ok"], report["problems"][:5]
         check_exact(s, exp, [c["id"] for c in exp["checkpoints"]])
-    assert index_version(path) == 3 and format_file(path)["version"] == 3
+    assert index_version(path) == 4 and format_file(path)["version"] == 4
     index = raw_index(path)
     assert log0_applied(index)[0] < fmt.LOG_SEGMENTS
     assert not index[fmt.DB_CLAIMS] and not index[fmt.DB_GROUPS]
@@ -480,17 +508,17 @@ def test_crash_during_upgrade(tmp_path, store, version, point, index_after, form
 @pytest.mark.parametrize("point", ["upgrade_before_index_commit", "upgrade_before_state_mark"])
 def test_v2_store_never_reaches_the_format_1_steps(tmp_path, point):
     """A v2 store's values are sealed and its log is complete: a writer open passes neither of
-    the 1 -> 2 steps' crash points and upgrades it to 3."""
+    the 1 -> 2 steps' crash points and upgrades it to 4."""
     path = copy("basic", tmp_path, 2)
     p = run_child(path, point)
     assert (p.returncode, p.stdout.strip()) == (0, "finished"), p.stderr
-    assert index_version(path) == format_file(path)["version"] == 3
+    assert index_version(path) == format_file(path)["version"] == 4
 
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_reader_open_across_the_upgrade(tmp_path, version):
     """A reader that opened the store at format 1 or 2 reads correctly after a writer (here in
-    the same process, sharing the LMDB environment) upgraded it to 3: each read transaction
+    the same process, sharing the LMDB environment) upgraded it to 4: each read transaction
     knows the format of its own snapshot."""
     path = copy("basic", tmp_path, version)
     exp = expected_of("basic", version)
@@ -504,7 +532,7 @@ def test_reader_open_across_the_upgrade(tmp_path, version):
             assert reader.restore(info.id) == {"n": b"after the upgrade"}
         assert [c.id for c in reader.checkpoints()] == ids + [info.id]
         check_exact(reader, exp, ids, listed=False)
-    assert index_version(path) == 3
+    assert index_version(path) == 4
 
 
 def test_newer_index_or_format_is_refused(tmp_path):
