@@ -43,9 +43,9 @@ from snapstore.errors import (AsyncSaveError, DeviceTensorError, InvalidArgument
 from snapstore.objectlayer import (META_KEY, contiguous_tensor, layer_meta, reader_hint,
                                    require_store, resolve_checkpoint, user_meta, wrap_meta)
 
-__all__ = ["save", "save_async", "load", "user_meta", "is_object_checkpoint", "FRESH", "ObjectSaveError",
-           "DeviceTensorError", "StructureMismatchError", "NotAnObjectCheckpointError",
-           "META_KEY", "PICKLE_BUFFER", "DEFAULT_INBAND_LIMIT"]
+__all__ = ["save", "save_async", "load", "user_meta", "is_object_checkpoint", "FRESH",
+           "ObjectSaveError", "DeviceTensorError", "StructureMismatchError",
+           "NotAnObjectCheckpointError", "META_KEY", "PICKLE_BUFFER", "DEFAULT_INBAND_LIMIT"]
 
 FORMAT_VERSION = 1
 PICKLE_BUFFER = "pickle"              # buffer name of the pickle stream

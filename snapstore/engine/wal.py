@@ -189,7 +189,7 @@ def read_record(reader: SegmentReader, number: int, offset: int, *, size: int | 
 
 
 RESYNC_WINDOW = 1 << 20
-WRITEBACK_BYTES = 1 << 20     # flushes of this many bytes start their writeback at once (durable logs)
+WRITEBACK_BYTES = 1 << 20     # a durable log's flushes of this many bytes start their writeback
 
 
 def _valid_at(reader: SegmentReader, n: int, pos: int, size: int, types) -> bool:
