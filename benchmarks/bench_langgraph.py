@@ -14,6 +14,7 @@ synchronous=FULL: the WAL is fsynced at every commit). Disk size is what the fil
 (allocated blocks) after the saver is closed, so SQLite's WAL has been checkpointed.
 
     python3 benchmarks/bench_langgraph.py [--steps 500] [--dir /path/on/real/disk]
+    python3 benchmarks/bench_langgraph.py --turns 200     # message-only agent turns (issue 18)
 """
 from __future__ import annotations
 
@@ -142,6 +143,79 @@ def run_sqlite(root: str, steps: int, seed: int) -> dict:
             "times": times, "read": read, "disk": (alloc, apparent)}
 
 
+# ---- message-only agent turns (issue 18) ----------------------------------------------------
+def _turn_graph(saver):
+    """A compiled graph of MessagesState: agent -> tools -> final, each adding one message, so
+    a turn (one invoke with a user message) makes 5 checkpoints and 3 put_writes."""
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    def node(kind: str, words_: str):
+        def run(state):
+            n = len(state["messages"])
+            return {"messages": [AIMessage(content=(words_ + " ") * 30 + str(n),
+                                           id=f"{kind}{n}")]}
+        return run
+    g = StateGraph(MessagesState)
+    for kind, text in (("agent", "thinking"), ("tools", "tool result"), ("final", "answer")):
+        g.add_node(kind, node(kind, text))
+    g.add_edge(START, "agent")
+    g.add_edge("agent", "tools")
+    g.add_edge("tools", "final")
+    g.add_edge("final", END)
+    return g.compile(checkpointer=saver)
+
+
+def drive_turns(saver, turns: int) -> dict:
+    """Seconds per turn, per put and per put_writes (timed inside the graph's calls), and of
+    list(limit=5) after the last turn (best of 5)."""
+    timed: dict = {"put": [], "put_writes": []}
+    for name in timed:
+        real = getattr(saver, name)
+
+        def wrapped(*a, _real=real, _out=timed[name], **k):
+            t = time.perf_counter()
+            try:
+                return _real(*a, **k)
+            finally:
+                _out.append(time.perf_counter() - t)
+        setattr(saver, name, wrapped)
+    graph = _turn_graph(saver)
+    config = {"configurable": {"thread_id": "t1"}}
+    turn_times = []
+    for i in range(turns):
+        t = time.perf_counter()
+        graph.invoke({"messages": [HumanMessage(content=("question " * 30) + str(i),
+                                                id=f"h{i}")]}, config)
+        turn_times.append(time.perf_counter() - t)
+    lists = []
+    for _ in range(5):
+        t = time.perf_counter()
+        assert len(list(saver.list(config, limit=5))) == 5
+        lists.append(time.perf_counter() - t)
+    return {"turn": turn_times, "put": timed["put"], "put_writes": timed["put_writes"],
+            "list": min(lists)}
+
+
+def run_turns(root: str, turns: int) -> list:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    out = []
+    path = os.path.join(root, "turns-snapstore")
+    with SnapstoreSaver.from_path(path, durability="fsync") as saver:
+        r = drive_turns(saver, turns)
+    r.update(name="SnapstoreSaver (fsync)", disk=disk_bytes(path)[0],
+             index=disk_bytes(os.path.join(path, "index"))[0],
+             data=disk_bytes(os.path.join(path, "segments"))[0])
+    out.append(r)
+    path = os.path.join(root, "turns.db")
+    with SqliteSaver.from_conn_string(path) as saver:
+        saver.setup()
+        r = drive_turns(saver, turns)
+    r.update(name="SqliteSaver", disk=sum(disk_bytes(path + x)[0] for x in ("", "-wal", "-shm")
+                                          if os.path.exists(path + x)))
+    out.append(r)
+    return out
+
+
 def mib(n: float) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
@@ -152,9 +226,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--seed", type=int, default=9)
     ap.add_argument("--dir", default=None, help="where to put the stores (default: a temp dir)")
+    ap.add_argument("--turns", type=int, default=0,
+                    help="instead: N message-only agent turns of a real graph (5 checkpoints "
+                         "per turn), per-turn/put/put_writes/list(limit=5) times and disk")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="bench-langgraph-", dir=args.dir)
     try:
+        if args.turns:
+            return print_turns(run_turns(root, args.turns), args.turns)
         results = [run_snapstore(root, "fsync", args.steps, args.seed),
                    run_snapstore(root, "none", args.steps, args.seed),
                    run_sqlite(root, args.steps, args.seed)]
@@ -178,6 +257,22 @@ def main() -> None:
               f"smaller | {mean * 1e3:.2f} ms | {statistics.median(t) * 1e3:.2f} ms | "
               f"{p95 * 1e3:.2f} ms | {mean / statistics.fmean(base['times']):.2f}x | "
               f"{r['read'] * 1e3:.1f} ms |")
+
+
+def print_turns(results: list, turns: int) -> None:
+    print(f"{turns} turns of a message-only graph (agent -> tools -> final; 5 checkpoints a "
+          "turn), one thread, durability fsync / SQLite's defaults\n")
+    print("| saver | per turn (median) | put (median) | put_writes (median) | list(limit=5) | "
+          "disk |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        disk = mib(r["disk"])
+        if "index" in r:
+            disk += f" (index {mib(r['index'])}, data {mib(r['data'])})"
+        print(f"| {r['name']} | {statistics.median(r['turn']) * 1e3:.1f} ms | "
+              f"{statistics.median(r['put']) * 1e3:.2f} ms | "
+              f"{statistics.median(r['put_writes']) * 1e3:.2f} ms | {r['list'] * 1e3:.1f} ms | "
+              f"{disk} |")
 
 
 if __name__ == "__main__":
