@@ -122,6 +122,7 @@ class Harness:
         self.next_step = 0
         self.runs = 0
         self.dead_logs: list[int] = []
+        self.last_run_seconds = 0.0           # how long the last child ran after "ready"
 
     def run(self, crash_at: str | None = None, kill_after: float | None = None,
             steps: int = 4) -> dict:
@@ -141,10 +142,12 @@ class Harness:
                 for log in self.dead_logs:
                     assert leftovers(self.cache, log) == [], (log, leftovers(self.cache, log))
                 self.dead_logs = []
+            started = time.monotonic()
             if kill_after is not None and proc.poll() is None:
                 time.sleep(kill_after)
                 proc.send_signal(signal.SIGKILL)
             proc.wait(120)
+            self.last_run_seconds = time.monotonic() - started
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -226,9 +229,16 @@ def test_killed_at_every_commit_step_and_at_random(url, tmp_path):
                     assert r.restore(newest.id) == remote_child.content(seed,
                                                                         out["in_flight"])
                 assert newest.id in cached_ids(h.cache)
-        for _ in range(RANDOM_KILLS):
-            # a commit takes 15-60 ms here: most kills land inside the run, at any step
-            out = h.run(kill_after=rng.uniform(0.0, 0.3), steps=12)
+        # random kills: until at least half of RANDOM_KILLS landed inside a run (a bounded
+        # number of tries), each at a moment drawn from the length of the runs that ran to
+        # their end (a commit takes 15-60 ms here; the first bound is a guess)
+        before, tries, window = h.kills, 0, 0.3
+        while tries < RANDOM_KILLS or (h.kills - before < RANDOM_KILLS // 2 and
+                                       tries < 4 * RANDOM_KILLS):
+            tries += 1
+            out = h.run(kill_after=rng.uniform(0.0, window), steps=12)
+            if not out["killed"]:
+                window = 0.8 * h.last_run_seconds
             h.verify(out["in_flight"], None)
         out = h.run(steps=1)                            # the store goes on
         assert not out["killed"] and len(out["acked"]) == 1

@@ -280,12 +280,12 @@ def scenario_kill_rank(step: dict) -> None:
         from snapstore.engine import writer as wr
         append, count = wr.ChunkSink._append, [0]
 
-        def dying_append(self, items):          # the records of new chunks, one at a time
+        def dying_append(self, items, *rest):   # the records of new chunks, one at a time
             for item in items:
                 count[0] += 1
                 if count[0] > 3:
                     os.kill(os.getpid(), signal.SIGKILL)
-                append(self, [item])
+                append(self, [item], *rest)
         wr.ChunkSink._append = dying_append
     error = None
     try:
