@@ -125,9 +125,9 @@ def test_saves_queued_behind_a_failure_fail_or_hold_their_values(store, monkeypa
     bad = st.save_async(store, {"w": w}, "q")
     w[:100] += 1
     want = w.clone()
+    threading.Timer(0.2, gate.set).start()          # a save that must wait for it may
     later = st.save_async(store, {"w": w}, "q")
     w.zero_()
-    gate.set()
     with pytest.raises(SnapstoreError, match="injected"):
         bad.result(timeout=60)
     try:
