@@ -1,6 +1,7 @@
 """What the layers that keep Python objects as checkpoints share (snapstore.objects,
 snapstore.arrays, snapstore.torch): the meta keys they reserve, the user's meta in and out of a
-checkpoint's meta, the checkpoint a reference names, and a contiguous copy of a tensor.
+checkpoint's meta, the checkpoint a reference names, a contiguous copy of a tensor, and the
+float item size label that makes the store code a tensor's bytes as byte planes.
 
 A checkpoint written by one of these layers has in its meta one reserved key (META_KEY for
 objects.save, ARRAYS_META_KEY for arrays.save_arrays) holding that layer's description of the
@@ -19,7 +20,8 @@ from snapstore.errors import CheckpointNotFound, InvalidArgumentError, InvalidAr
 __all__ = ["META_KEY", "ARRAYS_META_KEY", "DCP_META_KEY", "DCP_PART_KEY",
            "DCP_METADATA_BUFFER", "WORKFLOW_META_KEY",
            "RESERVED_META_KEYS", "wrap_meta", "user_meta", "layer_meta", "reader_hint",
-           "require_store", "resolve_checkpoint", "contiguous_tensor"]
+           "require_store", "resolve_checkpoint", "contiguous_tensor", "float_view",
+           "labelled_view"]
 
 META_KEY = "snapstore.objects"          # meta key of an objects.save() checkpoint
 ARRAYS_META_KEY = "snapstore.arrays"    # meta key of an arrays.save_arrays() checkpoint
@@ -120,3 +122,26 @@ def contiguous_tensor(t, torch):
     if as_int is None:
         return t.contiguous()
     return t.view(getattr(torch, as_int)).contiguous().view(t.dtype)
+
+
+_FLOAT_FORMATS = {2: "e", 4: "f", 8: "d"}      # memoryview formats that label an item size
+
+
+def float_view(view: memoryview, tensor) -> memoryview:
+    """view (the bytes of a torch tensor or storage) labelled with the item size of the
+    tensor's floats: a memoryview of format "e", "f" or "d" by element size (bfloat16 is
+    labelled "e" too), so the store codes its chunks as byte planes (format 4); view itself
+    for other dtypes."""
+    k = tensor.element_size()
+    if k not in _FLOAT_FORMATS or not tensor.is_floating_point() or view.nbytes % k:
+        return view
+    return labelled_view(view, k)
+
+
+def labelled_view(view: memoryview, k: int) -> memoryview:
+    """view (bytes, a multiple of k long) as a flat memoryview of k-byte floats
+    (memoryview.cast cannot make the 2-byte "e" format: NumPy's float16 view gives it)."""
+    if k == 2:
+        import numpy as np
+        return memoryview(np.frombuffer(view, dtype=np.float16))
+    return view.cast(_FLOAT_FORMATS[k])

@@ -40,8 +40,9 @@ from snapstore.engine.validation import float_item_size, validate_meta, validate
 from snapstore.errors import (AsyncSaveError, DeviceTensorError, InvalidArgumentError,
                               NotAnObjectCheckpointError, ObjectSaveError,
                               StructureMismatchError)
-from snapstore.objectlayer import (META_KEY, contiguous_tensor, layer_meta, reader_hint,
-                                   require_store, resolve_checkpoint, user_meta, wrap_meta)
+from snapstore.objectlayer import (META_KEY, contiguous_tensor, float_view, labelled_view,
+                                   layer_meta, reader_hint, require_store, resolve_checkpoint,
+                                   user_meta, wrap_meta)
 
 __all__ = ["save", "save_async", "load", "user_meta", "is_object_checkpoint", "FRESH",
            "ObjectSaveError", "DeviceTensorError", "StructureMismatchError",
@@ -171,28 +172,6 @@ class _StorageRef:
         self.view = view
 
 
-_FLOAT_FORMATS = {2: "e", 4: "f", 8: "d"}      # a label of the item size for the chunk codec
-
-
-def _float_view(view: memoryview, tensor) -> memoryview:
-    """view labelled with the item size of the tensor's floats (memoryview format "e", "f" or
-    "d" by element size: bfloat16 is labelled "e" too), so the store codes its chunks as byte
-    planes; view itself for other dtypes."""
-    k = tensor.element_size()
-    if k not in _FLOAT_FORMATS or not tensor.is_floating_point() or view.nbytes % k:
-        return view
-    return _labelled(view, k)
-
-
-def _labelled(view: memoryview, k: int) -> memoryview:
-    """view (bytes) as a flat memoryview of k-byte floats (memoryview.cast cannot make the
-    2-byte "e" format: NumPy's float16 view gives it)."""
-    if k == 2:
-        import numpy as np
-        return memoryview(np.frombuffer(view, dtype=np.float16))
-    return view.cast(_FLOAT_FORMATS[k])
-
-
 class _DeviceTensor(Exception):
     def __init__(self, tensor) -> None:
         super().__init__()
@@ -314,7 +293,7 @@ class _Pickler(pickle.Pickler):
             ref = self._refs.get(key)
             if ref is None:
                 self._keep.append(storage)
-                ref = self._refs[key] = _StorageRef(_float_view(
+                ref = self._refs[key] = _StorageRef(float_view(
                     address_view(storage.data_ptr(), storage.nbytes()), src))
             offset, size, stride = src.storage_offset(), tuple(src.shape), tuple(src.stride())
         else:
@@ -326,7 +305,7 @@ class _Pickler(pickle.Pickler):
             if not src.is_contiguous():
                 src = contiguous_tensor(src, torch)
             self._keep.append(src)
-            ref = _StorageRef(_float_view(address_view(src.data_ptr(), nbytes), src))
+            ref = _StorageRef(float_view(address_view(src.data_ptr(), nbytes), src))
             offset, size = 0, tuple(src.shape)
             stride = tuple(src.stride())
         attrs = dict(t.__dict__) if t.__dict__ else None
@@ -534,7 +513,7 @@ def _object_checkpoint(store, where: str, obj: Any, stream: str, meta: Any,
     info = {"version": FORMAT_VERSION, "buffers": len(pickler.views)}
     buffers = {PICKLE_BUFFER: stream_bytes}
     for i, (view, k) in enumerate(zip(pickler.views, pickler.itemsizes)):
-        buffers[f"{OOB_PREFIX}{i}"] = view if k == 1 else _labelled(view, k)
+        buffers[f"{OOB_PREFIX}{i}"] = view if k == 1 else labelled_view(view, k)
 
     def release() -> None:
         pickler.release()

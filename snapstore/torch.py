@@ -50,7 +50,7 @@ from snapstore.engine import format as fmt
 from snapstore.engine.memory import address_view
 from snapstore import objects
 from snapstore.objectlayer import (DCP_META_KEY, DCP_METADATA_BUFFER, DCP_PART_KEY,
-                                   contiguous_tensor, layer_meta, require_store)
+                                   contiguous_tensor, float_view, layer_meta, require_store)
 from snapstore.errors import (CheckpointNotFound, InvalidArgumentError, InvalidArgumentTypeError,
                               SnapstoreError)
 from snapstore.engine.validation import validate_name, validate_timeout
@@ -271,7 +271,7 @@ def _tensor_bytes(tensor: torch.Tensor) -> tuple[memoryview, torch.Tensor]:
         t = t.resolve_neg()
     if not t.is_contiguous():
         t = contiguous_tensor(t, torch)
-    return address_view(t.data_ptr(), t.numel() * t.element_size()), t
+    return float_view(address_view(t.data_ptr(), t.numel() * t.element_size()), t), t
 
 
 def _dcp_id(checkpoint_id: Any) -> Any:

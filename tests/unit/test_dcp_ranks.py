@@ -107,7 +107,8 @@ def test_second_save_stores_about_the_changed_rows_only(runs, world):
     saved = fact(runs[f"save{world}"], "saved")
     first, second = saved["first"], saved["second"]
     changed = len(dcp_rank.CHANGED_ROWS) * 4096          # 1% of model.w1's rows, a page each
-    assert first["bytes_new"] > 0.85 * first["total"]    # random floats barely compress
+    # random float32 weights: as byte planes only their exponents compress (format 4: 17%)
+    assert 0.7 * first["total"] < first["bytes_new"] < 0.9 * first["total"], first
     assert changed // 2 < second["bytes_new"] < 0.03 * second["total"], second
     with snapstore.open(runs["stores"][world], readonly=True) as s:
         assert s.verify(deep=True)["ok"]

@@ -289,3 +289,20 @@ def test_verify_reports_a_plane_chunk_in_a_segment_of_an_older_version(tmp_path)
         report = s.verify(deep=True)
         assert not report["ok"]
         assert any("codec" in str(p) for p in report["problems"]), report["problems"][:3]
+
+
+def test_dcp_items_of_float_tensors_use_planes(tmp_path):
+    torch = pytest.importorskip("torch")
+    import warnings
+    import torch.distributed.checkpoint as dcp
+    import snapstore.torch as st
+    path = str(tmp_path / "dcp")
+    sd = {"w": torch.randn(256, 256) * 0.02, "h": (torch.randn(64, 64) * 0.02).bfloat16(),
+          "n": torch.arange(4096)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)      # no process group: one process
+        dcp.save(sd, checkpoint_id="a", storage_writer=st.SnapstoreWriter(path))
+        back = {k: torch.zeros_like(v) for k, v in sd.items()}
+        dcp.load(back, checkpoint_id="a", storage_reader=st.SnapstoreReader(path))
+    assert all(torch.equal(back[k], v) for k, v in sd.items())
+    assert fmt.CODEC_PLANES in codecs_in(path)
