@@ -49,7 +49,8 @@ def test_two_ranks_save_incrementally_and_load_from_empty_caches(s3, tmp_path):
         assert {"item/model.w1", f"item/model.w1@{dcp_rank.ROWS // 2},0", "item/own.rank0",
                 "item/own.rank1", "dcp/metadata"} <= set(info["buffers"])
     assert (first["kind"], second["kind"], second["parent"]) == ("full", "incremental", 1)
-    assert first["bytes_new"] > 0.85 * first["total"]
+    # random float32 weights: as byte planes only their exponents compress (format 4: 17%)
+    assert 0.7 * first["total"] < first["bytes_new"] < 0.9 * first["total"], first
     changed = len(dcp_rank.CHANGED_ROWS) * 4096          # 1% of model.w1's rows, a page each
     assert changed // 2 < second["bytes_new"] < 0.03 * second["total"], second
     # a process with no process group, from an empty cache
