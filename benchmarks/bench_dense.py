@@ -42,22 +42,11 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 import snapstore  # noqa: E402
 from snapstore.formatting import text_table  # noqa: E402
-from bench_floatcodec import versions  # noqa: E402
+from bench_floatcodec import disk_bandwidth, versions  # noqa: E402
 from bench_store import mutate, reset_hwm, vm_hwm  # noqa: E402
 
 MiB = 1 << 20
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-
-
-def write_fsync(path: str, data) -> float:
-    """Seconds to write data to a new file and fsync it (the raw baseline); removes it."""
-    t = time.perf_counter()
-    with open(path, "wb", buffering=0) as f:
-        f.write(data)
-        os.fsync(f.fileno())
-    seconds = time.perf_counter() - t
-    os.unlink(path)
-    return seconds
 
 
 def store_bytes(store) -> int:
@@ -86,7 +75,7 @@ class Report:
 def dense(args, root: str, rep: Report) -> None:
     n = args.dense_mib * MiB
     old, new = versions("float32", n, 0.01)
-    raw = statistics.median(write_fsync(os.path.join(root, "raw"), new) for _ in range(3))
+    raw = len(new) / disk_bandwidth(root, new)        # median of 3 raw write+fsync
     took, added = _median_checkpoint(os.path.join(root, "dense"),
                                      np.frombuffer(old, np.float32),
                                      np.frombuffer(new, np.float32), args.rounds)
@@ -97,7 +86,7 @@ def dense(args, root: str, rep: Report) -> None:
     rnd = np.random.default_rng(3)
     a = rnd.integers(0, 256, n, dtype=np.uint8)
     b = rnd.integers(0, 256, n, dtype=np.uint8)
-    raw = statistics.median(write_fsync(os.path.join(root, "raw"), b) for _ in range(3))
+    raw = len(b) / disk_bandwidth(root, b)
     took, _ = _median_checkpoint(os.path.join(root, "random"), a, b, args.rounds)
     rep.add(f"random {args.dense_mib} MiB (incompressible): checkpoint", f"{took:.3f} s",
             f"{raw:.3f} s raw write+fsync", f"{took / raw:.2f}x", "<= 1.1x", took / raw <= 1.1)

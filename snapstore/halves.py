@@ -10,6 +10,17 @@ A = TypeVar("A")
 B = TypeVar("B")
 
 
+def split_point(sizes: list) -> int:
+    """Where to cut a list of items of these sizes in two for both(): the index (1 to
+    len - 1, for two items or more) after which the first part holds at most half of the
+    total, each part keeping at least one item."""
+    total, half, at = sum(sizes), 0, 0
+    while at < len(sizes) - 1 and half + sizes[at] <= total // 2:
+        half += sizes[at]
+        at += 1
+    return max(at, 1)
+
+
 def both(first: Callable[[], A], second: Callable[[], B]) -> tuple[A, B]:
     """(first(), second()), second() run on a new thread meanwhile; the exception of either
     is raised here (first's when both fail), after both have ended."""

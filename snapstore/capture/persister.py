@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from typing import Any, Callable
 
 from snapstore.capture.staging import StagingArena
-from snapstore.halves import both
+from snapstore.halves import both, split_point
 from snapstore.capture.tracker import Capturer, ImplicitCapturer, Tracker, release_views
 from snapstore.engine import writer as wr
 from snapstore.engine.commit import Committer
@@ -189,11 +189,7 @@ class Persister:
             return
         # the copy and the fingerprints of the copy (C, without the GIL) on both cores: the
         # plans split where half of the bytes are; each plan's detector is its own
-        half, at = 0, 0
-        while at < len(places) - 1 and half + places[at][0].nbytes <= pos // 2:
-            half += places[at][0].nbytes
-            at += 1
-        at = max(at, 1)
+        at = split_point([p.nbytes for p, _ in places])
         both(lambda: stage(places[:at]), lambda: stage(places[at:]))
 
     def _enqueue(self, owner: Capturer, plans: list, meta: Any, region) -> Future:

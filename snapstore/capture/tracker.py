@@ -23,7 +23,7 @@ from snapstore import _native as native
 from snapstore.engine import writer as wr
 from snapstore.engine.validation import validate_buffers, validate_meta
 from snapstore.errors import StoreClosedError
-from snapstore.halves import both
+from snapstore.halves import both, split_point
 
 PARALLEL_DIRTY_BYTES = 8 << 20      # captures of this many bytes are diffed by two threads
 
@@ -122,11 +122,7 @@ class Capturer:
         if total < PARALLEL_DIRTY_BYTES or len(names) < 2 or \
                 any(self.detectors[n].mode != "hash" for n in names):
             return {n: self.detectors[n].dirty() for n in names}
-        at, half = 0, 0
-        while at < len(names) - 1 and half + len(views[names[at]]) <= total // 2:
-            half += len(views[names[at]])
-            at += 1
-        at = max(at, 1)
+        at = split_point([len(views[n]) for n in names])
         first, second = both(lambda: {n: self.detectors[n].dirty() for n in names[:at]},
                              lambda: {n: self.detectors[n].dirty() for n in names[at:]})
         return {**first, **second}

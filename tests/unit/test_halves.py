@@ -1,9 +1,10 @@
-"""snapstore.halves.both: two calls at once, results in order, either one's error raised."""
+"""snapstore.halves.both: two calls at once, results in order, either one's error raised; and
+split_point, where a list of sized items is cut for it."""
 import threading
 
 import pytest
 
-from snapstore.halves import both
+from snapstore.halves import both, split_point
 
 
 def test_results_in_order_and_the_second_runs_on_another_thread():
@@ -23,3 +24,12 @@ def test_the_error_of_either_is_raised_after_both_ended():
         both(lambda: (_ for _ in ()).throw(ValueError("first")),
              lambda: ended.append("second"))
     assert ended == ["first", "second"]
+
+
+@pytest.mark.parametrize("sizes, at", [
+    ([5, 5], 1), ([1, 1, 1, 1], 2), ([10, 1, 1], 1), ([1, 1, 10], 2), ([1, 10, 1], 1),
+    ([0, 0, 0], 2), ([7], 1), ([3, 3, 3], 1)])
+def test_split_point_keeps_the_first_part_within_half_and_both_parts_non_empty(sizes, at):
+    assert split_point(sizes) == at
+    if len(sizes) >= 2:
+        assert 1 <= at <= len(sizes) - 1
