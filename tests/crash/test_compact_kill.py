@@ -10,7 +10,7 @@ so later kills have work; after a child that ran to the end, or when the parent 
 itself with compact(), the job must really be finished: no garbage in the index, every sealed
 segment at least `threshold` live, and a further compact() removes nothing.
 
-Kills: 2 * SNAPSTORE_CRASH_ITERATIONS (default 30, so 60). SNAPSTORE_CRASH_SEED fixes the seed
+Kills: 2 * SNAPSTORE_CRASH_ITERATIONS (default 20, so 40). SNAPSTORE_CRASH_SEED fixes the seed
 (printed on failure). SNAPSTORE_COMPACT_DURABILITY ("fsync" by default) is the child's.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.slow
 
 CHILD = os.path.join(HERE, "compact_child.py")
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(snapstore.__file__)))
-KILLS = 2 * int(os.environ.get("SNAPSTORE_CRASH_ITERATIONS", "30"))
+KILLS = 2 * int(os.environ.get("SNAPSTORE_CRASH_ITERATIONS", "20"))
 DURABILITY = os.environ.get("SNAPSTORE_COMPACT_DURABILITY", "fsync")
 POINTS = ("compact_after_trim_copy", "compact_after_copy", "compact_before_remove",
           "compact_after_remove")

@@ -15,7 +15,7 @@ After every kill the parent checks (Harness.verify):
 The parent also plays "power cut" on some kills: it cuts the last segment somewhere past the
 index's applied position and/or appends garbage (bytes no acknowledged checkpoint depends on).
 
-SNAPSTORE_CRASH_ITERATIONS (default 30) sets the kills per injected point; the random-moment
+SNAPSTORE_CRASH_ITERATIONS (default 20) sets the kills per injected point; the random-moment
 test does three times as many (default total: 90 + 5 * 30 + the reader test's ~10 > 200). SNAPSTORE_CRASH_SEED fixes the seed (printed on failure).
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ from snapstore.engine.index import unseal  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-ITERATIONS = int(os.environ.get("SNAPSTORE_CRASH_ITERATIONS", "30"))
+ITERATIONS = int(os.environ.get("SNAPSTORE_CRASH_ITERATIONS", "20"))
 CHILD = os.path.join(HERE, "writer_child.py")
 POINTS = ("after_data_append", "after_commit_append", "after_fsync", "before_index_commit",
           "after_index_commit")

@@ -20,7 +20,7 @@ The next writer child carries on with the repaired store (ids are never reused).
 Only the public API and the command line touch the store; the writer's journal protocol and
 its bookkeeping are test_kill.Harness's (spawn, wait_ready, finish, read_journal,
 check_restores: public API only).
-SNAPSTORE_REPAIR_KILLS (default 32) sets the number of kills, SNAPSTORE_CRASH_SEED the seed.
+SNAPSTORE_REPAIR_KILLS (default 24) sets the number of kills, SNAPSTORE_CRASH_SEED the seed.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ import snapstore  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-KILLS = int(os.environ.get("SNAPSTORE_REPAIR_KILLS", "32"))
+KILLS = int(os.environ.get("SNAPSTORE_REPAIR_KILLS", "24"))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 COMPACT_CHILD = os.path.join(HERE, "compact_child.py")
 SEGMENT_SIZE = 256 << 10

@@ -6,7 +6,7 @@ runs across it. After every kill the store reopens (the writer's open finishes o
 the swap), every acknowledged checkpoint restores byte-exact, verify(deep=True) is ok, no
 staging directory is left, and the reader never read wrong bytes.
 
-Kills: len(POINTS) * SNAPSTORE_SWAP_KILL_ROUNDS (default 3) + the random ones.
+Kills: len(POINTS) * SNAPSTORE_SWAP_KILL_ROUNDS (default 2) + the random ones.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from snapstore.engine import format as fmt
 
 pytestmark = pytest.mark.slow
 
-ROUNDS = int(os.environ.get("SNAPSTORE_SWAP_KILL_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("SNAPSTORE_SWAP_KILL_ROUNDS", "2"))
 POINTS = ("compact_before_index_swap", "index_swap_exchanged", "compact_after_index_swap",
           "index_swap_renamed_old")
 

@@ -1,6 +1,6 @@
 """Workflows survive SIGKILL: a 20-step workflow (workflow_child.py) runs in a subprocess that
 is SIGKILLed at random moments and re-run after every kill, until it finishes; then the next
-workflow of the same store, until at least SNAPSTORE_WORKFLOW_KILLS (default 50) kills.
+workflow of the same store, until at least SNAPSTORE_WORKFLOW_KILLS (default 35) kills.
 
 For every workflow the test checks that
   * it finishes with the same final state as an uninterrupted run (and as the steps' pure
@@ -35,7 +35,7 @@ import snapstore  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-KILLS = int(os.environ.get("SNAPSTORE_WORKFLOW_KILLS", "50"))
+KILLS = int(os.environ.get("SNAPSTORE_WORKFLOW_KILLS", "35"))
 CHILD = os.path.join(HERE, "workflow_child.py")
 
 
