@@ -1,8 +1,10 @@
-"""Crash runner for object saves (store.save) and DCP saves (SnapstoreWriter): forks a writer
-per trial that is SIGKILLed inside the save, at one of the store's crash points
-(SNAPSTORE_CRASH_AT) or at a random moment, and checks the store after each kill.
+"""Crash runner for object saves (store.save), DCP saves (SnapstoreWriter) and async torch
+saves (snapstore.torch.save_async, the tensors overwritten the moment it returns): forks a
+writer per trial that is SIGKILLed inside the save, at one of the store's crash points
+(SNAPSTORE_CRASH_AT, reached in the save's background thread for async saves) or at a random
+moment, and checks the store after each kill.
 
-    python object_child.py objects|dcp STORE SEED KILLS_PER_POINT RANDOM_KILLS
+    python object_child.py objects|dcp|async STORE SEED KILLS_PER_POINT RANDOM_KILLS
 
 After every kill (a writer open runs recovery first):
   * killed before the commit record was appended: the previous checkpoint is still the latest;
@@ -141,6 +143,52 @@ class Dcp:
         return self.st._find_dcp_checkpoint(store, "dcp", f"step-{step}").id
 
 
+class TorchAsync:
+    """snapstore.torch.save_async saves whose tensors training overwrites right after the call:
+    whatever survives a kill must hold the values as of the call."""
+
+    STREAM = "async"
+
+    def __init__(self, path: str, seed: int) -> None:
+        import torch
+        torch.set_num_threads(1)              # no OpenMP pool before fork()
+        import snapstore.torch as st
+        self.torch, self.st = torch, st
+        self.path, self.seed = path, seed
+
+    def state(self, step: int) -> dict:
+        torch = self.torch
+        g = torch.Generator().manual_seed(self.seed)
+        state = {"w": torch.randn(384, 256, generator=g),                      # 384 KiB
+                 "h": torch.randn(256, 256, generator=g).to(torch.bfloat16),
+                 "step": step}
+        state["w"][step % 384] = float(step)
+        state["h"][:, step % 256] = float(step)
+        return state
+
+    def save(self, step: int) -> None:
+        with snapstore.open(self.path) as store:
+            state = self.state(step)
+            future = self.st.save_async(store, state, self.STREAM, meta={"step": step})
+            for k in ("w", "h"):              # training moves on before the save is durable
+                state[k].mul_(-3).add_(1)
+            future.result(timeout=60)
+
+    def latest_step(self, store) -> tuple[int, int]:
+        info = store.latest(self.STREAM)
+        return info.id, objects.user_meta(info)["step"]
+
+    def check(self, store, cid: int, step: int) -> bool:
+        got, want = self.st.load(store, cid), self.state(step)
+        torch = self.torch
+        return got["step"] == step and torch.equal(got["w"], want["w"]) and torch.equal(
+            got["h"].view(torch.int16), want["h"].view(torch.int16))
+
+    def find(self, store, step: int) -> int:
+        return next(c.id for c in reversed(store.checkpoints(self.STREAM))
+                    if objects.user_meta(c)["step"] == step)
+
+
 def child(kind, path: str, step: int, crash_at: str | None) -> None:
     """The forked writer: never returns."""
     try:
@@ -160,7 +208,7 @@ def child(kind, path: str, step: int, crash_at: str | None) -> None:
 def main() -> int:
     mode, path, seed, per_point, n_random = sys.argv[1], sys.argv[2], int(sys.argv[3]), \
         int(sys.argv[4]), int(sys.argv[5])
-    kind = Objects(path, seed) if mode == "objects" else Dcp(path, seed)
+    kind = {"objects": Objects, "dcp": Dcp, "async": TorchAsync}[mode](path, seed)
     rng = random.Random(seed)
     kind.save(0)
     acked, next_step, kills = 0, 1, 0

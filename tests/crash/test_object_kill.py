@@ -1,5 +1,5 @@
-"""Crash tests of object saves and DCP saves: a writer SIGKILLed inside store.save or dcp.save
-(at every crash point of the commit protocol, and at random moments) leaves the previous
+"""Crash tests of object saves, DCP saves and async torch saves: a writer SIGKILLed inside
+store.save, dcp.save or snapstore.torch.save_async's background commit (at every crash point of the commit protocol, and at random moments) leaves the previous
 checkpoint as the latest when the commit record was not yet in the log, and never anything
 that does not load byte-exact. The trials run in object_child.py (one runner per test,
 forking a writer per kill). SNAPSTORE_CRASH_SEED fixes the seed (printed on failure).
@@ -51,3 +51,15 @@ def test_kill_during_dcp_save(tmp_path, request):
     pytest.importorskip("torch")
     kills = run(tmp_path, "dcp", per_point=1, n_random=2, request=request)
     assert len(kills) == 7
+
+
+def test_kill_during_async_torch_save(tmp_path, request):
+    """snapstore.torch.save_async, the tensors overwritten as soon as it returns, the process
+    killed while the save is written in the background: what survives restores the values as
+    of the call, never the overwritten ones."""
+    pytest.importorskip("torch")
+    kills = run(tmp_path, "async", per_point=2, n_random=6, request=request)
+    assert len(kills) == 16
+    assert {k["trial"] for k in kills} == {"after_data_append", "after_commit_append",
+                                          "after_fsync", "before_index_commit",
+                                          "after_index_commit", "random"}
