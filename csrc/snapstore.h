@@ -216,6 +216,14 @@ int snap_cdc_finish(snap_cdc *c, uint64_t *cut, size_t *n_cuts);
  * errno; ENOSYS where the system lacks the call). */
 int snap_start_writeback(int fd, uint64_t offset, uint64_t len, int *err);
 
+/* ---- prefaulting a destination (csrc/prefault.c) --------------------------------------------
+ * snap_prefault_write: the whole pages inside [addr, addr+len) made present and writable with
+ * one madvise(MADV_POPULATE_WRITE), unless a sample of up to 16 of them (mincore) are all
+ * resident already. Never reads or writes the memory's bytes. *populated: 1 when the madvise
+ * ran. Errors: SNAP_EINVAL (a range past UINT64_MAX, a NULL pointer), SNAP_ESYS (*err: errno;
+ * EINVAL where the kernel lacks MADV_POPULATE_WRITE, ENOMEM for an unmapped range, EFAULT). */
+int snap_prefault_write(uint64_t addr, uint64_t len, int *populated, int *err);
+
 /* ---- kernel dirty-page tracking (Linux >= 6.7; csrc/uffd.c) ------------------------------
  * The one documented exception to "no I/O": thin system-call wrappers over userfaultfd
  * asynchronous write-protection (UFFD_FEATURE_WP_ASYNC) and the PAGEMAP_SCAN ioctl of

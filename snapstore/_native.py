@@ -715,6 +715,21 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
                err, "snap_start_writeback")
 
 
+def prefault_write(buf) -> bool:
+    """Maps in the pages of a writable buffer about to be overwritten whole, with one system
+    call, unless a sample of them is resident already (snap_prefault_write: madvise
+    MADV_POPULATE_WRITE). Leaves its bytes as they are. True when it mapped pages in.
+    NativeSystemError (an OSError) when the kernel refuses (EINVAL where it lacks
+    MADV_POPULATE_WRITE); InvalidArgumentTypeError for a read-only or non-buffer object."""
+    view = _typed_view(buf, "buf", writable=True)
+    if not len(view):
+        return False
+    populated, err = ffi.new("int *"), ffi.new("int *")
+    _check_sys(lib.snap_prefault_write(buffer_address(view), len(view), populated, err),
+               err, "snap_prefault_write")
+    return bool(populated[0])
+
+
 def pagemap_scan(pagemap_fd: int, start: int, end: int,
                  max_ranges: int = _SCAN_BATCH) -> Tuple[List[Tuple[int, int, int]], int]:
     """Written ranges (start, end, flags) of [start, end), re-protected; and the walk end (snap_pagemap_scan).

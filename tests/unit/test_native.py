@@ -677,3 +677,87 @@ def test_start_writeback_errors(tmp_path):
         nat.start_writeback(0, -1, 10)
     with pytest.raises(errors.InvalidArgumentError):               # beyond what a file offset holds
         nat.start_writeback(0, 1 << 63, 1)
+
+
+# ---- prefaulting a destination (snap_prefault_write) ----------------------------------------
+def _resident_pages(m: mmap.mmap) -> int:
+    """How many pages of m are mapped in (from /proc/self/smaps' Rss of its mapping)."""
+    addr = nat.buffer_address(m)
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "Rss:":
+                return int(line.split()[1]) * 1024 // mmap.PAGESIZE
+    raise AssertionError("mapping not found")
+
+
+def test_prefault_maps_fresh_memory_in_and_keeps_its_bytes():
+    n = 256 * mmap.PAGESIZE
+    m = mmap.mmap(-1, n)
+    m[:5] = b"first"                                   # one page touched, the rest fresh
+    assert _resident_pages(m) <= 2
+    assert nat.prefault_write(m) is True
+    assert _resident_pages(m) >= 256
+    assert m[:5] == b"first" and m[5:] == bytes(n - 5)  # no byte changed
+    assert nat.prefault_write(m) is False              # resident now: nothing to do
+    assert nat.prefault_write(memoryview(m)[1:-1]) is False
+    m.close()
+
+
+def test_prefault_of_nothing_a_sub_page_range_and_resident_memory():
+    assert nat.prefault_write(bytearray()) is False
+    assert nat.prefault_write(bytearray(100)) is False  # no whole page inside
+    data = bytearray(os.urandom(3 * mmap.PAGESIZE + 7))
+    before = bytes(data)
+    assert nat.prefault_write(data) is False           # written just now: resident
+    assert data == before
+    m = mmap.mmap(-1, 4 * mmap.PAGESIZE)
+    assert nat.prefault_write(memoryview(m)[:mmap.PAGESIZE - 1]) is False
+    assert nat.prefault_write(memoryview(m)[1:mmap.PAGESIZE + 1]) is False   # no whole page
+    m.close()
+
+
+def test_prefault_of_a_shared_file_mapping_keeps_the_file(tmp_path):
+    path = tmp_path / "f"
+    content = os.urandom(64 * mmap.PAGESIZE)
+    path.write_bytes(content)
+    with open(path, "r+b") as f:
+        m = mmap.mmap(f.fileno(), 0)
+        nat.prefault_write(m)
+        assert m[:] == content
+        m.close()
+    assert path.read_bytes() == content
+
+
+def test_prefault_errors():
+    for bad in (b"read-only", memoryview(b"x" * 9000), "text", 3, None):
+        with pytest.raises(errors.InvalidArgumentTypeError):
+            nat.prefault_write(bad)
+    m = mmap.mmap(-1, 8 * mmap.PAGESIZE)
+    view = memoryview(m)
+    assert nat.prefault_write(view) is True
+    gone = nat.buffer_address(view)
+    view.release()
+    m.close()                                          # unmapped now
+    populated, err = ffi.new("int *"), ffi.new("int *")
+    rc = lib.snap_prefault_write(gone, 4 * mmap.PAGESIZE, populated, err)
+    assert rc == lib.SNAP_ESYS and err[0] == errno.ENOMEM and populated[0] == 0
+    assert lib.snap_prefault_write((1 << 64) - 10, 100, populated, err) == lib.SNAP_EINVAL
+    assert lib.snap_prefault_write(0, 100, ffi.NULL, err) == lib.SNAP_EINVAL
+
+
+def test_prefault_in_a_forked_child():
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            m = mmap.mmap(-1, 32 * mmap.PAGESIZE)
+            code = 0 if nat.prefault_write(m) and m[:] == bytes(len(m)) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0

@@ -132,3 +132,45 @@ def test_span_reader_reads_a_run_once():
     for e in entries:
         assert len(spans.read(1, e.offset, H + 100)) == H + 100
     assert inner.reads == [(1, 0, 50 * (H + 100))]
+
+
+# ---- the destination's pages mapped in first (reader.prefault) -------------------------------
+def test_restores_into_fresh_memory_map_it_in_first_and_are_exact(tmp_path, monkeypatch):
+    import mmap
+    from snapstore import _native as native
+    calls = []
+    real = native.prefault_write
+    monkeypatch.setattr(native, "prefault_write", lambda buf: calls.append(real(buf)) or
+                        calls[-1])
+    rng = np.random.default_rng(4)
+    a = (rng.standard_normal(1 << 20) * 0.02).astype(np.float32)       # 4 MiB, planes codec
+    with snapstore.open(tmp_path / "s", durability="none") as s:
+        first, before = s.checkpoint({"a": a, "small": b"y" * 100}), a.tobytes()
+        a[::3] *= 1.01
+        second = s.checkpoint({"a": a, "small": b"y" * 100})
+        for info, want in ((first, before), (second, a.tobytes())):
+            out = mmap.mmap(-1, a.nbytes)                               # fresh pages
+            calls.clear()
+            s.restore_into(info.id, {"a": out, "small": bytearray(100)})
+            assert calls == [True]          # the large target, once; not the 100-byte one
+            assert out[:] == want
+            calls.clear()
+            s.restore_into(info.id, {"a": out})                        # resident now
+            assert calls == [False]
+        assert s.restore(second.id)["a"] == a.tobytes()
+        assert s.read(second.id, "a", 4096 * 3 + 5, 2 << 20) == \
+            a.tobytes()[4096 * 3 + 5:4096 * 3 + 5 + (2 << 20)]
+
+
+def test_a_kernel_that_cannot_prefault_changes_nothing(tmp_path, monkeypatch):
+    from snapstore import _native as native
+    from snapstore.errors import NativeSystemError
+
+    def refuse(buf):
+        raise NativeSystemError("snap_prefault_write: Invalid argument (errno 22)",
+                                function="snap_prefault_write", code=-1, errno_=22)
+    monkeypatch.setattr(native, "prefault_write", refuse)
+    a = np.random.default_rng(5).integers(0, 256, 3 << 20, dtype=np.uint8)
+    with snapstore.open(tmp_path / "s", durability="none") as s:
+        info = s.checkpoint({"a": a})
+        assert s.restore(info.id)["a"] == a.tobytes()

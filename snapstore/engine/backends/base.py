@@ -90,10 +90,11 @@ class SegmentReader(ABC):
 
     def prefetch(self, ranges) -> None:
         """A hint: the session will read these (segment, offset, length) ranges soon, in
-        about this order. A backend whose reads are slow one at a time (an object store)
-        starts fetching them in parallel; reads then wait only for what they need. Never
-        raises: a failed fetch is retried, or reported, by the read that needs it. The
-        default does nothing (local files)."""
+        about this order (an iterable, maybe lazy: iterated at most once, during the call).
+        A backend whose reads are slow one at a time (an object store) starts fetching them
+        in parallel; reads then wait only for what they need. Never raises: a failed fetch
+        is retried, or reported, by the read that needs it. The default does nothing (local
+        files, which then never iterate the ranges)."""
 
     @abstractmethod
     def close(self) -> None:
