@@ -11,24 +11,13 @@ bytes per the record's codec: a zstd frame, byte planes (engine/planes.py), or t
 """
 from __future__ import annotations
 
-import threading
 from typing import NamedTuple
-
-import zstandard
 
 from snapstore.engine import format as fmt
 from snapstore.engine import planes
 from snapstore.engine.backends.base import SegmentReader
 from snapstore.engine.wal import DamagedRecord, Record, read_record
-
-_local = threading.local()
-
-
-def _decompressor() -> zstandard.ZstdDecompressor:
-    d = getattr(_local, "zstd", None)
-    if d is None:
-        d = _local.zstd = zstandard.ZstdDecompressor()
-    return d
+from snapstore.engine.zstdframe import decompress_exact
 
 
 class StoredChunk(NamedTuple):
@@ -79,23 +68,11 @@ def decode_chunk(chunk: StoredChunk) -> bytes | memoryview:
                             f"a store writes ({fmt.MAX_CHUNK_BYTES})", record.segment,
                             record.offset, record.end)
     if record.codec == fmt.CODEC_ZSTD:
-        # python-zstandard allocates what the frame header declares: check the declaration
-        # against the (bounded) raw length before anything is allocated or decompressed.
         try:
-            declared = zstandard.frame_content_size(chunk.stored)
-        except zstandard.ZstdError as exc:
-            raise DamagedRecord(f"chunk is not a zstd frame: {exc}", record.segment,
-                                record.offset, record.end) from exc
-        if declared != chunk.raw_len:
-            raise DamagedRecord("chunk's zstd frame declares "
-                                + ("no content size" if declared < 0 else f"{declared} bytes")
-                                + f", not its raw length {chunk.raw_len}", record.segment,
-                                record.offset, record.end)
-        try:
-            data = _decompressor().decompress(chunk.stored, max_output_size=chunk.raw_len)
-        except zstandard.ZstdError as exc:
-            raise DamagedRecord(f"chunk does not decompress: {exc}", record.segment,
-                                record.offset, record.end) from exc
+            data = decompress_exact(chunk.stored, chunk.raw_len)
+        except ValueError as exc:
+            raise DamagedRecord(f"chunk {exc}", record.segment, record.offset,
+                                record.end) from None
     elif record.codec == fmt.CODEC_PLANES:
         try:
             data = planes.decode(chunk.stored, chunk.raw_len)

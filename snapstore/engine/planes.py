@@ -29,6 +29,7 @@ import zstandard
 from snapstore import _native as native
 from snapstore.engine import format as fmt
 from snapstore.engine.memory import uninit_bytearray
+from snapstore.engine.zstdframe import decompress_exact
 
 # zstd level 1 with a 64-entry hash table, one probe and 7-byte minimum matches: on byte planes
 # (noise-like literals with a few long runs) it keeps the runs and Huffman-codes the rest, 2-5x
@@ -45,13 +46,6 @@ def _compressor() -> zstandard.ZstdCompressor:
     if c is None:
         c = _local.c = zstandard.ZstdCompressor(compression_params=_PLANE_PARAMS)
     return c
-
-
-def _decompressor() -> zstandard.ZstdDecompressor:
-    d = getattr(_local, "d", None)
-    if d is None:
-        d = _local.d = zstandard.ZstdDecompressor()
-    return d
 
 
 def usable(itemsize: int, nbytes: int) -> bool:
@@ -127,7 +121,6 @@ def decode(stored, raw_len: int) -> memoryview:
     planes = uninit_bytearray(raw_len)     # every byte is written below (lengths checked)
     out = memoryview(planes)
     pos = table_end
-    d = _decompressor()
     for j, (how, length) in enumerate(entries):
         piece = stored[pos:pos + length]
         pos += length
@@ -137,16 +130,9 @@ def decode(stored, raw_len: int) -> memoryview:
             out[j * n:(j + 1) * n] = piece
         elif how == fmt.PLANE_ZSTD:
             try:
-                declared = zstandard.frame_content_size(piece)
-                if declared != n:
-                    raise ValueError(f"plane {j}'s zstd frame declares {declared} bytes, "
-                                     f"not {n}")
-                plane = d.decompress(piece, max_output_size=n)
-            except zstandard.ZstdError as exc:
-                raise ValueError(f"plane {j} does not decompress: {exc}") from None
-            if len(plane) != n:
-                raise ValueError(f"plane {j} decompresses to {len(plane)} bytes, not {n}")
-            out[j * n:(j + 1) * n] = plane
+                out[j * n:(j + 1) * n] = decompress_exact(piece, n)
+            except ValueError as exc:
+                raise ValueError(f"plane {j} {exc}") from None
         else:
             raise ValueError(f"plane {j} is stored in an unknown way ({how})")
     out[itemsize * n:] = stored[pos:]

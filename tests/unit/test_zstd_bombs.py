@@ -184,3 +184,21 @@ def test_defect6_max_chunk_bounds_every_chunk_the_store_writes(tmp_path):
         info = s.checkpoint({"a": data})
         assert s.restore(info.id)["a"] == data
         assert s.verify(deep=True)["ok"]
+
+
+# ---- the one frame check both decoders use (engine/zstdframe.py) ----------------------------
+def test_decompress_exact_gives_the_size_or_says_what_is_wrong():
+    from snapstore.engine.zstdframe import decompress_exact
+    data = b"snapstore " * 1000
+    frame = zstandard.ZstdCompressor().compress(data)
+    assert decompress_exact(frame, len(data)) == data
+    assert decompress_exact(zstandard.ZstdCompressor().compress(b""), 0) == b""
+    cases = [(b"not a zstd frame at all", len(data), "is not a zstd frame"),
+             (frame, len(data) - 1, f"declares {len(data)} bytes, not {len(data) - 1}"),
+             (zstandard.ZstdCompressor(write_content_size=False).compress(data), len(data),
+              "declares no content size"),
+             (frame[:len(frame) // 2], len(data), "does not decompress"),
+             (BOMBS["declares_1TiB"](), CHUNK, "declares 1099511627776 bytes")]
+    for bad, size, says in cases:
+        with pytest.raises(ValueError, match=says):
+            decompress_exact(bad, size)
