@@ -7,17 +7,34 @@ imported). Type names are kept (tuple vs list, bytes vs bytearray, Parameter vs 
 and tensor bytes are compared by SHA-256 in C order, floats exactly (JSON round-trips repr).
 
 Do not weaken this to make a test pass: a description that says less checks less.
+
+files_sha256(root): the SHA-256 of every file under a golden store directory, by its path
+relative to root ("/"-separated): what each format's layout test pins its golden files with.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from typing import Any
 
 
 def sha256(data) -> str:
     return hashlib.sha256(memoryview(data).cast("B")).hexdigest()
+
+
+def files_sha256(root: str) -> dict:
+    """{path relative to root, "/"-separated: SHA-256 hex of the file} for every file under
+    root."""
+    found = {}
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            with open(p, "rb") as fh:
+                found[os.path.relpath(p, root).replace(os.sep, "/")] = \
+                    hashlib.sha256(fh.read()).hexdigest()
+    return found
 
 
 def _tensor_bytes(t) -> bytes:

@@ -37,6 +37,8 @@ import lmdb
 import pytest
 import xxhash
 
+from golden_values import files_sha256
+
 import snapstore
 
 from test_format_layout import (CHUNK, COMMIT, COMMIT_KEYS, BUFFER_KEYS, CHUNK_ENTRY, DELETE,
@@ -256,14 +258,7 @@ def all_chunks(records: list) -> dict:
 
 # ---- the files themselves ----------------------------------------------------------------------
 def test_golden_files_are_the_originals():
-    found = {}
-    for dirpath, _, files in os.walk(V2):
-        for f in files:
-            p = os.path.join(dirpath, f)
-            with open(p, "rb") as fh:
-                found[os.path.relpath(p, V2).replace(os.sep, "/")] = \
-                    hashlib.sha256(fh.read()).hexdigest()
-    assert found == GOLDEN_SHA256
+    assert files_sha256(V2) == GOLDEN_SHA256
 
 
 @pytest.mark.parametrize("store", STORES)

@@ -65,6 +65,8 @@ import lmdb
 import pytest
 import xxhash
 
+from golden_values import files_sha256
+
 import snapstore
 
 from test_format_layout import (CHUNK, COMMIT, COMMIT_KEYS, BUFFER_KEYS, CHUNK_ENTRY, DELETE,
@@ -1028,14 +1030,7 @@ def golden_index(tmp_path_factory):
 
 # ---- the files themselves ------------------------------------------------------------------------
 def test_golden_files_are_the_originals():
-    found = {}
-    for dirpath, _, files in os.walk(V3):
-        for f in files:
-            p = os.path.join(dirpath, f)
-            with open(p, "rb") as fh:
-                found[os.path.relpath(p, V3).replace(os.sep, "/")] = \
-                    hashlib.sha256(fh.read()).hexdigest()
-    assert found == GOLDEN_SHA256
+    assert files_sha256(V3) == GOLDEN_SHA256
 
 
 def test_golden_stores_of_format_3():

@@ -38,6 +38,8 @@ import pytest
 import xxhash
 import zstandard
 
+from golden_values import files_sha256
+
 import snapstore
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -128,14 +130,7 @@ def chunks_of(store: str):
 
 # ---- the golden stores ------------------------------------------------------------------------
 def test_golden_files_are_the_originals():
-    found = {}
-    for dirpath, _, files in os.walk(V4):
-        for f in files:
-            p = os.path.join(dirpath, f)
-            with open(p, "rb") as fh:
-                found[os.path.relpath(p, V4).replace(os.sep, "/")] = \
-                    hashlib.sha256(fh.read()).hexdigest()
-    assert found == GOLDEN_SHA256
+    assert files_sha256(V4) == GOLDEN_SHA256
 
 
 def test_golden_stores_of_format_4():
