@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from snapstore.engine import format as fmt
+from snapstore.engine.validation import FLOAT_FORMATS
 from snapstore.errors import CheckpointNotFound, InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = ["META_KEY", "ARRAYS_META_KEY", "DCP_META_KEY", "DCP_PART_KEY",
@@ -124,7 +125,7 @@ def contiguous_tensor(t, torch):
     return t.view(getattr(torch, as_int)).contiguous().view(t.dtype)
 
 
-_FLOAT_FORMATS = {2: "e", 4: "f", 8: "d"}      # memoryview formats that label an item size
+_FORMAT_OF_SIZE = {k: form for form, k in FLOAT_FORMATS.items()}   # the label of each size
 
 
 def float_view(view: memoryview, tensor) -> memoryview:
@@ -133,7 +134,7 @@ def float_view(view: memoryview, tensor) -> memoryview:
     labelled "e" too), so the store codes its chunks as byte planes (format 4); view itself
     for other dtypes."""
     k = tensor.element_size()
-    if k not in _FLOAT_FORMATS or not tensor.is_floating_point() or view.nbytes % k:
+    if k not in _FORMAT_OF_SIZE or not tensor.is_floating_point() or view.nbytes % k:
         return view
     return labelled_view(view, k)
 
@@ -144,4 +145,4 @@ def labelled_view(view: memoryview, k: int) -> memoryview:
     if k == 2:
         import numpy as np
         return memoryview(np.frombuffer(view, dtype=np.float16))
-    return view.cast(_FLOAT_FORMATS[k])
+    return view.cast(_FORMAT_OF_SIZE[k])

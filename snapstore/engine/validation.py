@@ -102,8 +102,9 @@ def buffer_view(obj: Any, what: str, writable: bool = False) -> memoryview:
         raise InvalidArgumentTypeError(str(exc)) from None
 
 
-# buffer formats whose items the byte-plane codec takes (floats, native or little-endian)
-_FLOAT_FORMATS = {"e": 2, "f": 4, "d": 8}
+# buffer formats whose items the byte-plane codec takes (floats, native or little-endian),
+# by their item size; a memoryview of one of them labels its bytes as floats of that size
+FLOAT_FORMATS = {"e": 2, "f": 4, "d": 8}
 
 
 def float_item_size(obj: Any) -> int:
@@ -113,7 +114,7 @@ def float_item_size(obj: Any) -> int:
     try:
         with memoryview(obj) as mv:
             form = mv.format[1:] if mv.format[:1] in "@=<" else mv.format
-            size = _FLOAT_FORMATS.get(form, 1)
+            size = FLOAT_FORMATS.get(form, 1)
             return size if mv.itemsize == size else 1
     except (TypeError, ValueError, BufferError):
         return 1
