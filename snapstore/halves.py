@@ -1,5 +1,6 @@
 """Two calls at once: the second on a thread of its own, the first on the caller's. For work
-that lets go of the GIL (the C core's loops, zstd), split in two halves on a 2-core machine.
+that lets go of the GIL (the C core's loops, zstd, writes), split in two halves on a 2-core
+machine (both()), or begun now and waited for later (start(): the log's write-behind).
 A leaf: imports nothing of snapstore."""
 from __future__ import annotations
 
@@ -21,23 +22,46 @@ def split_point(sizes: list) -> int:
     return max(at, 1)
 
 
+class Started:
+    """A call running on a thread of its own (start()); wait() joins it and returns its
+    result or raises its exception, in the waiting thread, every time it is asked."""
+
+    def __init__(self, call: Callable[[], A]) -> None:
+        self._outcome: tuple = (False, RuntimeError("the call never ended (its thread is gone: "
+                                                    "a fork()ed child?)"))
+
+        def run() -> None:
+            try:
+                self._outcome = (True, call())
+            except BaseException as exc:        # raised in the waiting thread by wait()
+                self._outcome = (False, exc)
+        self._thread = threading.Thread(target=run, name="snapstore-half", daemon=True)
+        self._thread.start()
+
+    def finish(self) -> None:
+        """Waits for the call to end, whatever its outcome."""
+        self._thread.join()
+
+    def wait(self):
+        self.finish()
+        ok, value = self._outcome
+        if not ok:
+            raise value
+        return value
+
+
+def start(call: Callable[[], A]) -> Started:
+    """call() begun on a new thread; its Started handle waits for it."""
+    return Started(call)
+
+
 def both(first: Callable[[], A], second: Callable[[], B]) -> tuple[A, B]:
     """(first(), second()), second() run on a new thread meanwhile; the exception of either
     is raised here (first's when both fail), after both have ended."""
-    result: list = []
-
-    def run_second() -> None:
-        try:
-            result.append((True, second()))
-        except BaseException as exc:            # raised in the calling thread below
-            result.append((False, exc))
-    worker = threading.Thread(target=run_second, name="snapstore-half", daemon=True)
-    worker.start()
+    worker = start(second)
     try:
         a = first()
-    finally:
-        worker.join()
-    ok, b = result[0]
-    if not ok:
-        raise b
-    return a, b
+    except BaseException:
+        worker.finish()
+        raise
+    return a, worker.wait()

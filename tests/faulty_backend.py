@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 
 from snapstore.engine.backends import LocalSegments, SegmentBackend, SegmentFile, SegmentReader
 
@@ -90,6 +91,7 @@ class FaultyBackend(SegmentBackend):
         self.inner = LocalSegments(directory, durable=durable)
         self.armed: dict[str, list] = {}
         self.fired: list[str] = []
+        self.fired_in: list[str] = []       # the name of the thread each fault fired in
 
     def fail(self, op: str, nth: int = 1, err: int = errno.ENOSPC, partial: float = 0.0,
              repeat: bool = False) -> None:
@@ -108,6 +110,7 @@ class FaultyBackend(SegmentBackend):
         if not a[3]:
             del self.armed[op]
         self.fired.append(op)
+        self.fired_in.append(threading.current_thread().name)
         return a[1], a[2]
 
     def raise_if(self, op: str) -> None:

@@ -20,6 +20,7 @@ from typing import Iterator, Sequence
 import xxhash
 
 from snapstore.engine import format as fmt
+from snapstore.halves import Started, start
 from snapstore.engine.backends.base import SegmentBackend, SegmentFile, SegmentReader, segment_name
 from snapstore.errors import CorruptionError, FormatError, StoreIOError
 
@@ -190,6 +191,7 @@ def read_record(reader: SegmentReader, number: int, offset: int, *, size: int | 
 
 RESYNC_WINDOW = 1 << 20
 WRITEBACK_BYTES = 1 << 20     # a durable log's flushes of this many bytes start their writeback
+PENDING_BYTES = 4 << 20       # append() writes (behind) once this many bytes are queued
 
 
 def _valid_at(reader: SegmentReader, n: int, pos: int, size: int, types) -> bool:
@@ -296,6 +298,9 @@ class SegmentLog:
         self._current: SegmentFile | None = None
         self._pending: list = []
         self._pending_bytes = 0
+        self._writing: Started | None = None    # the write behind, at most one at a time
+        self._written_end = 0                   # where the segment ends once it is done
+        self._unwritten: str | None = None      # a write behind failed: roll back first
         self._forced_durable = False
         # whether a create or remove may not be durable yet: unknown for what earlier
         # sessions did, so the first sync() also syncs the directory
@@ -360,7 +365,11 @@ class SegmentLog:
         if self._current is None:
             self._check()       # a rollback that failed part-way left no open segment
         assert self._current is not None
-        return self._current.number, self._current.size + self._pending_bytes
+        return self._current.number, self._end() + self._pending_bytes
+
+    def _end(self) -> int:
+        """The open segment's size once the write behind (if any) is done."""
+        return self._written_end if self._writing is not None else self._current.size
 
     # -- segments
     def _create(self, number: int) -> SegmentFile:
@@ -399,6 +408,9 @@ class SegmentLog:
         if self.broken:
             raise StoreIOError(f"the log refuses writes after an earlier failure ({self.broken}); "
                                "reopen the store")
+        if self._unwritten:
+            raise StoreIOError(f"the log refuses writes until it is rolled back after a failed "
+                               f"write ({self._unwritten})")
 
     def append(self, rtype: int, codec: int, parts: Sequence) -> tuple[int, int]:
         """Queues one record; returns (segment, offset) where it will start."""
@@ -413,24 +425,51 @@ class SegmentLog:
         self._pending.append(header)
         self._pending.extend(parts)
         self._pending_bytes += fmt.RECORD_HEADER.size + length
-        if self._pending_bytes >= (4 << 20) or len(self._pending) >= 1000:
-            self.flush()
+        if self._pending_bytes >= PENDING_BYTES or len(self._pending) >= 1000:
+            self.flush(wait=False)
         return seg, off
 
-    def flush(self) -> None:
-        if not self._pending:
-            return
+    def flush(self, wait: bool = True) -> None:
+        """Writes the queued records. wait=False: the write goes on behind, on a thread of its
+        own, while the caller prepares the next records (a write-behind, at most one at a
+        time: this waits for the previous one first); wait=True (what everyone but the hot
+        path of appends uses): the records are in the segment file when it returns. Either
+        way the parts handed to append() may be reused once the next flush() returns. A
+        failed write raises StoreIOError from the flush that waits for it (or any later call
+        that does: sync, seal, rollback drops it)."""
         self._check()
-        parts, self._pending, self._pending_bytes = self._pending, [], 0
-        start = self._current.size
+        self._wait_written()
+        if self._pending:
+            parts, self._pending, self._pending_bytes = self._pending, [], 0
+            current, start_at = self._current, self._current.size
+            if wait:
+                self._write(current, parts, start_at)
+            else:
+                self._written_end = start_at + sum(len(p) for p in parts)
+                self._writing = start(lambda: self._write(current, parts, start_at))
+
+    def _wait_written(self) -> None:
+        """Waits for the write behind. When it failed, the records queued since are dropped
+        (their offsets counted on its bytes) and the log refuses writes until a rollback
+        cuts the segment back to a mark; the failure raises here."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            try:
+                writing.wait()
+            except StoreIOError as exc:
+                self._pending, self._pending_bytes = [], 0
+                self._unwritten = str(exc)
+                raise
+
+    def _write(self, current: SegmentFile, parts: list, start_at: int) -> None:
         try:
-            self._current.append(parts)
+            current.append(parts)
         except OSError as exc:
-            raise _io_error(f"cannot write segment {segment_name(self._current.number)}", exc)
-        if self.durable and self._current.size - start >= WRITEBACK_BYTES:
+            raise _io_error(f"cannot write segment {segment_name(current.number)}", exc)
+        if self.durable and current.size - start_at >= WRITEBACK_BYTES:
             # the device starts on these bytes while the caller prepares the next ones: the
             # sync that makes them durable then finds most of them written already
-            self._current.start_writeback(start, self._current.size - start)
+            current.start_writeback(start_at, current.size - start_at)
 
     def _roll(self) -> None:
         """Seals the current segment (flush, and sync when durable) and starts the next."""
@@ -472,6 +511,10 @@ class SegmentLog:
         """Drops everything appended after mark (a former .position). Returns whether it did;
         marks the log broken when that fails (then what was appended may still be there)."""
         self._pending, self._pending_bytes = [], 0
+        try:
+            self._wait_written()
+        except StoreIOError:
+            pass                # cut off below with the rest
         if self._current is None:
             return False        # an earlier rollback failed part-way: only recovery repairs
         seg, off = mark
@@ -493,9 +536,13 @@ class SegmentLog:
         except OSError as exc:
             self.broken = f"rollback failed: {exc.strerror or exc}"
             return False
+        self._unwritten = None
         return True
 
     def close(self) -> None:
+        if self._writing is not None:
+            self._writing.finish()
+            self._writing = None
         if self._current is not None:
             self._current.close()
             self._current = None
