@@ -18,7 +18,7 @@ import blake3
 import zstandard
 
 from snapstore import _native as native
-from snapstore.halves import both
+from snapstore.halves import both, split_point
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
 from snapstore.engine import planes
@@ -28,8 +28,8 @@ from snapstore.engine.records import BufferEntry, Commit
 from snapstore.engine.wal import SegmentLog
 from snapstore.errors import CorruptionError
 
-STAGING_BYTES = fmt.MAX_CHUNK_BYTES  # gather this much at a time (bounds memory, amortises
-                                    # calls); holds the largest chunk whole
+STAGING_BYTES = 2 * fmt.MAX_CHUNK_BYTES  # two areas, each gathered into in turn (bounds memory,
+                                        # amortises calls); each holds the largest chunk whole
 
 
 @dataclass
@@ -271,6 +271,19 @@ def encode_chunks(items: list, opts: WriteOptions, itemsize: int = 1) -> list:
     return first + second
 
 
+def content_ids(datas: list) -> list[bytes]:
+    """The BLAKE3 chunk id of each of datas; the second half on a thread of its own from
+    PARALLEL_ENCODE_BYTES on (BLAKE3 lets go of the GIL)."""
+    def ids(part: list) -> list[bytes]:
+        return [blake3.blake3(data).digest() for data in part]
+    sizes = [len(data) for data in datas]
+    if len(datas) < 2 or sum(sizes) < PARALLEL_ENCODE_BYTES:
+        return ids(datas)
+    at = split_point(sizes)
+    first, second = both(lambda: ids(datas[:at]), lambda: ids(datas[at:]))
+    return first + second
+
+
 class ChunkSink:
     """Stores chunks for one checkpoint: dedups against the index and this checkpoint's own new
     chunks, compresses, appends chunk records. Collects the NEW_CHUNK table."""
@@ -309,17 +322,17 @@ class ChunkSink:
         is called once first, even when nothing is new, and before each append."""
         if self.pause is not None:
             self.pause()
-        cids = [blake3.blake3(data).digest() for data in datas]
+        cids = content_ids(datas)
         todo: dict[bytes, memoryview] = {}
         for cid, data in zip(cids, datas):
             if cid not in self.new and cid not in todo and not self.view.has_chunk(cid):
                 todo[cid] = data
         group: list = []
         size = 0
-        for item in todo.items():          # encoded STAGING_BYTES at a time: bounded memory
+        for item in todo.items():          # encoded a staging area at a time: bounded memory
             group.append(item)
             size += len(item[1])
-            if size >= STAGING_BYTES:
+            if size >= STAGING_BYTES // 2:
                 self._append(group, itemsize)
                 group, size = [], 0
         self._append(group, itemsize)
@@ -448,6 +461,14 @@ def chunk_item_size(plan: BufferPlan) -> int:
     return k if plan.layout == "pages" and plan.page_size % k == 0 else 1
 
 
+def staging_areas(staging: bytearray) -> list:
+    """The staging area's two halves, used in turn: a batch is gathered into one while the
+    records of the batch before it, in the other, are written behind."""
+    half = len(staging) // 2
+    area = memoryview(staging)
+    return [area[:half], area[half:2 * half]]
+
+
 def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
                  on_stored: Callable[[int, memoryview], None] | None = None) -> BufferEntry:
     """Stores the planned chunks (gathered batch by batch through staging, or from
@@ -457,12 +478,15 @@ def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
     page = plan.page_size
     fps = plan.fingerprints
     itemsize = chunk_item_size(plan)
-    batches = [plan.chunks] if plan.staged is not None else _batches(plan.chunks, len(staging))
-    for batch in batches:
+    areas = staging_areas(staging)
+    batches = [plan.chunks] if plan.staged is not None else \
+        list(_batches(plan.chunks, len(areas[0])))
+    for number, batch in enumerate(batches):
         if plan.staged is not None:
             filled = plan.staged
         else:
-            filled = native.gather(plan.view, [r for pieces in batch for r in pieces], staging)
+            filled = native.gather(plan.view, [r for pieces in batch for r in pieces],
+                                   areas[number % len(areas)])
         # the digests of the staged pages in one call: the pieces of the pages layout start on
         # page boundaries and (all but a buffer's tail) hold whole pages, back to back
         whole = fps is not None and all(n % page == 0 for ps in batch for _, n in ps)
@@ -489,6 +513,10 @@ def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
                     on_stored(off, stored)
                 coff += length
             pos += size
-        sink.log.flush()            # staged bytes are referenced by queued records until now
+        if number + 1 < len(batches):
+            # the records of this batch are written behind while the next is gathered into
+            # the other area; the flush of that one waits for this write (one at a time)
+            sink.log.flush(wait=False)
+    sink.log.flush()                # staged bytes are referenced by queued records until now
     return BufferEntry(plan.name, len(plan.view), plan.base, plan.depth, plan.layout,
                        plan.page_size, ext.pack(extents))

@@ -172,6 +172,19 @@ def test_short_write_then_disk_full_later_in_checkpoint(tmp_path, nth):
     fail_checkpoint_then_recover(fx, errno.ENOSPC)
 
 
+@pytest.mark.parametrize("partial", [0.0, 0.5])
+@pytest.mark.parametrize("nth", [1, 2, 3])
+def test_write_fault_behind_a_large_checkpoint(tmp_path, nth, partial):
+    """A buffer of several MiB is written behind (the log writes on a thread of its own while
+    the next batch is gathered, hashed and compressed): a fault there surfaces as the same
+    clear StoreIOError, and the checkpoint leaves no trace."""
+    fx = Fixture(tmp_path)
+    bufs = {"big": content("big", 24 << 20), **ckpt_buffers("large")}
+    fx.fb.fail("write", nth, errno.ENOSPC, partial=partial)
+    fail_checkpoint_then_recover(fx, errno.ENOSPC, bufs=bufs)
+    assert fx.fb.fired_in[0] != "MainThread"
+
+
 # Regression (found by these tests, fixed in 00a8d2e): disk full in the FIRST log write of a
 # checkpoint/delete corrupts the next acknowledged checkpoint. writev() wrote a prefix (short
 # count), the retry raised ENOSPC; _LocalSegmentFile.append updates self.size only after the
