@@ -215,6 +215,13 @@ class ChunkEntry(NamedTuple):
         return cls._make(fmt.CHUNK_ENTRY.unpack(data))
 
 
+def _count_refs(blob: bytes, delta: int, counts: dict) -> dict:
+    """Adds delta to counts[chunk id] for every extent of a packed manifest; returns counts."""
+    for _, _, _, cid in fmt.EXTENT.iter_unpack(blob):
+        counts[cid] = counts.get(cid, 0) + delta
+    return counts
+
+
 def _stream_key(stream: str, tail: bytes = b"") -> bytes:
     return stream.encode() + b"\0" + tail
 
@@ -1073,11 +1080,12 @@ class IndexWriter(IndexView):
         self._delete(fmt.DB_CHUNKS, chunk_id)
 
     def _add_refs(self, blob: bytes, delta: int) -> None:
+        self._apply_ref_counts(_count_refs(blob, delta, {}))
+
+    def _apply_ref_counts(self, counts: dict) -> None:
+        """Adds counts[chunk id] to each chunk's reference count."""
         if self.rebuilding:
             return
-        counts: dict[bytes, int] = {}
-        for _, _, _, cid in fmt.EXTENT.iter_unpack(blob):
-            counts[cid] = counts.get(cid, 0) + delta
         for cid, d in counts.items():
             entry = self.chunk(cid)
             if entry is None:
@@ -1146,18 +1154,23 @@ class IndexWriter(IndexView):
 
     def apply_commit(self, commit: Commit, position: tuple[int, int]) -> None:
         """Makes a committed checkpoint visible; `position` is just past its commit record."""
+        new: dict[bytes, ChunkEntry] = {}
         for cid, seg, off, stored, raw, codec in fmt.NEW_CHUNK.iter_unpack(commit.new_chunks):
-            if not self.rebuilding and not self.has_chunk(cid):   # a rebuild scans for them
-                self.put_chunk(cid, ChunkEntry(seg, off, stored, raw, 0, codec))
+            if not self.rebuilding and cid not in new and not self.has_chunk(cid):
+                new[cid] = ChunkEntry(seg, off, stored, raw, 0, codec)   # (a rebuild scans)
         parent = self.checkpoint(commit.parent) if commit.parent is not None else None
         parent_depths = {b.name: b.depth for b in parent.buffers} if parent else {}
+        refs: dict[bytes, int] = {}
         for i, b in enumerate(commit.buffers):
             if b.base == "delta" and b.name in parent_depths:
                 # depth is derived (invariant 5): with many writers, a delete of an ancestor
                 # may have shortened the parent's chain since the commit was planned
                 b.depth = parent_depths[b.name] + 1
-            self._add_refs(b.extents, +1)
+            _count_refs(b.extents, +1, refs)
             self._put(fmt.DB_MANIFESTS, fmt.MANIFEST_KEY.pack(commit.id, i), b.extents)
+        for cid, entry in new.items():      # written once, with their counts
+            self.put_chunk(cid, entry._replace(refs=refs.pop(cid, 0)))
+        self._apply_ref_counts(refs)
         self._put_info(commit)
         key = fmt.CKPT_KEY.pack(commit.id)
         self._put(fmt.DB_STREAM_CKPTS, _stream_key(commit.stream, key), b"")
