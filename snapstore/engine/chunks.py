@@ -59,14 +59,27 @@ def read_stored_chunk(reader: SegmentReader, number: int, offset: int, stored_le
     return chunk
 
 
-def decode_chunk(chunk: StoredChunk) -> bytes | memoryview:
+def decode_chunk(chunk: StoredChunk, out=None) -> bytes | memoryview:
     """The chunk's raw bytes: decompressed, or the stored bytes themselves (a view, no copy)
-    for a raw chunk; checked to be raw_len long. Raises DamagedRecord."""
+    for a raw chunk; checked to be raw_len long. Raises DamagedRecord. With out (a writable
+    buffer of exactly raw_len bytes): written there instead, and out is returned; a byte-plane
+    chunk is decoded straight into it (no intermediate copy). out is written only once the
+    chunk has decoded without error."""
+    if out is not None:
+        if chunk.record.codec == fmt.CODEC_PLANES and chunk.raw_len == len(out):
+            _check_claimed_length(chunk)
+            try:
+                return planes.decode(chunk.stored, chunk.raw_len, out)
+            except ValueError as exc:
+                raise _undecodable(chunk, exc) from None
+        data = decode_chunk(chunk)
+        if len(data) != len(out):
+            raise DamagedRecord("chunk has the wrong length", chunk.record.segment,
+                                chunk.record.offset, chunk.record.end)
+        out[:] = data
+        return out
     record = chunk.record
-    if chunk.raw_len > fmt.MAX_CHUNK_BYTES:
-        raise DamagedRecord(f"chunk claims {chunk.raw_len} bytes, more than the largest chunk "
-                            f"a store writes ({fmt.MAX_CHUNK_BYTES})", record.segment,
-                            record.offset, record.end)
+    _check_claimed_length(chunk)
     if record.codec == fmt.CODEC_ZSTD:
         try:
             data = decompress_exact(chunk.stored, chunk.raw_len)
@@ -77,8 +90,7 @@ def decode_chunk(chunk: StoredChunk) -> bytes | memoryview:
         try:
             data = planes.decode(chunk.stored, chunk.raw_len)
         except ValueError as exc:
-            raise DamagedRecord(f"chunk does not decode: {exc}", record.segment,
-                                record.offset, record.end) from None
+            raise _undecodable(chunk, exc) from None
     else:
         data = chunk.stored
     if len(data) != chunk.raw_len:
@@ -87,12 +99,26 @@ def decode_chunk(chunk: StoredChunk) -> bytes | memoryview:
     return data
 
 
+def _check_claimed_length(chunk: StoredChunk) -> None:
+    if chunk.raw_len > fmt.MAX_CHUNK_BYTES:
+        record = chunk.record
+        raise DamagedRecord(f"chunk claims {chunk.raw_len} bytes, more than the largest chunk "
+                            f"a store writes ({fmt.MAX_CHUNK_BYTES})", record.segment,
+                            record.offset, record.end)
+
+
+def _undecodable(chunk: StoredChunk, exc: ValueError) -> DamagedRecord:
+    record = chunk.record
+    return DamagedRecord(f"chunk does not decode: {exc}", record.segment, record.offset,
+                         record.end)
+
+
 def read_chunk(reader: SegmentReader, number: int, offset: int, stored_len: int,
-               chunk_id: bytes, raw_len: int) -> bytes | memoryview:
+               chunk_id: bytes, raw_len: int, out=None) -> bytes | memoryview:
     """Reads, checks and decodes the chunk the index describes (segment, offset, stored and
-    raw length): its raw bytes. Raises CorruptionError (DamagedRecord) naming segment and
-    offset on any failure."""
+    raw length): its raw bytes (in out, when given: see decode_chunk). Raises CorruptionError
+    (DamagedRecord) naming segment and offset on any failure."""
     chunk = read_stored_chunk(reader, number, offset, stored_len, chunk_id)
     if chunk.raw_len != raw_len:
         raise DamagedRecord("chunk has the wrong length", number, offset, chunk.record.end)
-    return decode_chunk(chunk)
+    return decode_chunk(chunk, out)

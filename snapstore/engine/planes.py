@@ -97,10 +97,12 @@ def encode(data, itemsize: int, worth: tuple[bool, ...] | None = None) -> list |
             planes[itemsize * n:]]
 
 
-def decode(stored, raw_len: int) -> memoryview:
-    """The raw_len bytes a CODEC_PLANES record's stored bytes hold. Raises ValueError naming
-    what is wrong (an unknown item size or flag, lengths that do not add up, a plane that is
-    not a zstd frame of exactly its length); nothing larger than raw_len is ever allocated."""
+def decode(stored, raw_len: int, out=None) -> memoryview:
+    """The raw_len bytes a CODEC_PLANES record's stored bytes hold: in out (a writable
+    buffer of raw_len bytes; a restore's destination) or a new buffer. Raises ValueError
+    naming what is wrong (an unknown item size or flag, lengths that do not add up, a plane
+    that is not a zstd frame of exactly its length), before out is written to; nothing larger
+    than raw_len is ever allocated."""
     stored = memoryview(stored)
     if len(stored) < fmt.PLANES_HEADER.size:
         raise ValueError("byte-plane chunk too short for its header")
@@ -119,7 +121,7 @@ def decode(stored, raw_len: int) -> memoryview:
     if table_end + sum(length for _, length in entries) + tail != len(stored):
         raise ValueError("byte-plane chunk's plane lengths do not add up to its size")
     planes = uninit_bytearray(raw_len)     # every byte is written below (lengths checked)
-    out = memoryview(planes)
+    dst = memoryview(planes)
     pos = table_end
     for j, (how, length) in enumerate(entries):
         piece = stored[pos:pos + length]
@@ -127,14 +129,16 @@ def decode(stored, raw_len: int) -> memoryview:
         if how == fmt.PLANE_RAW:
             if length != n:
                 raise ValueError(f"raw plane {j} holds {length} bytes, not {n}")
-            out[j * n:(j + 1) * n] = piece
+            dst[j * n:(j + 1) * n] = piece
         elif how == fmt.PLANE_ZSTD:
             try:
-                out[j * n:(j + 1) * n] = decompress_exact(piece, n)
+                dst[j * n:(j + 1) * n] = decompress_exact(piece, n)
             except ValueError as exc:
                 raise ValueError(f"plane {j} {exc}") from None
         else:
             raise ValueError(f"plane {j} is stored in an unknown way ({how})")
-    out[itemsize * n:] = stored[pos:]
-    # into a new buffer of the C core's: no overlap to rule out (a chunk read's hot path)
-    return native.join_planes(planes, itemsize, rotate=bool(flags & fmt.PLANES_ROTATE))
+    dst[itemsize * n:] = stored[pos:]
+    # into out, or a new buffer of the C core's: no overlap to rule out (a chunk read's hot
+    # path)
+    return native.join_planes(planes, itemsize, out=out,
+                              rotate=bool(flags & fmt.PLANES_ROTATE))

@@ -76,8 +76,21 @@ class ChunkReader:
             self._cached -= len(old)
         return data
 
-    def _read(self, chunk_id: bytes) -> bytes | memoryview:
+    def read_into(self, chunk_id: bytes, out: memoryview) -> bool:
+        """Decodes the chunk straight into out when out is exactly as long as the chunk (a
+        whole-chunk extent: most of a full manifest) and the chunk is not cached; returns
+        whether it did (else the caller copies from read()). Skips the cache: a whole chunk
+        is rarely wanted again by the same restore, and it costs no copy."""
+        if chunk_id in self._cache:
+            return False
         entry = self.view.chunk(chunk_id)
+        if entry is None or entry.raw_len != len(out):
+            return False
+        self._read(chunk_id, entry, out)
+        return True
+
+    def _read(self, chunk_id: bytes, entry=None, out=None) -> bytes | memoryview:
+        entry = entry or self.view.chunk(chunk_id)
         if entry is None:
             raise CorruptionError(f"index lacks chunk {chunk_id.hex()[:16]}… that a manifest "
                                   "references")
@@ -85,7 +98,7 @@ class ChunkReader:
             self._check_version(entry.segment)
         try:
             return chunks.read_chunk(self.segments, entry.segment, entry.offset,
-                                     entry.stored_len, chunk_id, entry.raw_len)
+                                     entry.stored_len, chunk_id, entry.raw_len, out)
         except CorruptionError:
             if self._moved(chunk_id, entry):
                 raise ConcurrentCompactionError(
@@ -200,15 +213,20 @@ def copy_extents_parallel(view: IndexView, backend: SegmentBackend, segments: Se
                 checked.add(number)
             spans = SpanReader(own, [entries[cid] for _, _, _, cid in batch])
             for off, coff, length, cid in batch:
+                dest = out[off - start:off - start + length]
+                entry = entries[cid]
+                if coff == 0 and length == entry.raw_len and cid not in decoded:
+                    chunks.read_chunk(spans, entry.segment, entry.offset, entry.stored_len,
+                                      cid, entry.raw_len, dest)     # straight into place
+                    continue
                 data = decoded.get(cid)
                 if data is None:
-                    entry = entries[cid]
                     data = chunks.read_chunk(spans, entry.segment, entry.offset,
                                              entry.stored_len, cid, entry.raw_len)
                     decoded = {cid: data}       # packed deltas revisit the last chunk
                 if coff + length > len(data):
                     raise CorruptionError(f"manifest extent exceeds chunk {cid.hex()[:16]}…")
-                out[off - start:off - start + length] = memoryview(data)[coff:coff + length]
+                dest[:] = memoryview(data)[coff:coff + length]
         return size
     reported = 0
     try:
@@ -289,10 +307,12 @@ def copy_extents(reader: ChunkReader, extents, out: memoryview, start: int,
     """Copies each extent's chunk bytes to out[offset - start:], checking it lies inside its
     chunk."""
     for off, coff, length, cid in extents:
-        data = reader.read(cid)
-        if coff + length > len(data):
-            raise CorruptionError(f"manifest extent exceeds chunk {cid.hex()[:16]}…")
-        out[off - start:off - start + length] = memoryview(data)[coff:coff + length]
+        dest = out[off - start:off - start + length]
+        if coff or not reader.read_into(cid, dest):
+            data = reader.read(cid)
+            if coff + length > len(data):
+                raise CorruptionError(f"manifest extent exceeds chunk {cid.hex()[:16]}…")
+            dest[:] = memoryview(data)[coff:coff + length]
         if progress is not None:
             progress(length)
 

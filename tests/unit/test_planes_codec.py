@@ -137,6 +137,68 @@ def test_the_read_path_reports_a_damaged_plane_chunk_as_damage():
     assert isinstance(raised.value, CorruptionError)
 
 
+def _record(codec: int, stored: bytes, raw_len: int) -> Record:
+    payload = fmt.CHUNK_PREFIX.pack(b"\1" * 32, raw_len) + stored
+    return Record(7, 100, fmt.REC_CHUNK, codec, len(payload), payload)
+
+
+@pytest.mark.parametrize("codec", ["planes", "zstd", "raw"])
+def test_decode_into_place_writes_exactly_the_chunk(codec):
+    """A restore decodes whole chunks straight into the destination (decode_chunk(out=)):
+    the same bytes as a decode to a new buffer, for every codec, and out is returned."""
+    data, stored = _good()
+    if codec == "zstd":
+        stored = wr._compressor(3).compress(data)
+    elif codec == "raw":
+        stored = data
+    number = {"planes": fmt.CODEC_PLANES, "zstd": fmt.CODEC_ZSTD, "raw": fmt.CODEC_RAW}[codec]
+    chunk = chunk_codec.stored_chunk(_record(number, stored, len(data)))
+    out = bytearray(b"\xee" * len(data))
+    got = chunk_codec.decode_chunk(chunk, memoryview(out))
+    assert bytes(out) == data == bytes(chunk_codec.decode_chunk(chunk))
+    assert got.obj is out if isinstance(got, memoryview) else got is out
+
+
+@pytest.mark.parametrize("damage", ["item size", "plane frame", "length"])
+def test_decode_into_place_leaves_out_alone_on_damage(damage):
+    data, stored = _good()
+    damaged = bytearray(stored)
+    raw_len = len(data)
+    if damage == "item size":
+        damaged[0] = 5
+    elif damage == "plane frame":
+        table = [struct.unpack_from("<BI", stored, 2 + 5 * j) for j in range(4)]
+        j = next(j for j, (how, _) in enumerate(table) if how == 1)
+        start = 2 + 20 + sum(length for _, length in table[:j])
+        damaged[start:start + 4] = b"XXXX"          # the zstd plane is no frame any more
+    else:
+        raw_len += 4
+    chunk = chunk_codec.stored_chunk(_record(fmt.CODEC_PLANES, bytes(damaged), raw_len))
+    out = bytearray(b"\xee" * raw_len)
+    with pytest.raises(DamagedRecord):
+        chunk_codec.decode_chunk(chunk, memoryview(out))
+    assert out == b"\xee" * raw_len
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_restores_into_fresh_and_existing_memory_match(tmp_path, dtype):
+    """Whole-chunk extents (decoded into place) and pieces of chunks (copied from the cache)
+    in one restore: a full checkpoint, then a delta of scattered pages, restored into new
+    memory, into an array holding other values, and as bytes."""
+    n = (3 << 20) // np.dtype(dtype).itemsize + 5
+    a = (np.random.default_rng(1).standard_normal(n) * 0.02).astype(dtype)
+    with snapstore.open(str(tmp_path / "s")) as s:
+        first = s.checkpoint({"w": a})
+        a[::9000] += 1
+        second = s.checkpoint({"w": a})
+        assert second.kind == "incremental"
+        for info, want in ((second, a.tobytes()), (first, None)):
+            got = s.restore(info.id)["w"]
+            if want is not None:
+                assert got == want
+            into = np.full_like(a, 7)
+            s.restore_into(info.id, {"w": into})
+            assert into.tobytes() == got
 # ---- the writer's choice ----------------------------------------------------------------------
 def test_encode_chunk_chooses_planes_zstd_or_raw():
     opts = wr.WriteOptions()
