@@ -1,10 +1,11 @@
-"""snapstore.halves.both: two calls at once, results in order, either one's error raised; and
-split_point, where a list of sized items is cut for it."""
+"""snapstore.halves.both: two calls at once, results in order, either one's error raised;
+start: a call begun on another thread, waited for later; and split_point, where a list of
+sized items is cut for it."""
 import threading
 
 import pytest
 
-from snapstore.halves import both, split_point
+from snapstore.halves import both, split_point, start
 
 
 def test_results_in_order_and_the_second_runs_on_another_thread():
@@ -24,6 +25,22 @@ def test_the_error_of_either_is_raised_after_both_ended():
         both(lambda: (_ for _ in ()).throw(ValueError("first")),
              lambda: ended.append("second"))
     assert ended == ["first", "second"]
+
+
+def test_start_runs_elsewhere_and_wait_gives_the_result_every_time():
+    gate = threading.Event()
+    handle = start(lambda: (gate.wait(5), threading.get_ident())[1])
+    gate.set()
+    assert handle.wait() != threading.get_ident()
+    assert handle.wait() == handle.wait()
+
+
+def test_start_raises_the_error_in_the_waiting_thread_and_finish_does_not():
+    handle = start(lambda: {}["missing"])
+    handle.finish()
+    for _ in range(2):
+        with pytest.raises(KeyError):
+            handle.wait()
 
 
 @pytest.mark.parametrize("sizes, at", [
