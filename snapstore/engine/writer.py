@@ -247,7 +247,7 @@ def encode_chunk(cid: bytes, data, opts: WriteOptions, itemsize: int = 1,
     return codec, [prefix, stored]
 
 
-PARALLEL_ENCODE_BYTES = 1 << 20    # encode_chunks uses two threads from this many bytes
+PARALLEL_ENCODE_BYTES = 1 << 20    # hashing and encoding use two threads from this many bytes
 PROBE_CHUNKS = 4                   # a batch of more chunks of floats is probed on this many
 
 
@@ -263,24 +263,24 @@ def encode_chunks(items: list, opts: WriteOptions, itemsize: int = 1) -> list:
 
     def encode(part: list) -> list:
         return [encode_chunk(cid, data, opts, itemsize, worth) for cid, data in part]
-    if opts.compression != "zstd" or len(items) < 2 or \
-            sum(len(data) for _, data in items) < PARALLEL_ENCODE_BYTES:
+    if opts.compression != "zstd":
         return encode(items)
-    half = len(items) // 2
-    first, second = both(lambda: encode(items[:half]), lambda: encode(items[half:]))
-    return first + second
+    return _in_halves(encode, items, [len(data) for _, data in items])
 
 
 def content_ids(datas: list) -> list[bytes]:
-    """The BLAKE3 chunk id of each of datas; the second half on a thread of its own from
-    PARALLEL_ENCODE_BYTES on (BLAKE3 lets go of the GIL)."""
-    def ids(part: list) -> list[bytes]:
-        return [blake3.blake3(data).digest() for data in part]
-    sizes = [len(data) for data in datas]
-    if len(datas) < 2 or sum(sizes) < PARALLEL_ENCODE_BYTES:
-        return ids(datas)
+    """The BLAKE3 chunk id of each of datas (BLAKE3 lets go of the GIL: see _in_halves)."""
+    return _in_halves(lambda part: [blake3.blake3(data).digest() for data in part], datas,
+                      [len(data) for data in datas])
+
+
+def _in_halves(work: Callable[[list], list], items: list, sizes: list) -> list:
+    """work(items), as work(first half) + work(second half) with the second half on a thread
+    of its own when the items (of these sizes) hold PARALLEL_ENCODE_BYTES or more."""
+    if len(items) < 2 or sum(sizes) < PARALLEL_ENCODE_BYTES:
+        return work(items)
     at = split_point(sizes)
-    first, second = both(lambda: ids(datas[:at]), lambda: ids(datas[at:]))
+    first, second = both(lambda: work(items[:at]), lambda: work(items[at:]))
     return first + second
 
 
