@@ -121,7 +121,7 @@ def decode(stored, raw_len: int, out=None) -> memoryview:
     if table_end + sum(length for _, length in entries) + tail != len(stored):
         raise ValueError("byte-plane chunk's plane lengths do not add up to its size")
     planes = uninit_bytearray(raw_len)     # every byte is written below (lengths checked)
-    dst = memoryview(planes)
+    laid_out = memoryview(planes)
     pos = table_end
     for j, (how, length) in enumerate(entries):
         piece = stored[pos:pos + length]
@@ -129,15 +129,15 @@ def decode(stored, raw_len: int, out=None) -> memoryview:
         if how == fmt.PLANE_RAW:
             if length != n:
                 raise ValueError(f"raw plane {j} holds {length} bytes, not {n}")
-            dst[j * n:(j + 1) * n] = piece
+            laid_out[j * n:(j + 1) * n] = piece
         elif how == fmt.PLANE_ZSTD:
             try:
-                dst[j * n:(j + 1) * n] = decompress_exact(piece, n)
+                laid_out[j * n:(j + 1) * n] = decompress_exact(piece, n)
             except ValueError as exc:
                 raise ValueError(f"plane {j} {exc}") from None
         else:
             raise ValueError(f"plane {j} is stored in an unknown way ({how})")
-    dst[itemsize * n:] = stored[pos:]
+    laid_out[itemsize * n:] = stored[pos:]
     # into out, or a new buffer of the C core's: no overlap to rule out (a chunk read's hot
     # path)
     return native.join_planes(planes, itemsize, out=out,

@@ -90,7 +90,8 @@ class ChunkReader:
         return True
 
     def _read(self, chunk_id: bytes, entry=None, out=None) -> bytes | memoryview:
-        entry = entry or self.view.chunk(chunk_id)
+        if entry is None:
+            entry = self.view.chunk(chunk_id)
         if entry is None:
             raise CorruptionError(f"index lacks chunk {chunk_id.hex()[:16]}… that a manifest "
                                   "references")

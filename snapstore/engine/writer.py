@@ -28,8 +28,9 @@ from snapstore.engine.records import BufferEntry, Commit
 from snapstore.engine.wal import SegmentLog
 from snapstore.errors import CorruptionError
 
-STAGING_BYTES = 2 * fmt.MAX_CHUNK_BYTES  # two areas, each gathered into in turn (bounds memory,
-                                        # amortises calls); each holds the largest chunk whole
+STAGING_AREA_BYTES = fmt.MAX_CHUNK_BYTES   # gather this much at a time (bounds memory,
+                                           # amortises calls): the largest chunk fits whole
+STAGING_BYTES = 2 * STAGING_AREA_BYTES     # two areas, gathered into in turn (write-behind)
 
 
 @dataclass
@@ -332,7 +333,7 @@ class ChunkSink:
         for item in todo.items():          # encoded a staging area at a time: bounded memory
             group.append(item)
             size += len(item[1])
-            if size >= STAGING_BYTES // 2:
+            if size >= STAGING_AREA_BYTES:
                 self._append(group, itemsize)
                 group, size = [], 0
         self._append(group, itemsize)
