@@ -106,3 +106,20 @@ def test_rollback_while_a_write_is_behind_cuts_it_off(tmp_path):
     assert log.position == mark
     log.close()
     assert records_in(backend) == []
+
+
+def test_a_forked_child_closing_the_log_neither_hangs_nor_harms_the_parents_write(tmp_path):
+    backend, log = open_log(tmp_path, segment_size=64 << 20)
+    payload = os.urandom(wal.PENDING_BYTES + 1)
+    where = log.append(fmt.REC_CHUNK, 0, [payload])         # written behind, maybe still
+    pid = os.fork()
+    if pid == 0:                                            # the child: its copy of the log
+        try:
+            log.close()                                     # has no thread behind it
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    log.sync()
+    log.close()
+    assert records_in(backend) == [(*where, payload)]
