@@ -8,7 +8,8 @@ ASAN_LIB := $(shell gcc -print-file-name=libasan.so 2>/dev/null)
 UBSAN_LIB := $(shell gcc -print-file-name=libubsan.so 2>/dev/null)
 NATIVE_TESTS := tests/unit/test_native.py tests/property/test_native_property.py tests/golden \
   tests/unit/test_dirty.py tests/property/test_dirty_property.py \
-  tests/unit/test_planes.py tests/property/test_planes_property.py
+  tests/unit/test_planes.py tests/property/test_planes_property.py \
+  tests/unit/test_native_records.py tests/property/test_read_chunks_property.py
 ASAN_DIR := build/asan
 ASAN_ENV := LD_PRELOAD="$(ASAN_LIB) $(UBSAN_LIB)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -19,8 +20,9 @@ PIP_VENV := $(PYTHON) -m pip --disable-pip-version-check --python $(DIST_VENV)/b
 
 .PHONY: deps test-deps build demo test test-fast asan dist dist-check bench clean
 
-deps:  ## system header + Python packages (idempotent)
-	@test -f /usr/include/xxhash.h || { apt-get update -qq && apt-get install -y -qq libxxhash-dev; }
+deps:  ## system headers + Python packages (idempotent)
+	@test -f /usr/include/xxhash.h -a -f /usr/include/zstd.h || { apt-get update -qq && \
+	  apt-get install -y -qq libxxhash-dev libzstd-dev; }
 	@# setup.py build_ext below runs with the environment's setuptools, not pip's isolated
 	@# one: install the build requirements of pyproject.toml first (a fresh machine has 65,
 	@# which rejects the SPDX `license` string).

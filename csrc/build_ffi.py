@@ -11,15 +11,18 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = ["errors.c", "fingerprint.c", "pagediff.c", "gather.c", "fastcdc.c", "uffd.c", "fprefine.c", "bytediff.c", "planes.c",
-           "writeback.c", "prefault.c"]
-XXHASH_HEADER = "xxhash.h"
+           "writeback.c", "prefault.c", "chunkread.c"]
+SYSTEM_HEADERS = {"xxhash.h": "libxxhash-dev", "zstd.h": "libzstd-dev"}   # header -> package
+LIBRARIES = ["zstd"]
 
 
-def _find_xxhash_header() -> None:
-    """Stop the build with one clear line when the system xxHash header is missing."""
+def _find_system_headers() -> None:
+    """Stop the build with one clear line when a system header is missing."""
     dirs = ["/usr/include", "/usr/local/include"] + os.environ.get("CPATH", "").split(":")
-    if not any(d and os.path.exists(os.path.join(d, XXHASH_HEADER)) for d in dirs):
-        sys.exit("snapstore build: xxhash.h not found; install it with: apt-get install libxxhash-dev")
+    for header, package in SYSTEM_HEADERS.items():
+        if not any(d and os.path.exists(os.path.join(d, header)) for d in dirs):
+            sys.exit(f"snapstore build: {header} not found; install it with: "
+                     f"apt-get install {package}")
 
 
 def _compile_args() -> list:
@@ -33,7 +36,7 @@ def _compile_args() -> list:
     return args + os.environ.get("SNAPSTORE_CFLAGS", "").split()
 
 
-_find_xxhash_header()
+_find_system_headers()
 ffibuilder = FFI()
 with open(os.path.join(HERE, "snapstore.cdef")) as f:
     ffibuilder.cdef(f.read())
@@ -42,6 +45,7 @@ ffibuilder.set_source(
     '#include "snapstore.h"',
     sources=[os.path.join("csrc", s) for s in SOURCES],
     include_dirs=[HERE],
+    libraries=LIBRARIES,
     extra_compile_args=_compile_args(),
     extra_link_args=(["-fsanitize=address,undefined"]
                      if os.environ.get("SNAPSTORE_SANITIZE") == "1" else []),

@@ -16,6 +16,8 @@ const char *snap_strerror(int code)
         return "object not initialised (bad magic)";
     case SNAP_ESYS:
         return "a system call failed (its errno is in the err out-parameter)";
+    case SNAP_EDATA:
+        return "input bytes fail their checks (a damaged chunk record)";
     default:
         return "unknown snapstore error code";
     }

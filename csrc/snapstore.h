@@ -22,6 +22,8 @@
 #define SNAP_ESTATE     (-3)   /* an object is not initialised (bad magic) */
 #define SNAP_ESYS       (-4)   /* a system call failed; *err holds errno (only the kernel
                                   dirty-tracking wrappers below return it) */
+#define SNAP_EDATA      (-5)   /* input bytes fail their checks (snap_read_chunks: a damaged
+                                  chunk record; the read's status says why) */
 
 /* Returns a static, human-readable description of a return code. Never NULL. */
 const char *snap_strerror(int code);
@@ -284,5 +286,56 @@ int snap_uffd_unregister(int uffd, uint64_t start, uint64_t len, int *err);
 int snap_pagemap_scan(int pagemap_fd, uint64_t start, uint64_t end,
                       uint64_t *ranges, size_t max_ranges, size_t *n_ranges,
                       uint64_t *walk_end, int *err);
+
+/* ---- chunk records ------------------------------------------------------------------------
+ * The segment record layout of snapstore/engine/format.py (docs/design.md "Segment files"),
+ * mirrored for snap_read_chunks; tests/unit/test_native_records.py holds the two equal. */
+#define SNAP_REC_MAGIC          "SREC"
+#define SNAP_REC_HEADER         24u  /* magic, type, codec, flags, length, reserved, checksum */
+#define SNAP_REC_CHECKSUMMED    16u  /* header bytes the XXH3-64 covers, then the payload */
+#define SNAP_REC_CHUNK          1u   /* the chunk record type */
+#define SNAP_REC_CHUNK_ID       32u
+#define SNAP_REC_CHUNK_PREFIX   36u  /* chunk id, u32 raw length */
+#define SNAP_REC_CODEC_RAW      0u
+#define SNAP_REC_CODEC_ZSTD     1u
+#define SNAP_REC_CODEC_PLANES   2u
+#define SNAP_REC_PLANES_HEADER  2u   /* item size, flags */
+#define SNAP_REC_PLANE_ENTRY    5u   /* how stored, u32 stored length */
+#define SNAP_REC_PLANES_ROTATE  1u
+#define SNAP_REC_PLANE_RAW      0u
+#define SNAP_REC_PLANE_ZSTD     1u
+
+/* Why a read failed (snap_chunk_read.status after SNAP_EDATA). */
+#define SNAP_READ_HEADER    1   /* bad magic, not a chunk record, unknown codec, flags/reserved set */
+#define SNAP_READ_LENGTH    2   /* payload or raw length not the one expected */
+#define SNAP_READ_CHECKSUM  3   /* the record's checksum does not match */
+#define SNAP_READ_PREFIX    4   /* another chunk id or raw length in the prefix, or no prefix */
+#define SNAP_READ_FRAME     5   /* not exactly one zstd frame of exactly the expected size */
+#define SNAP_READ_PLANES    6   /* bad plane table (item size, flags, kinds, lengths) */
+#define SNAP_READ_SCRATCH   7   /* scratch smaller than the chunk's raw length */
+#define SNAP_READ_NOMEM     8   /* zstd could not allocate its decompression context */
+
+/* One chunk record to read: where it lies in src, where its bytes go in dst, and what the
+ * index says it is. */
+typedef struct snap_chunk_read {
+    uint64_t src_off;        /* the record header's offset in src */
+    uint64_t dst_off;        /* where the chunk's raw_len bytes go in dst */
+    uint32_t stored_len;     /* the record's payload length (chunk prefix + stored bytes) */
+    uint32_t raw_len;        /* the chunk's raw length */
+    uint8_t chunk_id[32];
+    int32_t status;          /* out: SNAP_OK, or a SNAP_READ_* reason */
+} snap_chunk_read;
+
+/* snap_read_chunks: checks and decodes reads[0:n] in order (see chunkread.c for the checks):
+ * each record's raw bytes go to dst[dst_off:dst_off + raw_len], written only once that record
+ * passed every check. Stops at the first record that fails: SNAP_EDATA, *n_done its index and
+ * its status the reason (the reads before it are done). Allocates a zstd context per call.
+ *   scratch      work space of scratch_cap bytes, at least the largest raw_len of a coded
+ *                (zstd or planes) chunk; may be NULL when scratch_cap is 0.
+ * Errors: SNAP_EINVAL (a NULL pointer with a nonzero length, a read's record or destination
+ * outside src or dst, scratch, src and dst overlapping; nothing is done), SNAP_EDATA. */
+int snap_read_chunks(const uint8_t *src, size_t src_len, uint8_t *dst, size_t dst_len,
+                     snap_chunk_read *reads, size_t n, uint8_t *scratch, size_t scratch_cap,
+                     size_t *n_done);
 
 #endif

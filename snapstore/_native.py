@@ -10,6 +10,7 @@ import array
 import itertools
 import operator
 import os
+import struct
 import threading
 from typing import Iterable, List, Sequence, Tuple
 
@@ -30,7 +31,7 @@ __all__ = [
     "runs_to_ranges", "gather", "diff_bytes", "Chunker", "chunk_boundaries", "buffer_address",
     "SCAN_HUGE", "uffd_open", "uffd_register", "uffd_unregister", "pagemap_scan",
     "ITEMSIZE_MAX", "DELTA_XOR", "DELTA_SUB", "PLANES_ROTATE", "split_planes", "join_planes",
-    "delta_split_planes", "delta_join_planes",
+    "delta_split_planes", "delta_join_planes", "read_chunks", "READ_REASONS",
 ]
 
 # C code -> exception class, built from the library's own constants and errors.NATIVE_ERRORS.
@@ -745,3 +746,63 @@ def pagemap_scan(pagemap_fd: int, start: int, end: int,
     flat = ffi.unpack(arr, 3 * n[0]) if n[0] else []
     it = iter(flat)
     return list(zip(it, it, it)), int(walk_end[0])
+
+
+# Why snap_read_chunks stopped at a record (its SNAP_READ_* status), for messages and tests.
+READ_REASONS = {
+    int(lib.SNAP_READ_HEADER): "damaged record header",
+    int(lib.SNAP_READ_LENGTH): "unexpected payload or raw length",
+    int(lib.SNAP_READ_CHECKSUM): "record checksum mismatch",
+    int(lib.SNAP_READ_PREFIX): "another chunk id or raw length in the chunk prefix",
+    int(lib.SNAP_READ_FRAME): "not one zstd frame of the expected size",
+    int(lib.SNAP_READ_PLANES): "damaged byte-plane table",
+    int(lib.SNAP_READ_SCRATCH): "scratch smaller than the chunk",
+    int(lib.SNAP_READ_NOMEM): "zstd could not allocate its context",
+}
+# snap_chunk_read as laid out by the C compiler (tests/unit/test_native_records.py checks it)
+_CHUNK_READ = struct.Struct("=QQII32si4x")
+
+
+def read_chunks(src, out, reads: Sequence[Tuple[int, int, int, int, bytes]],
+                scratch=None) -> Tuple[int, int]:
+    """Checks and decodes chunk records into out (snap_read_chunks), without the GIL.
+
+    Args:
+        src: the records' bytes (a segment's span).
+        out: the writable destination.
+        reads: (src_off, dst_off, stored_len, raw_len, chunk_id) per record: the record's
+            header at src[src_off:], its payload of stored_len bytes (as the index records),
+            its chunk of raw_len bytes into out[dst_off:dst_off + raw_len].
+        scratch: writable work space of at least the largest raw_len (default: allocated);
+            one per thread that calls this at the same time.
+    Returns:
+        (len(reads), 0) when every record decoded; else (i, reason): the reads before i are
+        done, read i failed for READ_REASONS[reason] (its destination is untouched), the
+        ones after it were not tried.
+    Raises:
+        InvalidArgumentError for a record or destination outside src or out, or buffers that
+        overlap (nothing is done); InvalidArgumentTypeError for a read-only out.
+    """
+    src_v = _typed_view(src, "src")
+    dst = _typed_view(out, "out", writable=True)
+    n = len(reads)
+    if scratch is None:
+        scratch = _new_uninit("uint8_t[]", max((r[3] for r in reads), default=0) or 1)
+        work = memoryview(ffi.buffer(scratch))
+    else:
+        work = _typed_view(scratch, "scratch", writable=True)
+    packed = bytearray(_CHUNK_READ.size * n)
+    pack = _CHUNK_READ.pack_into
+    size = _CHUNK_READ.size
+    for i, (src_off, dst_off, stored_len, raw_len, chunk_id) in enumerate(reads):
+        pack(packed, i * size, src_off, dst_off, stored_len, raw_len, chunk_id, 0)
+    done = ffi.new("size_t *")
+    rc = lib.snap_read_chunks(_ptr(src_v), len(src_v), _ptr(dst, True), len(dst),
+                              ffi.from_buffer("snap_chunk_read[]", packed,
+                                              require_writable=True),
+                              n, _ptr(work, True), len(work), done)
+    if rc == lib.SNAP_EDATA:
+        i = int(done[0])
+        return i, _CHUNK_READ.unpack_from(packed, i * size)[5]
+    check(rc, "snap_read_chunks")
+    return n, 0

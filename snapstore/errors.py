@@ -103,6 +103,13 @@ class CorruptionError(SnapstoreError):
         self.file = file
 
 
+
+class NativeDataError(NativeError, CorruptionError):
+    """Bytes given to the C core failed its checks (SNAP_EDATA: a damaged chunk record).
+    read_chunks() reports it as a result, so the engine can name the record; check() raises
+    it for any other caller."""
+
+
 class ConcurrentCompactionError(SnapstoreError):
     """A read raced a compaction that moved the bytes it was reading: retry the read.
 
@@ -356,4 +363,5 @@ NATIVE_ERRORS: dict[str, type[NativeError]] = {
     "SNAP_ESPACE": NativeSpaceError,
     "SNAP_ESTATE": NativeStateError,
     "SNAP_ESYS": NativeSystemError,
+    "SNAP_EDATA": NativeDataError,
 }

@@ -19,8 +19,9 @@ from snapstore.engine import format as fmt
 from snapstore.errors import CheckpointNotFound, ConcurrentCompactionError, CorruptionError
 from snapstore.engine.backends.base import SegmentBackend, SegmentReader
 from snapstore.engine.index import IndexView
+from snapstore.engine.memory import uninit_bytearray
 from snapstore.engine.records import BufferEntry, Commit
-from snapstore.engine.wal import segment_version
+from snapstore.engine.wal import DamagedRecord, segment_version
 
 
 def buffer_layers(view: IndexView, commit: Commit, name: str) -> list[list]:
@@ -139,12 +140,13 @@ def restore_range(view: IndexView, backend: SegmentBackend, commit: Commit, name
     with backend.open_reader() as segments:
         reader = ChunkReader(backend, segments, view)
         segments.prefetch(record_ranges(view, [e for layer in layers for e in layer]))
-        prefault(out)
         for depth, extents in enumerate(layers):
             if depth == 0:      # the full base writes every byte of out: none is left unfilled
                 ext.check_fills(extents, start, end, f"checkpoint {commit.id} buffer {name!r}")
             reported = copy_extents_parallel(view, backend, segments, extents, out, start,
-                                             progress)
+                                             progress, fresh=depth == 0)
+            if depth == 0 and reported is not True:
+                prefault(out)
             if reported is not True:
                 copy_extents(reader, extents, out, start, _skipping(progress, reported))
 
@@ -164,21 +166,26 @@ def prefault(out: memoryview) -> None:
             pass
 
 
-PARALLEL_MIN_BYTES = 32 << 20   # a layer this large is decoded by DECODE_THREADS threads
+PARALLEL_MIN_BYTES = 1 << 20    # a layer this large is decoded in batches, by C, on threads
 PARALLEL_BATCH_BYTES = 4 << 20
 DECODE_THREADS = 4
 
 
 def copy_extents_parallel(view: IndexView, backend: SegmentBackend, segments: SegmentReader,
                           extents, out: memoryview, start: int,
-                          progress: Callable[[int], None] | None = None) -> "bool | int":
-    """copy_extents for a large layer, its chunks read and decoded by several threads (zstd
-    and the reads let go of the GIL; extents of one layer never overlap, so the threads
-    write disjoint bytes). Returns True when done. A small layer is left to the caller (0:
-    nothing done or reported); so is a layer where anything failed: the caller's
-    copy_extents redoes it one chunk at a time, whose errors are the authoritative ones (a
-    chunk a compaction moved: ConcurrentCompactionError; damage: CorruptionError), and the
-    int returned is how many bytes progress() was already told of."""
+                          progress: Callable[[int], None] | None = None,
+                          fresh: bool = False) -> "bool | int":
+    """copy_extents for a large layer: its extents in batches of PARALLEL_BATCH_BYTES, on up
+    to DECODE_THREADS threads when there are several (extents of one layer never overlap, so
+    the threads write disjoint bytes). A batch's whole-chunk extents (most of a layer) are
+    read one run of back-to-back records at a time and checked and decoded by the C core
+    without the GIL (decode_whole_chunks); the rest go through chunks.read_chunk. Returns True
+    when done. A small layer is left to the caller (0: nothing done or reported); so is a
+    layer where anything failed: the caller's copy_extents redoes it one chunk at a time,
+    whose errors are the authoritative ones (a chunk a compaction moved:
+    ConcurrentCompactionError; damage: CorruptionError), and the int returned is how many
+    bytes progress() was already told of. fresh: out may be fresh memory; each batch maps its
+    part in first (prefault), so the page faults too are spread over the threads."""
     total = sum(e[2] for e in extents)
     if total < PARALLEL_MIN_BYTES:
         return 0
@@ -202,7 +209,9 @@ def copy_extents_parallel(view: IndexView, backend: SegmentBackend, segments: Se
 
     def copy_batch(work) -> int:
         batch, size = work
-        decoded: dict = {}
+        if fresh:
+            first, last = batch[0], batch[-1]
+            prefault(out[first[0] - start:last[0] + last[2] - start])
         with backend.open_reader() as own:
             # FormatError for a newer segment; checked as the batches reach each segment, so
             # that decoding begins as soon as the first blocks arrive from an object store
@@ -212,14 +221,14 @@ def copy_extents_parallel(view: IndexView, backend: SegmentBackend, segments: Se
                 except CorruptionError:
                     pass
                 checked.add(number)
-            spans = SpanReader(own, [entries[cid] for _, _, _, cid in batch])
-            for off, coff, length, cid in batch:
-                dest = out[off - start:off - start + length]
+            whole, part = [], []
+            for e in batch:
+                (whole if e[1] == 0 and e[2] == entries[e[3]].raw_len else part).append(e)
+            decode_whole_chunks(own, whole, entries, out, start)
+            spans = SpanReader(own, [entries[cid] for _, _, _, cid in part])
+            decoded: dict = {}
+            for off, coff, length, cid in part:
                 entry = entries[cid]
-                if coff == 0 and length == entry.raw_len and cid not in decoded:
-                    chunks.read_chunk(spans, entry.segment, entry.offset, entry.stored_len,
-                                      cid, entry.raw_len, dest)     # straight into place
-                    continue
                 data = decoded.get(cid)
                 if data is None:
                     data = chunks.read_chunk(spans, entry.segment, entry.offset,
@@ -227,11 +236,16 @@ def copy_extents_parallel(view: IndexView, backend: SegmentBackend, segments: Se
                     decoded = {cid: data}       # packed deltas revisit the last chunk
                 if coff + length > len(data):
                     raise CorruptionError(f"manifest extent exceeds chunk {cid.hex()[:16]}…")
-                dest[:] = memoryview(data)[coff:coff + length]
+                out[off - start:off - start + length] = memoryview(data)[coff:coff + length]
         return size
     reported = 0
     try:
-        with ThreadPoolExecutor(DECODE_THREADS, "snapstore-decode") as pool:
+        if len(batches) == 1:
+            reported = copy_batch(batches[0])
+            if progress is not None:
+                progress(reported)
+            return True
+        with ThreadPoolExecutor(min(DECODE_THREADS, len(batches)), "snapstore-decode") as pool:
             for done in pool.map(copy_batch, batches):
                 if progress is not None:
                     progress(done)
@@ -239,6 +253,39 @@ def copy_extents_parallel(view: IndexView, backend: SegmentBackend, segments: Se
     except (CorruptionError, OSError):
         return reported
     return True
+
+
+def decode_whole_chunks(segments: SegmentReader, extents, entries: dict, out: memoryview,
+                        start: int) -> None:
+    """Writes each extent's whole chunk (extents (offset, 0, chunk's raw length, chunk id);
+    entries: chunk id -> index entry) to out[offset - start:]: the chunk records are read one
+    run of back-to-back records at a time and checked and decoded by native.read_chunks (the
+    same checks as chunks.read_chunk). Raises CorruptionError (DamagedRecord) at the first
+    record that fails, naming only why: the caller redoes the work on the path whose errors
+    are authoritative."""
+    header = fmt.RECORD_HEADER.size
+    runs: list = []             # [segment, first record's offset, end, [(extent, entry)...]]
+    for e in extents:
+        entry = entries[e[3]]
+        run = runs[-1] if runs else None
+        if run is None or run[0] != entry.segment or run[2] != entry.offset:
+            run = [entry.segment, entry.offset, entry.offset, []]
+            runs.append(run)
+        run[2] = entry.offset + header + entry.stored_len
+        run[3].append((e, entry))
+    if not runs:
+        return
+    scratch = uninit_bytearray(max(entry.raw_len for run in runs for _, entry in run[3]))
+    for number, first, end, members in runs:
+        data = segments.read(number, first, end - first)
+        if len(data) != end - first:
+            raise DamagedRecord("chunk records are truncated", number, first)
+        reads = [(entry.offset - first, off - start, entry.stored_len, entry.raw_len, cid)
+                 for (off, _, _, cid), entry in members]
+        done, reason = native.read_chunks(data, out, reads, scratch)
+        if done != len(reads):
+            raise DamagedRecord(f"chunk record fails its checks: {native.READ_REASONS[reason]}",
+                                number, members[done][1].offset)
 
 
 class SpanReader(SegmentReader):

@@ -69,6 +69,56 @@ def test_progress_counts_every_byte_once_also_after_a_fallback(tmp_path, small_t
                 assert sum(total) == a.nbytes
 
 
+@pytest.mark.parametrize("fail_at", [1, 3])
+def test_a_run_the_c_reader_refuses_is_redone_by_the_sequential_path(tmp_path, small_threshold,
+                                                                     monkeypatch, fail_at):
+    """The C reader refuses a record the Python path reads (as a stricter check would): the
+    layer is redone one chunk at a time, the bytes are exact, progress counts each byte once."""
+    a = np.random.default_rng(5).standard_normal(1 << 19).astype(np.float32)
+    real = reader.native.read_chunks
+    calls = []
+
+    def refusing(src, out, reads, scratch=None):
+        calls.append(len(reads))
+        if len(calls) == fail_at:
+            return 0, next(iter(reader.native.READ_REASONS))
+        return real(src, out, reads, scratch)
+    with snapstore.open(tmp_path / "s") as s:
+        info = s.checkpoint({"a": a})
+        monkeypatch.setattr(reader.native, "read_chunks", refusing)
+        total = []
+        with s._committer.read() as view:
+            out = bytearray(a.nbytes)
+            reader.restore_range(view, s.backend, view.checkpoint(info.id), "a",
+                                 memoryview(out), 0, total.append)
+        assert bytes(out) == a.tobytes() and sum(total) == a.nbytes
+        assert len(calls) >= fail_at
+
+
+def test_a_large_layer_is_read_one_run_of_records_at_a_time(tmp_path, monkeypatch):
+    """A full 8 MiB layer of 128 chunks laid back to back: a handful of reads, not one per
+    chunk (each read is a system call, or a trip through an object store's cache)."""
+    a = np.random.default_rng(6).integers(0, 256, 8 << 20, dtype=np.uint8)
+    reads = []
+    with snapstore.open(tmp_path / "s") as s:
+        info = s.checkpoint({"a": a})
+        real = s.backend.open_reader
+
+        def counting():
+            session = real()
+            inner = session.read
+
+            def read(number, offset, length):
+                reads.append(length)
+                return inner(number, offset, length)
+            session.read = read
+            return session
+        monkeypatch.setattr(s.backend, "open_reader", counting)
+        assert s.restore(info.id)["a"] == a.tobytes()
+    big = [n for n in reads if n > fmt.RECORD_HEADER.size + (64 << 10)]
+    assert sum(big) >= a.nbytes and len(big) <= 4
+
+
 def test_damage_is_reported_as_by_the_sequential_path(tmp_path, small_threshold):
     a = np.random.default_rng(4).integers(0, 256, 2 << 20, dtype=np.uint8)
     path = tmp_path / "s"
