@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import bisect
 import collections
-from concurrent.futures import ThreadPoolExecutor
+import os
+import threading
 from typing import Callable
 
 from snapstore import _native as native
+from snapstore.halves import start
 from snapstore.engine import chunks
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
@@ -168,7 +170,7 @@ def prefault(out: memoryview) -> None:
 
 PARALLEL_MIN_BYTES = 1 << 20    # a layer this large is decoded in batches, by C, on threads
 PARALLEL_BATCH_BYTES = 4 << 20
-DECODE_THREADS = 4
+DECODE_THREADS = min(4, os.cpu_count() or 1)   # the caller's thread and up to 3 more
 
 
 def copy_extents_parallel(view: IndexView, backend: SegmentBackend, segments: SegmentReader,
@@ -238,21 +240,73 @@ def copy_extents_parallel(view: IndexView, backend: SegmentBackend, segments: Se
                     raise CorruptionError(f"manifest extent exceeds chunk {cid.hex()[:16]}…")
                 out[off - start:off - start + length] = memoryview(data)[coff:coff + length]
         return size
-    reported = 0
     try:
-        if len(batches) == 1:
-            reported = copy_batch(batches[0])
-            if progress is not None:
-                progress(reported)
-            return True
-        with ThreadPoolExecutor(min(DECODE_THREADS, len(batches)), "snapstore-decode") as pool:
-            for done in pool.map(copy_batch, batches):
-                if progress is not None:
-                    progress(done)
-                reported += done
-    except (CorruptionError, OSError):
-        return reported
+        share_work(batches, copy_batch, min(DECODE_THREADS, len(batches)), progress)
+    except BatchesFailed as failed:
+        return failed.reported
     return True
+
+
+class BatchesFailed(Exception):
+    """share_work() stopped at a failed batch: `reported` bytes were reported done."""
+
+    def __init__(self, reported: int) -> None:
+        super().__init__(reported)
+        self.reported = reported
+
+
+def share_work(batches: list, work: Callable, threads: int,
+               progress: Callable[[int], None] | None) -> None:
+    """work(batch) for every batch, each once, on `threads` threads: the caller's and
+    threads - 1 started for it (it works at once instead of waiting for a pool to start), each
+    taking the next batch until none is left. progress(n) is told each batch's result, in the
+    caller's thread, as the caller finishes each batch of its own and at the end. When a batch
+    raises CorruptionError or OSError no batch is begun any more, and BatchesFailed says how
+    many bytes progress() was told of; any other exception is raised as it is."""
+    lock = threading.Lock()
+    todo = iter(batches)
+    done: list = []             # results not yet reported
+    failures: list = []
+    stopped = [False]
+    reported = 0
+
+    def take():
+        with lock:
+            return None if failures or stopped[0] else next(todo, None)
+
+    def run(report: bool) -> None:
+        nonlocal reported
+        while (batch := take()) is not None:
+            try:
+                n = work(batch)
+            except BaseException as exc:
+                with lock:
+                    failures.append(exc)
+                return
+            with lock:
+                done.append(n)
+            if report and progress is not None:
+                with lock:
+                    ready, done[:] = list(done), []
+                for n in ready:
+                    progress(n)
+                    reported += n
+    helpers = [start(lambda: run(False)) for _ in range(threads - 1)]
+    try:
+        run(True)
+    finally:            # also when progress() raised: no batch is begun any more
+        with lock:
+            stopped[0] = True
+        for helper in helpers:
+            helper.wait()
+    if failures:
+        first = failures[0]
+        if isinstance(first, (CorruptionError, OSError)):
+            raise BatchesFailed(reported)
+        raise first
+    if progress is not None:
+        for n in done:
+            progress(n)
 
 
 def decode_whole_chunks(segments: SegmentReader, extents, entries: dict, out: memoryview,

@@ -224,3 +224,62 @@ def test_a_kernel_that_cannot_prefault_changes_nothing(tmp_path, monkeypatch):
     with snapstore.open(tmp_path / "s", durability="none") as s:
         info = s.checkpoint({"a": a})
         assert s.restore(info.id)["a"] == a.tobytes()
+
+
+# ---- share_work: the caller's thread and helpers take batches until none is left -------------
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("n", [0, 1, 7])
+def test_share_work_does_every_batch_once_and_reports_in_the_callers_thread(threads, n):
+    import threading
+    seen, reports = [], []
+    caller = threading.get_ident()
+
+    def work(b):
+        seen.append(b)
+        return b * 10
+
+    def progress(x):
+        reports.append((x, threading.get_ident() == caller))
+    reader.share_work(list(range(n)), work, threads, progress)
+    assert sorted(seen) == list(range(n))
+    assert sorted(x for x, _ in reports) == [b * 10 for b in range(n)]
+    assert all(in_caller for _, in_caller in reports)
+
+
+@pytest.mark.parametrize("exc, raised", [(CorruptionError("bad"), reader.BatchesFailed),
+                                         (OSError(5, "eio"), reader.BatchesFailed),
+                                         (KeyError("bug"), KeyError)])
+def test_share_work_stops_at_a_failed_batch(exc, raised):
+    import threading
+    started = []
+    lock = threading.Lock()
+
+    def work(b):
+        with lock:
+            started.append(b)
+        if b == 2:
+            raise exc
+        return 1
+    reported = []
+    with pytest.raises(raised) as ei:
+        reader.share_work(list(range(50)), work, 2, reported.append)
+    assert len(started) < 50                    # no batch begun after the failure was seen
+    if raised is reader.BatchesFailed:
+        assert ei.value.reported == sum(reported)
+
+
+def test_share_work_waits_for_its_helpers_when_progress_raises():
+    import time
+    running = []
+
+    def work(b):
+        running.append(b)
+        time.sleep(0.01)
+        running.remove(b)
+        return 1
+
+    def progress(n):
+        raise RuntimeError("the caller's progress bar broke")
+    with pytest.raises(RuntimeError):
+        reader.share_work(list(range(20)), work, 3, progress)
+    assert running == []                        # every helper ended before the raise
