@@ -103,7 +103,6 @@ class CorruptionError(SnapstoreError):
         self.file = file
 
 
-
 class NativeDataError(NativeError, CorruptionError):
     """Bytes given to the C core failed its checks (SNAP_EDATA: a damaged chunk record).
     read_chunks() reports it as a result, so the engine can name the record; check() raises

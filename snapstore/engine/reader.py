@@ -321,11 +321,16 @@ def decode_whole_chunks(segments: SegmentReader, extents, entries: dict, out: me
     runs: list = []             # [segment, first record's offset, end, [(extent, entry)...]]
     for e in extents:
         entry = entries[e[3]]
+        end = entry.offset + header + entry.stored_len
         run = runs[-1] if runs else None
-        if run is None or run[0] != entry.segment or run[2] != entry.offset:
-            run = [entry.segment, entry.offset, entry.offset, []]
+        if run is not None and run[0] == entry.segment and run[1] <= entry.offset and \
+                end <= run[2]:
+            pass                # a record the run holds already (a chunk used again)
+        elif run is None or run[0] != entry.segment or run[2] != entry.offset:
+            run = [entry.segment, entry.offset, end, []]
             runs.append(run)
-        run[2] = entry.offset + header + entry.stored_len
+        else:
+            run[2] = end
         run[3].append((e, entry))
     if not runs:
         return

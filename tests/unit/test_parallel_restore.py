@@ -283,3 +283,27 @@ def test_share_work_waits_for_its_helpers_when_progress_raises():
     with pytest.raises(RuntimeError):
         reader.share_work(list(range(20)), work, 3, progress)
     assert running == []                        # every helper ended before the raise
+
+
+def test_a_chunk_used_again_is_read_from_the_run_that_holds_it(tmp_path, monkeypatch):
+    """A buffer of one repeated 64 KiB pattern: every extent names the same record, which is
+    read once per batch, not once per extent; the bytes are exact."""
+    a = np.tile(np.random.default_rng(7).integers(0, 256, 64 << 10, dtype=np.uint8), 64)
+    reads = []
+    with snapstore.open(tmp_path / "s") as s:
+        info = s.checkpoint({"a": a})
+        real = s.backend.open_reader
+
+        def counting():
+            session = real()
+            inner = session.read
+
+            def read(number, offset, length):
+                reads.append(length)
+                return inner(number, offset, length)
+            session.read = read
+            return session
+        monkeypatch.setattr(s.backend, "open_reader", counting)
+        assert s.restore(info.id)["a"] == a.tobytes()
+    chunk_reads = [n for n in reads if n > (64 << 10)]
+    assert 1 <= len(chunk_reads) <= 2      # one per 4 MiB batch
