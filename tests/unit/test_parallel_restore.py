@@ -95,6 +95,22 @@ def test_a_run_the_c_reader_refuses_is_redone_by_the_sequential_path(tmp_path, s
         assert len(calls) >= fail_at
 
 
+def count_reads(store, monkeypatch, reads: list) -> None:
+    """Every read of the store's read sessions from now on appends its length to reads."""
+    real = store.backend.open_reader
+
+    def counting():
+        session = real()
+        inner = session.read
+
+        def read(number, offset, length):
+            reads.append(length)
+            return inner(number, offset, length)
+        session.read = read
+        return session
+    monkeypatch.setattr(store.backend, "open_reader", counting)
+
+
 def test_a_large_layer_is_read_one_run_of_records_at_a_time(tmp_path, monkeypatch):
     """A full 8 MiB layer of 128 chunks laid back to back: a handful of reads, not one per
     chunk (each read is a system call, or a trip through an object store's cache)."""
@@ -102,18 +118,7 @@ def test_a_large_layer_is_read_one_run_of_records_at_a_time(tmp_path, monkeypatc
     reads = []
     with snapstore.open(tmp_path / "s") as s:
         info = s.checkpoint({"a": a})
-        real = s.backend.open_reader
-
-        def counting():
-            session = real()
-            inner = session.read
-
-            def read(number, offset, length):
-                reads.append(length)
-                return inner(number, offset, length)
-            session.read = read
-            return session
-        monkeypatch.setattr(s.backend, "open_reader", counting)
+        count_reads(s, monkeypatch, reads)
         assert s.restore(info.id)["a"] == a.tobytes()
     big = [n for n in reads if n > fmt.RECORD_HEADER.size + (64 << 10)]
     assert sum(big) >= a.nbytes and len(big) <= 4
@@ -292,18 +297,7 @@ def test_a_chunk_used_again_is_read_from_the_run_that_holds_it(tmp_path, monkeyp
     reads = []
     with snapstore.open(tmp_path / "s") as s:
         info = s.checkpoint({"a": a})
-        real = s.backend.open_reader
-
-        def counting():
-            session = real()
-            inner = session.read
-
-            def read(number, offset, length):
-                reads.append(length)
-                return inner(number, offset, length)
-            session.read = read
-            return session
-        monkeypatch.setattr(s.backend, "open_reader", counting)
+        count_reads(s, monkeypatch, reads)
         assert s.restore(info.id)["a"] == a.tobytes()
     chunk_reads = [n for n in reads if n > (64 << 10)]
     assert 1 <= len(chunk_reads) <= 2      # one per 4 MiB batch
