@@ -240,29 +240,20 @@ def copy_extents_parallel(view: IndexView, backend: SegmentBackend, segments: Se
                     raise CorruptionError(f"manifest extent exceeds chunk {cid.hex()[:16]}…")
                 out[off - start:off - start + length] = memoryview(data)[coff:coff + length]
         return size
-    try:
-        share_work(batches, copy_batch, min(DECODE_THREADS, len(batches)), progress)
-    except BatchesFailed as failed:
-        return failed.reported
-    return True
-
-
-class BatchesFailed(Exception):
-    """share_work() stopped at a failed batch: `reported` bytes were reported done."""
-
-    def __init__(self, reported: int) -> None:
-        super().__init__(reported)
-        self.reported = reported
+    finished, reported = share_work(batches, copy_batch, min(DECODE_THREADS, len(batches)),
+                                    progress)
+    return True if finished else reported
 
 
 def share_work(batches: list, work: Callable, threads: int,
-               progress: Callable[[int], None] | None) -> None:
+               progress: Callable[[int], None] | None) -> tuple[bool, int]:
     """work(batch) for every batch, each once, on `threads` threads: the caller's and
     threads - 1 started for it (it works at once instead of waiting for a pool to start), each
     taking the next batch until none is left. progress(n) is told each batch's result, in the
     caller's thread, as the caller finishes each batch of its own and at the end. When a batch
-    raises CorruptionError or OSError no batch is begun any more, and BatchesFailed says how
-    many bytes progress() was told of; any other exception is raised as it is."""
+    raises CorruptionError or OSError no batch is begun any more. Returns (True, the sum of
+    the results) when every batch is done, else (False, what progress() was told of in sum);
+    any other exception is raised as it is."""
     lock = threading.Lock()
     todo = iter(batches)
     done: list = []             # results not yet reported
@@ -302,11 +293,13 @@ def share_work(batches: list, work: Callable, threads: int,
     if failures:
         first = failures[0]
         if isinstance(first, (CorruptionError, OSError)):
-            raise BatchesFailed(reported)
+            return False, reported
         raise first
-    if progress is not None:
-        for n in done:
+    for n in done:
+        if progress is not None:
             progress(n)
+        reported += n
+    return True, reported
 
 
 def decode_whole_chunks(segments: SegmentReader, extents, entries: dict, out: memoryview,
