@@ -310,34 +310,39 @@ def decode_whole_chunks(segments: SegmentReader, extents, entries: dict, out: me
     same checks as chunks.read_chunk). Raises CorruptionError (DamagedRecord) at the first
     record that fails, naming only why: the caller redoes the work on the path whose errors
     are authoritative."""
-    header = fmt.RECORD_HEADER.size
-    runs: list = []             # [segment, first record's offset, end, [(extent, entry)...]]
-    for e in extents:
-        entry = entries[e[3]]
-        end = entry.offset + header + entry.stored_len
-        run = runs[-1] if runs else None
-        if run is not None and run[0] == entry.segment and run[1] <= entry.offset and \
-                end <= run[2]:
-            pass                # a record the run holds already (a chunk used again)
-        elif run is None or run[0] != entry.segment or run[2] != entry.offset:
-            run = [entry.segment, entry.offset, end, []]
-            runs.append(run)
-        else:
-            run[2] = end
-        run[3].append((e, entry))
+    records = [entries[e[3]] for e in extents]
+    runs = record_runs(records)
     if not runs:
         return
-    scratch = uninit_bytearray(max(entry.raw_len for run in runs for _, entry in run[3]))
+    scratch = uninit_bytearray(max(entry.raw_len for entry in records))
     for number, first, end, members in runs:
         data = segments.read(number, first, end - first)
         if len(data) != end - first:
             raise DamagedRecord("chunk records are truncated", number, first)
-        reads = [(entry.offset - first, off - start, entry.stored_len, entry.raw_len, cid)
-                 for (off, _, _, cid), entry in members]
+        reads = [(records[i].offset - first, extents[i][0] - start, records[i].stored_len,
+                  records[i].raw_len, extents[i][3]) for i in members]
         done, reason = native.read_chunks(data, out, reads, scratch)
         if done != len(reads):
             raise DamagedRecord(f"chunk record fails its checks: {native.READ_REASONS[reason]}",
-                                number, members[done][1].offset)
+                                number, records[members[done]].offset)
+
+
+def record_runs(entries) -> list:
+    """The runs of back-to-back chunk records of `entries` (index entries, in the order they
+    will be read), in that order: [segment, first record's offset, end, [positions in
+    entries]]. An entry whose record the current run holds already (a chunk used again) joins
+    it; one whose record begins where the run ends extends it; any other begins a new run."""
+    runs: list = []
+    for i, e in enumerate(entries):
+        end = e.offset + fmt.RECORD_HEADER.size + e.stored_len
+        run = runs[-1] if runs else None
+        if run is None or run[0] != e.segment or not (
+                e.offset == run[2] or run[1] <= e.offset and end <= run[2]):
+            run = [e.segment, e.offset, end, []]
+            runs.append(run)
+        run[2] = max(run[2], end)
+        run[3].append(i)
+    return runs
 
 
 class SpanReader(SegmentReader):
@@ -351,11 +356,8 @@ class SpanReader(SegmentReader):
     def __init__(self, inner: SegmentReader, entries) -> None:
         self.inner = inner
         self.runs: dict = {}    # (segment, its first record's offset) -> [segment, start, end]
-        run = None
-        for e in entries:
-            start, end = e.offset, e.offset + fmt.RECORD_HEADER.size + e.stored_len
-            if run is None or run[0] != e.segment or run[2] != start:
-                run = self.runs.setdefault((e.segment, start), [e.segment, start, start])
+        for segment, start, end, _ in record_runs(entries):
+            run = self.runs.setdefault((segment, start), [segment, start, end])
             run[2] = max(run[2], end)
         self._held = (None, 0, b"")     # (segment, offset, bytes) of the run read last
 
