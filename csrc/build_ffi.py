@@ -11,7 +11,7 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = ["errors.c", "fingerprint.c", "pagediff.c", "gather.c", "fastcdc.c", "uffd.c", "fprefine.c", "bytediff.c", "planes.c",
-           "writeback.c", "prefault.c", "chunkread.c"]
+           "writeback.c", "prefault.c", "chunkread.c", "chunkwrite.c"]
 SYSTEM_HEADERS = {"xxhash.h": "libxxhash-dev", "zstd.h": "libzstd-dev"}   # header -> package
 LIBRARIES = ["zstd"]
 

@@ -18,6 +18,8 @@ const char *snap_strerror(int code)
         return "a system call failed (its errno is in the err out-parameter)";
     case SNAP_EDATA:
         return "input bytes fail their checks (a damaged chunk record)";
+    case SNAP_ENOMEM:
+        return "out of memory (a library's context could not be allocated)";
     default:
         return "unknown snapstore error code";
     }

@@ -24,6 +24,7 @@
                                   dirty-tracking wrappers below return it) */
 #define SNAP_EDATA      (-5)   /* input bytes fail their checks (snap_read_chunks: a damaged
                                   chunk record; the read's status says why) */
+#define SNAP_ENOMEM     (-6)   /* a library's context could not be allocated (zstd) */
 
 /* Returns a static, human-readable description of a return code. Never NULL. */
 const char *snap_strerror(int code);
@@ -289,7 +290,8 @@ int snap_pagemap_scan(int pagemap_fd, uint64_t start, uint64_t end,
 
 /* ---- chunk records ------------------------------------------------------------------------
  * The segment record layout of snapstore/engine/format.py (docs/design.md "Segment files"),
- * mirrored for snap_read_chunks; tests/unit/test_native_records.py holds the two equal. */
+ * mirrored for snap_read_chunks and snap_write_chunks; tests/unit/test_native_records.py
+ * holds the two equal. */
 #define SNAP_REC_MAGIC          "SREC"
 #define SNAP_REC_HEADER         24u  /* magic, type, codec, flags, length, reserved, checksum */
 #define SNAP_REC_CHECKSUMMED    16u  /* header bytes the XXH3-64 covers, then the payload */
@@ -337,5 +339,38 @@ typedef struct snap_chunk_read {
 int snap_read_chunks(const uint8_t *src, size_t src_len, uint8_t *dst, size_t dst_len,
                      snap_chunk_read *reads, size_t n, uint8_t *scratch, size_t scratch_cap,
                      size_t *n_done);
+
+/* Room a chunk record may need in snap_write_chunks' out beyond the chunk's raw length: the
+ * record header, the chunk prefix and a plane table of 8 planes. */
+#define SNAP_REC_WRITE_SLACK    (SNAP_REC_HEADER + SNAP_REC_CHUNK_PREFIX + \
+                                 SNAP_REC_PLANES_HEADER + 8u * SNAP_REC_PLANE_ENTRY)
+
+/* One chunk to encode: its raw bytes and id in, where its record went and how it is coded
+ * out. */
+typedef struct snap_chunk_write {
+    const uint8_t *src;      /* the chunk's raw_len bytes */
+    uint64_t out_off;        /* out: its record's offset in out */
+    uint32_t raw_len;
+    uint32_t stored_len;     /* out: the record's payload length (chunk prefix + stored bytes) */
+    uint8_t chunk_id[32];    /* the BLAKE3-256 of the raw bytes (written into the prefix) */
+    uint8_t codec;           /* out: SNAP_REC_CODEC_PLANES or SNAP_REC_CODEC_RAW */
+    uint8_t packed;          /* out: bit j set when plane j is stored as a zstd frame */
+    uint8_t reserved[6];
+} snap_chunk_write;
+
+/* snap_write_chunks: encodes chunks[0:n] (items of itemsize bytes, 2, 4 or 8, aligned to each
+ * chunk's start) as complete chunk records laid back to back in out, in order (see
+ * chunkwrite.c for the coding rules): CODEC_PLANES with the planes of bits try_planes tried
+ * as zstd frames, or CODEC_RAW (always, when try_planes is 0). *out_len gets the bytes used.
+ *   out_cap      at least the sum of SNAP_REC_WRITE_SLACK + raw_len over the chunks.
+ *   scratch      work space of at least the largest raw_len.
+ * Allocates a zstd context per call (when try_planes is nonzero).
+ * Errors: SNAP_EINVAL (a NULL pointer with a nonzero length, an item size other than 2, 4 or 8,
+ * try_planes bits at or above itemsize, a chunk larger than scratch, a chunk, out and scratch
+ * overlapping), SNAP_ESPACE (out_cap too small), SNAP_ENOMEM; nothing is
+ * written then. */
+int snap_write_chunks(snap_chunk_write *chunks, size_t n, size_t itemsize, unsigned try_planes,
+                      uint8_t *out, size_t out_cap, uint8_t *scratch, size_t scratch_cap,
+                      size_t *out_len);
 
 #endif

@@ -31,7 +31,7 @@ __all__ = [
     "runs_to_ranges", "gather", "diff_bytes", "Chunker", "chunk_boundaries", "buffer_address",
     "SCAN_HUGE", "uffd_open", "uffd_register", "uffd_unregister", "pagemap_scan",
     "ITEMSIZE_MAX", "DELTA_XOR", "DELTA_SUB", "PLANES_ROTATE", "split_planes", "join_planes",
-    "delta_split_planes", "delta_join_planes", "read_chunks", "READ_REASONS",
+    "delta_split_planes", "delta_join_planes", "read_chunks", "READ_REASONS", "write_chunks", "RECORD_WRITE_SLACK",
 ]
 
 # C code -> exception class, built from the library's own constants and errors.NATIVE_ERRORS.
@@ -806,3 +806,70 @@ def read_chunks(src, out, reads: Sequence[Tuple[int, int, int, int, bytes]],
         return i, _CHUNK_READ.unpack_from(packed, i * size)[5]
     check(rc, "snap_read_chunks")
     return n, 0
+
+
+# Room a chunk record may take in write_chunks' output beyond the chunk's raw length.
+RECORD_WRITE_SLACK = int(lib.SNAP_REC_WRITE_SLACK)
+# snap_chunk_write as laid out by the C compiler (tests/unit/test_native_records.py checks it)
+_CHUNK_WRITE = struct.Struct("=QQII32sBB6x")
+
+
+def write_chunks(chunks: Sequence[Tuple[object, bytes]], itemsize: int, try_planes: int,
+                 out=None, scratch=None) -> Tuple[memoryview, List[Tuple[int, int, int, int]]]:
+    """Encodes chunks of items as complete chunk records, back to back (snap_write_chunks),
+    without the GIL: byte planes (the planes of bits try_planes tried as zstd frames) where
+    they pay, else the raw bytes.
+
+    Args:
+        chunks: (data, chunk_id) per chunk: its raw bytes (a C-contiguous buffer) and its
+            32-byte id (the BLAKE3 of those bytes; written, not checked).
+        itemsize: bytes per item, 2, 4 or 8.
+        try_planes: a bit mask of the planes to try to compress (0: every chunk raw).
+        out: writable buffer for the records, at least the sum of RECORD_WRITE_SLACK +
+            len(data) over the chunks (default: allocated).
+        scratch: writable work space of at least the largest chunk (default: allocated); one
+            per thread that calls this at the same time.
+    Returns:
+        (records, results): records the prefix of out (or a new buffer) holding the records;
+        per chunk (offset of its record in records, its payload length, its codec, the bit
+        mask of its zstd planes).
+    Raises:
+        InvalidArgumentError (a chunk id not of 32 bytes, a chunk of 4 GiB or more, a bad item
+        size or plane mask, overlapping buffers), InvalidArgumentTypeError (not a buffer),
+        NativeMemoryError (zstd could not allocate its context).
+    """
+    k = _itemsize_arg(itemsize)
+    mask = _int_arg(try_planes, "try_planes", 1 << 32, "an int")
+    n = len(chunks)
+    pointers, sizes = [], []
+    packed = bytearray(_CHUNK_WRITE.size * n)
+    size = _CHUNK_WRITE.size
+    for i, (data, chunk_id) in enumerate(chunks):
+        view = _typed_view(data, f"chunks[{i}]")
+        if not isinstance(chunk_id, bytes) or len(chunk_id) != 32:
+            raise errors.InvalidArgumentError(f"chunks[{i}]: a chunk id is 32 bytes")
+        if len(view) >= 1 << 32:
+            raise errors.InvalidArgumentError(f"chunks[{i}]: a chunk is under 4 GiB")
+        ptr = _ptr(view)
+        pointers.append(ptr)                  # alive until the call returns
+        sizes.append(len(view))
+        _CHUNK_WRITE.pack_into(packed, i * size, int(ffi.cast("uintptr_t", ptr)), 0,
+                               len(view), 0, chunk_id, 0, 0)
+    if scratch is None:
+        work = memoryview(ffi.buffer(_new_uninit("uint8_t[]", max(sizes, default=0) or 1)))
+    else:
+        work = _typed_view(scratch, "scratch", writable=True)
+    if out is None:
+        need = sum(sizes) + n * RECORD_WRITE_SLACK
+        dst = memoryview(ffi.buffer(_new_uninit("uint8_t[]", need or 1)))
+    else:
+        dst = _typed_view(out, "out", writable=True)
+    used = ffi.new("size_t *")
+    check(lib.snap_write_chunks(ffi.from_buffer("snap_chunk_write[]", packed,
+                                                require_writable=True),
+                                n, k, mask, _ptr(dst, True), len(dst), _ptr(work, True),
+                                len(work), used), "snap_write_chunks")
+    del pointers
+    results = [(off, stored_len, codec, planes)
+               for _, off, _, stored_len, _, codec, planes in _CHUNK_WRITE.iter_unpack(packed)]
+    return dst[:used[0]], results

@@ -109,6 +109,10 @@ class NativeDataError(NativeError, CorruptionError):
     it for any other caller."""
 
 
+class NativeMemoryError(NativeError, MemoryError):
+    """The C core could not allocate a library's context (SNAP_ENOMEM: zstd's)."""
+
+
 class ConcurrentCompactionError(SnapstoreError):
     """A read raced a compaction that moved the bytes it was reading: retry the read.
 
@@ -363,4 +367,5 @@ NATIVE_ERRORS: dict[str, type[NativeError]] = {
     "SNAP_ESTATE": NativeStateError,
     "SNAP_ESYS": NativeSystemError,
     "SNAP_EDATA": NativeDataError,
+    "SNAP_ENOMEM": NativeMemoryError,
 }

@@ -1,0 +1,163 @@
+/* chunkwrite.c - snap_write_chunks: encode a batch of chunks of items as whole records.
+ *
+ * A checkpoint's hot loop for float buffers: for every chunk (raw bytes in src, its chunk id
+ * given) lay out the complete chunk record in out, back to back: the record header (magic,
+ * chunk type, codec, zero flags and reserved field, payload length, the XXH3-64 checksum over
+ * the first 16 header bytes and the payload), the chunk prefix (chunk id, raw length), then
+ * the stored bytes. Byte planes (CODEC_PLANES: the chunk's items rotated left one bit and split
+ * into planes by snap_split_planes; each plane one zstd frame where that frame is shorter than
+ * n - n/32 of the plane's n bytes, else the plane as it is) when at least one plane packed and
+ * the whole coding is shorter than raw_len - raw_len/32; else the raw bytes (CODEC_RAW). Those
+ * are the rules of snapstore/engine/writer.py's encode_chunk, which calls this; the layout is
+ * docs/design.md's "Segment files" (SNAP_REC_* mirror snapstore/engine/format.py) and
+ * snap_read_chunks reads it back.
+ *
+ * The zstd profile is the one docs/floatcodec.md measured for planes ("1f"): level 1 with a
+ * 64-entry hash table, one probe, 7-byte minimum matches, frames that declare their content
+ * size. Called without the GIL, it runs on as many threads as the caller gives it disjoint
+ * outputs and scratch areas.
+ */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+#include <zstd.h>
+#include <string.h>
+
+#include "internal.h"
+
+static inline int overlap(const uint8_t *a, size_t a_len, const uint8_t *b, size_t b_len)
+{
+    return a_len && b_len && a < b + b_len && b < a + a_len;
+}
+
+static inline void store_le32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static ZSTD_CCtx *plane_cctx(void)
+{
+    ZSTD_CCtx *c = ZSTD_createCCtx();
+    if (c == NULL)
+        return NULL;
+    if (ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, 1)) ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_hashLog, 6)) ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_searchLog, 1)) ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_minMatch, 7)) ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_targetLength, 0)) ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, 1)) ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 0))) {
+        ZSTD_freeCCtx(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* The stored bytes of the planes coding of chunk[0:raw_len] into s (room for the plane table
+ * and raw_len bytes): their length, or 0 when no plane packed or the coding is not shorter
+ * than raw_len - raw_len/32 (then s holds garbage). *packed gets the zstd planes' bits. */
+static size_t planes_coding(ZSTD_CCtx *cctx, const uint8_t *chunk, size_t raw_len, size_t k,
+                            unsigned try_planes, uint8_t *s, uint8_t *scratch, unsigned *packed)
+{
+    size_t n = raw_len / k, tail = raw_len % k;
+    size_t table = SNAP_REC_PLANES_HEADER + k * SNAP_REC_PLANE_ENTRY;
+    *packed = 0;
+    snap_split_planes(chunk, raw_len, k, SNAP_PLANES_ROTATE, scratch, raw_len);
+    s[0] = (uint8_t)k;
+    s[1] = SNAP_REC_PLANES_ROTATE;
+    size_t pos = table;
+    size_t keep = n - n / 32;           /* a zstd plane must be shorter than this */
+    for (size_t j = 0; j < k; j++) {
+        uint8_t *entry = s + SNAP_REC_PLANES_HEADER + j * SNAP_REC_PLANE_ENTRY;
+        const uint8_t *plane = scratch + j * n;
+        size_t len = 0;
+        if ((try_planes >> j & 1u) && keep > 1) {
+            /* a frame that does not fit below keep is an error: the plane stays raw */
+            len = ZSTD_compress2(cctx, s + pos, keep - 1, plane, n);
+            if (ZSTD_isError(len))
+                len = 0;
+        }
+        if (len) {
+            entry[0] = SNAP_REC_PLANE_ZSTD;
+            *packed |= 1u << j;
+        } else {
+            entry[0] = SNAP_REC_PLANE_RAW;
+            memcpy(s + pos, plane, n);
+            len = n;
+        }
+        store_le32(entry + 1, (uint32_t)len);
+        pos += len;
+    }
+    memcpy(s + pos, scratch + k * n, tail);
+    pos += tail;
+    if (*packed == 0 || pos >= raw_len - raw_len / 32)
+        return 0;
+    return pos;
+}
+
+int snap_write_chunks(snap_chunk_write *chunks, size_t n, size_t itemsize, unsigned try_planes,
+                      uint8_t *out, size_t out_cap, uint8_t *scratch, size_t scratch_cap,
+                      size_t *out_len)
+{
+    if (out_len == NULL || (n && chunks == NULL) || (out_cap && out == NULL) ||
+        (scratch_cap && scratch == NULL))
+        return SNAP_EINVAL;
+    *out_len = 0;
+    if ((itemsize != 2 && itemsize != 4 && itemsize != 8) || try_planes >> itemsize)
+        return SNAP_EINVAL;
+    if (overlap(scratch, scratch_cap, out, out_cap))
+        return SNAP_EINVAL;
+    size_t need = 0;
+    for (size_t i = 0; i < n; i++) {      /* every chunk fits scratch and leaves out alone */
+        const snap_chunk_write *c = &chunks[i];
+        if ((c->raw_len && c->src == NULL) || c->raw_len > scratch_cap ||
+            c->raw_len > UINT32_MAX - SNAP_REC_WRITE_SLACK ||
+            overlap(c->src, c->raw_len, out, out_cap) ||
+            overlap(c->src, c->raw_len, scratch, scratch_cap))
+            return SNAP_EINVAL;
+        need += SNAP_REC_WRITE_SLACK + (size_t)c->raw_len;
+    }
+    if (need > out_cap)
+        return SNAP_ESPACE;
+    ZSTD_CCtx *cctx = NULL;
+    if (n && try_planes && (cctx = plane_cctx()) == NULL)
+        return SNAP_ENOMEM;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        snap_chunk_write *c = &chunks[i];
+        uint8_t *rec = out + at, *payload = rec + SNAP_REC_HEADER;
+        uint8_t *stored = payload + SNAP_REC_CHUNK_PREFIX;
+        unsigned packed = 0;
+        size_t slen = 0;
+        if (try_planes)
+            slen = planes_coding(cctx, c->src, c->raw_len, itemsize, try_planes, stored,
+                                 scratch, &packed);
+        c->codec = slen ? SNAP_REC_CODEC_PLANES : SNAP_REC_CODEC_RAW;
+        if (slen == 0) {
+            packed = 0;
+            if (c->raw_len)
+                memcpy(stored, c->src, c->raw_len);
+            slen = c->raw_len;
+        }
+        memcpy(payload, c->chunk_id, SNAP_REC_CHUNK_ID);
+        store_le32(payload + SNAP_REC_CHUNK_ID, c->raw_len);
+        c->stored_len = (uint32_t)(SNAP_REC_CHUNK_PREFIX + slen);
+        c->packed = (uint8_t)packed;
+        c->out_off = at;
+        memcpy(rec, SNAP_REC_MAGIC, 4);
+        rec[4] = SNAP_REC_CHUNK;
+        rec[5] = c->codec;
+        rec[6] = rec[7] = 0;
+        store_le32(rec + 8, c->stored_len);
+        store_le32(rec + 12, 0);
+        XXH3_state_t state;
+        XXH3_64bits_reset(&state);
+        XXH3_64bits_update(&state, rec, SNAP_REC_CHECKSUMMED);
+        XXH3_64bits_update(&state, payload, c->stored_len);
+        store_le64(rec + SNAP_REC_CHECKSUMMED, XXH3_64bits_digest(&state));
+        at += SNAP_REC_HEADER + c->stored_len;
+    }
+    ZSTD_freeCCtx(cctx);
+    *out_len = at;
+    return SNAP_OK;
+}
