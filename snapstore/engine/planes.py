@@ -17,35 +17,19 @@ frame that declares its content size (raw_len // item size). The chunk id stays 
 the chunk's raw bytes, so the codec changes nothing about deduplication or manifests, and a
 chunk decodes alone.
 
-encode() is the writer's side, decode() the one reader's (engine/chunks.py turns its
-ValueError into DamagedRecord); neither knows anything but bytes.
+encode() and probe() are the writer's side (the C core's snap_write_chunks codes the planes:
+csrc/chunkwrite.c), decode() the one reader's (engine/chunks.py turns its ValueError into
+DamagedRecord); none knows anything but bytes.
 """
 from __future__ import annotations
-
-import threading
-
-import zstandard
 
 from snapstore import _native as native
 from snapstore.engine import format as fmt
 from snapstore.engine.memory import uninit_bytearray
 from snapstore.engine.zstdframe import decompress_exact
 
-# zstd level 1 with a 64-entry hash table, one probe and 7-byte minimum matches: on byte planes
-# (noise-like literals with a few long runs) it keeps the runs and Huffman-codes the rest, 2-5x
-# faster than plain level 1 and smaller (docs/floatcodec.md, profile "1f")
-_PLANE_PARAMS = zstandard.ZstdCompressionParameters.from_level(
-    1, min_match=7, hash_log=6, search_log=1, target_length=0, write_content_size=True)
 MIN_CHUNK_BYTES = 1024          # smaller chunks are not worth the table: zstd or raw
-
-_local = threading.local()
-
-
-def _compressor() -> zstandard.ZstdCompressor:
-    c = getattr(_local, "c", None)
-    if c is None:
-        c = _local.c = zstandard.ZstdCompressor(compression_params=_PLANE_PARAMS)
-    return c
+_NO_ID = bytes(32)              # the chunk id of records made only for their stored bytes
 
 
 def usable(itemsize: int, nbytes: int) -> bool:
@@ -53,48 +37,41 @@ def usable(itemsize: int, nbytes: int) -> bool:
     return itemsize in fmt.PLANES_ITEMSIZES and nbytes >= MIN_CHUNK_BYTES
 
 
+def plane_mask(itemsize: int, worth: tuple[bool, ...] | None) -> int:
+    """The C core's try_planes mask of worth (probe(): the planes to try to compress; None:
+    all of them)."""
+    if worth is None:
+        return (1 << itemsize) - 1
+    return sum(1 << j for j, w in enumerate(worth) if w)
+
+
 def probe(samples: list, itemsize: int) -> tuple[bool, ...]:
-    """Which planes are worth compressing, judged on `samples` (chunks of the same buffer):
-    a plane whose samples' zstd frames save at least 1/32 of them. zstd spends most of its
-    time on planes of noise (a float's low mantissa bytes) and saves nothing there, so encode
-    skips them (docs/floatcodec.md: the probe predicted the saving within 0.5 points)."""
-    raw = [0] * itemsize
-    packed = [0] * itemsize
-    c = _compressor()
-    for data in samples:
-        n = len(data) // itemsize
-        planes = native.split_planes(data, itemsize, rotate=True)
-        for j in range(itemsize):
-            raw[j] += n
-            packed[j] += len(c.compress(planes[j * n:(j + 1) * n]))
-    return tuple(p < r - r // 32 for p, r in zip(packed, raw))
+    """Which planes are worth compressing, judged on `samples` (chunks of the same buffer): a
+    plane that packed in any sample. zstd spends most of its time on planes of noise (a
+    float's low mantissa bytes) and saves nothing there, so the encoder skips them
+    (docs/floatcodec.md: the probe predicted the saving within 0.5 points)."""
+    packed = 0
+    if samples:
+        _, results = native.write_chunks([(data, _NO_ID) for data in samples], itemsize,
+                                         plane_mask(itemsize, None))
+        for _, _, _, planes_packed in results:
+            packed |= planes_packed
+    return tuple(bool(packed >> j & 1) for j in range(itemsize))
 
 
 def encode(data, itemsize: int, worth: tuple[bool, ...] | None = None) -> list | None:
     """The stored parts of data (a chunk of itemsize-byte items) as CODEC_PLANES, or None when
-    no plane saves at least 1/32 of itself (then nothing is gained over the raw bytes: the
-    caller stores them raw, untransformed). worth (probe()): the planes to try to compress,
-    the others are stored raw at once (default: all)."""
-    n = len(data) // itemsize
-    if worth is not None and not any(worth):
+    that does not save at least 1/32 of the chunk (no plane packed, or the table ate the
+    saving: then the caller stores the raw bytes, untransformed). worth (probe()): the planes
+    to try to compress, the others are stored raw at once (default: all). The coding is the C
+    core's (snap_write_chunks: the zstd profile of docs/floatcodec.md, the 1/32 rules), the
+    same a batch of chunks gets from writer.encode_chunks."""
+    records, [(off, stored_len, codec, _)] = native.write_chunks(
+        [(data, _NO_ID)], itemsize, plane_mask(itemsize, worth))
+    if codec != fmt.CODEC_PLANES:
         return None
-    planes = native.split_planes(data, itemsize, rotate=True)
-    entries, stored, any_packed = [], [], False
-    c = _compressor()
-    for j in range(itemsize):
-        plane = planes[j * n:(j + 1) * n]
-        packed = c.compress(plane) if worth is None or worth[j] else plane
-        if len(packed) < n - n // 32:
-            entries.append(fmt.PLANE_ENTRY.pack(fmt.PLANE_ZSTD, len(packed)))
-            stored.append(packed)
-            any_packed = True
-        else:
-            entries.append(fmt.PLANE_ENTRY.pack(fmt.PLANE_RAW, n))
-            stored.append(plane)
-    if not any_packed:
-        return None
-    return [fmt.PLANES_HEADER.pack(itemsize, fmt.PLANES_ROTATE), *entries, *stored,
-            planes[itemsize * n:]]
+    start = off + fmt.RECORD_HEADER.size + fmt.CHUNK_PREFIX.size
+    return [records[start:off + fmt.RECORD_HEADER.size + stored_len]]
 
 
 def decode(stored, raw_len: int, out=None) -> memoryview:

@@ -415,16 +415,26 @@ class SegmentLog:
     def append(self, rtype: int, codec: int, parts: Sequence) -> tuple[int, int]:
         """Queues one record; returns (segment, offset) where it will start."""
         self._check()
+        return self._queue([encode_record_header(rtype, codec, parts), *parts])
+
+    def append_record(self, record) -> tuple[int, int]:
+        """Queues one record made whole elsewhere, its header and checksum included (the C
+        core's snap_write_chunks); returns (segment, offset) where it will start."""
+        self._check()
+        return self._queue([record])
+
+    def _queue(self, pieces: list) -> tuple[int, int]:
+        """Queues a record's pieces (header first), in a new segment when the current one has
+        records and the payload would end beyond segment_size."""
         assert self._current is not None
-        length = sum(len(p) for p in parts)
+        size = sum(len(p) for p in pieces)
         seg, off = self.position
-        if off > fmt.SEGMENT_HEADER.size and off + length > self.segment_size:
+        if off > fmt.SEGMENT_HEADER.size and off + size - fmt.RECORD_HEADER.size > \
+                self.segment_size:
             self._roll()
             seg, off = self.position
-        header = encode_record_header(rtype, codec, parts)
-        self._pending.append(header)
-        self._pending.extend(parts)
-        self._pending_bytes += fmt.RECORD_HEADER.size + length
+        self._pending.extend(pieces)
+        self._pending_bytes += size
         if self._pending_bytes >= PENDING_BYTES or len(self._pending) >= 1000:
             self.flush(wait=False)
         return seg, off

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import blake3
 import zstandard
@@ -252,21 +252,77 @@ PARALLEL_ENCODE_BYTES = 1 << 20    # hashing and encoding use two threads from t
 PROBE_CHUNKS = 4                   # a batch of more chunks of floats is probed on this many
 
 
-def encode_chunks(items: list, opts: WriteOptions, itemsize: int = 1) -> list:
-    """[encode_chunk(cid, data, opts, itemsize) for cid, data in items], the second half on a
-    thread of its own when the items hold PARALLEL_ENCODE_BYTES or more and are compressed."""
-    worth = None
-    if opts.compression == "zstd" and itemsize > 1 and len(items) > PROBE_CHUNKS:
-        # a few chunks spread over the batch say which planes compress at all
-        step = len(items) // PROBE_CHUNKS
-        worth = planes.probe([items[i * step][1] for i in range(PROBE_CHUNKS)
-                              if planes.usable(itemsize, len(items[i * step][1]))], itemsize)
+class Encoded(NamedTuple):
+    """A chunk's record as encode_chunks made it: either the payload parts (chunk prefix,
+    stored bytes) for SegmentLog.append, or the whole record (header and checksum included,
+    made by the C core) for SegmentLog.append_record."""
+    codec: int
+    stored_len: int                 # the record's payload length
+    parts: list | None = None
+    record: memoryview | None = None
 
-    def encode(part: list) -> list:
-        return [encode_chunk(cid, data, opts, itemsize, worth) for cid, data in part]
+
+def encode_chunks(items: list, opts: WriteOptions, itemsize: int = 1) -> list[Encoded]:
+    """The records of encode_chunk(cid, data, opts, itemsize) for cid, data in items, the
+    second half on a thread of its own when the items hold PARALLEL_ENCODE_BYTES or more and
+    are compressed. A probe of a few chunks spread over a batch of more than PROBE_CHUNKS says
+    what compresses at all: for other bytes whether to try zstd on the batch, for chunks of
+    floats (itemsize 2, 4 or 8) which planes to try. Those are made whole records by one call
+    into the C core per half (no GIL; the same coding as encode_chunk's)."""
     if opts.compression != "zstd":
-        return encode(items)
+        return _python_records(items, opts, itemsize, None)
+    if itemsize in fmt.PLANES_ITEMSIZES:
+        worth = None
+        if len(items) > PROBE_CHUNKS:
+            step = len(items) // PROBE_CHUNKS
+            worth = planes.probe([data for _, data in items[::step][:PROBE_CHUNKS]
+                                  if planes.usable(itemsize, len(data))], itemsize)
+
+        def encode(part: list) -> list:
+            return _plane_records(part, opts, itemsize, worth)
+    else:
+        if len(items) > PROBE_CHUNKS and not _worth_compressing(
+                [data for _, data in items[::len(items) // PROBE_CHUNKS][:PROBE_CHUNKS]], opts):
+            opts = replace(opts, compression="none")
+
+        def encode(part: list) -> list:
+            return _python_records(part, opts, itemsize, None)
     return _in_halves(encode, items, [len(data) for _, data in items])
+
+
+def _worth_compressing(samples: list, opts: WriteOptions) -> bool:
+    """Whether zstd saves at least 1/32 of any of samples (chunks spread over a batch): when
+    it saves nothing there (random or encrypted bytes, compressed media), the batch is stored
+    raw without trying, so incompressible data costs little more than writing it."""
+    c = _compressor(opts.compression_level)
+    return any(len(c.compress(data)) < len(data) - len(data) // 32 for data in samples)
+
+
+def _python_records(items: list, opts: WriteOptions, itemsize: int, worth) -> list:
+    out = []
+    for cid, data in items:
+        codec, parts = encode_chunk(cid, data, opts, itemsize, worth)
+        out.append(Encoded(codec, sum(len(p) for p in parts), parts=parts))
+    return out
+
+
+def _plane_records(items: list, opts: WriteOptions, itemsize: int, worth) -> list:
+    """Records of items (chunks of itemsize-byte floats): those planes.usable() as whole
+    records from one native.write_chunks call, the few others (small tails) by encode_chunk."""
+    usable = [(data, cid) for cid, data in items if planes.usable(itemsize, len(data))]
+    if not usable:
+        return _python_records(items, opts, itemsize, worth)
+    records, results = native.write_chunks(usable, itemsize, planes.plane_mask(itemsize, worth))
+    made = iter(results)
+    out = []
+    for cid, data in items:
+        if planes.usable(itemsize, len(data)):
+            off, stored_len, codec, _ = next(made)
+            out.append(Encoded(codec, stored_len, record=records[
+                off:off + fmt.RECORD_HEADER.size + stored_len]))
+        else:
+            out.extend(_python_records([(cid, data)], opts, itemsize, worth))
+    return out
 
 
 def content_ids(datas: list) -> list[bytes]:
@@ -340,14 +396,15 @@ class ChunkSink:
         return cids
 
     def _append(self, items: list, itemsize: int = 1) -> None:
-        for (cid, data), (codec, parts) in zip(items, encode_chunks(items, self.opts,
-                                                                    itemsize)):
+        for (cid, data), made in zip(items, encode_chunks(items, self.opts, itemsize)):
             if self.pause is not None:
                 self.pause()
-            seg, off = self.log.append(fmt.REC_CHUNK, codec, parts)
-            stored_len = sum(len(p) for p in parts)
-            self.new[cid] = (seg, off, stored_len, len(data), codec)
-            self.bytes_new += fmt.RECORD_HEADER.size + stored_len
+            if made.record is not None:
+                seg, off = self.log.append_record(made.record)
+            else:
+                seg, off = self.log.append(fmt.REC_CHUNK, made.codec, made.parts)
+            self.new[cid] = (seg, off, made.stored_len, len(data), made.codec)
+            self.bytes_new += fmt.RECORD_HEADER.size + made.stored_len
 
     def new_chunk_table(self) -> bytes:
         return b"".join(fmt.NEW_CHUNK.pack(cid, *loc) for cid, loc in self.new.items())

@@ -7,9 +7,38 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import snapstore
-from snapstore.engine import writer
+from snapstore.engine import format as fmt
+from snapstore.engine import planes, writer
+from snapstore.engine.wal import encode_record_header
+from snapstore.engine.zstdframe import decompress_exact
 
 OPTS = writer.WriteOptions()
+
+
+def payload_and_header(made: writer.Encoded) -> tuple[int, bytes, bytes]:
+    """(codec, payload, header) of a record encode_chunks made, whichever way it made it."""
+    if made.record is not None:
+        record = bytes(made.record)
+        return made.codec, record[fmt.RECORD_HEADER.size:], record[:fmt.RECORD_HEADER.size]
+    payload = b"".join(bytes(p) for p in made.parts)
+    return made.codec, payload, encode_record_header(fmt.REC_CHUNK, made.codec, [payload])
+
+
+def encoded_both_ways(items: list, itemsize: int) -> tuple[list, list]:
+    """(encode_chunk of each item as (codec, payload, header), encode_chunks of them all on
+    two threads)."""
+    one = []
+    for cid, data in items:
+        codec, parts = writer.encode_chunk(cid, data, OPTS, itemsize)
+        payload = b"".join(bytes(p) for p in parts)
+        one.append((codec, payload, encode_record_header(fmt.REC_CHUNK, codec, [payload])))
+    saved = writer.PARALLEL_ENCODE_BYTES
+    writer.PARALLEL_ENCODE_BYTES = 0
+    try:
+        two = [payload_and_header(m) for m in writer.encode_chunks(items, OPTS, itemsize)]
+    finally:
+        writer.PARALLEL_ENCODE_BYTES = saved
+    return one, two
 
 
 @settings(max_examples=60, deadline=None)
@@ -18,15 +47,41 @@ OPTS = writer.WriteOptions()
                 min_size=0, max_size=12))
 def test_encode_chunks_in_two_threads_equals_one(datas):
     items = [(bytes([i]) * 32, memoryview(d)) for i, d in enumerate(datas)]
-    one = [writer.encode_chunk(cid, data, OPTS) for cid, data in items]
-    saved = writer.PARALLEL_ENCODE_BYTES
-    writer.PARALLEL_ENCODE_BYTES = 0
-    try:
-        two = writer.encode_chunks(items, OPTS)
-    finally:
-        writer.PARALLEL_ENCODE_BYTES = saved
-    assert [(c, [bytes(p) for p in parts]) for c, parts in two] == \
-           [(c, [bytes(p) for p in parts]) for c, parts in one]
+    one, two = encoded_both_ways(items, 1)
+    assert two == one
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 1, 2]), st.integers(0, 5000),
+                          st.integers(0, 2**32 - 1)), min_size=0, max_size=10),
+       st.sampled_from([2, 4, 8]))
+def test_float_chunks_made_whole_by_the_c_core_equal_one_at_a_time(specs, itemsize):
+    """Chunks of floats (whole records from snap_write_chunks, small ones by encode_chunk,
+    then all of them probed) hold the same payload and header as encode_chunk's, one chunk at
+    a time (whose CODEC_PLANES coding is the same C core's): weights, zeros, noise, odd sizes
+    and chunks below planes.MIN_CHUNK_BYTES."""
+    items = []
+    for i, (kind, n, seed) in enumerate(specs):
+        rng = np.random.default_rng(seed)
+        if kind == 0:
+            data = (rng.standard_normal(n // 4 + 1) * 0.02).astype(np.float32).tobytes()[:n]
+        elif kind == 1:
+            data = bytes(n)
+        else:
+            data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        items.append((bytes([i]) * 32, memoryview(data)))
+    one, two = encoded_both_ways(items, itemsize)
+    probed = len(items) > writer.PROBE_CHUNKS      # then planes may be skipped: same bytes back
+    for (codec, payload, header), (cid, data) in zip(two, items):
+        assert fmt.RECORD_HEADER.unpack(header)[4] == len(payload)
+        assert payload[:fmt.CHUNK_PREFIX.size] == fmt.CHUNK_PREFIX.pack(cid, len(data))
+        stored = payload[fmt.CHUNK_PREFIX.size:]
+        got = (stored if codec == fmt.CODEC_RAW else
+               bytes(planes.decode(stored, len(data))) if codec == fmt.CODEC_PLANES else
+               bytes(decompress_exact(stored, len(data))))
+        assert got == bytes(data)
+    if not probed:
+        assert two == one
 
 
 @pytest.mark.parametrize("threshold", [0, 1 << 60])
