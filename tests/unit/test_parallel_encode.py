@@ -105,3 +105,57 @@ def test_checkpoints_with_parallel_encoding_restore_exactly(tmp_path, monkeypatc
         assert s.verify(deep=True)["ok"]
     with snapstore.open(tmp_path / "s", readonly=True) as s:
         assert s.restore(ids[-1])["a"] == a.tobytes()
+
+
+class CountingCompressor:
+    def __init__(self, inner) -> None:
+        self.inner, self.calls = inner, 0
+
+    def compress(self, data):
+        self.calls += 1
+        return self.inner.compress(data)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """The zstd compressor encode_chunk and the probe use, counting its calls."""
+    box = {}
+    real = writer._compressor
+
+    def compressor(level):
+        if "c" not in box:
+            box["c"] = CountingCompressor(real(level))
+        return box["c"]
+    monkeypatch.setattr(writer, "_compressor", compressor)
+    monkeypatch.setattr(writer, "PARALLEL_ENCODE_BYTES", 1 << 60)   # one thread: one counter
+    return box
+
+
+def test_an_incompressible_batch_is_stored_raw_without_trying(counted):
+    rng = np.random.default_rng(5)
+    items = [(bytes([i]) * 32, memoryview(rng.integers(0, 256, 65536, np.uint8).tobytes()))
+             for i in range(16)]
+    made = writer.encode_chunks(items, OPTS)
+    assert [m.codec for m in made] == [fmt.CODEC_RAW] * 16
+    assert counted["c"].calls == writer.PROBE_CHUNKS               # the samples only
+    assert [bytes(b"".join(m.parts))[fmt.CHUNK_PREFIX.size:] for m in made] == \
+        [bytes(d) for _, d in items]
+
+
+def test_a_batch_whose_samples_compress_is_compressed_chunk_by_chunk(counted):
+    """One compressible sample is enough: every chunk is tried, and each keeps its own
+    verdict (the random ones stay raw)."""
+    rng = np.random.default_rng(6)
+    datas = [bytes(65536) if i == 0 else rng.integers(0, 256, 65536, np.uint8).tobytes()
+             for i in range(16)]
+    made = writer.encode_chunks([(bytes([i]) * 32, memoryview(d))
+                                 for i, d in enumerate(datas)], OPTS)
+    assert [m.codec for m in made] == [fmt.CODEC_ZSTD] + [fmt.CODEC_RAW] * 15
+    assert counted["c"].calls == 1 + 16          # the probe stops at its first saving sample
+
+
+def test_a_few_chunks_are_tried_without_a_probe(counted):
+    items = [(bytes([i]) * 32, memoryview(bytes(1000))) for i in range(writer.PROBE_CHUNKS)]
+    assert [m.codec for m in writer.encode_chunks(items, OPTS)] == \
+        [fmt.CODEC_ZSTD] * writer.PROBE_CHUNKS
+    assert counted["c"].calls == writer.PROBE_CHUNKS
