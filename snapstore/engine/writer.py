@@ -215,6 +215,7 @@ def plan_buffers(view: IndexView, stream: str, head: int | None, parent: Commit 
 
 
 _local = threading.local()
+MIN_ZSTD_BYTES = 64                # smaller chunks are stored raw, never tried with zstd
 
 
 def _compressor(level: int):
@@ -241,7 +242,7 @@ def encode_chunk(cid: bytes, data, opts: WriteOptions, itemsize: int = 1,
             return fmt.CODEC_PLANES, [prefix, *parts]
         return fmt.CODEC_RAW, [prefix, data]
     codec, stored = fmt.CODEC_RAW, data
-    if opts.compression == "zstd" and len(data) >= 64:
+    if opts.compression == "zstd" and len(data) >= MIN_ZSTD_BYTES:
         packed = _compressor(opts.compression_level).compress(data)
         if len(packed) < len(data) - len(data) // 32:   # keep only a real saving
             codec, stored = fmt.CODEC_ZSTD, packed
@@ -249,7 +250,7 @@ def encode_chunk(cid: bytes, data, opts: WriteOptions, itemsize: int = 1,
 
 
 PARALLEL_ENCODE_BYTES = 1 << 20    # hashing and encoding use two threads from this many bytes
-PROBE_CHUNKS = 4                   # a batch of more chunks of floats is probed on this many
+PROBE_CHUNKS = 4                   # a batch of more chunks is probed on this many
 
 
 class Encoded(NamedTuple):
@@ -271,18 +272,15 @@ def encode_chunks(items: list, opts: WriteOptions, itemsize: int = 1) -> list[En
     into the C core per half (no GIL; the same coding as encode_chunk's)."""
     if opts.compression != "zstd":
         return _python_records(items, opts, itemsize, None)
+    samples = _probe_samples(items)
     if itemsize in fmt.PLANES_ITEMSIZES:
-        worth = None
-        if len(items) > PROBE_CHUNKS:
-            step = len(items) // PROBE_CHUNKS
-            worth = planes.probe([data for _, data in items[::step][:PROBE_CHUNKS]
-                                  if planes.usable(itemsize, len(data))], itemsize)
+        usable = [data for data in samples if planes.usable(itemsize, len(data))]
+        worth = planes.probe(usable, itemsize) if usable else None
 
         def encode(part: list) -> list:
             return _plane_records(part, opts, itemsize, worth)
     else:
-        if len(items) > PROBE_CHUNKS and not _worth_compressing(
-                [data for _, data in items[::len(items) // PROBE_CHUNKS][:PROBE_CHUNKS]], opts):
+        if samples and not _worth_compressing(samples, opts):
             opts = replace(opts, compression="none")
 
         def encode(part: list) -> list:
@@ -290,12 +288,23 @@ def encode_chunks(items: list, opts: WriteOptions, itemsize: int = 1) -> list[En
     return _in_halves(encode, items, [len(data) for _, data in items])
 
 
+def _probe_samples(items: list) -> list:
+    """PROBE_CHUNKS chunks spread over a batch of more (none for a smaller batch: all of it is
+    tried)."""
+    if len(items) <= PROBE_CHUNKS:
+        return []
+    return [data for _, data in items[::len(items) // PROBE_CHUNKS][:PROBE_CHUNKS]]
+
+
 def _worth_compressing(samples: list, opts: WriteOptions) -> bool:
-    """Whether zstd saves at least 1/32 of any of samples (chunks spread over a batch): when
-    it saves nothing there (random or encrypted bytes, compressed media), the batch is stored
-    raw without trying, so incompressible data costs little more than writing it."""
+    """Whether zstd saves at least 1/32 of any of samples (chunks spread over a batch) it
+    would be tried on, or none would: when it saves nothing there (random or encrypted bytes,
+    compressed media), the batch is stored raw without trying, so incompressible data costs
+    little more than writing it."""
+    tried = [data for data in samples if len(data) >= MIN_ZSTD_BYTES]
     c = _compressor(opts.compression_level)
-    return any(len(c.compress(data)) < len(data) - len(data) // 32 for data in samples)
+    return not tried or any(len(c.compress(data)) < len(data) - len(data) // 32
+                            for data in tried)
 
 
 def _python_records(items: list, opts: WriteOptions, itemsize: int, worth) -> list:

@@ -47,7 +47,12 @@ def encoded_both_ways(items: list, itemsize: int) -> tuple[list, list]:
                 min_size=0, max_size=12))
 def test_encode_chunks_in_two_threads_equals_one(datas):
     items = [(bytes([i]) * 32, memoryview(d)) for i, d in enumerate(datas)]
-    one, two = encoded_both_ways(items, 1)
+    saved = writer.PROBE_CHUNKS
+    writer.PROBE_CHUNKS = 1 << 30          # no probe: the probe's choices are tested below
+    try:
+        one, two = encoded_both_ways(items, 1)
+    finally:
+        writer.PROBE_CHUNKS = saved
     assert two == one
 
 
@@ -154,8 +159,24 @@ def test_a_batch_whose_samples_compress_is_compressed_chunk_by_chunk(counted):
     assert counted["c"].calls == 1 + 16          # the probe stops at its first saving sample
 
 
+def test_samples_too_small_to_try_say_nothing(counted):
+    items = [(bytes([i]) * 32, memoryview(b"" if i % 2 == 0 else b"ab" * 100))
+             for i in range(8)]
+    assert [m.codec for m in writer.encode_chunks(items, OPTS)[1::2]] == [fmt.CODEC_ZSTD] * 4
+
+
 def test_a_few_chunks_are_tried_without_a_probe(counted):
     items = [(bytes([i]) * 32, memoryview(bytes(1000))) for i in range(writer.PROBE_CHUNKS)]
     assert [m.codec for m in writer.encode_chunks(items, OPTS)] == \
         [fmt.CODEC_ZSTD] * writer.PROBE_CHUNKS
     assert counted["c"].calls == writer.PROBE_CHUNKS
+
+
+def test_float_chunks_are_tried_when_no_sample_could_be_probed():
+    """Samples too small for planes (below planes.MIN_CHUNK_BYTES) say nothing: every plane of
+    the large chunks is tried rather than none."""
+    big = (np.random.default_rng(8).standard_normal(16384) * 0.02).astype(np.float32).tobytes()
+    items = [(bytes([i]) * 32, memoryview(bytes(500) if i % 2 == 0 else big)) for i in range(8)]
+    assert len(items) // writer.PROBE_CHUNKS == 2            # the samples: chunks 0, 2, 4, 6
+    made = writer.encode_chunks(items, OPTS, itemsize=4)
+    assert [m.codec for m in made[1::2]] == [fmt.CODEC_PLANES] * 4
