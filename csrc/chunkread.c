@@ -22,16 +22,6 @@
 
 #include "internal.h"
 
-static inline int overlap(const uint8_t *a, size_t a_len, const uint8_t *b, size_t b_len)
-{
-    return a_len && b_len && a < b + b_len && b < a + a_len;
-}
-
-static inline uint32_t load_le32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /* One zstd frame, exactly len bytes, that declares exactly want bytes, into out[0:want]. */
 static int unzstd(ZSTD_DCtx **dctx, const uint8_t *p, size_t len, uint8_t *out, size_t want)
 {
@@ -152,8 +142,8 @@ int snap_read_chunks(const uint8_t *src, size_t src_len, uint8_t *dst, size_t ds
             r->dst_off > dst_len || dst_len - r->dst_off < r->raw_len)
             return SNAP_EINVAL;
     }
-    if (overlap(scratch, scratch_cap, dst, dst_len) || overlap(scratch, scratch_cap, src, src_len) ||
-        overlap(dst, dst_len, src, src_len))
+    if (overlaps(scratch, scratch_cap, dst, dst_len) || overlaps(scratch, scratch_cap, src, src_len) ||
+        overlaps(dst, dst_len, src, src_len))
         return SNAP_EINVAL;
     ZSTD_DCtx *dctx = NULL;
     int rc = SNAP_OK;

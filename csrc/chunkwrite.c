@@ -24,17 +24,6 @@
 
 #include "internal.h"
 
-static inline int overlap(const uint8_t *a, size_t a_len, const uint8_t *b, size_t b_len)
-{
-    return a_len && b_len && a < b + b_len && b < a + a_len;
-}
-
-static inline void store_le32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
 static ZSTD_CCtx *plane_cctx(void)
 {
     ZSTD_CCtx *c = ZSTD_createCCtx();
@@ -105,15 +94,15 @@ int snap_write_chunks(snap_chunk_write *chunks, size_t n, size_t itemsize, unsig
     *out_len = 0;
     if ((itemsize != 2 && itemsize != 4 && itemsize != 8) || try_planes >> itemsize)
         return SNAP_EINVAL;
-    if (overlap(scratch, scratch_cap, out, out_cap))
+    if (overlaps(scratch, scratch_cap, out, out_cap))
         return SNAP_EINVAL;
     size_t need = 0;
     for (size_t i = 0; i < n; i++) {      /* every chunk fits scratch and leaves out alone */
         const snap_chunk_write *c = &chunks[i];
         if ((c->raw_len && c->src == NULL) || c->raw_len > scratch_cap ||
             c->raw_len > UINT32_MAX - SNAP_REC_WRITE_SLACK ||
-            overlap(c->src, c->raw_len, out, out_cap) ||
-            overlap(c->src, c->raw_len, scratch, scratch_cap))
+            overlaps(c->src, c->raw_len, out, out_cap) ||
+            overlaps(c->src, c->raw_len, scratch, scratch_cap))
             return SNAP_EINVAL;
         need += SNAP_REC_WRITE_SLACK + (size_t)c->raw_len;
     }

@@ -25,6 +25,26 @@ static inline uint64_t load_le64(const uint8_t *p)
     return v;
 }
 
+/* Little-endian 32-bit store/load, the same way (the record layout's u32 fields). */
+static inline void store_le32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline uint32_t load_le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Do [p, p + n) and [q, q + m) share a byte? (Empty ranges never overlap; addresses compared
+ * as integers, so unrelated buffers are fine.) */
+static inline int overlaps(const uint8_t *p, size_t n, const uint8_t *q, size_t m)
+{
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+    return n != 0 && m != 0 && a < b + m && b < a + n;
+}
+
 /* A page size snapstore accepts: a power of two in [SNAP_PAGE_MIN, SNAP_PAGE_MAX]. */
 static inline int page_size_ok(size_t page_size)
 {

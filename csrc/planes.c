@@ -214,12 +214,6 @@ static void dispatch(enum op op, const uint8_t *restrict a, const uint8_t *restr
 }
 
 /* ---- argument checks --------------------------------------------------------------------- */
-/* Do [p, p + n) and [q, q + m) share a byte? (Empty ranges never overlap.) */
-static int overlaps(const uint8_t *p, size_t n, const uint8_t *q, size_t m)
-{
-    uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
-    return n != 0 && m != 0 && a < b + m && b < a + n;
-}
 
 static int itemsize_ok(size_t itemsize)
 {
