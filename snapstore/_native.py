@@ -527,11 +527,19 @@ def _overlap(a: memoryview, b: memoryview) -> bool:
     return pa < pb + len(b) and pb < pa + len(a)
 
 
+def _given_or_new(buf, nbytes: int, name: str) -> memoryview:
+    """A writable view of buf, or (buf None) of a new uninitialised buffer of nbytes (at
+    least 1 byte allocated, so its address is never NULL)."""
+    if buf is None:
+        return memoryview(ffi.buffer(_new_uninit("uint8_t[]", nbytes or 1)))[:nbytes]
+    return _typed_view(buf, name, writable=True)
+
+
 def _planes_out(out, nbytes: int, inputs, name: str = "out", allow=None) -> memoryview:
     """The output view: a new uninitialised buffer of nbytes (out None), else out checked:
     writable, at least nbytes, sharing no memory with the inputs (except `allow` exactly)."""
     if out is None:
-        return memoryview(ffi.buffer(_new_uninit("uint8_t[]", nbytes or 1)))[:nbytes]
+        return _given_or_new(None, nbytes, name)
     dst = _typed_view(out, name, writable=True)
     if len(dst) < nbytes:
         raise errors.InvalidArgumentError(f"{name} holds {len(dst)} bytes; {nbytes} are needed")
@@ -786,11 +794,7 @@ def read_chunks(src, out, reads: Sequence[Tuple[int, int, int, int, bytes]],
     src_v = _typed_view(src, "src")
     dst = _typed_view(out, "out", writable=True)
     n = len(reads)
-    if scratch is None:
-        scratch = _new_uninit("uint8_t[]", max((r[3] for r in reads), default=0) or 1)
-        work = memoryview(ffi.buffer(scratch))
-    else:
-        work = _typed_view(scratch, "scratch", writable=True)
+    work = _given_or_new(scratch, max((r[3] for r in reads), default=0), "scratch")
     packed = bytearray(_CHUNK_READ.size * n)
     pack = _CHUNK_READ.pack_into
     size = _CHUNK_READ.size
@@ -855,15 +859,8 @@ def write_chunks(chunks: Sequence[Tuple[object, bytes]], itemsize: int, try_plan
         sizes.append(len(view))
         _CHUNK_WRITE.pack_into(packed, i * size, int(ffi.cast("uintptr_t", ptr)), 0,
                                len(view), 0, chunk_id, 0, 0)
-    if scratch is None:
-        work = memoryview(ffi.buffer(_new_uninit("uint8_t[]", max(sizes, default=0) or 1)))
-    else:
-        work = _typed_view(scratch, "scratch", writable=True)
-    if out is None:
-        need = sum(sizes) + n * RECORD_WRITE_SLACK
-        dst = memoryview(ffi.buffer(_new_uninit("uint8_t[]", need or 1)))
-    else:
-        dst = _typed_view(out, "out", writable=True)
+    work = _given_or_new(scratch, max(sizes, default=0), "scratch")
+    dst = _given_or_new(out, sum(sizes) + n * RECORD_WRITE_SLACK, "out")
     used = ffi.new("size_t *")
     check(lib.snap_write_chunks(ffi.from_buffer("snap_chunk_write[]", packed,
                                                 require_writable=True),
