@@ -237,8 +237,8 @@ def encode_chunk(cid: bytes, data, opts: WriteOptions, itemsize: int = 1,
     chunk's buffer (which planes to compress; default: try all)."""
     prefix = fmt.CHUNK_PREFIX.pack(cid, len(data))
     if opts.compression == "zstd" and planes.usable(itemsize, len(data)):
-        parts = planes.encode(data, itemsize, worth)
-        if parts is not None and sum(len(p) for p in parts) < len(data) - len(data) // 32:
+        parts = planes.encode(data, itemsize, worth)     # None unless it saves 1/32
+        if parts is not None:
             return fmt.CODEC_PLANES, [prefix, *parts]
         return fmt.CODEC_RAW, [prefix, data]
     codec, stored = fmt.CODEC_RAW, data
