@@ -1,4 +1,5 @@
-/* chunkwrite.c - snap_write_chunks: encode a batch of chunks of items as whole records.
+/* chunkwrite.c - snap_write_chunks: encode a batch of chunks of items as whole records;
+ * snap_raw_record_heads: the heads of raw records of a batch.
  *
  * A checkpoint's hot loop for float buffers: for every chunk (raw bytes in src, its chunk id
  * given) lay out the complete chunk record in out, back to back: the record header (magic,
@@ -14,7 +15,9 @@
  *
  * The zstd profile is the one docs/floatcodec.md measured for planes ("1f"): level 1 with a
  * 64-entry hash table, one probe, 7-byte minimum matches, frames that declare their content
- * size. Called without the GIL, it runs on as many threads as the caller gives it disjoint
+ * size. snap_raw_record_heads makes the head (header and prefix) of raw records whose bytes stay
+ * where they are, for the caller to write after it: incompressible bytes are then checksummed
+ * here and copied only by the write. Called without the GIL, it runs on as many threads as the caller gives it disjoint
  * outputs and scratch areas.
  */
 #define XXH_INLINE_ALL
@@ -84,6 +87,51 @@ static size_t planes_coding(ZSTD_CCtx *cctx, const uint8_t *chunk, size_t raw_le
     return pos;
 }
 
+/* The record header and chunk prefix of chunk c, whose stored bytes (slen of them, after the
+ * prefix) are at stored: in rec[0:SNAP_REC_HEADER + SNAP_REC_CHUNK_PREFIX]; c->stored_len
+ * set. c->codec is the record's codec. */
+static void record_head(uint8_t *rec, snap_chunk_write *c, const uint8_t *stored, size_t slen)
+{
+    uint8_t *prefix = rec + SNAP_REC_HEADER;
+    memcpy(prefix, c->chunk_id, SNAP_REC_CHUNK_ID);
+    store_le32(prefix + SNAP_REC_CHUNK_ID, c->raw_len);
+    c->stored_len = (uint32_t)(SNAP_REC_CHUNK_PREFIX + slen);
+    memcpy(rec, SNAP_REC_MAGIC, 4);
+    rec[4] = SNAP_REC_CHUNK;
+    rec[5] = c->codec;
+    rec[6] = rec[7] = 0;
+    store_le32(rec + 8, c->stored_len);
+    store_le32(rec + 12, 0);
+    XXH3_state_t state;
+    XXH3_64bits_reset(&state);
+    XXH3_64bits_update(&state, rec, SNAP_REC_CHECKSUMMED);
+    XXH3_64bits_update(&state, prefix, SNAP_REC_CHUNK_PREFIX);
+    XXH3_64bits_update(&state, stored, slen);
+    store_le64(rec + SNAP_REC_CHECKSUMMED, XXH3_64bits_digest(&state));
+}
+
+int snap_raw_record_heads(snap_chunk_write *chunks, size_t n, uint8_t *out, size_t out_cap)
+{
+    if ((n && chunks == NULL) || (out_cap && out == NULL))
+        return SNAP_EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        const snap_chunk_write *c = &chunks[i];
+        if ((c->raw_len && c->src == NULL) || c->raw_len > UINT32_MAX - SNAP_REC_RAW_HEAD ||
+            overlaps(c->src, c->raw_len, out, out_cap))
+            return SNAP_EINVAL;
+    }
+    if (n > out_cap / SNAP_REC_RAW_HEAD)
+        return SNAP_ESPACE;
+    for (size_t i = 0; i < n; i++) {
+        snap_chunk_write *c = &chunks[i];
+        c->codec = SNAP_REC_CODEC_RAW;
+        c->packed = 0;
+        c->out_off = i * SNAP_REC_RAW_HEAD;
+        record_head(out + c->out_off, c, c->src, c->raw_len);
+    }
+    return SNAP_OK;
+}
+
 int snap_write_chunks(snap_chunk_write *chunks, size_t n, size_t itemsize, unsigned try_planes,
                       uint8_t *out, size_t out_cap, uint8_t *scratch, size_t scratch_cap,
                       size_t *out_len)
@@ -128,22 +176,9 @@ int snap_write_chunks(snap_chunk_write *chunks, size_t n, size_t itemsize, unsig
                 memcpy(stored, c->src, c->raw_len);
             slen = c->raw_len;
         }
-        memcpy(payload, c->chunk_id, SNAP_REC_CHUNK_ID);
-        store_le32(payload + SNAP_REC_CHUNK_ID, c->raw_len);
-        c->stored_len = (uint32_t)(SNAP_REC_CHUNK_PREFIX + slen);
         c->packed = (uint8_t)packed;
         c->out_off = at;
-        memcpy(rec, SNAP_REC_MAGIC, 4);
-        rec[4] = SNAP_REC_CHUNK;
-        rec[5] = c->codec;
-        rec[6] = rec[7] = 0;
-        store_le32(rec + 8, c->stored_len);
-        store_le32(rec + 12, 0);
-        XXH3_state_t state;
-        XXH3_64bits_reset(&state);
-        XXH3_64bits_update(&state, rec, SNAP_REC_CHECKSUMMED);
-        XXH3_64bits_update(&state, payload, c->stored_len);
-        store_le64(rec + SNAP_REC_CHECKSUMMED, XXH3_64bits_digest(&state));
+        record_head(rec, c, stored, slen);
         at += SNAP_REC_HEADER + c->stored_len;
     }
     ZSTD_freeCCtx(cctx);

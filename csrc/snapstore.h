@@ -373,4 +373,15 @@ int snap_write_chunks(snap_chunk_write *chunks, size_t n, size_t itemsize, unsig
                       uint8_t *out, size_t out_cap, uint8_t *scratch, size_t scratch_cap,
                       size_t *out_len);
 
+/* snap_raw_record_heads: for each of chunks[0:n] (src, raw_len, chunk_id given) the head of its
+ * raw chunk record, SNAP_REC_RAW_HEAD bytes at out + i * SNAP_REC_RAW_HEAD (= out_off): the
+ * record header, its checksum over the chunk's bytes included, and the chunk prefix. The whole
+ * record is that head followed by the raw_len bytes at src, which are read, not copied. Sets
+ * stored_len, codec (SNAP_REC_CODEC_RAW), packed (0) and out_off.
+ * Errors: SNAP_EINVAL (a NULL pointer with a nonzero length, a chunk of 4 GiB or more, a chunk
+ * overlapping out), SNAP_ESPACE (out_cap under n * SNAP_REC_RAW_HEAD); nothing is written
+ * then. */
+#define SNAP_REC_RAW_HEAD       (SNAP_REC_HEADER + SNAP_REC_CHUNK_PREFIX)
+int snap_raw_record_heads(snap_chunk_write *chunks, size_t n, uint8_t *out, size_t out_cap);
+
 #endif

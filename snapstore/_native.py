@@ -32,6 +32,7 @@ __all__ = [
     "SCAN_HUGE", "uffd_open", "uffd_register", "uffd_unregister", "pagemap_scan",
     "ITEMSIZE_MAX", "DELTA_XOR", "DELTA_SUB", "PLANES_ROTATE", "split_planes", "join_planes",
     "delta_split_planes", "delta_join_planes", "read_chunks", "READ_REASONS", "write_chunks", "RECORD_WRITE_SLACK",
+    "raw_record_heads", "RAW_RECORD_HEAD",
 ]
 
 # C code -> exception class, built from the library's own constants and errors.NATIVE_ERRORS.
@@ -814,6 +815,7 @@ def read_chunks(src, out, reads: Sequence[Tuple[int, int, int, int, bytes]],
 
 # Room a chunk record may take in write_chunks' output beyond the chunk's raw length.
 RECORD_WRITE_SLACK = int(lib.SNAP_REC_WRITE_SLACK)
+RAW_RECORD_HEAD = int(lib.SNAP_REC_RAW_HEAD)     # a raw chunk record's header and prefix
 # snap_chunk_write as laid out by the C compiler (tests/unit/test_native_records.py checks it)
 _CHUNK_WRITE = struct.Struct("=QQII32sBB6x")
 
@@ -845,20 +847,7 @@ def write_chunks(chunks: Sequence[Tuple[object, bytes]], itemsize: int, try_plan
     k = _itemsize_arg(itemsize)
     mask = _int_arg(try_planes, "try_planes", 1 << 32, "an int")
     n = len(chunks)
-    pointers, sizes = [], []
-    packed = bytearray(_CHUNK_WRITE.size * n)
-    size = _CHUNK_WRITE.size
-    for i, (data, chunk_id) in enumerate(chunks):
-        view = _typed_view(data, f"chunks[{i}]")
-        if not isinstance(chunk_id, bytes) or len(chunk_id) != 32:
-            raise errors.InvalidArgumentError(f"chunks[{i}]: a chunk id is 32 bytes")
-        if len(view) >= 1 << 32:
-            raise errors.InvalidArgumentError(f"chunks[{i}]: a chunk is under 4 GiB")
-        ptr = _ptr(view)
-        pointers.append(ptr)                  # alive until the call returns
-        sizes.append(len(view))
-        _CHUNK_WRITE.pack_into(packed, i * size, int(ffi.cast("uintptr_t", ptr)), 0,
-                               len(view), 0, chunk_id, 0, 0)
+    packed, pointers, sizes = _chunk_writes(chunks)
     work = _given_or_new(scratch, max(sizes, default=0), "scratch")
     dst = _given_or_new(out, sum(sizes) + n * RECORD_WRITE_SLACK, "out")
     used = ffi.new("size_t *")
@@ -867,6 +856,60 @@ def write_chunks(chunks: Sequence[Tuple[object, bytes]], itemsize: int, try_plan
                                 n, k, mask, _ptr(dst, True), len(dst), _ptr(work, True),
                                 len(work), used), "snap_write_chunks")
     del pointers
-    results = [(off, stored_len, codec, planes)
-               for _, off, _, stored_len, _, codec, planes in _CHUNK_WRITE.iter_unpack(packed)]
-    return dst[:used[0]], results
+    return dst[:used[0]], _chunk_write_results(packed)
+
+
+def raw_record_heads(chunks: Sequence[Tuple[object, bytes]], out=None
+                     ) -> Tuple[memoryview, List[Tuple[int, int, int, int]]]:
+    """The heads of raw chunk records (snap_raw_record_heads), without the GIL: per chunk
+    RAW_RECORD_HEAD bytes, the record header (checksum over the chunk's bytes included) and
+    the chunk prefix; the whole record is its head followed by the chunk's bytes, which are
+    read but not copied (incompressible bytes: checksummed here, copied only by the write).
+
+    Args:
+        chunks: (data, chunk_id) per chunk, as for write_chunks.
+        out: writable buffer of at least RAW_RECORD_HEAD * len(chunks) bytes (default:
+            allocated).
+    Returns:
+        (heads, results): heads the prefix of out (or a new buffer), the heads back to back;
+        per chunk (offset of its head, its payload length, CODEC_RAW, 0), as write_chunks.
+    Raises:
+        InvalidArgumentError (a chunk id not of 32 bytes, a chunk of 4 GiB or more, a chunk
+        overlapping out), InvalidArgumentTypeError (not a buffer), NativeSpaceError (out too
+        small); nothing is written then.
+    """
+    n = len(chunks)
+    packed, pointers, _ = _chunk_writes(chunks)
+    dst = _given_or_new(out, n * RAW_RECORD_HEAD, "out")
+    check(lib.snap_raw_record_heads(ffi.from_buffer("snap_chunk_write[]", packed,
+                                                    require_writable=True),
+                                    n, _ptr(dst, True), len(dst)), "snap_raw_record_heads")
+    del pointers
+    return dst[:n * RAW_RECORD_HEAD], _chunk_write_results(packed)
+
+
+def _chunk_writes(chunks: Sequence[Tuple[object, bytes]]) -> Tuple[bytearray, list, list]:
+    """(the snap_chunk_write array of chunks, packed; the buffers it points into, to keep
+    alive until the call returns; the chunks' sizes). Raises as write_chunks."""
+    size = _CHUNK_WRITE.size
+    packed = bytearray(size * len(chunks))
+    pointers, sizes = [], []
+    for i, (data, chunk_id) in enumerate(chunks):
+        view = _typed_view(data, f"chunks[{i}]")
+        if not isinstance(chunk_id, bytes) or len(chunk_id) != 32:
+            raise errors.InvalidArgumentError(f"chunks[{i}]: a chunk id is 32 bytes")
+        if len(view) >= 1 << 32:
+            raise errors.InvalidArgumentError(f"chunks[{i}]: a chunk is under 4 GiB")
+        ptr = _ptr(view)
+        pointers.append(ptr)
+        sizes.append(len(view))
+        _CHUNK_WRITE.pack_into(packed, i * size, int(ffi.cast("uintptr_t", ptr)), 0,
+                               len(view), 0, chunk_id, 0, 0)
+    return packed, pointers, sizes
+
+
+def _chunk_write_results(packed: bytearray) -> List[Tuple[int, int, int, int]]:
+    """Per chunk of a snap_chunk_write array after the call: (out_off, stored_len, codec,
+    packed planes)."""
+    return [(off, stored_len, codec, planes)
+            for _, off, _, stored_len, _, codec, planes in _CHUNK_WRITE.iter_unpack(packed)]

@@ -83,3 +83,22 @@ def test_records_match_the_reference_and_read_back(specs, k, mask_bits):
             (1, 0) and out == data
         at = end
     assert at == len(records)
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(st.lists(chunk_data(), max_size=5))
+def test_raw_record_heads_then_the_bytes_are_the_reference_raw_records(specs):
+    """snap_raw_record_heads: each head followed by its chunk's bytes is the raw record the
+    reference lays out, and both read paths give the bytes back."""
+    chunks = [(data, blake3.blake3(data).digest()) for data, _, _ in specs]
+    heads, results = nat.raw_record_heads(chunks)
+    assert len(heads) == nat.RAW_RECORD_HEAD * len(chunks)
+    for (data, cid), result in zip(chunks, results):
+        off, stored_len = result[0], result[1]
+        record = bytes(heads[off:off + nat.RAW_RECORD_HEAD]) + data
+        assert result[2:] == (fmt.CODEC_RAW, 0)
+        check_record(record, data, cid, 1, 0, result)
+        assert python_read(record, stored_len, len(data), cid) == data
+        out = bytearray(len(data))
+        assert nat.read_chunks(record, out, [(0, 0, stored_len, len(data), cid)]) == (1, 0)
+        assert out == data

@@ -172,3 +172,65 @@ def test_overlapping_buffers_are_invalid_arguments():
         nat.write_chunks([(chunk, bytes(32))], 4, 0xF, scratch=view[:8192])
     with pytest.raises(errors.InvalidArgumentError):           # scratch over out
         nat.write_chunks([(chunk, bytes(32))], 4, 0xF, out=view[8192:], scratch=view[16384:])
+
+
+# ---- snap_raw_record_heads: the heads of raw records whose bytes are written where they lie
+
+def whole_raw_records(heads, results, chunks) -> bytes:
+    """The records as the log writes them: each head, then the chunk's own bytes."""
+    return b"".join(bytes(heads[off:off + nat.RAW_RECORD_HEAD]) + bytes(data)
+                    for (off, _, _, _), (data, _) in zip(results, chunks))
+
+
+@pytest.mark.parametrize("datas", [[b""], [b"\x07"], [os.urandom(65536), bytes(65536), b"ab"]],
+                         ids=["empty", "one byte", "noise, zeros and a tail"])
+def test_raw_heads_make_records_the_readers_accept(datas):
+    chunks = chunks_of(*datas)
+    heads, results = nat.raw_record_heads(chunks)
+    assert nat.RAW_RECORD_HEAD == fmt.RECORD_HEADER.size + fmt.CHUNK_PREFIX.size
+    assert len(heads) == nat.RAW_RECORD_HEAD * len(chunks)
+    records = whole_raw_records(heads, results, chunks)
+    at, laid = 0, []
+    for (_, stored_len, codec, packed), (data, _) in zip(results, chunks):
+        assert (stored_len, codec, packed) == (fmt.CHUNK_PREFIX.size + len(data),
+                                               fmt.CODEC_RAW, 0)
+        laid.append((at, stored_len, codec, 0))
+        at += fmt.RECORD_HEADER.size + stored_len
+    assert read_back(records, laid, chunks) == b"".join(datas)
+
+
+def test_raw_heads_of_nothing_twice_and_into_a_given_out():
+    heads, results = nat.raw_record_heads([])
+    assert len(heads) == 0 and results == []
+    chunks = chunks_of(os.urandom(5000), b"")
+    first, results = nat.raw_record_heads(chunks)
+    out = bytearray(2 * nat.RAW_RECORD_HEAD + 10)
+    second, again = nat.raw_record_heads(chunks, out=out)
+    assert bytes(first) == bytes(second) == bytes(out[:2 * nat.RAW_RECORD_HEAD])
+    assert results == again
+
+
+def test_raw_heads_after_fork_in_a_child():
+    chunks = chunks_of(os.urandom(4096))
+    expected = bytes(nat.raw_record_heads(chunks)[0])
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if bytes(nat.raw_record_heads(chunks)[0]) == expected else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+
+
+def test_raw_heads_bad_arguments_write_nothing():
+    chunks = chunks_of(b"x" * 64)
+    out = bytearray(nat.RAW_RECORD_HEAD - 1)
+    with pytest.raises(errors.NativeSpaceError):
+        nat.raw_record_heads(chunks, out=out)
+    assert out == bytearray(len(out))
+    with pytest.raises(errors.InvalidArgumentError):
+        nat.raw_record_heads([(b"x" * 64, b"short")])
+    with pytest.raises(errors.InvalidArgumentTypeError):
+        nat.raw_record_heads([(12345, bytes(32))])
+    with pytest.raises(errors.InvalidArgumentTypeError):
+        nat.raw_record_heads(chunks, out=bytes(1000))
+    area = memoryview(bytearray(4096))
+    with pytest.raises(errors.InvalidArgumentError):           # out over the chunk
+        nat.raw_record_heads([(area[:1024], bytes(32))], out=area[512:])
