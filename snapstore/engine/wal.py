@@ -191,7 +191,10 @@ def read_record(reader: SegmentReader, number: int, offset: int, *, size: int | 
 
 RESYNC_WINDOW = 1 << 20
 WRITEBACK_BYTES = 1 << 20     # a durable log's flushes of this many bytes start their writeback
-PENDING_BYTES = 4 << 20       # append() writes (behind) once this many bytes are queued
+# append() writes (behind) once this many bytes are queued: over a staging area (the largest
+# chunk), so a checkpoint writes each batch in one write started when the batch is done
+# (writer.store_buffer), not half of it while the main thread then waits for that half
+PENDING_BYTES = 2 * fmt.MAX_CHUNK_BYTES
 
 
 def _valid_at(reader: SegmentReader, n: int, pos: int, size: int, types) -> bool:
@@ -415,29 +418,36 @@ class SegmentLog:
     def append(self, rtype: int, codec: int, parts: Sequence) -> tuple[int, int]:
         """Queues one record; returns (segment, offset) where it will start."""
         self._check()
-        return self._queue([encode_record_header(rtype, codec, parts), *parts])
+        pieces = [encode_record_header(rtype, codec, parts), *parts]
+        return self._queue([(pieces, sum(len(p) for p in pieces))])[0]
 
-    def append_record(self, record) -> tuple[int, int]:
-        """Queues one record made whole elsewhere, its header and checksum included (the C
-        core's snap_write_chunks); returns (segment, offset) where it will start."""
+    def append_records(self, records: Sequence[tuple[list, int]]) -> list[tuple[int, int]]:
+        """Queues records made whole elsewhere, their headers and checksums included (the C
+        core's snap_write_chunks and snap_raw_record_heads), each given as (its pieces, header
+        first; its size in bytes); returns (segment, offset) where each will start. One call
+        per batch: the checkpoint's hot path."""
         self._check()
-        return self._queue([record])
+        return self._queue(records)
 
-    def _queue(self, pieces: list) -> tuple[int, int]:
-        """Queues a record's pieces (header first), in a new segment when the current one has
-        records and the payload would end beyond segment_size."""
+    def _queue(self, records: Sequence[tuple[list, int]]) -> list[tuple[int, int]]:
+        """Queues records (pieces, size), each in a new segment when the current one has
+        records and its payload would end beyond segment_size; writes behind every
+        PENDING_BYTES (or 1000 pieces) queued."""
         assert self._current is not None
-        size = sum(len(p) for p in pieces)
+        where = []
         seg, off = self.position
-        if off > fmt.SEGMENT_HEADER.size and off + size - fmt.RECORD_HEADER.size > \
-                self.segment_size:
-            self._roll()
-            seg, off = self.position
-        self._pending.extend(pieces)
-        self._pending_bytes += size
-        if self._pending_bytes >= PENDING_BYTES or len(self._pending) >= 1000:
-            self.flush(wait=False)
-        return seg, off
+        for pieces, size in records:
+            if off > fmt.SEGMENT_HEADER.size and off + size - fmt.RECORD_HEADER.size > \
+                    self.segment_size:
+                self._roll()
+                seg, off = self.position
+            where.append((seg, off))
+            self._pending.extend(pieces)
+            self._pending_bytes += size
+            off += size
+            if self._pending_bytes >= PENDING_BYTES or len(self._pending) >= 1000:
+                self.flush(wait=False)          # the position stays: the bytes are counted
+        return where
 
     def flush(self, wait: bool = True) -> None:
         """Writes the queued records. wait=False: the write goes on behind, on a thread of its

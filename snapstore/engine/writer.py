@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, NamedTuple
 
 import blake3
@@ -255,12 +255,12 @@ PROBE_CHUNKS = 4                   # a batch of more chunks is probed on this ma
 
 class Encoded(NamedTuple):
     """A chunk's record as encode_chunks made it: either the payload parts (chunk prefix,
-    stored bytes) for SegmentLog.append, or the whole record (header and checksum included,
-    made by the C core) for SegmentLog.append_record."""
+    stored bytes) for SegmentLog.append, or the pieces of the whole record (header and
+    checksum included, made by the C core; header first) for SegmentLog.append_records."""
     codec: int
     stored_len: int                 # the record's payload length
     parts: list | None = None
-    record: memoryview | None = None
+    record: list | None = None
 
 
 def encode_chunks(items: list, opts: WriteOptions, itemsize: int = 1) -> list[Encoded]:
@@ -270,8 +270,9 @@ def encode_chunks(items: list, opts: WriteOptions, itemsize: int = 1) -> list[En
     what compresses at all: for other bytes whether to try zstd on the batch, for chunks of
     floats (itemsize 2, 4 or 8) which planes to try. Those are made whole records by one call
     into the C core per half (no GIL; the same coding as encode_chunk's)."""
+    sizes = [len(data) for _, data in items]
     if opts.compression != "zstd":
-        return _python_records(items, opts, itemsize, None)
+        return _in_halves(_raw_records, items, sizes)
     samples = _probe_samples(items)
     if itemsize in fmt.PLANES_ITEMSIZES:
         usable = [data for data in samples if planes.usable(itemsize, len(data))]
@@ -279,13 +280,12 @@ def encode_chunks(items: list, opts: WriteOptions, itemsize: int = 1) -> list[En
 
         def encode(part: list) -> list:
             return _plane_records(part, opts, itemsize, worth)
+    elif samples and not _worth_compressing(samples, opts):
+        encode = _raw_records
     else:
-        if samples and not _worth_compressing(samples, opts):
-            opts = replace(opts, compression="none")
-
         def encode(part: list) -> list:
             return _python_records(part, opts, itemsize, None)
-    return _in_halves(encode, items, [len(data) for _, data in items])
+    return _in_halves(encode, items, sizes)
 
 
 def _probe_samples(items: list) -> list:
@@ -315,6 +315,16 @@ def _python_records(items: list, opts: WriteOptions, itemsize: int, worth) -> li
     return out
 
 
+def _raw_records(items: list) -> list:
+    """Raw records of items: their heads (header, checksum, chunk prefix) from one call into
+    the C core, each followed by the chunk's bytes where they lie (no copy): what incompressible
+    bytes cost beyond their write."""
+    heads, results = native.raw_record_heads([(data, cid) for cid, data in items])
+    head = native.RAW_RECORD_HEAD
+    return [Encoded(codec, stored_len, record=[heads[off:off + head], data])
+            for (off, stored_len, codec, _), (_, data) in zip(results, items)]
+
+
 def _plane_records(items: list, opts: WriteOptions, itemsize: int, worth) -> list:
     """Records of items (chunks of itemsize-byte floats): those planes.usable() as whole
     records from one native.write_chunks call, the few others (small tails) by encode_chunk."""
@@ -327,8 +337,8 @@ def _plane_records(items: list, opts: WriteOptions, itemsize: int, worth) -> lis
     for cid, data in items:
         if planes.usable(itemsize, len(data)):
             off, stored_len, codec, _ = next(made)
-            out.append(Encoded(codec, stored_len, record=records[
-                off:off + fmt.RECORD_HEADER.size + stored_len]))
+            out.append(Encoded(codec, stored_len, record=[records[
+                off:off + fmt.RECORD_HEADER.size + stored_len]]))
         else:
             out.extend(_python_records([(cid, data)], opts, itemsize, worth))
     return out
@@ -385,7 +395,8 @@ class ChunkSink:
         are compressed by two threads at once when they hold PARALLEL_ENCODE_BYTES or more
         (zstd lets go of the GIL); appending stays in order, in this thread. itemsize: the
         chunks hold items of that many bytes from their first byte on (encode_chunk). pause()
-        is called once first, even when nothing is new, and before each append."""
+        is called once first, even when nothing is new, and before each staging area's
+        appends."""
         if self.pause is not None:
             self.pause()
         cids = content_ids(datas)
@@ -405,15 +416,22 @@ class ChunkSink:
         return cids
 
     def _append(self, items: list, itemsize: int = 1) -> None:
-        for (cid, data), made in zip(items, encode_chunks(items, self.opts, itemsize)):
-            if self.pause is not None:
-                self.pause()
-            if made.record is not None:
-                seg, off = self.log.append_record(made.record)
-            else:
-                seg, off = self.log.append(fmt.REC_CHUNK, made.codec, made.parts)
-            self.new[cid] = (seg, off, made.stored_len, len(data), made.codec)
-            self.bytes_new += fmt.RECORD_HEADER.size + made.stored_len
+        made = encode_chunks(items, self.opts, itemsize)
+        if self.pause is not None:
+            self.pause()
+        where: list = []
+        run: list = []          # whole records not yet queued: queued a run at a time, in order
+        for m in made:
+            if m.record is not None:
+                run.append((m.record, fmt.RECORD_HEADER.size + m.stored_len))
+                continue
+            where += self.log.append_records(run)
+            run = []
+            where.append(self.log.append(fmt.REC_CHUNK, m.codec, m.parts))
+        where += self.log.append_records(run)
+        for (cid, data), m, (seg, off) in zip(items, made, where):
+            self.new[cid] = (seg, off, m.stored_len, len(data), m.codec)
+            self.bytes_new += fmt.RECORD_HEADER.size + m.stored_len
 
     def new_chunk_table(self) -> bytes:
         return b"".join(fmt.NEW_CHUNK.pack(cid, *loc) for cid, loc in self.new.items())

@@ -18,7 +18,7 @@ OPTS = writer.WriteOptions()
 def payload_and_header(made: writer.Encoded) -> tuple[int, bytes, bytes]:
     """(codec, payload, header) of a record encode_chunks made, whichever way it made it."""
     if made.record is not None:
-        record = bytes(made.record)
+        record = b"".join(bytes(p) for p in made.record)
         return made.codec, record[fmt.RECORD_HEADER.size:], record[:fmt.RECORD_HEADER.size]
     payload = b"".join(bytes(p) for p in made.parts)
     return made.codec, payload, encode_record_header(fmt.REC_CHUNK, made.codec, [payload])
@@ -143,8 +143,22 @@ def test_an_incompressible_batch_is_stored_raw_without_trying(counted):
     made = writer.encode_chunks(items, OPTS)
     assert [m.codec for m in made] == [fmt.CODEC_RAW] * 16
     assert counted["c"].calls == writer.PROBE_CHUNKS               # the samples only
-    assert [bytes(b"".join(m.parts))[fmt.CHUNK_PREFIX.size:] for m in made] == \
-        [bytes(d) for _, d in items]
+    for (cid, data), m in zip(items, made):
+        codec, payload, header = payload_and_header(m)
+        assert payload == fmt.CHUNK_PREFIX.pack(cid, len(data)) + bytes(data)
+        assert header == encode_record_header(fmt.REC_CHUNK, fmt.CODEC_RAW, [payload])
+        assert m.record[-1] is data          # the bytes themselves: written, never copied
+
+
+@pytest.mark.parametrize("data", [b"", b"\x07", bytes(65536)], ids=["empty", "one byte", "zeros"])
+def test_compression_none_makes_raw_records_of_any_bytes(data):
+    items = [(bytes([i]) * 32, memoryview(data)) for i in range(3)]
+    made = writer.encode_chunks(items, writer.WriteOptions(compression="none"))
+    assert [payload_and_header(m) for m in made] == [
+        (fmt.CODEC_RAW, fmt.CHUNK_PREFIX.pack(cid, len(data)) + data,
+         encode_record_header(fmt.REC_CHUNK, fmt.CODEC_RAW,
+                              [fmt.CHUNK_PREFIX.pack(cid, len(data)) + data]))
+        for cid, _ in items]
 
 
 def test_a_batch_whose_samples_compress_is_compressed_chunk_by_chunk(counted):

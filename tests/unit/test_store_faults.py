@@ -179,7 +179,7 @@ def test_write_fault_behind_a_large_checkpoint(tmp_path, nth, partial):
     the next batch is gathered, hashed and compressed): a fault there surfaces as the same
     clear StoreIOError, and the checkpoint leaves no trace."""
     fx = Fixture(tmp_path)
-    bufs = {"big": content("big", 24 << 20), **ckpt_buffers("large")}
+    bufs = {"big": content("big", 40 << 20), **ckpt_buffers("large")}   # 5 batches: 4 behind
     fx.fb.fail("write", nth, errno.ENOSPC, partial=partial)
     fail_checkpoint_then_recover(fx, errno.ENOSPC, bufs=bufs)
     assert fx.fb.fired_in[0] != "MainThread"
