@@ -350,7 +350,7 @@ def _size(n: int) -> str:
 
 
 # ---- measuring ---------------------------------------------------------------------------------
-def _write_file(directory: str, chunks) -> float:
+def write_file(directory: str, chunks) -> float:
     """Seconds to write the chunks (an iterable of buffers, produced as they are written) into
     a new file in directory and fsync it."""
     fd, path = tempfile.mkstemp(dir=directory, prefix="bench_floatcodec.")
@@ -367,7 +367,7 @@ def _write_file(directory: str, chunks) -> float:
 
 def disk_bandwidth(directory: str, data: bytes, reps: int = 3) -> float:
     """Median bytes/s of write + fsync of data into a new file in directory."""
-    times = sorted(_write_file(directory, [data]) for _ in range(reps))
+    times = sorted(write_file(directory, [data]) for _ in range(reps))
     return len(data) / times[len(times) // 2]
 
 
@@ -377,7 +377,7 @@ def written(codec: "Auto", cur, ref, k, directory: str, repeat: int):
     raw write+fsync of the same bytes measured right before."""
     t_raw = t_codec = float("inf")
     for _ in range(repeat):
-        t_raw = min(t_raw, _write_file(directory, [cur]))
+        t_raw = min(t_raw, write_file(directory, [cur]))
         stored = [0]
 
         def chunks():
@@ -390,7 +390,7 @@ def written(codec: "Auto", cur, ref, k, directory: str, repeat: int):
                 for x in parts:
                     stored[0] += len(x) + codec.HEADER
                     yield x
-        t_codec = min(t_codec, _write_file(directory, chunks()))
+        t_codec = min(t_codec, write_file(directory, chunks()))
     return stored[0], t_codec, t_raw
 
 
