@@ -15,10 +15,10 @@
  *
  * The zstd profile is the one docs/floatcodec.md measured for planes ("1f"): level 1 with a
  * 64-entry hash table, one probe, 7-byte minimum matches, frames that declare their content
- * size. snap_raw_record_heads makes the head (header and prefix) of raw records whose bytes stay
- * where they are, for the caller to write after it: incompressible bytes are then checksummed
- * here and copied only by the write. Called without the GIL, it runs on as many threads as the caller gives it disjoint
- * outputs and scratch areas.
+ * size. snap_raw_record_heads makes the head (header and prefix) of raw records whose bytes
+ * stay where they are, for the caller to write after it: incompressible bytes are then
+ * checksummed here and copied only by the write. Called without the GIL, both run on as many
+ * threads as the caller gives disjoint outputs and scratch areas.
  */
 #define XXH_INLINE_ALL
 #include <xxhash.h>

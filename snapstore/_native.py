@@ -31,8 +31,8 @@ __all__ = [
     "runs_to_ranges", "gather", "diff_bytes", "Chunker", "chunk_boundaries", "buffer_address",
     "SCAN_HUGE", "uffd_open", "uffd_register", "uffd_unregister", "pagemap_scan",
     "ITEMSIZE_MAX", "DELTA_XOR", "DELTA_SUB", "PLANES_ROTATE", "split_planes", "join_planes",
-    "delta_split_planes", "delta_join_planes", "read_chunks", "READ_REASONS", "write_chunks", "RECORD_WRITE_SLACK",
-    "raw_record_heads", "RAW_RECORD_HEAD",
+    "delta_split_planes", "delta_join_planes", "read_chunks", "READ_REASONS", "write_chunks",
+    "RECORD_WRITE_SLACK", "raw_record_heads", "RAW_RECORD_HEAD",
 ]
 
 # C code -> exception class, built from the library's own constants and errors.NATIVE_ERRORS.
