@@ -218,6 +218,11 @@ _local = threading.local()
 MIN_ZSTD_BYTES = 64                # smaller chunks are stored raw, never tried with zstd
 
 
+def _saves(stored_len: int, raw_len: int) -> bool:
+    """Whether a coding of raw_len bytes into stored_len pays: it saves at least 1/32."""
+    return stored_len < raw_len - raw_len // 32
+
+
 def _compressor(level: int):
     c = getattr(_local, "zstd", None)
     if c is None or _local.level != level:
@@ -244,7 +249,7 @@ def encode_chunk(cid: bytes, data, opts: WriteOptions, itemsize: int = 1,
     codec, stored = fmt.CODEC_RAW, data
     if opts.compression == "zstd" and len(data) >= MIN_ZSTD_BYTES:
         packed = _compressor(opts.compression_level).compress(data)
-        if len(packed) < len(data) - len(data) // 32:   # keep only a real saving
+        if _saves(len(packed), len(data)):              # keep only a real saving
             codec, stored = fmt.CODEC_ZSTD, packed
     return codec, [prefix, stored]
 
@@ -303,8 +308,7 @@ def _worth_compressing(samples: list, opts: WriteOptions) -> bool:
     little more than writing it."""
     tried = [data for data in samples if len(data) >= MIN_ZSTD_BYTES]
     c = _compressor(opts.compression_level)
-    return not tried or any(len(c.compress(data)) < len(data) - len(data) // 32
-                            for data in tried)
+    return not tried or any(_saves(len(c.compress(data)), len(data)) for data in tried)
 
 
 def _python_records(items: list, opts: WriteOptions, itemsize: int, worth) -> list:
@@ -386,8 +390,7 @@ class ChunkSink:
         codec, parts = encode_chunk(cid, data, self.opts)
         seg, off = self.log.append(fmt.REC_CHUNK, codec, parts)
         stored_len = sum(len(p) for p in parts)
-        self.new[cid] = (seg, off, stored_len, len(data), codec)
-        self.bytes_new += fmt.RECORD_HEADER.size + stored_len
+        self._note(cid, seg, off, stored_len, len(data), codec)
         return cid
 
     def put_batch(self, datas: list, itemsize: int = 1) -> list[bytes]:
@@ -430,8 +433,13 @@ class ChunkSink:
             where.append(self.log.append(fmt.REC_CHUNK, m.codec, m.parts))
         where += self.log.append_records(run)
         for (cid, data), m, (seg, off) in zip(items, made, where):
-            self.new[cid] = (seg, off, m.stored_len, len(data), m.codec)
-            self.bytes_new += fmt.RECORD_HEADER.size + m.stored_len
+            self._note(cid, seg, off, m.stored_len, len(data), m.codec)
+
+    def _note(self, cid: bytes, seg: int, off: int, stored_len: int, raw_len: int,
+              codec: int) -> None:
+        """Records a chunk appended at (seg, off) for the NEW_CHUNK table and bytes_new."""
+        self.new[cid] = (seg, off, stored_len, raw_len, codec)
+        self.bytes_new += fmt.RECORD_HEADER.size + stored_len
 
     def new_chunk_table(self) -> bytes:
         return b"".join(fmt.NEW_CHUNK.pack(cid, *loc) for cid, loc in self.new.items())
