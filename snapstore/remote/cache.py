@@ -7,7 +7,7 @@ Segments are immutable, so a cached block never goes stale; a damaged one is fou
 record checksums above it and dropped (drop()) so the next read fetches it again.
 
 A prefetch (the read path's hint) streams runs of RUN_BLOCKS blocks with one ranged GET each
-(FETCH_THREADS at a time) into reused, page-aligned block buffers. A block is handed to its
+(layout.fetch_threads() at a time) into reused, page-aligned block buffers. A block is handed to its
 readers from memory as soon as it has arrived; its file is written after that, with O_DIRECT
 where the file system allows (no copy into the page cache, which cost more CPU than the
 download itself here), and the buffer is kept while HELD_BYTES allow, then reused.
@@ -25,10 +25,8 @@ from typing import Callable, Iterable
 from snapstore.engine.backends.base import segment_name
 from snapstore.remote import layout
 
-FETCH_THREADS = 16      # each also writes its blocks' files (about half its time): ~8 GETs in flight
 RUN_BLOCKS = 4          # a prefetch reads up to this many neighbouring blocks in one GET
 HELD_BYTES = 64 << 20   # fetched blocks kept in memory after their files are written
-SPARE_BUFFERS = HELD_BYTES // layout.CACHE_BLOCK + FETCH_THREADS * RUN_BLOCKS
 DIRECT_ALIGN = 4096     # O_DIRECT writes: buffer, offset and length in multiples of this
 
 
@@ -62,6 +60,8 @@ class BlockCache:
         self._direct = hasattr(os, "O_DIRECT")   # False once the file system refused it
         self.file_mode = file_mode
         self.limit = layout.cache_limit() if limit is None else limit
+        self.threads = layout.fetch_threads()
+        self._spares_kept = HELD_BYTES // layout.CACHE_BLOCK + self.threads * RUN_BLOCKS
         os.makedirs(directory, mode=0o700, exist_ok=True)
         self._pool: ThreadPoolExecutor | None = None
         self._inflight: dict = {}            # (segment, block) -> Future of its prefetch
@@ -228,7 +228,7 @@ class BlockCache:
 
     def _release(self, buf: mmap.mmap) -> None:
         with self._lock:
-            if len(self._spare) < SPARE_BUFFERS:
+            if len(self._spare) < self._spares_kept:
                 self._spare.append(buf)
 
     def _prefetched(self, number: int, first: int, ready: list) -> None:
@@ -304,7 +304,7 @@ class BlockCache:
         view, written, buf = self._held.pop(key)
         self._held_bytes -= len(view)
         view.release()
-        if written and len(self._spare) < SPARE_BUFFERS:
+        if written and len(self._spare) < self._spares_kept:
             self._spare.append(buf)
 
     def _resolve(self, number: int, block: int, ready: Future, error=None) -> None:
@@ -362,7 +362,7 @@ class BlockCache:
             if not todo:
                 return
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(FETCH_THREADS, "snapstore-fetch")
+                self._pool = ThreadPoolExecutor(self.threads, "snapstore-fetch")
             runs: list = []         # neighbouring blocks: one GET of up to RUN_BLOCKS
             for number, block in todo:
                 if runs and runs[-1][0] == number and runs[-1][1] + runs[-1][2] == block \

@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from snapstore.remote import cache as cache_mod
 from snapstore.remote import layout
+from snapstore.errors import InvalidArgumentError
 from snapstore.remote.cache import BlockCache, fill
 
 B = layout.CACHE_BLOCK
@@ -209,3 +210,32 @@ def test_fill_reads_until_full_or_the_end():
     buf = bytearray(5)
     assert fill(readinto, buf) == 3 and bytes(buf[:3]) == b"abc"
     assert fill(lambda b: 0, bytearray(4)) == 0
+
+
+def test_fetch_threads_default_is_two_per_core_within_bounds(monkeypatch):
+    monkeypatch.delenv(layout.FETCH_THREADS_ENV, raising=False)
+    for cpus, want in [(1, 4), (2, 4), (3, 6), (8, 16), (64, 16)]:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)))
+        assert layout.fetch_threads() == want
+
+
+def test_fetch_threads_comes_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(layout.FETCH_THREADS_ENV, "1")
+    assert layout.fetch_threads() == 1
+    monkeypatch.setenv(layout.FETCH_THREADS_ENV, "32")
+    cache = BlockCache(str(tmp_path), Bucket(segs(5 * B)).fetch)
+    try:
+        assert cache.threads == 32
+        cache.prefetch([(1, 0, 5 * B)])
+        assert cache.read(1, 0, 5 * B) == cache.fetch.__self__.segments[1]
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "four", "2.5"])
+def test_a_bad_fetch_threads_setting_is_a_clear_error(monkeypatch, tmp_path, value):
+    monkeypatch.setenv(layout.FETCH_THREADS_ENV, value)
+    with pytest.raises(InvalidArgumentError, match=layout.FETCH_THREADS_ENV):
+        layout.fetch_threads()
+    with pytest.raises(InvalidArgumentError):
+        BlockCache(str(tmp_path), Bucket(segs(B)).fetch)
