@@ -304,3 +304,29 @@ def test_a_chunk_used_again_is_read_from_the_run_that_holds_it(tmp_path, monkeyp
         assert s.restore(info.id)["a"] == a.tobytes()
     chunk_reads = [n for n in reads if n > (64 << 10)]
     assert 1 <= len(chunk_reads) <= 2      # one per 4 MiB batch
+
+
+def test_a_restore_looks_each_chunk_up_once_before_it_prefetches(tmp_path, small_threshold,
+                                                                 monkeypatch):
+    """Lookups made while an object store's fetch threads run wait for the GIL each time: a
+    restore makes them all first, once per chunk, then hands the read session its ranges."""
+    from snapstore.engine.index import IndexView
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 256, 2 << 20, dtype=np.uint8)
+    with snapstore.open(tmp_path / "s", chunk_size=1 << 16) as s:
+        s.checkpoint({"a": a})
+        a[rng.integers(0, a.size, 20)] ^= 0x33
+        info = s.checkpoint({"a": a})
+        looked, prefetched_after = [], []
+        real_chunk, real_ranges = IndexView.chunk, reader.record_ranges
+        monkeypatch.setattr(IndexView, "chunk",
+                            lambda self, cid: (looked.append(cid), real_chunk(self, cid))[1])
+        monkeypatch.setattr(reader, "record_ranges",
+                            lambda entries: (prefetched_after.append(len(looked)),
+                                             real_ranges(entries))[1])
+        out = bytearray(a.nbytes)
+        s.restore_into(info.id, {"a": out})
+        assert bytes(out) == a.tobytes()
+        assert len(looked) > (2 << 20) // (1 << 16)     # the base's chunks and the delta's
+        assert len(looked) == len(set(looked))          # each chunk once
+        assert prefetched_after == [len(looked)]        # every lookup before the prefetch
