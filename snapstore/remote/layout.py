@@ -124,7 +124,8 @@ def fetch_threads() -> int:
     usable core within 4..16. Each fetch costs this machine CPU (receiving, checking, writing
     the cache), and a server on the same machine more: on 2 cores with a loopback SeaweedFS,
     a 1 GiB restore ran at 0.74x a raw ranged get with 4 in flight, 0.42x with 8 and 0.38x
-    with 16 (docs/bench-s3.md). A far server with more latency wants more: set the variable."""
+    with 16 (README, the S3 figures). A far server with more latency wants more: set the
+    variable."""
     value = os.environ.get(FETCH_THREADS_ENV)
     if value:
         try:
