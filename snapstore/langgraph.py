@@ -109,13 +109,6 @@ def _retrying(operation: Any) -> Any:
     return operation()
 
 
-def _stream_token(ids: Sequence[int]) -> tuple[int, int] | None:
-    """What identifies a stream's state from its checkpoint ids (oldest first): the head (the
-    greatest id) and the count. A commit brings a greater id, a delete lowers the count, ids
-    are never reused: so the token changes whenever the stream does, whoever changed it."""
-    return (ids[-1], len(ids)) if ids else None
-
-
 def _writes_sort_key(task_path: str, task_id: str, idx: int) -> tuple:
     # The order live execution applies a super-step's writes in (LangGraph's writes_sort_key).
     return (task_path, task_id, idx)
@@ -232,10 +225,11 @@ class _Record:
 
 @dataclass
 class _Indexed:
-    """What the saver knows of one stream, valid while the stream's token (_stream_token) is
-    `token`: _load_index checks that at every call, so another writer's commits and deletes
-    (another Store, another process) are always seen."""
-    token: tuple[int, int] | None
+    """What the saver knows of one stream, valid while the stream's version
+    (Store.stream_version: head, seq, count) is `token`: _load_index checks that at every call,
+    so another writer's commits and deletes (another Store, another process) are always
+    seen."""
+    token: tuple[int, int, int] | None
 
     @property
     def head(self) -> int | None:
@@ -245,13 +239,13 @@ class _Indexed:
     def add(self, sid: int, meta: dict) -> None:
         raise NotImplementedError
 
-    def added(self, sid: int, meta: dict) -> None:
-        """Takes in a checkpoint this process just committed on top of the state the index
-        describes (a commit with expect_head=self.head). Should a delete by another writer
-        have lowered the count meanwhile, the token is one no real state has: the next call
-        rebuilds."""
+    def added(self, sid: int, seq: int, meta: dict) -> None:
+        """Takes in a checkpoint (id sid, seq) this process just committed on top of the state
+        the index describes (a commit with expect_head=self.head). Should a delete by another
+        writer have lowered the count meanwhile, the token is one no real state has: the next
+        call rebuilds."""
         self.add(sid, meta)
-        self.token = (sid, (self.token[1] if self.token else 0) + 1)
+        self.token = (sid, seq, (self.token[2] if self.token else 0) + 1)
 
 
 @dataclass
@@ -516,11 +510,13 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         the state the cached index describes (its token: another writer committed or
         deleted), or after it was evicted. The token is read first, so an index is never
         taken for newer than it is."""
-        token = _stream_token(self.store.checkpoint_ids(stream))
+        token = self.store.stream_version(stream)
         idx = self._shared.indexes.get(stream)
         if idx is None or idx.token != token:
-            infos = self.store.checkpoints(stream)         # one snapshot: its own token
-            idx = kind(_stream_token([info.id for info in infos]))
+            # read after the token: should the stream move in between, the index is newer
+            # than its token says, and the next call rebuilds it (a commit on its head fails)
+            infos = self.store.checkpoints(stream)
+            idx = kind(token)
             for info in infos:
                 if isinstance(info.meta, dict) and "id" in info.meta:
                     idx.add(info.id, info.meta)
@@ -762,7 +758,7 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
                 except (CommitConflict, CheckpointNotFound) as exc:
                     last = exc      # another writer's commit or delete: read again, decide
                 else:
-                    idx.added(info.id, info.meta)
+                    idx.added(info.id, info.seq, info.meta)
                     for channel, version, entry, payload in cached:
                         entry = {k: v for k, v in entry.items() if k not in ("b", "v")}
                         if payload is not None and not isinstance(payload, bytes):
@@ -864,7 +860,7 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
                 except CommitConflict as exc:
                     last = exc
                 else:
-                    widx.added(info.id, info.meta)
+                    widx.added(info.id, info.seq, info.meta)
                     return
             _backoff(attempt)
         where = f"thread {thread_id!r}" + (f" (namespace {ns!r})" if ns else "")

@@ -958,6 +958,20 @@ class IndexView:
         s = self._stream(stream)
         return s.get("seq", 0) if s is not None else 0
 
+    def stream_version(self, stream: str) -> tuple[int, int, int] | None:
+        """(head, seq, number of checkpoints) of the stream, None when it has none: it changes
+        whenever the stream gains a checkpoint (a greater seq) or loses one (a smaller count),
+        so it tells a cache of the stream whether it is current without listing it. The count
+        is kept in the stream's record ("n"); a record written before it was (an index of an
+        older version) is counted by a key scan."""
+        s = self._stream(stream)
+        if s is None:
+            return None
+        n = s.get("n")
+        if not isinstance(n, int):
+            n = len(self.checkpoint_ids(stream))
+        return s["head"], s.get("seq", 0), n
+
     def fingerprints(self, stream: str, buffer: str) -> tuple[int, int, bytes] | None:
         """(checkpoint id, page size, digests) recorded for a stream's buffer, or None."""
         def decode(v: bytes) -> tuple[int, int, bytes]:
@@ -1102,11 +1116,20 @@ class IndexWriter(IndexView):
                   json.dumps(commit.info_json(), separators=(",", ":")).encode())
 
     def put_stream(self, stream: str, head: int, seq: int) -> None:
-        """Sets a stream's head and last seq (a rebuild from a state section)."""
-        self._put_stream(stream, head, seq)
+        """Sets a stream's head and last seq (a rebuild from a state section, a pull), once
+        its checkpoints are in: it counts them."""
+        self._put_stream(stream, head, seq, len(self.checkpoint_ids(stream)))
 
-    def _put_stream(self, stream: str, head: int, seq: int) -> None:
-        self._put(fmt.DB_STREAMS, stream.encode(), json.dumps({"head": head, "seq": seq}).encode())
+    def _put_stream(self, stream: str, head: int, seq: int, count: int) -> None:
+        self._put(fmt.DB_STREAMS, stream.encode(),
+                  json.dumps({"head": head, "seq": seq, "n": count}).encode())
+
+    def _stream_count(self, stream: str) -> int:
+        """The stream's number of checkpoints as its record keeps it (counted when the
+        record predates the count, or there is none)."""
+        s = self._stream(stream)
+        n = s.get("n") if s is not None else None
+        return n if isinstance(n, int) else len(self.checkpoint_ids(stream))
 
     def put_checkpoint_info(self, commit: Commit) -> None:
         """Rewrites a checkpoint's JSON record (manifests untouched)."""
@@ -1173,10 +1196,17 @@ class IndexWriter(IndexView):
         self._apply_ref_counts(refs)
         self._put_info(commit)
         key = fmt.CKPT_KEY.pack(commit.id)
-        self._put(fmt.DB_STREAM_CKPTS, _stream_key(commit.stream, key), b"")
+        listed = _stream_key(commit.stream, key)
+        # counted before its key goes in (a count by scan would see it); a re-applied
+        # checkpoint is not counted twice
+        count = self._stream_count(commit.stream)
+        if self.txn.get(listed, db=self.dbs[fmt.DB_STREAM_CKPTS]) is None:
+            count += 1
+        self._put(fmt.DB_STREAM_CKPTS, listed, b"")
         if commit.parent is not None:
             self._put(fmt.DB_CHILDREN, fmt.CKPT_KEY.pack(commit.parent) + key, b"")
-        self._put_stream(commit.stream, commit.id, max(commit.seq, self.stream_seq(commit.stream)))
+        self._put_stream(commit.stream, commit.id,
+                         max(commit.seq, self.stream_seq(commit.stream)), count)
         self.set_next_id(max(self.next_id(), commit.id + 1))
         self.set_applied(position)
 
@@ -1232,13 +1262,20 @@ class IndexWriter(IndexView):
             self._add_refs(self.manifest(victim.id, i), -1)
             self._delete(fmt.DB_MANIFESTS, fmt.MANIFEST_KEY.pack(victim.id, i))
         self._delete(fmt.DB_CHECKPOINTS, vkey)
+        count = self._stream_count(victim.stream)       # the victim still counted
         self._delete(fmt.DB_STREAM_CKPTS, _stream_key(victim.stream, vkey))
         if victim.parent is not None:
             self._delete(fmt.DB_CHILDREN, fmt.CKPT_KEY.pack(victim.parent) + vkey)
-        if self.stream_head(victim.stream) == victim.id:
+        head = self.stream_head(victim.stream)
+        if head == victim.id:
             remaining = self.checkpoint_ids(victim.stream)
             if remaining:
-                self._put_stream(victim.stream, remaining[-1], self.stream_seq(victim.stream))
+                self._put_stream(victim.stream, remaining[-1], self.stream_seq(victim.stream),
+                                 len(remaining))
             else:
                 self._delete(fmt.DB_STREAMS, victim.stream.encode())
                 self._drop_fingerprints(victim.stream)
+        elif head is not None:
+            # the head stays: the count alone tells a cache of the stream it lost one
+            self._put_stream(victim.stream, head, self.stream_seq(victim.stream),
+                             max(count - 1, 0))

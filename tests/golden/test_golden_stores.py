@@ -155,6 +155,9 @@ def test_readonly_open_matches_expected(golden):
             assert store.latest(s).id == mine[-1]      # the head: newest remaining checkpoint
             if visible == [c["id"] for c in exp["checkpoints"]]:
                 assert exp["streams"][s]["head"] == mine[-1]
+            # an index written before streams kept their count: counted by a key scan
+            head, seq, count = store.stream_version(s)
+            assert (head, count) == (mine[-1], len(mine)) and seq >= store.latest(s).seq
         for gone in exp["deleted"]:
             with pytest.raises(snapstore.errors.CheckpointNotFound):
                 store.get(gone)
@@ -413,7 +416,13 @@ def test_delete_and_compact_old_store(golden):
     ckpts = exp["checkpoints"]
     victim = ckpts[0]["id"]
     with snapstore.open(path, durability="none") as store:
+        stream = store.get(victim).stream
+        before = store.stream_version(stream)
         store.delete(victim)
+        # the old index's stream record had no count: the delete counts (and keeps) it
+        after = store.stream_version(stream)
+        assert after != before
+        assert after is None or after[2] == len(store.checkpoint_ids(stream))
         store.compact(threshold=0.9)
         report = store.verify(deep=True)
         assert report["ok"], report["problems"][:5]

@@ -117,7 +117,8 @@ class Ops:
     def view(self):
         s = self.store
         return {"checkpoints": [_info(c) for c in s.checkpoints()], "streams": s.streams(),
-                "heads": {st_: (s.latest(st_).id if s.latest(st_) else None) for st_ in STREAMS}}
+                "heads": {st_: (s.latest(st_).id if s.latest(st_) else None) for st_ in STREAMS},
+                "versions": {st_: s.stream_version(st_) for st_ in STREAMS}}
 
     def restore(self, cid):
         return self.store.restore(cid)
@@ -287,6 +288,7 @@ class ManyWritersMachine(RuleBasedStateMachine):
         self.handles: dict = {}
         self.failed = False
         self.step = 0
+        self.versions: dict = {}      # (stream, stream_version) -> the ids it named
 
     @initialize()
     @guarded
@@ -363,6 +365,18 @@ class ManyWritersMachine(RuleBasedStateMachine):
         assert view["streams"] == sorted({c["stream"] for c in m.ckpts.values()}), who
         for stream in STREAMS:
             assert view["heads"][stream] == m.head(stream), f"{who}: head of {stream}"
+            # stream_version: (head, seq, count), and one version is only ever one state
+            ids = frozenset(cid for cid, c in m.ckpts.items() if c["stream"] == stream)
+            version = view["versions"][stream]
+            if not ids:
+                assert version is None, f"{who}: version of empty {stream}: {version}"
+                continue
+            head = m.head(stream)
+            assert (version[0], version[2]) == (head, len(ids)), f"{who}: {stream} {version}"
+            assert version[1] >= m.ckpts[head]["seq"], f"{who}: {stream} seq {version}"
+            known = self.versions.setdefault((stream, tuple(version)), ids)
+            assert known == ids, f"{who}: version {version} of {stream} named {sorted(known)}, " \
+                                 f"now {sorted(ids)}"
 
     # ---- rules ------------------------------------------------------------------------------
     @rule(h=st.sampled_from(HANDLES), stream=st.sampled_from(STREAMS),

@@ -1580,6 +1580,53 @@ def test_checkpoint_ids_change_whenever_another_writer_changes_the_stream(store_
             a.checkpoint_ids("")
 
 
+def test_stream_version_changes_whenever_any_writer_changes_the_stream(store_path):
+    """stream_version(stream) = (head, seq, count), read without listing the stream: it never
+    repeats across commits and deletes of the stream, by this or another writer, and always
+    agrees with the listing (checkpoint_ids) and the stream's seq."""
+    def check(s, stream="s"):
+        got = s.stream_version(stream)
+        ids = s.checkpoint_ids(stream)
+        if not ids:
+            assert got is None
+        else:
+            assert got[0] == ids[-1] and got[2] == len(ids)
+            assert got[1] >= s.get(ids[-1]).seq
+        return got
+
+    with open_store(store_path, durability="none") as a, \
+            open_store(store_path, durability="none") as b:
+        assert check(a) is None
+        seen = []
+        ids = [a.checkpoint({"x": bytes([i]) * 100}, stream="s").id for i in range(3)]
+        seen.append(check(b))
+        b.checkpoint({"x": b"other"}, stream="t")             # another stream: unchanged
+        assert check(a) == seen[-1]
+        b.checkpoint({"x": bytes([2]) * 100}, stream="s")      # nothing changed: still new
+        seen.append(check(a))
+        b.delete(ids[1])                                       # not the head
+        seen.append(check(a))
+        head = a.latest("s").id
+        a.delete(head)                                         # the head
+        seen.append(check(b))
+        b.delete_many([c.id for c in b.checkpoints("s")])      # all of them
+        assert check(a) is None
+        a.checkpoint({"x": b"again"}, stream="s")              # the stream anew
+        seen.append(check(b))
+        assert len(set(seen)) == len(seen), seen
+        a.checkpoint({"x": b"again"}, stream="s")              # the same call twice
+        seen.append(check(b))
+        assert len(set(seen)) == len(seen), seen
+        with pytest.raises(errors.InvalidArgumentError):
+            a.stream_version("")
+        assert a.stream_version("never") is None
+    with open_store(store_path, readonly=True) as r:           # reopened: the same
+        assert check(r) == seen[-1]
+    a.close()
+    with pytest.raises(errors.StoreClosedError):
+        a.stream_version("s")
+
+
 def test_save_expect_head_is_a_compare_and_swap(store):
     from snapstore.errors import CommitConflict
     first = store.save({"n": 1}, stream="o", expect_head=None)
