@@ -176,12 +176,14 @@ def store_plans(view: IndexView, stream: str, head: int | None, make_plans: Plan
 
 def count_bytes_new(commit: Commit, chunk_bytes: int) -> None:
     """Sets commit.bytes_new: the chunk bytes it stored plus its commit record, whose size
-    depends on bytes_new's digits (iterated to the fixpoint)."""
-    while True:
-        total = chunk_bytes + fmt.RECORD_HEADER.size + sum(len(p) for p in commit.encode())
-        if total == commit.bytes_new:
-            return
-        commit.bytes_new = total
+    depends on bytes_new's digits (the record is encoded once, with 0; then the digits are
+    iterated to the fixpoint)."""
+    commit.bytes_new = 0
+    rest = chunk_bytes + fmt.RECORD_HEADER.size + sum(len(p) for p in commit.encode()) - 1
+    total = rest + 1
+    while rest + len(str(total)) != total:
+        total = rest + len(str(total))
+    commit.bytes_new = total
 
 
 class Committer:
