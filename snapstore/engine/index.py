@@ -955,8 +955,7 @@ class IndexView:
 
     def stream_seq(self, stream: str) -> int:
         """The seq of the stream's newest checkpoint ever committed (0 for a new stream)."""
-        s = self._stream(stream)
-        return s.get("seq", 0) if s is not None else 0
+        return _record_seq(self._stream(stream))
 
     def stream_version(self, stream: str) -> tuple[int, int, int] | None:
         """(head, seq, number of checkpoints) of the stream, None when it has none: it changes
@@ -967,10 +966,13 @@ class IndexView:
         s = self._stream(stream)
         if s is None:
             return None
-        n = s.get("n")
-        if not isinstance(n, int):
-            n = len(self.checkpoint_ids(stream))
-        return s["head"], s.get("seq", 0), n
+        return s["head"], _record_seq(s), self._stream_count(stream, s)
+
+    def _stream_count(self, stream: str, record: dict | None) -> int:
+        """The stream's number of checkpoints as its record (`_stream`) keeps it, counted by
+        a key scan when the record predates the count or there is none."""
+        n = record.get("n") if record is not None else None
+        return n if isinstance(n, int) else len(self.checkpoint_ids(stream))
 
     def fingerprints(self, stream: str, buffer: str) -> tuple[int, int, bytes] | None:
         """(checkpoint id, page size, digests) recorded for a stream's buffer, or None."""
@@ -994,6 +996,11 @@ def join_blob(d: dict, blob: bytes = b"") -> bytes:
     """The value _split_blob reads back."""
     js = json.dumps(d, separators=(",", ":")).encode()
     return fmt.BLOB_HEADER.pack(len(js)) + js + blob
+
+
+def _record_seq(record: dict | None) -> int:
+    """The last seq a stream record (`IndexView._stream`) holds, 0 for none."""
+    return record.get("seq", 0) if record is not None else 0
 
 
 def _stream_json(payload: bytes) -> dict:
@@ -1124,12 +1131,6 @@ class IndexWriter(IndexView):
         self._put(fmt.DB_STREAMS, stream.encode(),
                   json.dumps({"head": head, "seq": seq, "n": count}).encode())
 
-    def _stream_count(self, stream: str) -> int:
-        """The stream's number of checkpoints as its record keeps it (counted when the
-        record predates the count, or there is none)."""
-        s = self._stream(stream)
-        n = s.get("n") if s is not None else None
-        return n if isinstance(n, int) else len(self.checkpoint_ids(stream))
 
     def put_checkpoint_info(self, commit: Commit) -> None:
         """Rewrites a checkpoint's JSON record (manifests untouched)."""
@@ -1197,16 +1198,16 @@ class IndexWriter(IndexView):
         self._put_info(commit)
         key = fmt.CKPT_KEY.pack(commit.id)
         listed = _stream_key(commit.stream, key)
+        record = self._stream(commit.stream)
         # counted before its key goes in (a count by scan would see it); a re-applied
         # checkpoint is not counted twice
-        count = self._stream_count(commit.stream)
+        count = self._stream_count(commit.stream, record)
         if self.txn.get(listed, db=self.dbs[fmt.DB_STREAM_CKPTS]) is None:
             count += 1
         self._put(fmt.DB_STREAM_CKPTS, listed, b"")
         if commit.parent is not None:
             self._put(fmt.DB_CHILDREN, fmt.CKPT_KEY.pack(commit.parent) + key, b"")
-        self._put_stream(commit.stream, commit.id,
-                         max(commit.seq, self.stream_seq(commit.stream)), count)
+        self._put_stream(commit.stream, commit.id, max(commit.seq, _record_seq(record)), count)
         self.set_next_id(max(self.next_id(), commit.id + 1))
         self.set_applied(position)
 
@@ -1262,20 +1263,24 @@ class IndexWriter(IndexView):
             self._add_refs(self.manifest(victim.id, i), -1)
             self._delete(fmt.DB_MANIFESTS, fmt.MANIFEST_KEY.pack(victim.id, i))
         self._delete(fmt.DB_CHECKPOINTS, vkey)
-        count = self._stream_count(victim.stream)       # the victim still counted
+        record = self._stream(victim.stream)
+        head_stays = record is not None and record["head"] != victim.id
+        # counted before its key goes (a count by scan still sees the victim)
+        count = self._stream_count(victim.stream, record) if head_stays else 0
         self._delete(fmt.DB_STREAM_CKPTS, _stream_key(victim.stream, vkey))
         if victim.parent is not None:
             self._delete(fmt.DB_CHILDREN, fmt.CKPT_KEY.pack(victim.parent) + vkey)
-        head = self.stream_head(victim.stream)
-        if head == victim.id:
+        if record is None:
+            return
+        if not head_stays:
             remaining = self.checkpoint_ids(victim.stream)
             if remaining:
-                self._put_stream(victim.stream, remaining[-1], self.stream_seq(victim.stream),
+                self._put_stream(victim.stream, remaining[-1], _record_seq(record),
                                  len(remaining))
             else:
                 self._delete(fmt.DB_STREAMS, victim.stream.encode())
                 self._drop_fingerprints(victim.stream)
-        elif head is not None:
+        else:
             # the head stays: the count alone tells a cache of the stream it lost one
-            self._put_stream(victim.stream, head, self.stream_seq(victim.stream),
+            self._put_stream(victim.stream, record["head"], _record_seq(record),
                              max(count - 1, 0))
