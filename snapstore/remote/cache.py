@@ -7,8 +7,8 @@ Segments are immutable, so a cached block never goes stale; a damaged one is fou
 record checksums above it and dropped (drop()) so the next read fetches it again.
 
 A prefetch (the read path's hint) streams runs of RUN_BLOCKS blocks with one ranged GET each
-(layout.fetch_threads() at a time) into reused, page-aligned block buffers. A block is handed to its
-readers from memory as soon as it has arrived; its file is written after that, with O_DIRECT
+(layout.fetch_threads() at a time) into reused, page-aligned block buffers. A block is handed
+to its readers from memory as soon as it has arrived; its file is written after that, with O_DIRECT
 where the file system allows (no copy into the page cache, which cost more CPU than the
 download itself here), and the buffer is kept while HELD_BYTES allow, then reused.
 """
