@@ -177,7 +177,10 @@ def store_plans(view: IndexView, stream: str, head: int | None, make_plans: Plan
 def count_bytes_new(commit: Commit, chunk_bytes: int) -> None:
     """Sets commit.bytes_new: the chunk bytes it stored plus its commit record, whose size
     depends on bytes_new's digits (the record is encoded once, with 0; then the digits are
-    iterated to the fixpoint)."""
+    iterated to the fixpoint, which takes at most three steps for a count >= 0; a negative
+    one, which no caller has, would oscillate between digit counts: refused)."""
+    if chunk_bytes < 0:
+        raise ValueError(f"count_bytes_new: a negative byte count {chunk_bytes}")
     commit.bytes_new = 0
     rest = chunk_bytes + fmt.RECORD_HEADER.size + sum(len(p) for p in commit.encode()) - 1
     total = rest + 1

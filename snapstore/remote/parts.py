@@ -48,6 +48,15 @@ def encode(part: Part) -> bytes:
                          + [e.extents for e in part.entries])
 
 
+def _count(value) -> int:
+    """A count or byte total of a part's description: an int >= 0, else ValueError (the part
+    is damaged)."""
+    n = int(value)
+    if n < 0:
+        raise ValueError(f"a negative count {value!r}")
+    return n
+
+
 def decode(data: bytes, key: str) -> Part:
     """The Part of an object; CorruptionError naming the key when it is damaged, FormatError
     when it is of a newer version."""
@@ -59,18 +68,18 @@ def decode(data: bytes, key: str) -> Part:
         pos = head + length
         tables = []
         for n in (doc["new_chunks"], doc["reused"]):
-            size = int(n) * fmt.NEW_CHUNK.size
+            size = _count(n) * fmt.NEW_CHUNK.size
             tables.append(bytes(data[pos:pos + size]))
             pos += size
         entries = []
         for bj in doc["buffers"]:
-            size = int(bj["extents"]) * fmt.EXTENT.size
+            size = _count(bj["extents"]) * fmt.EXTENT.size
             entries.append(BufferEntry.from_json(bj, bytes(data[pos:pos + size])))
             pos += size
         parent = doc["parent"]
         part = Part(str(doc["group"]), str(doc["participant"]), str(doc["stream"]),
                     None if parent is None else int(parent), doc["meta"], entries, tables[0],
-                    tables[1], int(doc["bytes_new"]))
+                    tables[1], _count(doc["bytes_new"]))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise envelope.damaged(what, key, f"its description does not decode: {exc!r}") \
             from None
