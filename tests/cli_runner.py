@@ -20,7 +20,9 @@ def console_script() -> str:
     return path
 
 
-def _env(extra: dict | None) -> dict:
+def cli_env(extra: dict | None = None) -> dict:
+    """The environment a CLI test runs the program in: this one without the variables that
+    change what it prints ($COLUMNS too: pytest-xdist workers set it), plus `extra`."""
     env = dict(os.environ)
     for name in ("SNAPSTORE_STORE", "SNAPSTORE_DEBUG", "SNAPSTORE_PROGRESS", "COLUMNS"):
         env.pop(name, None)
@@ -32,7 +34,7 @@ def _env(extra: dict | None) -> dict:
 def snapstore_cli(*args, env: dict | None = None, stdin=None, binary: bool = False,
                   timeout: float = 120, cwd: str | None = None) -> subprocess.CompletedProcess:
     """Runs `snapstore ARGS...`; returns the CompletedProcess (text unless binary)."""
-    return subprocess.run([console_script()] + [str(a) for a in args], env=_env(env),
+    return subprocess.run([console_script()] + [str(a) for a in args], env=cli_env(env),
                           cwd=cwd or ROOT, capture_output=True, text=not binary,
                           timeout=timeout, stdin=stdin)
 

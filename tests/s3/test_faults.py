@@ -232,6 +232,13 @@ def test_the_server_killed_and_restarted_mid_upload(weed_server, tmp_path, remot
             assert isinstance(err, RemoteError), outcome
             assert "attempts" in str(err) and err.key in str(err), str(err)
             expected = [first.id]
+            # A restarted server's first writes can take seconds (it sets its volumes up
+            # again, slower still beside a parallel test run), longer than this store's 4 s
+            # budget, which is for the outage. One write with a generous timeout first, so
+            # the checkpoint below tests the Store after a failure, not the server's warm-up.
+            status, _, body = srv.request("PUT", f"/{srv.bucket}/warm-up", b"w" * MiB,
+                                          timeout=120)
+            assert status == 200, (status, body[:300])
         # nothing partial from an empty cache; the head is the newest visible checkpoint
         with snapstore.open(url, cache_dir=str(tmp_path / f"fresh{lands}"),
                             readonly=True) as r:

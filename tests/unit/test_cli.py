@@ -13,7 +13,7 @@ import time
 import pytest
 
 import snapstore
-from cli_runner import console_script
+from cli_runner import cli_env, console_script
 from snapstore import errors
 from snapstore.cli import app as cli
 from snapstore.cli import args as cli_args
@@ -27,20 +27,10 @@ COMMANDS = ("init", "ls", "show", "diff", "restore", "rm", "tag", "retain", "com
             "verify", "stats", "bench")
 
 
-def _env(**extra):
-    env = dict(os.environ)
-    env.pop("SNAPSTORE_STORE", None)
-    env.pop("SNAPSTORE_DEBUG", None)
-    env.pop("SNAPSTORE_PROGRESS", None)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra)
-    return env
-
-
 def run(*args, env=None, stdin=None, binary=False, cmd=None, **kw):
     """Runs the installed console script (what users run); cmd= another entry point."""
     argv = (cmd or [console_script()]) + [str(a) for a in args]
-    return subprocess.run(argv, env=_env(**(env or {})), cwd=ROOT, capture_output=True,
+    return subprocess.run(argv, env=cli_env(env), cwd=ROOT, capture_output=True,
                           text=not binary, timeout=120, stdin=stdin, **kw)
 
 
@@ -357,7 +347,7 @@ def test_progress_bar_on_a_terminal(cli_store, tmp_path):
     master, slave = pty.openpty()
     try:
         p = subprocess.run([sys.executable, "-m", "snapstore", "-s", cli_store, "restore", "1",
-                            "--out", str(tmp_path / "o")], env=_env(), cwd=ROOT,
+                            "--out", str(tmp_path / "o")], env=cli_env(), cwd=ROOT,
                            stdout=subprocess.PIPE, stderr=slave, timeout=60)
         os.close(slave)
         slave = None
