@@ -61,8 +61,8 @@ asan: deps  ## C core built with AddressSanitizer + UBSan, running the C-core te
 	cp $(ASAN_DIR)/lib/snapstore/_ffi*.so $(ASAN_DIR)/pkg/snapstore/
 	cd $(ASAN_DIR)/pkg && $(ASAN_ENV) $(PYTHON) -c \
 	  "import snapstore._ffi as m; assert '/$(ASAN_DIR)/pkg/' in m.__file__, m.__file__"
-	cd $(ASAN_DIR)/pkg && $(ASAN_ENV) $(PYTEST) -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadgroup \
-	  --rootdir=$(CURDIR) -c $(CURDIR)/pyproject.toml $(addprefix $(CURDIR)/,$(NATIVE_TESTS))
+	cd $(ASAN_DIR)/pkg && $(ASAN_ENV) $(PYTEST) -q -p no:cacheprovider \
+	  -n $(TEST_JOBS) --dist loadgroup --rootdir=$(CURDIR) -c $(CURDIR)/pyproject.toml $(addprefix $(CURDIR)/,$(NATIVE_TESTS))
 
 dist: deps  ## the sdist, and the wheel pip builds from it, into build/dist
 	rm -rf $(DIST_DIR) $(DIST_VENV)

@@ -49,12 +49,11 @@ def encode(part: Part) -> bytes:
 
 
 def _count(value) -> int:
-    """A count or byte total of a part's description: an int >= 0, else ValueError (the part
-    is damaged)."""
-    n = int(value)
-    if n < 0:
-        raise ValueError(f"a negative count {value!r}")
-    return n
+    """A count or byte total of a part's description: a JSON integer >= 0, else ValueError
+    (the part is damaged; a writer never writes another)."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{value!r} is not a count")
+    return value
 
 
 def decode(data: bytes, key: str) -> Part:

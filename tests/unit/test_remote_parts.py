@@ -27,7 +27,7 @@ def test_any_count_a_writer_makes_is_accepted(bytes_new):
     assert parts.decode(parts.encode(part(bytes_new=bytes_new)), "k").bytes_new == bytes_new
 
 
-@pytest.mark.parametrize("bytes_new", [-1, -251, "12x", None, [1]])
+@pytest.mark.parametrize("bytes_new", [-1, -251, 1.5, True, "12", None, [1]])
 def test_a_bytes_new_no_writer_makes_is_corruption(bytes_new):
     data = parts.encode(part(bytes_new=bytes_new))       # checksum valid: crafted, not flipped
     with pytest.raises(CorruptionError, match="groups/g/parts/72"):
