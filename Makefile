@@ -5,8 +5,9 @@
 PYTHON ?= python3
 PYTEST ?= $(PYTHON) -m pytest
 # Test processes (pytest-xdist): one per core, at most 4. Most tests wait on fsync or on child
-# processes, so the suite ran on one core of two; --dist loadgroup keeps the few modules whose
-# expensive module fixture must run once (marked xdist_group) on one process.
+# processes, so the suite ran on one core of two. --dist loadfile: each test file runs whole,
+# in order, on one process, as it does serially (module fixtures run once; the README's
+# examples build on each other in one working directory).
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 ASAN_LIB := $(shell gcc -print-file-name=libasan.so 2>/dev/null)
 UBSAN_LIB := $(shell gcc -print-file-name=libubsan.so 2>/dev/null)
@@ -44,7 +45,7 @@ demo: build
 	$(PYTHON) examples/demo.py
 
 test: build test-deps asan dist-check
-	SNAPSTORE_DIST_DIR=$(CURDIR)/$(DIST_DIR) $(PYTEST) -q -n $(TEST_JOBS) --dist loadgroup tests
+	SNAPSTORE_DIST_DIR=$(CURDIR)/$(DIST_DIR) $(PYTEST) -q -n $(TEST_JOBS) --dist loadfile tests
 
 test-fast:  ## tests without re-installing (developer loop)
 	$(PYTEST) -q -x tests
@@ -62,7 +63,8 @@ asan: deps  ## C core built with AddressSanitizer + UBSan, running the C-core te
 	cd $(ASAN_DIR)/pkg && $(ASAN_ENV) $(PYTHON) -c \
 	  "import snapstore._ffi as m; assert '/$(ASAN_DIR)/pkg/' in m.__file__, m.__file__"
 	cd $(ASAN_DIR)/pkg && $(ASAN_ENV) $(PYTEST) -q -p no:cacheprovider \
-	  -n $(TEST_JOBS) --dist loadgroup --rootdir=$(CURDIR) -c $(CURDIR)/pyproject.toml $(addprefix $(CURDIR)/,$(NATIVE_TESTS))
+	  -n $(TEST_JOBS) --dist loadfile --rootdir=$(CURDIR) -c $(CURDIR)/pyproject.toml \
+	  $(addprefix $(CURDIR)/,$(NATIVE_TESTS))
 
 dist: deps  ## the sdist, and the wheel pip builds from it, into build/dist
 	rm -rf $(DIST_DIR) $(DIST_VENV)

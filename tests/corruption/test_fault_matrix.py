@@ -45,9 +45,6 @@ SEED = int(os.environ.get("SNAPSTORE_FAULT_SEED", random.randrange(1 << 31)))
 TIMEOUT = float(os.environ.get("SNAPSTORE_FAULT_TIMEOUT", "20"))
 WORKERS = int(os.environ.get("SNAPSTORE_FAULT_WORKERS", "2"))
 CASES = fm.all_cases()
-# The module fixture runs the whole matrix once: its cases stay on one test process (make
-# test runs pytest-xdist with --dist loadgroup), or every process would run all of it.
-pytestmark = pytest.mark.xdist_group("fault-matrix")
 
 
 def _selected_cases(session) -> list:

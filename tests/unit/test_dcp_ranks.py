@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import dcp_rank  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dcp-ranks"),   # one module fixture
+pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")]
 
 

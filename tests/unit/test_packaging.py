@@ -23,8 +23,6 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYPROJECT = os.path.join(ROOT, "pyproject.toml")
-# One build of the sdist and wheel (a session fixture) for the module: on one test process.
-pytestmark = pytest.mark.xdist_group("packaging")
 
 # extra -> the module whose imports it must cover exactly.
 EXTRA_MODULES = {
