@@ -1131,7 +1131,6 @@ class IndexWriter(IndexView):
         self._put(fmt.DB_STREAMS, stream.encode(),
                   json.dumps({"head": head, "seq": seq, "n": count}).encode())
 
-
     def put_checkpoint_info(self, commit: Commit) -> None:
         """Rewrites a checkpoint's JSON record (manifests untouched)."""
         self._put_info(commit)

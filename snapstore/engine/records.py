@@ -99,7 +99,7 @@ class Commit:
             commit = cls.from_info_json(head)
             order = head.get("order")
             if order is not None:
-                commit.order = _uint(order)
+                commit.order = non_negative_int(order)
             commit.new_chunks = bytes(payload[pos:pos + nc])
             pos += nc
             for b, bj in zip(commit.buffers, head["buffers"]):
@@ -127,7 +127,7 @@ def decode_tag(payload: bytes) -> tuple:
         d = json.loads(bytes(payload))
         order = d.get("order")
         return (int(d["id"]), str(d["tag"]), bool(d["add"]),
-                None if order is None else _uint(order), _uint(d.get("records", 1)))
+                None if order is None else non_negative_int(order), non_negative_int(d.get("records", 1)))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptionError(f"undecodable tag record: {exc}") from exc
 
@@ -187,21 +187,23 @@ def encode_state_begin(begin: StateBegin) -> List[bytes]:
 def decode_state_begin(payload: bytes) -> StateBegin:
     try:
         d = json.loads(bytes(payload))
-        streams = {str(name): (_uint(s["head"]), _uint(s["seq"]))
+        streams = {str(name): (non_negative_int(s["head"]), non_negative_int(s["seq"]))
                    for name, s in d["streams"].items()}
-        begin = StateBegin(_uint(d["next_id"]), streams, _uint(d["checkpoints"]))
+        begin = StateBegin(non_negative_int(d["next_id"]), streams, non_negative_int(d["checkpoints"]))
         if "order" in d:
-            begin.order, begin.next_order = _uint(d["order"]), _uint(d["next_order"])
+            begin.order, begin.next_order = non_negative_int(d["order"]), non_negative_int(d["next_order"])
             begin.logs = {}
             for log, pos in d["logs"].items():
                 seg, off = pos
-                begin.logs[_uint(int(log))] = (_uint(seg), _uint(off))
+                begin.logs[non_negative_int(int(log))] = (non_negative_int(seg), non_negative_int(off))
         return begin
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptionError(f"undecodable state section record: {exc}") from exc
 
 
-def _uint(v) -> int:
+def non_negative_int(v) -> int:
+    """v if it is an int >= 0 (not a bool), else ValueError: a count or position decoded
+    from JSON that a writer wrote."""
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"{v!r} is not a non-negative integer")
     return v

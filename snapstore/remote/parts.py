@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from snapstore.engine import format as fmt
-from snapstore.engine.records import BufferEntry
+from snapstore.engine.records import BufferEntry, non_negative_int
 from snapstore.remote import envelope, layout
 
 
@@ -48,14 +48,6 @@ def encode(part: Part) -> bytes:
                          + [e.extents for e in part.entries])
 
 
-def _count(value) -> int:
-    """A count or byte total of a part's description: a JSON integer >= 0, else ValueError
-    (the part is damaged; a writer never writes another)."""
-    if type(value) is not int or value < 0:
-        raise ValueError(f"{value!r} is not a count")
-    return value
-
-
 def decode(data: bytes, key: str) -> Part:
     """The Part of an object; CorruptionError naming the key when it is damaged, FormatError
     when it is of a newer version."""
@@ -67,18 +59,18 @@ def decode(data: bytes, key: str) -> Part:
         pos = head + length
         tables = []
         for n in (doc["new_chunks"], doc["reused"]):
-            size = _count(n) * fmt.NEW_CHUNK.size
+            size = non_negative_int(n) * fmt.NEW_CHUNK.size
             tables.append(bytes(data[pos:pos + size]))
             pos += size
         entries = []
         for bj in doc["buffers"]:
-            size = _count(bj["extents"]) * fmt.EXTENT.size
+            size = non_negative_int(bj["extents"]) * fmt.EXTENT.size
             entries.append(BufferEntry.from_json(bj, bytes(data[pos:pos + size])))
             pos += size
         parent = doc["parent"]
         part = Part(str(doc["group"]), str(doc["participant"]), str(doc["stream"]),
                     None if parent is None else int(parent), doc["meta"], entries, tables[0],
-                    tables[1], _count(doc["bytes_new"]))
+                    tables[1], non_negative_int(doc["bytes_new"]))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise envelope.damaged(what, key, f"its description does not decode: {exc!r}") \
             from None
