@@ -37,6 +37,8 @@ LOCK_FILE = "lock"              # flock()ed shared by every writer, exclusively 
 WRITERS_DIR = "writers"         # one lock file per log, named by its number: flocked exclusively
                                 # by the writer appending to that log (its holder's record inside)
 MAINTENANCE_LOCK_FILE = "maintenance"   # flock()ed exclusively by compaction, shared by verify
+INDEX_GATE_FILE = "index.gate"  # beside INDEX_DIR: flock()ed exclusively while a process waits
+                                # for the index's write lock (index.py, _WriterGate); empty
 LOG_SEGMENTS = 10 ** 9          # log L's segments are numbered L * LOG_SEGMENTS + n, 1 <= n <
                                 # LOG_SEGMENTS: file names show the log (0000003000000005.seg
                                 # is log 3's 5th); format <= 2 stores hold log 0 only

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import stat
@@ -326,6 +328,92 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
 _OPEN_ATTEMPTS = 5
 
 
+class _WriterGate:
+    """What a process passes before it waits for an index's write lock: a flock() of
+    fmt.INDEX_GATE_FILE beside the index, and a lock for the threads of this process, both
+    let go once LMDB's lock is taken. So at most one thread of all processes waits in LMDB's
+    lock at a time; the others wait in the kernel's flock queue.
+
+    Why: LMDB's write lock is a process-shared robust mutex. One whose holder dies is handed
+    on (EOWNERDEAD), but a waiter SIGKILLed after the holder's unlock woke it, before it took
+    the lock, takes that wake-up with it: the other waiters sleep on though the lock is free,
+    until some later unlock (the many-writers kill test saw a compactor wait over 120 s). A
+    flock is the kernel's: its holder's death lets it go, and every waiter is woken. Nothing
+    is kept in the file; it is created on first use."""
+
+    def __init__(self, path: str, file_mode: int) -> None:
+        self.path, self.file_mode = path, file_mode
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.fd: int | None = None
+
+    def forget(self) -> None:
+        """In a forked child: the parent's file and lock are not this process's (a flock
+        belongs to the open file, which the child shares while it keeps the descriptor)."""
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+        self.pid, self.lock, self.fd = os.getpid(), threading.Lock(), None
+
+    @contextlib.contextmanager
+    def passed(self) -> Iterator[None]:
+        if self.pid != os.getpid():
+            self.forget()
+        with self.lock:
+            fd = self._fd()
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                if fd is not None:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _fd(self) -> int | None:
+        """The gate file, opened once per process (None where it cannot be created: a
+        read-only store, whose index nobody writes; LMDB's lock alone then)."""
+        if self.fd is None:
+            try:
+                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                                  self.file_mode)
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
+                    raise StoreIOError(f"cannot open {self.path}: {exc.strerror}",
+                                       exc.errno) from exc
+        return self.fd
+
+
+_GATES: dict[str, _WriterGate] = {}
+_GATES_LOCK = threading.Lock()
+
+
+def _forget_gates() -> None:
+    for gate in _GATES.values():
+        gate.forget()
+
+
+os.register_at_fork(after_in_child=_forget_gates)
+
+
+def _writer_gate(index_path: str, file_mode: int) -> _WriterGate:
+    """The gate of the index at index_path (one per store and process)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(index_path)), fmt.INDEX_GATE_FILE)
+    with _GATES_LOCK:
+        gate = _GATES.get(path)
+        if gate is None:
+            gate = _GATES[path] = _WriterGate(path, file_mode)
+        return gate
+
+
+def begin_write(env: lmdb.Environment, index_path: str, file_mode: int,
+                **kwargs) -> lmdb.Transaction:
+    """env.begin(write=True, **kwargs), waited for through the store's writer gate."""
+    with _writer_gate(index_path, file_mode).passed():
+        return env.begin(write=True, **kwargs)
+
+
 def _open_db(env: lmdb.Environment, name: bytes, txn: lmdb.Transaction | None = None):
     """An existing database of the environment; None for one that an index of an older
     format lacks (fmt.INDEX_DBS_SINCE: read as empty). Raises lmdb.NotFoundError for a
@@ -449,14 +537,14 @@ class Index:
                 elif not create:
                     # a reader (or a move to a replaced index): an older index lacks the
                     # newer databases (None: read as empty); see the comment below
-                    with env.begin(write=True) as txn:
+                    with begin_write(env, self.path, self.file_mode) as txn:
                         dbs = {name: _open_db(env, name, txn) for name in fmt.INDEX_DBS}
                 else:
                     # an explicit write transaction: begin() lets go of the GIL while it waits
                     # for LMDB's writer mutex, open_db's own does not (a writer thread
                     # holding the mutex would wait for the GIL forever); read transactions
                     # cannot open databases for later ones in py-lmdb
-                    with env.begin(write=True) as txn:
+                    with begin_write(env, self.path, self.file_mode) as txn:
                         dbs = {name: env.open_db(name, txn=txn, create=create)
                                for name in fmt.INDEX_DBS}
         except (lmdb.NotFoundError, KeyError) as exc:
@@ -597,7 +685,8 @@ class Index:
             opened = self._enter()
             try:
                 with _lmdb_errors("write"):
-                    txn = opened.env.begin(write=True, buffers=False)
+                    txn = begin_write(opened.env, self.path, self.file_mode,
+                                      buffers=False)
                     try:
                         now = _file_ident(self._data)
                         if now is not None and now != _IDENTS.get(id(opened.env)):
@@ -669,7 +758,8 @@ class Index:
             opened = self._enter()
             try:
                 with _lmdb_errors("copy"):
-                    txn = opened.env.begin(write=True)      # keeps every writer out
+                    txn = begin_write(opened.env, self.path,    # keeps every writer out
+                                      self.file_mode)
                     try:
                         copied = opened.env.info()["last_txnid"]
                         opened.env.copy(dest, compact=True)
@@ -681,7 +771,7 @@ class Index:
                         os.fsync(fd)
                     finally:
                         os.close(fd)
-                    txn = opened.env.begin(write=True)
+                    txn = begin_write(opened.env, self.path, self.file_mode)
                     try:
                         if opened.env.info()["last_txnid"] != copied:
                             continue                        # written meanwhile: copy again

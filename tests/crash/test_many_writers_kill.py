@@ -289,11 +289,12 @@ class Torture:
         if hung:
             time.sleep(1)
         self.count(f"mode {mode}")
+        if hung:        # every hung process's stacks: a wait cycle shows in more than one
+            pytest.fail(f"{self.ctx()} did not stop: " + "\n\n".join(
+                f"{p.name} ({p.role}, crash at {p.crash_at}; journal "
+                f"{_lines(p.args['journal'])[-3:]}):\n{_tail(p.log)}" for p in hung))
         for p in procs:
             p.code = codes[p.pid]
-            if p.code is None:
-                pytest.fail(f"{self.ctx()} {p.name} (crash at {p.crash_at}) did not stop "
-                            f"(journal: {_lines(p.args['journal'])[-3:]}):\n{_tail(p.log)}")
             if p.code not in (0, -signal.SIGKILL):
                 pytest.fail(f"{self.ctx()} {p.name} ({p.role}, crash at {p.crash_at}) exited "
                             f"{p.code}:\n{_tail(p.log)}")
