@@ -145,6 +145,7 @@ def cmd_gc(args) -> int:
                       "segments_reachable": report.get("segments_reachable"),
                       "next_deletion": "-" if due is None else local_time(due),
                       "aborted_uploads": report.get("aborted_uploads"),
+                      "intents_deleted": report.get("intents_deleted"),
                       "seconds": report.get("seconds")})
     return EXIT_OK
 

@@ -145,12 +145,13 @@ def check_usable(path: str, opened_by: int, closed: bool, read_only_write: bool)
 
 
 def store_plans(view: IndexView, stream: str, head: int | None, make_plans: PlanMaker,
-                sink: wr.ChunkSink, staging: bytearray,
-                on_stored: dict | None) -> tuple[list, list]:
+                sink: wr.ChunkSink, staging: bytearray, on_stored: dict | None,
+                before_store: Callable[[wr.BufferPlan], None] | None = None
+                ) -> tuple[list, list]:
     """Step 1's data part, shared by every committer: makes the plans against the snapshot
-    (head: the stream's head in it) and stores them through the sink. Returns (buffer
-    entries, [(buffer name, page fingerprints)]). A delta that reaches max_chain is rebased
-    into a full manifest."""
+    (head: the stream's head in it) and stores them through the sink, calling
+    before_store(plan) before each is stored. Returns (buffer entries, [(buffer name, page
+    fingerprints)]). A delta that reaches max_chain is rebased into a full manifest."""
     opts = sink.opts
     parent = (view.named_checkpoint(head, f"stream {stream!r}'s head")
               if head is not None else None)
@@ -165,6 +166,8 @@ def store_plans(view: IndexView, stream: str, head: int | None, make_plans: Plan
                     f"buffer {plan.name!r} of stream {stream!r} changed under "
                     "its tracker (another writer checkpointed the stream)")
             plan.depth = pb.depth + 1
+        if before_store is not None:
+            before_store(plan)
         entry = wr.store_buffer(plan, sink, staging, (on_stored or {}).get(plan.name))
         if entry.base == "delta" and entry.depth >= opts.max_chain:
             entry = wr.rebase(view, parent, entry)

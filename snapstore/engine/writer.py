@@ -372,7 +372,13 @@ class ChunkSink:
                  pause: Callable[[], None] | None = None) -> None:
         self.log, self.view, self.opts, self.pause = log, view, opts, pause
         self.new: dict[bytes, tuple] = {}
+        # chunks stored elsewhere that the view lacks, which may be reused: {id: (segment,
+        # offset, stored length, raw length, codec)} (S3 stores: other writers' uploads)
+        self.known: dict[bytes, tuple] = {}
         self.bytes_new = 0
+
+    def _have(self, cid: bytes) -> bool:
+        return cid in self.new or cid in self.known or self.view.has_chunk(cid)
 
     def put(self, data: memoryview, expected: bytes | None = None) -> bytes:
         """Ensures the chunk is stored; returns its id. With `expected` (a chunk handed in by
@@ -385,7 +391,7 @@ class ChunkSink:
             raise CorruptionError(f"the bytes given for chunk {expected.hex()[:16]}… "
                                   f"({len(data)} bytes) hash to {cid.hex()[:16]}…: not that "
                                   "chunk")
-        if cid in self.new or self.view.has_chunk(cid):
+        if self._have(cid):
             return cid
         codec, parts = encode_chunk(cid, data, self.opts)
         seg, off = self.log.append(fmt.REC_CHUNK, codec, parts)
@@ -405,7 +411,7 @@ class ChunkSink:
         cids = content_ids(datas)
         todo: dict[bytes, memoryview] = {}
         for cid, data in zip(cids, datas):
-            if cid not in self.new and cid not in todo and not self.view.has_chunk(cid):
+            if cid not in todo and not self._have(cid):
                 todo[cid] = data
         group: list = []
         size = 0

@@ -12,7 +12,7 @@ the chunks into this writer's log (local segments, each uploaded when sealed), s
 await the uploads, create the checkpoint object (If-None-Match: * allocates the id), write
 the ref If-Match (the commit point), apply locally. A lost ref race is CommitConflict.
 Crash points (engine/crashpoints.py) mark the steps: remote_after_data, remote_after_upload,
-remote_after_checkpoint_object, remote_after_ref_write, remote_after_apply.
+remote_after_outcome (remote/intents.py), remote_after_checkpoint_object, remote_after_ref_write, remote_after_apply.
 
 Locking: one RLock per committer serialises its operations (as the Committer's writer lock);
 between writers, processes and machines nothing is held: the ref's conditional write
@@ -44,7 +44,7 @@ from snapstore.engine.wal import SegmentLog
 from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionError,
                               FormatError, SnapstoreError)
 from snapstore.remote import checkpoints as ckpt_objects
-from snapstore.remote import gcguard, layout, refs, spool, sync
+from snapstore.remote import gcguard, intents, layout, refs, spool, sync
 from snapstore.remote.s3client import NotFound, PreconditionFailed, S3Client
 from snapstore.remote.segments import RemoteSegments
 
@@ -96,6 +96,7 @@ class RemoteCommitter:
         try:
             self.client = S3Client(self.url, timeout=remote_timeout)
             self.gc_guard = gcguard.Guard(self.client)
+            self.intents = intents.IntentBoard(self.client, self.writer_id, self.next_serial)
             identity = self._open_bucket(create and not readonly)
             root = cache_dir if cache_dir is not None else layout.default_cache_root()
             self.cache_path = layout.cache_dir_for(os.path.abspath(os.fspath(root)),
@@ -325,50 +326,80 @@ class RemoteCommitter:
                     candidate = max([candidate] + [i + 1 for i in newest if i is not None])
         raise CommitConflict(f"{self.path}: could not allocate a checkpoint id")
 
-    def reused_table(self, view: IndexView, pins: bytes) -> bytes:
+    def reused_table(self, view: IndexView, pins: bytes, known: dict | None = None) -> bytes:
         """NEW_CHUNK entries locating the chunks `pins` (packed ids) names, from the cache
-        index: what a checkpoint object (or a group's part) lists of the chunks it reuses."""
+        index, else from `known` (ChunkSink.known): what a checkpoint object (or a group's
+        part) lists of the chunks it reuses."""
         out = []
         for i in range(0, len(pins), fmt.CHUNK_ID_BYTES):
             cid = pins[i:i + fmt.CHUNK_ID_BYTES]
             entry = view.chunk(cid)
-            if entry is None:
+            if entry is not None:
+                out.append(fmt.NEW_CHUNK.pack(cid, entry.segment, entry.offset,
+                                              entry.stored_len, entry.raw_len, entry.codec))
+            elif known and cid in known:
+                out.append(fmt.NEW_CHUNK.pack(cid, *known[cid]))
+            else:
                 raise CorruptionError(f"{self.path}: chunk {cid.hex()} vanished from the "
                                       "cache index")
-            out.append(fmt.NEW_CHUNK.pack(cid, entry.segment, entry.offset, entry.stored_len,
-                                          entry.raw_len, entry.codec))
         return b"".join(out)
 
     def store_chunks(self, stream: str, head: int | None, make_plans: PlanMaker,
                      on_stored: dict | None = None,
                      pause: Callable[[], None] | None = None, *,
-                     wait: bool = True) -> StoredChunks:
+                     wait: bool = True, until: float | None = None) -> StoredChunks:
         """Steps 1 and 2 of a commit (the writer lock held, the cache pulled up to `head`):
         plans against the cache's `head` of the stream, appends the new chunk records to this
         writer's log, seals it and (wait) waits until every segment is uploaded. On a
         failure before the seal the log is rolled back; segments uploaded are never
-        referenced."""
+        referenced. With `until` (time.monotonic(); wait only) large plans are announced
+        first (remote/intents.py), waiting at most until then for other writers uploading
+        the same chunks."""
         if self._staging is None:
             self._staging = bytearray(wr.STAGING_BYTES)
+        board = self.intents if wait and until is not None else None
         mark = self.log.position
         try:
+            if board is not None:
+                board.begin()
             with self.index.read() as r:
                 sink = wr.ChunkSink(self.log, r, self.options, pause)
+                announce = None if board is None else \
+                    (lambda plan: sink.known.update(board.announce(plan, until)))
                 entries, fingerprints = store_plans(r, stream, head, make_plans, sink,
-                                                    self._staging, on_stored)
+                                                    self._staging, on_stored, announce)
                 new_chunks = sink.new_chunk_table()
-                reused = self.reused_table(r, reused_chunks(entries, new_chunks))
+                reused = self.reused_table(r, reused_chunks(entries, new_chunks), sink.known)
             self.log.seal()
         except BaseException:
             self.log.rollback(mark)
+            if board is not None:
+                board.abandon()
             raise
         crashpoint("remote_after_data")         # uploads in flight
         if wait:
-            self.backend.wait_uploaded()
+            try:
+                self.backend.wait_uploaded()
+            except BaseException:
+                if board is not None:
+                    board.abandon()
+                raise
             crashpoint("remote_after_upload")
+            if board is not None:
+                board.finish(new_chunks + reused)
+                crashpoint("remote_after_outcome")  # others may reuse what it uploaded
         segments = list(range(mark[0], self.log.position[0]))
         return StoredChunks(entries, fingerprints, new_chunks, reused, sink.bytes_new,
                             segments)
+
+    def intent_deadline(self, ticket: gcguard.CommitTicket) -> float | None:
+        """How long (time.monotonic()) a commit may wait for other writers' uploads of its
+        chunks (remote/intents.py): a quarter of gc's grace from its start, so that it
+        still commits within half of it (W3); None (no intents) when the commit was
+        planned again for gc (an intent's chunks may be what gc marked)."""
+        if ticket.replanned:
+            return None
+        return ticket.started + ticket.grace / 4
 
     def publish(self, ref: refs.Ref, commit: Commit, reused: bytes, fingerprints: list, *,
                 still_follows: Callable[[refs.Ref], bool] | None = None,
@@ -436,6 +467,7 @@ class RemoteCommitter:
             try:
                 return attempt(ticket)
             except gcguard.Replan:
+                ticket.replanned = True
                 continue
         raise CommitConflict(f"stream {stream!r}: garbage collection kept marking chunks "
                              f"this {what} reused; nothing was committed; try again",
@@ -457,7 +489,7 @@ class RemoteCommitter:
                                  found=head)
         local = self._uploader is not None
         stored = self.store_chunks(stream, head, make_plans, on_stored, pause,
-                                   wait=not local)
+                                   wait=not local, until=self.intent_deadline(ticket))
         self.gc_guard.check(self.index, self.log, self.backend, ticket, stored.new_chunks,
                             stored.reused)      # gc's mark: W1-W3, Replan
         commit = Commit(0, stream, head, time.time(), meta, stored.entries,

@@ -19,7 +19,9 @@ A run (collect):
    deleted: first the new mark replaces the old one (If-Match: exactly one run deletes a
    mark's objects) naming the candidates and them, then they are deleted. A mark not due
    yet: nothing is written or deleted (a mark replaced at every run would never come due);
-5. aborts the store's multipart uploads begun more than `grace` ago.
+5. aborts the store's multipart uploads begun more than `grace` ago;
+6. deletes upload intents (intents/, remote/intents.py) older than
+   layout.GC_INTENT_SECONDS or 2 * grace, without a mark (_delete_intents says why).
 A mark's `due` is its time plus the larger of its grace and the grace writers assumed
 before it (the replaced mark's, or layout.DEFAULT_GC_GRACE_SECONDS for the first mark): a
 smaller grace takes effect only once writers that read the larger one are done.
@@ -159,7 +161,22 @@ def _run(client: S3Client, grace: float, dry_run: bool, memo: dict) -> dict:
     report["due_at"] = new.due if new is not None else None
     report["aborted_uploads"] = 0 if dry_run else client.abort_uploads(
         older_than=time.time() - grace)
+    report["intents_deleted"] = _delete_intents(client, grace, dry_run)
     return report
+
+
+def _delete_intents(client: S3Client, grace: float, dry_run: bool) -> int:
+    """Deletes the upload intents and outcomes (remote/intents.py) older than
+    GC_INTENT_SECONDS or two graces, without a mark: an intent is read only within
+    INTENT_LOOKBACK_SECONDS of its making and waited for at most a quarter of a grace after
+    that, and one deleted early costs only a chunk uploaded twice. Returns how many."""
+    age = max(layout.GC_INTENT_SECONDS, 2 * grace)
+    now = time.time()
+    stale = sorted(o.key for o in client.list(layout.INTENTS_DIR)
+                   if layout.intent_millis(o.key) is not None and _old(o, now, age))
+    if stale and not dry_run:
+        client.delete(stale)
+    return len(stale)
 
 
 def collect(client: S3Client, *, grace: float, dry_run: bool = False,
@@ -170,20 +187,22 @@ def collect(client: S3Client, *, grace: float, dry_run: bool = False,
     segments_reachable, marked (what the mark in the bucket holds for a later run to
     delete, less what this run deleted: the mark names those too until they are gone) and
     deleted, each {"segments": [...], "checkpoints": [...], "groups": [...], "bytes": n},
-    bytes_deleted, aborted_uploads (summed over runs), mark_written, mark_at and due_at
+    bytes_deleted, aborted_uploads and intents_deleted (summed over runs), mark_written, mark_at and due_at
     (the mark in the bucket after the run: what "marked" lists), raced (another run
     replaced the mark first: this one deleted nothing), runs, dry_run, seconds."""
     started = time.monotonic()
     memo: dict = {}                 # checkpoint objects are immutable: fetched once per call
     report = _run(client, grace, dry_run, memo)
-    runs, aborted = 1, report["aborted_uploads"]
+    runs, aborted, intents = 1, report["aborted_uploads"], report["intents_deleted"]
     marked = report["marked"]
     if wait and not dry_run and report["due_at"] is not None and \
             any(marked[k] for k in ("segments", "checkpoints", "groups")):
         time.sleep(max(0.0, report["due_at"] - time.time()) + _DUE_MARGIN)
         report = _run(client, grace, dry_run, memo)
         runs, aborted = 2, aborted + report["aborted_uploads"]
+        intents += report["intents_deleted"]
     report["aborted_uploads"] = aborted
+    report["intents_deleted"] = intents
     report["runs"] = runs
     report["seconds"] = time.monotonic() - started
     return report

@@ -58,6 +58,7 @@ class CommitTicket:
     started: float          # time.monotonic() at the commit's start
     grace: float            # the smallest grace of the marks read during the commit
     next_id: int = 0        # the largest next_id of those marks
+    replanned: bool = False  # Replan was raised: the commit is being planned again
 
     def note(self, mark: gcmark.Mark | None) -> None:
         self.grace = min(self.grace, gcmark.writers_grace(mark))

@@ -21,6 +21,7 @@ SEGMENTS_DIR = "segments/"
 CHECKPOINTS_DIR = "checkpoints/"
 REFS_DIR = "refs/"
 GROUPS_DIR = "groups/"
+INTENTS_DIR = "intents/"
 GC_PENDING_KEY = "gc/pending.json"
 
 LOG_DIGITS = 10
@@ -48,6 +49,29 @@ GROUP_OUTCOME = "outcome"
 # new-chunk table, the reused-chunk table, each buffer's extents) and an XXH3-64 trailer.
 PART_MAGIC = b"SNAPPART"
 PART_VERSION = 1
+
+# Upload intents (remote/intents.py), under INTENTS_DIR: INTENTS_DIR<ms>-<writer>-<n>, the
+# intent (created If-None-Match: *), and the same key + INTENT_OUTCOME_SUFFIX, its outcome.
+# Both in the checked framing: the intent's body is INTENT_HEADER (the plan's bytes u64, the
+# count u32) and that many XXH3-64 u64 of the chunks; the outcome's is a format.NEW_CHUNK
+# table (empty: the writer gave up). They are optional: a reader that ignores them (an older
+# snapstore) only stores again what another writer is uploading at the same moment, so the
+# remote format's version is unchanged.
+INTENT_MAGIC = b"SNAPINTN"
+INTENT_OUTCOME_MAGIC = b"SNAPINTO"
+INTENT_VERSION = 1
+INTENT_HEADER = struct.Struct("<QI")
+INTENT_FINGERPRINT = struct.Struct("<Q")
+INTENT_OUTCOME_SUFFIX = ".done"
+INTENT_TIME_DIGITS = 15                  # milliseconds since the epoch, zero-padded: key order
+INTENT_MIN_BYTES = 8 << 20               # plans storing less go without an intent
+INTENT_LOOKBACK_SECONDS = 600.0          # intents older than this are not read
+INTENT_WAIT_SECONDS = 15.0               # how long a writer waits for another's outcome: this,
+INTENT_WAIT_RATE = 8 << 20               # plus that writer's plan bytes at this many per second
+INTENT_POLL_SECONDS = 0.05               # between reads of an outcome not there yet
+INTENT_SETTLE_MIN_SECONDS = 0.02         # between creating an intent and listing the others:
+INTENT_SETTLE_MAX_SECONDS = 1.0          # twice the creating PUT's time, within these
+GC_INTENT_SECONDS = 3600.0               # gc deletes intents older than this (or 2 graces)
 
 DURABILITY_MODES = ("remote", "local")   # an S3 store's; "remote" is the default
 DEFAULT_REMOTE_SEGMENT_SIZE = 64 << 20   # a pack: one multipart upload of a few parts
@@ -224,3 +248,18 @@ def group_outcome_key(group: str) -> str:
 
 def group_part_key(group: str, participant: str) -> str:
     return group_key(group, GROUP_PARTS + participant.encode().hex())
+
+
+def intent_key(millis: int, writer: str, serial: int) -> str:
+    return f"{INTENTS_DIR}{millis:0{INTENT_TIME_DIGITS}d}-{writer}-{serial}"
+
+
+def intent_millis(key: str) -> int | None:
+    """The time (ms) an intent's or its outcome's key (relative to the prefix) names, or None
+    when it is not one."""
+    name = key[len(INTENTS_DIR):] if key.startswith(INTENTS_DIR) else ""
+    stem = name[:INTENT_TIME_DIGITS]
+    if len(stem) != INTENT_TIME_DIGITS or not stem.isdigit() or \
+            name[INTENT_TIME_DIGITS:INTENT_TIME_DIGITS + 1] != "-":
+        return None
+    return int(stem)

@@ -555,8 +555,16 @@ class Torture:
 def test_many_writers_survive_sigkills(tmp_path, kill_log):
     t = Torture(tmp_path, _seed())
     started = time.monotonic()
+
+    def enough() -> bool:
+        # the kills asked for; in a full run also the group commits and timeouts asserted
+        # below, which a loaded machine makes rarer per round: more rounds then
+        if t.kills < KILLS:
+            return False
+        return KILLS < 100 or (t.stats.get("group commits", 0) >= 10
+                               and t.stats.get("group timeouts", 0) > 0)
     try:
-        while t.kills < KILLS:
+        while not enough():
             assert t.round < KILLS, f"{t.ctx()} {t.kills} kills in {t.round} rounds"
             t.run_round()
         t.check_repair()

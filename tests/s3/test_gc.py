@@ -456,7 +456,12 @@ def test_gc_runs_while_writers_commit_delete_and_recommit_old_content(url, tmp_p
     threads.append(threading.Thread(target=collector))
     for t in threads:
         t.start()
-    time.sleep(7)
+    # 7 s, and on a loaded machine (where commits over grace / 2 are refused) until the
+    # writers made the checkpoints asserted below, within 60 s
+    started = time.monotonic()
+    while time.monotonic() - started < 7 or (len(expected) <= 20
+                                             and time.monotonic() - started < 60):
+        time.sleep(0.2)
     stop.set()
     for t in threads:
         t.join(60)
