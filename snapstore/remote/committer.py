@@ -12,7 +12,8 @@ the chunks into this writer's log (local segments, each uploaded when sealed), s
 await the uploads, create the checkpoint object (If-None-Match: * allocates the id), write
 the ref If-Match (the commit point), apply locally. A lost ref race is CommitConflict.
 Crash points (engine/crashpoints.py) mark the steps: remote_after_data, remote_after_upload,
-remote_after_outcome (remote/intents.py), remote_after_checkpoint_object, remote_after_ref_write, remote_after_apply.
+remote_after_outcome (remote/intents.py), remote_after_checkpoint_object,
+remote_after_ref_write, remote_after_apply.
 
 Locking: one RLock per committer serialises its operations (as the Committer's writer lock);
 between writers, processes and machines nothing is held: the ref's conditional write
