@@ -372,18 +372,18 @@ class RemoteCommitter:
                 new_chunks = sink.new_chunk_table()
                 reused = self.reused_table(r, reused_chunks(entries, new_chunks), sink.known)
             self.log.seal()
-        except BaseException:
+        except BaseException as exc:
             self.log.rollback(mark)
             if board is not None:
-                board.abandon()
+                board.abandon(exc)
             raise
         crashpoint("remote_after_data")         # uploads in flight
         if wait:
             try:
                 self.backend.wait_uploaded()
-            except BaseException:
+            except BaseException as exc:
                 if board is not None:
-                    board.abandon()
+                    board.abandon(exc)
                 raise
             crashpoint("remote_after_upload")
             if board is not None:

@@ -42,7 +42,7 @@ import xxhash
 
 from snapstore.engine import format as fmt
 from snapstore.engine.writer import BufferPlan
-from snapstore.errors import CorruptionError, FormatError, SnapstoreError
+from snapstore.errors import CorruptionError, FormatError, RemoteError, SnapstoreError
 from snapstore.remote import envelope, layout
 from snapstore.remote.s3client import NotFound, PreconditionFailed, S3Client
 
@@ -248,9 +248,14 @@ class IntentBoard:
             self.client.put(key + layout.INTENT_OUTCOME_SUFFIX, encode_outcome(table))
         self._mine = []
 
-    def abandon(self) -> None:
-        """The commit failed before its uploads landed: empty outcomes, so that nobody
-        waits for it (best effort: whoever waits stops at the deadline anyway)."""
+    def abandon(self, why: BaseException | None = None) -> None:
+        """The commit failed before its uploads landed (`why`): empty outcomes, so that
+        nobody waits for it. Best effort, since whoever waits stops at its deadline anyway:
+        none when the bucket is what failed (RemoteError), whose retries would only add
+        their timeout to the failure's."""
+        if isinstance(why, RemoteError):
+            self._mine = []
+            return
         for key in self._mine:
             try:
                 self.client.put(key + layout.INTENT_OUTCOME_SUFFIX, encode_outcome(b""))

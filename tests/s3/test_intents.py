@@ -226,3 +226,36 @@ def test_gc_deletes_old_intents_and_their_outcomes(url, s3, tmp_path, small_plan
         assert s.gc(grace=1.0)["intents_deleted"] == 2
         assert objects(s3, layout.INTENTS_DIR) == {}
         assert s.restore(s.latest("s").id)["x"] == random_state(2 * MiB, 9)
+
+
+@pytest.mark.parametrize("failure", ["disk", "bucket"])
+def test_a_commit_that_fails_after_its_intent_leaves_an_empty_outcome_unless_the_bucket_failed(
+        url, s3, tmp_path, small_plans, monkeypatch, failure):
+    """So that nobody waits for it until the deadline; when the bucket is what failed, the
+    outcome's PUT would only add its retries to the failure, so none is tried."""
+    from snapstore.engine import writer
+    from snapstore.errors import RemoteError, StoreIOError
+    error = StoreIOError("the disk failed") if failure == "disk" else \
+        RemoteError("the bucket failed")
+
+    def broken(*args, **kwargs):
+        raise error
+    data = random_state(2 * MiB, 10)
+    with snapstore.open(url, cache_dir=str(tmp_path / "c")) as s:
+        with monkeypatch.context() as m:
+            m.setattr(writer, "store_buffer", broken)
+            with pytest.raises(type(error)):
+                s.checkpoint({"x": data}, stream="s")
+        keys = objects(s3, layout.INTENTS_DIR)
+        outcomes = [k for k in keys if k.endswith(".done")]
+        assert len(keys) - len(outcomes) == 1
+        if failure == "disk":
+            assert len(outcomes) == 1
+            body = s3.client().get_object(Bucket=s3.bucket,
+                                          Key=s3.prefix + outcomes[0])["Body"].read()
+            assert intents.decode_outcome(body, outcomes[0]) == b""
+        else:
+            assert outcomes == []
+        assert s.latest("s") is None
+        info = s.checkpoint({"x": data}, stream="s")       # the same call again works
+        assert s.restore(info.id)["x"] == data
