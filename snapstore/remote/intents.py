@@ -14,8 +14,9 @@ announces it:
      before its own (key order: time first) that another writer made; a chunk of the plan
      that one of them holds is the earliest such intent's to upload;
   3. for each intent it defers to, it reads the intent's outcome until it is there or a
-     deadline passes (INTENT_WAIT_SECONDS plus that plan's bytes at INTENT_WAIT_RATE, and
-     never past what the caller allows). An outcome is the NEW_CHUNK table of every chunk
+     deadline passes (wait_seconds: INTENT_WAIT_SECONDS plus that plan's bytes, or four
+     times the bytes it shares with this one if fewer, at INTENT_WAIT_RATE; never past
+     what the caller allows). An outcome is the NEW_CHUNK table of every chunk
      that writer's commit stored or reused, written once its uploads landed (empty when it
      gave up). The entries of an outcome whose records lie within segments that exist in
      the bucket (a HEAD per segment) become chunks the plan may reuse (ChunkSink.known);
@@ -106,6 +107,15 @@ def writer_of(key: str) -> str:
     return parts[0] if len(parts) == 2 else ""
 
 
+def wait_seconds(their_bytes: float, shared_bytes: float) -> float:
+    """How long a writer waits for the outcome of an intent of their_bytes that is to upload
+    shared_bytes of its plan: INTENT_WAIT_SECONDS plus the time their upload takes at
+    INTENT_WAIT_RATE, but no longer than four times what the shared bytes take (a large
+    intent sharing little with the plan is not worth waiting for in full)."""
+    return layout.INTENT_WAIT_SECONDS + min(their_bytes, 4 * shared_bytes) / \
+        layout.INTENT_WAIT_RATE
+
+
 def earliest_holders(mine, earlier: list) -> list[tuple[str, tuple, int]]:
     """[(key, intent, how many of `mine` it is to upload)] for the intents `earlier` [(key,
     (bytes, fingerprints))] in key order: each fingerprint of `mine` goes to the first
@@ -164,11 +174,11 @@ class IntentBoard:
         owners = self._owners(key, millis, mine)
         started = time.monotonic()
         found: dict[bytes, tuple] = {}
+        chunk_bytes = plan.nbytes / max(1, len(plan.chunks))
         for owner, (nbytes, deferred) in owners.items():
             self.stats["deferred_chunks"] += deferred
-            deadline = min(until, started + layout.INTENT_WAIT_SECONDS
-                           + nbytes / layout.INTENT_WAIT_RATE)
-            found.update(self._await(owner, deadline))
+            found.update(self._await(owner, min(until, started + wait_seconds(
+                nbytes, deferred * chunk_bytes))))
         self.stats["found_chunks"] += len(found)
         self.stats["waited_seconds"] += time.monotonic() - started
         return found

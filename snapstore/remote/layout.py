@@ -67,7 +67,8 @@ INTENT_TIME_DIGITS = 15                  # milliseconds since the epoch, zero-pa
 INTENT_MIN_BYTES = 8 << 20               # plans storing less go without an intent
 INTENT_LOOKBACK_SECONDS = 600.0          # intents older than this are not read
 INTENT_WAIT_SECONDS = 15.0               # how long a writer waits for another's outcome: this,
-INTENT_WAIT_RATE = 8 << 20               # plus that writer's plan bytes at this many per second
+INTENT_WAIT_RATE = 8 << 20               # plus that writer's plan bytes (at most 4x the bytes
+                                         # they share) at this many per second
 INTENT_POLL_SECONDS = 0.05               # between reads of an outcome not there yet
 INTENT_SETTLE_MIN_SECONDS = 0.02         # between creating an intent and listing the others:
 INTENT_SETTLE_MAX_SECONDS = 1.0          # twice the creating PUT's time, within these

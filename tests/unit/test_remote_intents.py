@@ -123,3 +123,12 @@ def test_each_chunk_goes_to_the_earliest_intent_holding_it(mine, others):
     assert got == _reference_holders(mine, earlier)
     assert sum(n for _, _, n in got) == len(set(mine) & set().union(*[f for _, (_, f) in
                                                                         earlier]))
+
+
+def test_the_wait_is_the_base_plus_their_upload_but_not_for_a_small_share(monkeypatch):
+    monkeypatch.setattr(layout, "INTENT_WAIT_SECONDS", 15.0)
+    monkeypatch.setattr(layout, "INTENT_WAIT_RATE", 8 << 20)
+    gib = 1 << 30
+    assert intents.wait_seconds(256 << 20, 230 << 20) == 15 + 32      # most shared: all of it
+    assert intents.wait_seconds(10 * gib, 100 << 20) == 15 + 50      # 1% of 10 GiB: 4x the share
+    assert intents.wait_seconds(0, 0) == 15
