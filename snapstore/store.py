@@ -864,8 +864,8 @@ class Store:
         Returns {"checkpoints_live", "checkpoints_reachable", "segments_reachable",
         "marked": {"segments": [...], "checkpoints": [...], "groups": [...], "bytes"},
         "deleted": (the same), "bytes_deleted", "aborted_uploads", "intents_deleted",
-        "mark_written", "mark_at", "due_at", "raced", "runs", "dry_run", "seconds"}. A local store raises
-        InvalidArgumentError (its space comes back through compact()); a closed one
+        "mark_written", "mark_at", "due_at", "raced", "runs", "dry_run", "seconds"}. A local
+        store raises InvalidArgumentError (its space comes back through compact()); a closed one
         StoreClosedError; RemoteError, CorruptionError (a ref or a needed checkpoint
         object is damaged or missing: then nothing is deleted)."""
         if isinstance(grace, bool) or not isinstance(grace, (int, float)) or \

@@ -187,9 +187,10 @@ def collect(client: S3Client, *, grace: float, dry_run: bool = False,
     segments_reachable, marked (what the mark in the bucket holds for a later run to
     delete, less what this run deleted: the mark names those too until they are gone) and
     deleted, each {"segments": [...], "checkpoints": [...], "groups": [...], "bytes": n},
-    bytes_deleted, aborted_uploads and intents_deleted (summed over runs), mark_written, mark_at and due_at
-    (the mark in the bucket after the run: what "marked" lists), raced (another run
-    replaced the mark first: this one deleted nothing), runs, dry_run, seconds."""
+    bytes_deleted, aborted_uploads and intents_deleted (summed over runs), mark_written,
+    mark_at and due_at (the mark in the bucket after the run: what "marked" lists), raced
+    (another run replaced the mark first: this one deleted nothing), runs, dry_run,
+    seconds."""
     started = time.monotonic()
     memo: dict = {}                 # checkpoint objects are immutable: fetched once per call
     report = _run(client, grace, dry_run, memo)
