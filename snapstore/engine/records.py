@@ -127,7 +127,8 @@ def decode_tag(payload: bytes) -> tuple:
         d = json.loads(bytes(payload))
         order = d.get("order")
         return (int(d["id"]), str(d["tag"]), bool(d["add"]),
-                None if order is None else non_negative_int(order), non_negative_int(d.get("records", 1)))
+                None if order is None else non_negative_int(order),
+                non_negative_int(d.get("records", 1)))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptionError(f"undecodable tag record: {exc}") from exc
 
@@ -189,13 +190,16 @@ def decode_state_begin(payload: bytes) -> StateBegin:
         d = json.loads(bytes(payload))
         streams = {str(name): (non_negative_int(s["head"]), non_negative_int(s["seq"]))
                    for name, s in d["streams"].items()}
-        begin = StateBegin(non_negative_int(d["next_id"]), streams, non_negative_int(d["checkpoints"]))
+        begin = StateBegin(non_negative_int(d["next_id"]), streams,
+                           non_negative_int(d["checkpoints"]))
         if "order" in d:
-            begin.order, begin.next_order = non_negative_int(d["order"]), non_negative_int(d["next_order"])
+            begin.order = non_negative_int(d["order"])
+            begin.next_order = non_negative_int(d["next_order"])
             begin.logs = {}
             for log, pos in d["logs"].items():
                 seg, off = pos
-                begin.logs[non_negative_int(int(log))] = (non_negative_int(seg), non_negative_int(off))
+                begin.logs[non_negative_int(int(log))] = (non_negative_int(seg),
+                                                          non_negative_int(off))
         return begin
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptionError(f"undecodable state section record: {exc}") from exc
