@@ -343,24 +343,22 @@ class _WriterGate:
 
     def __init__(self, path: str, file_mode: int) -> None:
         self.path, self.file_mode = path, file_mode
-        self.pid = os.getpid()
         self.lock = threading.Lock()
         self.fd: int | None = None
 
     def forget(self) -> None:
-        """In a forked child: the parent's file and lock are not this process's (a flock
-        belongs to the open file, which the child shares while it keeps the descriptor)."""
+        """In a forked child (os.register_at_fork, below): the parent's file and lock are not
+        this process's (a flock belongs to the open file, which the child shares while it
+        keeps the descriptor)."""
         if self.fd is not None:
             try:
                 os.close(self.fd)
             except OSError:
                 pass
-        self.pid, self.lock, self.fd = os.getpid(), threading.Lock(), None
+        self.lock, self.fd = threading.Lock(), None
 
     @contextlib.contextmanager
     def passed(self) -> Iterator[None]:
-        if self.pid != os.getpid():
-            self.forget()
         with self.lock:
             fd = self._fd()
             if fd is not None:

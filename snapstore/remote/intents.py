@@ -142,8 +142,6 @@ class IntentBoard:
         self._mine: list[str] = []
         self._read: dict[str, tuple[int, frozenset] | None] = {}
         self._sizes: dict[int, int | None] = {}
-        self.stats = {"intents": 0, "deferred_chunks": 0, "found_chunks": 0,
-                      "waited_seconds": 0.0, "timeouts": 0, "passed_over": 0}
 
     def begin(self) -> None:
         self._mine = []
@@ -164,7 +162,6 @@ class IntentBoard:
         except PreconditionFailed:      # a key of this writer's own, taken: cannot happen
             return {}
         self._mine.append(key)
-        self.stats["intents"] += 1
         # A writer that took an earlier key at about the same moment may not have its intent
         # in the bucket yet: it would upload what this one then uploads too. Its PUT takes
         # about as long as this one's did, so the listing waits for that once more.
@@ -176,11 +173,8 @@ class IntentBoard:
         found: dict[bytes, tuple] = {}
         chunk_bytes = plan.nbytes / max(1, len(plan.chunks))
         for owner, (nbytes, deferred) in owners.items():
-            self.stats["deferred_chunks"] += deferred
             found.update(self._await(owner, min(until, started + wait_seconds(
                 nbytes, deferred * chunk_bytes))))
-        self.stats["found_chunks"] += len(found)
-        self.stats["waited_seconds"] += time.monotonic() - started
         return found
 
     def _owners(self, key: str, millis: int, mine: set) -> dict[str, tuple[int, int]]:
@@ -211,8 +205,7 @@ class IntentBoard:
             except NotFound:
                 self._read[key] = None          # gone (gc): nothing to wait for
             except (CorruptionError, FormatError):
-                self._read[key] = None
-                self.stats["passed_over"] += 1
+                self._read[key] = None          # damaged: passed over
         return self._read[key]
 
     def _await(self, key: str, deadline: float) -> dict[bytes, tuple]:
@@ -227,14 +220,12 @@ class IntentBoard:
             except NotFound:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    self.stats["timeouts"] += 1
                     return {}
                 time.sleep(min(pause, left))
                 pause = min(pause * 1.5, _POLL_MAX_SECONDS)
         try:
             table = decode_outcome(data, outcome)
         except (CorruptionError, FormatError):
-            self.stats["passed_over"] += 1
             return {}
         return self._usable(table)
 
