@@ -74,6 +74,18 @@ def open_regular(path: str, flags: int, mode: int = DEFAULT_FILE_MODE) -> int:
     return fd
 
 
+def pread_into(fd: int, buf, offset: int) -> int:
+    """Reads the file's bytes from offset into buf until it is full or the file ends; how
+    many were read."""
+    view, got = memoryview(buf).cast("B"), 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if not n:
+            break
+        got += n
+    return got
+
+
 def fsync_directory(path: str) -> None:
     """Makes a directory's entries (files created, renamed or removed in it) durable.
     Idempotent. Raises OSError."""

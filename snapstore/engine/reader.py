@@ -213,6 +213,8 @@ def copy_extents_parallel(entries: dict, backend: SegmentBackend, segments: Segm
     if batch:
         batches.append((batch, size))
 
+    buffers = threading.local()     # each thread's decode buffers, reused across its batches
+
     def copy_batch(work) -> int:
         batch, size = work
         if fresh:
@@ -230,7 +232,9 @@ def copy_extents_parallel(entries: dict, backend: SegmentBackend, segments: Segm
             whole, part = [], []
             for e in batch:
                 (whole if e[1] == 0 and e[2] == entries[e[3]].raw_len else part).append(e)
-            decode_whole_chunks(own, whole, entries, out, start)
+            if not hasattr(buffers, "own"):
+                buffers.own = {}
+            decode_whole_chunks(own, whole, entries, out, start, buffers.own)
             spans = SpanReader(own, [entries[cid] for _, _, _, cid in part])
             decoded: dict = {}
             for off, coff, length, cid in part:
@@ -307,21 +311,25 @@ def share_work(batches: list, work: Callable, threads: int,
 
 
 def decode_whole_chunks(segments: SegmentReader, extents, entries: dict, out: memoryview,
-                        start: int) -> None:
+                        start: int, buffers: dict | None = None) -> None:
     """Writes each extent's whole chunk (extents (offset, 0, chunk's raw length, chunk id);
     entries: chunk id -> index entry) to out[offset - start:]: the chunk records are read one
-    run of back-to-back records at a time and checked and decoded by native.read_chunks (the
-    same checks as chunks.read_chunk). Raises CorruptionError (DamagedRecord) at the first
-    record that fails, naming only why: the caller redoes the work on the path whose errors
-    are authoritative."""
+    run of back-to-back records at a time (read_into a run buffer) and checked and decoded
+    by native.read_chunks (the same checks as chunks.read_chunk). buffers: the run and
+    scratch buffers of an earlier call on the same thread, reused (fresh memory costs a page
+    fault per page). Raises CorruptionError (DamagedRecord) at the first record that fails,
+    naming only why: the caller redoes the work on the path whose errors are
+    authoritative."""
     records = [entries[e[3]] for e in extents]
     runs = record_runs(records)
     if not runs:
         return
-    scratch = uninit_bytearray(max(entry.raw_len for entry in records))
+    buffers = {} if buffers is None else buffers
+    scratch = _at_least(buffers, "scratch", max(entry.raw_len for entry in records))
+    run_buffer = _at_least(buffers, "run", max(end - first for _, first, end, _ in runs))
     for number, first, end, members in runs:
-        data = segments.read(number, first, end - first)
-        if len(data) != end - first:
+        data = memoryview(run_buffer)[:end - first]
+        if segments.read_into(number, first, data) != end - first:
             raise DamagedRecord("chunk records are truncated", number, first)
         reads = [(records[i].offset - first, extents[i][0] - start, records[i].stored_len,
                   records[i].raw_len, extents[i][3]) for i in members]
@@ -329,6 +337,14 @@ def decode_whole_chunks(segments: SegmentReader, extents, entries: dict, out: me
         if done != len(reads):
             raise DamagedRecord(f"chunk record fails its checks: {native.READ_REASONS[reason]}",
                                 number, records[members[done]].offset)
+
+
+def _at_least(buffers: dict, name: str, size: int) -> bytearray:
+    """buffers[name], replaced by a larger (uninitialised) one when it is smaller than size."""
+    buf = buffers.get(name)
+    if buf is None or len(buf) < size:
+        buf = buffers[name] = uninit_bytearray(size)
+    return buf
 
 
 def record_runs(entries) -> list:

@@ -11,6 +11,12 @@ A prefetch (the read path's hint) streams runs of RUN_BLOCKS blocks with one ran
 to its readers from memory as soon as it has arrived; its file is written after that, with O_DIRECT
 where the file system allows (no copy into the page cache, which cost more CPU than the
 download itself here), and the buffer is kept while HELD_BYTES allow, then reused.
+
+The prefetch never runs more than HELD_BYTES of unread blocks ahead of the readers: a fetch
+thread waits before its next GET until readers have read that far (a block is read once its
+hinted bytes have been), so that a block is not dropped from memory before its reader comes
+for it (it then had to be read back from its file, or fetched again). Readers that stop
+coming (STALL_SECONDS without a read) end the wait, and the oldest blocks go as before.
 """
 from __future__ import annotations
 
@@ -19,15 +25,21 @@ import errno
 import mmap
 import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable
 
+from snapstore import _native as native
 from snapstore.engine.backends.base import segment_name
+from snapstore.engine.fsutil import pread_into
+from snapstore.engine.memory import uninit_bytearray
 from snapstore.remote import layout
 
 RUN_BLOCKS = 4          # a prefetch reads up to this many neighbouring blocks in one GET
 HELD_BYTES = 64 << 20   # fetched blocks kept in memory after their files are written
+STALL_SECONDS = 2.0     # readers that read nothing for this long have stopped: fetch on
 DIRECT_ALIGN = 4096     # O_DIRECT writes: buffer, offset and length in multiples of this
+GIL_FREE_COPY = 64 << 10    # a copy out of a held block this large runs without the GIL
 
 
 def _part_name(path: str) -> str:
@@ -45,6 +57,16 @@ def fill(readinto: Callable, buf) -> int:
             break
         got += n
     return got
+
+
+def _count_block_bytes(blocks: dict, number: int, offset: int, length: int) -> None:
+    """Adds the bytes of range [offset, offset + length) of segment `number` to the count of
+    each CACHE_BLOCK block it covers: blocks[(number, block)]."""
+    B = layout.CACHE_BLOCK
+    end = offset + length
+    for block in range(offset // B, (end - 1) // B + 1):
+        n = min(end, (block + 1) * B) - max(offset, block * B)
+        blocks[(number, block)] = blocks.get((number, block), 0) + n
 
 
 class BlockCache:
@@ -69,8 +91,13 @@ class BlockCache:
         # memory, so that readers never wait for (nor read back) the cache's files; see _hold
         self._held: collections.OrderedDict = collections.OrderedDict()
         self._held_bytes = 0
+        self._unread_bytes = 0               # hinted bytes of held blocks not read yet
+        self._hinted: dict = {}              # (segment, block) -> hinted bytes, until held
+        self._last_read = 0.0                # time.monotonic() of the last read from memory
+        self._closing = False
         self._spare: list = []               # block buffers no longer held, for reuse
         self._lock = threading.Lock()
+        self._consumed = threading.Condition(self._lock)    # held blocks were read
         self._bytes = self._scan()[0]
 
     def _scan(self) -> tuple[int, list]:
@@ -170,9 +197,9 @@ class BlockCache:
         os.replace(path, self.whole_path(number))
         self._grew(size)
 
-    def _block(self, number: int, block: int, lo: int, hi: int) -> tuple[bytes, bool]:
-        """Bytes [lo, hi) of the block, and whether the block is the segment's last."""
-        path = self._block_path(number, block)
+    def _copy_block(self, number: int, block: int, lo: int, dest: memoryview) -> tuple:
+        """Copies bytes [lo, lo + len(dest)) of the block into dest: (how many, fewer at the
+        segment's end; whether the block is the segment's last)."""
         with self._lock:
             pending = self._inflight.get((number, block))
         if pending is not None:
@@ -183,15 +210,23 @@ class BlockCache:
         with self._lock:        # copied under the lock: an evicted buffer is reused
             held = self._held.get((number, block))
             if held is not None:
-                return bytes(held[0][lo:hi]), len(held[0]) < layout.CACHE_BLOCK
+                n = max(0, min(len(dest), len(held[0]) - lo))   # none past the end
+                last = len(held[0]) < layout.CACHE_BLOCK
+                if n >= GIL_FREE_COPY:
+                    native.gather(held[0], [(lo, n)], dest)     # the fetch threads go on
+                else:
+                    dest[:n] = held[0][lo:lo + n]
+                self._was_read(held, n)             # may drop the block: after the copy
+                return n, last
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(self._block_path(number, block), os.O_RDONLY)
         except FileNotFoundError:
             data = self._fetch_block(number, block)
-            return data[lo:hi], len(data) < layout.CACHE_BLOCK
+            src = data[lo:lo + len(dest)]
+            dest[:len(src)] = src
+            return len(src), len(data) < layout.CACHE_BLOCK
         try:
-            last = os.fstat(fd).st_size < layout.CACHE_BLOCK
-            return os.pread(fd, hi - lo, lo), last
+            return pread_into(fd, dest, lo), os.fstat(fd).st_size < layout.CACHE_BLOCK
         finally:
             os.close(fd)
 
@@ -242,6 +277,11 @@ class BlockCache:
         got: dict = {}                          # block -> (buffer, length): held, to write
         scratch: list = []                      # a retry re-reads blocks it has: into this
 
+        if not self._may_fetch():
+            for i in list(left):                # closing: the readers fetch for themselves
+                self._resolve(number, first + i, left.pop(i), RuntimeError("cache closed"))
+            return
+
         def consume(readinto) -> None:
             for i in range(len(ready)):
                 if i in left:
@@ -277,32 +317,67 @@ class BlockCache:
                         pass                    # only slower: read again from the bucket
                 self._written((number, block))
 
+    def _may_fetch(self) -> bool:
+        """Waits until the readers have read all but HELD_BYTES of the held blocks' hinted
+        bytes, or read nothing for STALL_SECONDS (they stopped: the wait would never end);
+        False when the cache is closing."""
+        with self._lock:
+            while self._unread_bytes >= HELD_BYTES and not self._closing:
+                idle = time.monotonic() - self._last_read
+                if idle >= STALL_SECONDS:
+                    break
+                self._consumed.wait(STALL_SECONDS - idle)
+            return not self._closing
+
     def _hold(self, key: tuple, buf: mmap.mmap, n: int) -> None:
-        """Keeps a fetched block in memory until its file is written, and after that while
-        HELD_BYTES allow (oldest out first). Unwritten blocks are bounded by the fetch
-        threads: each writes its run's blocks before it fetches another run."""
+        """Keeps a fetched block in memory until its file is written and its hinted bytes
+        were read, and after that while HELD_BYTES allow (oldest out first): see _trim.
+        Unwritten blocks are bounded by the fetch threads: each writes its run's blocks
+        before it fetches another run."""
         with self._lock:
             if key in self._held:
                 self._forget(key)
-            self._held[key] = [memoryview(buf)[:n], False, buf]
+            unread = min(self._hinted.pop(key, 0), n)
+            self._held[key] = [memoryview(buf)[:n], False, buf, unread]
             self._held_bytes += n
+            self._unread_bytes += unread
+
+    def _was_read(self, held: list, n: int) -> None:
+        """Counts n bytes of a held block as read (the lock held)."""
+        self._last_read = time.monotonic()
+        if held[3]:
+            n = min(n, held[3])
+            held[3] -= n
+            self._unread_bytes -= n
+            self._consumed.notify_all()
+            if not held[3]:
+                self._trim()
 
     def _written(self, key: tuple) -> None:
         with self._lock:
             held = self._held.get(key)
             if held is not None:
                 held[1] = True
-            while self._held_bytes > HELD_BYTES:
+            self._trim()
+
+    def _trim(self) -> None:
+        """Drops held blocks (the lock held), oldest first, while they exceed HELD_BYTES:
+        those written and read; once the readers stalled (STALL_SECONDS), any written."""
+        while self._held_bytes > HELD_BYTES:
+            oldest = next((k for k, v in self._held.items() if v[1] and not v[3]), None)
+            if oldest is None and (self._closing or
+                                   time.monotonic() - self._last_read >= STALL_SECONDS):
                 oldest = next((k for k, v in self._held.items() if v[1]), None)
-                if oldest is None:
-                    break
-                self._forget(oldest)
+            if oldest is None:
+                break
+            self._forget(oldest)
 
     def _forget(self, key: tuple) -> None:
         """Drops a held block (the lock held). Its buffer becomes a spare once its file is
         written; before that its writer still reads it."""
-        view, written, buf = self._held.pop(key)
+        view, written, buf, unread = self._held.pop(key)
         self._held_bytes -= len(view)
+        self._unread_bytes -= unread
         view.release()
         if written and len(self._spare) < self._spares_kept:
             self._spare.append(buf)
@@ -319,48 +394,60 @@ class BlockCache:
         """Bytes [offset, offset + length) of remote segment `number` (fewer at its end)."""
         if length <= 0:
             return b""
+        buf = uninit_bytearray(length)
+        del buf[self.read_into(number, offset, buf):]
+        return bytes(buf)
+
+    def read_into(self, number: int, offset: int, buf) -> int:
+        """Reads bytes [offset, offset + len(buf)) of remote segment `number` into buf (each
+        byte copied once, from a held block or a cached file); how many (fewer at its end)."""
+        dest = memoryview(buf).cast("B")
+        if not len(dest):
+            return 0
         try:
             fd = os.open(self.whole_path(number), os.O_RDONLY)
         except FileNotFoundError:
             pass
         else:
             try:
-                return os.pread(fd, length, offset)
+                return pread_into(fd, dest, offset)
             finally:
                 os.close(fd)
         B = layout.CACHE_BLOCK
-        first, last = offset // B, (offset + length - 1) // B
-        parts = []
-        for block in range(first, last + 1):
-            lo = offset - block * B if block == first else 0
-            hi = min(B, offset + length - block * B)
-            data, at_end = self._block(number, block, lo, hi)
-            parts.append(data)
-            if at_end:
+        got = 0
+        for block in range(offset // B, (offset + len(dest) - 1) // B + 1):
+            lo = offset + got - block * B
+            want = min(B - lo, len(dest) - got)
+            n, at_end = self._copy_block(number, block, lo, dest[got:got + want])
+            got += n
+            if at_end or n < want:
                 break               # the segment ends in this block
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return got
 
     def prefetch(self, ranges: Iterable[tuple[int, int, int]]) -> None:
         """Starts fetching, in parallel and in order, the blocks of (segment, offset, length)
         ranges not cached yet; returns at once. A read of a block being fetched waits for
         it (and fetches it itself if that failed)."""
-        B = layout.CACHE_BLOCK
-        wanted: dict = {}
+        wanted: dict = {}       # (segment, block) -> bytes hinted, in the order of the hint
         whole: dict = {}
         for number, offset, length in ranges:
             if length <= 0:
                 continue
             if number not in whole:
                 whole[number] = os.path.exists(self.whole_path(number))
-            if whole[number]:
-                continue
-            for block in range(offset // B, (offset + length - 1) // B + 1):
-                wanted[(number, block)] = None
+            if not whole[number]:
+                _count_block_bytes(wanted, number, offset, length)
         with self._lock:
-            todo = [w for w in wanted if w not in self._inflight]
+            self._last_read = time.monotonic()      # the readers are coming
+            for w in wanted:
+                if w in self._inflight:
+                    self._hinted[w] = self._hinted.get(w, 0) + wanted[w]
+            todo = [w for w in wanted if w not in self._inflight and w not in self._held]
             todo = [w for w in todo if not os.path.exists(self._block_path(*w))]
             if not todo:
                 return
+            for w in todo:
+                self._hinted[w] = wanted[w]
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads, "snapstore-fetch")
             runs: list = []         # neighbouring blocks: one GET of up to RUN_BLOCKS
@@ -392,9 +479,13 @@ class BlockCache:
     def close(self) -> None:
         with self._lock:
             pool, self._pool = self._pool, None
+            self._closing = True                    # fetch threads waiting for readers end
+            self._consumed.notify_all()
         if pool is not None:
             pool.shutdown(wait=True)
         with self._lock:
             for key in list(self._held):
                 self._forget(key)
             self._spare.clear()
+            self._hinted.clear()
+            self._closing = False

@@ -45,6 +45,18 @@ class _Reader(SegmentReader):
                     raise
         return b.cache.read(number, offset, length)
 
+    def read_into(self, number: int, offset: int, buf) -> int:
+        if self._closed:
+            raise ValueError("read session is closed")
+        b = self._backend
+        if number in b.spooled():
+            try:
+                return self._local.read_into(number, offset, buf)
+            except Exception:
+                if number in b.spooled():
+                    raise
+        return b.cache.read_into(number, offset, buf)
+
     def prefetch(self, ranges) -> None:
         """Fetches the cache blocks of (segment, offset, length) ranges in parallel."""
         spooled = self._backend.spooled()

@@ -314,6 +314,28 @@ def test_read_returns_the_range_or_less_at_the_end(backend):
         assert r.read(1, 50, 5) == b""              # past it
 
 
+@pytest.mark.parametrize("offset,length", [(0, 10), (3, 4), (8, 5), (10, 5), (50, 5),
+                                           (0, 0), (9, 1)])
+def test_read_into_fills_what_read_returns(backend, offset, length):
+    with backend.create(1) as f:
+        f.append([b"0123456789"])
+    with backend.open_reader() as r:
+        want = r.read(1, offset, length)
+        buf = bytearray(b"#" * (length + 2))
+        assert r.read_into(1, offset, memoryview(buf)[:length]) == len(want)
+        assert buf == want + b"#" * (length + 2 - len(want))   # nothing written past it
+
+
+def test_read_into_of_a_missing_segment_or_a_closed_session_fails_as_read_does(backend):
+    backend.create(1).close()
+    r = backend.open_reader()
+    with pytest.raises(CorruptionError):
+        r.read_into(42, 0, bytearray(4))
+    r.close()
+    with pytest.raises(ValueError):
+        r.read_into(1, 0, bytearray(1))
+
+
 def test_read_sees_appends_of_the_open_segment(backend):
     with backend.create(1) as f, backend.open_reader() as r:
         f.append([b"abc"])

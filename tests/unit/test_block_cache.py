@@ -8,7 +8,7 @@ import os
 import threading
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from snapstore.remote import cache as cache_mod
 from snapstore.remote import layout
@@ -239,3 +239,82 @@ def test_a_bad_fetch_threads_setting_is_a_clear_error(monkeypatch, tmp_path, val
         layout.fetch_threads()
     with pytest.raises(InvalidArgumentError):
         BlockCache(str(tmp_path), Bucket(segs(B)).fetch)
+
+
+def test_a_prefetch_waits_for_its_readers_instead_of_dropping_unread_blocks(tmp_path,
+                                                                            monkeypatch):
+    """Readers slower than the fetches: the fetch threads wait once HELD_BYTES of blocks are
+    unread, so every block reaches its reader from memory (no cache file to fall back on
+    here: a dropped block would be fetched again)."""
+    monkeypatch.setattr(cache_mod, "HELD_BYTES", 2 * B)
+    monkeypatch.setenv(layout.FETCH_THREADS_ENV, "1")
+    bucket = Bucket(segs(12 * B))
+    cache = BlockCache(str(tmp_path), bucket.fetch)
+    monkeypatch.setattr(cache, "_write_block", lambda path, buf, n: None)
+    try:
+        cache.prefetch([(1, 0, 12 * B)])
+        for off in range(0, 12 * B, B):
+            __import__("time").sleep(0.02)               # a slow reader
+            assert cache.read(1, off, B) == bucket.segments[1][off:off + B]
+            assert cache._held_bytes <= 2 * B + cache_mod.RUN_BLOCKS * B
+        assert sorted(bucket.calls) == [(1, off, cache_mod.RUN_BLOCKS * B)
+                                        for off in range(0, 12 * B, cache_mod.RUN_BLOCKS * B)]
+    finally:
+        cache.close()
+
+
+def test_readers_that_stop_coming_do_not_stop_the_prefetch(tmp_path, monkeypatch):
+    """Nobody reads what was hinted: after STALL_SECONDS the fetch threads go on, and the
+    oldest blocks make room as before."""
+    monkeypatch.setattr(cache_mod, "HELD_BYTES", 2 * B)
+    monkeypatch.setattr(cache_mod, "STALL_SECONDS", 0.2)
+    monkeypatch.setenv(layout.FETCH_THREADS_ENV, "1")
+    bucket = Bucket(segs(12 * B))
+    cache = BlockCache(str(tmp_path), bucket.fetch)
+    try:
+        cache.prefetch([(1, 0, 12 * B)])
+        futures = list(cache._inflight.values())
+        for f in futures:
+            f.result(timeout=30)
+        assert len(bucket.calls) == 3
+        assert cache._held_bytes <= 2 * B + cache_mod.RUN_BLOCKS * B
+        assert cache.read(1, 11 * B, 10) == bucket.segments[1][11 * B:11 * B + 10]
+    finally:
+        cache.close()
+
+
+def test_close_ends_a_prefetch_waiting_for_readers(tmp_path, monkeypatch):
+    monkeypatch.setattr(cache_mod, "HELD_BYTES", B)
+    monkeypatch.setattr(cache_mod, "STALL_SECONDS", 60.0)
+    monkeypatch.setenv(layout.FETCH_THREADS_ENV, "1")
+    bucket = Bucket(segs(12 * B))
+    cache = BlockCache(str(tmp_path), bucket.fetch)
+    cache.prefetch([(1, 0, 12 * B)])
+    cache._inflight[(1, 0)].result(timeout=30)
+    t = __import__("time").monotonic()
+    cache.close()                                   # the waiting run gives up at once
+    assert __import__("time").monotonic() - t < 10
+    assert len(bucket.calls) == 1 and not cache._inflight and not cache._held
+    assert cache.read(1, 5 * B, 7) == bucket.segments[1][5 * B:5 * B + 7]   # still usable
+    cache.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(reads=st.lists(st.tuples(st.integers(1, 2), st.integers(0, 3 * B),
+                                st.integers(0, 2 * B)), min_size=1, max_size=6),
+       prefetch=st.booleans())
+@example(reads=[(1, 2 * B + 12346, 1)], prefetch=True)     # past the end of a held block
+def test_read_into_fills_exactly_what_read_returns(tmp_path_factory, reads, prefetch):
+    bucket = Bucket(segs(2 * B + 12345, B))
+    cache = BlockCache(str(tmp_path_factory.mktemp("c")), bucket.fetch)
+    try:
+        if prefetch:
+            cache.prefetch(reads)
+        for number, offset, length in reads:
+            want = bucket.segments[number][offset:offset + length]
+            buf = bytearray(b"\xee" * (length + 3))
+            n = cache.read_into(number, offset, memoryview(buf)[:length])
+            assert n == len(want) and bytes(buf[:n]) == want
+            assert buf[n:] == b"\xee" * (length + 3 - n)          # nothing past what it read
+    finally:
+        cache.close()

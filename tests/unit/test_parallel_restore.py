@@ -101,12 +101,16 @@ def count_reads(store, monkeypatch, reads: list) -> None:
 
     def counting():
         session = real()
-        inner = session.read
+        inner, inner_into = session.read, session.read_into
 
         def read(number, offset, length):
             reads.append(length)
             return inner(number, offset, length)
-        session.read = read
+
+        def read_into(number, offset, buf):
+            reads.append(len(buf))
+            return inner_into(number, offset, buf)
+        session.read, session.read_into = read, read_into
         return session
     monkeypatch.setattr(store.backend, "open_reader", counting)
 

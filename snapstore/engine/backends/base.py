@@ -88,6 +88,15 @@ class SegmentReader(ABC):
         segment. Raises missing_segment(number) (CorruptionError) when the segment does not
         exist, OSError when reading fails, ValueError after close()."""
 
+    def read_into(self, number: int, offset: int, buf) -> int:
+        """Reads bytes [offset, offset + len(buf)) of segment `number` into the writable
+        buffer buf, as read() would return them, and returns how many (fewer when the segment
+        ends first). The same errors as read(). The default copies what read() returns; a
+        backend that can read into place overrides it (one copy less on a restore's path)."""
+        data = self.read(number, offset, len(buf))
+        memoryview(buf)[:len(data)] = data
+        return len(data)
+
     def prefetch(self, ranges) -> None:
         """A hint: the session will read these (segment, offset, length) ranges soon, in
         about this order (an iterable, maybe lazy: iterated at most once, during the call).

@@ -17,7 +17,7 @@ from snapstore.engine import format as fmt
 from snapstore.engine.backends.base import (SegmentBackend, SegmentFile, SegmentReader,
                                             missing_segment, not_a_segment, segment_name)
 from snapstore.engine.fsutil import (DEFAULT_FILE_MODE, NotRegularFile, file_kind,
-                                     fsync_directory, open_regular)
+                                     fsync_directory, open_regular, pread_into)
 
 _IOV_MAX = 1024
 
@@ -114,6 +114,9 @@ class _LocalSegmentReader(SegmentReader):
 
     def read(self, number: int, offset: int, length: int) -> bytes:
         return os.pread(self._fd(number), length, offset)
+
+    def read_into(self, number: int, offset: int, buf) -> int:
+        return pread_into(self._fd(number), buf, offset)
 
     def close(self) -> None:
         fds, self._fds = self._fds, None
