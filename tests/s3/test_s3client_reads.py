@@ -67,3 +67,16 @@ def test_the_direct_path_reads_through_http_client_and_reuses_connections(client
     pools = client._client._endpoint.http_session._manager.pools
     opened = sum(pools[key].num_connections for key in pools.keys())
     assert 1 <= opened <= 2          # handed back after each GET, not a connection per GET
+
+
+def test_clients_share_the_parsed_service_model_but_read_settings_afresh(s3, monkeypatch):
+    url = layout.parse_url(f"s3://{s3.bucket}/{s3.key('')}")
+    first = S3Client(url, timeout=30)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")     # changed in between
+    second = S3Client(url, timeout=30)
+    try:
+        assert first._client._loader is second._client._loader
+        assert second.endpoint == "http://127.0.0.1:9" != first.endpoint
+    finally:
+        first.close()
+        second.close()
