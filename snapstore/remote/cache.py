@@ -64,7 +64,11 @@ def _count_block_bytes(blocks: dict, number: int, offset: int, length: int) -> N
     each CACHE_BLOCK block it covers: blocks[(number, block)]."""
     B = layout.CACHE_BLOCK
     end = offset + length
-    for block in range(offset // B, (end - 1) // B + 1):
+    first = offset // B
+    if first == (end - 1) // B:             # most ranges (chunk records) lie in one block
+        blocks[(number, first)] = blocks.get((number, first), 0) + length
+        return
+    for block in range(first, (end - 1) // B + 1):
         n = min(end, (block + 1) * B) - max(offset, block * B)
         blocks[(number, block)] = blocks.get((number, block), 0) + n
 
