@@ -8,9 +8,11 @@ record checksums above it and dropped (drop()) so the next read fetches it again
 
 A prefetch (the read path's hint) streams runs of RUN_BLOCKS blocks with one ranged GET each
 (layout.fetch_threads() at a time) into reused, page-aligned block buffers. A block is handed
-to its readers from memory as soon as it has arrived; its file is written after that, with O_DIRECT
-where the file system allows (no copy into the page cache, which cost more CPU than the
-download itself here), and the buffer is kept while HELD_BYTES allow, then reused.
+to its readers from memory as soon as it has arrived; its file is written after that by one
+writer thread (the fetch thread goes on to its next GET; an O_DIRECT write waits for the
+disk), with O_DIRECT where the file system allows (no copy into the page cache, which cost
+more CPU than the download itself here), and the buffer is kept while HELD_BYTES allow, then
+reused. The fetches wait while HELD_BYTES of blocks are not written yet.
 
 The prefetch never runs more than HELD_BYTES of unread blocks ahead of the readers: a fetch
 thread waits before its next GET until readers have read that far (a block is read once its
@@ -89,19 +91,21 @@ class BlockCache:
         self.threads = layout.fetch_threads()
         self._spares_kept = HELD_BYTES // layout.CACHE_BLOCK + self.threads * RUN_BLOCKS
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = None          # the fetch threads
+        self._writer: ThreadPoolExecutor | None = None        # writes fetched blocks' files
         self._inflight: dict = {}            # (segment, block) -> Future of its prefetch
         # (segment, block) -> [view of its bytes, file written]: fetched blocks served from
         # memory, so that readers never wait for (nor read back) the cache's files; see _hold
         self._held: collections.OrderedDict = collections.OrderedDict()
         self._held_bytes = 0
         self._unread_bytes = 0               # hinted bytes of held blocks not read yet
+        self._unwritten_bytes = 0            # held blocks whose files are not written yet
         self._hinted: dict = {}              # (segment, block) -> hinted bytes, until held
         self._last_read = 0.0                # time.monotonic() of the last read from memory
         self._closing = False
         self._spare: list = []               # block buffers no longer held, for reuse
         self._lock = threading.Lock()
-        self._consumed = threading.Condition(self._lock)    # held blocks were read
+        self._consumed = threading.Condition(self._lock)    # held blocks were read, written
         self._bytes = self._scan()[0]
 
     def _scan(self) -> tuple[int, list]:
@@ -275,7 +279,9 @@ class BlockCache:
         streamed block by block into block buffers. Each block is held in memory (_hold) and
         its future in `ready` resolved as soon as it has arrived, so readers wait only for
         their own blocks, never for the disk; then the blocks' files are written. On failure
-        the unresolved futures get the error (their readers then fetch themselves)."""
+        the unresolved futures get the error (their readers then fetch themselves). The
+        blocks' files are written by the writer thread (_write_run) meanwhile: a fetch thread
+        goes on to its next GET instead of waiting for the disk."""
         B = layout.CACHE_BLOCK
         left = dict(enumerate(ready))           # the futures not resolved yet
         got: dict = {}                          # block -> (buffer, length): held, to write
@@ -312,23 +318,36 @@ class BlockCache:
         finally:
             for buf in scratch:
                 self._release(buf)
-            for block, (buf, n) in got.items():
-                path = self._block_path(number, block)
+            if got:
+                with self._lock:
+                    if self._writer is None:
+                        self._writer = ThreadPoolExecutor(1, "snapstore-cache-write")
+                    self._writer.submit(self._write_run, number, got)
+
+    def _write_run(self, number: int, got: dict) -> None:
+        """Writes the files of fetched blocks {block: (buffer, length)} (held until then)."""
+        for block, (buf, n) in got.items():
+            path = self._block_path(number, block)
+            try:
                 if not os.path.exists(path):
-                    try:
-                        self._write_block(path, buf, n)
-                    except OSError:
-                        pass                    # only slower: read again from the bucket
+                    self._write_block(path, buf, n)
+            except OSError:
+                pass                            # only slower: read again from the bucket
+            finally:
                 self._written((number, block))
 
     def _may_fetch(self) -> bool:
-        """Waits until the readers have read all but HELD_BYTES of the held blocks' hinted
-        bytes, or read nothing for STALL_SECONDS (they stopped: the wait would never end);
-        False when the cache is closing."""
+        """Waits until the writer thread has written all but HELD_BYTES of the held blocks,
+        and the readers have read all but HELD_BYTES of their hinted bytes or read nothing
+        for STALL_SECONDS (they stopped: the wait would never end); False when the cache is
+        closing."""
         with self._lock:
-            while self._unread_bytes >= HELD_BYTES and not self._closing:
+            while not self._closing:
+                if self._unwritten_bytes >= HELD_BYTES:
+                    self._consumed.wait(STALL_SECONDS)      # the writer always goes on
+                    continue
                 idle = time.monotonic() - self._last_read
-                if idle >= STALL_SECONDS:
+                if self._unread_bytes < HELD_BYTES or idle >= STALL_SECONDS:
                     break
                 self._consumed.wait(STALL_SECONDS - idle)
             return not self._closing
@@ -345,6 +364,7 @@ class BlockCache:
             self._held[key] = [memoryview(buf)[:n], False, buf, unread]
             self._held_bytes += n
             self._unread_bytes += unread
+            self._unwritten_bytes += n
 
     def _was_read(self, held: list, n: int) -> None:
         """Counts n bytes of a held block as read (the lock held)."""
@@ -360,8 +380,10 @@ class BlockCache:
     def _written(self, key: tuple) -> None:
         with self._lock:
             held = self._held.get(key)
-            if held is not None:
+            if held is not None and not held[1]:
                 held[1] = True
+                self._unwritten_bytes -= len(held[0])
+                self._consumed.notify_all()
             self._trim()
 
     def _trim(self) -> None:
@@ -382,6 +404,8 @@ class BlockCache:
         view, written, buf, unread = self._held.pop(key)
         self._held_bytes -= len(view)
         self._unread_bytes -= unread
+        if not written:
+            self._unwritten_bytes -= len(view)
         view.release()
         if written and len(self._spare) < self._spares_kept:
             self._spare.append(buf)
@@ -487,6 +511,10 @@ class BlockCache:
             self._consumed.notify_all()
         if pool is not None:
             pool.shutdown(wait=True)
+        with self._lock:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.shutdown(wait=True)
         with self._lock:
             for key in list(self._held):
                 self._forget(key)

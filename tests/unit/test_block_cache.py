@@ -193,6 +193,8 @@ def test_drop_forgets_held_and_cached_blocks(tmp_path):
         calls = len(bucket.calls)
         cache._pool.shutdown(wait=True)              # let the writes of the first run end
         cache._pool = None
+        cache._writer.shutdown(wait=True)
+        cache._writer = None
         cache.drop(1)
         assert cache.read(1, 0, 5) == bytes(5)       # fetched again
         assert len(bucket.calls) > calls
@@ -317,4 +319,51 @@ def test_read_into_fills_exactly_what_read_returns(tmp_path_factory, reads, pref
             assert n == len(want) and bytes(buf[:n]) == want
             assert buf[n:] == b"\xee" * (length + 3 - n)          # nothing past what it read
     finally:
+        cache.close()
+
+
+def test_the_fetches_go_on_while_the_cache_files_are_written(tmp_path, monkeypatch):
+    """Files are written by a writer thread: with the disk stuck, every block of two runs
+    still reaches its reader (one fetch thread), and the files appear once the disk moves."""
+    monkeypatch.setenv(layout.FETCH_THREADS_ENV, "1")
+    disk = threading.Event()
+    bucket = Bucket(segs(8 * B))
+    cache = BlockCache(str(tmp_path), bucket.fetch)
+    real = cache._write_block
+
+    def stuck(path, buf, n):
+        disk.wait(30)
+        real(path, buf, n)
+    monkeypatch.setattr(cache, "_write_block", stuck)
+    try:
+        cache.prefetch([(1, 0, 8 * B)])
+        assert cache.read(1, 0, 8 * B) == bucket.segments[1]
+        assert not os.listdir(tmp_path) and len(bucket.calls) == 2
+        disk.set()
+    finally:
+        disk.set()
+        cache.close()
+    assert len(os.listdir(tmp_path)) == 8
+
+
+def test_unwritten_blocks_hold_back_the_fetches(tmp_path, monkeypatch):
+    """The writer thread behind by HELD_BYTES: no GET begins until it catches up."""
+    monkeypatch.setattr(cache_mod, "HELD_BYTES", 2 * B)
+    monkeypatch.setenv(layout.FETCH_THREADS_ENV, "1")
+    disk = threading.Event()
+    bucket = Bucket(segs(12 * B))
+    cache = BlockCache(str(tmp_path), bucket.fetch)
+    real = cache._write_block
+    monkeypatch.setattr(cache, "_write_block",
+                        lambda path, buf, n: (disk.wait(30), real(path, buf, n)))
+    try:
+        cache.prefetch([(1, 0, 12 * B)])
+        assert cache.read(1, 0, 4 * B) == bucket.segments[1][:4 * B]    # the first run, read
+        __import__("time").sleep(0.3)
+        assert len(bucket.calls) == 1                   # the next waits for the disk
+        disk.set()
+        assert cache.read(1, 4 * B, 8 * B) == bucket.segments[1][4 * B:]
+        assert len(bucket.calls) == 3
+    finally:
+        disk.set()
         cache.close()
