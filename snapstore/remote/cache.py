@@ -75,6 +75,17 @@ def _count_block_bytes(blocks: dict, number: int, offset: int, length: int) -> N
         blocks[(number, block)] = blocks.get((number, block), 0) + n
 
 
+class _Held:
+    """A fetched block kept in memory: its bytes (view, of buffer buf), whether its file is
+    written, how many of its hinted bytes are unread, how many readers copy from it now
+    (pins), and whether it was dropped (gone: recycled when the last of them is done)."""
+    __slots__ = ("view", "buf", "written", "unread", "pins", "gone")
+
+    def __init__(self, buf: mmap.mmap, n: int, unread: int) -> None:
+        self.view, self.buf = memoryview(buf)[:n], buf
+        self.written, self.unread, self.pins, self.gone = False, unread, 0, False
+
+
 class BlockCache:
     """fetch(number, offset, length, consume) reads bytes [offset, offset + length) of a
     segment from the bucket (fewer at its end) by calling consume(readinto) once per attempt
@@ -215,17 +226,25 @@ class BlockCache:
                 pending.result()        # a prefetch is fetching it: wait for that one
             except Exception:
                 pass                    # fetched again below; its error is reported there
-        with self._lock:        # copied under the lock: an evicted buffer is reused
+        with self._lock:
             held = self._held.get((number, block))
             if held is not None:
-                n = max(0, min(len(dest), len(held[0]) - lo))   # none past the end
-                last = len(held[0]) < layout.CACHE_BLOCK
+                held.pins += 1          # its buffer is not reused until the copy is done
+        if held is not None:
+            n = max(0, min(len(dest), len(held.view) - lo))     # none past the end
+            try:
                 if n >= GIL_FREE_COPY:
-                    native.gather(held[0], [(lo, n)], dest)     # the fetch threads go on
+                    native.gather(held.view, [(lo, n)], dest)   # the fetch threads go on
                 else:
-                    dest[:n] = held[0][lo:lo + n]
-                self._was_read(held, n)             # may drop the block: after the copy
-                return n, last
+                    dest[:n] = held.view[lo:lo + n]
+                return n, len(held.view) < layout.CACHE_BLOCK
+            finally:
+                with self._lock:
+                    held.pins -= 1
+                    if held.gone:
+                        self._recycle(held)
+                    else:
+                        self._was_read(held, n)
         try:
             fd = os.open(self._block_path(number, block), os.O_RDONLY)
         except FileNotFoundError:
@@ -361,28 +380,28 @@ class BlockCache:
             if key in self._held:
                 self._forget(key)
             unread = min(self._hinted.pop(key, 0), n)
-            self._held[key] = [memoryview(buf)[:n], False, buf, unread]
+            self._held[key] = _Held(buf, n, unread)
             self._held_bytes += n
             self._unread_bytes += unread
             self._unwritten_bytes += n
 
-    def _was_read(self, held: list, n: int) -> None:
+    def _was_read(self, held: "_Held", n: int) -> None:
         """Counts n bytes of a held block as read (the lock held)."""
         self._last_read = time.monotonic()
-        if held[3]:
-            n = min(n, held[3])
-            held[3] -= n
+        if held.unread:
+            n = min(n, held.unread)
+            held.unread -= n
             self._unread_bytes -= n
             self._consumed.notify_all()
-            if not held[3]:
+            if not held.unread:
                 self._trim()
 
     def _written(self, key: tuple) -> None:
         with self._lock:
             held = self._held.get(key)
-            if held is not None and not held[1]:
-                held[1] = True
-                self._unwritten_bytes -= len(held[0])
+            if held is not None and not held.written:
+                held.written = True
+                self._unwritten_bytes -= len(held.view)
                 self._consumed.notify_all()
             self._trim()
 
@@ -390,25 +409,33 @@ class BlockCache:
         """Drops held blocks (the lock held), oldest first, while they exceed HELD_BYTES:
         those written and read; once the readers stalled (STALL_SECONDS), any written."""
         while self._held_bytes > HELD_BYTES:
-            oldest = next((k for k, v in self._held.items() if v[1] and not v[3]), None)
+            oldest = next((k for k, v in self._held.items() if v.written and not v.unread),
+                          None)
             if oldest is None and (self._closing or
                                    time.monotonic() - self._last_read >= STALL_SECONDS):
-                oldest = next((k for k, v in self._held.items() if v[1]), None)
+                oldest = next((k for k, v in self._held.items() if v.written), None)
             if oldest is None:
                 break
             self._forget(oldest)
 
     def _forget(self, key: tuple) -> None:
-        """Drops a held block (the lock held). Its buffer becomes a spare once its file is
-        written; before that its writer still reads it."""
-        view, written, buf, unread = self._held.pop(key)
-        self._held_bytes -= len(view)
-        self._unread_bytes -= unread
-        if not written:
-            self._unwritten_bytes -= len(view)
-        view.release()
-        if written and len(self._spare) < self._spares_kept:
-            self._spare.append(buf)
+        """Drops a held block (the lock held); its buffer is recycled once no reader copies
+        from it."""
+        held = self._held.pop(key)
+        self._held_bytes -= len(held.view)
+        self._unread_bytes -= held.unread
+        if not held.written:
+            self._unwritten_bytes -= len(held.view)
+        held.gone = True
+        if not held.pins:
+            self._recycle(held)
+
+    def _recycle(self, held: "_Held") -> None:
+        """A dropped block's buffer becomes a spare (the lock held), if its file was written:
+        before that its writer still reads it."""
+        held.view.release()
+        if held.written and len(self._spare) < self._spares_kept:
+            self._spare.append(held.buf)
 
     def _resolve(self, number: int, block: int, ready: Future, error=None) -> None:
         with self._lock:

@@ -60,7 +60,7 @@ def segs(*sizes, seed=0):
 
 
 def all_held_written(cache: BlockCache) -> bool:
-    return all(v[1] for v in cache._held.values())
+    return all(v.written for v in cache._held.values())
 
 
 @settings(max_examples=40, deadline=None)
@@ -366,4 +366,36 @@ def test_unwritten_blocks_hold_back_the_fetches(tmp_path, monkeypatch):
         assert len(bucket.calls) == 3
     finally:
         disk.set()
+        cache.close()
+
+
+def test_concurrent_readers_of_blocks_being_dropped_and_reused_get_exact_bytes(tmp_path,
+                                                                              monkeypatch):
+    """Room for one block: blocks are dropped and their buffers reused while other threads
+    copy out of them (a reader's copy pins its block's buffer)."""
+    monkeypatch.setattr(cache_mod, "HELD_BYTES", B)
+    monkeypatch.setattr(cache_mod, "STALL_SECONDS", 0.05)
+    bucket = Bucket(segs(16 * B + 999), piece=1 << 20)
+    cache = BlockCache(str(tmp_path), bucket.fetch)
+    rnd = __import__("random").Random(5)
+    wrong = []
+
+    def reader(seed):
+        r = __import__("random").Random(seed)
+        for _ in range(25):
+            off = r.randrange(0, 16 * B)
+            length = r.choice([1, 4096, B // 3, B, 2 * B + 5])
+            buf = bytearray(length)
+            n = cache.read_into(1, off, buf)
+            if bytes(buf[:n]) != bucket.segments[1][off:off + length]:
+                wrong.append((off, length))
+    try:
+        cache.prefetch([(1, 0, 16 * B + 999)])
+        threads = [threading.Thread(target=reader, args=(rnd.random(),)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not wrong
+    finally:
         cache.close()
