@@ -34,28 +34,25 @@ class _Reader(SegmentReader):
         self._closed = False
 
     def read(self, number: int, offset: int, length: int) -> bytes:
-        if self._closed:
-            raise ValueError("read session is closed")
-        b = self._backend
-        if number in b.spooled():
-            try:
-                return self._local.read(number, offset, length)
-            except Exception:
-                if number in b.spooled():
-                    raise
-        return b.cache.read(number, offset, length)
+        return self._from(number, lambda source: source.read(number, offset, length))
 
     def read_into(self, number: int, offset: int, buf) -> int:
+        return self._from(number, lambda source: source.read_into(number, offset, buf))
+
+    def _from(self, number: int, read):
+        """read(source): from the spool while segment `number` is this writer's own and not
+        uploaded yet (an upload that ends meanwhile moves it: then from the cache), else
+        from the block cache."""
         if self._closed:
             raise ValueError("read session is closed")
         b = self._backend
         if number in b.spooled():
             try:
-                return self._local.read_into(number, offset, buf)
+                return read(self._local)
             except Exception:
                 if number in b.spooled():
                     raise
-        return b.cache.read_into(number, offset, buf)
+        return read(b.cache)
 
     def prefetch(self, ranges) -> None:
         """Fetches the cache blocks of (segment, offset, length) ranges in parallel."""
