@@ -105,8 +105,8 @@ class BlockCache:
         self._pool: ThreadPoolExecutor | None = None          # the fetch threads
         self._writer: ThreadPoolExecutor | None = None        # writes fetched blocks' files
         self._inflight: dict = {}            # (segment, block) -> Future of its prefetch
-        # (segment, block) -> [view of its bytes, file written]: fetched blocks served from
-        # memory, so that readers never wait for (nor read back) the cache's files; see _hold
+        # (segment, block) -> _Held: fetched blocks served from memory, so that readers
+        # never wait for (nor read back) the cache's files; see _hold
         self._held: collections.OrderedDict = collections.OrderedDict()
         self._held_bytes = 0
         self._unread_bytes = 0               # hinted bytes of held blocks not read yet
@@ -374,8 +374,7 @@ class BlockCache:
     def _hold(self, key: tuple, buf: mmap.mmap, n: int) -> None:
         """Keeps a fetched block in memory until its file is written and its hinted bytes
         were read, and after that while HELD_BYTES allow (oldest out first): see _trim.
-        Unwritten blocks are bounded by the fetch threads: each writes its run's blocks
-        before it fetches another run."""
+        Unwritten blocks are bounded by _may_fetch."""
         with self._lock:
             if key in self._held:
                 self._forget(key)
