@@ -67,7 +67,10 @@ def all_held_written(cache: BlockCache) -> bool:
 @given(reads=st.lists(st.tuples(st.integers(1, 2), st.integers(0, 3 * B),
                                 st.integers(0, 2 * B)), min_size=1, max_size=6),
        prefetch=st.booleans())
+@example(reads=[(1, 2 * B + 12346, 1)], prefetch=True)     # past the end of a held block
 def test_reads_return_exactly_the_segment_bytes(tmp_path_factory, reads, prefetch):
+    """read_into (first, on a cold cache) fills exactly what read returns, and nothing past
+    it; read returns the same again, from the cache."""
     bucket = Bucket(segs(2 * B + 12345, B))          # a partial last block, a whole one
     cache = BlockCache(str(tmp_path_factory.mktemp("c")), bucket.fetch)
     try:
@@ -75,6 +78,10 @@ def test_reads_return_exactly_the_segment_bytes(tmp_path_factory, reads, prefetc
             cache.prefetch(reads)
         for number, offset, length in reads:
             want = bucket.segments[number][offset:offset + length]
+            buf = bytearray(b"\xee" * (length + 3))
+            n = cache.read_into(number, offset, memoryview(buf)[:length])
+            assert n == len(want) and bytes(buf[:n]) == want
+            assert buf[n:] == b"\xee" * (length + 3 - n)          # nothing past what it read
             assert cache.read(number, offset, length) == want
             assert cache.read(number, offset, length) == want        # now from the cache
     finally:
@@ -299,27 +306,6 @@ def test_close_ends_a_prefetch_waiting_for_readers(tmp_path, monkeypatch):
     assert len(bucket.calls) == 1 and not cache._inflight and not cache._held
     assert cache.read(1, 5 * B, 7) == bucket.segments[1][5 * B:5 * B + 7]   # still usable
     cache.close()
-
-
-@settings(max_examples=40, deadline=None)
-@given(reads=st.lists(st.tuples(st.integers(1, 2), st.integers(0, 3 * B),
-                                st.integers(0, 2 * B)), min_size=1, max_size=6),
-       prefetch=st.booleans())
-@example(reads=[(1, 2 * B + 12346, 1)], prefetch=True)     # past the end of a held block
-def test_read_into_fills_exactly_what_read_returns(tmp_path_factory, reads, prefetch):
-    bucket = Bucket(segs(2 * B + 12345, B))
-    cache = BlockCache(str(tmp_path_factory.mktemp("c")), bucket.fetch)
-    try:
-        if prefetch:
-            cache.prefetch(reads)
-        for number, offset, length in reads:
-            want = bucket.segments[number][offset:offset + length]
-            buf = bytearray(b"\xee" * (length + 3))
-            n = cache.read_into(number, offset, memoryview(buf)[:length])
-            assert n == len(want) and bytes(buf[:n]) == want
-            assert buf[n:] == b"\xee" * (length + 3 - n)          # nothing past what it read
-    finally:
-        cache.close()
 
 
 def test_the_fetches_go_on_while_the_cache_files_are_written(tmp_path, monkeypatch):
