@@ -249,7 +249,7 @@ class BlockCache:
             fd = os.open(self._block_path(number, block), os.O_RDONLY)
         except FileNotFoundError:
             data = self._fetch_block(number, block)
-            src = data[lo:lo + len(dest)]
+            src = memoryview(data)[lo:lo + len(dest)]       # no copy of the slice first
             dest[:len(src)] = src
             return len(src), len(data) < layout.CACHE_BLOCK
         try:
