@@ -32,6 +32,7 @@ import xxhash
 
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
+from snapstore.engine import indexswap
 from snapstore.engine.crashpoints import crashpoint
 from snapstore.errors import CorruptionError, FormatError, SnapstoreError, StoreIOError
 from snapstore.engine import records
@@ -232,6 +233,10 @@ def _stream_key(stream: str, tail: bytes = b"") -> bytes:
 # Compaction may replace the index directory by a compacted copy (indexswap.py): an
 # environment whose path now holds another data file is outdated.
 _IDENTS: dict[int, tuple[int, int] | None] = {}
+# The data file each open environment stands for, by id(env): the one in its index directory
+# (STORE/index/data.mdb), also when it was opened from a complete new index still waiting in
+# .index.new for the second rename of a swap (indexswap.index_to_read).
+_WATCHED: dict[int, str] = {}
 
 
 def _file_ident(path: str) -> tuple[int, int] | None:
@@ -246,12 +251,14 @@ def _file_ident(path: str) -> tuple[int, int] | None:
 def _env_is_current(env: lmdb.Environment) -> bool:
     """Whether env's directory still holds the data file env opened (True when that cannot
     be told: a missing file is the moment of a fallback swap, not a replacement)."""
-    now = _file_ident(os.path.join(env.path(), fmt.INDEX_DATA_FILE))
+    watched = _WATCHED.get(id(env)) or os.path.join(env.path(), fmt.INDEX_DATA_FILE)
+    now = _file_ident(watched)
     return now is None or now == _IDENTS.get(id(env))
 
 
 def _close_env(env: lmdb.Environment) -> None:
     _IDENTS.pop(id(env), None)
+    _WATCHED.pop(id(env), None)
     env.close()
 
 
@@ -298,25 +305,30 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
     file_mode. Its files must be regular files (CorruptionError otherwise: LMDB would block
     on a FIFO, or write its lock table into whatever a symlink names)."""
     def open_env(real_path: str) -> lmdb.Environment:
-        for name in ("data.mdb", "lock.mdb"):
-            try:
-                check_regular(os.path.join(real_path, name))
-            except NotRegularFile as exc:
-                raise CorruptionError(f"index file {os.path.join(path, name)} is {exc.kind}, "
-                                      "not a regular file: the index is damaged (rebuild it "
-                                      "with `snapstore repair`)") from None
-        fs_readonly = not os.access(real_path, os.W_OK)
-        data = os.path.join(real_path, fmt.INDEX_DATA_FILE)
         for _ in range(_OPEN_ATTEMPTS):
+            location = indexswap.index_to_read(real_path)
+            for name in ("data.mdb", "lock.mdb"):
+                try:
+                    check_regular(os.path.join(location, name))
+                except NotRegularFile as exc:
+                    raise CorruptionError(f"index file {os.path.join(path, name)} is "
+                                          f"{exc.kind}, not a regular file: the index is "
+                                          "damaged (rebuild it with `snapstore repair`)") \
+                        from None
+            fs_readonly = not os.access(location, os.W_OK)
+            data = os.path.join(location, fmt.INDEX_DATA_FILE)
             before = _file_ident(data)
+            if location != real_path and before is None:
+                continue                # the second rename came first: index/ is back
             with _lmdb_errors("open"):
-                env = lmdb.open(real_path, map_size=fmt.INDEX_MAP_SIZE, subdir=True,
+                env = lmdb.open(location, map_size=fmt.INDEX_MAP_SIZE, subdir=True,
                                 max_dbs=fmt.INDEX_MAX_DBS, readonly=fs_readonly,
                                 create=False, sync=durable, metasync=False, readahead=False,
                                 lock=True, mode=file_mode)
             after = _file_ident(data)
             if before is None or before == after:   # the file it opened is `after`
                 _IDENTS[id(env)] = after
+                _WATCHED[id(env)] = os.path.join(real_path, fmt.INDEX_DATA_FILE)
                 return env
             env.close()                 # swapped while opening: which one is unknown
         raise StoreIOError(f"the index at {path} was replaced {_OPEN_ATTEMPTS} times while "
@@ -513,9 +525,11 @@ class Index:
         self._lock = threading.Lock()
         self._opened: _Opened | None = None
         self._seen_moves, self._checked_at = _MOVES[0], time.monotonic()
-        if not os.path.isdir(path):
+        location = indexswap.index_to_read(path)
+        if not os.path.isdir(location):
             raise FormatError(f"no index at {path}; not a snapstore store")
-        self._data = _check_data_file(path, rebuilding)
+        _check_data_file(location, rebuilding)
+        self._data = os.path.join(path, fmt.INDEX_DATA_FILE)   # watched for replacements
         self._opened = self._open(create=not readonly)
         try:
             self.version = self._check_version()
@@ -528,7 +542,7 @@ class Index:
         create=True creates missing databases (a writer's first open)."""
         env = _acquire_env(self.path, self.durable, self.file_mode)
         try:
-            _check_not_truncated(env, self._data)
+            _check_not_truncated(env, self._data_file(env))
             with _lmdb_errors("open databases"):
                 if env.flags()["readonly"]:     # no writer can be in this process
                     dbs = {name: _open_db(env, name) for name in fmt.INDEX_DBS}
@@ -553,6 +567,13 @@ class Index:
             _ENVS.release(env)
             raise
         return _Opened(env, dbs)
+
+    def _data_file(self, env: lmdb.Environment) -> str:
+        """The data file's path: in index/, or where env opened it while index/ is missing
+        (a reader between the two renames of a swap: indexswap.index_to_read)."""
+        if os.path.lexists(self._data):
+            return self._data
+        return os.path.join(env.path(), fmt.INDEX_DATA_FILE)
 
     @property
     def env(self) -> lmdb.Environment:
@@ -732,10 +753,11 @@ class Index:
                 main = self.env.stat()
         used = 2 + sum(st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
                        for st in [main, *stats])
+        data = self._data_file(self.env)
         try:
-            size = os.stat(self._data).st_size
+            size = os.stat(data).st_size
         except OSError as exc:
-            raise StoreIOError(f"cannot stat the index file {self._data}: {exc.strerror}",
+            raise StoreIOError(f"cannot stat the index file {data}: {exc.strerror}",
                                exc.errno) from exc
         return size, used * psize
 

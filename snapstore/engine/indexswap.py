@@ -107,6 +107,22 @@ def recover_swap(path: str) -> bool:
     return restored
 
 
+def index_to_read(index_dir: str) -> str:
+    """Where a reader opens the index whose place is index_dir (STORE/index): index_dir, or,
+    while the fallback's second rename is pending (no index/, a .index.old and a .index.new
+    beside it: a swap under way, or one a crash cut between its renames, which only a writer's
+    open or repair finishes), the complete new index in .index.new. Its data file is the one
+    the second rename puts in index/, so a reader of it moves on from it only when index/
+    holds another one (index.py compares the data file's identity)."""
+    if os.path.lexists(index_dir):
+        return index_dir
+    store = os.path.dirname(index_dir)
+    new_dir = staging_dir(store)
+    if _is_dir(os.path.join(store, fmt.INDEX_OLD_DIR)) and _is_dir(new_dir):
+        return new_dir
+    return index_dir
+
+
 def leftovers(path: str) -> bool:
     """Whether .index.new or .index.old is there (a swap under way or interrupted)."""
     return any(os.path.lexists(os.path.join(path, name))

@@ -195,11 +195,18 @@ def _check_layout(path: str, check_index: bool = True) -> None:
         layout.append((fmt.INDEX_DIR, "the index (rebuild it with `snapstore repair`)"))
     for name, what in layout:
         full = os.path.join(path, name)
-        try:
-            st_mode = os.lstat(full).st_mode
-        except FileNotFoundError:
+        # index/, or the new index a swap is putting in its place (looked at twice: the
+        # swap's second rename may come in between)
+        places = [indexswap.index_to_read(full), full] if name == fmt.INDEX_DIR else [full]
+        for full in places:
+            try:
+                st_mode = os.lstat(full).st_mode
+                break
+            except FileNotFoundError:
+                pass
+        else:
             raise CorruptionError(f"store {path} has no {name}/ directory: {what} is "
-                                  "missing") from None
+                                  "missing")
         if not stat.S_ISDIR(st_mode):
             raise CorruptionError(f"{full} is {file_kind(st_mode)}, not a directory: the store "
                                   f"is damaged ({what})")

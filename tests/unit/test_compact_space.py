@@ -470,17 +470,55 @@ def test_compaction_shrink_with_the_fallback_swap(store_path, monkeypatch):
 
 def test_a_writer_open_finishes_a_half_done_fallback_swap(store_path):
     want = many_small(store_path, count=30)
-    with snapstore.open(store_path, durability="none") as s:
-        idx = s._committer.index
-        os.mkdir(indexswap.staging_dir(store_path))
-        idx.copy_compacted(indexswap.staging_dir(store_path))
-    # the state a kill between the fallback's two renames leaves
-    os.rename(os.path.join(store_path, fmt.INDEX_DIR),
-              os.path.join(store_path, fmt.INDEX_OLD_DIR))
+    _half_done_fallback_swap(store_path)
     with snapstore.open(store_path, durability="none") as s:
         check(s, want)
     assert sorted(n for n in os.listdir(store_path)
                   if "index" in n and n != fmt.INDEX_GATE_FILE) == [fmt.INDEX_DIR]
+
+
+def _half_done_fallback_swap(store_path: str) -> None:
+    """The state the fallback swap leaves between its two renames (under way, or a kill):
+    no index/, the old index in .index.old, the complete new one in .index.new."""
+    with snapstore.open(store_path, durability="none") as s:
+        os.mkdir(indexswap.staging_dir(store_path))
+        s._committer.index.copy_compacted(indexswap.staging_dir(store_path))
+    os.rename(os.path.join(store_path, fmt.INDEX_DIR),
+              os.path.join(store_path, fmt.INDEX_OLD_DIR))
+
+
+def test_a_reader_opens_between_the_two_renames_of_a_fallback_swap(store_path):
+    """A reader opening then reads the complete new index (not "no index/, run repair"), goes
+    on reading it once a writer's open finished the swap (the same data file, now in index/),
+    and moves to the next index a later compaction swaps in."""
+    want = many_small(store_path, count=30)
+    _half_done_fallback_swap(store_path)
+    with snapstore.open(store_path, readonly=True) as r:
+        check(r, want)
+        assert r.stats()["checkpoints"] == len(want)
+        with snapstore.open(store_path, readonly=True) as r2:   # the same environment
+            check(r2, want)
+        with snapstore.open(store_path, durability="none") as w:   # finishes the swap
+            assert os.path.isdir(os.path.join(store_path, fmt.INDEX_DIR))
+            assert not os.path.lexists(indexswap.staging_dir(store_path))
+            check(r, want)
+            extra = {"b": rbytes("extra", 5000)}
+            want[w.checkpoint(extra, stream="extra").id] = extra
+            check(r, want)                  # sees the writer's commit: one index
+            assert w.compact(shrink_index=True)["index_shrunk"] is not None
+            extra2 = {"b": rbytes("extra2", 7000)}
+            want[w.checkpoint(extra2, stream="extra").id] = extra2
+        check(r, want)                      # moved to the compacted copy
+        with snapstore.open(store_path, readonly=True) as r3:
+            check(r3, want)
+
+
+def test_a_reader_without_index_and_without_a_swap_under_way_is_told_to_repair(store_path):
+    many_small(store_path, count=3)
+    os.rename(os.path.join(store_path, fmt.INDEX_DIR), os.path.join(store_path, "elsewhere"))
+    os.mkdir(indexswap.staging_dir(store_path))       # an unfinished rebuild: not readable
+    with pytest.raises(snapstore.errors.CorruptionError, match="snapstore repair"):
+        snapstore.open(store_path, readonly=True)
 
 
 def test_index_notices_a_replaced_directory_and_releases_the_old_env(store_path):
