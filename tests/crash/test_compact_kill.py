@@ -3,7 +3,9 @@
 test_compaction_survives_sigkill: one store with garbage spread over many segments; a child
 process (compact_child.py) opens it and runs compact(), and is SIGKILLed either at a random
 moment after it announced the start or by SNAPSTORE_CRASH_AT at compact_after_copy,
-compact_before_remove or compact_after_remove (the N-th time, N varying). After every kill the
+compact_before_remove or compact_after_remove (the N-th time, N varying), or at
+compact_after_trim_copy (reached once, when the compaction trims chunks); once the kills
+number enough, the kinds still missing are aimed at. After every kill the
 parent reopens the store (recovery) and checks that every live checkpoint restores byte-exact
 and verify(deep=True) is ok. Some iterations refill the store with new checkpoints and deletes
 so later kills have work; after a child that ran to the end, or when the parent finishes the job
