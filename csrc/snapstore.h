@@ -92,6 +92,16 @@ int snap_fp_diff_runs(const uint8_t *buf, size_t len, size_t page_size,
 int snap_gather(const uint8_t *buf, size_t len, const uint64_t *ranges, size_t n_ranges,
                 uint8_t *out, size_t out_cap, size_t *n_out);
 
+/* snap_gather_fp: snap_gather, and the page fingerprints of the bytes it wrote: fps receives
+ * snap_page_count(total, page_size) digests laid out as snap_fp_pages(out, total, page_size)
+ * lays them out (the same values), computed while each copied piece is still in the cache.
+ * Errors as snap_gather's, plus SNAP_EINVAL (bad page size, fps NULL with a capacity) and
+ * SNAP_ESPACE (fps_cap too small); nothing is written on error. fps must not overlap buf or
+ * out. */
+int snap_gather_fp(const uint8_t *buf, size_t len, const uint64_t *ranges, size_t n_ranges,
+                   uint8_t *out, size_t out_cap, size_t *n_out,
+                   size_t page_size, uint8_t *fps, size_t fps_cap);
+
 /* ---- byte diff (csrc/bytediff.c) --------------------------------------------------------- */
 /* snap_diff_bytes: where a[0:len] and b[0:len] differ. runs receives *n_runs pairs (offset,
  * length), ascending, non-empty: the maximal differing runs, with runs fewer than max(gap, 1)

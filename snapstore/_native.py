@@ -28,7 +28,7 @@ __all__ = [
     "FP_BYTES", "PAGE_MIN", "PAGE_MAX", "CDC_MIN_LIMIT", "CDC_MAX_LIMIT",
     "as_bytes_view", "byte_view", "check", "page_size_arg", "page_count", "page_fingerprints",
     "fingerprint_diff", "fingerprint_diff_runs", "PageFingerprints", "shadow_diff",
-    "runs_to_ranges", "gather", "diff_bytes", "Chunker", "chunk_boundaries", "buffer_address",
+    "runs_to_ranges", "gather", "gather_fingerprints", "diff_bytes", "Chunker", "chunk_boundaries", "buffer_address",
     "SCAN_HUGE", "uffd_open", "uffd_register", "uffd_unregister", "pagemap_scan",
     "ITEMSIZE_MAX", "DELTA_XOR", "DELTA_SUB", "PLANES_ROTATE", "split_planes", "join_planes",
     "delta_split_planes", "delta_join_planes", "read_chunks", "READ_REASONS", "write_chunks",
@@ -264,8 +264,9 @@ def _ranges_array(ranges, nbytes: int) -> Tuple[object, int, int]:
     return (ffi.new("uint64_t[]", flat) if flat else ffi.NULL), len(flat) // 2, total
 
 
-def gather(buf, ranges: Iterable[Sequence[int]], out=None) -> memoryview:
-    """Copy byte ranges (offset, length) of buf back to back into out; view of the filled prefix (snap_gather)."""
+def _gather_args(buf, ranges, out) -> tuple:
+    """(buf view, its pointer, ranges cdata, their count, their total, out view, its pointer),
+    checked for gather and gather_fingerprints (out None: a new buffer of the total)."""
     src = as_bytes_view(buf, name="buf")
     arr, n, total = _ranges_array(ranges, len(src))
     if out is None:
@@ -278,9 +279,29 @@ def gather(buf, ranges: Iterable[Sequence[int]], out=None) -> memoryview:
     s0, d0 = int(ffi.cast("uintptr_t", src_p)), int(ffi.cast("uintptr_t", dst_p))
     if len(src) and len(dst) and s0 < d0 + len(dst) and d0 < s0 + len(src):
         raise errors.InvalidArgumentError("out must not overlap buf")
+    return src, src_p, arr, n, total, dst, dst_p
+
+
+def gather(buf, ranges: Iterable[Sequence[int]], out=None) -> memoryview:
+    """Copy byte ranges (offset, length) of buf back to back into out; view of the filled prefix (snap_gather)."""
+    src, src_p, arr, n, _, dst, dst_p = _gather_args(buf, ranges, out)
     n_out = ffi.new("size_t *")
     check(lib.snap_gather(src_p, len(src), arr, n, dst_p, len(dst), n_out), "snap_gather")
     return dst[:n_out[0]]
+
+
+def gather_fingerprints(buf, ranges: Iterable[Sequence[int]], out=None,
+                        page_size: int = 4096) -> Tuple[memoryview, bytearray]:
+    """gather(buf, ranges, out) and page_fingerprints() of the bytes it copied, in one pass
+    (snap_gather_fp: each piece is fingerprinted while it is still in the cache): (view of
+    the filled prefix of out, its digests). The C call lets go of the GIL."""
+    ps = page_size_arg(page_size)
+    src, src_p, arr, n, total, dst, dst_p = _gather_args(buf, ranges, out)
+    fps = bytearray(FP_BYTES * int(lib.snap_page_count(total, ps)))
+    n_out = ffi.new("size_t *")
+    check(lib.snap_gather_fp(src_p, len(src), arr, n, dst_p, len(dst), n_out, ps,
+                             _ptr(fps, True), len(fps)), "snap_gather_fp")
+    return dst[:n_out[0]], fps
 
 
 # diff_bytes calls the C kernel on slices of at most this many bytes, so its scratch run array

@@ -311,6 +311,7 @@ def _runs_ranges(runs, n: int, ps: int) -> Ranges:
 
 class _Full:
     mode = "full"
+    wants_fingerprints = False      # note_many() uses page fingerprints of the stored bytes
 
     def __init__(self, view: memoryview, ps: int) -> None:
         self.n = len(view)
@@ -324,8 +325,9 @@ class _Full:
     def note(self, offset: int, data: memoryview) -> None:
         pass
 
-    def note_many(self, ranges, data: memoryview) -> None:
-        """note() for each range; data holds their bytes back to back."""
+    def note_many(self, ranges, data: memoryview, digests=None) -> None:
+        """note() for each range; data holds their bytes back to back (digests: their page
+        fingerprints, if the caller has them; only _Hash uses them)."""
         pos = 0
         for off, length in ranges:
             if length:
@@ -343,6 +345,7 @@ class _Hash(_Full):
     """Fingerprints of the caller's stored content (live content at the last dirty(),
     corrected by note_stored)."""
     mode = "hash"
+    wants_fingerprints = True
 
     def __init__(self, view: memoryview, ps: int) -> None:
         self.n, self.ps = len(view), ps
@@ -385,7 +388,7 @@ class _Hash(_Full):
             self.forced.difference_update(range(first, last))
 
 
-    def note_many(self, ranges, data: memoryview) -> None:
+    def note_many(self, ranges, data: memoryview, digests=None) -> None:
         ps, n = self.ps, self.n
         pos = 0
         spans = []                                   # (first page, pages, position in data)
@@ -398,7 +401,8 @@ class _Hash(_Full):
             pos += length
         if not spans:
             return
-        digests = nat.page_fingerprints(data, ps)     # page j of data = page j of the ranges
+        if digests is None:                           # page j of data = page j of the ranges
+            digests = nat.page_fingerprints(data, ps)
         fps = self.table.digests
         for first, count, at in spans:
             a = at // ps * _FP
@@ -531,9 +535,13 @@ class _Uffd(_Full):
             if a < b:
                 copy[a - lo:b - lo] = data[a - offset:b - offset]
 
-    def note_many(self, ranges, data: memoryview) -> None:
+    @property
+    def wants_fingerprints(self) -> bool:
+        return self.fp is not None
+
+    def note_many(self, ranges, data: memoryview, digests=None) -> None:
         if self.fp is not None:
-            self.fp.note_many(ranges, data)
+            self.fp.note_many(ranges, data, digests)
         elif self.edges:
             _Full.note_many(self, ranges, data)
 
@@ -617,12 +625,28 @@ class Detector:
             if self._armed and len(data):      # (in a forked child: re-armed by dirty() anyway)
                 self._impl.note(offset, data)
 
-    def note_stored_many(self, ranges, data) -> None:
+    @property
+    def wants_fingerprints(self) -> bool:
+        """Whether note_stored_many() can use the page fingerprints (at page_size) of the
+        stored bytes, so a caller that computes them while it copies should pass them."""
+        return self._impl.wants_fingerprints
+
+    def note_stored_many(self, ranges, data, fingerprints=None) -> None:
         """note_stored() for many ranges in one call: data holds their bytes back to back, in
         the order of ranges (what a gather of the ranges produces). Much cheaper than one call
-        per range when there are thousands of scattered pages."""
+        per range when there are thousands of scattered pages. fingerprints: the page
+        fingerprints of data at page_size (nat.page_fingerprints(data, page_size), e.g. from
+        nat.gather_fingerprints), saving the detector a pass over data."""
         data = nat.as_bytes_view(data, name="data")
         ranges = list(ranges)
+        if fingerprints is not None:
+            fingerprints = nat.as_bytes_view(fingerprints, name="fingerprints")
+            want = nat.FP_BYTES * nat.page_count(len(data), self.page_size)
+            if len(fingerprints) != want:
+                raise InvalidArgumentError(
+                    f"note_stored_many: fingerprints holds {len(fingerprints)} bytes; the "
+                    f"{len(data)} bytes of data have {want // nat.FP_BYTES} pages of "
+                    f"{self.page_size} bytes")
         with self._lock:
             if self._closed:
                 return
@@ -637,7 +661,7 @@ class Detector:
                 raise InvalidArgumentError(f"note_stored_many: the ranges hold {total} bytes, "
                                            f"data {len(data)}")
             if self._armed and total:
-                self._impl.note_many(ranges, data)
+                self._impl.note_many(ranges, data, fingerprints)
 
     def close(self) -> None:
         """Removes write protection, releases the buffer. Idempotent."""

@@ -183,7 +183,10 @@ class Persister:
 
         def stage(part: list) -> None:
             for p, out in part:
-                wr.stage(p, out, owner.detectors[p.name].note_stored_many)
+                # a hash detector takes the fingerprints of the copy: computed as it is made
+                det = owner.detectors[p.name]
+                wr.stage(p, out, det.note_stored_many,
+                         det.page_size if det.wants_fingerprints else None)
         if pos < PARALLEL_STAGE_BYTES or len(places) < 2:
             stage(places)
             return

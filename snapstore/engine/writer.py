@@ -541,14 +541,23 @@ def rebase(view: IndexView, parent: Commit, entry: BufferEntry) -> BufferEntry:
 
 
 def stage(plan: BufferPlan, out: memoryview,
-          on_stored_many: Callable[[list, memoryview], None] | None = None) -> None:
+          on_stored_many: Callable[..., None] | None = None,
+          fingerprint_page: int | None = None) -> None:
     """Copies the plan's ranges back to back into out (C gather) and sets plan.staged;
-    on_stored_many(ranges, copied bytes) is told what will be stored, in one call."""
+    on_stored_many(ranges, copied bytes) is told what will be stored, in one call. With
+    fingerprint_page, on_stored_many(ranges, copied bytes, their page fingerprints at that
+    page size), computed in the same pass as the copy (native.gather_fingerprints)."""
     ranges = plan.ranges()
-    filled = native.gather(plan.view, ranges, out)
+    if fingerprint_page is None:
+        filled = native.gather(plan.view, ranges, out)
+        plan.staged = filled
+        if on_stored_many is not None:
+            on_stored_many(ranges, filled)
+        return
+    filled, digests = native.gather_fingerprints(plan.view, ranges, out, fingerprint_page)
     plan.staged = filled
     if on_stored_many is not None:
-        on_stored_many(ranges, filled)
+        on_stored_many(ranges, filled, digests)
 
 
 def chunk_item_size(plan: BufferPlan) -> int:

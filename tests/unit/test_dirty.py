@@ -803,7 +803,8 @@ def test_esys_maps_to_native_system_error():
 # ---- note_stored_many -------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", mode_param(["hash", "shadow", "uffd", "full"]))
 @pytest.mark.parametrize("aligned", [True, False])
-def test_note_stored_many_defeats_the_revert_race(detectors, mode, aligned):
+@pytest.mark.parametrize("with_fingerprints", [False, True])
+def test_note_stored_many_defeats_the_revert_race(detectors, mode, aligned, with_fingerprints):
     m = private_mmap(40 * P)
     buf = np.frombuffer(m, np.uint8)[(0 if aligned else 16):(40 * P - 100)]
     d = detectors(buf, mode)
@@ -814,8 +815,12 @@ def test_note_stored_many_defeats_the_revert_race(detectors, mode, aligned):
     ranges = d.dirty()
     for p in pages:
         buf[p * 4096] += 1                    # Y: written between dirty() and the copy
-    staged = nat.gather(buf, ranges)
-    d.note_stored_many(ranges, staged)
+    if with_fingerprints:                     # the copy's digests, made as it is copied
+        staged, fps = nat.gather_fingerprints(buf, ranges, page_size=d.page_size)
+        d.note_stored_many(ranges, staged, fps if d.wants_fingerprints else None)
+    else:
+        staged = nat.gather(buf, ranges)
+        d.note_stored_many(ranges, staged)
     for p in pages:
         buf[p * 4096] -= 1                    # reverted to X
     got = d.dirty()
@@ -829,7 +834,10 @@ def test_note_stored_many_defeats_the_revert_race(detectors, mode, aligned):
 def test_note_stored_many_checks_and_falls_back(detectors):
     a = np.zeros(10 * 4096 + 10, np.uint8)
     d = detectors(a, "hash")
+    assert d.wants_fingerprints
     d.dirty()
+    with pytest.raises(InvalidArgumentError, match="fingerprints holds"):
+        d.note_stored_many([(0, 8192)], b"x" * 8192, bytes(nat.FP_BYTES))
     with pytest.raises(InvalidArgumentError, match="hold"):
         d.note_stored_many([(0, 4096)], b"x" * 10)
     with pytest.raises(InvalidArgumentError, match="outside"):

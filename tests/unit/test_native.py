@@ -493,6 +493,47 @@ def test_gather_wrapper():
             nat.gather(buf, bad)
 
 
+def test_gather_fingerprints_wrapper_and_bad_input_writes_nothing():
+    buf = data(300_000)
+    mv, fps = nat.gather_fingerprints(buf, [(10, 5000), (0, 0), (299_000, 1000)], page_size=4096)
+    assert bytes(mv) == buf[10:5010] + buf[299_000:]
+    assert bytes(fps) == bytes(nat.page_fingerprints(mv, 4096)) and len(fps) == 2 * nat.FP_BYTES
+    mv, fps = nat.gather_fingerprints(buf, [])                  # nothing: no bytes, no digests
+    assert len(mv) == 0 and len(fps) == 0
+    out = bytearray(b"\xaa" * 100)
+    for bad, kwargs in (([(0, 300_001)], {}), ([(-1, 1)], {}), ([(0, 101)], {}),
+                        ([(0, 10)], {"page_size": 1000}), ([(0, 10)], {"page_size": 0})):
+        with pytest.raises(errors.InvalidArgumentError):
+            nat.gather_fingerprints(buf, bad, out=out, **kwargs)
+        assert out == bytearray(b"\xaa" * 100)
+    shared = bytearray(buf)
+    with pytest.raises(errors.InvalidArgumentError, match="overlap"):
+        nat.gather_fingerprints(shared, [(0, 10)], out=memoryview(shared)[500:])
+
+
+def test_c_gather_fp_checks_before_writing():
+    buf = bytes(range(256)) * 40
+    out = bytearray(len(buf))
+    fps = bytearray(nat.FP_BYTES * 3)
+    n = ffi.new("size_t *")
+    r = ffi.new("uint64_t[]", [0, 4096, 100, 5000])           # 9096 bytes: 3 pages of 4096
+    assert lib.snap_gather_fp(buf, len(buf), r, 2, u8(out), len(out), n, 4096, u8(fps),
+                              len(fps) - 1) == lib.SNAP_ESPACE
+    assert lib.snap_gather_fp(buf, len(buf), r, 2, u8(out), 9095, n, 4096, u8(fps),
+                              len(fps)) == lib.SNAP_ESPACE
+    assert lib.snap_gather_fp(buf, len(buf), r, 2, u8(out), len(out), n, 3000, u8(fps),
+                              len(fps)) == lib.SNAP_EINVAL
+    bad = ffi.new("uint64_t[]", [0, 10, len(buf), 1])
+    assert lib.snap_gather_fp(buf, len(buf), bad, 2, u8(out), len(out), n, 4096, u8(fps),
+                              len(fps)) == lib.SNAP_EINVAL
+    assert lib.snap_gather_fp(buf, len(buf), r, 2, u8(out), len(out), ffi.NULL, 4096,
+                              u8(fps), len(fps)) == lib.SNAP_EINVAL
+    assert out == bytearray(len(buf)) and fps == bytearray(len(fps)) and n[0] == 0
+    assert lib.snap_gather_fp(buf, len(buf), r, 2, u8(out), len(out), n, 4096, u8(fps),
+                              len(fps)) == lib.SNAP_OK and n[0] == 9096
+    assert bytes(fps) == bytes(nat.page_fingerprints(out[:9096], 4096))
+
+
 def test_gather_page_runs_and_odd_sizes():
     buf = data(1 << 20, seed=4)
     for lengths in ([4096] * 9, [256, 257, 4095, 4097, 300, 65535, 65536, 70000, 1, 0, 128, 129],
