@@ -248,10 +248,7 @@ class BlockCache:
         try:
             fd = os.open(self._block_path(number, block), os.O_RDONLY)
         except FileNotFoundError:
-            data = self._fetch_block(number, block)
-            src = memoryview(data)[lo:lo + len(dest)]       # no copy of the slice first
-            dest[:len(src)] = src
-            return len(src), len(data) < layout.CACHE_BLOCK
+            return self._fetch_block(number, block, lo, dest)
         try:
             return pread_into(fd, dest, lo), os.fstat(fd).st_size < layout.CACHE_BLOCK
         finally:
@@ -271,7 +268,9 @@ class BlockCache:
             pass
         return buf
 
-    def _fetch_block(self, number: int, block: int) -> bytes:
+    def _fetch_block(self, number: int, block: int, lo: int, dest: memoryview) -> tuple:
+        """Fetches the block now, writes its file, and copies bytes [lo, lo + len(dest)) of
+        it into dest straight from the block buffer: _copy_block's answer."""
         B = layout.CACHE_BLOCK
 
         def consume(readinto) -> tuple:
@@ -283,10 +282,14 @@ class BlockCache:
                 self._write_block(self._block_path(number, block), buf, n)
         except OSError:
             pass                    # a cache that cannot be written is only slower
+        try:
+            src = memoryview(buf)[lo:min(n, lo + len(dest))]
+            got = len(src)
+            dest[:got] = src
+            src.release()                   # before the buffer goes back to the spares
+            return got, n < B
         finally:
-            data = buf[:n]
             self._release(buf)
-        return data
 
     def _release(self, buf: mmap.mmap) -> None:
         with self._lock:
