@@ -74,6 +74,25 @@ static inline uint64_t min4(const uint64_t *r)
     return r[7] < m ? r[7] : m;
 }
 
+/* The total length of the ranges into *total: SNAP_EINVAL when one is not inside buf[0:len]
+ * (whatever the others), else SNAP_ESPACE when they hold more than out_cap bytes. */
+static int ranges_total(size_t len, const uint64_t *ranges, size_t n_ranges, size_t out_cap,
+                        uint64_t *total)
+{
+    int too_big = 0;
+    *total = 0;
+    for (size_t i = 0; i < n_ranges; i++) {
+        uint64_t off = ranges[2 * i], n = ranges[2 * i + 1];
+        if (off > (uint64_t)len || n > (uint64_t)len - off)     /* overflow-safe bounds */
+            return SNAP_EINVAL;
+        if (n > UINT64_MAX - *total)
+            too_big = 1;
+        else
+            *total += n;
+    }
+    return too_big || *total > (uint64_t)out_cap ? SNAP_ESPACE : SNAP_OK;
+}
+
 #if defined(__GNUC__) || defined(__clang__)
 #define PREFETCH(p) __builtin_prefetch((p), 0, 2)
 #else
@@ -91,18 +110,9 @@ int snap_gather(const uint8_t *buf, size_t len, const uint64_t *ranges, size_t n
         return SNAP_EINVAL;
 
     uint64_t total = 0;
-    int too_big = 0;
-    for (size_t i = 0; i < n_ranges; i++) {
-        uint64_t off = ranges[2 * i], n = ranges[2 * i + 1];
-        if (off > (uint64_t)len || n > (uint64_t)len - off)     /* overflow-safe bounds */
-            return SNAP_EINVAL;
-        if (n > UINT64_MAX - total)
-            too_big = 1;
-        else
-            total += n;
-    }
-    if (too_big || total > (uint64_t)out_cap)
-        return SNAP_ESPACE;
+    int rc = ranges_total(len, ranges, n_ranges, out_cap, &total);
+    if (rc != SNAP_OK)
+        return rc;
 
     /* Every range is inside buf and the total fits out: all sizes below fit size_t. */
     uint8_t *dst = out;
@@ -189,14 +199,9 @@ int snap_gather_fp(const uint8_t *buf, size_t len, const uint64_t *ranges, size_
         !page_size_ok(page_size))
         return SNAP_EINVAL;
     uint64_t total = 0;
-    for (size_t i = 0; i < n_ranges; i++) {
-        uint64_t off = ranges[2 * i], n = ranges[2 * i + 1];
-        if (off > (uint64_t)len || n > (uint64_t)len - off)
-            return SNAP_EINVAL;
-        if (n > (uint64_t)out_cap - total)          /* total <= out_cap so far */
-            return SNAP_ESPACE;
-        total += n;
-    }
+    int rc = ranges_total(len, ranges, n_ranges, out_cap, &total);
+    if (rc != SNAP_OK)
+        return rc;
     if (snap_page_count((size_t)total, page_size) > fps_cap / SNAP_FP_BYTES)
         return SNAP_ESPACE;
     if (total == 0)

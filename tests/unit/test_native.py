@@ -526,6 +526,12 @@ def test_c_gather_fp_checks_before_writing():
     bad = ffi.new("uint64_t[]", [0, 10, len(buf), 1])
     assert lib.snap_gather_fp(buf, len(buf), bad, 2, u8(out), len(out), n, 4096, u8(fps),
                               len(fps)) == lib.SNAP_EINVAL
+    # as snap_gather: a range outside buf is EINVAL even after ranges that overflow out
+    bad = ffi.new("uint64_t[]", [0, len(buf), 0, len(buf), len(buf), 1])
+    for fn in (lambda: lib.snap_gather(buf, len(buf), bad, 3, u8(out), len(out), n),
+               lambda: lib.snap_gather_fp(buf, len(buf), bad, 3, u8(out), len(out), n, 4096,
+                                          u8(fps), len(fps))):
+        assert fn() == lib.SNAP_EINVAL
     assert lib.snap_gather_fp(buf, len(buf), r, 2, u8(out), len(out), ffi.NULL, 4096,
                               u8(fps), len(fps)) == lib.SNAP_EINVAL
     assert out == bytearray(len(buf)) and fps == bytearray(len(fps)) and n[0] == 0
