@@ -1206,6 +1206,23 @@ class IndexWriter(IndexView):
     def put_chunk(self, chunk_id: bytes, entry: ChunkEntry) -> None:
         self._put(fmt.DB_CHUNKS, chunk_id, entry.pack())
 
+    def _put_new_chunks(self, new: dict, refs: dict) -> None:
+        """Writes the entries of new chunks {chunk id: (segment, offset, stored, raw, codec)},
+        each once, with its count taken out of refs (what put_chunk does, in one LMDB call:
+        sealed values sorted by key)."""
+        if not new:
+            return
+        pack = fmt.CHUNK_ENTRY.pack
+        head = _HEAD[fmt.DB_CHUNKS]
+        check = fmt.INDEX_VALUE_CHECKSUM.pack
+        items = []
+        for cid in sorted(new):
+            seg, off, stored, raw, codec = new[cid]
+            payload = pack(seg, off, stored, raw, refs.pop(cid, 0), codec)
+            items.append((cid, payload + check(_xxh3_64(head[len(cid)] + cid + payload))))
+        with self.txn.cursor(db=self.dbs[fmt.DB_CHUNKS]) as cur:
+            cur.putmulti(items)
+
     def delete_chunk(self, chunk_id: bytes) -> None:
         """Removes a chunk entry (callers bump the GC generation once per transaction)."""
         self._delete(fmt.DB_CHUNKS, chunk_id)
@@ -1285,12 +1302,23 @@ class IndexWriter(IndexView):
         elif rtype == fmt.REC_TAG:
             self.apply_tag(*records.decode_tag(payload)[:3], position)
 
-    def apply_commit(self, commit: Commit, position: tuple[int, int]) -> None:
-        """Makes a committed checkpoint visible; `position` is just past its commit record."""
-        new: dict[bytes, ChunkEntry] = {}
-        for cid, seg, off, stored, raw, codec in fmt.NEW_CHUNK.iter_unpack(commit.new_chunks):
-            if not self.rebuilding and cid not in new and not self.has_chunk(cid):
-                new[cid] = ChunkEntry(seg, off, stored, raw, 0, codec)   # (a rebuild scans)
+    def apply_commit(self, commit: Commit, position: tuple[int, int],
+                     reused: bytes = b"") -> None:
+        """Makes a committed checkpoint visible; `position` is just past its commit record.
+        reused: a table of more chunk entries (fmt.NEW_CHUNK), of chunks the checkpoint uses
+        that the index may lack (an S3 pull: the checkpoint object's reused-chunk table);
+        like the commit's new chunks, each absent one is written once, with its count."""
+        # the entries of the chunks the index lacks (a rebuild scans the records instead):
+        # chunk id -> (segment, offset, stored, raw, codec). Per-chunk work written out: a
+        # checkpoint of a GiB brings 16,384 of them. An entry present is left as it is, and
+        # checked where its count changes (_apply_ref_counts).
+        new: dict[bytes, tuple] = {}
+        if not self.rebuilding:
+            get, chunks_db = self.txn.get, self.dbs[fmt.DB_CHUNKS]
+            for table in (commit.new_chunks, reused):
+                for row in fmt.NEW_CHUNK.iter_unpack(table):
+                    if row[0] not in new and get(row[0], db=chunks_db) is None:
+                        new[row[0]] = row[1:]
         parent = self.checkpoint(commit.parent) if commit.parent is not None else None
         parent_depths = {b.name: b.depth for b in parent.buffers} if parent else {}
         refs: dict[bytes, int] = {}
@@ -1301,8 +1329,7 @@ class IndexWriter(IndexView):
                 b.depth = parent_depths[b.name] + 1
             _count_refs(b.extents, +1, refs)
             self._put(fmt.DB_MANIFESTS, fmt.MANIFEST_KEY.pack(commit.id, i), b.extents)
-        for cid, entry in new.items():      # written once, with their counts
-            self.put_chunk(cid, entry._replace(refs=refs.pop(cid, 0)))
+        self._put_new_chunks(new, refs)
         self._apply_ref_counts(refs)
         self._put_info(commit)
         key = fmt.CKPT_KEY.pack(commit.id)

@@ -8,8 +8,7 @@ cache directory may overlap.
 """
 from __future__ import annotations
 
-from snapstore.engine import format as fmt
-from snapstore.engine.index import ChunkEntry, Index, IndexWriter
+from snapstore.engine.index import Index, IndexWriter
 from snapstore.engine.records import Commit
 from snapstore.remote import checkpoints as ckpt_objects
 from snapstore.remote import layout, refs
@@ -32,10 +31,7 @@ def apply_checkpoint(w: IndexWriter, commit: Commit, reused: bytes) -> bool:
     """Applies a checkpoint to the cache index unless it is there; returns whether it did."""
     if w.checkpoint(commit.id) is not None:
         return False
-    for cid, seg, off, stored, raw, codec in fmt.NEW_CHUNK.iter_unpack(reused):
-        if not w.has_chunk(cid):
-            w.put_chunk(cid, ChunkEntry(seg, off, stored, raw, 0, codec))
-    w.apply_commit(commit, None)
+    w.apply_commit(commit, None, reused)
     return True
 
 
