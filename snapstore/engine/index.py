@@ -1262,6 +1262,20 @@ class IndexWriter(IndexView):
         """Rewrites a checkpoint's JSON record (manifests untouched)."""
         self._put_info(commit)
 
+    def set_parent(self, checkpoint_id: int, parent: int | None) -> None:
+        """Makes `parent` the checkpoint's parent (its record and the children table); its
+        manifests are untouched, so only for a checkpoint whose buffers are all full."""
+        commit = self.checkpoint(checkpoint_id)
+        if commit is None or commit.parent == parent:
+            return
+        key = fmt.CKPT_KEY.pack(checkpoint_id)
+        if commit.parent is not None:
+            self._delete(fmt.DB_CHILDREN, fmt.CKPT_KEY.pack(commit.parent) + key)
+        commit.parent = parent
+        self._put_info(commit)
+        if parent is not None:
+            self._put(fmt.DB_CHILDREN, fmt.CKPT_KEY.pack(parent) + key, b"")
+
     def put_manifest(self, checkpoint_id: int, buffer_index: int, blob: bytes) -> None:
         """Replaces one manifest, moving chunk reference counts from the old to the new one."""
         old = self.manifest(checkpoint_id, buffer_index)

@@ -44,17 +44,31 @@ def apply_checkpoint(w: IndexWriter, commit: Commit, reused: bytes) -> bool:
 
 def apply_ref(w: IndexWriter, ref: refs.Ref, fetched: dict) -> None:
     """Makes the index's view of ref.stream what the ref says: fetched checkpoints applied in
-    id order, checkpoints no longer live deleted, tags and head as the ref has them."""
+    id order, checkpoints no longer live deleted, parents that were deleted before this
+    cache saw them replaced (below), tags and head as the ref has them.
+
+    A stream of an S3 store is a line: every commit's parent is the head it replaced, the
+    newest live checkpoint then, and a delete makes the victim's children children of its
+    parent. So every live checkpoint's parent is the live one before it in the ref (None for
+    the first), which is what a cache that applied the deletes shows. A cache that first
+    pulls a full checkpoint after its parent was deleted has never seen that parent: it
+    takes the live one before it instead (a delta's deleted ancestors are fetched, applied
+    and deleted like any other, so they never dangle)."""
     for cid in sorted(fetched):
         apply_checkpoint(w, *fetched[cid])
     live = set(ref.live)
     for cid in w.checkpoint_ids(ref.stream):
         if cid not in live:
             w.apply_delete(cid, None)
+    before = None
     for cid in ref.live:
         commit = w.checkpoint(cid)
         if commit is None:
             continue
+        if commit.parent is not None and commit.kind == "full" and \
+                w.checkpoint(commit.parent) is None:
+            w.set_parent(cid, before)
+        before = cid
         want = sorted(ref.tags.get(cid, []))
         if sorted(commit.tags) != want:
             for tag in set(commit.tags) - set(want):
