@@ -21,17 +21,23 @@ def url(s3):
 
 
 def _content(stream: int, step: int) -> dict:
-    return {"a": bytes([stream, step]) * 3000, "b": bytes([step]) * (step + 1)}
+    """64 KiB that change in 10 bytes a step (the later checkpoints of a stream are deltas),
+    and a small buffer that changes whole."""
+    a = bytearray(bytes([stream]) * (64 << 10))
+    a[1000 * step:1000 * step + 10] = bytes([step + 1]) * 10
+    return {"a": bytes(a), "b": bytes([step]) * (step + 1)}
 
 
 def _build(url: str, cache, streams: int = 12, steps: int = 3) -> dict:
     """streams x steps checkpoints (deltas on the first), some tagged, the first deleted from
-    each odd stream; returns {stream: [(id, parent, tags, content), ...]} as the writer sees
-    it."""
+    each odd stream (its delta child absorbs it: a new machine fetches the deleted one's
+    object to rebuild the child); returns {stream: [(id, parent, tags, content), ...]} as
+    the writer sees it."""
     with snapstore.open(url, cache_dir=str(cache)) as s:
         for i in range(streams):
             for step in range(steps):
                 info = s.checkpoint(_content(i, step), stream=f"s{i:02d}", meta={"step": step})
+                assert info.kind == ("full" if step == 0 else "incremental")
                 if step == 1:
                     s.tag(info.id, f"t{i}")
             if i % 2 and steps > 1:
@@ -43,8 +49,6 @@ def _build(url: str, cache, streams: int = 12, steps: int = 3) -> dict:
 def _seen(s) -> dict:
     return {st: [(c.id, c.parent, sorted(c.tags), s.restore(c.id)) for c in s.checkpoints(st)]
             for st in s.streams()}
-
-
 
 
 def test_a_new_machine_sees_every_stream_as_the_writer_does(url, tmp_path):
