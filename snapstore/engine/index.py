@@ -1212,14 +1212,12 @@ class IndexWriter(IndexView):
         sealed values sorted by key)."""
         if not new:
             return
-        pack = fmt.CHUNK_ENTRY.pack
-        head = _HEAD[fmt.DB_CHUNKS]
-        check = fmt.INDEX_VALUE_CHECKSUM.pack
+        pack, db = fmt.CHUNK_ENTRY.pack, fmt.DB_CHUNKS
         items = []
         for cid in sorted(new):
             seg, off, stored, raw, codec = new[cid]
-            payload = pack(seg, off, stored, raw, refs.pop(cid, 0), codec)
-            items.append((cid, payload + check(_xxh3_64(head[len(cid)] + cid + payload))))
+            items.append((cid, seal(db, cid, pack(seg, off, stored, raw, refs.pop(cid, 0),
+                                                  codec))))
         with self.txn.cursor(db=self.dbs[fmt.DB_CHUNKS]) as cur:
             cur.putmulti(items)
 
