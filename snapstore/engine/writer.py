@@ -549,15 +549,13 @@ def stage(plan: BufferPlan, out: memoryview,
     page size), computed in the same pass as the copy (native.gather_fingerprints)."""
     ranges = plan.ranges()
     if fingerprint_page is None:
-        filled = native.gather(plan.view, ranges, out)
-        plan.staged = filled
-        if on_stored_many is not None:
-            on_stored_many(ranges, filled)
-        return
-    filled, digests = native.gather_fingerprints(plan.view, ranges, out, fingerprint_page)
+        filled, more = native.gather(plan.view, ranges, out), ()
+    else:
+        filled, digests = native.gather_fingerprints(plan.view, ranges, out, fingerprint_page)
+        more = (digests,)
     plan.staged = filled
     if on_stored_many is not None:
-        on_stored_many(ranges, filled, digests)
+        on_stored_many(ranges, filled, *more)
 
 
 def chunk_item_size(plan: BufferPlan) -> int:
