@@ -15,7 +15,9 @@ One Detector per tracked buffer (make_detector). Modes:
             against fingerprints (C snap_fp_diff_runs) and only the changed ones reported, so
             the caller stores the changed pages, not twice as many.
   "hash"    XXH3-128 fingerprint of every page_size page kept in the detector; dirty() hashes
-            the whole buffer (C snap_fp_diff).
+            the whole buffer (C snap_fp_diff), except after a dense interval: then it reports
+            the whole buffer without a pass, and the fingerprints of the caller's copy tell
+            what changed (noted_changes(); see _Hash).
   "shadow"  a full copy of the buffer; dirty() compares exactly (C snap_shadow_diff).
   "full"    no tracking: every dirty() reports the whole buffer.
   "auto"    "uffd" where the kernel supports it for that memory, else "hash"; Detector.reason
@@ -79,6 +81,11 @@ SYS_PAGE: int = os.sysconf("SC_PAGE_SIZE")
 
 Ranges = List[Tuple[int, int]]
 _FP = nat.FP_BYTES
+# A "hash" detector of at least DENSE_MIN_BYTES whose last interval changed at least
+# DENSE_FRACTION of its pages reports the whole buffer next time without hashing it first
+# (dense state: every weight moves). Smaller buffers are always hashed: it costs little.
+DENSE_FRACTION = 0.5
+DENSE_MIN_BYTES = 1 << 20
 
 
 # ---- process-wide kernel state -------------------------------------------------------------
@@ -304,6 +311,24 @@ def _align(ranges: Ranges, n: int, ps: int) -> Ranges:
     return out
 
 
+def _changed_digests(old, new) -> List[Tuple[int, int]]:
+    """Runs (first, count) of the digests that differ between two equal-length digest
+    arrays."""
+    runs, _ = nat.diff_bytes(old, new, gap=_FP)    # bytes of one digest lie < _FP apart
+    return [(off // _FP, -(-(off + length) // _FP) - off // _FP) for off, length in runs]
+
+
+def _runs_ranges_of(pages: List[int]) -> List[Tuple[int, int]]:
+    """Ascending page numbers -> runs (first, count)."""
+    runs: List[Tuple[int, int]] = []
+    for p in pages:
+        if runs and runs[-1][0] + runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((p, 1))
+    return runs
+
+
 def _runs_ranges(runs, n: int, ps: int) -> Ranges:
     """Page runs (first, count) -> byte ranges on the ps grid, the last clipped to n."""
     return [(f * ps, min((f + c) * ps, n) - f * ps) for f, c in runs]
@@ -319,7 +344,7 @@ class _Full:
     def arm(self, view: memoryview) -> None:
         pass
 
-    def diff(self, view: memoryview) -> Ranges:
+    def diff(self, view: memoryview, may_skip: bool = True) -> Ranges:
         return [(0, self.n)] if self.n else []
 
     def note(self, offset: int, data: memoryview) -> None:
@@ -334,6 +359,9 @@ class _Full:
                 self.note(off, data[pos:pos + length])
             pos += length
 
+    def noted_changes(self) -> Optional[List[Tuple[int, int]]]:
+        return None
+
     def close(self) -> None:
         pass
 
@@ -343,7 +371,16 @@ class _Full:
 
 class _Hash(_Full):
     """Fingerprints of the caller's stored content (live content at the last dirty(),
-    corrected by note_stored)."""
+    corrected by note_stored).
+
+    Dense intervals skip the pass: when at least DENSE_FRACTION of the pages changed in the
+    last interval, diff() reports the whole buffer without hashing it (it would report about
+    that anyway), and the caller's copy is hashed as it is made, as always. note_many() then
+    compares those fingerprints with the old ones, so the next diff() knows whether the
+    buffer is still dense; one sparse interval after dense ones costs one copy of the whole
+    buffer, not a wrong answer (reporting more than changed is always allowed). Only whole
+    pages noted with their fingerprints (note_many, what the engine's capture does) count as
+    evidence; without it the next diff() hashes again."""
     mode = "hash"
     wants_fingerprints = True
 
@@ -351,13 +388,30 @@ class _Hash(_Full):
         self.n, self.ps = len(view), ps
         self.table: Optional[nat.PageFingerprints] = None
         self.forced: set = set()       # pages note_stored covered only partly: report them
+        self.dense = False             # the last interval changed DENSE_FRACTION of pages
+        self.noted_changed: Optional[int] = None   # after a skipped pass: changed pages noted
+        self.noted_runs: list = []                 # ... their runs (first page, count)
+        self.noted_pages = 0                       # ... and how many pages were noted
 
     def arm(self, view: memoryview) -> None:
         self.table = nat.PageFingerprints(view, self.ps)
         self.forced.clear()
+        self.dense, self.noted_changed = False, None
 
-    def diff(self, view: memoryview) -> Ranges:
+    def diff(self, view: memoryview, may_skip: bool = True) -> Ranges:
+        pages = nat.page_count(self.n, self.ps)
+        if self.noted_changed is not None:           # the last pass was skipped
+            self.dense = self.noted_changed >= DENSE_FRACTION * pages
+            self.noted_changed = None
+        if self.dense and may_skip and pages:
+            # pages noted only partly before are changed whatever their digests say
+            self.noted_runs = [(p, 1) for p in sorted(self.forced)]
+            self.forced.clear()
+            self.noted_changed, self.noted_pages = 0, 0
+            return [(0, self.n)]
         runs = self.table.diff(view)
+        self.dense = self.n >= DENSE_MIN_BYTES and \
+            sum(c for _, c in runs) >= DENSE_FRACTION * pages
         ranges = _runs_ranges(runs, self.n, self.ps)
         if self.forced:
             extra = [(p * self.ps, self.ps) for p in sorted(self.forced)]
@@ -404,12 +458,37 @@ class _Hash(_Full):
         if digests is None:                           # page j of data = page j of the ranges
             digests = nat.page_fingerprints(data, ps)
         fps = self.table.digests
+        if self.noted_changed is not None:           # one comparison of all the spans
+            runs = _changed_digests(
+                b"".join(fps[f * _FP:(f + c) * _FP] for f, c, _ in spans),
+                b"".join(digests[at // ps * _FP:(at // ps + c) * _FP] for _, c, at in spans))
+            start = spans[0][0]
+            if all(f + c == g for (f, c, _), (g, _, _) in zip(spans, spans[1:])):
+                runs = [(start + first, count) for first, count in runs]    # one page run
+            else:                                    # digest k of the joined spans -> page
+                pages = [f + k for f, c, _ in spans for k in range(c)]
+                runs = _runs_ranges_of([pages[i] for first, count in runs
+                                        for i in range(first, first + count)])
+            self.noted_runs += runs
+            self.noted_changed += sum(count for _, count in runs)
+            self.noted_pages += sum(c for _, c, _ in spans)
         for first, count, at in spans:
             a = at // ps * _FP
             fps[first * _FP:(first + count) * _FP] = digests[a:a + count * _FP]
         if self.forced:
             for first, count, _ in spans:
                 self.forced.difference_update(range(first, first + count))
+
+    def noted_changes(self) -> Optional[List[Tuple[int, int]]]:
+        """The page runs the copy noted since a skipped pass changed, once it noted every
+        page of the buffer (exactly once, in order: what one capture does); else None."""
+        if self.noted_changed is None or \
+                self.noted_pages != nat.page_count(self.n, self.ps):
+            return None
+        runs = sorted(self.noted_runs)
+        if any(f + c > g for (f, c), (g, _) in zip(runs, runs[1:])):     # forced ones overlap
+            runs = _runs_ranges_of(sorted({f + k for f, c in runs for k in range(c)}))
+        return runs
 
 
 class _Shadow(_Full):
@@ -424,7 +503,7 @@ class _Shadow(_Full):
     def arm(self, view: memoryview) -> None:
         self.shadow = bytearray(view)
 
-    def diff(self, view: memoryview) -> Ranges:
+    def diff(self, view: memoryview, may_skip: bool = True) -> Ranges:
         runs = nat.shadow_diff(view, self.shadow, self.ps)
         return _runs_ranges(runs, self.n, self.ps)
 
@@ -482,7 +561,7 @@ class _Uffd(_Full):
         for (lo, hi), copy in zip(self.edges, self.copies):
             copy[:] = view[lo:hi]
 
-    def diff(self, view: memoryview) -> Ranges:
+    def diff(self, view: memoryview, may_skip: bool = True) -> Ranges:
         scanned = _KERNEL.scan(self.reg) if self.reg is not None else []
         if self.fp is not None:
             return self._refined(view, scanned)
@@ -591,11 +670,15 @@ class Detector:
     def nbytes(self) -> int:
         return self._n if not self._closed else 0
 
-    def dirty(self) -> Optional[Ranges]:
+    def dirty(self, may_skip: bool = True) -> Optional[Ranges]:
         """Byte ranges (offset, length), ascending, non-overlapping, on the page_size grid (the
         last clipped to the buffer's end), that may have changed since the previous call; they
         contain every changed byte. None (first call, after fork(), after a failed kernel scan):
-        cannot vouch for the buffer, diff it in full. Each call starts a new interval."""
+        cannot vouch for the buffer, diff it in full. Each call starts a new interval.
+
+        may_skip: a "hash" detector may report the whole buffer without hashing it when its
+        last interval was dense (see _Hash); pass False when the caller cannot copy the whole
+        buffer before storing it (noted_changes() then has nothing to narrow it with)."""
         with self._lock:
             if self._closed:
                 raise InvalidArgumentError("dirty(): the detector is closed")
@@ -605,7 +688,7 @@ class Detector:
                 self._forked()
             if self._armed:
                 try:
-                    return self._impl.diff(self._view)
+                    return self._impl.diff(self._view, may_skip)
                 except NativeSystemError as e:
                     self.reason += f"; a kernel scan failed ({e.strerror}): diffed in full once"
             self._arm()
@@ -624,6 +707,15 @@ class Detector:
                     f"{self._n} bytes")
             if self._armed and len(data):      # (in a forked child: re-armed by dirty() anyway)
                 self._impl.note(offset, data)
+
+    def noted_changes(self) -> Optional[Ranges]:
+        """After a dirty() that reported the whole buffer without a pass (a dense interval) and
+        note_stored_many() of the copy: the byte ranges (page grid, ascending) whose copied
+        bytes differ from the detector's baseline, i.e. what really changed. None otherwise
+        (the last dirty() hashed, so its report is exact already; or nothing was noted)."""
+        with self._lock:
+            runs = None if self._closed else self._impl.noted_changes()
+            return None if runs is None else _runs_ranges(runs, self._n, self.page_size)
 
     @property
     def wants_fingerprints(self) -> bool:

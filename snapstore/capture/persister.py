@@ -148,9 +148,15 @@ class Persister:
                 self._capture_cv.wait_for(lambda: not self._captures, timeout=0.05)
 
     # -- submitting
-    def submit(self, owner: Capturer, plans: list, meta: Any) -> Future:
+    def submit(self, owner: Capturer, plans: list, meta: Any,
+               narrowable: frozenset = frozenset()) -> Future:
         """Stages the plans' bytes and queues the job; returns its future. A job larger than
-        the arena is committed now, from the live buffers (the caller waits)."""
+        the arena is committed now, from the live buffers (the caller waits).
+
+        narrowable: names of the plans made from their detector's dirty() report (relative to
+        the detector's baseline, which is then the last capture's copy). Only these may be
+        narrowed to what the copy changed when the detector skipped its pass: a plan diffed
+        against the stream's head is relative to something else."""
         total = sum(p.nbytes for p in plans)
         if total > self.arena.capacity:
             self.wait_idle(owner)
@@ -164,7 +170,7 @@ class Persister:
         region, memory = self.arena.alloc(total) if total else (None, None)
         try:
             with self.capturing():
-                self._stage_all(owner, plans, memory)
+                self._stage_all(owner, plans, memory, narrowable)
         except BaseException:
             if region is not None:
                 self._free_tail(region)
@@ -172,27 +178,32 @@ class Persister:
         return self._enqueue(owner, plans, meta, region)
 
     @staticmethod
-    def _stage_all(owner: Capturer, plans: list, memory) -> None:
+    def _stage_all(owner: Capturer, plans: list, memory, narrowable: frozenset) -> None:
         # Nothing changed (or only empty buffers): no region; stage into empty writable
         # memory, so such a checkpoint commits as a delta adding 0 chunk bytes (defect 1).
         memory = memory if memory is not None else memoryview(bytearray())
         places, pos = [], 0
-        for p in plans:
-            places.append((p, memory[pos:pos + p.nbytes]))
+        for i, p in enumerate(plans):
+            places.append((i, p, memory[pos:pos + p.nbytes]))
             pos += p.nbytes
+        opts = owner.persister.committer.options
 
         def stage(part: list) -> None:
-            for p, out in part:
+            for i, p, out in part:
                 # a hash detector takes the fingerprints of the copy: computed as it is made
                 det = owner.detectors[p.name]
                 wr.stage(p, out, det.note_stored_many,
                          det.page_size if det.wants_fingerprints else None)
+                # a detector that skipped its pass (dense) now knows what the copy changed
+                changed = det.noted_changes() if p.name in narrowable else None
+                if changed is not None and sum(n for _, n in changed) < p.nbytes:
+                    plans[i] = wr.narrow_staged(p, changed, opts)
         if pos < PARALLEL_STAGE_BYTES or len(places) < 2:
             stage(places)
             return
         # the copy and the fingerprints of the copy (C, without the GIL) on both cores: the
         # plans split where half of the bytes are; each plan's detector is its own
-        at = split_point([p.nbytes for p, _ in places])
+        at = split_point([p.nbytes for _, p, _ in places])
         both(lambda: stage(places[:at]), lambda: stage(places[at:]))
 
     def _enqueue(self, owner: Capturer, plans: list, meta: Any, region) -> Future:

@@ -110,7 +110,8 @@ class Capturer:
                 parent = r.checkpoint(head) if head is not None else None
                 plans += wr.plan_buffers(r, self.stream, head, parent, full_diff, opts, "pages",
                                          self.itemsizes)
-        return persister.submit(self, plans, meta)
+        return persister.submit(self, plans, meta,
+                                narrowable=frozenset(views) - frozenset(full_diff))
 
 
     def _dirty(self, views: Mapping[str, memoryview]) -> dict:
@@ -119,12 +120,15 @@ class Capturer:
         diff: the buffers split where half of the bytes are."""
         names = list(views)
         total = sum(len(views[n]) for n in names)
+        # A hash detector may skip its pass after a dense interval and report the whole
+        # buffer, if the capture can stage it (the copy then tells what changed: submit()).
+        skip = total <= self.persister.arena.capacity
         if total < PARALLEL_DIRTY_BYTES or len(names) < 2 or \
                 any(self.detectors[n].mode != "hash" for n in names):
-            return {n: self.detectors[n].dirty() for n in names}
+            return {n: self.detectors[n].dirty(skip) for n in names}
         at = split_point([len(views[n]) for n in names])
-        first, second = both(lambda: {n: self.detectors[n].dirty() for n in names[:at]},
-                             lambda: {n: self.detectors[n].dirty() for n in names[at:]})
+        first, second = both(lambda: {n: self.detectors[n].dirty(skip) for n in names[:at]},
+                             lambda: {n: self.detectors[n].dirty(skip) for n in names[at:]})
         return {**first, **second}
 
 

@@ -26,7 +26,7 @@ from snapstore.engine.index import IndexView
 from snapstore.engine.reader import buffer_layers
 from snapstore.engine.records import BufferEntry, Commit
 from snapstore.engine.wal import SegmentLog
-from snapstore.errors import CorruptionError
+from snapstore.errors import CorruptionError, InvalidArgumentError
 
 STAGING_AREA_BYTES = fmt.MAX_CHUNK_BYTES   # gather this much at a time (bounds memory,
                                            # amortises calls): the largest chunk fits whole
@@ -556,6 +556,27 @@ def stage(plan: BufferPlan, out: memoryview,
     plan.staged = filled
     if on_stored_many is not None:
         on_stored_many(ranges, filled, *more)
+
+
+def narrow_staged(plan: BufferPlan, ranges: list, opts: WriteOptions) -> BufferPlan:
+    """A staged plan of a whole buffer narrowed to `ranges` (ascending, on the page grid):
+    the pages whose copy turned out to have changed. A dirty-page detector that skipped its
+    pass reports the whole buffer; once the copy is hashed, what changed is known, and
+    storing only that keeps the chunks a diffed capture would have made (a whole-buffer plan
+    cuts 64 KiB chunks: one changed page would store its whole chunk). The pages' bytes move
+    to the front of the same staging memory, ascending, so a move never overtakes a read."""
+    spans = plan.ranges()
+    if [0] + [o + n for o, n in spans] != [o for o, _ in spans] + [len(plan.view)] or \
+            plan.staged is None or len(plan.staged) != len(plan.view):
+        raise InvalidArgumentError("narrow_staged: the plan must be the whole buffer, staged")
+    narrowed = plan_delta(plan.name, plan.view, ranges, plan.depth, opts, plan.itemsize)
+    staged, pos = plan.staged, 0
+    for off, length in narrowed.ranges():
+        if pos != off:
+            staged[pos:pos + length] = staged[off:off + length]
+        pos += length
+    narrowed.staged = staged[:pos]
+    return narrowed
 
 
 def chunk_item_size(plan: BufferPlan) -> int:

@@ -19,9 +19,10 @@ import ctypes
 import threading
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from snapstore import _native as nat
 from snapstore.capture import dirty
 
 UFFD_OK, _ = dirty.uffd_available()
@@ -167,4 +168,72 @@ def test_writes_outside_the_buffer_never_break_it(start, length, pages, mode):
                 for page in range(off, off + n, 4096):
                     assert changed[page:page + 4096].any(), (d.mode, page)
     finally:
+        d.close()
+
+
+NOTES = st.sampled_from(["many", "many-nofp", "single", "none"])
+
+
+def page_runs(pages, n, ps):
+    """Sorted page numbers -> merged byte ranges on the ps grid, the last clipped to n."""
+    out = []
+    for p in pages:
+        if out and out[-1][0] + out[-1][1] == p * ps:
+            out[-1] = (out[-1][0], min(n, (p + 1) * ps) - out[-1][0])
+        else:
+            out.append((p * ps, min(n, (p + 1) * ps) - p * ps))
+    return out
+
+
+@settings(max_examples=examples(80), deadline=None)
+@given(n=st.integers(1, 24 * 512), ps=st.sampled_from([512, 1024]),
+       rounds=st.lists(st.tuples(st.lists(st.integers(0, 2**31), max_size=30), NOTES),
+                       min_size=1, max_size=12))
+def test_hash_detector_matches_a_reference_model(n, ps, rounds):
+    """A "hash" detector against a model of it: after an interval that changed at least
+    DENSE_FRACTION of the pages it reports the whole buffer (no pass); otherwise exactly the
+    pages that differ from its baseline. The baseline is the live content at a hashing
+    dirty(), then the copies noted; evidence for "still dense" comes only from copies noted
+    with note_stored_many. The threshold's size floor is lowered to 0 so small buffers show it."""
+    floor = dirty.DENSE_MIN_BYTES
+    dirty.DENSE_MIN_BYTES = 0
+    buf = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
+    d = dirty.make_detector(buf, "hash", ps)
+    try:
+        pages = -(-n // ps)
+        assert d.dirty() is None
+        base = buf.tobytes()                       # the detector's baseline, modelled
+        dense = False
+        for writes, note in rounds:
+            for w in writes:
+                buf[w % n] ^= 1 + w % 255          # always a change of that byte
+            live = buf.tobytes()
+            differ = [p for p in range(pages) if live[p * ps:(p + 1) * ps] !=
+                      base[p * ps:(p + 1) * ps]]
+            got = d.dirty()
+            event("skipped pass" if dense else "hashed")
+            if dense:
+                assert got == [(0, n)]
+            else:
+                assert got == page_runs(differ, n, ps)
+                base = live
+            counted = None
+            if note in ("many", "many-nofp"):
+                staged, fps = nat.gather_fingerprints(buf, got, page_size=ps)
+                d.note_stored_many(got, staged, fps if note == "many" else None)
+                counted = sum(live[o:o + k] != base[o:o + k]
+                              for o, k in ((p * ps, ps) for p in range(pages))
+                              if any(a <= o < a + b for a, b in got))
+            elif note == "single":
+                for off, length in got:
+                    d.note_stored(off, buf[off:off + length].tobytes())
+            if note != "none":
+                for off, length in got:
+                    base = base[:off] + live[off:off + length] + base[off + length:]
+            if dense:
+                dense = counted is not None and counted >= dirty.DENSE_FRACTION * pages
+            else:
+                dense = len(differ) >= dirty.DENSE_FRACTION * pages
+    finally:
+        dirty.DENSE_MIN_BYTES = floor
         d.close()

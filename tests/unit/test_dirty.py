@@ -852,3 +852,188 @@ def test_note_stored_many_checks_and_falls_back(detectors):
     d.note_stored_many([], b"")
     d.close()
     d.note_stored_many([(0, 1)], b"x")        # closed: ignored
+
+
+# ---- dense intervals: a "hash" detector skips its pass ---------------------------------------
+DENSE_N = dirty.DENSE_MIN_BYTES + 3 * 4096 + 5       # 260 pages of 4 KiB, the last of 5 bytes
+DENSE_PAGES = -(-DENSE_N // 4096)
+
+
+def copy_and_note(d, buf, ranges, fingerprints=True):
+    """What the engine's capture does: gather the ranges, hashing the copy as it is made, and
+    note the copy with its fingerprints (fingerprints=False: without them)."""
+    staged, fps = nat.gather_fingerprints(buf, ranges, page_size=d.page_size)
+    d.note_stored_many(ranges, staged, fps if fingerprints else None)
+
+
+def page_ranges(pages, n=DENSE_N):
+    return [(p * 4096, min(4096, n - p * 4096)) for p in pages]
+
+
+def test_hash_after_a_dense_interval_reports_all_then_exact_again(detectors):
+    a = np.zeros(DENSE_N, np.uint8)
+    d = detectors(a, "hash")
+    assert d.dirty() is None
+    a += 1                                            # every page changed
+    assert d.dirty() == [(0, DENSE_N)]
+    copy_and_note(d, a, [(0, DENSE_N)])
+    a[5 * 4096] += 1                                  # the next interval is sparse ...
+    assert d.dirty() == [(0, DENSE_N)]                # ... but reported whole: no pass made
+    copy_and_note(d, a, [(0, DENSE_N)])               # the copy shows 1 page changed
+    a[7 * 4096] += 1
+    a[-1] += 1
+    assert d.dirty() == page_ranges([7, DENSE_PAGES - 1])      # hashed again: exact
+    copy_and_note(d, a, page_ranges([7, DENSE_PAGES - 1]))
+    assert d.dirty() == []
+    assert d.dirty() == []                            # the same call twice
+
+
+@pytest.mark.parametrize("changed, dense", [(DENSE_PAGES // 2, True),
+                                            (DENSE_PAGES // 2 - 1, False)])
+def test_hash_dense_means_half_the_pages(detectors, changed, dense):
+    a = np.zeros(DENSE_N, np.uint8)
+    d = detectors(a, "hash")
+    assert d.dirty() is None
+    a[np.arange(changed) * 4096] = 1
+    got = d.dirty()
+    assert got == [(0, changed * 4096)]
+    copy_and_note(d, a, got)
+    assert d.dirty() == ([(0, DENSE_N)] if dense else [])
+    if dense:                                         # the skipped pass, noted: nothing changed
+        copy_and_note(d, a, [(0, DENSE_N)])
+        assert d.dirty() == []
+
+
+def test_hash_skip_needs_noted_fingerprints_as_evidence(detectors):
+    a = np.zeros(DENSE_N, np.uint8)
+    d = detectors(a, "hash")
+    d.dirty()
+    a += 1
+    copy_and_note(d, a, d.dirty())
+    a[9 * 4096] = 7
+    assert d.dirty() == [(0, DENSE_N)]                # skipped; this copy is never noted
+    a[11 * 4096] = 7                                  # (a failed capture: the caller diffs)
+    assert d.dirty() == page_ranges([9, 11])          # hashed: against the last noted copy
+    copy_and_note(d, a, page_ranges([9, 11]))
+    a += 1
+    copy_and_note(d, a, d.dirty())
+    assert d.dirty() == [(0, DENSE_N)]
+    copy_and_note(d, a, [(0, DENSE_N)], fingerprints=False)    # noted without fingerprints
+    a[3 * 4096] = 9
+    assert d.dirty() == page_ranges([3])              # still counted: the detector hashed it
+    d.note_stored(3 * 4096, a[3 * 4096:4 * 4096].tobytes())
+    a += 1
+    copy_and_note(d, a, d.dirty())
+    assert d.dirty() == [(0, DENSE_N)]
+    d.note_stored(0, a.tobytes())                     # one by one: no evidence counted
+    assert d.dirty() == []                            # so the next call hashes
+
+
+def test_hash_revert_race_during_a_skipped_interval_is_reported(detectors):
+    a = np.zeros(DENSE_N, np.uint8)
+    d = detectors(a, "hash")
+    d.dirty()
+    a += 1
+    copy_and_note(d, a, d.dirty())
+    a += 1                                            # dense again: X
+    ranges = d.dirty()
+    assert ranges == [(0, DENSE_N)]
+    a[4 * 4096] += 1                                  # Y: written between dirty() and the copy
+    copy_and_note(d, a, ranges)
+    a[4 * 4096] -= 1                                  # reverted to X
+    got = d.dirty()
+    assert any(o <= 4 * 4096 < o + n for o, n in got), got
+
+
+def test_hash_small_buffers_are_always_hashed(detectors):
+    a = np.zeros(dirty.DENSE_MIN_BYTES - 1, np.uint8)
+    d = detectors(a, "hash")
+    d.dirty()
+    a += 1
+    copy_and_note(d, a, d.dirty())
+    assert d.dirty() == []
+
+
+def test_hash_dense_state_is_not_inherited_by_a_forked_child(detectors):
+    a = np.zeros(DENSE_N, np.uint8)
+    d = detectors(a, "hash")
+    d.dirty()
+    a += 1
+    copy_and_note(d, a, d.dirty())
+
+    def child():
+        assert d.dirty() is None                      # cannot vouch after fork: re-armed
+        a[2 * 4096] = 5
+        return d.dirty()
+    assert _in_child(child) == repr(page_ranges([2]))
+    assert d.dirty() == [(0, DENSE_N)]                # the parent's state is its own
+
+
+def test_noted_changes_tells_what_a_skipped_pass_copied(detectors):
+    a = np.zeros(DENSE_N, np.uint8)
+    d = detectors(a, "hash")
+    d.dirty()
+    assert d.noted_changes() is None                  # first call: armed, nothing to tell
+    a += 1
+    got = d.dirty()
+    copy_and_note(d, a, got)
+    assert d.noted_changes() is None                  # hashed: its report is exact already
+    a[[4 * 4096, 5 * 4096, 9 * 4096 + 17]] += 1
+    a[-1] += 1
+    whole = d.dirty()
+    assert whole == [(0, DENSE_N)]
+    assert d.noted_changes() is None                  # skipped, not noted yet
+    half = (DENSE_N // 2) // 4096 * 4096
+    staged, fps = nat.gather_fingerprints(a, [(0, half)], page_size=4096)
+    d.note_stored_many([(0, half)], staged, fps)
+    assert d.noted_changes() is None                  # only part of the buffer noted
+    staged, fps = nat.gather_fingerprints(a, [(half, DENSE_N - half)], page_size=4096)
+    d.note_stored_many([(half, DENSE_N - half)], staged, fps)
+    assert d.noted_changes() == [(4 * 4096, 2 * 4096), (9 * 4096, 4096),
+                                 ((DENSE_PAGES - 1) * 4096, 5)]
+    assert d.noted_changes() == d.noted_changes()     # the same call twice
+    assert d.dirty() == []                            # 4 pages changed: hashed again
+    assert d.noted_changes() is None
+    d.close()
+    assert d.noted_changes() is None
+
+
+@pytest.mark.parametrize("mode", mode_param(["uffd", "shadow", "full"]))
+def test_noted_changes_is_none_for_other_modes(detectors, mode):
+    a = np.zeros(DENSE_N, np.uint8)
+    d = detectors(a, mode)
+    d.dirty()
+    for _ in range(2):
+        a += 1
+        got = d.dirty()
+        copy_and_note(d, a, got)
+        assert d.noted_changes() is None
+
+
+def test_may_skip_false_always_hashes(detectors):
+    a = np.zeros(DENSE_N, np.uint8)
+    d = detectors(a, "hash")
+    d.dirty()
+    a += 1
+    copy_and_note(d, a, d.dirty())
+    a[6 * 4096] = 3
+    assert d.dirty(may_skip=False) == [(6 * 4096, 4096)]
+
+
+def test_noted_changes_keeps_pages_noted_only_partly(detectors):
+    a = np.zeros(DENSE_N, np.uint8)
+    d = detectors(a, "hash")
+    d.dirty()
+    a += 1
+    copy_and_note(d, a, d.dirty())
+    d.note_stored(100, a[100:110].tobytes())          # page 0 noted partly: not vouched for
+    a[[0, 8 * 4096]] += 1                             # page 0 changed too
+    assert d.dirty() == [(0, DENSE_N)]
+    copy_and_note(d, a, [(0, DENSE_N)])
+    assert d.noted_changes() == [(0, 4096), (8 * 4096, 4096)]
+    a += 1
+    copy_and_note(d, a, d.dirty())                    # dense again, then a page noted partly
+    d.note_stored(3 * 4096 + 1, a[3 * 4096 + 1:3 * 4096 + 2].tobytes())
+    assert d.dirty() == [(0, DENSE_N)]
+    copy_and_note(d, a, [(0, DENSE_N)])
+    assert d.noted_changes() == [(3 * 4096, 4096)]    # unchanged since, but still reported
