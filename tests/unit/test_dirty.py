@@ -870,6 +870,17 @@ def page_ranges(pages, n=DENSE_N):
     return [(p * 4096, min(4096, n - p * 4096)) for p in pages]
 
 
+def dense_hash_detector(detectors):
+    """A "hash" detector of a DENSE_N-byte buffer whose last interval changed every page
+    (noted as the engine notes it): its next dirty() may skip the pass."""
+    a = np.zeros(DENSE_N, np.uint8)
+    d = detectors(a, "hash")
+    d.dirty()
+    a += 1
+    copy_and_note(d, a, d.dirty())
+    return a, d
+
+
 def test_hash_after_a_dense_interval_reports_all_then_exact_again(detectors):
     a = np.zeros(DENSE_N, np.uint8)
     d = detectors(a, "hash")
@@ -905,11 +916,7 @@ def test_hash_dense_means_half_the_pages(detectors, changed, dense):
 
 
 def test_hash_skip_needs_noted_fingerprints_as_evidence(detectors):
-    a = np.zeros(DENSE_N, np.uint8)
-    d = detectors(a, "hash")
-    d.dirty()
-    a += 1
-    copy_and_note(d, a, d.dirty())
+    a, d = dense_hash_detector(detectors)
     a[9 * 4096] = 7
     assert d.dirty() == [(0, DENSE_N)]                # skipped; this copy is never noted
     a[11 * 4096] = 7                                  # (a failed capture: the caller diffs)
@@ -930,11 +937,7 @@ def test_hash_skip_needs_noted_fingerprints_as_evidence(detectors):
 
 
 def test_hash_revert_race_during_a_skipped_interval_is_reported(detectors):
-    a = np.zeros(DENSE_N, np.uint8)
-    d = detectors(a, "hash")
-    d.dirty()
-    a += 1
-    copy_and_note(d, a, d.dirty())
+    a, d = dense_hash_detector(detectors)
     a += 1                                            # dense again: X
     ranges = d.dirty()
     assert ranges == [(0, DENSE_N)]
@@ -955,11 +958,7 @@ def test_hash_small_buffers_are_always_hashed(detectors):
 
 
 def test_hash_dense_state_is_not_inherited_by_a_forked_child(detectors):
-    a = np.zeros(DENSE_N, np.uint8)
-    d = detectors(a, "hash")
-    d.dirty()
-    a += 1
-    copy_and_note(d, a, d.dirty())
+    a, d = dense_hash_detector(detectors)
 
     def child():
         assert d.dirty() is None                      # cannot vouch after fork: re-armed
@@ -1011,21 +1010,13 @@ def test_noted_changes_is_none_for_other_modes(detectors, mode):
 
 
 def test_may_skip_false_always_hashes(detectors):
-    a = np.zeros(DENSE_N, np.uint8)
-    d = detectors(a, "hash")
-    d.dirty()
-    a += 1
-    copy_and_note(d, a, d.dirty())
+    a, d = dense_hash_detector(detectors)
     a[6 * 4096] = 3
     assert d.dirty(may_skip=False) == [(6 * 4096, 4096)]
 
 
 def test_noted_changes_keeps_pages_noted_only_partly(detectors):
-    a = np.zeros(DENSE_N, np.uint8)
-    d = detectors(a, "hash")
-    d.dirty()
-    a += 1
-    copy_and_note(d, a, d.dirty())
+    a, d = dense_hash_detector(detectors)
     d.note_stored(100, a[100:110].tobytes())          # page 0 noted partly: not vouched for
     a[[0, 8 * 4096]] += 1                             # page 0 changed too
     assert d.dirty() == [(0, DENSE_N)]
