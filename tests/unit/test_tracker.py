@@ -63,7 +63,6 @@ def test_incremental_checkpoints_store_about_what_changed(store, mode):
     assert info.bytes_new < 20 * PAGE
 
 
-
 @pytest.mark.parametrize("use_async", [False, True])
 def test_hash_tracker_through_dense_and_sparse_intervals(store, use_async):
     """A "hash" tracker skips its pass after a dense interval (capture/dirty.py): every
@@ -115,6 +114,7 @@ def test_hash_capture_after_a_failed_capture_in_a_dense_interval(tmp_path):
         a.view(np.uint8)[777] ^= 1                    # one page against the failed copy
         info = s.checkpoint_async({"a": a}, stream="t").result()
         assert s.restore(info.id)["a"] == a.tobytes()
+
 
 def test_async_snapshot_is_taken_when_the_call_returns(store):
     """Writes after checkpoint_async returns must not leak into that checkpoint."""
