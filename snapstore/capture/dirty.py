@@ -318,17 +318,6 @@ def _changed_digests(old, new) -> List[Tuple[int, int]]:
     return [(off // _FP, -(-(off + length) // _FP) - off // _FP) for off, length in runs]
 
 
-def _runs_ranges_of(pages: List[int]) -> List[Tuple[int, int]]:
-    """Ascending page numbers -> runs (first, count)."""
-    runs: List[Tuple[int, int]] = []
-    for p in pages:
-        if runs and runs[-1][0] + runs[-1][1] == p:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((p, 1))
-    return runs
-
-
 def _runs_ranges(runs, n: int, ps: int) -> Ranges:
     """Page runs (first, count) -> byte ranges on the ps grid, the last clipped to n."""
     return [(f * ps, min((f + c) * ps, n) - f * ps) for f, c in runs]
@@ -359,7 +348,7 @@ class _Full:
                 self.note(off, data[pos:pos + length])
             pos += length
 
-    def noted_changes(self) -> Optional[List[Tuple[int, int]]]:
+    def noted_changes(self) -> Optional[Ranges]:
         return None
 
     def close(self) -> None:
@@ -467,8 +456,8 @@ class _Hash(_Full):
                 runs = [(start + first, count) for first, count in runs]    # one page run
             else:                                    # digest k of the joined spans -> page
                 pages = [f + k for f, c, _ in spans for k in range(c)]
-                runs = _runs_ranges_of([pages[i] for first, count in runs
-                                        for i in range(first, first + count)])
+                runs = [(pages[i], 1) for first, count in runs
+                        for i in range(first, first + count)]      # noted_changes() merges
             self.noted_runs += runs
             self.noted_changed += sum(count for _, count in runs)
             self.noted_pages += sum(c for _, c, _ in spans)
@@ -479,16 +468,13 @@ class _Hash(_Full):
             for first, count, _ in spans:
                 self.forced.difference_update(range(first, first + count))
 
-    def noted_changes(self) -> Optional[List[Tuple[int, int]]]:
-        """The page runs the copy noted since a skipped pass changed, once it noted every
-        page of the buffer (exactly once, in order: what one capture does); else None."""
-        if self.noted_changed is None or \
-                self.noted_pages != nat.page_count(self.n, self.ps):
+    def noted_changes(self) -> Optional[Ranges]:
+        """The byte ranges the copy noted since a skipped pass changed, once it noted every
+        page of the buffer (exactly once: what one capture does); else None. Pages noted only
+        partly before the skip are among them, merged as diff() merges them."""
+        if self.noted_changed is None or self.noted_pages != nat.page_count(self.n, self.ps):
             return None
-        runs = sorted(self.noted_runs)
-        if any(f + c > g for (f, c), (g, _) in zip(runs, runs[1:])):     # forced ones overlap
-            runs = _runs_ranges_of(sorted({f + k for f, c in runs for k in range(c)}))
-        return runs
+        return _align(sorted(_runs_ranges(self.noted_runs, self.n, self.ps)), self.n, self.ps)
 
 
 class _Shadow(_Full):
@@ -714,8 +700,7 @@ class Detector:
         bytes differ from the detector's baseline, i.e. what really changed. None otherwise
         (the last dirty() hashed, so its report is exact already; or nothing was noted)."""
         with self._lock:
-            runs = None if self._closed else self._impl.noted_changes()
-            return None if runs is None else _runs_ranges(runs, self._n, self.page_size)
+            return None if self._closed else self._impl.noted_changes()
 
     @property
     def wants_fingerprints(self) -> bool:

@@ -1028,3 +1028,14 @@ def test_noted_changes_keeps_pages_noted_only_partly(detectors):
     assert d.dirty() == [(0, DENSE_N)]
     copy_and_note(d, a, [(0, DENSE_N)])
     assert d.noted_changes() == [(3 * 4096, 4096)]    # unchanged since, but still reported
+
+
+def test_noted_changes_from_interleaved_notes(detectors):
+    a, d = dense_hash_detector(detectors)
+    a[[2 * 4096, 3 * 4096, 10 * 4096]] += 1
+    assert d.dirty() == [(0, DENSE_N)]
+    even = [(p * 4096, min(4096, DENSE_N - p * 4096)) for p in range(0, DENSE_PAGES, 2)]
+    odd = [(p * 4096, min(4096, DENSE_N - p * 4096)) for p in range(1, DENSE_PAGES, 2)]
+    for ranges in (odd, even):                        # apart pages, in two calls
+        copy_and_note(d, a, ranges)
+    assert d.noted_changes() == [(2 * 4096, 2 * 4096), (10 * 4096, 4096)]
