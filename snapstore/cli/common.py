@@ -53,6 +53,12 @@ def same_path(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
+def shown_location(path: str) -> str:
+    """A store's location as --json output gives it: the absolute path of a directory, an S3
+    store's URL as given."""
+    return path if is_remote(path) else os.path.abspath(path)
+
+
 def open_store(args, *, write: bool = False):
     """Opens the existing store of `args` (a directory, or an S3 store's s3:// URL, cached
     in the default cache directory): read-only, or as a writer when `write` (alongside

@@ -9,10 +9,10 @@ import os
 import textwrap
 
 from snapstore.cli.args import NAME_HELP, command_options, id_arg, seconds_arg
-from snapstore.cli.common import EXIT_OK, STORE_ENV, UsageError, is_store_dir, store_path
+from snapstore.cli.common import (EXIT_OK, STORE_ENV, UsageError, is_store_dir, same_path,
+                                  shown_location, store_path)
 from snapstore.cli.output import print_json
 from snapstore.copying import copy_checkpoints
-from snapstore.engine import format as fmt
 from snapstore.formatting import human_bytes, printable
 from snapstore.savepoints import import_savepoint
 from snapstore.store import open as open_snapstore
@@ -68,7 +68,9 @@ def add_import(add) -> None:
 
 
 def _existing(path: str, what: str) -> str:
-    if not os.path.isfile(os.path.join(path, fmt.FORMAT_FILE)):
+    """path, when it holds a store (an S3 URL is for the open to judge: it raises a clear
+    error when nothing is there); else UsageError."""
+    if not is_store_dir(path):
         raise UsageError(f"no snapstore store at {path} ({what}; create one with "
                          f"`snapstore init {path}`)")
     return path
@@ -85,7 +87,7 @@ def cmd_copy(args) -> int:
                    list(result.copied.values()) + list(result.skipped.values())}
     if args.json:
         doc = result.to_json()
-        doc.update(src=os.path.abspath(src_path), dst=os.path.abspath(dst_path))
+        doc.update(src=shown_location(src_path), dst=shown_location(dst_path))
         print_json(doc)
         return EXIT_OK
     print(f"copied {len(result.copied)} checkpoint(s) from {printable(src_path)} to "
@@ -105,7 +107,7 @@ def cmd_copy(args) -> int:
 
 def cmd_import(args) -> int:
     store_arg = args.store_pos
-    if store_arg and args.store and os.path.realpath(store_arg) != os.path.realpath(args.store):
+    if store_arg and args.store and not same_path(store_arg, args.store):
         raise UsageError(f"two different stores given: -s {args.store} and {store_arg} "
                          "(give one)")
     args.store = store_arg or args.store
@@ -121,7 +123,7 @@ def cmd_import(args) -> int:
     if args.json:
         print_json({"id": info.id, "stream": info.stream, "seq": info.seq,
                     "created": info.created, "bytes_new": info.bytes_new,
-                    "file": os.path.abspath(args.file), "store": os.path.abspath(path)})
+                    "file": os.path.abspath(args.file), "store": shown_location(path)})
         return EXIT_OK
     print(f"imported {printable(args.file)} as checkpoint {info.id} "
           f"({printable(info.stream)}@{info.seq}) of {printable(path)}: "

@@ -9,7 +9,8 @@ import os
 import textwrap
 
 from snapstore.cli.args import NAME_HELP, count_arg, id_arg, nonneg_arg
-from snapstore.cli.common import EXIT_OK, UsageError, need, open_store, resolve, store_path
+from snapstore.cli.common import (EXIT_OK, UsageError, need, open_store, resolve,
+                                  shown_location, store_path)
 from snapstore.cli.output import print_json
 from snapstore.engine import format as fmt
 from snapstore.engine.retention import parse_duration
@@ -120,7 +121,7 @@ def cmd_init(args) -> int:
     else:
         open_snapstore(path, create=True, timeout=args.timeout).close()
     if args.json:
-        print_json({"path": os.path.abspath(path), "created": not existed})
+        print_json({"path": shown_location(path), "created": not existed})
     else:
         print(f"{'store already exists at' if existed else 'created store'} {path}")
     return EXIT_OK
