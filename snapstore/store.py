@@ -35,7 +35,8 @@ from snapstore.engine.reader import (ChunkReader, buffer_manifest, find_buffer, 
 from snapstore.engine.repair import repair as rebuild_index
 from snapstore.engine.records import Commit
 from snapstore.engine.backends import SegmentBackend
-from snapstore.engine.validation import (buffer_view, check_choice, validate_buffers,
+from snapstore.engine.validation import (MAX_CREATED, buffer_view, check_choice,
+                                         is_created_time, validate_buffers,
                                          validate_compression_level, validate_flag,
                                          validate_int, validate_meta, validate_name,
                                          validate_path, validate_timeout)
@@ -532,11 +533,10 @@ class Store:
             raise InvalidArgumentTypeError(f"read_chunks must be callable, got "
                                            f"{type(read_chunks).__name__}")
         meta = validate_meta(meta)
-        if created is not None and (isinstance(created, bool) or
-                                    not isinstance(created, (int, float)) or
-                                    not math.isfinite(created) or created < 0):
-            raise InvalidArgumentError(f"created must be seconds since the epoch (a finite "
-                                       f"number >= 0) or None, got {created!r}")
+        if created is not None and not is_created_time(created):
+            raise InvalidArgumentError(f"created must be seconds since the epoch (a number "
+                                       f"from 0 to {MAX_CREATED}, the end of the year 9999) "
+                                       f"or None, got {created!r}")
         if isinstance(tags, (str, bytes)):
             raise InvalidArgumentTypeError(f"tags must be a list of names, got the "
                                            f"{type(tags).__name__} {tags!r}")

@@ -65,13 +65,23 @@ def print_json(obj: Any) -> None:
 
 
 def iso_time(ts: float) -> str:
-    """A Unix time as ISO 8601 UTC ('2024-05-01T12:00:00Z')."""
-    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    """A Unix time as ISO 8601 UTC ('2024-05-01T12:00:00Z'); a time no date can show (before
+    the year 1 or after 9999: a checkpoint imported by an older version may carry one) as
+    '?' + the number, so that one bad value never stops a listing."""
+    try:
+        return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat() \
+            .replace("+00:00", "Z")
+    except (OverflowError, ValueError, OSError):
+        return f"?{ts!r}"
 
 
 def local_time(ts: float) -> str:
-    """A Unix time as local 'YYYY-MM-DD HH:MM:SS'."""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    """A Unix time as local 'YYYY-MM-DD HH:MM:SS' (one no date can show as iso_time gives
+    it)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    except (OverflowError, ValueError, OSError):
+        return f"?{ts!r}"
 
 
 def info_dict(info) -> dict:

@@ -20,7 +20,6 @@ that fails any check.
 from __future__ import annotations
 
 import json
-import math
 import os
 import stat
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from snapstore.engine import format as fmt
 from snapstore.engine.backends.base import SegmentReader
 from snapstore.engine.chunks import decode_chunk, read_chunk, stored_chunk
 from snapstore.engine.fsutil import fsync_directory, replace_file
-from snapstore.engine.validation import validate_name
+from snapstore.engine.validation import is_created_time, validate_name
 from snapstore.engine.wal import DamagedRecord, encode_record_header, read_record
 from snapstore.engine.writer import WriteOptions, encode_chunk
 from snapstore.errors import (CorruptionError, FormatError, InvalidArgumentError,
@@ -270,7 +269,7 @@ def _check(path: str, fd: int) -> tuple[Description, dict]:
         raise CorruptionError("the savepoint's description is damaged (checksum mismatch)",
                               file=path, offset=hsize)
     try:
-        d, counts, chunks = _parse_description(json.loads(js))
+        d, counts, chunks = _parse_description(json.loads(js, parse_constant=_no_constant))
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise CorruptionError(f"the savepoint's description is invalid: {exc}", file=path,
                               offset=hsize) from None
@@ -328,6 +327,12 @@ def _check(path: str, fd: int) -> tuple[Description, dict]:
     return d, table
 
 
+def _no_constant(name: str):
+    """json.loads' hook for NaN, Infinity and -Infinity: a writer never puts them there
+    (allow_nan=False), so a description holding one is not a savepoint's."""
+    raise ValueError(f"the JSON holds {name}")
+
+
 def _parse_description(d: dict) -> tuple[Description, list, int]:
     """(Description with buffers (name, size, layout, page_size) to be completed, extents
     per buffer, chunk count) of the description's JSON; ValueError/KeyError/TypeError on any
@@ -335,8 +340,7 @@ def _parse_description(d: dict) -> tuple[Description, list, int]:
     if d["format"] != fmt.SAVEPOINT_FORMAT:
         raise ValueError(f"format is {d['format']!r}")
     created = d["created"]
-    if isinstance(created, bool) or not isinstance(created, (int, float)) or \
-            not math.isfinite(created) or created < 0:
+    if not is_created_time(created):
         raise ValueError(f"created is {created!r}")
     tags = d["tags"]
     if not isinstance(tags, list):

@@ -21,6 +21,19 @@ MIN_COMPRESSION_LEVEL = -(1 << 17)
 MAX_COMPRESSION_LEVEL = zstandard.MAX_COMPRESSION_LEVEL
 
 
+# The latest creation time a checkpoint may carry: the last second of the year 9999, the
+# end of what datetime (and so ISO 8601 output, `ls`, retention) can show.
+MAX_CREATED = 253402300799
+
+
+def is_created_time(value: Any) -> bool:
+    """Whether value can be a checkpoint's creation time: seconds since the epoch, a real
+    number from 0 to MAX_CREATED (not a bool, NaN or an infinity; a huge int is compared, never
+    converted to float)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and \
+        0 <= value <= MAX_CREATED
+
+
 def _type_name(value: Any) -> str:
     return type(value).__name__
 

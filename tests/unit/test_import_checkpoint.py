@@ -172,8 +172,9 @@ def test_arguments_are_checked_before_anything(two):
     for args, error in bad_args:
         with pytest.raises(error):
             dst.import_checkpoint("s", *args)
-    with pytest.raises(InvalidArgumentError):
-        dst.import_checkpoint("s", m.buffers, src.read_chunks, created=float("nan"))
+    for created in (float("nan"), float("inf"), -1, 10 ** 400, 1e300, 253402300800, True):
+        with pytest.raises(InvalidArgumentError, match="created"):
+            dst.import_checkpoint("s", m.buffers, src.read_chunks, created=created)
     with pytest.raises(InvalidArgumentTypeError):
         dst.import_checkpoint("s", m.buffers, src.read_chunks, tags="t")
     with pytest.raises(InvalidArgumentTypeError):

@@ -242,13 +242,24 @@ def test_a_chunk_that_is_not_its_blake3_is_refused(dst, base):
     assert isinstance(err, CorruptionError) and "BLAKE3" in str(err) and err.offset == at
 
 
-def test_a_manifest_that_does_not_cover_its_buffer_is_refused(dst, base):
-    data = bytearray(base[1])
+def _description(data: bytes) -> bytes:
+    _, _, _, js_len, _, _, _ = fmt.SAVEPOINT_HEADER.unpack_from(data)
+    return data[fmt.SAVEPOINT_HEADER.size:fmt.SAVEPOINT_HEADER.size + js_len]
+
+
+def _with_description(data: bytes, edit) -> tuple[bytes, int]:
+    """data with its description's JSON changed by edit(dict) and every checksum made to
+    match (the work of a crafted file, not of damage); and where its manifests begin."""
+    desc = json.loads(_description(data))
+    edit(desc)
+    return _with_json(data, json.dumps(desc, separators=(",", ":")).encode())
+
+
+def _with_json(data: bytes, js: bytes) -> tuple[bytes, int]:
+    """data with js as its description's JSON, every checksum and offset made to match; and
+    where its manifests begin."""
     _, _, _, js_len, mf_len, _, _ = fmt.SAVEPOINT_HEADER.unpack_from(data)
     start = fmt.SAVEPOINT_HEADER.size
-    desc = json.loads(bytes(data[start:start + js_len]))
-    desc["buffers"][0]["size"] += 1                          # checksummed, but a hole
-    js = json.dumps(desc, separators=(",", ":")).encode()
     manifests = bytes(data[start + js_len:start + js_len + mf_len])
     head = bytearray(fmt.SAVEPOINT_HEADER.pack(
         fmt.SAVEPOINT_MAGIC, fmt.SAVEPOINT_VERSION, 0, len(js), mf_len,
@@ -258,6 +269,48 @@ def test_a_manifest_that_does_not_cover_its_buffer_is_refused(dst, base):
     new = bytearray(bytes(head) + js + manifests + rest)
     end = len(new) - fmt.SAVEPOINT_TRAILER.size
     struct.pack_into("<Q", new, end + 16, end)
-    err = _refused(dst, base, _with_trailer_checksum(new))
+    return _with_trailer_checksum(new), start + len(js)
+
+
+def test_a_manifest_that_does_not_cover_its_buffer_is_refused(dst, base):
+    def grow(desc):
+        desc["buffers"][0]["size"] += 1                      # checksummed, but a hole
+    data, manifests_at = _with_description(base[1], grow)
+    err = _refused(dst, base, data)
     assert isinstance(err, CorruptionError) and "covers only" in str(err)
-    assert err.offset == start + len(js)
+    assert err.offset == manifests_at
+
+
+@pytest.mark.parametrize("created", [10 ** 400, 1e300, 253402300800, -1, True, "1", None])
+def test_a_creation_time_no_date_can_show_is_refused(dst, base, created):
+    """A crafted file's creation time past the year 9999 (or not a number) would make every
+    listing of the store fail (`ls` formats it) and retention treat it as the newest."""
+    def edit(desc):
+        desc["created"] = created
+    err = _refused(dst, base, _with_description(base[1], edit)[0])
+    assert isinstance(err, CorruptionError) and "created" in str(err)
+    assert err.offset == fmt.SAVEPOINT_HEADER.size
+
+
+def test_the_last_second_of_9999_is_a_creation_time(base, tmp_path):
+    def edit(desc):
+        desc["created"] = 253402300799
+    path = tmp_path / "late.snap"
+    path.write_bytes(_with_description(base[1], edit)[0])
+    with _open(tmp_path / "s") as s:
+        info = snapstore.import_savepoint(s, str(path))
+        assert s.get(info.id).created == 253402300799.0
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_in_the_description_are_refused(dst, base, constant):
+    """Python's json reads them, a writer never writes them (allow_nan=False): a file
+    holding one is refused as damaged, naming the file, not as a bad meta argument."""
+    def edit(desc):
+        desc["meta"] = {"x": 1.5}
+    marked = _with_description(base[1], edit)[0]
+    js = _description(marked).replace(b'{"x":1.5}', b'{"x":' + constant.encode() + b'}')
+    assert constant.encode() in js
+    err = _refused(dst, base, _with_json(marked, js)[0])
+    assert isinstance(err, CorruptionError) and constant in str(err)
+    assert err.offset == fmt.SAVEPOINT_HEADER.size
