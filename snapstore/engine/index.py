@@ -237,6 +237,9 @@ _IDENTS: dict[int, tuple[int, int] | None] = {}
 # (STORE/index/data.mdb), also when it was opened from a complete new index still waiting in
 # .index.new for the second rename of a swap (indexswap.index_to_read).
 _WATCHED: dict[int, str] = {}
+# The directory each open environment was opened from, by id(env) (env.path() cannot give a
+# path that is not valid UTF-8: LMDB is handed os.fsencode()d bytes, see open_env).
+_OPENED_FROM: dict[int, str] = {}
 
 
 def _file_ident(path: str) -> tuple[int, int] | None:
@@ -251,7 +254,8 @@ def _file_ident(path: str) -> tuple[int, int] | None:
 def _env_is_current(env: lmdb.Environment) -> bool:
     """Whether env's directory still holds the data file env opened (True when that cannot
     be told: a missing file is the moment of a fallback swap, not a replacement)."""
-    watched = _WATCHED.get(id(env)) or os.path.join(env.path(), fmt.INDEX_DATA_FILE)
+    watched = _WATCHED.get(id(env)) or os.path.join(_OPENED_FROM[id(env)],
+                                                    fmt.INDEX_DATA_FILE)
     now = _file_ident(watched)
     return now is None or now == _IDENTS.get(id(env))
 
@@ -259,6 +263,7 @@ def _env_is_current(env: lmdb.Environment) -> bool:
 def _close_env(env: lmdb.Environment) -> None:
     _IDENTS.pop(id(env), None)
     _WATCHED.pop(id(env), None)
+    _OPENED_FROM.pop(id(env), None)
     env.close()
 
 
@@ -321,7 +326,9 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
             if location != real_path and before is None:
                 continue                # the second rename came first: index/ is back
             with _lmdb_errors("open"):
-                env = lmdb.open(location, map_size=fmt.INDEX_MAP_SIZE, subdir=True,
+                # bytes: a str path LMDB would encode as UTF-8, which fails for a name that
+                # is not (os.fsencode gives back the bytes the file system holds)
+                env = lmdb.open(os.fsencode(location), map_size=fmt.INDEX_MAP_SIZE, subdir=True,
                                 max_dbs=fmt.INDEX_MAX_DBS, readonly=fs_readonly,
                                 create=False, sync=durable, metasync=False, readahead=False,
                                 lock=True, mode=file_mode)
@@ -329,6 +336,7 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
             if before is None or before == after:   # the file it opened is `after`
                 _IDENTS[id(env)] = after
                 _WATCHED[id(env)] = os.path.join(real_path, fmt.INDEX_DATA_FILE)
+                _OPENED_FROM[id(env)] = location
                 return env
             env.close()                 # swapped while opening: which one is unknown
         raise StoreIOError(f"the index at {path} was replaced {_OPEN_ATTEMPTS} times while "
@@ -573,7 +581,7 @@ class Index:
         (a reader between the two renames of a swap: indexswap.index_to_read)."""
         if os.path.lexists(self._data):
             return self._data
-        return os.path.join(env.path(), fmt.INDEX_DATA_FILE)
+        return os.path.join(_OPENED_FROM[id(env)], fmt.INDEX_DATA_FILE)
 
     @property
     def env(self) -> lmdb.Environment:
@@ -782,7 +790,7 @@ class Index:
                                       self.file_mode)
                     try:
                         copied = opened.env.info()["last_txnid"]
-                        opened.env.copy(dest, compact=True)
+                        opened.env.copy(os.fsencode(dest), compact=True)
                     finally:
                         txn.abort()
                     fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)

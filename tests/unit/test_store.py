@@ -1663,3 +1663,24 @@ def test_expect_head_against_a_dead_writers_claim_is_a_commit_conflict(store_pat
         assert head.id != base.id and s.restore(head.id) == {"x": b"1" * 5000}
         after = s.checkpoint({"x": b"3" * 5000}, stream="a", expect_head=head.id)
         assert after.parent == head.id and s.verify()["ok"]
+
+
+@pytest.mark.parametrize("name", [b"st\xff\xfe", "caf\u00e9".encode(), b"a b"])
+def test_a_store_under_any_file_name_the_file_system_takes(tmp_path, name):
+    """A directory name that is not UTF-8 (os.fsdecode gives it as surrogates): open, write,
+    compact (its index copy), repair (its index rebuild) and the CLI all work there, as
+    under any other name; LMDB is handed the file system's bytes."""
+    path = os.path.join(os.fsdecode(tmp_path), os.fsdecode(name), "s")
+    data = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8)
+    with snapstore.open(path) as s:
+        first = s.checkpoint({"a": data}).id
+        data[::4096] += 1
+        second = s.checkpoint({"a": data}).id
+        s.delete(first)
+        s.compact(threshold=1.0)
+        assert s.restore(second)["a"] == data.tobytes()
+    assert snapstore.repair(path)["ok"]
+    with snapstore.open(path, readonly=True) as s:
+        assert s.restore(second)["a"] == data.tobytes()
+    r = subprocess.run([sys.executable, "-m", "snapstore", "ls", path], capture_output=True)
+    assert r.returncode == 0 and b"traceback" not in r.stderr.lower()
