@@ -34,8 +34,8 @@ from snapstore.capture.tracker import Capturer, ImplicitCapturer, Tracker, relea
 from snapstore.engine import writer as wr
 from snapstore.engine.commit import Committer
 from snapstore.engine.records import Commit
-from snapstore.errors import (ForkedStoreError, InvalidArgumentError, SnapstoreError,
-                              StoreClosedError)
+from snapstore.errors import (CommitConflict, ForkedStoreError, InvalidArgumentError,
+                              SnapstoreError, StoreClosedError)
 
 
 PARALLEL_STAGE_BYTES = 8 << 20      # captures of this many bytes are staged by two threads
@@ -67,6 +67,7 @@ class Persister:
         self._owners: dict[str, Capturer] = {}    # stream -> tracker or implicit capturer
         self._captures = 0
         self._capture_cv = threading.Condition()
+        self._submit_lock = threading.Lock()      # a region is taken, filled, queued: submit()
 
     # -- who owns a stream
     def staging_stats(self) -> dict:
@@ -167,15 +168,21 @@ class Persister:
                 owner.failed(exc)
                 future.set_exception(exc)
             return future
-        region, memory = self.arena.alloc(total) if total else (None, None)
-        try:
-            with self.capturing():
-                self._stage_all(owner, plans, memory, narrowable)
-        except BaseException:
-            if region is not None:
-                self._free_tail(region)
-            raise
-        return self._enqueue(owner, plans, meta, region)
+        # Regions are freed in the order they were taken, jobs are committed in the order
+        # they were queued: the two orders must be one, also when several threads submit
+        # (captures of different streams), so a region is taken, filled and queued under one
+        # lock. (Without it a job queued first could free a region taken after one still
+        # being filled, and that one's bytes be overwritten.)
+        with self._submit_lock:
+            region, memory = self.arena.alloc(total) if total else (None, None)
+            try:
+                with self.capturing():
+                    self._stage_all(owner, plans, memory, narrowable)
+            except BaseException:
+                if region is not None:
+                    self._free_tail(region)
+                raise
+            return self._enqueue(owner, plans, meta, region)
 
     @staticmethod
     def _stage_all(owner: Capturer, plans: list, memory, narrowable: frozenset) -> None:
@@ -238,9 +245,12 @@ class Persister:
 
         def relative_to_last_capture(view, head, parent) -> list:
             if head != owner.last_id:
-                raise SnapstoreError(f"stream {owner.stream!r} head is checkpoint {head}, but "
+                # another writer (or a delete) moved the head: a conflict, as for a plain
+                # commit whose head moved; retrying (the next capture) diffs in full
+                raise CommitConflict(f"stream {owner.stream!r} head is checkpoint {head}, but "
                                      f"this capture is relative to {owner.last_id}; the next "
-                                     "capture will diff in full")
+                                     "capture will diff in full", stream=owner.stream,
+                                     expected=owner.last_id, found=head)
             return plans
 
         commit = self.committer.commit(owner.stream, relative_to_last_capture, meta,
@@ -303,6 +313,7 @@ class Persister:
         parent may have held them)."""
         self._cv = threading.Condition()
         self._capture_cv = threading.Condition()
+        self._submit_lock = threading.Lock()
         self._captures = 0
         self._closed = True
         self._thread = None

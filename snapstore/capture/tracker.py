@@ -59,6 +59,7 @@ class Capturer:
         # head is anything else (e.g. the head was deleted) fails instead of committing a
         # delta onto the wrong base.
         self.last_id: int | None = None
+        self.based = False         # whether last_id was ever read from the stream's head
         self.itemsizes: dict = {}        # buffer name -> float item size (chunk codec hint)
         self._lock = threading.Lock()    # one capture at a time: detectors are not re-entrant
 
@@ -99,14 +100,16 @@ class Capturer:
                 else:
                     plans.append(wr.plan_delta(name, view, ranges, 0, opts,
                                                self.itemsizes.get(name, 1)))
-        if full_diff:
+        # A capture of no buffers has nothing to diff in full, but it too must learn the head
+        # its (empty) delta goes onto: on its first capture and after a failure.
+        if full_diff or not self.based or self.failure is not None:
             # The head must be this stream's newest capture: let pending jobs land first.
             persister.wait_idle(self)
             self.failure = None
             committer.check_open(write=True)
             with committer.read() as r:
                 head = r.stream_head(self.stream)
-                self.last_id = head
+                self.last_id, self.based = head, True
                 parent = r.checkpoint(head) if head is not None else None
                 plans += wr.plan_buffers(r, self.stream, head, parent, full_diff, opts, "pages",
                                          self.itemsizes)

@@ -112,6 +112,24 @@ def test_defect1_empty_buffer(store, capture, empty):
 
 
 @pytest.mark.parametrize("capture", CAPTURES)
+@pytest.mark.parametrize("existing", [False, True])
+def test_no_buffers_at_all_on_a_new_or_an_existing_stream(store, capture, existing):
+    """A capture of no buffers has nothing to diff, but its commit still goes onto the
+    stream's head: on a stream that had a checkpoint already, every such capture failed
+    ("relative to None")."""
+    before = store.checkpoint({"x": b"1"}, stream="t") if existing else None
+    t = Taker(store, {}, capture)
+    infos = [t.take() for _ in range(3)]
+    t.close()
+    first_seq = 2 if existing else 1
+    assert [i.seq for i in infos] == list(range(first_seq, first_seq + 3))
+    assert infos[0].parent == (before.id if existing else None)
+    assert [i.parent for i in infos[1:]] == [i.id for i in infos[:-1]]
+    for i in infos:
+        assert store.restore(i.id) == {}
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
 def test_defect1_one_byte_buffer(store, capture):
     b = bytearray(b"\x07")
     t = Taker(store, {"b": b}, capture)
