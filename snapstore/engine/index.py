@@ -93,6 +93,15 @@ def unseal(db: bytes, key: bytes, value: bytes, version: int) -> bytes:
     return payload
 
 
+def key_number(db: bytes, key: bytes, layout: struct.Struct = fmt.CKPT_KEY) -> int:
+    """The number a key of `layout` (a checkpoint id, a claim's order) holds; CorruptionError
+    naming the key when a damaged index gives a key of another length (struct.error
+    otherwise)."""
+    if len(key) != layout.size:
+        raise damaged(f"index key {describe_key(db, key)} is not a {layout.size}-byte key")
+    return layout.unpack(key)[0]
+
+
 def describe_key(db: bytes, key: bytes) -> str:
     """A database and key as a message names them (control characters escaped)."""
     try:
@@ -913,7 +922,8 @@ class IndexView:
     # -- operations in progress (claims.py, groups.py)
     def claims(self) -> list[tuple[int, dict, bytes]]:
         """[(order, claim, pinned chunk ids packed)] of every operation in progress."""
-        return [(fmt.CLAIM_KEY.unpack(k)[0],) + self._decode(fmt.DB_CLAIMS, k, v, _split_blob)
+        return [(key_number(fmt.DB_CLAIMS, k, fmt.CLAIM_KEY),) +
+                self._decode(fmt.DB_CLAIMS, k, v, _split_blob)
                 for k, v in self._items(fmt.DB_CLAIMS)]
 
     def group_entries(self, prefix: bytes = b"") -> list[tuple[bytes, dict, bytes]]:
@@ -973,7 +983,7 @@ class IndexView:
     def checkpoint_ids(self, stream: str | None = None) -> list[int]:
         if stream is None:
             with self.txn.cursor(db=self.dbs[fmt.DB_CHECKPOINTS]) as cur:
-                return [fmt.CKPT_KEY.unpack(k)[0] for k in cur.iternext(values=False)]
+                return [key_number(fmt.DB_CHECKPOINTS, k) for k in cur.iternext(values=False)]
         # keys only: the ids are the keys, the values are empty, so a scan that skips the
         # values' checksums costs a tenth; an id a damaged key makes up names no checkpoint,
         # and whoever looks it up gets the index damage (named_checkpoint)
@@ -1011,7 +1021,7 @@ class IndexView:
         """The highest checkpoint id in the index (the newest checkpoint), or None: one
         cursor step, not a scan."""
         with self.txn.cursor(db=self.dbs[fmt.DB_CHECKPOINTS]) as cur:
-            return fmt.CKPT_KEY.unpack(cur.key())[0] if cur.last() else None
+            return key_number(fmt.DB_CHECKPOINTS, cur.key()) if cur.last() else None
 
     def _stored_manifest(self, checkpoint_id: int, buffer_index: int) -> tuple[bytes, bytes]:
         """(key, value as stored) of one manifest; CorruptionError if the index lacks it."""
@@ -1052,7 +1062,7 @@ class IndexView:
 
     def children(self, checkpoint_id: int) -> list[int]:
         prefix = fmt.CKPT_KEY.pack(checkpoint_id)
-        return [fmt.CKPT_KEY.unpack(k[len(prefix):])[0]
+        return [key_number(fmt.DB_CHILDREN, k[len(prefix):])
                 for k, _ in self._items(fmt.DB_CHILDREN, prefix)]
 
     # -- streams

@@ -220,7 +220,7 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
 # Problems verify finds inside the index itself (not in the log it points at).
 _INDEX_ONLY = frozenset({"missing_manifest", "missing_parent", "bad_extent", "missing_chunk",
                          "incomplete_manifest", "broken_chain", "stream", "refcount",
-                         "index_mismatch"})
+                         "index_mismatch", "unreadable_index"})
 
 
 def _old_logs(path: str) -> dict[int, tuple[int, int]]:

@@ -30,7 +30,8 @@ from snapstore.engine.wal import (DamagedRecord, log_of, logs_of, next_valid_rec
 # Problems of the index itself (the log may be intact): `snapstore repair` rebuilds it.
 INDEX_KINDS = frozenset({"missing_manifest", "missing_parent", "bad_extent", "missing_chunk",
                          "incomplete_manifest", "broken_chain", "stream", "refcount",
-                         "lost_record", "index_mismatch", "missing_segment"})
+                         "lost_record", "index_mismatch", "missing_segment",
+                         "unreadable_index"})
 
 
 class ProblemReport:
@@ -75,20 +76,27 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
     # RECHECK_SECONDS later; the replaced one may point into segments removed since. Under
     # the maintenance lock the current index stays current: read that one.
     index.refresh()
-    with index.read() as r:
-        commits = {i: r.checkpoint(i) for i in r.checkpoint_ids()}
-        chunks = dict(r.chunks())
-        streams = r.streams()
-        applied = r.logs()
-        stream_members = {s: r.checkpoint_ids(s) for s in streams}
-        manifests = {}
-        missing = []
-        for i, c in commits.items():
-            for bi in range(len(c.buffers)):
-                try:
-                    manifests[(i, bi)] = ext.unpack(r.manifest(i, bi))
-                except CorruptionError as exc:
-                    missing.append((i, c.buffers[bi].name, str(exc)))
+    try:
+        with index.read() as r:
+            commits = {i: r.checkpoint(i) for i in r.checkpoint_ids()}
+            chunks = dict(r.chunks())
+            streams = r.streams()
+            applied = r.logs()
+            stream_members = {s: r.checkpoint_ids(s) for s in streams}
+            manifests = {}
+            missing = []
+            for i, c in commits.items():
+                for bi in range(len(c.buffers)):
+                    try:
+                        manifests[(i, bi)] = ext.unpack(r.manifest(i, bi))
+                    except CorruptionError as exc:
+                        missing.append((i, c.buffers[bi].name, str(exc)))
+    except CorruptionError as exc:
+        # the index cannot even be listed (a damaged key or record of its tables): nothing
+        # else can be checked against it; a report, not an exception, and the way out
+        report.add("unreadable_index", str(exc))
+        return _result(report, deep, started, checkpoints=0, chunks=0, segments=0,
+                       bytes_checked=0)
     children: dict[int, list] = defaultdict(list)
     for i, c in commits.items():
         if c.parent is not None:
@@ -204,10 +212,14 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
                 bytes_checked += _deep_scan(segments, size, seg, known, report, affected,
                                             tail=tail)
 
+    return _result(report, deep, started, checkpoints=len(commits), chunks=len(chunks),
+                   segments=len(present), bytes_checked=bytes_checked)
+
+
+def _result(report: ProblemReport, deep: bool, started: float, **counts) -> dict:
     problems = report.problems
-    out = {"ok": not problems, "deep": deep, "problems": problems,
-           "checkpoints": len(commits), "chunks": len(chunks), "segments": len(present),
-           "bytes_checked": bytes_checked, "seconds": time.perf_counter() - started}
+    out = {"ok": not problems, "deep": deep, "problems": problems, **counts,
+           "seconds": time.perf_counter() - started}
     if any(p["kind"] in INDEX_KINDS for p in problems):
         out["hint"] = f"the index is damaged or out of step with the log: {REPAIR_HINT}"
     return out

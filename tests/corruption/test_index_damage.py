@@ -476,3 +476,39 @@ def test_absent_names_in_a_healthy_index_are_still_not_found(tmp_path):
             s.get(99)
         assert s.latest("nope") is None
         assert s.checkpoint({"a": b"1"}, stream="new").seq == 1
+
+
+@pytest.mark.parametrize("db_name, key", [
+    (fmt.DB_CHECKPOINTS, fmt.CKPT_KEY.pack(99) + b"\x00"),     # a key one byte too long
+    (fmt.DB_CHECKPOINTS, fmt.CKPT_KEY.pack(99)[1:]),           # ... one byte too short
+    (fmt.DB_CHILDREN, fmt.CKPT_KEY.pack(1) + b"\x01\x02"),
+    (fmt.DB_CLAIMS, b"\x00\x01"),
+])
+def test_a_key_of_the_wrong_length_is_damage_not_a_struct_error(tmp_path, db_name, key):
+    """A damaged key's length is checked before it is unpacked: what reads it raises
+    CorruptionError naming the key and `snapstore repair`, never struct.error; verify reports
+    a checkpoint table it cannot list; repair rebuilds."""
+    from snapstore.engine.index import seal
+    path = str(tmp_path / "s")
+    want = build(path)
+    # a value that passes its checksum (damage that made a key of another length and kept
+    # the value's seal consistent with it: the key's length is what must catch it)
+    put_raw(path, db_name, key, seal(db_name, key, b"" if db_name != fmt.DB_CLAIMS else
+                                     fmt.BLOB_HEADER.pack(2) + b"{}"))
+    if db_name == fmt.DB_CLAIMS:            # a writer's open reads the claims first
+        with pytest.raises(CorruptionError, match="key.*repair"):
+            snapstore.open(path).close()
+    else:
+        with snapstore.open(path) as s:
+            calls = {fmt.DB_CHECKPOINTS: [s.checkpoints, s.stats],
+                     fmt.DB_CHILDREN: [lambda: s.delete(1)]}[db_name]
+            for call in calls:
+                with pytest.raises(CorruptionError, match="key.*repair"):
+                    call()
+            if db_name == fmt.DB_CHECKPOINTS:
+                report = s.verify()
+                assert not report["ok"] and "repair" in report["hint"]
+                assert [p["kind"] for p in report["problems"]] == ["unreadable_index"]
+    snapstore.repair(path)
+    with snapstore.open(path) as s:
+        assert sorted(c.id for c in s.checkpoints()) == sorted(want)
