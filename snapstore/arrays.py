@@ -81,7 +81,12 @@ def save_arrays(store, arrays: Mapping[str, Any], stream: str = "default", meta:
             a = np.ascontiguousarray(a)
             keep.append(a)
         order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
-        buffers[ARRAY_PREFIX + name] = _raw(a)
+        try:
+            buffers[ARRAY_PREFIX + name] = _raw(a)
+        except ValueError as exc:       # NumPy: a dtype no buffer can describe
+            raise InvalidArgumentTypeError(f"arrays[{name!r}] has a dtype ({a.dtype}) that no "
+                                           f"buffer can describe ({exc}); use store.save() "
+                                           "for it") from None
         layout[name] = {"dtype": _descr_to_json(a.dtype), "shape": list(a.shape),
                         "order": order}
     info = {"version": ARRAYS_VERSION, "arrays": layout}

@@ -234,6 +234,7 @@ def diff_buffer(read_a: Callable, read_b: Callable, size_a: int, size_b: int, *,
     not depend on `window`. on_progress(n) is called after each n bytes compared.
     """
     _check_window(window)
+    _check_gap(gap)
 
     def read_pair(pieces, out_a, out_b):
         pos = 0
@@ -251,6 +252,11 @@ def diff_buffer(read_a: Callable, read_b: Callable, size_a: int, size_b: int, *,
 def _check_window(window) -> None:
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise errors.InvalidArgumentError(f"window must be an int >= 1, got {window!r}")
+
+
+def _check_gap(gap) -> None:
+    if isinstance(gap, bool) or not isinstance(gap, int) or gap < 0:
+        raise errors.InvalidArgumentError(f"gap must be an int >= 0, got {gap!r}")
 
 
 def _buffer_result(ranges: list, changed: int, size_a: int, size_b: int, gap: int) -> dict:
@@ -401,9 +407,11 @@ def diff_checkpoints(store, a, b, names: Optional[Iterable[str]] = None, *, gap:
                      window: int = WINDOW,
                      on_progress: Callable[[int], None] = lambda n: None,
                      tensors: Optional[tuple] = None) -> dict:
-    """Compares checkpoints a and b (CheckpointInfo of `store`, e.g. from ``store.get``).
+    """Compares checkpoints a and b of `store` (CheckpointInfo, e.g. from ``store.get``, or
+    any name ``store.get`` takes: an id, a tag, latest:STREAM...).
 
-    `names`: the buffers to compare (default: select_buffers(a, b)). Returns {"from": a.id,
+    `names`: the buffers to compare (default: select_buffers(a, b); CheckpointNotFound for a
+    name in neither checkpoint). Returns {"from": a.id,
     "to": b.id, "gap": gap, "changed_bytes": total, "buffers": [entry, ...]}, one entry per
     name: {"name", "size_from", "size_to" (None on the side without it), "status",
     "changed_bytes", "ranges"} as diff_buffer returns them, with status "removed" / "added"
@@ -417,8 +425,21 @@ def diff_checkpoints(store, a, b, names: Optional[Iterable[str]] = None, *, gap:
     "added" / "removed", "retyped" (dtype, shape or layout differ: "dtype_to", "shape_to"),
     or "skipped" (its buffer is not compared, or its elements lie apart: a strided view).
     """
+    a, b = store.get(a), store.get(b)       # CheckpointInfo, or any name get() takes
     _check_window(window)
-    names = select_buffers(a, b) if names is None else list(names)
+    _check_gap(gap)
+    if names is None:
+        names = select_buffers(a, b)
+    else:
+        if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+            raise errors.InvalidArgumentTypeError(
+                f"names must be a list of buffer names, got {type(names).__name__}")
+        names = list(dict.fromkeys(names))
+        for name in names:
+            if not isinstance(name, str):
+                raise errors.InvalidArgumentTypeError(
+                    f"a buffer name must be a str, got {type(name).__name__}")
+        select_buffers(a, b, names)         # CheckpointNotFound for a name in neither
     in_place, apart, entries = _plan_tensors(*tensors, names, a, b) if tensors else ({}, [], [])
     results = []
     for name in names:

@@ -1102,7 +1102,10 @@ class Store:
         one chunk decoder (CorruptionError naming segment and offset on damage, or when the
         store has no such chunk). One index snapshot and one read session for all of them,
         held until the iterator is exhausted or closed: use it in one thread."""
-        ids = list(chunk_ids) if not isinstance(chunk_ids, (str, bytes)) else None
+        try:
+            ids = list(chunk_ids) if not isinstance(chunk_ids, (str, bytes)) else None
+        except TypeError:           # not iterable
+            ids = None
         if ids is None or any(not isinstance(c, bytes) or len(c) != fmt.CHUNK_ID_BYTES
                               for c in ids):
             raise InvalidArgumentTypeError(f"chunk_ids must be an iterable of "

@@ -26,7 +26,7 @@ from snapstore.engine.index import IndexView
 from snapstore.engine.reader import buffer_layers
 from snapstore.engine.records import BufferEntry, Commit
 from snapstore.engine.wal import SegmentLog
-from snapstore.errors import CorruptionError, InvalidArgumentError
+from snapstore.errors import CorruptionError, InvalidArgumentError, InvalidArgumentTypeError
 
 STAGING_AREA_BYTES = fmt.MAX_CHUNK_BYTES   # gather this much at a time (bounds memory,
                                            # amortises calls): the largest chunk fits whole
@@ -470,14 +470,28 @@ def put_chunks(sink: ChunkSink, wanted: list, read_chunks: Callable[[list], Iter
     todo = dict.fromkeys(wanted)
     got: dict[bytes, int] = {}
     source = read_chunks(list(wanted))
+    shape = "read_chunks must return an iterable of (chunk id, bytes) pairs"
     try:
-        for cid, data in source:
+        items = iter(source)
+    except TypeError:
+        raise InvalidArgumentTypeError(f"{shape}, got {type(source).__name__}") from None
+    try:
+        for item in items:
+            try:
+                cid, data = item
+                data = memoryview(data).cast("B")     # the bytes of any buffer
+            except (TypeError, ValueError):
+                raise InvalidArgumentTypeError(f"{shape}; it gave {type(item).__name__} "
+                                               f"{_brief(item)}") from None
+            if not isinstance(cid, bytes):
+                raise InvalidArgumentTypeError(f"{shape}; it gave a chunk id of type "
+                                               f"{type(cid).__name__}")
             if cid not in todo:
                 raise CorruptionError(f"chunk {bytes(cid).hex()[:16]}… was given " +
                                       ("twice" if cid in got else "but not asked for"))
             del todo[cid]
-            sink.put(memoryview(data), expected=cid)
-            got[cid] = len(data)
+            sink.put(data, expected=cid)
+            got[cid] = data.nbytes
     finally:
         close = getattr(source, "close", None)
         if close is not None:
@@ -487,6 +501,11 @@ def put_chunks(sink: ChunkSink, wanted: list, read_chunks: Callable[[list], Iter
         raise CorruptionError(f"{len(todo)} chunk(s) asked for were not given (the first: "
                               f"{first.hex()[:16]}…)")
     return got
+
+
+def _brief(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def store_missing_chunks(sink: ChunkSink, view: IndexView, entries,

@@ -376,3 +376,36 @@ def test_diff_per_tensor_unchanged_reads_nothing(tmp_path, monkeypatch):
         report = diff.diff_checkpoints(s, s.get(1), s.get(2), tensors=(cat, cat))
     assert report["tensors"][0]["status"] == "unchanged"
     assert report["tensors"][0]["changed_elements"] == 0
+
+
+def test_diff_checkpoints_names_checkpoints_any_way_and_refuses_bad_arguments(tmp_path):
+    """a and b may be CheckpointInfo or any name store.get takes; bad arguments are
+    snapstore.errors exceptions (they were KeyError, TypeError, AttributeError), also on a
+    closed store."""
+    s = snapstore.open(tmp_path / "s")
+    a = s.checkpoint({"b": b"x" * 5000}, stream="d")
+    b = s.checkpoint({"b": b"y" * 5000, "c": b"z"}, stream="d")
+    s.tag(a.id, "old")
+    by_info = diff.diff_checkpoints(s, a, b)
+    assert diff.diff_checkpoints(s, a.id, "latest:d") == by_info
+    assert diff.diff_checkpoints(s, "old", b.id) == by_info
+    assert [e["name"] for e in diff.diff_checkpoints(s, a, b, ["c", "b", "c"])["buffers"]] \
+        == ["c", "b"]
+    assert diff.diff_checkpoints(s, a, b, [])["buffers"] == []
+    with pytest.raises(errors.CheckpointNotFound):
+        diff.diff_checkpoints(s, a, b, ["zz"])
+    with pytest.raises(errors.CheckpointNotFound):
+        diff.diff_checkpoints(s, a, 99)
+    for bad in ("b", b"b", 5, [1], [None]):
+        with pytest.raises(errors.InvalidArgumentTypeError):
+            diff.diff_checkpoints(s, a, b, bad)
+    for gap in ("x", -1, 1.5, True, None):
+        with pytest.raises(errors.InvalidArgumentError):
+            diff.diff_checkpoints(s, a, b, gap=gap)
+        with pytest.raises(errors.InvalidArgumentError):
+            diff.diff_buffer(lambda o, n: b"", lambda o, n: b"", 0, 0, gap=gap)
+    with pytest.raises(errors.InvalidArgumentTypeError):
+        diff.diff_checkpoints(s, None, b)
+    s.close()
+    with pytest.raises(errors.StoreClosedError):
+        diff.diff_checkpoints(s, a, b)

@@ -116,6 +116,35 @@ def test_wrong_missing_or_extra_chunks_leave_nothing(two):
     assert len(ids) > 1
 
 
+def test_a_read_chunks_that_gives_the_wrong_kind_of_thing_leaves_nothing(two):
+    """The callback's results are the caller's input: anything but (chunk id, bytes) pairs
+    is an InvalidArgumentTypeError (it was a raw TypeError), and nothing is written."""
+    src, dst = two
+    infos = _chain(src)
+    m = src.manifests(infos[-1].id)
+    before = _segment_bytes(dst)
+    bad = [lambda asked: None, lambda asked: 5, lambda asked: iter([5]),
+           lambda asked: ((c, "text") for c in asked), lambda asked: ((c,) for c in asked),
+           lambda asked: ((c.hex(), d) for c, d in src.read_chunks(asked)),
+           lambda asked: ((c, d, 1) for c, d in src.read_chunks(asked))]
+    for read_chunks in bad:
+        with pytest.raises(InvalidArgumentTypeError, match="read_chunks"):
+            dst.import_checkpoint("s", m.buffers, read_chunks, m.meta)
+    assert dst.streams() == [] and _segment_bytes(dst) == before
+    # any buffer of the bytes will do: a bytearray, a memoryview, a NumPy array of floats
+    import numpy as np
+
+    def as_floats(asked):
+        for cid, data in src.read_chunks(asked):
+            yield cid, np.frombuffer(data, np.uint8).view(np.float32) if len(data) % 4 == 0 \
+                else bytearray(data)
+    info = dst.import_checkpoint("s", m.buffers, as_floats, m.meta)
+    assert dst.restore(info.id) == src.restore(infos[-1].id)
+    for bad_ids in (None, 5, [None], [b"short"]):
+        with pytest.raises(InvalidArgumentTypeError):
+            src.read_chunks(bad_ids)
+
+
 def test_extent_past_its_chunk_is_refused(two):
     src, dst = two
     info = src.checkpoint({"x": b"abc" * 1000}, "s")

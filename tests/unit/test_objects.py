@@ -10,7 +10,8 @@ import pytest
 
 import snapstore
 from snapstore import objects
-from snapstore.errors import CheckpointNotFound, InvalidArgumentError, SnapstoreError
+from snapstore.errors import (CheckpointNotFound, InvalidArgumentError, InvalidArgumentTypeError,
+                              SnapstoreError)
 from snapstore.objects import (FRESH, NotAnObjectCheckpointError, ObjectSaveError,
                                StructureMismatchError)
 
@@ -430,6 +431,15 @@ def test_arrays_diff_by_name_and_refuse_mismatches(store):
         store.load(info.id)
     with pytest.raises(TypeError):
         snapstore.save_arrays(store, {"x": [1, 2]}, stream="n")
+    # fields out of memory order: NumPy cannot describe it as a buffer (a raw ValueError)
+    out_of_order = np.dtype({"names": ["x", "y"], "formats": ["u1", "<i8"],
+                             "offsets": [8, 0], "itemsize": 16})
+    before = store.checkpoints("n")
+    with pytest.raises(InvalidArgumentTypeError, match="store.save"):
+        snapstore.save_arrays(store, {"s": np.zeros(10, out_of_order)}, stream="n")
+    assert store.checkpoints("n") == before
+    loaded = store.load(store.save({"s": np.ones(3, out_of_order)}, stream="o2").id)["s"]
+    assert loaded.dtype == out_of_order and loaded.tobytes() == np.ones(3, out_of_order).tobytes()
     with pytest.raises(InvalidArgumentError, match="reserved"):
         snapstore.save_arrays(store, {}, stream="n", meta={"snapstore.arrays": 1})
 
