@@ -82,8 +82,11 @@ class StagingArena:
 
     def free(self, start: int) -> None:
         with self._cv:
+            if self._regions[0][0] != start:
+                # checked under python -O too: freeing out of order would hand out memory a
+                # capture is still filling (the persister queues jobs in region order)
+                raise AssertionError("staging regions must be freed in order")
             first = self._regions.popleft()
-            assert first[0] == start, "staging regions must be freed in order"
             self.in_use -= first[1] - first[0]
             if not self._regions:
                 self._head = 0

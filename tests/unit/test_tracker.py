@@ -302,6 +302,9 @@ def test_staging_arena_is_a_fifo_ring():
     assert got == [500 << 10]
     with pytest.raises(ValueError):
         arena.alloc(2 << 20)
+    with pytest.raises(AssertionError, match="in order"):      # also under python -O
+        arena.free(got[0])                  # c is older: freeing this one first is refused
+    assert arena.in_use == (500 + 400) << 10
     arena.free(c)
     arena.free(got[0])
     del ma, mb, mc
