@@ -120,6 +120,10 @@ def export(store, name: Any, path, format: Optional[str] = None, *,
         raise ExportError(f"checkpoint {info.id} of stream {info.stream!r} holds no tensors "
                           "(it was not written by snapstore.torch.save, Store.save, "
                           "save_arrays or DCP); `restore` writes its buffers")
+    if not cat.tensors:
+        raise ExportError(f"checkpoint {info.id} of stream {info.stream!r} holds no tensors or "
+                          f"arrays to export ({len(cat.values)} plain value(s)); `snapstore "
+                          "show` lists them")
     _check(cat, fmt, info)
     writer = {"safetensors": _write_safetensors, "pt": _write_pt, "npz": _write_npz}[fmt]
     skipped = dict(cat.skipped)

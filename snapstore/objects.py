@@ -188,6 +188,20 @@ def _dense(size, stride) -> bool:
     return True
 
 
+def _overlapping(size, stride) -> bool:
+    """True unless the strides prove the elements lie apart in memory: sorted by stride,
+    each dimension's stride must step past everything the smaller ones span (an expand()ed
+    view, stride 0, or an as_strided overlap fail; an empty tensor never overlaps)."""
+    if 0 in tuple(size):
+        return False
+    span = 1                    # elements spanned by the dimensions taken so far
+    for s, n in sorted((abs(s), n) for n, s in zip(size, stride) if n != 1):
+        if s < span:
+            return True
+        span = s * (n - 1) + span
+    return False
+
+
 class _Null:
     def write(self, data) -> int:
         return len(data)
@@ -654,6 +668,9 @@ def _plan_pair(src, dst, steps: tuple, container, key, plan: _Plan, ctx: _LoadCo
         if src.dtype != dst.dtype or tuple(src.shape) != tuple(dst.shape):
             raise _mismatch(steps, f"tensor of {src.dtype} {tuple(src.shape)} in the checkpoint, "
                                    f"{dst.dtype} {tuple(dst.shape)} in the target")
+        problem = _unwritable_tensor(dst, torch)
+        if problem is not None:
+            raise _mismatch(steps, problem)
         _plan_buffer_leaf(src, dst, steps, plan, ctx, ctx.tensor_index.get(id(src)),
                           src.numel() * src.element_size(), _tensor_target(src, dst))
     elif ks == "bytearray":
@@ -736,6 +753,21 @@ def _ndarray_target(src, dst, np):
                                        else dst).raw()
         except (BufferError, TypeError, ValueError):
             return None
+    return None
+
+
+def _unwritable_tensor(t, torch) -> str | None:
+    """Why the target tensor t cannot be loaded into in place (checked before anything is
+    written: copy_ would fail half-way, or do nothing), or None."""
+    if t.is_meta:
+        return ("the target tensor is on the meta device: it has no memory to load into "
+                "(materialise it first, e.g. module.to_empty(device='cpu'))")
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        return ("the target is an inference tensor (made under torch.inference_mode()): it "
+                "can be written only in inference mode")
+    if t.layout == torch.strided and _overlapping(t.shape, t.stride()):
+        return ("elements of the target tensor share memory (an expand()ed or as_strided "
+                "view): it cannot be loaded into")
     return None
 
 

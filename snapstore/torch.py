@@ -52,7 +52,7 @@ from snapstore import objects
 from snapstore.objectlayer import (DCP_META_KEY, DCP_METADATA_BUFFER, DCP_PART_KEY,
                                    contiguous_tensor, float_view, layer_meta, require_store)
 from snapstore.errors import (CheckpointNotFound, InvalidArgumentError, InvalidArgumentTypeError,
-                              SnapstoreError)
+                              SnapstoreError, StructureMismatchError)
 from snapstore.engine.validation import validate_name, validate_timeout
 from snapstore.store import CheckpointInfo, Group, Store
 
@@ -202,19 +202,32 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
             return objects.load(s, id_or_stream)
         optimizers: list = []
 
-        def target(x, key=None):
+        def target(x, key=None, in_place=True):
             if isinstance(x, torch.nn.Module):
                 return x.state_dict()
             if isinstance(x, torch.optim.Optimizer):
                 optimizers.append((key, x))
-                return x.state_dict() if x.state else objects.FRESH
+                return x.state_dict() if x.state and in_place else objects.FRESH
             return x
 
-        if isinstance(into, dict):
-            tgt = {k: target(v, k) for k, v in into.items()}
-        else:
-            tgt = target(into)
-        result = objects.load(s, id_or_stream, into=tgt)
+        def targets(in_place: bool):
+            optimizers.clear()
+            if isinstance(into, dict):
+                return {k: target(v, k, in_place) for k, v in into.items()}
+            return target(into, None, in_place)
+
+        tgt = targets(in_place=True)
+        try:
+            result = objects.load(s, id_or_stream, into=tgt)
+        except StructureMismatchError:
+            # an optimizer with state for other parameters than the checkpoint's (one that
+            # stepped only some of them): its state is loaded fresh, as documented. Nothing
+            # was written, so the load is tried again that way; a mismatch elsewhere is
+            # raised again by that second try.
+            if not any(opt.state for _, opt in optimizers):
+                raise
+            tgt = targets(in_place=False)
+            result = objects.load(s, id_or_stream, into=tgt)
         for key, opt in optimizers:
             opt.load_state_dict(result if key is None else result[key])
         if isinstance(into, dict):

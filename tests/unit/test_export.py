@@ -89,6 +89,11 @@ def test_refusals_write_nothing(store, tmp_path):
     out = str(tmp_path / "x.safetensors")
     with pytest.raises(ExportError, match="holds no tensors"):
         snapstore.export(store, plain.id, out)
+    for state in ({"step": 3, "lr": 0.1}, {}):     # objects, but not one tensor or array
+        values = store.save(state, stream="v")
+        for path in (out, str(tmp_path / "x.pt"), str(tmp_path / "x.npz")):
+            with pytest.raises(ExportError, match="holds no tensors"):
+                snapstore.export(store, values.id, path)
     info = snapstore.save_arrays(store, {"a": np.ones(3)}, "a")
     with pytest.raises(ExportError, match="unknown export format"):
         snapstore.export(store, info.id, str(tmp_path / "x.bin"))

@@ -230,6 +230,69 @@ def test_load_into_mismatch_leaves_model_unchanged(store):
         st.load(store, "m", into={"model": sd, "optim": objects.FRESH})
 
 
+@pytest.mark.parametrize("kind", ["expanded", "as_strided", "inference", "meta"])
+def test_load_into_a_target_that_cannot_be_written_writes_nothing(store, kind):
+    """Targets copy_ cannot write (elements sharing memory, inference tensors outside
+    inference mode) failed half-way with torch's RuntimeError after earlier targets were
+    written; meta tensors were 'loaded' silently, holding nothing. Each is now a
+    StructureMismatchError before anything is written."""
+    st.save(store, {"a": torch.ones(10), "b": torch.arange(10.0).reshape(5, 2)}, "y")
+    a = torch.zeros(10)
+    if kind == "expanded":
+        b = torch.zeros(1, 2).expand(5, 2)
+    elif kind == "as_strided":
+        b = torch.zeros(6).as_strided((5, 2), (1, 1))      # rows overlap
+    elif kind == "inference":
+        with torch.inference_mode():
+            b = torch.zeros(5, 2)
+    else:
+        b = torch.zeros(5, 2, device="meta")
+    target = {"a": a, "b": b}
+    with pytest.raises(StructureMismatchError, match=r"obj\['b'\]"):
+        st.load(store, "y", into=target)
+    assert not a.any()                                  # nothing was written
+    if kind == "inference":
+        with torch.inference_mode():                    # where an inference tensor may be
+            st.load(store, "y", into=target)
+        assert a.eq(1).all() and b.equal(torch.arange(10.0).reshape(5, 2))
+
+
+def test_overlap_check_matches_the_layouts_torch_allows():
+    from snapstore.objects import _overlapping
+    cases = [((10,), (1,), False), ((10,), (0,), True), ((1,), (0,), False),
+             ((0, 5), (0, 0), False), ((3, 4), (4, 1), False), ((3, 4), (1, 3), False),
+             ((3, 4), (1, 2), True), ((2, 3), (3, -1), False), ((2, 2), (1, 1), True),
+             ((5, 2), (1, 1), True), ((4, 4), (8, 2), False)]
+    for size, stride, overlaps in cases:
+        assert _overlapping(size, stride) is overlaps, (size, stride)
+
+
+def test_load_into_an_optimizer_with_state_for_other_parameters_loads_it_fresh(store):
+    """An optimizer that stepped only some parameters (say, a frozen layer) has state for
+    other parameters than the checkpoint's: loaded fresh, as documented and as torch's own
+    load_state_dict does, instead of a StructureMismatchError."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    st.save(store, {"model": model, "optim": opt}, "t")
+    other = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    other_opt = torch.optim.Adam(other.parameters())
+    for p in other[1].parameters():
+        p.requires_grad_(False)
+    other(torch.randn(2, 4)).sum().backward()
+    other_opt.step()
+    assert len(other_opt.state) == 2 and len(opt.state) == 4
+    st.load(store, "t", into={"model": other, "optim": other_opt})
+    same(other_opt.state_dict(), opt.state_dict())
+    same(other.state_dict(), model.state_dict())
+    # a mismatch elsewhere is still one, and still writes nothing
+    wrong = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 3))
+    with pytest.raises(StructureMismatchError):
+        st.load(store, "t", into={"model": wrong, "optim": other_opt})
+
+
 def test_device_tensors_are_refused_by_name(store):
     st.save(store, {"ok": torch.zeros(3)}, "d")
     before = store.checkpoints()
