@@ -66,8 +66,8 @@ def _direct_readinto(body) -> tuple[Callable, Callable]:
     (about a sixth of the CPU of a restore's receiving, measured); else the body's own.
     done() is called once the body was read to its end: it hands the connection back to
     urllib3's pool (the bytes having bypassed urllib3, its own bookkeeping would close it).
-    http.client counts the response's Content-Length, so a body cut short still raises
-    (IncompleteRead) and is retried."""
+    (http.client's readinto returns 0 when the connection ends early, as at the end:
+    counted_to() tells the two apart.)"""
     stream = getattr(body, "_raw_stream", None)
     response = getattr(stream, "_fp", None)
     if not isinstance(response, http.client.HTTPResponse) or \
@@ -78,6 +78,25 @@ def _direct_readinto(body) -> tuple[Callable, Callable]:
         if response.isclosed():                 # read to its end
             stream.release_conn()
     return response.readinto, done
+
+
+def counted_to(readinto: Callable, declared: int | None) -> Callable:
+    """readinto, raising http.client.IncompleteRead (retried as a whole: _call) when the body
+    ends before the `declared` Content-Length: a connection the server dropped mid-body (it
+    was killed, say) reads as a short body, which a caller would take for the object's end
+    (a block cut short, then cached as whole)."""
+    if declared is None:
+        return readinto
+    got = 0
+
+    def read(buf) -> int:
+        nonlocal got
+        n = readinto(buf)
+        if not n and len(buf) and got < declared:
+            raise http.client.IncompleteRead(b"", declared - got)
+        got += n
+        return n
+    return read
 
 
 @dataclass
@@ -238,7 +257,7 @@ class S3Client:
             body = answer["Body"]
             try:
                 readinto, done = _direct_readinto(body)
-                result = consume(readinto)
+                result = consume(counted_to(readinto, answer.get("ContentLength")))
                 done()
                 return result
             finally:

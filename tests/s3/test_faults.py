@@ -313,3 +313,65 @@ def test_the_server_killed_and_restarted_mid_restore(weed_server, tmp_path, remo
         assert r.restore(info.id)["a"] == big.tobytes()         # from the cache now
     finally:
         r.close()
+
+
+# ---- a body cut short: the connection ends before the declared Content-Length --------------
+def test_a_get_body_cut_short_is_fetched_again_never_cached_short(s3, tmp_path, monkeypatch):
+    """What a server killed mid-response looks like to http.client: readinto returns 0 before
+    the declared length, as at a body's end. The cache took it for the segment's end, cached
+    the short block as whole, and the checkpoint could no longer be read from that cache_dir
+    ("record is truncated", also after the server was back). The GET is now retried."""
+    from snapstore.remote import s3client
+    url = f"s3://{s3.bucket}/{s3.prefix}cut"
+    big = state(6 * MiB, seed=8)
+    with snapstore.open(url, cache_dir=str(tmp_path / "w")) as w:
+        info = w.checkpoint({"a": big}, stream="s")
+    real = s3client._direct_readinto
+    cuts = []
+
+    def cut_once(body):
+        readinto, done = real(body)
+        if cuts:
+            return readinto, done
+        got = [0]
+
+        def short(buf):                     # the first body ends after 100 KB
+            if got[0] >= 100_000:
+                cuts.append(got[0])
+                return 0
+            n = readinto(memoryview(buf)[:100_000 - got[0]])
+            got[0] += n
+            return n
+        return short, lambda: None
+    monkeypatch.setattr(s3client, "_direct_readinto", cut_once)
+    cache = str(tmp_path / "r")
+    with snapstore.open(url, cache_dir=cache) as r:
+        assert r.restore(info.id)["a"] == big.tobytes()
+    assert cuts == [100_000]                # it happened, and was retried
+    monkeypatch.setattr(s3client, "_direct_readinto", real)
+    with snapstore.open(url, cache_dir=cache) as again:    # what the cache kept is whole
+        assert again.restore(info.id)["a"] == big.tobytes()
+        assert again.verify(deep=True)["ok"]
+
+
+def test_counted_to_tells_an_early_end_from_the_end():
+    import http.client
+    from snapstore.remote.s3client import counted_to
+    data = memoryview(b"abcdefgh")
+    pos = [0]
+
+    def readinto(buf):
+        n = min(len(buf), 3, len(data) - pos[0])
+        buf[:n] = data[pos[0]:pos[0] + n]
+        pos[0] += n
+        return n
+    out = bytearray(16)
+    read = counted_to(readinto, 8)
+    assert [read(memoryview(out)[:4]) for _ in range(4)] == [3, 3, 2, 0]    # the end
+    pos[0] = 0
+    read = counted_to(readinto, 9)          # one byte declared that never comes
+    assert [read(memoryview(out)[:4]) for _ in range(3)] == [3, 3, 2]
+    with pytest.raises(http.client.IncompleteRead):
+        read(memoryview(out)[:4])
+    assert read(memoryview(out)[:0]) == 0   # an empty buffer is not an end
+    assert counted_to(readinto, None) is readinto
