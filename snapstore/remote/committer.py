@@ -43,7 +43,7 @@ from snapstore.engine.index import Index, IndexView
 from snapstore.engine.records import Commit
 from snapstore.engine.wal import SegmentLog
 from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionError,
-                              FormatError, SnapstoreError)
+                              FormatError, SnapstoreError, StoreIOError)
 from snapstore.remote import checkpoints as ckpt_objects
 from snapstore.remote import gcguard, intents, layout, refs, spool, sync
 from snapstore.remote.s3client import NotFound, PreconditionFailed, S3Client
@@ -638,6 +638,15 @@ def rebuild_cache(url: str, *, cache_dir: str | None = None,
             "rebuilt": "the local cache of an S3 store, pulled again from its bucket"}
 
 
+def _segments_of(item: "_InFlight") -> list[int]:
+    """The segments the chunks of an in-flight checkpoint lie in: its new chunks' and the
+    ones it reuses (from earlier in-flight checkpoints, perhaps), and those it sealed."""
+    numbers = set(item.segments)
+    for table in (item.commit.new_chunks, item.reused):
+        numbers.update(seg for _, seg, _, _, _, _ in fmt.NEW_CHUNK.iter_unpack(table))
+    return sorted(numbers)
+
+
 class _InFlight:
     """A checkpoint committed locally (durability "local") waiting for its ref write."""
 
@@ -663,7 +672,9 @@ class BackgroundUploads:
         self._queue: list[_InFlight] = []
         self._busy = False
         self._stopping = False
-        self._failures: list[BaseException] = []
+        # (checkpoint id, stream, the failure) of every checkpoint acknowledged and then not
+        # committed, not yet reported
+        self._failures: list[tuple[int, str, BaseException]] = []
         self._thread = threading.Thread(target=self._run, name="snapstore-refs", daemon=True)
         self._thread.start()
 
@@ -703,10 +714,24 @@ class BackgroundUploads:
                 self._cv.wait(0.1)
 
     def raise_failure(self) -> None:
+        """Raises what failed since the last report, once: the first failure's exception (its
+        class: RemoteError, CommitConflict...), its message naming every acknowledged
+        checkpoint that was not committed, and its `lost` attribute listing them as (stream,
+        id) pairs. (Raising only the first failure lost the report of the others.)"""
         with self._cv:
             failures, self._failures = self._failures, []
-        if failures:
-            raise failures[0]
+        if not failures:
+            return
+        _, _, first = failures[0]
+        lines = [f"checkpoint {cid} of stream {stream!r}: {exc}" for cid, stream, exc in failures]
+        message = (f"{len(failures)} checkpoint(s) acknowledged at durability 'local' were not "
+                   "committed to the bucket, and are gone: " + "; ".join(lines))
+        if isinstance(first, SnapstoreError):        # (anything else is a bug: as it is)
+            first.args = (message,)
+            if isinstance(first, StoreIOError):     # whose str() is its strerror
+                first.strerror = message
+            first.lost = [(stream, cid) for cid, stream, _ in failures]
+        raise first
 
     def stop(self) -> None:
         self.wait_idle()
@@ -735,21 +760,23 @@ class BackgroundUploads:
                 self._queue.pop(0)
                 dropped = []
                 if failed is not None:
-                    self._failures.append(failed)
+                    self._failures.append((item.id, item.stream, failed))
                     # later checkpoints of the stream build on this one: they fail too
                     dropped = [i for i in self._queue if i.stream == item.stream]
                     self._queue = [i for i in self._queue if i.stream != item.stream]
                     for later in dropped:
                         spool.forget_pending(self.c.cache_path, self.c.log_number, later.id)
-                        self._failures.append(CommitConflict(
-                            f"checkpoint {later.id} of stream {later.stream!r} was not "
-                            f"committed: it builds on checkpoint {item.id}, whose commit "
-                            f"failed ({failed})", stream=later.stream, expected=later.parent))
+                        self._failures.append((later.id, later.stream, CommitConflict(
+                            f"it builds on checkpoint {item.id}, which was not committed",
+                            stream=later.stream, expected=later.parent)))
                 self._cv.notify_all()
 
     def _publish(self, item: _InFlight) -> None:
         with io_errors(f"checkpoint {item.id} of stream {item.stream!r} failed"):
-            self.c.backend.wait_uploaded()
+            # the segments its chunks lie in, new and reused, must all be in the bucket
+            # (another checkpoint's failure may have been reported already: asking for the
+            # first failure alone let a checkpoint whose segment was never uploaded commit)
+            self.c.backend.wait_uploaded(_segments_of(item))
             if item.ticket is not None:     # gc's grace: W3
                 self.c.gc_guard.check_deadline(item.ticket)
             try:

@@ -6,7 +6,11 @@ log creates segment n + 1, segment n is sealed (the contract's rule) and uploade
 background as segments/<name> — the object is exactly the file's bytes. wait_uploaded()
 waits for every upload begun so far and raises the first failure; once one upload has failed
 for good, the uploads queued after it fail at once with the same error (the commit they
-belong to fails anyway) instead of each retrying for remote_timeout. After its upload a
+belong to fails anyway) instead of each retrying for remote_timeout, until that failure is
+reported. Every segment not uploaded is remembered, so wait_uploaded(segments), which a
+checkpoint committed in the background (durability "local") asks for the segments its chunks
+lie in, raises if any of those is not in the bucket, whoever else's failure was reported
+first. After its upload a
 segment moves into the block cache as a whole segment. Every other segment (other writers',
 earlier sessions') is read by range from the bucket through the block cache
 (cache.BlockCache).
@@ -22,6 +26,7 @@ from snapstore.engine.backends.base import (SegmentBackend, SegmentFile, Segment
 from snapstore.engine.backends.local import LocalSegments
 from snapstore.remote import layout
 from snapstore.remote.cache import BlockCache
+from snapstore.errors import RemoteError
 from snapstore.remote.s3client import NotFound, S3Client
 
 UPLOAD_THREADS = 2
@@ -80,6 +85,7 @@ class RemoteSegments(SegmentBackend):
         self._spooled: set[int] = set()      # own segments still in the spool
         self._uploads: dict[int, Future] = {}
         self._failure: BaseException | None = None    # of the uploads begun so far
+        self._not_uploaded: dict[int, BaseException] = {}     # segment -> why (for good)
         self._pool: ThreadPoolExecutor | None = None
         self.uploaded_bytes = 0
         self.failed_uploads = 0                        # uploads that failed for good
@@ -164,6 +170,8 @@ class RemoteSegments(SegmentBackend):
     def _upload_one(self, number: int) -> None:
         with self._lock:
             failure = self._failure
+            if failure is not None:
+                self._not_uploaded[number] = failure
         if failure is not None:
             raise failure
         path = os.path.join(self.spool_dir, segment_name(number))
@@ -172,6 +180,7 @@ class RemoteSegments(SegmentBackend):
         except BaseException as exc:
             with self._lock:
                 self._failure = self._failure or exc
+                self._not_uploaded[number] = exc
                 self.failed_uploads += 1
             raise
         size = os.path.getsize(path)
@@ -182,10 +191,14 @@ class RemoteSegments(SegmentBackend):
             self._spooled.discard(number)
         self.cache.adopt(number, path)
 
-    def wait_uploaded(self) -> None:
+    def wait_uploaded(self, segments=None) -> None:
         """Waits for every upload begun so far; raises the first that failed (RemoteError),
         forgetting it (the segment stays in the spool, never referenced; the next open of
-        the cache directory removes it: remote/spool.py)."""
+        the cache directory removes it: remote/spool.py).
+
+        segments: only these matter (the segments a checkpoint's chunks lie in): raises the
+        reason one of them is not in the bucket (then forgetting the first failure, as
+        above), else nothing, even if other uploads failed."""
         with self._lock:
             pending = list(self._uploads.items())
         for number, future in pending:
@@ -197,7 +210,18 @@ class RemoteSegments(SegmentBackend):
                 if self._uploads.get(number) is future:
                     del self._uploads[number]
         with self._lock:
-            error, self._failure = self._failure, None
+            if segments is not None:
+                # an upload that succeeded took its segment out of the spool
+                missing = [self._not_uploaded.get(n) or RemoteError(
+                    f"segment {segment_name(n)} was never uploaded", operation="upload",
+                    key=layout.segment_key(n)) for n in segments
+                    if n in self._not_uploaded or n in self._spooled]
+                if not missing:
+                    return
+                self._failure = None
+                error = missing[0]
+            else:
+                error, self._failure = self._failure, None
         if error is not None:
             raise error
 

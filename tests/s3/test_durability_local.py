@@ -27,10 +27,10 @@ def hold_uploads(store) -> threading.Event:
     backend = store._committer.backend
     real = backend.wait_uploaded
 
-    def wait():
+    def wait(*segments):
         if threading.current_thread().name == "snapstore-refs":
             gate.wait(60)
-        return real()
+        return real(*segments)
     backend.wait_uploaded = wait
     return gate
 
@@ -74,6 +74,8 @@ def test_a_conflict_found_in_the_background_is_raised_once_and_undone(url, tmp_p
         with pytest.raises(CommitConflict) as e:
             w.flush()
         assert e.value.stream == "s"
+        assert e.value.lost == [("s", mine.id), ("s", child.id)]    # both named
+        assert f"checkpoint {child.id} of stream 's'" in str(e.value)
         w.flush()                                           # reported once
         ids = [c.id for c in w.checkpoints("s")]
         assert mine.id not in ids and child.id not in ids
@@ -94,6 +96,36 @@ def test_an_upload_that_fails_is_raised_by_the_next_call(url, tmp_path, monkeypa
         assert w.checkpoints("s") == []
         w.checkpoint({"a": b"z"}, stream="t")
         w.flush()
+
+
+def test_every_lost_checkpoint_of_every_stream_is_reported(url, tmp_path, monkeypatch):
+    """Uploads failing for two streams' checkpoints: one report names both (only the first
+    failure was raised, and the second stream's loss went unreported)."""
+    def broken(self, key, path):
+        raise RemoteError("injected upload failure", operation="upload", key=key)
+    real = snapstore.remote.s3client.S3Client.upload_file
+    with snapstore.open(url, cache_dir=str(tmp_path / "w"), durability="local") as w:
+        held = hold_uploads(w)
+        monkeypatch.setattr(snapstore.remote.s3client.S3Client, "upload_file", broken)
+        a = w.checkpoint({"a": b"x" * 100000}, stream="a")
+        b = w.checkpoint({"b": b"y" * 100000}, stream="b")
+        held.set()
+        w._committer._uploader.wait_idle()
+        with pytest.raises(RemoteError, match="injected") as e:
+            w.flush()
+        assert e.value.lost == [("a", a.id), ("b", b.id)]
+        assert "2 checkpoint(s)" in str(e.value) and "stream 'b'" in str(e.value)
+        monkeypatch.setattr(snapstore.remote.s3client.S3Client, "upload_file", real)
+        w.flush()                                           # reported once
+        assert w.checkpoints("a") == [] and w.checkpoints("b") == []
+        after = w.checkpoint({"b": b"z" * 1000}, stream="b")     # uploads work again
+        w.flush()
+    # b's segment was never uploaded: its ref must not have been written (it was, once the
+    # first failure had been reported for a: a checkpoint in the bucket whose segment is not)
+    with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as r:
+        assert [c.id for c in r.checkpoints()] == [after.id]
+        assert r.restore(after.id) == {"b": b"z" * 1000}
+        assert r.verify(deep=True)["ok"]
 
 
 def test_close_flushes_and_async_checkpoints_never_wait_for_the_network(url, tmp_path):
@@ -122,10 +154,10 @@ import os, sys, signal, threading, snapstore
 from snapstore.remote import segments
 gate = threading.Event()
 real = segments.RemoteSegments.wait_uploaded
-def never(self):
+def never(self, *segments):
     if threading.current_thread().name == "snapstore-refs":
         gate.wait()          # the background never gets to the ref write
-    return real(self)
+    return real(self, *segments)
 segments.RemoteSegments.wait_uploaded = never
 s = snapstore.open({url!r}, cache_dir=sys.argv[1], durability="local")
 info = s.checkpoint({{"a": b"acknowledged" * 10000}}, stream="s")
@@ -156,10 +188,10 @@ def test_a_replay_whose_stream_moved_is_reported_and_dropped(url, tmp_path):
 import os, sys, signal, threading, snapstore
 from snapstore.remote import segments
 real = segments.RemoteSegments.wait_uploaded
-def never(self):
+def never(self, *segments):
     if threading.current_thread().name == "snapstore-refs":
         threading.Event().wait()
-    return real(self)
+    return real(self, *segments)
 segments.RemoteSegments.wait_uploaded = never
 s = snapstore.open({url!r}, cache_dir=sys.argv[1], durability="local")
 print(s.checkpoint({{"a": b"lost"}}, stream="s").id, flush=True)

@@ -314,10 +314,10 @@ def test_a_mark_made_during_a_commit_makes_it_write_the_reused_chunks_anew(url, 
         real_wait = backend.wait_uploaded
         marks = []
 
-        def mark_then_wait():
+        def mark_then_wait(*segments):
             if not marks:
                 marks.append(g.gc(grace=GRACE))
-            real_wait()
+            real_wait(*segments)
         backend.wait_uploaded = mark_then_wait
         back = s.checkpoint({"a": a}, stream="t")       # dedups against `gone`'s chunks
         backend.wait_uploaded = real_wait
