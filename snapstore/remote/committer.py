@@ -102,7 +102,8 @@ class RemoteCommitter:
             root = cache_dir if cache_dir is not None else layout.default_cache_root()
             self.cache_path = layout.cache_dir_for(os.path.abspath(os.fspath(root)),
                                                    self.client.endpoint, self.url)
-            self._open_cache(identity)
+            with io_errors(f"{self.path}: cannot use the cache directory {self.cache_path}"):
+                self._open_cache(identity)
             self.index = Index(os.path.join(self.cache_path, fmt.INDEX_DIR), readonly=False,
                                durable=False)
             self.backend = RemoteSegments(self.client, spool.spool_dir(self.cache_path),

@@ -301,3 +301,15 @@ def test_copy_between_local_and_s3_sends_only_missing_chunks(url, tmp_path, s3):
                 copy_checkpoints(remote, back)                   # S3 -> local
             assert back.restore(back.latest("s").id)["a"] == a.tobytes()
     assert second.id
+
+
+def test_a_cache_dir_that_is_a_file_is_a_store_io_error(url, tmp_path):
+    """A raw NotADirectoryError came out of the open before."""
+    from snapstore.errors import StoreIOError
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for cache_dir in (afile, afile / "sub"):
+        with pytest.raises(StoreIOError, match="cache directory"):
+            snapstore.open(url, cache_dir=str(cache_dir))
+    with snapstore.open(url, cache_dir=str(tmp_path / "fine")) as s:     # nothing held
+        assert s.checkpoint({"a": b"x"}).id
