@@ -445,6 +445,12 @@ class RemoteCommitter:
         crashpoint("remote_after_apply")
         return new_ref
 
+    def _in_flight_gone(self, item: "_InFlight") -> bool:
+        """Whether an in-flight checkpoint of this process failed and left the cache index
+        (BackgroundUploads takes a failed one out, pulling its stream as the bucket has it)."""
+        with self.index.read() as r:
+            return r.checkpoint(item.id) is None
+
     def commit(self, stream: str, make_plans: PlanMaker, meta: Any, *,
                expect_head: Any = ANY_HEAD, on_stored: dict | None = None,
                pause: Callable[[], None] | None = None) -> Commit:
@@ -490,8 +496,19 @@ class RemoteCommitter:
                                  f"{expect_head}", stream=stream, expected=expect_head,
                                  found=head)
         local = self._uploader is not None
-        stored = self.store_chunks(stream, head, make_plans, on_stored, pause,
-                                   wait=not local, until=self.intent_deadline(ticket))
+        try:
+            stored = self.store_chunks(stream, head, make_plans, on_stored, pause,
+                                       wait=not local, until=self.intent_deadline(ticket))
+        except CorruptionError:
+            if in_flight is not None and self._in_flight_gone(in_flight):
+                # the in-flight checkpoint this one builds on failed meanwhile, and the
+                # background took it out of the cache (a pull of the stream): the head
+                # moved under the plan, which is a conflict, not index damage
+                raise CommitConflict(
+                    f"stream {stream!r}: checkpoint {in_flight.id}, which this one was to "
+                    "build on, failed to commit meanwhile; nothing was committed; try "
+                    "again", stream=stream, expected=in_flight.id) from None
+            raise
         self.gc_guard.check(self.index, self.log, self.backend, ticket, stored.new_chunks,
                             stored.reused)      # gc's mark: W1-W3, Replan
         commit = Commit(0, stream, head, time.time(), meta, stored.entries,

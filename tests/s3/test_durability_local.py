@@ -220,3 +220,35 @@ def test_a_tracker_on_an_s3_store_captures_and_commits_in_the_background(url, tm
         w.flush()
     with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as r:
         assert r.restore(second.id)["a"] == a.tobytes()
+
+
+def test_a_commit_whose_in_flight_base_fails_meanwhile_is_a_conflict(url, tmp_path,
+                                                                     monkeypatch):
+    """A checkpoint planned on this process's in-flight checkpoint of the stream, which
+    fails (another writer moved the stream) while the new one is being stored: the failed
+    one leaves the cache, and the plan's base with it. That is a CommitConflict, not the
+    'index is damaged, run repair' CorruptionError it was (three writers racing on one
+    stream hit it in most runs)."""
+    from snapstore.remote.committer import RemoteCommitter
+    with snapstore.open(url, cache_dir=str(tmp_path / "w"), durability="local") as w, \
+            snapstore.open(url, cache_dir=str(tmp_path / "o")) as other:
+        held = hold_uploads(w)
+        base = other.checkpoint({"a": b"base"}, stream="s")
+        w.refresh()
+        mine = w.checkpoint({"a": b"mine"}, stream="s")                # in flight
+        theirs = other.checkpoint({"a": b"theirs"}, stream="s")        # moves the stream
+        real = RemoteCommitter.store_chunks
+
+        def store_chunks(self, *args, **kwargs):
+            held.set()                          # mine's ref write now fails...
+            self._uploader.wait_idle()          # ... and mine leaves the cache
+            return real(self, *args, **kwargs)
+        monkeypatch.setattr(RemoteCommitter, "store_chunks", store_chunks)
+        with pytest.raises(CommitConflict, match=f"checkpoint {mine.id}"):
+            w.checkpoint({"a": b"next"}, stream="s")
+        monkeypatch.setattr(RemoteCommitter, "store_chunks", real)
+        with pytest.raises(CommitConflict):     # mine's own failure, reported once
+            w.flush()
+        again = w.checkpoint({"a": b"next"}, stream="s")
+        w.flush()
+        assert [c.id for c in w.checkpoints("s")] == [base.id, theirs.id, again.id]
