@@ -107,7 +107,9 @@ class Capturer:
             persister.wait_idle(self)
             self.failure = None
             committer.check_open(write=True)
-            with committer.read() as r:
+            # the cache as it is (an S3 store's): the caller never waits for the network; a
+            # head that moved meanwhile is the commit's CommitConflict, on the future
+            with committer.read_cached() as r:
                 head = r.stream_head(self.stream)
                 self.last_id, self.based = head, True
                 parent = r.checkpoint(head) if head is not None else None

@@ -426,6 +426,12 @@ class Committer:
         self.check_open()
         return self.index.read()
 
+    def read_cached(self) -> "contextlib.AbstractContextManager[IndexView]":
+        """As read(), never waiting for the network (an S3 store's committer reads its cache
+        as it is): what an asynchronous capture plans with, in its caller's time. Here the
+        index is the store's own: the same as read()."""
+        return self.read()
+
     @contextlib.contextmanager
     def exclusive(self, write: bool = True) -> Iterator[None]:
         """Runs the with block under this process's writer lock, after the open (and, with

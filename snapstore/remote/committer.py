@@ -291,6 +291,14 @@ class RemoteCommitter:
                 self._pull_all()
         return self.index.read()
 
+    def read_cached(self) -> "contextlib.AbstractContextManager[IndexView]":
+        """A snapshot of the cache index as it is, never pulled first: what an asynchronous
+        capture plans with in its caller's time, which must not wait for the network (its
+        commit, on the persister's thread, reads the stream's ref and conflicts if the
+        cache was behind)."""
+        self.check_open()
+        return self.index.read()
+
     @contextlib.contextmanager
     def exclusive(self, write: bool = True) -> Iterator[None]:
         with self._lock:

@@ -252,3 +252,32 @@ def test_a_commit_whose_in_flight_base_fails_meanwhile_is_a_conflict(url, tmp_pa
         again = w.checkpoint({"a": b"next"}, stream="s")
         w.flush()
         assert [c.id for c in w.checkpoints("s")] == [base.id, theirs.id, again.id]
+
+
+@pytest.mark.parametrize("durability", ["local", "remote"])
+def test_an_async_checkpoint_of_a_new_stream_never_waits_for_a_dead_server(
+        weed_server, tmp_path, durability):
+    """The first capture of a stream reads its head to diff against: it read it through a
+    pull of the bucket, in the caller's thread, which waited remote_timeout for a dead server
+    and raised there. The capture now plans with the cache as it is; the commit, on the
+    persister's thread, meets the dead server and fails the future."""
+    import time as clock
+    from snapstore.errors import RemoteError
+    srv = weed_server()
+    url = f"s3://{srv.bucket}/asyncnet-{durability}"
+    with snapstore.open(url, cache_dir=str(tmp_path / "w"), durability=durability,
+                        remote_timeout=4, refresh=0.1) as w:
+        w.checkpoint_async({"a": b"first" * 1000}, stream="s").result(timeout=60)
+        w.flush()
+        clock.sleep(0.3)                        # past refresh: a read() would pull
+        srv.kill()
+        began = clock.monotonic()
+        future = w.checkpoint_async({"a": b"other" * 1000}, stream="another")
+        assert clock.monotonic() - began < 2     # not remote_timeout
+        with pytest.raises(RemoteError):
+            future.result(timeout=60)
+        srv.start()
+        later = w.checkpoint_async({"a": b"other" * 1000}, stream="another").result(timeout=60)
+        w.flush()
+    with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as r:
+        assert r.restore(later.id) == {"a": b"other" * 1000}
