@@ -234,6 +234,11 @@ def _count_refs(blob: bytes, delta: int, counts: dict) -> dict:
     return counts
 
 
+# Small tables whose point lookups that miss are confirmed by a walk (IndexView._confirm_absent):
+# the store's counters and positions, where an absent key means a default.
+_CONFIRMED_MISSES = frozenset({fmt.DB_META, fmt.DB_LOGS})
+
+
 def _stream_key(stream: str, tail: bytes = b"") -> bytes:
     return stream.encode() + b"\0" + tail
 
@@ -883,7 +888,13 @@ class IndexView:
 
     def _decoded(self, db: bytes, key: bytes, decode: Callable):
         payload = self._get(db, key)
-        return None if payload is None else self._decode(db, key, payload, decode)
+        if payload is None:
+            if db in _CONFIRMED_MISSES:
+                # an absent counter reads as its default (next_id 1...): a flipped bit in its
+                # stored key must be damage, not a fresh start (a checkpoint got id 1 again)
+                self._confirm_absent(db, key)
+            return None
+        return self._decode(db, key, payload, decode)
 
     # -- meta
     def applied(self) -> tuple[int, int] | None:
