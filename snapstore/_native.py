@@ -61,18 +61,18 @@ def as_bytes_view(obj, writable: bool = False, name: str = "buffer") -> memoryvi
     try:
         mv = memoryview(obj)
     except TypeError:
-        raise TypeError(f"{name}: expected a bytes-like object, got {type(obj).__name__}") from None
+        raise errors.InvalidArgumentTypeError(f"{name}: expected a bytes-like object, got {type(obj).__name__}") from None
     except (ValueError, BufferError) as e:  # e.g. numpy datetime arrays, a closed mmap
-        raise TypeError(f"{name}: expected a bytes-like object, got a {type(obj).__name__} "
+        raise errors.InvalidArgumentTypeError(f"{name}: expected a bytes-like object, got a {type(obj).__name__} "
                         f"that cannot export its buffer ({e})") from None
     if not mv.c_contiguous:
         raise errors.InvalidArgumentError(
             f"{name}: expected a C-contiguous buffer, got a non-contiguous "
             f"{type(obj).__name__} (shape {mv.shape}, strides {mv.strides})")
     if writable and mv.readonly:
-        raise TypeError(f"{name}: expected a writable buffer, got a read-only {type(obj).__name__}")
+        raise errors.InvalidArgumentTypeError(f"{name}: expected a writable buffer, got a read-only {type(obj).__name__}")
     if "O" in mv.format:   # e.g. numpy dtype=object: the bytes are PyObject pointers
-        raise TypeError(f"{name}: a buffer of Python object pointers (format {mv.format!r}) holds "
+        raise errors.InvalidArgumentTypeError(f"{name}: a buffer of Python object pointers (format {mv.format!r}) holds "
                         "no data of its own; save such objects with store.save() instead")
     if mv.ndim == 1 and mv.format == "B":
         return mv
@@ -95,7 +95,7 @@ def _int_arg(value, name: str, limit: int, what: str) -> int:
     try:
         v = operator.index(value)
     except TypeError:
-        raise TypeError(f"{name}: expected {what}, got {type(value).__name__}") from None
+        raise errors.InvalidArgumentTypeError(f"{name}: expected {what}, got {type(value).__name__}") from None
     if not 0 <= v < limit:
         raise errors.InvalidArgumentError(
             f"{name} must be {what} in [0, 2**{limit.bit_length() - 1}), got {v}")
@@ -161,6 +161,8 @@ def _fp_diff_args(buf, fingerprints, page_size):
         raise errors.InvalidArgumentError(
             f"fingerprints holds {len(fps)} bytes; {pages} pages of {ps} bytes need "
             f"{FP_BYTES * pages}")
+    if _overlap(src, fps):          # the C loop writes digests while it hashes the pages
+        raise errors.InvalidArgumentError("fingerprints and buf must not overlap")
     return ps, src, fps, pages
 
 
@@ -225,14 +227,38 @@ def runs_to_ranges(runs: Iterable[Sequence[int]], nbytes: int,
     ps = page_size_arg(page_size)
     nbytes = _size_arg(nbytes, "nbytes")
     out = []
-    for first, count in runs:
-        first, count = operator.index(first), operator.index(count)
+    for item in _sequence(runs, "runs", "(first_page, n_pages) pairs"):
+        first, count = _run_pair(item)
         off = first * ps
         if first < 0 or count <= 0 or off >= nbytes:
             raise errors.InvalidArgumentError(
                 f"run ({first}, {count}) is empty or outside {nbytes} bytes of {ps}-byte pages")
         out.append((off, min((first + count) * ps, nbytes) - off))
     return out
+
+
+def _sequence(value, name: str, shape: str) -> Sequence:
+    """value as a sequence (a list or tuple as it is, another iterable listed once);
+    InvalidArgumentTypeError naming the expected shape for anything else."""
+    if isinstance(value, (list, tuple)):
+        return value
+    if isinstance(value, (str, bytes, bytearray, memoryview)) or value is None:
+        raise errors.InvalidArgumentTypeError(f"{name}: expected a sequence of {shape}, got "
+                                              f"{type(value).__name__}")
+    try:
+        return list(value)
+    except TypeError:
+        raise errors.InvalidArgumentTypeError(f"{name}: expected a sequence of {shape}, got "
+                                              f"{type(value).__name__}") from None
+
+
+def _pairs(items: list) -> bool:
+    """Whether every item has exactly 2 elements (a total of 2n alone would let (a, b, c),
+    (d,) pass as (a, b), (c, d))."""
+    try:
+        return all(map((2).__eq__, map(len, items)))       # at C speed
+    except TypeError:
+        return False
 
 
 def _ranges_array(ranges, nbytes: int) -> Tuple[object, int, int]:
@@ -242,7 +268,7 @@ def _ranges_array(ranges, nbytes: int) -> Tuple[object, int, int]:
             flat_q = array.array("Q", itertools.chain.from_iterable(ranges))
         except (TypeError, ValueError, OverflowError):
             flat_q = None
-        if flat_q is not None and len(flat_q) == 2 * len(ranges):
+        if flat_q is not None and len(flat_q) == 2 * len(ranges) and _pairs(ranges):
             offs, lens = flat_q[0::2], flat_q[1::2]
             if all(o + n <= nbytes for o, n in zip(offs, lens)):
                 if not flat_q:
@@ -250,12 +276,12 @@ def _ranges_array(ranges, nbytes: int) -> Tuple[object, int, int]:
                 return ffi.from_buffer("uint64_t[]", flat_q), len(ranges), sum(lens)
     flat: List[int] = []
     total = 0
-    for item in ranges:
+    for item in _sequence(ranges, "ranges", "(offset, length) pairs"):
         try:
             off, length = item
             off, length = operator.index(off), operator.index(length)
         except (TypeError, ValueError):
-            raise TypeError(f"ranges: expected (offset, length) pairs of ints, got {item!r}") from None
+            raise errors.InvalidArgumentTypeError(f"ranges: expected (offset, length) pairs of ints, got {item!r}") from None
         if off < 0 or length < 0 or off + length > nbytes:
             raise errors.InvalidArgumentError(
                 f"ranges: ({off}, {length}) is not inside the buffer of {nbytes} bytes")
@@ -420,19 +446,34 @@ def fingerprint_diff_runs(buf, fingerprints, runs: Sequence[Sequence[int]],
 
 
 def _runs_flat(runs) -> "array.array":
-    """Run pairs (first_page, n_pages) -> a flat uint64 array, at C speed for pairs of ints (a
-    negative number raises OverflowError, a malformed item TypeError or ValueError)."""
-    runs = runs if isinstance(runs, list) else list(runs)
+    """Run pairs (first_page, n_pages) -> a flat uint64 array, at C speed for pairs of ints
+    (InvalidArgumentTypeError for anything but pairs of ints, InvalidArgumentError for a
+    number outside [0, 2**64))."""
+    runs = _sequence(runs, "runs", "(first_page, n_pages) pairs")
     try:
         if all(n == 2 for n in map(len, runs)):
             return array.array("Q", itertools.chain.from_iterable(runs))
-    except TypeError:
-        pass                                # an item without len() or a non-int: named below
+    except (TypeError, OverflowError):
+        pass                                # named below
     flat = array.array("Q")
-    for first, count in runs:
-        flat.append(operator.index(first))
-        flat.append(operator.index(count))
+    for item in runs:
+        first, count = _run_pair(item)
+        flat.append(first)
+        flat.append(count)
     return flat
+
+
+def _run_pair(item) -> tuple[int, int]:
+    """A run (first_page, n_pages) checked: two ints in [0, 2**64)."""
+    try:
+        first, count = item
+        first, count = operator.index(first), operator.index(count)
+    except (TypeError, ValueError):
+        raise errors.InvalidArgumentTypeError(
+            f"runs: expected (first_page, n_pages) pairs of ints, got {item!r:.60}") from None
+    if not (0 <= first < 1 << 64 and 0 <= count < 1 << 64):
+        raise errors.InvalidArgumentError(f"run ({first}, {count}) is outside [0, 2**64)")
+    return first, count
 
 
 def _fp_diff_runs(src: memoryview, ps: int, fps, fps_len: int, pages: int,
@@ -461,18 +502,24 @@ class PageFingerprints:
     this object lives; assigning slices of it is fine). Every method is one C call over it.
     """
 
-    __slots__ = ("page_size", "nbytes", "digests", "_pin")
+    __slots__ = ("page_size", "nbytes", "_digests", "_pin")
 
     def __init__(self, buf, page_size: int = 4096) -> None:
         """Digests of buf's pages now (snap_fp_pages)."""
         self.page_size = page_size_arg(page_size)
         self.nbytes = len(as_bytes_view(buf, name="buf"))
-        self.digests = page_fingerprints(buf, self.page_size)
-        self._pin = _ptr(self.digests, True)
+        self._digests = page_fingerprints(buf, self.page_size)
+        self._pin = _ptr(self._digests, True)
+
+    @property
+    def digests(self) -> bytearray:
+        """The digests (read-only attribute: the C calls write through the pinned array, so
+        another array in its place would be bounds-checked and never written)."""
+        return self._digests
 
     def diff(self, buf) -> List[Tuple[int, int]]:
         """Changed-page runs of buf (same size) since the digests; digests updated (snap_fp_diff)."""
-        return fingerprint_diff(buf, self.digests, self.page_size)
+        return fingerprint_diff(buf, self._digests, self.page_size)
 
     def diff_runs(self, buf, runs: Sequence[Sequence[int]]) -> List[Tuple[int, int]]:
         """diff() over only the pages of runs (see fingerprint_diff_runs; snap_fp_diff_runs)."""
@@ -480,18 +527,23 @@ class PageFingerprints:
         if len(src) != self.nbytes:
             raise errors.InvalidArgumentError(
                 f"buf holds {len(src)} bytes; the fingerprints are of {self.nbytes}")
-        return _fp_diff_runs(src, self.page_size, self._pin, len(self.digests),
-                             len(self.digests) // FP_BYTES, runs)
+        return _fp_diff_runs(src, self.page_size, self._pin, len(self._digests),
+                             len(self._digests) // FP_BYTES, runs)
 
     def update(self, first_page: int, data) -> None:
         """Sets the digests of pages first_page, first_page + 1, ... to those of data's pages
         (snap_fp_pages): data holds whole pages of the buffer from first_page on; only the
         buffer's last page may be short. Runs once per stored range: kept lean."""
         data = byte_view(data, name="data")
-        at, size = operator.index(first_page) * FP_BYTES, len(self.digests)
+        at, size = operator.index(first_page) * FP_BYTES, len(self._digests)
         if not 0 <= at <= size:
             raise errors.InvalidArgumentError(
                 f"first_page {first_page} is outside the buffer's {size // FP_BYTES} pages")
+        if len(data) % self.page_size and \
+                operator.index(first_page) * self.page_size + len(data) != self.nbytes:
+            raise errors.InvalidArgumentError(
+                f"data of {len(data)} bytes is not whole {self.page_size}-byte pages and does "
+                f"not end the {self.nbytes}-byte buffer")
         _fp_pages(data, self.page_size, self._pin + at, size - at)
 
 
@@ -762,13 +814,16 @@ def prefault_write(buf) -> bool:
     return bool(populated[0])
 
 
+_SCAN_MAX_RANGES = 1 << 24     # max_ranges below this (a 384 MiB result array at most)
+
+
 def pagemap_scan(pagemap_fd: int, start: int, end: int,
                  max_ranges: int = _SCAN_BATCH) -> Tuple[List[Tuple[int, int, int]], int]:
     """Written ranges (start, end, flags) of [start, end), re-protected; and the walk end (snap_pagemap_scan).
 
     The walk end is `end` unless max_ranges filled up: then scan again from it. flags: SCAN_HUGE.
     """
-    max_ranges = _size_arg(max_ranges, "max_ranges")
+    max_ranges = _int_arg(max_ranges, "max_ranges", _SCAN_MAX_RANGES, "an int")
     arr = _new_uninit("uint64_t[]", 3 * max_ranges or 1)
     n, walk_end, err = ffi.new("size_t *"), ffi.new("uint64_t *"), ffi.new("int *")
     _check_sys(lib.snap_pagemap_scan(_fd_arg(pagemap_fd, "pagemap_fd"), _size_arg(start, "start"),
@@ -816,13 +871,23 @@ def read_chunks(src, out, reads: Sequence[Tuple[int, int, int, int, bytes]],
     """
     src_v = _typed_view(src, "src")
     dst = _typed_view(out, "out", writable=True)
+    shape = "(src_off, dst_off, stored_len, raw_len, 32-byte chunk id) tuples"
+    reads = _sequence(reads, "reads", shape)
     n = len(reads)
-    work = _given_or_new(scratch, max((r[3] for r in reads), default=0), "scratch")
     packed = bytearray(_CHUNK_READ.size * n)
     pack = _CHUNK_READ.pack_into
     size = _CHUNK_READ.size
-    for i, (src_off, dst_off, stored_len, raw_len, chunk_id) in enumerate(reads):
-        pack(packed, i * size, src_off, dst_off, stored_len, raw_len, chunk_id, 0)
+    try:
+        for i, (src_off, dst_off, stored_len, raw_len, chunk_id) in enumerate(reads):
+            if type(chunk_id) is not bytes or len(chunk_id) != 32:
+                raise errors.InvalidArgumentError(f"reads[{i}]: a chunk id is 32 bytes")
+            pack(packed, i * size, src_off, dst_off, stored_len, raw_len, chunk_id, 0)
+    except errors.InvalidArgumentError:
+        raise
+    except (struct.error, TypeError, ValueError) as exc:
+        raise errors.InvalidArgumentTypeError(f"reads: expected {shape} of ints in range: "
+                                              f"{exc}") from None
+    work = _given_or_new(scratch, max((r[3] for r in reads), default=0), "scratch")
     done = ffi.new("size_t *")
     rc = lib.snap_read_chunks(_ptr(src_v), len(src_v), _ptr(dst, True), len(dst),
                               ffi.from_buffer("snap_chunk_read[]", packed,
@@ -868,8 +933,8 @@ def write_chunks(chunks: Sequence[Tuple[object, bytes]], itemsize: int, try_plan
     """
     k = _itemsize_arg(itemsize)
     mask = _int_arg(try_planes, "try_planes", 1 << 32, "an int")
-    n = len(chunks)
     packed, pointers, sizes = _chunk_writes(chunks)
+    n = len(sizes)
     work = _given_or_new(scratch, max(sizes, default=0), "scratch")
     dst = _given_or_new(out, sum(sizes) + n * RECORD_WRITE_SLACK, "out")
     used = ffi.new("size_t *")
@@ -900,8 +965,8 @@ def raw_record_heads(chunks: Sequence[Tuple[object, bytes]], out=None
         overlapping out), InvalidArgumentTypeError (not a buffer), NativeSpaceError (out too
         small); nothing is written then.
     """
-    n = len(chunks)
-    packed, pointers, _ = _chunk_writes(chunks)
+    packed, pointers, sizes = _chunk_writes(chunks)
+    n = len(sizes)
     dst = _given_or_new(out, n * RAW_RECORD_HEAD, "out")
     check(lib.snap_raw_record_heads(ffi.from_buffer("snap_chunk_write[]", packed,
                                                     require_writable=True),
@@ -914,9 +979,14 @@ def _chunk_writes(chunks: Sequence[Tuple[object, bytes]]) -> Tuple[bytearray, li
     """(the snap_chunk_write array of chunks, packed; the buffers it points into, to keep
     alive until the call returns; the chunks' sizes). Raises as write_chunks."""
     size = _CHUNK_WRITE.size
+    chunks = _sequence(chunks, "chunks", "(data, 32-byte chunk id) pairs")
     packed = bytearray(size * len(chunks))
     pointers, sizes = [], []
-    for i, (data, chunk_id) in enumerate(chunks):
+    for i, item in enumerate(chunks):
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise errors.InvalidArgumentTypeError(
+                f"chunks[{i}]: expected a (data, 32-byte chunk id) pair, got {item!r:.60}")
+        data, chunk_id = item
         view = _typed_view(data, f"chunks[{i}]")
         if not isinstance(chunk_id, bytes) or len(chunk_id) != 32:
             raise errors.InvalidArgumentError(f"chunks[{i}]: a chunk id is 32 bytes")

@@ -808,3 +808,79 @@ def test_prefault_in_a_forked_child():
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+# ---- argument checks found missing by a fuzzing pass (each was a crash, a wrong result or a
+# raw Python exception) ---------------------------------------------------------------------
+def test_page_fingerprints_digests_cannot_be_replaced_and_updates_are_whole_pages():
+    p = nat.PageFingerprints(bytearray(2 * 4096 + 100), 4096)
+    with pytest.raises(AttributeError):
+        p.digests = bytearray(16 * 100000)   # the C calls write through the pinned array:
+    p.update(2, bytes(100))                  # a segfault when a bigger one was put in place
+    with pytest.raises(errors.InvalidArgumentError, match="whole"):
+        p.update(0, bytes(100))              # a short page that is not the buffer's last
+    p.update(0, bytes(2 * 4096 + 100))
+    assert p.diff(bytearray(2 * 4096 + 100)) == []
+
+
+def test_malformed_ranges_and_runs_are_refused_never_re_paired():
+    data = bytes(range(100))
+    for bad in ([(10, 1, 20), (3,)], [(1,), (2, 3, 4)]):
+        with pytest.raises(errors.InvalidArgumentTypeError):
+            nat.gather(data, bad)            # returned b'\n\x14\x15\x16' (re-paired)
+    with pytest.raises(errors.InvalidArgumentTypeError):
+        nat.gather(data, None)
+    assert bytes(nat.gather(data, [(10, 2), (0, 1)])) == data[10:12] + data[:1]
+    assert bytes(nat.gather(data, [[10, 2]])) == data[10:12]          # lists are pairs too
+    buf = bytearray(4 * 4096)
+    fps = nat.page_fingerprints(buf)
+    for runs, error in (([(-1, 1)], errors.InvalidArgumentError),
+                        ([(1 << 64, 1)], errors.InvalidArgumentError),
+                        ([(0, 1, 2)], errors.InvalidArgumentTypeError),
+                        ([(0,)], errors.InvalidArgumentTypeError),
+                        ([(0.0, 1)], errors.InvalidArgumentTypeError),
+                        (None, errors.InvalidArgumentTypeError),
+                        (5, errors.InvalidArgumentTypeError)):
+        with pytest.raises(error):
+            nat.fingerprint_diff_runs(buf, fps, runs, 4096)
+        with pytest.raises(error):
+            nat.runs_to_ranges(runs, len(buf), 4096)
+    assert nat.fingerprint_diff_runs(buf, fps, [(0, 4)], 4096) == []
+
+
+def test_fingerprints_overlapping_the_buffer_are_refused():
+    b = bytearray(os.urandom(16384))
+    mv = memoryview(b)
+    with pytest.raises(errors.InvalidArgumentError, match="overlap"):
+        nat.fingerprint_diff(mv, mv[16384 - 64:], 4096)
+    with pytest.raises(errors.InvalidArgumentError, match="overlap"):
+        nat.fingerprint_diff_runs(mv, mv[16384 - 64:], [(0, 1)], 4096)
+
+
+def test_read_chunks_refuses_malformed_reads():
+    out = bytearray(100)
+    cid = bytes(32)
+    for reads, error in (([(0, 0, 36, 0, cid + b"WRONGID!")], errors.InvalidArgumentError),
+                         ([(0, 0, 36, 0, cid[:5])], errors.InvalidArgumentError),
+                         ([(0, 0, 36, 0, "x" * 32)], errors.InvalidArgumentError),
+                         ([(-1, 0, 36, 0, cid)], errors.InvalidArgumentTypeError),
+                         ([(0, 0, 36, 1 << 32, cid)], errors.InvalidArgumentTypeError),
+                         ([(0, 0)], errors.InvalidArgumentTypeError),
+                         (None, errors.InvalidArgumentTypeError)):
+        with pytest.raises(error):
+            nat.read_chunks(bytes(200), out, reads)
+    for chunks in ([(b"x" * 10,)], None, [b"x" * 10]):
+        with pytest.raises(errors.InvalidArgumentTypeError):
+            nat.write_chunks(chunks, 4, 0)
+        with pytest.raises(errors.InvalidArgumentTypeError):
+            nat.raw_record_heads(chunks)
+
+
+def test_oversized_pagemap_scan_batches_and_non_buffers_are_snapstore_errors():
+    with pytest.raises(errors.InvalidArgumentError, match="max_ranges"):
+        nat.pagemap_scan(-1, 0, 4096, max_ranges=1 << 40)      # checked before the fd
+    for call in (lambda: nat.page_count(None, 4096), lambda: nat.gather(None, []),
+                 lambda: nat.diff_bytes(None, b""), lambda: nat.page_fingerprints("text"),
+                 lambda: nat.fingerprint_diff(b"x" * 4096, bytes(16), 4096)):   # read-only
+        with pytest.raises(errors.InvalidArgumentTypeError):
+            call()
