@@ -55,25 +55,30 @@ def check(rc: int, function: str) -> None:
 def as_bytes_view(obj, writable: bool = False, name: str = "buffer") -> memoryview:
     """Validate a buffer-protocol object and return a flat unsigned-byte memoryview of it (no copy).
 
-    Raises TypeError for objects without the buffer protocol and for read-only buffers when
-    writable is true, InvalidArgumentError (a ValueError) for non-C-contiguous buffers.
+    Raises InvalidArgumentTypeError (a TypeError) for objects without the buffer protocol and
+    for read-only buffers when writable is true, InvalidArgumentError (a ValueError) for
+    non-C-contiguous buffers.
     """
     try:
         mv = memoryview(obj)
     except TypeError:
-        raise errors.InvalidArgumentTypeError(f"{name}: expected a bytes-like object, got {type(obj).__name__}") from None
+        raise errors.InvalidArgumentTypeError(
+            f"{name}: expected a bytes-like object, got {type(obj).__name__}") from None
     except (ValueError, BufferError) as e:  # e.g. numpy datetime arrays, a closed mmap
-        raise errors.InvalidArgumentTypeError(f"{name}: expected a bytes-like object, got a {type(obj).__name__} "
-                        f"that cannot export its buffer ({e})") from None
+        raise errors.InvalidArgumentTypeError(
+            f"{name}: expected a bytes-like object, got a {type(obj).__name__} "
+            f"that cannot export its buffer ({e})") from None
     if not mv.c_contiguous:
         raise errors.InvalidArgumentError(
             f"{name}: expected a C-contiguous buffer, got a non-contiguous "
             f"{type(obj).__name__} (shape {mv.shape}, strides {mv.strides})")
     if writable and mv.readonly:
-        raise errors.InvalidArgumentTypeError(f"{name}: expected a writable buffer, got a read-only {type(obj).__name__}")
+        raise errors.InvalidArgumentTypeError(
+            f"{name}: expected a writable buffer, got a read-only {type(obj).__name__}")
     if "O" in mv.format:   # e.g. numpy dtype=object: the bytes are PyObject pointers
-        raise errors.InvalidArgumentTypeError(f"{name}: a buffer of Python object pointers (format {mv.format!r}) holds "
-                        "no data of its own; save such objects with store.save() instead")
+        raise errors.InvalidArgumentTypeError(
+            f"{name}: a buffer of Python object pointers (format {mv.format!r}) holds "
+            "no data of its own; save such objects with store.save() instead")
     if mv.ndim == 1 and mv.format == "B":
         return mv
     if mv.nbytes == 0:  # memoryview.cast refuses shapes containing 0
@@ -90,12 +95,13 @@ def byte_view(obj, name: str = "buffer") -> memoryview:
 
 
 def _int_arg(value, name: str, limit: int, what: str) -> int:
-    """An int in [0, limit), limit a power of two (TypeError if not an int,
+    """An int in [0, limit), limit a power of two (InvalidArgumentTypeError if not an int,
     InvalidArgumentError if out of range)."""
     try:
         v = operator.index(value)
     except TypeError:
-        raise errors.InvalidArgumentTypeError(f"{name}: expected {what}, got {type(value).__name__}") from None
+        raise errors.InvalidArgumentTypeError(
+            f"{name}: expected {what}, got {type(value).__name__}") from None
     if not 0 <= v < limit:
         raise errors.InvalidArgumentError(
             f"{name} must be {what} in [0, 2**{limit.bit_length() - 1}), got {v}")
@@ -281,7 +287,8 @@ def _ranges_array(ranges, nbytes: int) -> Tuple[object, int, int]:
             off, length = item
             off, length = operator.index(off), operator.index(length)
         except (TypeError, ValueError):
-            raise errors.InvalidArgumentTypeError(f"ranges: expected (offset, length) pairs of ints, got {item!r}") from None
+            raise errors.InvalidArgumentTypeError(
+                f"ranges: expected (offset, length) pairs of ints, got {item!r}") from None
         if off < 0 or length < 0 or off + length > nbytes:
             raise errors.InvalidArgumentError(
                 f"ranges: ({off}, {length}) is not inside the buffer of {nbytes} bytes")
