@@ -793,8 +793,8 @@ class Store:
     def _bytes_on_disk(self) -> int:
         """Bytes of the segments plus the index (as stats() counts them)."""
         c = self._committer
-        with c.exclusive(write=False):
-            return sum(c.backend.size(n) for n in c.backend.list()) + c.index.disk_bytes()
+        with c.exclusive(write=False), io_errors("cannot measure the store"):
+            return sum(c.backend.sizes().values()) + c.index.disk_bytes()
 
     def compact(self, threshold: float = fmt.DEFAULT_COMPACT_THRESHOLD,
                 max_chain: int | None = None, *,
@@ -1141,8 +1141,8 @@ class Store:
                 else:
                     garbage += fmt.RECORD_HEADER.size + e.stored_len
             streams = r.streams()
-        segments = self.backend.list()
-        seg_bytes = sum(self.backend.size(n) for n in segments)
+        segments = self.backend.sizes()
+        seg_bytes = sum(segments.values())
         return {
             "checkpoints": len(ids), "streams": len(streams), "chunks": n_chunks,
             "segments": len(segments), "segment_bytes": seg_bytes,

@@ -334,8 +334,8 @@ def choose_segments(log: SegmentLog, backend: SegmentBackend, needed: dict[int, 
     open segment of this writer's log is sealed first when it is chosen, so a store smaller
     than a segment gets space back too (issue 14, defect 9); an empty open segment is never
     chosen."""
-    payload = {n: max(0, backend.size(n) - fmt.SEGMENT_HEADER.size) for n in backend.list()
-               if n in movable}
+    payload = {n: max(0, size - fmt.SEGMENT_HEADER.size)
+               for n, size in backend.sizes().items() if n in movable}
     chosen = plan_rewrite(payload, needed, kept, state, threshold, max_garbage)
     tail = log.position
     if tail[0] in chosen:
@@ -485,7 +485,7 @@ def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold
     always copies the index compacted, False never, None when it pays."""
     started = time.perf_counter()
     index_before = index.disk_bytes()
-    before = sum(backend.size(n) for n in backend.list())
+    before = sum(backend.sizes().values())
     folded = fold_chains(index, max_chain)
     found = ChunkUses(index)
     needed, kept = found.segment_bytes(threshold)
@@ -498,7 +498,7 @@ def compact(index: Index, log: SegmentLog, backend: SegmentBackend, *, threshold
     freed, freed_bytes = collect_garbage(index)
     index.sync()
     rewritten, removed, copied, state_bytes = rewrite_segments(index, log, backend, targets)
-    after = sum(backend.size(n) for n in backend.list())
+    after = sum(backend.sizes().values())
     shrunk = False
     if shrink is not False:
         shrunk = shrink_index(index, os.path.dirname(os.path.abspath(index.path)),

@@ -185,6 +185,19 @@ class SegmentBackend(ABC):
         while the segment is open). Raises FileNotFoundError (an OSError) when it does not
         exist, not_a_segment() when it is not a segment, OSError when asking fails."""
 
+    def sizes(self) -> dict[int, int]:
+        """{number: size} of the existing segments. One listed that is gone when its size is
+        asked is left out: with many writers a segment may vanish at any moment (a writer
+        rolling back the segments of a commit that lost its race, a recovery removing a torn
+        one), which is no error for a total or a listing."""
+        out = {}
+        for number in self.list():
+            try:
+                out[number] = self.size(number)
+            except FileNotFoundError:
+                continue
+        return out
+
     @abstractmethod
     def open_reader(self) -> SegmentReader:
         """A new read session (see SegmentReader). Opening it does no I/O."""
