@@ -49,7 +49,7 @@ def test_copy_export_and_import_take_s3_urls(s3, tmp_path):
     local, back = str(tmp_path / "local"), str(tmp_path / "back")
     payload = {"a": b"x", "b": os.urandom(70000)}
     with snapstore.open(local) as s:
-        first = s.checkpoint(payload, stream="s")
+        s.checkpoint(payload, stream="s")
     assert run(env, "init", url)[0] == 0
     code, out, err = run(env, "copy", local, url, "--json")
     assert code == 0, err
