@@ -283,12 +283,7 @@ def _ranges_array(ranges, nbytes: int) -> Tuple[object, int, int]:
     flat: List[int] = []
     total = 0
     for item in _sequence(ranges, "ranges", "(offset, length) pairs"):
-        try:
-            off, length = item
-            off, length = operator.index(off), operator.index(length)
-        except (TypeError, ValueError):
-            raise errors.InvalidArgumentTypeError(
-                f"ranges: expected (offset, length) pairs of ints, got {item!r}") from None
+        off, length = _int_pair(item, "ranges", "(offset, length)")
         if off < 0 or length < 0 or off + length > nbytes:
             raise errors.InvalidArgumentError(
                 f"ranges: ({off}, {length}) is not inside the buffer of {nbytes} bytes")
@@ -458,7 +453,7 @@ def _runs_flat(runs) -> "array.array":
     number outside [0, 2**64))."""
     runs = _sequence(runs, "runs", "(first_page, n_pages) pairs")
     try:
-        if all(n == 2 for n in map(len, runs)):
+        if _pairs(runs):
             return array.array("Q", itertools.chain.from_iterable(runs))
     except (TypeError, OverflowError):
         pass                                # named below
@@ -470,14 +465,20 @@ def _runs_flat(runs) -> "array.array":
     return flat
 
 
-def _run_pair(item) -> tuple[int, int]:
-    """A run (first_page, n_pages) checked: two ints in [0, 2**64)."""
+def _int_pair(item, name: str, shape: str) -> tuple[int, int]:
+    """item as a pair of ints; InvalidArgumentTypeError naming `name` and the pair's `shape`
+    for anything else."""
     try:
-        first, count = item
-        first, count = operator.index(first), operator.index(count)
+        a, b = item
+        return operator.index(a), operator.index(b)
     except (TypeError, ValueError):
         raise errors.InvalidArgumentTypeError(
-            f"runs: expected (first_page, n_pages) pairs of ints, got {item!r:.60}") from None
+            f"{name}: expected {shape} pairs of ints, got {item!r:.60}") from None
+
+
+def _run_pair(item) -> tuple[int, int]:
+    """A run (first_page, n_pages) checked: two ints in [0, 2**64)."""
+    first, count = _int_pair(item, "runs", "(first_page, n_pages)")
     if not (0 <= first < 1 << 64 and 0 <= count < 1 << 64):
         raise errors.InvalidArgumentError(f"run ({first}, {count}) is outside [0, 2**64)")
     return first, count
