@@ -108,6 +108,34 @@ def _layout(info) -> dict:
     return ours["arrays"]
 
 
+def _specs(info, layout: dict, np) -> dict:
+    """{name: (dtype, shape, order)} of a save_arrays() layout, each checked against the
+    checkpoint's buffers; NotAnObjectCheckpointError for one that does not describe them (a
+    checkpoint that carries the reserved key without having been written by save_arrays)."""
+    specs = {}
+    for name, spec in layout.items():
+        try:
+            dtype = np.lib.format.descr_to_dtype(_descr_from_json(spec["dtype"]))
+            shape = tuple(spec["shape"])
+            order = spec["order"]
+            if order not in ("C", "F") or dtype.hasobject or not all(
+                    type(n) is int and n >= 0 for n in shape):
+                raise ValueError(f"order {order!r}, dtype {dtype}, shape {shape!r}")
+            size = info.sizes[ARRAY_PREFIX + name]
+            need = dtype.itemsize
+            for n in shape:
+                need *= n
+            if need != size:
+                raise ValueError(f"{need} bytes for {dtype} {shape}, the buffer holds {size}")
+        except (KeyError, IndexError, TypeError, ValueError, RecursionError) as exc:
+            raise NotAnObjectCheckpointError(
+                f"checkpoint {info.id} of stream {info.stream!r}: its save_arrays() description "
+                f"of array {name!r} does not match its buffers ({type(exc).__name__}: "
+                f"{str(exc)[:200]}), so load_arrays() cannot read it") from None
+        specs[name] = (dtype, shape, order)
+    return specs
+
+
 def load_arrays(store, id_or_stream: Any, into: Mapping[str, Any] | None = None) -> dict:
     """The arrays of a save_arrays() checkpoint.
 
@@ -125,11 +153,7 @@ def load_arrays(store, id_or_stream: Any, into: Mapping[str, Any] | None = None)
     import numpy as np
     require_store(store, "snapstore.load_arrays")
     info = resolve_checkpoint(store, id_or_stream)
-    layout = _layout(info)
-    specs = {}
-    for name, spec in layout.items():
-        dtype = np.lib.format.descr_to_dtype(_descr_from_json(spec["dtype"]))
-        specs[name] = (dtype, tuple(spec["shape"]), spec["order"])
+    specs = _specs(info, _layout(info), np)
     if into is None:
         out, targets = {}, {}
         for name, (dtype, shape, order) in specs.items():

@@ -339,9 +339,14 @@ def _dump(obj: Any, inband_limit: int, allow_device_copy: bool) -> tuple[memoryv
         except _DeviceTensor as exc:
             pickler.release()
             path = _path_to(obj, lambda x: x is exc.tensor)
+            if exc.tensor.device.type == "meta":
+                advice = ("a meta tensor has no data: materialise it first (e.g. "
+                          "module.to_empty(device='cpu') and initialise it)")
+            else:
+                advice = "move it to the CPU or pass allow_device_copy=True"
             raise DeviceTensorError(
-                f"{path} is a tensor on {exc.tensor.device}; snapstore saves CPU tensors: move "
-                "it to the CPU or pass allow_device_copy=True", path) from None
+                f"{path} is a tensor on {exc.tensor.device}; snapstore saves CPU tensors: "
+                f"{advice}", path) from None
         except RecursionError:
             pickler.release()
             raise ObjectSaveError("obj cannot be pickled: it is nested too deeply") from None
@@ -690,22 +695,16 @@ def _plan_pair(src, dst, steps: tuple, container, key, plan: _Plan, ctx: _LoadCo
         for k in src.keys():
             _plan_pair(src[k], dst[k], steps + (("item", k),), dst, k, plan, ctx, np, torch,
                        depth + 1)
+        _plan_attributes(src, dst, steps, plan, ctx, np, torch, depth)
     elif ks in ("list", "tuple"):
         if len(src) != len(dst):
             raise _mismatch(steps, f"{ks} of {len(src)} items in the checkpoint, {len(dst)} in "
                                    "the target")
         for i, (a, b) in enumerate(zip(src, dst)):
             _plan_pair(a, b, steps + (("item", i),), dst, i, plan, ctx, np, torch, depth + 1)
+        _plan_attributes(src, dst, steps, plan, ctx, np, torch, depth)
     elif ks == "object":
-        if type(src) is not type(dst):
-            raise _mismatch(steps, f"{type(src).__qualname__} in the checkpoint, "
-                                   f"{type(dst).__qualname__} in the target")
-        a, b = vars(src), vars(dst)
-        if set(a) != set(b):
-            raise _mismatch(steps, f"attributes differ: {sorted(set(a) ^ set(b))[:5]!r}")
-        for k in a:
-            _plan_pair(a[k], b[k], steps + (("attr", k),), b, k, plan, ctx, np, torch,
-                       depth + 1)
+        _plan_attributes(src, dst, steps, plan, ctx, np, torch, depth, always=True)
     else:  # a plain value: set it in its container
         if isinstance(container, (MutableMapping, list)):
             plan.actions.append(("assign", steps, container, key))
@@ -713,6 +712,24 @@ def _plan_pair(src, dst, steps: tuple, container, key, plan: _Plan, ctx: _LoadCo
             where = "at the root" if container is None else f"inside a {type(container).__name__}"
             raise _mismatch(steps, f"a {type(dst).__name__} {where} cannot be changed in place "
                                    f"(checkpoint {src!r:.60}, target {dst!r:.60})")
+
+
+def _plan_attributes(src, dst, steps: tuple, plan: _Plan, ctx: _LoadContext, np, torch,
+                     depth: int, *, always: bool = False) -> None:
+    """Plans the attributes (vars()) of an object, or of a dict, list or tuple subclass
+    that has any (always=False: a container with none on either side is left alone): the
+    types must be the same and so must the attribute names."""
+    a, b = getattr(src, "__dict__", None), getattr(dst, "__dict__", None)
+    if not always and not a and not b:
+        return
+    if type(src) is not type(dst):
+        raise _mismatch(steps, f"{type(src).__qualname__} in the checkpoint, "
+                               f"{type(dst).__qualname__} in the target")
+    a, b = a or {}, b if b is not None else {}
+    if set(a) != set(b):
+        raise _mismatch(steps, f"attributes differ: {sorted(set(a) ^ set(b))[:5]!r}")
+    for k in a:
+        _plan_pair(a[k], b[k], steps + (("attr", k),), b, k, plan, ctx, np, torch, depth + 1)
 
 
 def _writable_bytes(x) -> memoryview | None:

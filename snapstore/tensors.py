@@ -117,7 +117,8 @@ def dtype_itemsize(dtype: str) -> Optional[int]:
     n = DTYPE_ITEMSIZE.get(dtype)
     if n is not None:
         return n
-    if dtype.startswith(("datetime64", "timedelta64")):
+    if dtype.startswith(("datetime64", "timedelta64")) or (dtype[:1] in "<>|="
+                                                           and dtype[1:3] in ("M8", "m8")):
         return 8
     if dtype[:1] in "<>|=" and dtype[2:].isdigit():
         size = int(dtype[2:])
@@ -269,6 +270,9 @@ def _numpy_dtype_name(spec: Any, byteorder: str = "<") -> str:
     if spec[0] in "<>|=":
         byteorder, spec = spec[0], spec[1:]
     kind, size = spec[:1], spec[1:]
+    if byteorder == ">" and (kind in "MmU" or (kind in _NUMPY_KINDS and size.isdigit()
+                                              and int(size) > 1)):
+        return ">" + spec                # not native: keep the byte order visible
     if kind in "Mm" and size.startswith("8"):
         unit = size[1:]
         return ("datetime64" if kind == "M" else "timedelta64") + unit
@@ -283,10 +287,7 @@ def _numpy_dtype_name(spec: Any, byteorder: str = "<") -> str:
     base = _NUMPY_KINDS.get(kind)
     if base is None or not size.isdigit():
         return spec
-    name = f"{base}{int(size) * 8}"
-    if byteorder == ">" and int(size) > 1:
-        return ">" + spec                # not native: keep the byte order visible
-    return name
+    return f"{base}{int(size) * 8}"
 
 
 def _numpy_dtype(stub: Any) -> str:

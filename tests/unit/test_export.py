@@ -224,3 +224,18 @@ def test_dcp_checkpoint_exports(store, tmp_path):
     got = load_file(out)
     for k, v in m.state_dict().items():
         assert torch.equal(got[f"model.{k}"], v)
+
+
+@pytest.mark.parametrize("how", ["save", "save_arrays"])
+def test_big_endian_datetimes_and_strings_keep_their_byte_order(store, tmp_path, how):
+    from snapstore.tensors import tensor_catalogue
+    arrays = {"dt": np.arange(3).astype(">M8[s]"), "td": np.arange(2).astype(">m8[ms]"),
+              "u": np.array(["ab", "cd"], dtype=">U2")}
+    info = store.save(arrays, how) if how == "save" else snapstore.save_arrays(store, arrays, how)
+    names = {e.name: e.dtype for e in tensor_catalogue(store, info)}
+    assert names == {"dt": ">M8[s]", "td": ">m8[ms]", "u": ">U2"}
+    path = tmp_path / f"{how}.npz"
+    snapstore.export(store, info.id, str(path))
+    with np.load(path) as z:
+        for name, a in arrays.items():
+            assert z[name].dtype == a.dtype and np.array_equal(z[name], a)

@@ -475,3 +475,57 @@ def test_pickle_streams_name_the_pinned_rebuild_functions(store):
     assert snapstore_globals(store, store.save(obj, stream="pin")) == {
         ("snapstore.objects", "_datetime_array"), ("snapstore.objects", "FRESH")}
     assert objects.FRESH is FRESH and callable(objects._datetime_array)
+
+
+class _AttrDict(dict):
+    pass
+
+
+class _AttrList(list):
+    pass
+
+
+def test_load_into_restores_the_attributes_of_dict_and_list_subclasses(store):
+    state = _AttrDict(w=np.arange(1000.0))
+    state.version = 2
+    hist = _AttrList([1, 2])
+    hist.best = 0.5
+    store.save({"state": state, "hist": hist}, "attrs")
+    target_state = _AttrDict(w=np.zeros(1000))
+    target_state.version = 1
+    target_hist = _AttrList([0, 0])
+    target_hist.best = 9.9
+    target = {"state": target_state, "hist": target_hist}
+    assert store.load("attrs", into=target) is target
+    assert target["state"].version == 2 and target["hist"].best == 0.5
+    assert list(target["hist"]) == [1, 2] and np.array_equal(target["state"]["w"],
+                                                              np.arange(1000.0))
+    # attributes that differ, or a plain dict where the checkpoint holds the subclass: refused
+    other = _AttrDict(w=np.zeros(1000))
+    other.extra = 1
+    with pytest.raises(StructureMismatchError, match="attributes differ"):
+        store.load("attrs", into={"state": other, "hist": _AttrList([0, 0])})
+    with pytest.raises(StructureMismatchError, match="_AttrDict"):
+        store.load("attrs", into={"state": {"w": np.zeros(1000)}, "hist": target_hist})
+    # subclasses without attributes on either side match plain containers as before
+    store.save({"d": _AttrDict(a=1)}, "plain")
+    plain = {"d": {"a": 0}}
+    store.load("plain", into=plain)
+    assert plain == {"d": {"a": 1}}
+
+
+@pytest.mark.parametrize("arrays", [
+    {"v": {"dtype": "<f8", "shape": [1], "order": "C"}},              # no buffer array/v
+    {"u": {"dtype": "<f8", "shape": [100], "order": "C"}},            # buffer too small
+    {"u": {"dtype": "nonsense", "shape": [1], "order": "C"}},
+    {"u": {"dtype": "<f8", "shape": [1], "order": "X"}},
+    {"u": {"dtype": "<f8", "shape": [-1], "order": "C"}},
+    {"u": {"dtype": "|O", "shape": [1], "order": "C"}},
+    {"u": 5},
+])
+def test_load_arrays_refuses_a_description_that_does_not_match_the_buffers(store, arrays):
+    info = store.checkpoint({"array/u": b"x" * 8}, stream="forged",
+                            meta={"snapstore.arrays": {"version": 1, "arrays": arrays}})
+    assert info.meta == {} and "snapstore.arrays" in info.reserved_meta
+    with pytest.raises(NotAnObjectCheckpointError, match="does not match its buffers"):
+        snapstore.load_arrays(store, info.id)
