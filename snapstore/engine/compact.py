@@ -74,7 +74,7 @@ from snapstore.engine import writer as wr
 from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.fsutil import fsync_directory
 from snapstore.errors import CorruptionError
-from snapstore.engine.index import ChunkEntry, Index
+from snapstore.engine.index import ChunkEntry, Index, reserve_lock_table
 from snapstore.engine.logstate import append_state_section
 from snapstore.engine.backends.base import SegmentBackend
 from snapstore.engine.reader import buffer_layers
@@ -456,6 +456,8 @@ def shrink_index(index: Index, store_path: str, *, force: bool = False) -> bool:
     os.mkdir(staging, storedir.dir_mode(index.file_mode))
 
     def swap() -> None:
+        # a full disk fails here, before the swap, not in the reopen after it
+        reserve_lock_table(staging, index.file_mode)
         fsync_directory(staging)
         fsync_directory(store_path)
         crashpoint("compact_before_index_swap")

@@ -27,6 +27,8 @@ MIN_FORMAT_VERSION = 1          # the oldest version this library reads (and upg
 #      4 at its writer's next open, as with every new header version)
 INDEX_DIR = "index"             # the LMDB environment (data.mdb, lock.mdb)
 INDEX_DATA_FILE = "data.mdb"    # LMDB's data file inside INDEX_DIR
+INDEX_LOCK_TABLE_FILE = "lock.mdb"   # LMDB's reader table inside INDEX_DIR (not a store lock)
+INDEX_LOCK_TABLE_BYTES = 16 << 10    # blocks reserved for a new one (LMDB's own size: ~8 KiB)
 INDEX_REBUILD_DIR = ".index.new"  # repair builds, compaction copies, a new index here, then
                                   # swaps it in (indexswap.py)
 INDEX_OLD_DIR = ".index.old"      # the replaced index, removed once the swap is durable
@@ -164,7 +166,8 @@ DB_META = b"meta"                 # META_* keys below
 DB_CHUNKS = b"chunks"             # chunk id -> CHUNK_ENTRY
 DB_CHECKPOINTS = b"checkpoints"   # CKPT_KEY -> JSON checkpoint info
 DB_MANIFESTS = b"manifests"       # MANIFEST_KEY -> packed EXTENTs
-DB_STREAMS = b"streams"           # stream name (UTF-8) -> JSON {"head": id, "seq": last seq}
+DB_STREAMS = b"streams"           # stream name (UTF-8) -> JSON {"head": id, "seq": last seq,
+                                  # "n": its number of checkpoints}
 DB_STREAM_CKPTS = b"stream_ckpts" # stream name + b"\0" + CKPT_KEY -> b""
 DB_CHILDREN = b"children"         # CKPT_KEY(parent) + CKPT_KEY(child) -> b""
 DB_FINGERPRINTS = b"fingerprints" # stream name + b"\0" + buffer name -> FP_HEADER + digests

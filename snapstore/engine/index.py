@@ -143,13 +143,18 @@ def _read_version(txn: lmdb.Transaction, meta_db) -> int | None:
     if len(payload) != fmt.U64.size or claimed < fmt.INDEX_CHECKSUMS_SINCE:
         raise damaged(f"index value {describe_key(fmt.DB_META, fmt.META_FORMAT)} is invalid")
     if claimed > fmt.FORMAT_VERSION:
-        raise _newer(claimed)
+        raise _newer(claimed, verified=True)
     return claimed
 
 
-def _newer(version: int) -> FormatError:
-    return FormatError(f"index was written by snapstore format {version}; this snapstore reads "
-                       f"up to {fmt.FORMAT_VERSION}: upgrade snapstore")
+def _newer(version: int, verified: bool = False) -> FormatError:
+    """FormatError for an index of a newer format; verified: its version value passed this
+    library's checksum (a newer format for certain, not a damaged value), as the attribute
+    `verified_newer` tells (repair refuses to replace such an index)."""
+    exc = FormatError(f"index was written by snapstore format {version}; this snapstore reads "
+                      f"up to {fmt.FORMAT_VERSION}: upgrade snapstore")
+    exc.verified_newer = verified
+    return exc
 
 
 # ---- the data file: never let LMDB touch a page past its end (that is a SIGBUS) ------------
@@ -316,6 +321,34 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_namespace_env_keys_in_child)
 
 
+def reserve_lock_table(location: str, file_mode: int) -> None:
+    """Gives LMDB's reader table (lock.mdb) real disk blocks before LMDB maps it: LMDB sizes
+    a new one with ftruncate (a hole) and writes it through its memory map, and a write into
+    a hole on a full file system is a SIGBUS, which kills the process, where this allocation
+    fails with ENOSPC (StoreIOError). A new or empty table gets INDEX_LOCK_TABLE_BYTES (LMDB
+    takes a bigger file as room for more readers); an existing one only has its own length
+    allocated (never grown: processes that have it open sized their reader slots by it)."""
+    name = os.path.join(location, fmt.INDEX_LOCK_TABLE_FILE)
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, file_mode)
+    except PermissionError:
+        return                      # a reader of someone else's store: LMDB decides
+    except OSError as exc:
+        raise StoreIOError(f"cannot open the index's reader table {name}: "
+                           f"{os.strerror(exc.errno) if exc.errno else exc}") from None
+    try:
+        size = os.fstat(fd).st_size
+        os.posix_fallocate(fd, 0, size or fmt.INDEX_LOCK_TABLE_BYTES)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise StoreIOError(f"cannot reserve the index's reader table {name}: "
+                               + ("disk full" if exc.errno == errno.ENOSPC
+                                  else os.strerror(exc.errno) if exc.errno else str(exc))) \
+                from None
+    finally:
+        os.close(fd)
+
+
 def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
     """The process's environment of one store. Opened writable whenever the directory allows
     (read-only Stores never begin write transactions), so readers and a writer of the same
@@ -326,7 +359,7 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
     def open_env(real_path: str) -> lmdb.Environment:
         for _ in range(_OPEN_ATTEMPTS):
             location = indexswap.index_to_read(real_path)
-            for name in ("data.mdb", "lock.mdb"):
+            for name in (fmt.INDEX_DATA_FILE, fmt.INDEX_LOCK_TABLE_FILE):
                 try:
                     check_regular(os.path.join(location, name))
                 except NotRegularFile as exc:
@@ -339,6 +372,8 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
             before = _file_ident(data)
             if location != real_path and before is None:
                 continue                # the second rename came first: index/ is back
+            if not fs_readonly:
+                reserve_lock_table(location, file_mode)
             with _lmdb_errors("open"):
                 # bytes: a str path LMDB would encode as UTF-8, which fails for a name that
                 # is not (os.fsencode gives back the bytes the file system holds)
@@ -757,7 +792,7 @@ class Index:
     def disk_bytes(self) -> int:
         """The bytes of the index's files (data.mdb and lock.mdb): what it occupies."""
         total = 0
-        for name in (fmt.INDEX_DATA_FILE, "lock.mdb"):
+        for name in (fmt.INDEX_DATA_FILE, fmt.INDEX_LOCK_TABLE_FILE):
             try:
                 total += os.stat(os.path.join(self.path, name)).st_size
             except OSError:
