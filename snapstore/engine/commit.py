@@ -421,10 +421,14 @@ class Committer:
         RemoteCommitter pulls the bucket here). Raises StoreClosedError after close()."""
         self.check_open()
 
-    def read(self) -> "contextlib.AbstractContextManager[IndexView]":
-        """`with committer.read() as view:` a consistent snapshot of the index (no lock)."""
+    @contextlib.contextmanager
+    def read(self) -> Iterator[IndexView]:
+        """`with committer.read() as view:` a consistent snapshot of the index (no lock). An
+        OSError of the with block (a segment read failing: a bad sector) is raised as
+        StoreIOError."""
         self.check_open()
-        return self.index.read()
+        with io_errors("cannot read the store"), self.index.read() as view:
+            yield view
 
     def read_cached(self) -> "contextlib.AbstractContextManager[IndexView]":
         """As read(), never waiting for the network (an S3 store's committer reads its cache
@@ -454,15 +458,23 @@ class Committer:
             return
         timeout = self.timeout if timeout is None else timeout
         name = os.path.join(self.path, fmt.MAINTENANCE_LOCK_FILE)
-        try:
-            fd = open_regular(name, os.O_RDWR | os.O_CREAT, self.file_mode)
-        except NotRegularFile as exc:
-            raise CorruptionError(f"{name} is {exc.kind}, not a regular file: the store is "
-                                  "damaged (the lock file holds no data; remove it)") from None
-        except PermissionError:
-            if not self.readonly:
-                raise
-            yield           # a reader of a store it may not write: nothing to lock with
+        fd = None
+        for flags in ((os.O_RDWR | os.O_CREAT,) + ((os.O_RDONLY,) if self.readonly else ())):
+            try:
+                fd = open_regular(name, flags, self.file_mode)
+                break
+            except NotRegularFile as exc:
+                raise CorruptionError(f"{name} is {exc.kind}, not a regular file: the store "
+                                      "is damaged (the lock file holds no data; remove it)") \
+                    from None
+            except OSError as exc:
+                # a reader of a store it may not write (or on a read-only file system) locks
+                # the file as it is, or not at all when it cannot even open it
+                if not self.readonly or exc.errno not in (errno.EACCES, errno.EPERM,
+                                                          errno.EROFS, errno.ENOENT):
+                    raise
+        if fd is None:
+            yield
             return
         try:
             deadline = time.monotonic() + timeout

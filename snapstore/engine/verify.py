@@ -20,7 +20,7 @@ import blake3
 
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
-from snapstore.errors import CorruptionError
+from snapstore.errors import CorruptionError, SnapstoreError
 from snapstore.engine.backends.base import SegmentBackend, segment_name
 from snapstore.engine.chunks import decode_chunk, read_stored_chunk, stored_chunk
 from snapstore.engine.index import REPAIR_HINT, Index
@@ -213,9 +213,19 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
                     continue
                 report.add("missing_segment", "segment file is missing", segment=seg)
                 continue
-            with backend.open_reader() as segments:
-                bytes_checked += _deep_scan(segments, size, seg, known, report, affected,
-                                            tail=tail)
+            try:
+                with backend.open_reader() as segments:
+                    bytes_checked += _deep_scan(segments, size, seg, known, report, affected,
+                                                tail=tail)
+            except OSError as exc:
+                if isinstance(exc, SnapstoreError):
+                    raise
+                # a read error the scan could not step over (a bad sector): what is left of
+                # the segment is unchecked, and every checkpoint using it is reported
+                report.add("unreadable_segment", f"reading the segment failed: "
+                           f"{exc.strerror or exc}",
+                           set().union(*(affected(cid) for cid, _ in
+                                         (x for xs in known.values() for x in xs))), seg)
 
     return _result(report, deep, started, checkpoints=len(commits), chunks=len(chunks),
                    segments=len(present), bytes_checked=bytes_checked)
@@ -291,6 +301,10 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport
             continue
         except DamagedRecord as exc:
             problem, end = exc.reason, exc.end
+        except OSError as exc:
+            if isinstance(exc, SnapstoreError):
+                raise
+            problem, end = f"cannot read the record: {exc.strerror or exc}", None
         if tail is not None and pos >= tail and not any(off >= pos for off in starts) and \
                 next_valid_record(segments, seg, end, pos + 1, size, types) is None:
             break                       # torn tail, or a record being appended

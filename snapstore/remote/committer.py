@@ -282,22 +282,27 @@ class RemoteCommitter:
         with io_errors(f"cannot read {self.path}"):
             self._pull_all()
 
-    def read(self) -> "contextlib.AbstractContextManager[IndexView]":
+    @contextlib.contextmanager
+    def read(self) -> Iterator[IndexView]:
         """A snapshot of the cache index, pulled from the bucket first when the last pull is
-        more than `refresh` seconds old."""
+        more than `refresh` seconds old. An OSError of the with block is raised as
+        StoreIOError (as the local committer's)."""
         self.check_open()
         if time.monotonic() - self._pulled_at > self.refresh_seconds:
             with io_errors(f"cannot read {self.path}"):
                 self._pull_all()
-        return self.index.read()
+        with io_errors(f"cannot read {self.path}"), self.index.read() as view:
+            yield view
 
-    def read_cached(self) -> "contextlib.AbstractContextManager[IndexView]":
+    @contextlib.contextmanager
+    def read_cached(self) -> Iterator[IndexView]:
         """A snapshot of the cache index as it is, never pulled first: what an asynchronous
         capture plans with in its caller's time, which must not wait for the network (its
         commit, on the persister's thread, reads the stream's ref and conflicts if the
         cache was behind)."""
         self.check_open()
-        return self.index.read()
+        with io_errors(f"cannot read {self.path}"), self.index.read() as view:
+            yield view
 
     @contextlib.contextmanager
     def exclusive(self, write: bool = True) -> Iterator[None]:

@@ -481,6 +481,34 @@ def test_read_fault_never_returns_wrong_bytes(tmp_path):
     fx.check_all()                  # the fault is gone: everything reads fine
 
 
+@pytest.mark.parametrize("nth", [1, 2, 3, 4, 6])
+def test_a_read_error_is_a_snapstore_error_or_a_verify_problem_never_a_raw_oserror(tmp_path,
+                                                                                  nth):
+    # Regression: the nth segment read failing (a bad sector) escaped restore() and
+    # verify(deep=True) as a raw OSError for most n (segment_version read without a check)
+    fx = Fixture(tmp_path)
+    cid = max(fx.want)
+    fx.fb.fail("read", nth, errno.EIO)
+    try:
+        got = fx.store.restore(cid)
+    except SnapstoreError as exc:
+        assert isinstance(exc, (StoreIOError, CorruptionError))
+    else:
+        assert got == fx.want[cid]          # the fault hit no read of this restore
+    fx.fb.clear()
+    for deep in (False, True):
+        fx.fb.fail("read", nth, errno.EIO)
+        report = fx.store.verify(deep=deep)
+        fx.fb.clear()
+        kinds = {p["kind"] for p in report["problems"]}
+        assert kinds <= {"damaged_chunk", "damaged_record", "damaged_segment_header",
+                         "unreadable_segment"}, kinds
+        assert report["ok"] == (not kinds)
+        assert not deep or not report["ok"]     # a deep verify reads every segment: seen
+    assert fx.store.verify(deep=True)["ok"]
+    fx.check_all()                  # the fault is gone: everything reads fine
+
+
 # ---- faults while opening ------------------------------------------------------------------
 
 # Regression (found by these tests, fixed in 00a8d2e): an I/O error while opening a store
