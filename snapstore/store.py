@@ -41,11 +41,25 @@ from snapstore.engine.validation import (MAX_CREATED, buffer_view, check_choice,
                                          validate_int, validate_meta, validate_name,
                                          validate_path, validate_timeout)
 from snapstore.engine.verify import verify as verify_store
-from snapstore.errors import CorruptionError, InvalidArgumentError, InvalidArgumentTypeError
+from snapstore.errors import (CorruptionError, InvalidArgumentError, InvalidArgumentTypeError,
+                              SnapstoreError, StoreIOError)
 from snapstore.remote import gc as remote_gc
 from snapstore.remote import groups as remote_groups
 from snapstore.remote import layout as remote_layout
 from snapstore.remote.committer import RemoteCommitter, rebuild_cache
+
+
+def _prune_failed(exc: SnapstoreError, stream: str, deleted: list) -> SnapstoreError:
+    """exc (the prune's failure, its class kept) telling that retain's deletes happened:
+    its message says so first, and `deleted` lists them."""
+    message = (f"retain deleted {len(deleted)} checkpoint(s) of stream {stream!r} "
+               f"({', '.join(map(str, deleted[:10]))}{', ...' if len(deleted) > 10 else ''}); "
+               f"the prune that returns their space failed (the next compact() does it): {exc}")
+    exc.args = (message,)
+    if isinstance(exc, StoreIOError):         # whose str() is its strerror
+        exc.strerror = message
+    exc.deleted = list(deleted)
+    return exc
 
 
 class RetainResult(list):
@@ -758,7 +772,9 @@ class Store:
         The prune runs only when something was deleted; on an S3 store never (its space
         comes back through gc(), which deletes only after a grace period). The doomed set is
         decided on a snapshot and deleted all or none (CheckpointNotFound, nothing deleted,
-        if another thread deleted one of them meanwhile)."""
+        if another thread deleted one of them meanwhile). Should the prune fail after the
+        deletes (a full disk: StoreIOError), its error says the deletes happened, and its
+        `deleted` attribute lists them."""
         validate_name(stream, "stream")
         policy = retention.Policy.of(keep_last=keep_last, keep_every=keep_every,
                                      keep_within=keep_within, keep_hourly=keep_hourly,
@@ -785,7 +801,10 @@ class Store:
                   else contextlib.nullcontext()):
                 self.delete_many(reversed(doomed))     # newest first: merges stay small
                 if prune and doomed:
-                    compaction_report = self.compact()
+                    try:
+                        compaction_report = self.compact()
+                    except SnapstoreError as exc:
+                        raise _prune_failed(exc, stream, doomed)
         after = None if dry_run else self._bytes_on_disk()
         return RetainResult(doomed, kept=kept, dry_run=dry_run, bytes_before=before,
                             bytes_after=after, compaction=compaction_report)
