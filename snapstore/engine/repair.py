@@ -61,7 +61,7 @@ from snapstore.engine.verify import ProblemReport, verify
 from snapstore.engine.wal import (DamagedRecord, MisplacedSegment, Record, first_segment,
                                   log_of, logs_of, next_valid_record, read_record,
                                   segment_version)
-from snapstore.errors import CorruptionError, SnapstoreError, StoreIOError
+from snapstore.errors import CorruptionError, FormatError, SnapstoreError, StoreIOError
 
 Progress = Callable[[int, int], None]     # (segment bytes scanned, total segment bytes)
 
@@ -108,11 +108,18 @@ def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0)
         if not os.path.isdir(segments_dir) or os.path.islink(segments_dir):
             raise CorruptionError(f"the store {path} has no segments directory: the log is "
                                   "lost and there is nothing to rebuild the index from")
+        _refuse_newer_index(index_path)
         backend = LocalSegments(segments_dir, durable=True)
         report = ProblemReport()
         try:
-            _upgrade_first(path, backend, report)
+            unopened = _upgrade_first(path, backend, report)
             result = _rebuild(path, backend, progress, report)
+            if unopened is not None and result.get("state_section") is None:
+                # no state section in the log (an interrupted upgrade may have written one:
+                # the log is complete then), so what old compactions removed is lost
+                report.add("old_format", f"the store has an older format and {unopened}: "
+                           "checkpoints whose records an old compaction removed from the log "
+                           "cannot be rebuilt")
         except OSError as exc:
             if isinstance(exc, SnapstoreError):
                 raise
@@ -128,19 +135,42 @@ def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0)
     return result
 
 
-def _upgrade_first(path: str, backend: SegmentBackend, report: ProblemReport) -> None:
+def _refuse_newer_index(index_path: str) -> None:
+    """FormatError, nothing changed, when the index is of a newer format than this library's
+    (its version value passing the checksum: not damage): a newer snapstore's upgrade
+    converts the index before it writes FORMAT, so a newer index under an older FORMAT is
+    an upgrade a newer library was interrupted in, which only that library can finish or
+    rebuild. An index that does not open for any other reason is for the rebuild to
+    replace."""
+    try:
+        index = Index(index_path, readonly=True, durable=False)
+    except FormatError as exc:
+        if getattr(exc, "verified_newer", False):
+            raise FormatError(f"{exc}; repair refuses to replace an index a newer snapstore "
+                              "wrote (an interrupted upgrade): run that snapstore's repair. "
+                              "Nothing was changed") from None
+        return
+    except (SnapstoreError, OSError):
+        return
+    index.close()
+
+
+def _upgrade_first(path: str, backend: SegmentBackend, report: ProblemReport) -> str | None:
     """A format 1 store whose index still opens is upgraded first (upgrade.py), so its log
     gains the state section that describes what compaction removed. (From format 2 on the
-    log is complete: the rebuilt index is of today's format, and so is FORMAT afterwards.)"""
+    log is complete: the rebuilt index is of today's format, and so is FORMAT afterwards.)
+    Returns why a format 1 store's index could not be upgraded because it does not open
+    (None otherwise): a problem unless the log holds a state section (the caller's scan
+    tells: an upgrade interrupted after writing it leaves FORMAT at 1)."""
     if storedir.read_format_file(path)["version"] >= 2:
-        return
+        return None
+    index_dir = os.path.join(path, fmt.INDEX_DIR)
+    if not os.path.lexists(index_dir):
+        return "no index"
     try:
-        index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
+        index = Index(index_dir, readonly=False, durable=True)
     except SnapstoreError as exc:
-        report.add("old_format", f"the store has an older format and its index does not open "
-                   f"({exc}): checkpoints whose records an old compaction removed from the "
-                   "log cannot be rebuilt")
-        return
+        return f"its index does not open ({exc})"
     try:
         upgrade(path, index, backend)
     except SnapstoreError as exc:

@@ -352,14 +352,17 @@ def read_format_file(path: str) -> dict:
     except NotRegularFile as exc:
         raise FormatError(f"{path}: {fmt.FORMAT_FILE} is {exc.kind}, not a regular file; not "
                           "a snapstore store, or a damaged one") from None
-    except (ValueError, OSError) as exc:
-        raise FormatError(f"{path}: unreadable {fmt.FORMAT_FILE} file: {exc}") from exc
+    except (ValueError, OSError, RecursionError) as exc:
+        raise FormatError(f"{path}: unreadable {fmt.FORMAT_FILE} file: "
+                          f"{type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(data, dict) or data.get("format") != fmt.FORMAT_NAME:
         raise FormatError(f"{path} is not a snapstore store")
     version = data.get("version")
-    if not isinstance(version, int) or version > fmt.FORMAT_VERSION:
+    if type(version) is not int or version < fmt.MIN_FORMAT_VERSION:
+        raise FormatError(f"{path}: its {fmt.FORMAT_FILE} file holds an invalid store format "
+                          f"version ({version!r:.40}); the file is damaged (a store's "
+                          "format is an integer, 1 or more)")
+    if version > fmt.FORMAT_VERSION:
         raise FormatError(f"{path} has store format version {version}; this snapstore reads "
                           f"versions up to {fmt.FORMAT_VERSION}: upgrade snapstore")
-    if version < fmt.MIN_FORMAT_VERSION:
-        raise FormatError(f"{path} has an invalid store format version {version}")
     return dict(data, file_mode=file_mode_of(st_mode))

@@ -45,6 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 V1 = os.path.join(HERE, "stores", "v1")
 V2 = os.path.join(HERE, "stores", "v2")
 V3 = os.path.join(HERE, "stores", "v3")
+V4 = os.path.join(HERE, "stores", "v4")
 STORES = sorted(os.path.basename(os.path.dirname(p))
                 for p in glob.glob(os.path.join(V1, "*", "FORMAT")))
 V2_STORES = sorted(os.path.basename(os.path.dirname(p))
@@ -69,7 +70,7 @@ def sha(data) -> str:
 
 
 def golden_dir(version: int) -> str:
-    return {1: V1, 2: V2, 3: V3}[version]
+    return {1: V1, 2: V2, 3: V3, 4: V4}[version]
 
 
 def expected_of(store: str, version: int = 1) -> dict:
@@ -545,3 +546,62 @@ def test_newer_index_or_format_is_refused(tmp_path):
     for kw in ({}, {"readonly": True}):
         with pytest.raises(snapstore.errors.FormatError, match=str(fmt.FORMAT_VERSION + 1)):
             snapstore.open(path, **kw)
+
+
+@pytest.mark.parametrize("point, lost_ok", [("upgrade_before_index_commit", False),
+                                            ("upgrade_before_format", True)])
+def test_repair_of_a_v1_store_without_its_index_knows_whether_the_log_is_complete(
+        tmp_path, point, lost_ok):
+    """FORMAT 1 and no index: repair cannot upgrade first. When the interrupted upgrade had
+    written its state section the log is complete (every checkpoint rebuilt, ok); without
+    it, what old compactions removed is reported lost (old_format). Regression: the state
+    section was not looked for, and a complete rebuild reported ok=False."""
+    path = copy("basic", tmp_path, 1)
+    exp = expected_of("basic", 1)
+    assert run_child(path, point).returncode == -signal.SIGKILL
+    assert format_file(path)["version"] == 1
+    shutil.rmtree(os.path.join(path, fmt.INDEX_DIR))
+    report = snapstore.repair(path)
+    assert report["ok"] == lost_ok
+    assert ("old_format" in [p["kind"] for p in report["problems"]]) != lost_ok
+    if lost_ok:
+        with snapstore.open(path, readonly=True) as s:
+            check_exact(s, exp, [c["id"] for c in exp["checkpoints"]])
+
+
+def test_repair_refuses_an_index_of_a_newer_format(tmp_path):
+    """An index a newer snapstore wrote (its version value sealed and valid) under an older
+    FORMAT is a newer library's interrupted upgrade: repair raises FormatError and changes
+    nothing. Regression: repair replaced it by a rebuild of today's format."""
+    path = copy("basic", tmp_path, 4)
+    env = lmdb.open(os.path.join(path, fmt.INDEX_DIR), max_dbs=16)
+    with env.begin(write=True) as txn:
+        db = env.open_db(fmt.DB_META, txn=txn, create=False)
+        txn.put(fmt.META_FORMAT, seal(fmt.DB_META, fmt.META_FORMAT,
+                                      fmt.U64.pack(fmt.FORMAT_VERSION + 1)), db=db)
+    env.close()
+    before = (raw_format(path), raw_index(path), raw_segments(path))
+    with pytest.raises(snapstore.errors.FormatError, match="newer snapstore"):
+        snapstore.repair(path)
+    assert (raw_format(path), raw_index(path), raw_segments(path)) == before
+
+
+@pytest.mark.parametrize("body, match", [
+    (b"[" * 100000, "unreadable FORMAT"),
+    (b'{"format": "snapstore", "version": "1"}', "invalid store format version"),
+    (b'{"format": "snapstore", "version": 1.0}', "invalid store format version"),
+    (b'{"format": "snapstore", "version": true}', "invalid store format version"),
+    (b'{"format": "snapstore"}', "invalid store format version"),
+    (b'{"format": "snapstore", "version": 0}', "invalid store format version"),
+])
+def test_a_damaged_format_file_is_a_format_error_that_says_so(tmp_path, body, match):
+    path = copy("basic", tmp_path, 1)
+    with open(os.path.join(path, fmt.FORMAT_FILE), "wb") as f:
+        f.write(body)
+    for call in (lambda: snapstore.open(path, readonly=True), lambda: snapstore.open(path),
+                 lambda: snapstore.repair(path)):
+        with pytest.raises(snapstore.errors.FormatError, match=match) as caught:
+            call()
+        assert "upgrade snapstore" not in str(caught.value)
+    with open(os.path.join(path, fmt.FORMAT_FILE), "rb") as f:
+        assert f.read() == body                 # nothing "upgraded" it
