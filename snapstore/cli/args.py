@@ -109,10 +109,26 @@ def parse_command_line(build: Callable[[bool], argparse.ArgumentParser], argv: l
     return _settled(chosen, "argument")
 
 
+# A command whose last positional is optional names it with set_defaults(late_positional=
+# dest): Python's argparse before 3.12 consumes a required positional and an optional one
+# that follows it together, at the first positional argument, so in `snapstore import FILE
+# --stream S STORE` STORE was "unrecognized". One such leftover argument is taken as it.
+LATE_POSITIONAL = "late_positional"
+
+
 def _try_parse(parser: argparse.ArgumentParser, argv: list):
     """(namespace, None) or (None, the UsageError)."""
     try:
-        return parser.parse_args(argv), None
+        args, extras = parser.parse_known_args(argv)
+        late = getattr(args, LATE_POSITIONAL, None)
+        if late is not None:
+            delattr(args, LATE_POSITIONAL)
+            if len(extras) == 1 and getattr(args, late) is None \
+                    and not extras[0].startswith("-"):
+                setattr(args, late, extras.pop())
+        if extras:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return args, None
     except UsageError as exc:
         return None, exc
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import textwrap
 
-from snapstore.cli.args import NAME_HELP, command_options, id_arg, seconds_arg
+from snapstore.cli.args import LATE_POSITIONAL, NAME_HELP, command_options, id_arg, seconds_arg
 from snapstore.cli.common import (EXIT_OK, STORE_ENV, UsageError, is_store_dir, same_path,
                                   shown_location, store_path)
 from snapstore.cli.output import print_json
@@ -63,6 +63,7 @@ def add_import(add) -> None:
     p.add_argument("store_pos", nargs="?", metavar="STORE",
                    help="the store to import into (default: -s/--store or "
                         f"${STORE_ENV})")
+    p.set_defaults(**{LATE_POSITIONAL: "store_pos"})
     p.add_argument("--stream", metavar="NAME",
                    help="the stream to add it to (default: the one it was exported from)")
 

@@ -75,7 +75,14 @@ def test_export_snap_and_import(tmp_path):
         assert d.restore(1) == d.restore(2) == states[2]
         assert d.get(1).tags == ("best",)
     cli_error(2, "import", snap, needles=["no store given"])
+    cli_error(2, "import", snap, dst, "extra", needles=["unrecognized arguments: extra"])
     cli_error(2, "import", dst, snap, needles=["the file comes first"])
+    # options between FILE and STORE (argparse before 3.12 took STORE for an unknown argument)
+    doc = cli_json("import", snap, "--stream", "between", dst)
+    assert doc["stream"] == "between" and doc["id"] == 3
+    doc = cli_json("import", snap, "-s", dst, dst, "--stream", "same")
+    assert doc["stream"] == "same"
+    cli_error(2, "import", snap, "-s", dst, src, needles=["two different stores"])
 
 
 def test_import_refuses_damaged_and_foreign_files(tmp_path):
