@@ -351,6 +351,9 @@ class _Full:
     def noted_changes(self) -> Optional[Ranges]:
         return None
 
+    def note_store_holds(self, fingerprints) -> None:
+        """Detector.note_store_holds (fingerprints: a page_size fingerprint per page)."""
+
     def close(self) -> None:
         pass
 
@@ -476,6 +479,9 @@ class _Hash(_Full):
             return None
         return _align(sorted(_runs_ranges(self.noted_runs, self.n, self.ps)), self.n, self.ps)
 
+    def note_store_holds(self, fingerprints) -> None:
+        self.table.digests[:] = fingerprints
+
 
 class _Shadow(_Full):
     """A copy of the caller's stored content (live content at the last dirty(), corrected by
@@ -485,16 +491,34 @@ class _Shadow(_Full):
     def __init__(self, view: memoryview, ps: int) -> None:
         self.n, self.ps = len(view), ps
         self.shadow = bytearray()
+        self.forced: set = set()       # pages whose shadow may differ from what is stored
 
     def arm(self, view: memoryview) -> None:
         self.shadow = bytearray(view)
+        self.forced.clear()
 
     def diff(self, view: memoryview, may_skip: bool = True) -> Ranges:
         runs = nat.shadow_diff(view, self.shadow, self.ps)
-        return _runs_ranges(runs, self.n, self.ps)
+        ranges = _runs_ranges(runs, self.n, self.ps)
+        if self.forced:
+            extra = [(p * self.ps, min(self.ps, self.n - p * self.ps)) for p in self.forced]
+            self.forced.clear()
+            ranges = _align(sorted(ranges + extra), self.n, self.ps)
+        return ranges
 
     def note(self, offset: int, data: memoryview) -> None:
         self.shadow[offset:offset + len(data)] = data
+        ps = self.ps
+        if self.forced and not offset % ps:
+            end = offset + len(data)
+            last = -(-end // ps) if end == self.n else end // ps
+            self.forced.difference_update(range(offset // ps, last))
+
+    def note_store_holds(self, fingerprints) -> None:
+        # the pages the shadow has otherwise than the store: reported until noted
+        mine = nat.page_fingerprints(self.shadow, self.ps)
+        for first, count in _changed_digests(mine, fingerprints):
+            self.forced.update(range(first, first + count))
 
 
 class _Uffd(_Full):
@@ -529,6 +553,7 @@ class _Uffd(_Full):
         self.refine = bool(self.pages) and (self.base % SYS_PAGE != 0 or ps % SYS_PAGE != 0)
         self.fp: Optional[_Hash] = _Hash(view, ps) if self.refine else None
         self.copies = [] if self.refine else [bytearray(hi - lo) for lo, hi in self.edges]
+        self.edges_forced = False      # report the edges next time, whatever the copies say
         self.reg: Optional[_Registration] = None
         self._finalizer = None
         self.register()
@@ -544,6 +569,7 @@ class _Uffd(_Full):
             _KERNEL.scan(self.reg)          # forget writes so far: re-protect everything
         if self.fp is not None:
             self.fp.arm(view)
+        self.edges_forced = False
         for (lo, hi), copy in zip(self.edges, self.copies):
             copy[:] = view[lo:hi]
 
@@ -554,8 +580,12 @@ class _Uffd(_Full):
         base = self.base
         written = [(s - base, e - s) for s, e, _flags in scanned]
         ps = self.ps
+        forced, self.edges_forced = self.edges_forced, False
         for (lo, hi), copy in zip(self.edges, self.copies):
-            if view[lo:hi] != copy:
+            if forced:
+                written.append((lo, hi - lo))
+                copy[:] = view[lo:hi]
+            elif view[lo:hi] != copy:
                 g = lo                       # report just the grid pages that differ
                 while g < hi:
                     nxt = min(hi, (g // ps + 1) * ps)
@@ -589,6 +619,14 @@ class _Uffd(_Full):
             ranges = _align(sorted(ranges + [(p * ps, ps) for p in fp.forced]), n, ps)
             fp.forced.clear()
         return ranges
+
+    def note_store_holds(self, fingerprints) -> None:
+        if self.fp is not None:
+            self.fp.note_store_holds(fingerprints)
+        else:
+            # the kernel reports every page written since arm(), whatever its content; only
+            # the edge copies compare content: the edges are reported next time
+            self.edges_forced = True
 
     def note(self, offset: int, data: memoryview) -> None:
         if self.fp is not None:
@@ -701,6 +739,28 @@ class Detector:
         (the last dirty() hashed, so its report is exact already; or nothing was noted)."""
         with self._lock:
             return None if self._closed else self._impl.noted_changes()
+
+    def note_store_holds(self, fingerprints) -> None:
+        """After a capture that diffed the buffer against what the store holds (the stream
+        head's page fingerprints: its first capture, or the one after a failure) instead of
+        trusting dirty(): fingerprints are the buffer's page fingerprints (at page_size) as
+        that diff read it, which for every page it does not store are what the store holds.
+        The baseline is corrected from them, so the next dirty() reports every page whose
+        content may differ from what the store holds: a page written between dirty() and
+        that diff and back again would otherwise match the baseline dirty() took, and never
+        be stored. Call it before note_stored_many() of the capture's copy (which corrects
+        the pages it stores)."""
+        fingerprints = nat.as_bytes_view(fingerprints, name="fingerprints")
+        want = nat.FP_BYTES * nat.page_count(self._n, self.page_size)
+        if len(fingerprints) != want:
+            raise InvalidArgumentError(
+                f"note_store_holds: fingerprints holds {len(fingerprints)} bytes; the buffer "
+                f"of {self._n} bytes has {want // nat.FP_BYTES} pages of {self.page_size} "
+                "bytes")
+        with self._lock:
+            if self._closed or not self._armed or self._pid != os.getpid():
+                return                      # not armed: the next dirty() diffs in full
+            self._impl.note_store_holds(fingerprints)
 
     @property
     def wants_fingerprints(self) -> bool:

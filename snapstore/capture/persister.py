@@ -62,6 +62,7 @@ class Persister:
         self._cv = threading.Condition()
         self._queue: collections.deque = collections.deque()
         self._pending: collections.Counter = collections.Counter()   # owner -> queued jobs
+        self._live = 0                 # captures committed from the live buffers right now
         self._thread: threading.Thread | None = None
         self._closed = False
         self._owners: dict[str, Capturer] = {}    # stream -> tracker or implicit capturer
@@ -161,12 +162,32 @@ class Persister:
         total = sum(p.nbytes for p in plans)
         if total > self.arena.capacity:
             self.wait_idle(owner)
-            future: Future = Future()
+            with self._cv:
+                if self._closed:
+                    raise StoreClosedError("the store was closed while this checkpoint was "
+                                           "being captured")
+                # counted as pending: close() and wait_idle() wait for it (it reads the
+                # caller's live buffers, which closing releases)
+                self._live += 1
+                self._pending[owner] += 1
+            result = error = None
             try:
-                future.set_result(self._commit(owner, plans, meta, live=True))
+                result = self._commit(owner, plans, meta, live=True)
             except BaseException as exc:
+                error = exc
                 owner.failed(exc)
-                future.set_exception(exc)
+            finally:
+                with self._cv:
+                    self._live -= 1
+                    self._pending[owner] -= 1
+                    if not self._pending[owner]:
+                        del self._pending[owner]
+                    self._cv.notify_all()
+            future: Future = Future()
+            if error is None:               # resolved last: a callback may close the store
+                future.set_result(result)
+            else:
+                future.set_exception(error)
             return future
         # Regions are freed in the order they were taken, jobs are committed in the order
         # they were queued: the two orders must be one, also when several threads submit
@@ -174,7 +195,19 @@ class Persister:
         # lock. (Without it a job queued first could free a region taken after one still
         # being filled, and that one's bytes be overwritten.)
         with self._submit_lock:
-            region, memory = self.arena.alloc(total) if total else (None, None)
+            region, memory = None, None
+            if total:
+                # from a done-callback (on the worker thread, which frees regions) waiting
+                # for room would wait forever
+                taken = self.arena.alloc(total, wait=not self.on_worker())
+                if taken is None:
+                    raise SnapstoreError(
+                        f"a checkpoint of stream {owner.stream!r} taken in a checkpoint's "
+                        f"done-callback needs {total} bytes of staging, and the staging "
+                        "arena is full of checkpoints that are committed on the thread the "
+                        "callback runs on, after it returns: take it outside the callback, "
+                        "or open the store with a larger staging_bytes")
+                region, memory = taken
             try:
                 with self.capturing():
                     self._stage_all(owner, plans, memory, narrowable)
@@ -273,9 +306,15 @@ class Persister:
             # the caller's buffers, which must be free once the job landed).
             job = None
 
+    def on_worker(self) -> bool:
+        """Whether the calling thread is the worker (a done-callback runs there)."""
+        return self._thread is threading.current_thread()
+
     def _process(self, job: _Job) -> None:
-        """Commits one job (or fails its future), then retires it: its staging region freed,
-        its views dropped, the queue advanced."""
+        """Commits one job, frees its staging region and drops its views, then resolves its
+        future (so a done-callback may stage a checkpoint into the freed region), then
+        advances the queue."""
+        result = error = None
         try:
             if self._closed and job.owner is not None:
                 raise StoreClosedError("the store was closed (from a checkpoint's callback) "
@@ -285,18 +324,23 @@ class Persister:
                     raise SnapstoreError("an earlier checkpoint of stream "
                                          f"{job.owner.stream!r} failed, and this one builds "
                                          f"on it: {job.owner.failure}")
-                job.future.set_result(self._commit(job.owner, job.plans, job.meta))
+                result = self._commit(job.owner, job.plans, job.meta)
         except BaseException as exc:        # noqa: BLE001 - handed to the caller's future
-            if job.owner is not None:
-                if job.epoch == job.owner.epoch:
-                    job.owner.failed(exc)
-                job.future.set_exception(exc)
-        finally:
+            error = exc
+            if job.owner is not None and job.epoch == job.owner.epoch:
+                job.owner.failed(exc)
+        try:
             if job.region is not None:
                 self.arena.free(job.region)
             if job.owner is not None and job.owner.per_capture_views:
                 release_views(p.view for p in job.plans)   # even if a traceback holds them
             job.plans = []
+            if job.owner is not None:
+                if error is None:
+                    job.future.set_result(result)
+                else:
+                    job.future.set_exception(error)
+        finally:
             with self._cv:
                 self._queue.popleft()
                 if job.owner is not None:
@@ -319,6 +363,7 @@ class Persister:
         self._thread = None
         jobs, self._queue = list(self._queue), collections.deque()
         self._pending = collections.Counter()
+        self._live = 0
         for job in jobs:
             if job.future is not None and not job.future.done():
                 try:
@@ -337,10 +382,10 @@ class Persister:
     def wait_idle(self, owner: Capturer | None = None) -> None:
         """Waits until no job (of owner, or at all) is queued or running. Never call it while
         holding the committer's writer lock: the worker needs that lock."""
-        if self._thread is threading.current_thread() or self.committer.forked:
+        if self.on_worker() or self.committer.forked:
             return
         with self._cv:
-            while (self._pending[owner] if owner is not None else self._queue):
+            while (self._pending[owner] if owner is not None else (self._queue or self._live)):
                 self._cv.wait()
 
     def close(self) -> None:
@@ -350,12 +395,14 @@ class Persister:
         runs there) it cannot wait for the queue: the worker would wait for itself. Then it
         closes at once: the job whose callback runs is committed, every job queued after it
         fails with StoreClosedError, and the worker exits after them (freeing the arena)."""
-        on_worker = self._thread is threading.current_thread()
+        on_worker = self.on_worker()
         if not on_worker:
             self.wait_idle()
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+            while self._live:           # one that began before _closed was set (none after)
+                self._cv.wait()
         if not on_worker and self._thread is not None:
             self._thread.join()
         for owner in list(self._owners.values()):

@@ -65,14 +65,17 @@ class StagingArena:
             return 0 if n <= tail else None
         return self._head if self._head + n <= tail else None   # free: [head, tail)
 
-    def alloc(self, n: int) -> tuple[int, memoryview]:
-        """Blocks until n contiguous bytes are free; returns (region id, memory). Raises
-        StoreIOError (taking nothing) when the arena's memory cannot be mapped."""
+    def alloc(self, n: int, wait: bool = True) -> tuple[int, memoryview] | None:
+        """Blocks until n contiguous bytes are free; returns (region id, memory). wait=False:
+        None instead of blocking. Raises StoreIOError (taking nothing) when the arena's
+        memory cannot be mapped."""
         if n > self.capacity:
             raise ValueError("larger than the arena")
         with self._cv:
             memory = self._memory()         # first: a mapping failure must leak no region
             while (start := self._place(n)) is None:
+                if not wait:
+                    return None
                 self._cv.wait()
             self._regions.append((start, start + n))
             self._head = start + n

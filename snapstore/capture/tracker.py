@@ -22,7 +22,7 @@ from typing import Any, Mapping
 from snapstore import _native as native
 from snapstore.engine import writer as wr
 from snapstore.engine.validation import validate_buffers, validate_meta
-from snapstore.errors import StoreClosedError
+from snapstore.errors import SnapstoreError, StoreClosedError
 from snapstore.halves import both, split_point
 
 PARALLEL_DIRTY_BYTES = 8 << 20      # captures of this many bytes are diffed by two threads
@@ -61,7 +61,9 @@ class Capturer:
         self.last_id: int | None = None
         self.based = False         # whether last_id was ever read from the stream's head
         self.itemsizes: dict = {}        # buffer name -> float item size (chunk codec hint)
-        self._lock = threading.Lock()    # one capture at a time: detectors are not re-entrant
+        # one capture at a time (detectors are not re-entrant), and close() waits for the one
+        # in progress; re-entrant: a capture's done-callback may close the store
+        self._lock = threading.RLock()
 
     def failed(self, exc: BaseException) -> None:
         """A job of this stream failed: its later jobs fail with it; the next capture diffs
@@ -70,9 +72,11 @@ class Capturer:
         self.failure = exc
 
     def close(self) -> None:
-        """Closes the detectors (removes write protection, releases the buffers)."""
-        for d in self.detectors.values():
-            d.close()
+        """Closes the detectors (removes write protection, releases the buffers), once a
+        capture in progress is done with them."""
+        with self._lock:
+            for d in self.detectors.values():
+                d.close()
 
     def _capture(self, views: Mapping[str, memoryview], meta: Any) -> Future:
         self.persister.committer.check_open(write=True)   # before touching the detectors
@@ -113,8 +117,14 @@ class Capturer:
                 head = r.stream_head(self.stream)
                 self.last_id, self.based = head, True
                 parent = r.checkpoint(head) if head is not None else None
-                plans += wr.plan_buffers(r, self.stream, head, parent, full_diff, opts, "pages",
-                                         self.itemsizes)
+                diffed = wr.plan_buffers(r, self.stream, head, parent, full_diff, opts,
+                                         "pages", self.itemsizes)
+            for plan in diffed:
+                # the detector's baseline is the buffer at dirty(); what the store holds of
+                # the pages this delta leaves out is the buffer as the diff read it
+                if plan.base == "delta" and plan.name in self.detectors:
+                    self.detectors[plan.name].note_store_holds(bytes(plan.fingerprints))
+            plans += diffed
         return persister.submit(self, plans, meta,
                                 narrowable=frozenset(views) - frozenset(full_diff))
 
@@ -177,7 +187,13 @@ class Tracker(Capturer):
         return self._capture(self.views, meta)
 
     def checkpoint(self, meta: Any = None):
-        """Takes a checkpoint and waits until it is durable; returns its CheckpointInfo."""
+        """Takes a checkpoint and waits until it is durable; returns its CheckpointInfo. Not
+        from a checkpoint's done-callback (SnapstoreError): it runs on the thread that
+        commits checkpoints, which would wait for itself; use checkpoint_async() there."""
+        if self.persister.on_worker():
+            raise SnapstoreError("tracker.checkpoint() waits for the checkpoint to be committed, "
+                                 "and a done-callback runs on the thread that commits them: "
+                                 "use checkpoint_async() in a callback")
         return self.checkpoint_async(meta).result()
 
     def close(self) -> None:
@@ -186,8 +202,9 @@ class Tracker(Capturer):
         if self._closed:
             return
         self._closed = True
-        self.persister.wait_idle(self)
-        super().close()
+        with self._lock:                # a capture in progress finishes (or fails) first
+            self.persister.wait_idle(self)
+            super().close()
         self.persister.release(self)
         # The caller's buffers are free again (resize, free, mmap.close) once no job needs
         # them: at once, or when the last pending job drops them (close() in a callback).

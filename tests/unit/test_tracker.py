@@ -381,3 +381,129 @@ def test_an_async_capture_whose_head_another_writer_moved_is_a_commit_conflict(s
         ("z", first.id, moved.id)
     again = store.checkpoint_async({"w": buf}, stream="z").result(timeout=60)
     assert again.parent == moved.id and store.restore(again.id)["w"] == bytes(buf)
+
+
+# ---- a capture that diffs against the head must leave the detector's baseline at what the
+# store holds (regressions: a page whose bytes went back to those the detector last saw was
+# never stored again, and every later checkpoint restored other bytes, no error)
+@pytest.mark.parametrize("how", ["implicit", "hash", "shadow", "auto"])
+def test_after_a_failed_capture_a_page_back_to_its_failed_bytes_is_stored(tmp_path, how):
+    page = 100
+    with snapstore.open(tmp_path / "s", durability="none") as s, \
+            snapstore.open(tmp_path / "s", durability="none") as other:
+        a = np.random.default_rng(5).standard_normal(1 << 20).astype(np.float32)   # 4 MiB
+        tr = None if how == "implicit" else s.track({"a": a}, stream="t", mode=how)
+
+        def take():
+            return (tr.checkpoint_async() if tr else s.checkpoint_async({"a": a}, stream="t"))
+        take().result()
+        a *= np.float32(1.001)
+        take().result()                  # dense: a hash detector skips its next pass
+        a *= np.float32(1.001)
+        lost = a.view(np.uint8)[page * PAGE:(page + 1) * PAGE].copy()
+        moved = a.copy()
+        moved.view(np.uint8)[page * PAGE:(page + 1) * PAGE] = 0
+        other.checkpoint({"a": moved}, stream="t")           # another writer moves the head
+        with pytest.raises(snapstore.errors.CommitConflict):
+            take().result()
+        a.view(np.uint8)[page * PAGE:(page + 1) * PAGE] = 0
+        assert s.restore(take().result().id)["a"] == a.tobytes()    # diffed against the head
+        a.view(np.uint8)[page * PAGE:(page + 1) * PAGE] = lost      # back to the failed copy's
+        assert s.restore(take().result().id)["a"] == a.tobytes()
+        a.view(np.uint8)[0] ^= 1
+        assert s.restore(take().result().id)["a"] == a.tobytes()
+        if tr:
+            tr.close()
+
+
+@pytest.mark.parametrize("mode", ["hash", "shadow", "auto"])
+def test_a_write_between_dirty_and_the_head_diff_is_stored_later(tmp_path, mode, monkeypatch):
+    # the first capture of a tracker on a stream with a head diffs against the head after
+    # dirty() took its baseline; a page that changes in between (to the head's bytes) and
+    # back must be stored once it is back
+    from snapstore.engine import writer
+    with snapstore.open(tmp_path / "s", durability="none") as s:
+        a = np.zeros(1 << 20, np.uint8)
+        s.checkpoint({"a": a}, stream="t")                      # head: page 30 is zeros
+        a[30 * PAGE] = 1                                         # dirty() sees 1
+        real = writer.plan_buffers
+
+        def plan_buffers(*args, **kwargs):
+            a[30 * PAGE] = 0                                     # the head's byte again
+            monkeypatch.setattr(writer, "plan_buffers", real)
+            return real(*args, **kwargs)
+        monkeypatch.setattr(writer, "plan_buffers", plan_buffers)
+        with s.track({"a": a}, stream="t", mode=mode) as tr:
+            assert s.restore(tr.checkpoint().id)["a"] == a.tobytes()
+            a[30 * PAGE] = 1                                     # what dirty() saw, again
+            assert s.restore(tr.checkpoint().id)["a"] == a.tobytes()
+            assert s.restore(tr.checkpoint().id)["a"] == a.tobytes()
+
+
+def test_a_checkpoint_taken_in_a_done_callback_lands(tmp_path):
+    # regression: the worker resolved a future before it freed the job's staging region, so
+    # a capture in the callback that needed that room waited for the worker: a hang
+    with snapstore.open(tmp_path / "s", durability="none", staging_bytes=1 << 20) as s:
+        a = np.zeros(600 << 10, np.uint8)
+        b = np.ones(600 << 10, np.uint8)
+        chained, errors = [], []
+
+        def again(_):
+            try:
+                chained.append(s.checkpoint_async({"b": b}, stream="other"))
+            except Exception as exc:    # noqa: BLE001 - asserted below
+                errors.append(exc)
+        s.checkpoint_async({"a": a}, stream="t").add_done_callback(again)
+        s.flush()
+        assert not errors and chained
+        assert s.restore(chained[0].result(timeout=60).id)["b"] == b.tobytes()
+
+
+def test_tracker_checkpoint_in_a_done_callback_is_refused_not_a_hang(tmp_path):
+    with snapstore.open(tmp_path / "s", durability="none") as s:
+        a = np.zeros(1 << 16, np.uint8)
+        with s.track({"a": a}, stream="t") as tr:
+            errors = []
+
+            def wait_inside(_):
+                try:
+                    tr.checkpoint()
+                except SnapstoreError as exc:
+                    errors.append(exc)
+            tr.checkpoint_async().add_done_callback(wait_inside)
+            s.flush()
+            assert len(errors) == 1 and "checkpoint_async() in a callback" in str(errors[0])
+
+
+@pytest.mark.parametrize("closing", ["store", "tracker"])
+def test_close_during_a_capture_larger_than_staging_never_breaks_it(tmp_path, closing):
+    # regression: a capture committed from the live buffers (more than the arena holds) was
+    # not counted as pending; close() released the buffers under it: raw ValueError
+    outcomes = set()
+    for i in range(12):
+        s = snapstore.open(tmp_path / f"s{i}", durability="none", staging_bytes=1 << 20)
+        a = np.zeros(4 << 20, np.uint8)
+        tr = s.track({"a": a}, stream="t", mode="hash")
+        tr.checkpoint()
+        a[::PAGE] = 1
+        out = {}
+
+        def capture():
+            try:
+                out["info"] = tr.checkpoint_async().result()
+            except Exception as exc:    # noqa: BLE001 - asserted below
+                out["error"] = exc
+        t = threading.Thread(target=capture)
+        t.start()
+        threading.Event().wait(0.002 * i)
+        (s.close if closing == "store" else tr.close)()
+        t.join(60)
+        assert not t.is_alive()
+        error = out.get("error")
+        assert error is None or isinstance(error, StoreClosedError), repr(error)
+        outcomes.add("ok" if error is None else "closed")
+        s.close()
+        if error is None:
+            with snapstore.open(tmp_path / f"s{i}", readonly=True) as r:
+                assert r.restore(out["info"].id)["a"] == a.tobytes()
+    assert "ok" in outcomes
