@@ -171,6 +171,14 @@ def loadavg() -> Optional[list]:
         return None
 
 
+def physical_memory() -> Optional[int]:
+    """Bytes of physical memory (None when the system does not tell)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def machine_info(workdir: str) -> dict:
     """What the figures depend on: versions, CPU, memory, the file system of workdir, load."""
     cpu = platform.processor() or ""
@@ -182,11 +190,7 @@ def machine_info(workdir: str) -> dict:
                     break
     except OSError:
         pass
-    mem = None
-    try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        pass
+    mem = physical_memory()
     info = {"snapstore": __version__, "python": platform.python_version(),
             "platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
             "memory_bytes": mem, "bench_dir": workdir, "bench_fs": fs_type(workdir),

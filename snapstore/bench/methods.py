@@ -2,6 +2,7 @@
 itself and the raw-file, pickle and numpy baselines (restic and borg are in peers.py)."""
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 from typing import Optional
@@ -11,13 +12,40 @@ from snapstore.engine.fsutil import fsync_directory
 from snapstore.store import open as open_store
 
 
+def write_buffers(path: str, state: dict, sync=None) -> None:
+    """Writes the buffers of state one after the other into a new file at path, each whole:
+    a raw write may write less than asked (a full disk; Linux's cap of about 2 GiB per call),
+    so it is repeated for the rest, and one that writes nothing is ENOSPC. sync(f), if given,
+    runs before the file is closed."""
+    with open(path, "wb", buffering=0) as f:
+        for buf in state.values():
+            view = memoryview(buf).cast("B")
+            while view:
+                n = f.write(view)
+                if not n:
+                    raise OSError(errno.ENOSPC, f"{path}: a write made no progress "
+                                                "(no space left on device)")
+                view = view[n:]
+        if sync is not None:
+            sync(f)
+
+
 def read_buffers(path: str, sizes: dict) -> dict:
     """{name: bytes} read back from a file holding the buffers of `sizes` ({name: size}) one
-    after the other, in that order."""
+    after the other, in that order, each whole (a raw read may return less than asked);
+    OSError when the file ends early."""
     out = {}
     with open(path, "rb", buffering=0) as f:
         for name, size in sizes.items():
-            out[name] = f.read(size)
+            data = bytearray(size)
+            view, got = memoryview(data), 0
+            while got < size:
+                n = f.readinto(view[got:])
+                if not n:
+                    raise OSError(errno.EIO, f"{path}: the file ends {size - got} bytes "
+                                             f"early (in buffer {name!r})")
+                got += n
+            out[name] = bytes(data)
     return out
 
 
@@ -39,6 +67,11 @@ class Method:
     def unavailable(cls) -> Optional[str]:
         """Why this method cannot run here, or None."""
         return None
+
+    @property
+    def stored_dir(self) -> str:
+        """The directory whose growth is what this method stored (disk figures)."""
+        return self.dir
 
     def setup(self) -> None:
         os.makedirs(self.dir, exist_ok=True)
@@ -90,10 +123,7 @@ class RawMethod(Method):
     name = "raw"
 
     def checkpoint(self, state: dict, step: int) -> None:
-        with open(self._path(step, "bin"), "wb", buffering=0) as f:
-            for buf in state.values():
-                f.write(buf)
-            self._sync(f)
+        write_buffers(self._path(step, "bin"), state, self._sync)
         self._finish_file()
         self.sizes.append({n: len(b) for n, b in state.items()})
 

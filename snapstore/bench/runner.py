@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 from snapstore.bench.errors import BenchError
 from snapstore.bench.measuring import (Timed, disk_usage, drop_cache, loadavg, machine_info,
+                                       physical_memory,
                                        settle, summary)
 from snapstore.bench.methods import (Method, NumpyMethod, PickleMethod, RawMethod,
                                      SnapstoreMethod)
@@ -53,7 +54,7 @@ def method_names(requested=None) -> list:
     """The methods a run measures, in order: `requested` (default DEFAULT_METHODS) with
     "snapstore" first, added when missing (every figure is relative to it)."""
     names = list(DEFAULT_METHODS if requested is None else requested)
-    return ["snapstore"] + [n for n in names if n != "snapstore"]
+    return ["snapstore"] + [n for n in dict.fromkeys(names) if n != "snapstore"]   # each once
 
 
 def available_methods(requested=None) -> dict:
@@ -199,11 +200,11 @@ def run_workload(w: Workload, *, methods=None, workdir: Optional[str] = None,
         settle()
 
         def first(name, t):
-            t.size_before = disk_usage(t.method.dir)
+            t.size_before = disk_usage(t.method.stored_dir)
             with Timed() as tm:
                 t.method.checkpoint(state, 0)
             t.first = tm.seconds
-            t.after_first = disk_usage(t.method.dir)
+            t.after_first = disk_usage(t.method.stored_dir)
             tick(f"{name}: checkpoint 0")
         each(list(tracks), first)
 
@@ -211,11 +212,11 @@ def run_workload(w: Workload, *, methods=None, workdir: Optional[str] = None,
             mutate(state, w, step)
 
             def checkpoint(name, t, step=step):
-                before = disk_usage(t.method.dir) if t.external else 0
+                before = disk_usage(t.method.stored_dir) if t.external else 0
                 with Timed() as tm:
                     t.method.checkpoint(state, step)
                 t.times.append(tm.seconds)
-                t.written.append(disk_usage(t.method.dir) - before if t.external
+                t.written.append(disk_usage(t.method.stored_dir) - before if t.external
                                  else tm.written)
                 t.peaks.append(tm.peak)
                 tick(f"{name}: checkpoint {step}")
@@ -225,7 +226,7 @@ def run_workload(w: Workload, *, methods=None, workdir: Optional[str] = None,
         expected[last] = digest(state)
         del state
         for t in tracks.values():
-            t.final = disk_usage(t.method.dir)
+            t.final = disk_usage(t.method.stored_dir)
         settle()
 
         for rep in range(w.restore_repeats):
@@ -300,6 +301,12 @@ def plan(workloads, methods=None) -> Plan:
     """The Plan of run(workloads, methods=methods): which methods run, how many progress
     steps, and about how long it takes. Validates the workloads and method names."""
     workloads = [w.validate() for w in workloads]
+    memory = physical_memory()
+    for w in workloads:
+        if memory and w.size > memory:
+            raise BenchError(f"a state of {w.size} bytes does not fit in this machine's "
+                             f"{memory} bytes of memory (the harness holds the state in "
+                             "memory): give a smaller --size")
     names = method_names(methods)
     reasons = available_methods(names)
     runnable = tuple(n for n in names if reasons[n] is None or n == "snapstore")

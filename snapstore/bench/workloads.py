@@ -43,12 +43,20 @@ class Workload:
 
     def validate(self) -> "Workload":
         """self, or BenchError naming the first field out of range."""
-        if not isinstance(self.size, int) or self.size < PAGE:
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < PAGE:
             raise BenchError(f"state size must be at least {PAGE} bytes, got {self.size!r}")
-        if not isinstance(self.buffers, int) or not 1 <= self.buffers <= self.size // PAGE:
-            raise BenchError(f"buffers must be from 1 to size/{PAGE}, got {self.buffers!r}")
-        if not 0 <= self.dirty <= 1:
-            raise BenchError(f"dirty fraction must be from 0 to 1, got {self.dirty!r}")
+        if not isinstance(self.buffers, int) or isinstance(self.buffers, bool) \
+                or self.buffers < 1:
+            raise BenchError(f"buffers must be an int >= 1, got {self.buffers!r}")
+        if self.buffers > self.size // PAGE:
+            raise BenchError(f"{self.buffers} buffers need a state of at least "
+                             f"{self.buffers * PAGE} bytes (a page of {PAGE} bytes each), got "
+                             f"{self.size}: give a larger size or fewer buffers")
+        if isinstance(self.dirty, bool) or not isinstance(self.dirty, (int, float)) \
+                or not 0 <= self.dirty <= 1:
+            raise BenchError(f"dirty fraction must be a number from 0 to 1, got {self.dirty!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise BenchError(f"seed must be an int, got {self.seed!r}")
         if not isinstance(self.restore_repeats, int) or self.restore_repeats < 1:
             raise BenchError(f"restore_repeats must be an int >= 1, got {self.restore_repeats!r}")
         if not isinstance(self.checkpoints, int) or self.checkpoints < 1:
@@ -113,10 +121,18 @@ def mutate(state: dict, w: Workload, step: int) -> int:
         if w.pattern == "scattered":
             chosen = rng.sample(range(total), k) if k else []
         else:                                   # runs of CLUSTER_PAGES consecutive pages
-            runs = math.ceil(k / CLUSTER_PAGES) if k else 0
-            starts = rng.sample(range(max(1, total - CLUSTER_PAGES + 1)), min(runs, total))
-            chosen = sorted({p for s in starts for p in range(s, min(total, s + CLUSTER_PAGES))})
-            chosen = chosen[:k] if len(chosen) > k else chosen
+            # distinct aligned runs (overlapping ones changed fewer pages than asked), the
+            # last one cut to make exactly k; one run more than needed in case one drawn is
+            # the short run at the end
+            slots = math.ceil(total / CLUSTER_PAGES)
+            want = min(slots, math.ceil(k / CLUSTER_PAGES) + 1) if k else 0
+            chosen = []
+            for slot in rng.sample(range(slots), want):
+                chosen.extend(range(slot * CLUSTER_PAGES,
+                                    min(total, (slot + 1) * CLUSTER_PAGES)))
+                if len(chosen) >= k:
+                    break
+            chosen = sorted(chosen[:k])
         bounds, acc = [], 0
         for s in sizes:
             bounds.append(acc)

@@ -2,16 +2,19 @@
 from the command line and prints its table or JSON."""
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import tempfile
+import threading
 import textwrap
 
 from snapstore import bench
 from snapstore.bench import measuring, runner, workloads
 from snapstore.cli.args import (choice_list, command_options, count_arg, fraction_list,
                                 size_arg)
-from snapstore.cli.common import EXIT_OK, PROG, Problem, UsageError, progress
+from snapstore.cli.common import EXIT_OK, EXIT_PROBLEM, PROG, Problem, UsageError, progress
 from snapstore.formatting import human_seconds
 
 # A run whose plan is estimated to take at least this long says so before it starts.
@@ -88,13 +91,55 @@ def _methods(args):
     return chosen + [p for p in runner.PEERS if p not in chosen]
 
 
+def _check_output(path: str, option: str) -> None:
+    """UsageError, before anything is run, for an output file that cannot be written: its
+    directory missing or not writable, or a directory in its place."""
+    where = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path} is a directory; name a file")
+    if not os.path.isdir(where):
+        raise UsageError(f"{option} {path}: the directory {where} does not exist")
+    if not os.access(where, os.W_OK):
+        raise UsageError(f"{option} {path}: the directory {where} is not writable")
+
+
+def _check_plot(path: str) -> None:
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise Problem("--plot needs matplotlib, which is not installed "
+                      "(pip install matplotlib); nothing was run") from None
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if ext not in kinds:
+        raise UsageError(f"--plot {path}: the file name must end in one of "
+                         f"{', '.join('.' + k for k in sorted(kinds))} (the image format)")
+    _check_output(path, "--plot")
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (a `timeout`, a CI job cancelled, `docker stop`) stops the run as Ctrl-C
+    does, so its checkpoint files are removed on the way out (Python's default for SIGTERM
+    exits without running any cleanup: several GiB left in the temp directory)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def cmd_bench(args) -> int:
     if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise Problem("--plot needs matplotlib, which is not installed "
-                          "(pip install matplotlib); nothing was run") from None
+        _check_plot(args.plot)
+    if args.save:
+        _check_output(args.save, "--save")
     methods = _methods(args)
     loads = [bench.Workload(size=args.size, buffers=args.buffers, dirty=d, pattern=p,
                             checkpoints=args.checkpoints, durability=args.durability,
@@ -122,8 +167,9 @@ def cmd_bench(args) -> int:
             bar.label = f"bench {label}"
             bar.update(1)
         try:
-            result = bench.run(loads, methods=methods, workdir=args.dir, tick=tick,
-                               argv=[PROG] + sys.argv[1:])
+            with _terminate_as_interrupt():
+                result = bench.run(loads, methods=methods, workdir=args.dir, tick=tick,
+                                   argv=[PROG] + sys.argv[1:])
         except bench.BenchError as exc:
             raise Problem(str(exc)) from None
     if args.plot:
@@ -140,5 +186,9 @@ def cmd_bench(args) -> int:
     bad = [f"{name}" for wl in result["workloads"] for name, r in wl["results"].items()
            if r.get("available") and r.get("verified") is False]
     if bad:
-        raise Problem(f"restored bytes did not match for: {', '.join(bad)}")
+        # the results are out already (the document says "verified": false): one line on
+        # stderr, never a second JSON document on stdout
+        print(f"{PROG}: error: restored bytes did not match for: {', '.join(bad)}",
+              file=sys.stderr)
+        return EXIT_PROBLEM
     return EXIT_OK

@@ -46,14 +46,17 @@ def _changed_pages(a: bytes, b: bytes) -> int:
                if a[i:i + workloads.PAGE] != b[i:i + workloads.PAGE])
 
 
+@pytest.mark.parametrize("dirty", [0.05, 0.5, 1.0])
 @pytest.mark.parametrize("pattern", ["scattered", "clustered"])
-def test_page_patterns_dirty_the_requested_fraction(pattern):
-    w = tiny(size=4 * MiB, dirty=0.05, pattern=pattern)
+def test_page_patterns_dirty_the_requested_fraction(pattern, dirty):
+    # regression: clustered runs could overlap, so --dirty 0.5 changed 42% of the pages and
+    # 1.0 changed 64%, while the table said 0.5 and 1
+    w = tiny(size=4 * MiB, dirty=dirty, pattern=pattern)
     state = workloads.make_state(w)
     before = {n: bytes(b) for n, b in state.items()}
     written = workloads.mutate(state, w, 1)
     pages = sum(_changed_pages(before[n], state[n]) for n in state)
-    expect = round(0.05 * 4 * MiB / workloads.PAGE)
+    expect = round(dirty * 4 * MiB / workloads.PAGE)
     assert pages == expect and written == expect * workloads.DIRTY_WRITE
     assert {n: len(b) for n, b in state.items()} == {n: len(b) for n, b in before.items()}
     again = {n: bytearray(b) for n, b in before.items()}
@@ -348,3 +351,85 @@ def test_a_failing_baseline_is_reported_not_fatal(tmp_path, monkeypatch):
     borg = out["results"]["borg"]
     assert borg["available"] is False and "repo exploded" in borg["skipped"]
     assert os.listdir(work) == []
+
+
+
+def test_raw_files_are_written_and_read_whole(tmp_path, monkeypatch):
+    # regression: one raw write() may write less than asked (a full disk; Linux caps a call
+    # at about 2 GiB) and the baseline kept the truncated file as a checkpoint
+    from snapstore.bench import methods
+    real_open = open
+
+    class Dribble:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            return self.f.write(memoryview(data)[:1000])
+
+        def readinto(self, view):
+            return self.f.readinto(memoryview(view)[:1000])
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(methods, "open", lambda *a, **k: Dribble(real_open(*a, **k)),
+                        raising=False)
+    state = {"a": os.urandom(10_000), "b": bytearray(os.urandom(5_000))}
+    path = str(tmp_path / "f")
+    methods.write_buffers(path, state)
+    assert os.path.getsize(path) == 15_000
+    assert methods.read_buffers(path, {"a": 10_000, "b": 5_000}) == \
+        {"a": state["a"], "b": bytes(state["b"])}
+    with pytest.raises(OSError, match="ends 1 bytes early"):
+        methods.read_buffers(path, {"a": 10_000, "b": 5_001})
+
+
+def test_plan_measures_each_method_once_and_refuses_a_state_beyond_memory():
+    plan = runner.plan([tiny()], ["raw", "raw", "snapstore"])
+    assert plan.methods == ("snapstore", "raw")
+    with pytest.raises(bench.BenchError, match="memory"):
+        runner.plan([tiny(size=1 << 60)], ["raw"])
+
+
+@pytest.mark.parametrize("bad", [dict(dirty="0.1"), dict(dirty=None), dict(seed="x"),
+                                 dict(size=True)])
+def test_workload_field_types_are_bench_errors(bad):
+    with pytest.raises(bench.BenchError):
+        tiny(**bad).validate()
+
+
+def test_few_buffers_error_names_the_size_they_need():
+    with pytest.raises(bench.BenchError, match="4 buffers need a state of at least 16384"):
+        tiny(size=8192, buffers=4).validate()
+
+
+def test_a_peer_is_measured_by_its_repository_and_its_backups(tmp_path, monkeypatch):
+    # regressions: the growing scratch file the peer backs up counted as written, and the
+    # peak memory of its restores (and of this process, inherited through fork) counted as
+    # its checkpoints'
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    body = FAKE_RESTIC.replace(
+        'elif args[0] == "restore":',
+        'elif args[0] == "restore":\n    hog = bytearray(96 << 20)')
+    path = bindir / "restic"
+    path.write_text(f"#!{sys.executable}\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", str(bindir) + os.pathsep + os.environ["PATH"])
+    work = tmp_path / "work"
+    work.mkdir()
+    w = tiny(pattern="appended", dirty=0.25, checkpoints=3, buffers=1)
+    out = bench.run_workload(w, methods=["snapstore", "restic"], workdir=str(work))
+    res = out["results"]["restic"]
+    assert res["verified"] is True, res
+    # the fake stores each step's whole state: 1.25, 1.5, 1.75 MiB (median 1.5 MiB)
+    assert res["bytes_written_per_checkpoint"]["median"] == pytest.approx(1.5 * MiB, rel=0.02)
+    if peers._gnu_time() is not None:
+        assert res["peak_memory_bytes"] < 64 << 20     # not the restore's 96 MiB

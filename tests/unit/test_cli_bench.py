@@ -48,14 +48,60 @@ def test_json_errors_come_out_as_json(args, status, needle):
     assert len(lines) == 1 and lines[0] == f"snapstore: error: {doc['error']}"
 
 
-def test_a_problem_after_the_run_is_json_too(tmp_path):
-    """The measurements ran; writing the plot fails (exit 1): only the error is on stdout."""
-    pytest.importorskip("matplotlib")
-    p = snapstore_cli("bench", *TINY, "--no-baselines", "--plot",
-                      tmp_path / "missing" / "p.png", "--json", cwd=str(tmp_path))
-    assert p.returncode == 1, (p.stdout, p.stderr)
+@pytest.mark.parametrize("option, name, needle", [
+    ("--plot", "missing/p.png", "does not exist"), ("--plot", "p.txt", "must end in one of"),
+    ("--save", "missing/r.json", "does not exist")])
+def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, option, name,
+                                                                    needle):
+    """Regression: checked only after the whole run, whose results were then lost."""
+    if option == "--plot":
+        pytest.importorskip("matplotlib")
+    p = snapstore_cli("bench", *TINY, "--no-baselines", option, tmp_path / name, "--json",
+                      cwd=str(tmp_path))
+    assert p.returncode == 2, (p.stdout, p.stderr)
     doc = json.loads(p.stdout)
-    assert doc["exit_status"] == 1 and "p.png" in doc["error"]
+    assert doc["exit_status"] == 2 and needle in doc["error"]
+
+
+def test_a_restore_mismatch_leaves_stdout_one_json_document(monkeypatch, capsys):
+    """Regression: the result, then an error document: two documents on stdout."""
+    from snapstore.bench import methods
+    real = methods.RawMethod.restore
+
+    def wrong(self, step):
+        out = real(self, step)
+        name = next(iter(out))
+        out[name] = b"\x00" + bytes(out[name])[1:] if out[name][:1] != b"\x00" else \
+            b"\x01" + bytes(out[name])[1:]
+        return out
+    monkeypatch.setattr(methods.RawMethod, "restore", wrong)
+    status = cli_main(["bench", *TINY, "--methods", "raw", "--json", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert status == 1
+    doc = json.loads(out)                            # one document
+    assert doc["workloads"][0]["results"]["raw"]["verified"] is False
+    assert "did not match for: raw" in err
+
+
+def test_sigterm_cleans_up_like_ctrl_c(tmp_path):
+    """Regression: a run stopped by SIGTERM (timeout, a CI cancel) left its checkpoints."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "snapstore", "bench", "--size", "16MiB",
+                             "--checkpoints", "50", "--durability", "none", "--no-progress"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not any(n.startswith("snapstore-bench-") for n in os.listdir(tmp_path)):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and b"interrupted" in err
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("snapstore-bench-")]
 
 
 def test_without_json_errors_stay_off_stdout():
