@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import inspect
 import random
 import sys
 import threading
@@ -68,6 +69,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("snapstore.langgraph needs LangGraph's checkpoint package: "
                       "pip install 'snapstore[langgraph]'") from exc
 
+from snapstore.store import default_durability
 from snapstore.store import open as open_store
 from snapstore.engine.registry import SharedByPath
 from snapstore.errors import (CheckpointNotFound, CommitConflict, InvalidArgumentError,
@@ -358,16 +360,35 @@ def _acquire(path: str, options: dict) -> Store:
     process shares it (one log, one index and value cache), if it asks for the same open
     options. Other processes open their own writer Store on the path."""
     def admit(first: dict) -> None:
-        wanted = dict(options)
+        wanted = _resolved(path, options)
         if wanted.get("readonly") and not first.get("readonly"):
-            wanted.pop("readonly")          # a writer serves readers too
-        if {k: v for k, v in wanted.items() if first.get(k, v) != v}:
+            wanted["readonly"] = False          # a writer serves readers too
+        differ = sorted(k for k in set(first) | set(wanted) if first.get(k) != wanted.get(k))
+        if differ:
             raise InvalidArgumentError(
-                f"{path} is already open in this process with options {first}; a saver opened "
-                f"by path shares that store, so it cannot use {options}")
+                f"{path} is already open in this process with "
+                f"{', '.join(f'{k}={first.get(k)!r}' for k in differ)}; a saver opened by "
+                f"path shares that store, so it cannot have "
+                f"{', '.join(f'{k}={wanted.get(k)!r}' for k in differ)}")
 
     return _OPEN.acquire(path, lambda _real_path: open_store(path, **options),
-                         settings=dict(options), admit=admit)
+                         settings=_resolved(path, options), admit=admit)
+
+
+def _resolved(path: Any, options: dict) -> dict:
+    """The open options with snapstore.open's defaults filled in (the durability as open
+    resolves it), so a default left out and the same value spelled out compare equal, and
+    a default never silently shares a store opened otherwise."""
+    try:
+        bound = inspect.signature(open_store).bind(path, **options)
+    except TypeError:
+        return dict(options)                    # open() reports it
+    bound.apply_defaults()
+    out = dict(bound.arguments)
+    out.pop("path", None)
+    if out.get("durability") is None:
+        out["durability"] = default_durability(path)
+    return out
 
 
 class _SaverContext:
@@ -931,7 +952,10 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
                         continue
                     pair = _streams(target_thread_id, meta["ns"])
                     target = pair[0] if stream.startswith("lg/") else pair[1]
-                    buffers = self.store.restore(info.id)
+                    try:
+                        buffers = self.store.restore(info.id)
+                    except CheckpointNotFound:
+                        continue        # deleted by another worker since the listing
                     _retrying(lambda: self.store.checkpoint(
                         buffers, stream=target, meta=dict(meta, t=target_thread_id)))
                     self._shared.indexes.pop(target, None)
@@ -960,8 +984,13 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
                     sids += [s for old in idx.stale.values() for s in old]
                     wstream = "lw/" + stream[3:]
                     widx = self._writes_index(wstream)
+                    # only the writes of checkpoints this prune deletes, and of checkpoints
+                    # older than the kept one that no longer exist: a worker may store a newer
+                    # checkpoint and its writes after idx was read, and those are kept
+                    doomed = {r.cid for r in idx.records.values() if r is not keep}
                     wsids = [sid for cid, recs in widx.by_checkpoint.items()
-                             if cid != keep.cid for sid, _ in recs]
+                             if cid in doomed or (cid not in idx.records and cid < keep.cid)
+                             for sid, _ in recs]
                     if sids:
                         self._delete_sids(stream, sids)
                     if wsids:

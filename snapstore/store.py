@@ -49,6 +49,13 @@ from snapstore.remote import layout as remote_layout
 from snapstore.remote.committer import RemoteCommitter, rebuild_cache
 
 
+def default_durability(path: Any) -> str:
+    """The durability open() gives a store at path when none is asked for: "remote" for an
+    S3 store (s3://...), "fsync" for a local one."""
+    return "remote" if remote_layout.is_remote(os.fsdecode(path) if isinstance(path, bytes)
+                                                else str(path)) else "fsync"
+
+
 def _prune_failed(exc: SnapstoreError, stream: str, deleted: list) -> SnapstoreError:
     """exc (the prune's failure, its class kept) telling that retain's deletes happened:
     its message says so first, and `deleted` lists them."""
@@ -355,7 +362,7 @@ class Store:
         self.path = validate_path(path)
         remote = remote_layout.is_remote(self.path)
         if durability is None:
-            durability = "remote" if remote else "fsync"
+            durability = default_durability(self.path)
         self.durability = check_choice(
             durability, remote_layout.DURABILITY_MODES if remote else fmt.DURABILITY_MODES,
             "durability")

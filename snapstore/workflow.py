@@ -455,7 +455,19 @@ class Workflow:
                  "snapstore.workflow.steps": len(steps)}
         with self._span("snapstore.workflow.run", attrs) as run_span:
             if latest is not None:
-                state = self._read(*latest)
+                try:
+                    state = self._read(*latest)
+                except CheckpointNotFound:
+                    # deleted since run() read it: the workflow was reset meanwhile
+                    head = self.store.latest(self.stream)
+                    raise WorkflowConflictError(
+                        f"workflow {self.workflow_id!r}: checkpoint {latest[0].id}, which "
+                        "this run was resuming from, was deleted meanwhile (another run reset "
+                        "the workflow): this run stopped before running any step. run() "
+                        "again starts from the workflow's newest state",
+                        workflow_id=self.workflow_id, step="", stream=self.stream,
+                        expected=latest[0].id,
+                        found=head.id if head is not None else None) from None
                 if run_span is not None:
                     run_span.set_attribute("snapstore.checkpoint.id", latest[0].id)
             last_saved = latest[0].id if latest is not None else None

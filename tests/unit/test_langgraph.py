@@ -409,6 +409,21 @@ def test_from_path_option_mismatch_and_foreign_lock(tmp_path):
         with pytest.raises(InvalidArgumentError):
             with SnapstoreSaver.from_path(path, durability="fsync"):
                 pass
+        # a default left out is that default (fsync), not "whatever is open" (regression:
+        # silently got durability "none")
+        with pytest.raises(InvalidArgumentError, match="durability"):
+            with SnapstoreSaver.from_path(path):
+                pass
+    with SnapstoreSaver.from_path(path) as s:
+        with SnapstoreSaver.from_path(path, durability="fsync") as same:
+            assert same.store is s.store                 # the default spelled out: shared
+        with SnapstoreSaver.from_path(path, readonly=True) as reader:
+            assert reader.store is s.store               # a writer serves a reader
+    with SnapstoreSaver.from_path(path, readonly=True):
+        with pytest.raises(InvalidArgumentError, match="readonly"):
+            with SnapstoreSaver.from_path(path):         # a reader cannot serve a writer
+                pass
+    with SnapstoreSaver.from_path(path, durability="none") as s:
         with pytest.raises(InvalidArgumentError, match="forks"):
             SnapstoreSaver(s.store, forks="sometimes")
     with snapstore.open(path) as other:           # another writer: from_path opens its own
@@ -915,3 +930,51 @@ def test_snapstore_imports_without_langgraph():
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
                          text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+
+def test_prune_keeps_the_writes_of_a_checkpoint_stored_while_it_ran(tmp_path, monkeypatch):
+    """Regression: prune read the thread's checkpoints, then its writes; a checkpoint another
+    worker stored in between was neither kept nor deleted, but its writes were deleted."""
+    path = str(tmp_path / "s")
+    with snapstore.open(path) as a_store, snapstore.open(path) as b_store:
+        a, b = SnapstoreSaver(a_store), SnapstoreSaver(b_store)
+        thread = Thread(b, "T")
+        c1 = thread.put({"v": 1})
+        c2 = thread.put({"v": 2})
+        b.put_writes(c2, [("ch", "old")], "task")
+        real = SnapstoreSaver._writes_index
+        late = {}
+
+        def writes_index(self, stream):
+            if self is a and not late:           # the prune, between its two reads
+                late["cfg"] = thread.put({"v": 3})
+                b.put_writes(late["cfg"], [("ch", "new")], "task")
+            return real(self, stream)
+        monkeypatch.setattr(SnapstoreSaver, "_writes_index", writes_index)
+        a.prune(["T"])
+        monkeypatch.setattr(SnapstoreSaver, "_writes_index", real)
+        newest = b.get_tuple(cfg("T"))
+        assert newest.checkpoint["channel_values"] == {"v": 3}
+        assert newest.pending_writes == [("task", "ch", "new")]
+        assert b.get_tuple(c1) is None           # older than what the prune kept: gone
+        assert b.get_tuple(c2).pending_writes == [("task", "ch", "old")]   # its keep
+
+
+def test_copy_thread_skips_a_checkpoint_deleted_while_it_copies(saver, monkeypatch):
+    thread = Thread(saver, "src")
+    for i in range(3):
+        thread.put({"v": i})
+    ids = saver.store.checkpoint_ids(next(s for s in saver.store.streams() if "src" in s))
+    real = saver.store.restore
+    gone = ids[1]
+
+    def restore(name):
+        if name == gone:
+            raise snapstore.errors.CheckpointNotFound(f"no checkpoint {name}")
+        return real(name)
+    monkeypatch.setattr(saver.store, "restore", restore)
+    saver.copy_thread("src", "dst")
+    monkeypatch.undo()
+    assert [t.checkpoint["channel_values"] for t in saver.list(cfg("dst"))] == \
+        [{"v": 2}, {"v": 0}]

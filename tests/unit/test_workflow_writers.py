@@ -175,3 +175,36 @@ def test_reset_against_a_run_that_checkpointed_meanwhile(store_path):
         assert wf.load() == 12 and len(wf.history()) == 4
         assert wf.reset() == 4 and wf.history() == []
         assert os.path.isdir(store_path)
+
+
+def test_a_run_resuming_from_a_checkpoint_reset_meanwhile_is_a_conflict(store_path, monkeypatch):
+    """Regression: run() read the head, another writer's reset() deleted it, and loading it
+    raised a bare CheckpointNotFound (not among run()'s documented errors)."""
+    with snapstore.open(store_path, durability="none") as one, \
+            snapstore.open(store_path, durability="none") as two:
+        fail = [True]
+
+        def flaky(s):
+            if fail[0]:
+                raise ValueError("first run fails after step one")
+            return s + ["two"]
+        wf = Workflow(one, "w")
+        wf.add_step("one", lambda s: s + ["one"])
+        wf.add_step("two", flaky)
+        with pytest.raises(snapstore.errors.StepError):
+            wf.run([])
+        fail[0] = False
+        other = Workflow(two, "w")
+        other.add_step("one", lambda s: s + ["one"])
+        other.add_step("two", flaky)
+        real = Workflow._read
+
+        def read_after_a_reset(self, *args):
+            monkeypatch.setattr(Workflow, "_read", real)
+            other.reset()                        # between run()'s head and its load
+            return real(self, *args)
+        monkeypatch.setattr(Workflow, "_read", read_after_a_reset)
+        with pytest.raises(WorkflowConflictError, match="was deleted meanwhile") as exc:
+            wf.run([])
+        assert exc.value.workflow_id == "w"
+        assert wf.run([]) == ["one", "two"]      # run() again starts afresh
