@@ -126,7 +126,9 @@ class CheckpointInfo:
         bytes_new: bytes this checkpoint added to the log.
         chain_length: deltas to apply above the nearest full manifest (0: full).
         tags: its tags.
-        seq: position in its stream when taken: 1, 2, 3... (never reused).
+        seq: position in its stream when taken: 1, 2, 3... (never reused while the stream
+            has a checkpoint; on a local store a stream whose every checkpoint was deleted
+            is gone, and the next checkpoint of that name starts again at 1).
         reserved_meta: snapstore's own part of the meta, {"snapstore.<layer>": ...}: how the
             object layer, save_arrays, DCP and workflows describe the checkpoint ({} for a
             plain checkpoint).
@@ -141,7 +143,7 @@ class CheckpointInfo:
     bytes_new: int            # bytes this checkpoint added to the log
     chain_length: int         # deltas to apply above the nearest full manifest (0: full)
     tags: tuple = field(default=())
-    seq: int = 0              # position in its stream when taken: 1, 2, 3... (never reused)
+    seq: int = 0              # position in its stream when taken: 1, 2, 3... (see above)
     reserved_meta: dict = field(default_factory=dict)
 
     @classmethod

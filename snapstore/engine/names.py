@@ -160,9 +160,15 @@ def _by_seq(view: IndexView, stream: str, seq: int) -> Commit:
     binary search over the stream's ids decodes O(log n) checkpoints."""
     ids = view.checkpoint_ids(stream)
     if not ids:
-        raise CheckpointNotFound(f"no stream {stream!r} (for {stream}{SEQ_SEPARATOR}{seq}: "
-                                 f"STREAM@SEQ; a tag or DCP checkpoint_id with '@' is named "
-                                 f"{TAG_PREFIX}NAME or {DCP_PREFIX}NAME)")
+        whole = f"{stream}{SEQ_SEPARATOR}{seq}"
+        if view.stream_head(whole) is not None:
+            hint = (f"a stream named {whole!r} exists: its newest checkpoint is "
+                    f"{LATEST_PREFIX}{whole}, its checkpoint of seq N {whole}{SEQ_SEPARATOR}N")
+        else:
+            hint = (f"a tag or DCP checkpoint_id with '{SEQ_SEPARATOR}' is named "
+                    f"{TAG_PREFIX}NAME or {DCP_PREFIX}NAME")
+        raise CheckpointNotFound(f"no stream {stream!r} (for {whole}: STREAM{SEQ_SEPARATOR}SEQ; "
+                                 f"{hint})")
     at = bisect.bisect_left(ids, seq, key=lambda i: _existing(view, i).seq)
     if at < len(ids):
         commit = _existing(view, ids[at])

@@ -18,7 +18,8 @@ from snapstore.halves import start
 from snapstore.engine import chunks
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
-from snapstore.errors import CheckpointNotFound, ConcurrentCompactionError, CorruptionError
+from snapstore.errors import (CheckpointNotFound, ConcurrentCompactionError, CorruptionError,
+                              InvalidArgumentTypeError)
 from snapstore.engine.backends.base import SegmentBackend, SegmentReader
 from snapstore.engine.index import IndexView
 from snapstore.engine.memory import uninit_bytearray
@@ -47,6 +48,9 @@ def buffer_layers(view: IndexView, commit: Commit, name: str) -> list[list]:
 
 
 def find_buffer(commit: Commit, name: str) -> BufferEntry:
+    if not isinstance(name, str):
+        raise InvalidArgumentTypeError(f"a buffer name must be a str, got "
+                                       f"{type(name).__name__}")
     for b in commit.buffers:
         if b.name == name:
             return b
@@ -103,8 +107,9 @@ class ChunkReader:
         if entry is None:
             entry = self._entry(chunk_id)
         if entry is None:
-            raise CorruptionError(f"index lacks chunk {chunk_id.hex()[:16]}… that a manifest "
-                                  "references")
+            raise CorruptionError(f"the store has no chunk {chunk_id.hex()[:16]}… (when a "
+                                  "checkpoint's manifest names it, the index is damaged: "
+                                  "`snapstore repair`)")
         if entry.segment not in self._versions_checked:
             self._check_version(entry.segment)
         try:

@@ -54,7 +54,7 @@ class Commit:
     new_chunks: bytes = b""    # packed NEW_CHUNKs: chunks first written by this checkpoint
     bytes_new: int = 0
     tags: List[str] = field(default_factory=list)
-    seq: int = 0               # 1, 2, 3... within the stream, in commit order; never reused
+    seq: int = 0               # 1, 2, 3... within the stream, in commit order (design.md)
     order: int | None = None   # the record's order (format 3 records; not in the index's JSON)
 
     @property

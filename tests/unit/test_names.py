@@ -327,3 +327,35 @@ def test_parse_is_pure():
     assert names.parse("@3") == names.Query("any", text="@3")
     assert names.parse("a@٣") == names.Query("any", text="a@٣")   # non-ASCII digits: a name
     assert names.parse("latest:a@1") == names.Query("stream", stream="a@1")
+
+
+def test_messages_for_names_that_look_like_other_things(tmp_path):
+    with snapstore.open(str(tmp_path / "s"), durability="none") as s:
+        s.checkpoint({"x": b"1"}, stream="run@2")
+        with pytest.raises(CheckpointNotFound, match="latest:run@2"):
+            s.resolve("run@2")                   # the stream "run", seq 2 -- not that stream
+        assert s.resolve("latest:run@2").stream == "run@2"
+        assert s.resolve("run@2@1").stream == "run@2"
+        for call in (lambda: s.read(1, None), lambda: s.layout(1, 5),
+                     lambda: s.read_ranges(1, b"x", [(0, 1)])):
+            with pytest.raises(InvalidArgumentTypeError, match="buffer name must be a str"):
+                call()
+        with pytest.raises(snapstore.errors.CorruptionError, match="the store has no chunk"):
+            list(s.read_chunks([bytes(32)]))
+
+
+def test_a_local_stream_whose_checkpoints_were_all_deleted_starts_again(tmp_path):
+    """As documented (design.md, Terms): seqs are never reused while the stream has a
+    checkpoint; deleting them all ends the stream, and STREAM@1 names the new one."""
+    with snapstore.open(str(tmp_path / "s"), durability="none") as s:
+        first = s.checkpoint({"x": b"old"}, stream="train")
+        second = s.checkpoint({"x": b"two"}, stream="train")
+        s.delete(first.id)
+        third = s.checkpoint({"x": b"new"}, stream="train")
+        assert (second.seq, third.seq) == (2, 3)            # not reused: the stream lives
+        with pytest.raises(CheckpointNotFound):
+            s.resolve("train@1")
+        s.delete_many([second.id, third.id])
+        assert "train" not in s.streams()
+        again = s.checkpoint({"x": b"again"}, stream="train")
+        assert again.seq == 1 and s.resolve("train@1").id == again.id
