@@ -705,6 +705,11 @@ class Store:
         on one snapshot): one log append, one sync, one index transaction (all or none). A name
         that names nothing (CheckpointNotFound) or several (AmbiguousCheckpointName) raises
         before anything is deleted."""
+        self._delete_many(names)
+
+    def _delete_many(self, names, unless_tagged: frozenset = frozenset()) -> None:
+        """delete_many; unless_tagged: ids chosen for having no tag (retain), whose delete is
+        a CommitConflict (nothing deleted) if another writer tagged one meanwhile."""
         if isinstance(names, (str, bytes)):
             raise InvalidArgumentTypeError(f"names must be an iterable of checkpoint names, "
                                            f"got the {type(names).__name__} {names!r} (for one "
@@ -732,7 +737,7 @@ class Store:
             return [(fmt.REC_DELETE, i,
                      lambda order, i=i: records.encode_delete(i, order, len(unique)))
                     for i in unique]
-        self._committer.apply_ops(delete_records)
+        self._committer.apply_ops(delete_records, unless_tagged)
 
     def tag(self, name: Any, tag: str) -> None:
         """Adds a tag to a checkpoint (named as for resolve()). Tagged checkpoints survive
@@ -794,6 +799,8 @@ class Store:
         prune = validate_flag(prune, "prune")
         self._committer.check_open(write=not dry_run)
         before = self._bytes_on_disk()      # first: the plan and the deletes stay close
+        if self._remote:
+            self.refresh()                  # plan on the bucket's state, not a cache's
         ckpts = self.checkpoints(stream)
         kept = retention.plan((retention.Candidate(c.id, c.seq, c.created, bool(c.tags))
                                for c in ckpts), policy)
@@ -808,7 +815,10 @@ class Store:
             prune = prune and not self._remote
             with (self._committer.maintenance(exclusive=True) if prune and doomed
                   else contextlib.nullcontext()):
-                self.delete_many(reversed(doomed))     # newest first: merges stay small
+                # newest first: merges stay small; a checkpoint kept for no rule but a
+                # tag another writer added since the plan must not go
+                self._delete_many(reversed(doomed), unless_tagged=frozenset(
+                    doomed if policy.keep_tagged else ()))
                 if prune and doomed:
                     try:
                         compaction_report = self.compact()
@@ -918,6 +928,7 @@ class Store:
         c = self._committer
         c.check_open()
         with c.maintenance(exclusive=False):
+            c.check_open()                  # closed by another thread while this waited
             return verify_store(c.index, c.backend, deep=deep)
 
     # ---- reading ------------------------------------------------------------------------------
@@ -1169,12 +1180,17 @@ class Store:
                 else:
                     garbage += fmt.RECORD_HEADER.size + e.stored_len
             streams = r.streams()
-        segments = self.backend.sizes()
+            # in the read block: a close() by another thread meanwhile is StoreClosedError
+            index = self._committer.index
+            if index is None:
+                self._committer.check_open()
+            index_bytes = index.disk_bytes()
+            segments = self.backend.sizes()
         seg_bytes = sum(segments.values())
         return {
             "checkpoints": len(ids), "streams": len(streams), "chunks": n_chunks,
             "segments": len(segments), "segment_bytes": seg_bytes,
-            "index_bytes": self._committer.index.disk_bytes(),
+            "index_bytes": index_bytes,
             "logical_bytes": logical, "unique_chunk_bytes": unique_raw,
             "live_chunk_bytes": live, "garbage_chunk_bytes": garbage,
             "dedup_ratio": (logical / live) if live else (math.inf if logical else 1.0),
@@ -1294,7 +1310,8 @@ def repair(path, *, progress: Callable[[int, int], None] | None = None,
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise InvalidArgumentError(f"path must be a path, got {type(path).__name__}")
     if remote_layout.is_remote(path):
-        return rebuild_cache(validate_path(path), cache_dir=cache_dir, progress=progress)
+        return rebuild_cache(validate_path(path), cache_dir=cache_dir, progress=progress,
+                             timeout=float(timeout))
     if cache_dir is not None:
         raise InvalidArgumentError("cache_dir= is for S3 stores (s3://...)")
     return rebuild_index(os.fsdecode(path), progress=progress, timeout=float(timeout))

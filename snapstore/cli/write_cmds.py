@@ -176,7 +176,7 @@ def cmd_retain(args) -> int:
     if args.json:
         print_json(report)
     else:
-        print_retain(report)
+        print_retain(report, remote=is_remote(store.path))
     return EXIT_OK
 
 
@@ -197,7 +197,7 @@ def retain_report(streams: list, results: dict, dry_run: bool) -> dict:
             "compaction": pruned[-1] if pruned else None}
 
 
-def print_retain(report: dict) -> None:
+def print_retain(report: dict, remote: bool = False) -> None:
     verb = "would delete" if report["dry_run"] else "deleted"
     if not report["deleted"]:
         print("the store has no streams: nothing to do")
@@ -208,6 +208,10 @@ def print_retain(report: dict) -> None:
             print(f"  keep {cid}: {', '.join(why)}")
     if report["dry_run"]:
         print("dry run: nothing was deleted")
+    elif remote:
+        if report["deleted_count"]:
+            print("space: an S3 store's space comes back through `snapstore gc` (objects no "
+                  "checkpoint uses are deleted after its grace period)")
     elif report["bytes_freed"] is not None:
         how = "pruned" if report["compaction"] else "not pruned; run `snapstore compact`" \
             if report["deleted_count"] else "nothing to prune"

@@ -116,6 +116,15 @@ def io_errors(what: str) -> Iterator[None]:
         raise StoreIOError(f"{what}: {exc.strerror or exc}", exc.errno) from exc
 
 
+def tagged_meanwhile(checkpoint_id: int, tags) -> None:
+    """CommitConflict when a checkpoint a retain() chose to delete for having no tag has one
+    now (another writer tagged it since the plan): the deletes are all or none."""
+    if tags:
+        raise CommitConflict(f"checkpoint {checkpoint_id} was tagged ({', '.join(tags)}) after "
+                             "retain() planned to delete it for having no tag: nothing was "
+                             "deleted; run retain() again")
+
+
 def reused_chunks(entries, new_chunks: bytes) -> bytes:
     """The chunk ids the extents of `entries` name that are not among the new chunks: what a
     commit reuses from the index (and must pin), packed."""
@@ -213,6 +222,7 @@ class Committer:
         self.log: SegmentLog | None = None       # None for a reader
         self.log_number: int | None = None
         self._lock = threading.RLock()           # the writer lock (this process)
+        self._maintenance_fds: set = set()       # STORE/maintenance, open while held
         self._lock_fd: int | None = None          # STORE/lock, shared (writer only)
         self._log_fd: int | None = None           # STORE/writers/<log>, exclusive
         self._staging: bytearray | None = None
@@ -396,9 +406,12 @@ class Committer:
         open) but lets the child, or anyone, take them once the parent closes. Nothing else
         of the parent's is touched."""
         self._lock = threading.RLock()
-        for name in ("_lock_fd", "_log_fd"):
-            fd = getattr(self, name)
-            setattr(self, name, None)
+        # the maintenance locks other threads of the parent held at the fork too: the
+        # child's copies would keep a compaction's or a verify's lock held while it lives
+        fds = [self._lock_fd, self._log_fd, *self._maintenance_fds]
+        self._lock_fd = self._log_fd = None
+        self._maintenance_fds = set()
+        for fd in fds:
             if fd is not None:
                 try:
                     os.close(fd)
@@ -427,8 +440,13 @@ class Committer:
         OSError of the with block (a segment read failing: a bad sector) is raised as
         StoreIOError."""
         self.check_open()
-        with io_errors("cannot read the store"), self.index.read() as view:
-            yield view
+        index = self.index
+        try:
+            with io_errors("cannot read the store"), index.read() as view:
+                yield view
+        except (StoreIOError, AttributeError):
+            self.check_open()           # closed by another thread meanwhile: StoreClosedError
+            raise
 
     def read_cached(self) -> "contextlib.AbstractContextManager[IndexView]":
         """As read(), never waiting for the network (an S3 store's committer reads its cache
@@ -476,6 +494,7 @@ class Committer:
         if fd is None:
             yield
             return
+        self._maintenance_fds.add(fd)
         try:
             deadline = time.monotonic() + timeout
             mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
@@ -501,6 +520,7 @@ class Committer:
                     self._maintenance_holder = None
                     clear_holder(fd)
         finally:
+            self._maintenance_fds.discard(fd)
             os.close(fd)
 
     def _maintenance_locked(self, exclusive: bool, waited: float, holder: dict) -> StoreLocked:
@@ -719,14 +739,17 @@ class Committer:
             log.rollback(mark)
             raise
 
-    def apply_ops(self, make_ops: Callable[[IndexView], list]) -> None:
+    def apply_ops(self, make_ops: Callable[[IndexView], list],
+                  unless_tagged: frozenset = frozenset()) -> None:
         """Deletes and tags: make_ops(view) runs against the current index (in the claim's
         transaction, so it can check what the records refer to and raise before anything is
         written) and returns [(record type, checkpoint id, encode(order) -> payload parts)],
         all deletes or all tags. They are claimed together (CommitConflict when a commit in
         progress builds on one of their checkpoints, or another delete or tag of one is in
         progress), appended with the claim's order, made durable with one sync and applied in
-        one index transaction: all or none. An empty list writes nothing."""
+        one index transaction: all or none. An empty list writes nothing. unless_tagged: ids
+        whose delete was decided because they had no tag (retain): CommitConflict, nothing
+        written, when one of them has a tag by then."""
         with self._lock, io_errors("cannot update the store"):
             self.check_open(write=True)
             self.log.check_writable()
@@ -734,6 +757,9 @@ class Committer:
 
             def prepare(w: IndexWriter) -> tuple:
                 made[:] = make_ops(w)
+                for _, cid, _ in made:
+                    if cid in unless_tagged:
+                        tagged_meanwhile(cid, w.checkpoint(cid).tags)
                 if not made:
                     raise _NothingToDo()
                 kind = "delete" if made[0][0] == fmt.REC_DELETE else "tag"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import errno
 import fcntl
 import json
@@ -457,8 +458,41 @@ _GATES_LOCK = threading.Lock()
 
 
 def _forget_gates() -> None:
+    global _GATES_LOCK
+    _GATES_LOCK = threading.Lock()      # a thread of the parent may have held it at the fork
     for gate in _GATES.values():
         gate.forget()
+
+
+@contextlib.contextmanager
+def _forked_safe(txn: lmdb.Transaction) -> Iterator[lmdb.Transaction]:
+    """txn for a with block, ended as py-lmdb's own `with` ends it (committed when the
+    block ends normally, aborted on an exception), by the process that began it only. A
+    fork()ed child that ends the block (its copy of a generator holding it, closed as the
+    child exits) must not: LMDB marks the reader slot in the shared lock file free, which is
+    the parent's, so the parent's writer would recycle pages the parent's snapshot is still
+    reading. The child's copy is kept alive forever instead (deallocating it would abort
+    it too)."""
+    pid = os.getpid()
+    try:
+        yield txn
+    except BaseException:
+        _end(txn, pid, commit=False)
+        raise
+    _end(txn, pid, commit=True)
+
+
+def _end(txn: lmdb.Transaction, pid: int, commit: bool) -> None:
+    if os.getpid() != pid:
+        _CHILD_KEEPS.append(txn)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(txn))       # never deallocated
+    elif commit:
+        txn.commit()
+    else:
+        txn.abort()
+
+
+_CHILD_KEEPS: list = []
 
 
 os.register_at_fork(after_in_child=_forget_gates)
@@ -729,7 +763,7 @@ class Index:
         opened = self._enter()
         try:
             with _lmdb_errors(what):
-                with opened.env.begin(write=write, buffers=False) as txn:
+                with _forked_safe(opened.env.begin(write=write, buffers=False)) as txn:
                     yield txn, opened.dbs
         finally:
             self._leave(opened)
@@ -740,7 +774,7 @@ class Index:
         opened = self._enter()
         try:
             with _lmdb_errors("read"):
-                with opened.env.begin(buffers=False) as txn:
+                with _forked_safe(opened.env.begin(buffers=False)) as txn:
                     yield IndexView(self, txn, opened.dbs)
         finally:
             self._leave(opened)

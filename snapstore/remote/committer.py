@@ -22,6 +22,8 @@ decides.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import itertools
 import json
 import os
@@ -38,12 +40,14 @@ from snapstore.engine import records
 from snapstore.engine import writer as wr
 from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.commit import (ANY_HEAD, ChunkSource, PlanMaker, check_usable,
-                                     count_bytes_new, io_errors, reused_chunks, store_plans)
+                                     count_bytes_new, io_errors, reused_chunks, store_plans,
+                                     tagged_meanwhile)
+from snapstore.engine.fsutil import open_regular
 from snapstore.engine.index import Index, IndexView
 from snapstore.engine.records import Commit
 from snapstore.engine.wal import SegmentLog
 from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionError,
-                              FormatError, SnapstoreError, StoreIOError)
+                              FormatError, SnapstoreError, StoreIOError, StoreLocked)
 from snapstore.remote import checkpoints as ckpt_objects
 from snapstore.remote import gcguard, intents, layout, refs, spool, sync
 from snapstore.remote.s3client import NotFound, PreconditionFailed, S3Client
@@ -81,6 +85,7 @@ class RemoteCommitter:
         self.refresh_seconds = refresh
         self.index: Index | None = None
         self.backend: RemoteSegments | None = None
+        self._cache_lock: int | None = None      # the cache lock, held shared while open
         self.log: SegmentLog | None = None
         self.log_number: int | None = None
         self.session: spool.Session | None = None
@@ -104,11 +109,15 @@ class RemoteCommitter:
                                                    self.client.endpoint, self.url)
             with io_errors(f"{self.path}: cannot use the cache directory {self.cache_path}"):
                 self._open_cache(identity)
+                self._cache_lock = _lock_cache(self.cache_path, exclusive=False,
+                                               timeout=remote_timeout, url=self.path)
             self.index = Index(os.path.join(self.cache_path, fmt.INDEX_DIR), readonly=False,
                                durable=False)
-            self.backend = RemoteSegments(self.client, spool.spool_dir(self.cache_path),
-                                          os.path.join(self.cache_path, layout.CACHE_RANGES_DIR),
-                                          durable=durability == "local")
+            with io_errors(f"{self.path}: cannot use the cache directory {self.cache_path}"):
+                self.backend = RemoteSegments(
+                    self.client, spool.spool_dir(self.cache_path),
+                    os.path.join(self.cache_path, layout.CACHE_RANGES_DIR),
+                    durable=durability == "local")
             if not readonly:
                 with io_errors(f"cannot open the cache of {url}"):
                     spool.settle_sessions(self.client, self.cache_path, identity.get("uuid"))
@@ -134,6 +143,12 @@ class RemoteCommitter:
                 if not create:
                     raise FormatError(f"{self.path} is not a snapstore store (no {key}); "
                                       "open it with create=True to make one") from None
+                foreign = self._first_object()
+                if foreign is not None:
+                    raise FormatError(f"{self.path} holds objects ({foreign!r}, ...) but no "
+                                      f"{key}: not a snapstore S3 store (a local store's "
+                                      "files copied there are not one either: use `snapstore "
+                                      "copy`); give an empty prefix to make a store") from None
                 doc = {"format": layout.REMOTE_FORMAT, "version": layout.REMOTE_FORMAT_VERSION,
                        "created": time.time(), "uuid": uuid.uuid4().hex}
                 try:
@@ -155,6 +170,14 @@ class RemoteCommitter:
                                   "upgrade snapstore")
             return doc
         raise FormatError(f"{self.path}: cannot read {key}")
+
+    def _first_object(self) -> str | None:
+        """The key of an object under the prefix, if any ("folder" markers, empty keys
+        ending in "/", are not objects)."""
+        for info in self.client.list(""):
+            if info.key and not (info.key.endswith("/") and info.size == 0):
+                return info.key
+        return None
 
     def _open_cache(self, identity: dict) -> None:
         """Makes the cache directory; one that cached another store of this URL (the prefix
@@ -221,6 +244,9 @@ class RemoteCommitter:
         if self.index is not None:
             self.index.close()
             self.index = None
+        lock, self._cache_lock = self._cache_lock, None
+        if lock is not None:
+            os.close(lock)
 
     def close(self) -> None:
         """Waits for the operation in progress and for uploads, then closes. Idempotent."""
@@ -253,6 +279,7 @@ class RemoteCommitter:
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.RLock()
+        self._cache_lock = None         # the parent's (a flock belongs to both: never closed)
         if self.session is not None:
             self.session.forget()       # the parent's session; the parent's lock
 
@@ -579,12 +606,15 @@ class RemoteCommitter:
         self.publish(ref, commit, reused, [], ticket=ticket)
         return commit
 
-    def apply_ops(self, make_ops: Callable[[IndexView], list]) -> None:
+    def apply_ops(self, make_ops: Callable[[IndexView], list],
+                  unless_tagged: frozenset = frozenset()) -> None:
         """Deletes and tags: make_ops(view) returns [(record type, checkpoint id,
         encode(order) -> payload parts)] (as for Committer.apply_ops). Each stream's ref is
         rewritten conditionally, re-read and re-applied when another writer changed it
-        meanwhile (deletes and tags commute with other writers' commits); atomic per
-        stream."""
+        meanwhile (deletes and tags commute with other writers' commits, but for the deletes
+        of unless_tagged, which a tag added meanwhile turns into a CommitConflict); atomic
+        per stream. A tag of a checkpoint another writer deleted meanwhile is
+        CheckpointNotFound."""
         with self._lock, io_errors("cannot update the store"):
             self.check_open(write=True)
             if self._uploader is not None:      # deletes and tags apply to the bucket's refs
@@ -605,9 +635,9 @@ class RemoteCommitter:
                         _, tag, add, _, _ = records.decode_tag(payload)
                         by_stream.setdefault(commit.stream, []).append(("tag", cid, tag, add))
             for stream, ops in by_stream.items():
-                self._update_ref(stream, ops)
+                self._update_ref(stream, ops, unless_tagged)
 
-    def _update_ref(self, stream: str, ops: list) -> None:
+    def _update_ref(self, stream: str, ops: list, unless_tagged: frozenset = frozenset()) -> None:
         for _ in range(100):
             ref = refs.read(self.client, stream)
             live = list(ref.live)
@@ -615,12 +645,18 @@ class RemoteCommitter:
             for kind, cid, tag, add in ops:
                 if kind == "delete":
                     if cid in live:
+                        if cid in unless_tagged:
+                            tagged_meanwhile(cid, tags.get(cid))
                         live.remove(cid)
                         tags.pop(cid, None)
                 elif cid in live:
                     have = set(tags.get(cid, []))
                     have.add(tag) if add else have.discard(tag)
                     tags[cid] = sorted(have)
+                else:
+                    raise CheckpointNotFound(f"checkpoint {cid} was deleted by another writer "
+                                             f"before its tag {tag!r} could be "
+                                             f"{'added' if add else 'removed'}")
             new = ref.advanced(self.writer_id, self.next_serial(),
                                head=live[-1] if live else None, live=live, tags=tags)
             try:
@@ -634,21 +670,58 @@ class RemoteCommitter:
         raise CommitConflict(f"stream {stream!r} kept changing; try again", stream=stream)
 
 
+def _lock_cache(path: str, *, exclusive: bool, timeout: float, url: str) -> int:
+    """A descriptor of the cache directory's lock file, flock()ed shared (an open Store) or
+    exclusively (a rebuild), waiting up to timeout seconds; StoreLocked after that."""
+    fd = open_regular(os.path.join(path, layout.CACHE_LOCK_FILE), os.O_RDWR | os.O_CREAT,
+                      0o600)
+    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+                            | fcntl.LOCK_NB)
+                return fd
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+            if time.monotonic() >= deadline:
+                waited = time.monotonic() - started
+                what = ("Stores of this machine have the cache open (close them)" if exclusive
+                        else "a repair of the cache is running")
+                raise StoreLocked(f"{url}: {what}: the cache {path} is locked", path=url,
+                                  lock="writers" if exclusive else "store", waited=waited,
+                                  reason=f"{what}; waited {waited:.3g} s")
+            time.sleep(0.02)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def rebuild_cache(url: str, *, cache_dir: str | None = None,
                   remote_timeout: float = layout.DEFAULT_REMOTE_TIMEOUT,
-                  progress: Callable[[int, int], None] | None = None) -> dict:
+                  progress: Callable[[int, int], None] | None = None,
+                  timeout: float = 0.0) -> dict:
     """`snapstore repair` of an S3 store: the bucket is the truth and the local cache index
     only a cache of it, so its index is deleted and pulled again from the bucket (and the
     cached blocks dropped: a damaged one is never read again). Returns a report like a local
-    repair's."""
+    repair's. Waits up to `timeout` seconds for the Stores that have this cache open (in any
+    process of the machine) to close: StoreLocked after that."""
     started = time.monotonic()
     probe = RemoteCommitter(url, wr.WriteOptions(), durability="remote", readonly=True,
                             create=False, cache_dir=cache_dir, segment_size=1 << 20,
                             refresh=float("inf"), remote_timeout=remote_timeout)
     path = probe.cache_path
     probe.close()
-    for entry in (fmt.INDEX_DIR, layout.CACHE_RANGES_DIR):
-        shutil.rmtree(os.path.join(path, entry), ignore_errors=True)
+    # every Store of this cache holds its lock shared: rebuilding the index under one would
+    # hide its own commits from it (a local repair waits for every writer to close too)
+    lock = _lock_cache(path, exclusive=True, timeout=timeout, url=url)
+    try:
+        for entry in (fmt.INDEX_DIR, layout.CACHE_RANGES_DIR):
+            shutil.rmtree(os.path.join(path, entry), ignore_errors=True)
+    finally:
+        os.close(lock)
     store = RemoteCommitter(url, wr.WriteOptions(), durability="remote", readonly=True,
                             create=False, cache_dir=cache_dir, segment_size=1 << 20,
                             refresh=float("inf"), remote_timeout=remote_timeout)

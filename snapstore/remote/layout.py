@@ -88,6 +88,7 @@ GC_COMMIT_ATTEMPTS = 3                   # plans of one commit when gc marks wha
 # of kernel time to create, so 1 MiB blocks cost more than the bytes they hold.
 CACHE_BLOCK = 4 << 20
 CACHE_RANGES_DIR = "ranges"
+CACHE_LOCK_FILE = "lock"         # flock()ed shared by every open Store, exclusively by a rebuild
 
 
 def is_remote(path) -> bool:
@@ -214,10 +215,10 @@ def ref_key(stream: str) -> str:
 
 def stream_of_ref(key: str) -> str | None:
     """The stream a ref key (relative to the prefix) names, or None when it is not one."""
-    if not key.startswith(REFS_DIR):
+    if not key.startswith(REFS_DIR) or key == REFS_DIR:     # (a "folder" marker: no stream)
         return None
     try:
-        return bytes.fromhex(key[len(REFS_DIR):]).decode()
+        return bytes.fromhex(key[len(REFS_DIR):]).decode() or None
     except (ValueError, UnicodeDecodeError):
         return None
 
