@@ -34,7 +34,7 @@ from snapstore.engine.reader import (ChunkReader, buffer_manifest, find_buffer, 
                                      restore_ranges)
 from snapstore.engine.repair import repair as rebuild_index
 from snapstore.engine.records import Commit
-from snapstore.engine.backends import SegmentBackend
+from snapstore.engine.backends import SegmentBackend, segment_number
 from snapstore.engine.validation import (MAX_CREATED, buffer_view, check_choice,
                                          is_created_time, validate_buffers,
                                          validate_compression_level, validate_flag,
@@ -929,9 +929,29 @@ class Store:
         c.check_open()
         with c.maintenance(exclusive=False):
             c.check_open()                  # closed by another thread while this waited
-            return verify_store(c.index, c.backend, deep=deep)
+            report = verify_store(c.index, c.backend, deep=deep)
+            # damage found in locally cached copies (an S3 store's blocks) is dropped and
+            # checked again from the bucket: only the bucket's own damage is reported
+            damaged = {n for n in (segment_number(p.get("segment")) for p in report["problems"])
+                       if n is not None}
+            dropped = [c.backend.forget_cached(n) for n in sorted(damaged)]
+            if any(dropped):
+                report = verify_store(c.index, c.backend, deep=deep)
+            return report
 
     # ---- reading ------------------------------------------------------------------------------
+    def _refetching(self, read: Callable, *args) -> Any:
+        """read(*args), once more when it failed a checksum in a segment the backend serves
+        from a local copy (an S3 store's block cache: a damaged cached block is dropped and
+        fetched from the bucket again, so only damage in the bucket itself is an error)."""
+        try:
+            return read(*args)
+        except CorruptionError as exc:
+            number = segment_number(getattr(exc, "segment", None))
+            if number is None or not self.backend.forget_cached(number):
+                raise
+        return read(*args)
+
     @staticmethod
     def _checked_name(name: Any) -> Any:
         """name, checked to be a well-formed checkpoint name (a CheckpointInfo: its id)."""
@@ -1024,7 +1044,7 @@ class Store:
             out = {}
             for b in commit.buffers:
                 target = OutputBytes(b.size)
-                restore_range(r, self.backend, commit, b.name, target.view)
+                self._refetching(restore_range, r, self.backend, commit, b.name, target.view)
                 out[b.name] = target.finish()
             return out
 
@@ -1046,7 +1066,7 @@ class Store:
                                                f"checkpoint {commit.id} holds {entry.size}")
                 targets[name] = view
             for name, view in targets.items():
-                restore_range(r, self.backend, commit, name, view)
+                self._refetching(restore_range, r, self.backend, commit, name, view)
 
     def read(self, checkpoint: Any, name: str, offset: int = 0,
              length: int | None = None) -> bytes:
@@ -1065,7 +1085,7 @@ class Store:
                 raise InvalidArgumentError(f"range {offset}:{offset + length} exceeds buffer "
                                            f"{name!r} of {entry.size} bytes")
             out = OutputBytes(length)
-            restore_range(r, self.backend, commit, name, out.view, offset)
+            self._refetching(restore_range, r, self.backend, commit, name, out.view, offset)
             return out.finish()
 
     def layout(self, checkpoint_id: int, name: str) -> list[tuple[int, int, bytes, int]]:
@@ -1110,12 +1130,13 @@ class Store:
             total = sum(length for _, length in checked)
             if out is None:
                 result = OutputBytes(total)
-                restore_ranges(r, self.backend, commit, name, checked, result.view)
+                self._refetching(restore_ranges, r, self.backend, commit, name, checked,
+                                 result.view)
                 return result.finish()
             view = buffer_view(out, "out", writable=True)
             if len(view) != total:
                 raise InvalidArgumentError(f"out has {len(view)} bytes; the ranges hold {total}")
-            restore_ranges(r, self.backend, commit, name, checked, view)
+            self._refetching(restore_ranges, r, self.backend, commit, name, checked, view)
             return out
 
     def manifests(self, name: Any) -> CheckpointManifests:

@@ -104,6 +104,7 @@ class RemoteCommitter:
             self.gc_guard = gcguard.Guard(self.client)
             self.intents = intents.IntentBoard(self.client, self.writer_id, self.next_serial)
             identity = self._open_bucket(create and not readonly)
+            self._uuid = identity.get("uuid")
             root = cache_dir if cache_dir is not None else layout.default_cache_root()
             self.cache_path = layout.cache_dir_for(os.path.abspath(os.fspath(root)),
                                                    self.client.endpoint, self.url)
@@ -170,6 +171,24 @@ class RemoteCommitter:
                                   "upgrade snapstore")
             return doc
         raise FormatError(f"{self.path}: cannot read {key}")
+
+    def _check_same_store(self) -> None:
+        """StoreIOError when the bucket's store is no longer the one this Store opened (its
+        prefix deleted and a new store made there): this cache's checkpoints, ids and log
+        numbers are another store's, and reading or writing on would return its bytes under
+        the new store's names, or overwrite the new store's segments."""
+        try:
+            data, _ = self.client.get(layout.FORMAT_KEY)
+            now = json.loads(data).get("uuid")
+        except NotFound:
+            now = None
+        except (ValueError, AttributeError):
+            now = "damaged"
+        if now != self._uuid:
+            raise StoreIOError(f"{self.path}: the store this Store opened is gone from the "
+                               "bucket (its prefix was deleted" + (", and a new store made "
+                                                                   "there" if now else "")
+                               + "): close it, and open the store again")
 
     def _first_object(self) -> str | None:
         """The key of an object under the prefix, if any ("folder" markers, empty keys
@@ -289,6 +308,7 @@ class RemoteCommitter:
                      write and self.readonly)
 
     def _pull_all(self) -> None:
+        self._check_same_store()
         skip = self._uploader.streams() if self._uploader is not None else set()
         sync.pull_all(self.client, self.index, skip=skip)
         self.gc_guard.follow(self.index)        # the cache follows gc's mark

@@ -149,6 +149,15 @@ class RemoteSegments(SegmentBackend):
             future.cancel()
         self.spool.remove(number)
 
+    def forget_cached(self, number: int) -> bool:
+        """A segment read from the block cache whose records failed their checksums: its
+        cached blocks are dropped, so the next read fetches them from the bucket again (a
+        spooled segment, this writer's own not yet uploaded, has no other copy: False)."""
+        if number in self.spooled():
+            return False
+        self.cache.drop(number)
+        return True
+
     def sync_directory(self) -> None:
         self.spool.sync_directory()
 

@@ -4,8 +4,9 @@
     local  LocalSegments: segments as files in one directory
 """
 from snapstore.engine.backends.base import (SegmentBackend, SegmentFile, SegmentReader,
-                                            missing_segment, not_a_segment, segment_name)
+                                            missing_segment, not_a_segment, segment_name,
+                                            segment_number)
 from snapstore.engine.backends.local import LocalSegments
 
 __all__ = ["SegmentBackend", "SegmentFile", "SegmentReader", "LocalSegments",
-           "missing_segment", "not_a_segment", "segment_name"]
+           "missing_segment", "not_a_segment", "segment_name", "segment_number"]

@@ -230,3 +230,19 @@ class SegmentBackend(ABC):
     def close(self) -> None:
         """Releases the backend's own resources (files and sessions opened from it are closed
         by their owners). Idempotent."""
+
+    def forget_cached(self, number: int) -> bool:
+        """Drops what the backend keeps of segment `number` besides the segment itself (a
+        copy of the bytes in a local cache), after a read of it failed its checksums: True
+        when it did, so reading again fetches the bytes anew; False when the bytes read are
+        the segment's own (a local file: nothing to fetch again). Idempotent."""
+        return False
+
+
+def segment_number(name: str | None) -> int | None:
+    """segment_name's inverse (None for anything else): the segment a CorruptionError's
+    `segment` names."""
+    if not isinstance(name, str) or not name.endswith(fmt.SEGMENT_SUFFIX):
+        return None
+    stem = name[:-len(fmt.SEGMENT_SUFFIX)]
+    return int(stem) if stem.isdigit() else None
