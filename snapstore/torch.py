@@ -217,6 +217,7 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
             return target(into, None, in_place)
 
         tgt = targets(in_place=True)
+        _check_optimizer_groups(s, id_or_stream, optimizers)
         try:
             result = objects.load(s, id_or_stream, into=tgt)
         except StructureMismatchError:
@@ -229,12 +230,54 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
             tgt = targets(in_place=False)
             result = objects.load(s, id_or_stream, into=tgt)
         for key, opt in optimizers:
-            opt.load_state_dict(result if key is None else result[key])
+            try:
+                opt.load_state_dict(result if key is None else result[key])
+            except (ValueError, KeyError, TypeError, IndexError) as exc:
+                where = "the optimizer" if key is None else f"optimizer {key!r}"
+                raise StructureMismatchError(
+                    f"snapstore.torch.load(into=...): {where} refused the checkpoint's state "
+                    f"({type(exc).__name__}: {exc}): an optimizer of another kind? The other "
+                    "targets were loaded already", "obj" if key is None else str(key)) \
+                    from None
         if isinstance(into, dict):
             for k, v in into.items():
                 if not isinstance(v, (torch.nn.Module, torch.optim.Optimizer)):
                     into[k] = tgt[k]
         return into
+
+
+def _check_optimizer_groups(store, name: Any, optimizers: list) -> None:
+    """StructureMismatchError, before anything is written, when the checkpoint's param
+    groups for an optimizer target are not shaped as its target's (the number of groups, the
+    parameters in each), or the checkpoint holds none there: torch's load_state_dict refuses
+    them only after the other targets (the model) were written in place. Read from the
+    checkpoint's pickle stream alone (tensors.catalogue), no tensor loaded."""
+    if not optimizers:
+        return
+    from snapstore.tensors import catalogue
+    values = catalogue(store, store.resolve(name)).values
+    for key, opt in optimizers:
+        prefix = ("" if key is None else f"{key}.") + "param_groups."
+        sizes: dict = {}
+        for path in values:
+            if not path.startswith(prefix):
+                continue
+            group, _, rest = path[len(prefix):].partition(".")
+            field, _, index = rest.partition(".")
+            if group.isdigit():
+                sizes.setdefault(int(group), 0)
+                if field == "params" and index.isdigit():
+                    sizes[int(group)] = max(sizes[int(group)], int(index) + 1)
+        want = [len(g["params"]) for g in opt.param_groups]
+        have = [sizes.get(g, 0) for g in range(max(sizes) + 1)] if sizes else None
+        if have != want:
+            where = "the optimizer" if key is None else f"optimizer {key!r}"
+            found = ("no optimizer state" if have is None else
+                     f"{len(have)} param group(s) of {have} parameter(s)")
+            raise StructureMismatchError(
+                f"snapstore.torch.load(into=...): {where} has {len(want)} param group(s) of "
+                f"{want} parameter(s), the checkpoint {found}; nothing was written",
+                "obj" if key is None else str(key))
 
 
 # ---- torch.distributed.checkpoint backend ------------------------------------------------------
@@ -263,8 +306,11 @@ class _Location(NamedTuple):
 
 
 def _item_name(index: MetadataIndex) -> str:
-    """The buffer name of a write item: stable across saves, so they diff against each other."""
-    name = ITEM_PREFIX + index.fqn
+    """The buffer name of a write item: stable across saves, so they diff against each other.
+    One name per (fqn, offset): '%' and '@' in the fqn are escaped, as '@' starts the offset
+    (a key "w@4,0" and the shard of "w" at rows 4 were one name). Readers find buffers through
+    the DCP metadata (storage_data), so names of older saves still read."""
+    name = ITEM_PREFIX + index.fqn.replace("%", "%25").replace("@", "%40")
     if index.offset is not None and any(index.offset):
         name += "@" + ",".join(str(int(o)) for o in index.offset)
     if len(name.encode("utf-8", "surrogatepass")) > fmt.MAX_NAME_BYTES or "\0" in name:
@@ -451,6 +497,13 @@ class SnapstoreWriter(_StoreUser, StorageWriter):
         return StorageMeta(checkpoint_id=None if cid is None else str(cid))
 
     def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
+        if isinstance(self.checkpoint_id, int):
+            # a save recorded under an int could never be loaded by it: dcp.load's int names
+            # a snapstore checkpoint id (and dcp:ID names only str ids)
+            raise InvalidArgumentTypeError(
+                f"checkpoint_id {self.checkpoint_id!r} of a save must be a str (or a path), "
+                "as DCP's own: an int given to dcp.load names a snapstore checkpoint id, so "
+                f"this save could not be loaded by it; use e.g. \"step-{self.checkpoint_id}\"")
         if not kwargs.get("use_collectives", True) and _world_size() > 1:
             raise InvalidArgumentError("SnapstoreWriter needs use_collectives=True with more "
                                        "than one rank (one save is one atomic checkpoint)")

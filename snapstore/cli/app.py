@@ -155,19 +155,22 @@ def main(argv: Optional[list] = None) -> int:
 def _run(argv: Optional[list]) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv or os.environ.get("SNAPSTORE_DEBUG", "") not in ("", "0")
-    as_json = "--json" in argv     # until the arguments are parsed
+    # until the arguments are parsed (argparse takes --js for --json too)
+    as_json = any(len(a) >= 3 and "--json".startswith(a) for a in argv)
     try:
         args = parse_command_line(build_parser, argv)
         debug = debug or args.debug
         as_json = bool(args.json)
         if not getattr(args, "func", None):
             build_parser().print_help(sys.stderr)
-            return EXIT_USAGE
+            return _error("no command given", EXIT_USAGE, as_json) if as_json else EXIT_USAGE
         return int(args.func(args))
     except KeyboardInterrupt:
         if debug:
             traceback.print_exc()
         print(f"{PROG}: interrupted", file=sys.stderr)
+        if as_json:
+            print_json({"error": "interrupted", "exit_status": 130})
         return 130
     except BrokenPipeError:
         # Output piped into e.g. `head` that exited: not an error. Keep Python quiet at exit.

@@ -2,6 +2,7 @@
 to one file per buffer, or one buffer to stdout, streaming in bounded windows."""
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -100,6 +101,20 @@ def _copy_out(store, cid: int, name: str, off: int, length: int, sink, bar) -> N
     end = off + length
     while off < end:
         n = min(WINDOW, end - off)
-        sink.write(store.read(cid, name, off, n))
+        _write_all(sink, store.read(cid, name, off, n))
         off += n
         bar.update(n)
+
+
+def _write_all(sink, data) -> None:
+    """Writes all of data: an unbuffered sink (stdout under `python -u`, PYTHONUNBUFFERED) is
+    a raw file whose write() may write less than asked (a full disk, a file size limit)
+    without raising; one that writes nothing is an error, never a silently short output."""
+    view = memoryview(data)
+    while view:
+        n = sink.write(view)
+        if n is None:                   # a buffered sink wrote it all (or raised)
+            return
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "the output took no more bytes (disk full?)")
+        view = view[n:]

@@ -263,10 +263,16 @@ class Committer:
                     self._take_log(durable)
                     self._remove_swap_leftovers()
                 self.log = SegmentLog(self.backend, segment_size, self.log_number)
+                self.log.published = self._published
                 self.log.open_tail()
         except BaseException:
             self._release()
             raise
+
+    def _published(self) -> tuple[int, int] | None:
+        """This writer's log position the index has applied (SegmentLog.published)."""
+        with self.index.read() as r:
+            return r.logs().get(self.log_number)
 
     # ---- the writer's own log -----------------------------------------------------------
     def _take_log(self, durable: bool) -> None:

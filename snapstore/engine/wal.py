@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import xxhash
 
@@ -309,6 +309,9 @@ class SegmentLog:
         # sessions did, so the first sync() also syncs the directory
         self._directory_unsynced = True
         self.broken: str | None = None
+        # () -> the log position the index has applied (None: unknown): a rollback never
+        # cuts below it, whatever its caller's mark (set by the committer, see rollback())
+        self.published: Callable[[], tuple[int, int] | None] | None = None
 
     @property
     def durable(self) -> bool:
@@ -528,8 +531,18 @@ class SegmentLog:
             raise _io_error("cannot make the log durable", exc)
 
     def rollback(self, mark: tuple[int, int]) -> bool:
-        """Drops everything appended after mark (a former .position). Returns whether it did;
-        marks the log broken when that fails (then what was appended may still be there)."""
+        """Drops everything appended after mark (a former .position), but never what the
+        index has published (self.published: a KeyboardInterrupt can land after the index
+        transaction committed and before its caller knew, whose handler then rolled back
+        records a visible checkpoint needs). Returns whether it did; marks the log broken
+        when that fails (then what was appended may still be there)."""
+        if self.published is not None:
+            try:
+                applied = self.published()
+            except Exception:           # noqa: BLE001 - unknown: the caller's mark stands
+                applied = None
+            if applied is not None and tuple(applied) > tuple(mark):
+                mark = tuple(applied)
         self._pending, self._pending_bytes = [], 0
         try:
             self._wait_written()

@@ -137,7 +137,7 @@ class RemoteCommitter:
     def _open_bucket(self, create: bool) -> dict:
         """The bucket's snapstore.json (created when absent and allowed); returns it."""
         key = layout.FORMAT_KEY
-        for _ in range(3):
+        for attempt in range(3):
             try:
                 data, _ = self.client.get(key)
             except NotFound:
@@ -146,6 +146,8 @@ class RemoteCommitter:
                                       "open it with create=True to make one") from None
                 foreign = self._first_object()
                 if foreign is not None:
+                    if foreign == key or attempt < 2:
+                        continue    # another writer creating the store meanwhile: read again
                     raise FormatError(f"{self.path} holds objects ({foreign!r}, ...) but no "
                                       f"{key}: not a snapstore S3 store (a local store's "
                                       "files copied there are not one either: use `snapstore "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -63,7 +64,9 @@ def writer_state(base: bytes, w: int) -> bytes:
 
 def put_fake_intent(s3, url, data: bytes, *, ago: float = 1.0, damage: bool = False) -> str:
     """An intent of another writer, made `ago` seconds ago, holding data's chunks (a full
-    checkpoint's: the fixed grid of CHUNK)."""
+    checkpoint's: the fixed grid of CHUNK). That writer made the store first (a prefix with
+    objects but no store is not made one)."""
+    snapstore.open(url, cache_dir=tempfile.mkdtemp()).close()
     fps = [xxhash.xxh3_64_intdigest(data[i:i + CHUNK]) for i in range(0, len(data), CHUNK)]
     key = layout.intent_key(int((time.time() - ago) * 1000), "f" * 32, 1)
     body = bytearray(intents.encode_intent(len(data), fps))

@@ -443,6 +443,12 @@ def test_internal_errors_and_interrupts_in_process(monkeypatch, capsys, cli_stor
     monkeypatch.setattr(inspect_cmds, "cmd_stats", interrupted)
     assert cli.main(["-s", cli_store, "stats"]) == 130
     assert capsys.readouterr().err == "snapstore: interrupted\n"
+    assert cli.main(["-s", cli_store, "stats", "--json"]) == 130    # JSON on stdout too
+    assert json.loads(capsys.readouterr().out) == {"error": "interrupted", "exit_status": 130}
+    assert cli.main(["--json"]) == 2                                # no command
+    assert json.loads(capsys.readouterr().out)["exit_status"] == 2
+    assert cli.main(["-s", cli_store, "ls", "--js", "--last", "0"]) == 2   # an abbreviation
+    assert json.loads(capsys.readouterr().out)["exit_status"] == 2
 
 
 def test_commands_work_while_a_writer_has_the_store_open(cli_store):
@@ -461,3 +467,24 @@ def test_commands_work_while_a_writer_has_the_store_open(cli_store):
         assert info.id not in [c.id for c in writer.checkpoints()]
         again = writer.checkpoint({"weights": b"after"}, stream="live")
         assert again.id > info.id and writer.restore(again.id) == {"weights": b"after"}
+
+
+def test_restore_output_is_written_whole_or_is_an_error():
+    """Regression: under `python -u` stdout is a raw file whose write() may write less than
+    asked (a full disk, a file size limit) without raising: `restore -o -` exited 0 with a
+    short output."""
+    from snapstore.cli import restore_cmd
+
+    class Raw:
+        def __init__(self, room):
+            self.got, self.room = bytearray(), room
+
+        def write(self, data):
+            n = min(len(data), 1000, self.room - len(self.got))
+            self.got += bytes(data[:n])
+            return n
+    sink = Raw(10 ** 9)
+    restore_cmd._write_all(sink, b"x" * 25_000)
+    assert bytes(sink.got) == b"x" * 25_000
+    with pytest.raises(OSError):
+        restore_cmd._write_all(Raw(5_000), b"y" * 25_000)

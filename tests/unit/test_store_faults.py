@@ -575,3 +575,35 @@ def test_index_error_message_has_no_errno_none(tmp_path, monkeypatch):
     with pytest.raises(StoreIOError) as ei:
         fx.store.checkpoint({"a": b"1"}, stream="s")
     assert "Errno None" not in str(ei.value), str(ei.value)
+
+
+def test_ctrl_c_after_the_index_commit_never_cuts_the_log_under_the_checkpoint(
+        tmp_path, monkeypatch):
+    """Regression: a KeyboardInterrupt landing after the index transaction committed (Python
+    delivers SIGINT at the next bytecode: after LMDB's commit, in the code that follows)
+    made the writer roll its log back under a now visible checkpoint: restore failed,
+    verify reported lost_record, and every later writer open was refused until repair. The
+    log never cuts below what the index applied (SegmentLog.published), wherever the
+    interrupt lands; here at the crash point right after the publishing transaction."""
+    from snapstore.engine import commit as commit_mod
+    path = str(tmp_path / "s")
+    armed = {"on": False}
+    real = commit_mod.crashpoint
+
+    def interrupted(name):
+        if armed["on"] and name == "after_index_commit":
+            armed["on"] = False
+            raise KeyboardInterrupt
+        real(name)
+    monkeypatch.setattr(commit_mod, "crashpoint", interrupted)
+    data = os.urandom(100_000)
+    with snapstore.open(path) as s:
+        s.checkpoint({"a": b"x" * 100_000}, stream="t")
+        armed["on"] = True
+        with pytest.raises(KeyboardInterrupt):
+            s.checkpoint({"a": data}, stream="t")
+    monkeypatch.undo()
+    with snapstore.open(path) as s:            # a writer opens: the log is whole
+        assert s.restore("latest:t") == {"a": data}
+        assert s.verify(deep=True)["ok"]
+        s.checkpoint({"a": b"after"}, stream="t")

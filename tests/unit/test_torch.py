@@ -559,3 +559,46 @@ def test_pickle_streams_name_the_pinned_names(tmp_path, store):
     with snapstore.open(path, readonly=True) as s:
         metadata = s.read(writer.last_info.id, st.METADATA_BUFFER)
     assert snapstore_globals(metadata) == {("snapstore.torch", "_Location")}
+
+
+def test_dcp_save_under_an_int_checkpoint_id_is_refused(tmp_path):
+    """Regression: saved under checkpoint_id=2, dcp.load(checkpoint_id=2) read snapstore
+    checkpoint 2 (another save), silently."""
+    path = str(tmp_path / "s")
+    state = {"w": torch.ones(4)}
+    with pytest.raises(BaseException, match="must be a str") as caught:   # DCP wraps it
+        dcp.save(state, checkpoint_id=2, storage_writer=st.SnapstoreWriter(path))
+    assert "step-2" in str(caught.value)
+    dcp.save(state, checkpoint_id="step-2", storage_writer=st.SnapstoreWriter(path))
+    out = {"w": torch.zeros(4)}
+    dcp.load(out, checkpoint_id="step-2", storage_reader=st.SnapstoreReader(path))
+    assert torch.equal(out["w"], state["w"])
+
+
+def test_dcp_keys_with_at_signs_do_not_collide_with_shard_names():
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    names = {st._item_name(MetadataIndex("w", torch.Size([4, 0]))),
+             st._item_name(MetadataIndex("w@4,0")),
+             st._item_name(MetadataIndex("w%404,0"))}
+    assert len(names) == 3
+
+
+def test_load_into_an_optimizer_shaped_otherwise_writes_nothing(store):
+    """Regression: an optimizer without state was loaded fresh after the model was written
+    in place, and torch's load_state_dict then refused the param groups (raw ValueError)."""
+    model, opt = trained(width=64)
+    info = st.save(store, {"model": model, "optim": opt}, "m")
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.zero_()
+    params = list(other.parameters())
+    two_groups = torch.optim.Adam([{"params": params[:2]}, {"params": params[2:]}])
+    with pytest.raises(StructureMismatchError, match="param group"):
+        st.load(store, info.id, into={"model": other, "optim": two_groups})
+    assert all(not p.any() for p in other.parameters())          # nothing written
+    with pytest.raises(StructureMismatchError, match="no optimizer state"):
+        st.load(store, info.id, into=torch.optim.Adam(other.parameters()))
+    same_shape = torch.optim.Adam(other.parameters())
+    st.load(store, info.id, into={"model": other, "optim": same_shape})
+    assert all(torch.equal(a, b) for a, b in zip(other.parameters(), model.parameters()))
