@@ -929,14 +929,18 @@ class Store:
         c.check_open()
         with c.maintenance(exclusive=False):
             c.check_open()                  # closed by another thread while this waited
-            report = verify_store(c.index, c.backend, deep=deep)
-            # damage found in locally cached copies (an S3 store's blocks) is dropped and
-            # checked again from the bucket: only the bucket's own damage is reported
-            damaged = {n for n in (segment_number(p.get("segment")) for p in report["problems"])
-                       if n is not None}
-            dropped = [c.backend.forget_cached(n) for n in sorted(damaged)]
-            if any(dropped):
+            try:
                 report = verify_store(c.index, c.backend, deep=deep)
+                # damage found in locally cached copies (an S3 store's blocks) is dropped and
+                # checked again from the bucket: only the bucket's own damage is reported
+                damaged = {n for n in (segment_number(p.get("segment"))
+                                       for p in report["problems"]) if n is not None}
+                dropped = [c.backend.forget_cached(n) for n in sorted(damaged)]
+                if any(dropped):
+                    report = verify_store(c.index, c.backend, deep=deep)
+            except (StoreIOError, AttributeError):
+                c.check_open()              # closed by another thread meanwhile
+                raise
             return report
 
     # ---- reading ------------------------------------------------------------------------------
