@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from snapstore.engine.meta import original_meta, with_origin
-from snapstore.errors import (CheckpointNotFound, InvalidArgumentTypeError, ReadOnlyError,
-                              StoreClosedError)
+from snapstore.errors import (CheckpointNotFound, CorruptionError, InvalidArgumentTypeError,
+                              ReadOnlyError, StoreClosedError)
 from snapstore.store import CheckpointManifests, Store
 
 __all__ = ["copy_checkpoints", "CopyResult", "store_location"]
@@ -87,11 +87,13 @@ def copy_checkpoints(src: Store, dst: Store, checkpoints: Iterable | None = None
         dst: the store to copy into (a writer).
         checkpoints: names as Store.resolve takes them (ids, "STREAM@SEQ", tags, stream
             names for their newest, ...), all resolved before anything is copied; None
-            (default): every checkpoint of src.
+            (default): every checkpoint of src (one another writer deletes before its turn
+            or while it is copied is skipped: it is not in src any more).
         progress: progress(source id, its id in dst, or None when skipped), after each.
     Returns: CopyResult.
     Raises: CheckpointNotFound / AmbiguousCheckpointName (a name, before anything is
-        copied), ReadOnlyError (dst read-only), StoreClosedError, CommitConflict (another
+        copied; a named checkpoint another writer deletes while it is copied: those copied
+        before stay), ReadOnlyError (dst read-only), StoreClosedError, CommitConflict (another
         writer committed to the stream meanwhile: the checkpoints copied before stay),
         CorruptionError (damage in src), StoreIOError.
     """
@@ -118,22 +120,47 @@ def copy_checkpoints(src: Store, dst: Store, checkpoints: Iterable | None = None
             yield cid, data
 
     for source_id in ids:
-        m = src.manifests(source_id)
+        try:
+            m = src.manifests(source_id)
+        except CheckpointNotFound:
+            if checkpoints is None:
+                continue        # deleted by another writer since the listing: not there now
+            raise
         same = known.find(m)
         if same is not None:
             result.skipped[source_id] = same
             if progress is not None:
                 progress(source_id, None)
             continue
-        info = dst.import_checkpoint(m.info.stream, m.buffers, read_chunks,
-                                     with_origin(m.meta, {"store": origin, "id": source_id}),
-                                     created=m.info.created, tags=m.info.tags)
+        try:
+            info = dst.import_checkpoint(m.info.stream, m.buffers, read_chunks,
+                                         with_origin(m.meta, {"store": origin,
+                                                              "id": source_id}),
+                                         created=m.info.created, tags=m.info.tags)
+        except CorruptionError:
+            # its chunks gone from the source? Then another writer deleted (and compacted)
+            # it while it was being copied: not damage (nothing of it reached dst)
+            if not _deleted(src, source_id):
+                raise
+            if checkpoints is None:
+                continue
+            raise CheckpointNotFound(f"checkpoint {source_id} of the source was deleted by "
+                                     "another writer while it was being copied") from None
         known.add(info.stream, info.created, info.id)
         result.copied[source_id] = info.id
         result.bytes_written += info.bytes_new
         if progress is not None:
             progress(source_id, info.id)
     return result
+
+
+def _deleted(src: Store, checkpoint_id: int) -> bool:
+    """Whether the source no longer has the checkpoint."""
+    try:
+        src.get(checkpoint_id)
+    except CheckpointNotFound:
+        return True
+    return False
 
 
 def _selected(src: Store, checkpoints: Iterable | None) -> list[int]:

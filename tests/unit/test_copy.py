@@ -228,3 +228,40 @@ def test_read_only_closed_and_bad_arguments(tmp_path, src, dst):
     dst.close()
     with _open(tmp_path / "src") as again, pytest.raises(StoreClosedError):
         snapstore.copy_checkpoints(again, dst)
+
+
+def test_copying_everything_skips_what_another_writer_deletes_meanwhile(tmp_path):
+    """Regressions: a checkpoint deleted (retain) after the listing made the copy of every
+    checkpoint stop half-way with CheckpointNotFound; one deleted and compacted while its
+    chunks were being read failed with a CorruptionError advising repair on a healthy store."""
+    src = snapstore.open(str(tmp_path / "src"))
+    other = snapstore.open(str(tmp_path / "src"))
+    data = {}
+    for _ in range(3):
+        buf = os.urandom(1000)
+        data[src.checkpoint({"w": buf}, "train").id] = buf
+    dst = snapstore.open(str(tmp_path / "dst"))
+
+    def progress(source_id, new_id):
+        if source_id == 1:
+            other.retain("train", keep_last=1)             # 2 goes, before its turn
+    result = snapstore.copy_checkpoints(src, dst, progress=progress)
+    assert sorted(result.copied) == [1, 3]
+    assert [dst.restore(i)["w"] for i in sorted(result.copied.values())] == [data[1], data[3]]
+    # deleted and compacted between the manifests and the chunks
+    more = {src.checkpoint({"w": os.urandom(5000)}, "train").id for _ in range(2)}
+    real = src.manifests
+
+    def manifests_then_gone(name):
+        m = real(name)
+        if m.info.id == max(more):
+            other.delete(m.info.id)
+            other.compact()
+        return m
+    src.manifests = manifests_then_gone
+    with pytest.raises(snapstore.errors.CheckpointNotFound, match="deleted by another writer"):
+        snapstore.copy_checkpoints(src, dst, [max(more)])
+    result = snapstore.copy_checkpoints(src, dst)             # every checkpoint: skipped
+    assert max(more) not in result.copied and max(more) not in result.skipped
+    for s in (src, other, dst):
+        s.close()
