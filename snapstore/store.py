@@ -623,6 +623,11 @@ class Store:
         if not isinstance(group_id, str) or not group_id:
             raise InvalidArgumentTypeError(f"group_id must be a group's id (a str), got "
                                            f"{type(group_id).__name__}")
+        try:
+            group_id.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgumentError(f"group_id must be valid Unicode text (no lone "
+                                       f"surrogates), got {group_id!r}") from None
         validate_name(participant, "participant")
         itemsizes: dict = {}
         views = validate_buffers(buffers, "group part", itemsizes)

@@ -335,6 +335,14 @@ def commit_group(c: Committer, group: str, meta: Any, timeout: float | None) -> 
         count_bytes_new(commit, bytes_new)
 
         def publish_extra(w: IndexWriter) -> None:
+            # in the publishing transaction: the parts must still be the ones combined. A
+            # participant may stage again until then (its new part replaces the entry, and
+            # compaction then keeps only the new part's segments): publishing the old part
+            # would commit what it replaced, or chunks in removed segments
+            if parts(w, group) != found:
+                raise GroupError(f"group {group}: a participant staged its part again while "
+                                 "the group was being committed: nothing was committed; "
+                                 "commit the group again")
             for name, page_size, digests in fingerprints:
                 w.put_fingerprints(header.stream, name, commit.id, page_size, digests)
             w.delete_group_entries(_key(group))

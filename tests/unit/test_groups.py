@@ -372,3 +372,42 @@ def test_repair_rebuilds_group_checkpoints(path):
         again = r.get(info.id)
         assert r.restore(info.id) == {"a": b"A" * 10_000, "b": b"B" * 10_000}
         assert snapstore.group_parts(again) == {"a": None, "b": {"offset": 3}}
+
+
+def test_a_part_staged_again_during_the_commit_is_never_lost(path, monkeypatch):
+    """Regression: a participant staging again after the coordinator collected the parts
+    replaced the part entry; a compaction then removed the old part's segments and the commit
+    published the old part's chunks: an acknowledged checkpoint that could not be restored.
+    The commit now checks, in its publishing transaction, that the parts are the ones it
+    combined (GroupError, nothing committed); committing again takes the new part."""
+    from snapstore.engine import groups
+    coordinator = snapstore.open(path, segment_size=1 << 16)
+    participant = snapstore.open(path, segment_size=1 << 16)
+    compactor = snapstore.open(path, segment_size=1 << 16)
+    old, new = rbytes(400_000, 1), rbytes(1000, 2)
+    g = coordinator.group("ops", ["a"])
+    participant.stage(g.id, "a", {"a": old})
+    real = groups.wait_for_parts
+
+    def collected_then_restaged(c, group, timeout):
+        found = real(c, group, timeout)
+        participant.stage(g.id, "a", {"a": new})
+        participant.checkpoint({"f": rbytes(70_000, 3)}, stream="filler")
+        compactor.compact(threshold=1.0, max_garbage=0)
+        monkeypatch.setattr(groups, "wait_for_parts", real)
+        return found
+    monkeypatch.setattr(groups, "wait_for_parts", collected_then_restaged)
+    with pytest.raises(GroupError, match="staged its part again"):
+        g.commit()
+    assert coordinator.checkpoints("ops") == []
+    info = g.commit()                              # the new part
+    assert coordinator.restore(info.id) == {"a": new}
+    assert coordinator.verify(deep=True)["ok"]
+    for s in (coordinator, participant, compactor):
+        s.close()
+
+
+def test_a_group_id_that_is_not_valid_unicode_is_refused(path):
+    with snapstore.open(path) as s:
+        with pytest.raises(InvalidArgumentError, match="valid Unicode"):
+            s.stage("\udcff", "a", {"x": b"1"})
