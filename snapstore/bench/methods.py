@@ -8,7 +8,7 @@ import pickle
 from typing import Optional
 
 from snapstore.bench.workloads import Workload
-from snapstore.engine.fsutil import fsync_directory
+from snapstore.engine.fsutil import fsync_directory, pread_into, write_all
 from snapstore.store import open as open_store
 
 
@@ -19,13 +19,7 @@ def write_buffers(path: str, state: dict, sync=None) -> None:
     runs before the file is closed."""
     with open(path, "wb", buffering=0) as f:
         for buf in state.values():
-            view = memoryview(buf).cast("B")
-            while view:
-                n = f.write(view)
-                if not n:
-                    raise OSError(errno.ENOSPC, f"{path}: a write made no progress "
-                                                "(no space left on device)")
-                view = view[n:]
+            write_all(f, buf, path)
         if sync is not None:
             sync(f)
 
@@ -34,18 +28,16 @@ def read_buffers(path: str, sizes: dict) -> dict:
     """{name: bytes} read back from a file holding the buffers of `sizes` ({name: size}) one
     after the other, in that order, each whole (a raw read may return less than asked);
     OSError when the file ends early."""
-    out = {}
+    out, offset = {}, 0
     with open(path, "rb", buffering=0) as f:
         for name, size in sizes.items():
             data = bytearray(size)
-            view, got = memoryview(data), 0
-            while got < size:
-                n = f.readinto(view[got:])
-                if not n:
-                    raise OSError(errno.EIO, f"{path}: the file ends {size - got} bytes "
-                                             f"early (in buffer {name!r})")
-                got += n
+            got = pread_into(f.fileno(), data, offset)
+            if got < size:
+                raise OSError(errno.EIO, f"{path}: the file ends {size - got} bytes early (in "
+                                         f"buffer {name!r})")
             out[name] = bytes(data)
+            offset += size
     return out
 
 

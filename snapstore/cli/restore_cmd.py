@@ -2,7 +2,6 @@
 to one file per buffer, or one buffer to stdout, streaming in bounded windows."""
 from __future__ import annotations
 
-import errno
 import os
 import sys
 
@@ -10,7 +9,7 @@ from snapstore import errors
 from snapstore.cli.args import NAME_HELP, id_arg, range_arg
 from snapstore.cli.common import EXIT_OK, PROG, UsageError, open_store, progress, resolve
 from snapstore.cli.output import print_json, safe_filenames
-from snapstore.engine.fsutil import replace_file
+from snapstore.engine.fsutil import replace_file, write_all
 from snapstore.formatting import human_bytes, printable
 from snapstore.tensors import checkpoint_kind
 
@@ -101,20 +100,8 @@ def _copy_out(store, cid: int, name: str, off: int, length: int, sink, bar) -> N
     end = off + length
     while off < end:
         n = min(WINDOW, end - off)
-        _write_all(sink, store.read(cid, name, off, n))
+        # a raw sink (stdout under python -u) may write less than asked: all of it, or raise
+        write_all(sink, store.read(cid, name, off, n), "the output")
         off += n
         bar.update(n)
 
-
-def _write_all(sink, data) -> None:
-    """Writes all of data: an unbuffered sink (stdout under `python -u`, PYTHONUNBUFFERED) is
-    a raw file whose write() may write less than asked (a full disk, a file size limit)
-    without raising; one that writes nothing is an error, never a silently short output."""
-    view = memoryview(data)
-    while view:
-        n = sink.write(view)
-        if n is None:                   # a buffered sink wrote it all (or raised)
-            return
-        if n <= 0:
-            raise OSError(errno.ENOSPC, "the output took no more bytes (disk full?)")
-        view = view[n:]

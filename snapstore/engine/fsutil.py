@@ -86,6 +86,22 @@ def pread_into(fd: int, buf, offset: int) -> int:
     return got
 
 
+def write_all(f, data, what: str) -> None:
+    """Writes all of data to the file object f. A raw (unbuffered) file's write() may write
+    less than asked without raising (a full disk, a file size limit, Linux's cap of about
+    2 GiB per call): the rest is written again, and a write that takes nothing is ENOSPC
+    (what: the file, for the message). A buffered file writes it all (or raises) at once."""
+    view = memoryview(data).cast("B")
+    while view:
+        n = f.write(view)
+        if n is None:                   # a buffered writer: all of it
+            return
+        if n <= 0:
+            raise OSError(errno.ENOSPC, f"{what}: a write took no bytes (no space left on "
+                                        "device?)")
+        view = view[n:]
+
+
 def fsync_directory(path: str) -> None:
     """Makes a directory's entries (files created, renamed or removed in it) durable.
     Idempotent. Raises OSError."""

@@ -183,29 +183,6 @@ def _sessions(cache_path: str) -> list[int]:
     return sorted(logs)
 
 
-def live_sessions(cache_path: str) -> list[int]:
-    """The logs whose writer session (in some process) holds its lock now."""
-    live = []
-    try:
-        names = os.listdir(os.path.join(cache_path, WRITERS_DIR))
-    except FileNotFoundError:
-        return live
-    for name in sorted(n for n in names if n.isdigit()):
-        try:
-            fd = os.open(_lock_path(cache_path, int(name)), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue                    # settled meanwhile
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-            live.append(int(name))
-        finally:
-            os.close(fd)
-    return live
-
-
 def settle_sessions(client: S3Client, cache_path: str, store_uuid: str | None) -> list[int]:
     """Settles every gone writer session of the cache directory (settle()), each under its
     lock, then removes its lock file. A session whose settling fails on S3 (RemoteError)
