@@ -82,7 +82,7 @@ from snapstore.engine import logowners
 from snapstore.engine import storedir
 from snapstore.engine import writer as wr
 from snapstore.engine.crashpoints import crashpoint
-from snapstore.engine.fsutil import NotRegularFile, open_regular
+from snapstore.engine.fsutil import FLOCK_TAKEN, NotRegularFile, flock_until, open_regular
 from snapstore.engine.holders import clear_holder, read_holder, write_holder
 from snapstore.engine.index import Index, IndexView, IndexWriter
 from snapstore.engine.records import Commit
@@ -502,20 +502,11 @@ class Committer:
             return
         self._maintenance_fds.add(fd)
         try:
-            deadline = time.monotonic() + timeout
-            mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
             started = time.monotonic()
-            while True:
-                try:
-                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
-                    break
-                except OSError as exc:
-                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                        raise
-                if time.monotonic() >= deadline:
-                    raise self._maintenance_locked(exclusive, time.monotonic() - started,
-                                                   read_holder(fd))
-                time.sleep(0.02)
+            if flock_until(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH,
+                           started + timeout) != FLOCK_TAKEN:
+                raise self._maintenance_locked(exclusive, time.monotonic() - started,
+                                               read_holder(fd))
             if exclusive:
                 write_holder(fd)
                 self._maintenance_holder = threading.get_ident()

@@ -9,9 +9,11 @@ another file), reported by callers as a snapstore error naming the file.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import tempfile
+import time
 from typing import IO, Callable
 
 DEFAULT_FILE_MODE = 0o600       # new store files: only the owner may read them (restic's choice)
@@ -100,6 +102,37 @@ def write_all(f, data, what: str) -> None:
             raise OSError(errno.ENOSPC, f"{what}: a write took no bytes (no space left on "
                                         "device?)")
         view = view[n:]
+
+
+def try_flock(fd: int, operation: int) -> bool:
+    """flock(fd, operation) without waiting (operation: fcntl.LOCK_SH or LOCK_EX): True when
+    taken, False when another open file description holds it. Raises other OSErrors."""
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False
+        raise
+
+
+FLOCK_TAKEN, FLOCK_TIMED_OUT, FLOCK_STOPPED = "taken", "timed out", "stopped"
+
+
+def flock_until(fd: int, operation: int, deadline: float, *, poll: float = 0.02,
+                stop: Callable[[], bool] | None = None) -> str:
+    """Takes flock(fd, operation), polling (flock has no timeout of its own) until deadline
+    (a time.monotonic() value; inf: for ever). Returns FLOCK_TAKEN, FLOCK_TIMED_OUT, or
+    FLOCK_STOPPED once stop() (asked between attempts) is true. Raises other OSErrors. The
+    callers turn a timeout into StoreLocked naming the lock and its holder."""
+    while True:
+        if try_flock(fd, operation):
+            return FLOCK_TAKEN
+        if stop is not None and stop():
+            return FLOCK_STOPPED
+        if time.monotonic() >= deadline:
+            return FLOCK_TIMED_OUT
+        time.sleep(poll)
 
 
 def fsync_directory(path: str) -> None:

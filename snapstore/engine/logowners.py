@@ -19,12 +19,11 @@ writer of format 3 first takes it.
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 
 from snapstore.engine import format as fmt
-from snapstore.engine.fsutil import DEFAULT_FILE_MODE, NotRegularFile, open_regular
+from snapstore.engine.fsutil import DEFAULT_FILE_MODE, NotRegularFile, open_regular, try_flock
 from snapstore.engine.holders import read_holder
 from snapstore.errors import CorruptionError
 
@@ -45,16 +44,6 @@ def _open(path: str, flags: int, mode: int) -> int:
                               "(a writer's lock file holds no data; remove it)") from None
 
 
-def _try_flock(fd: int, operation: int) -> bool:
-    try:
-        fcntl.flock(fd, operation | fcntl.LOCK_NB)
-        return True
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return False
-        raise
-
-
 def lock_files(store_path: str) -> list[int]:
     """The logs that have a lock file, ascending."""
     try:
@@ -69,7 +58,7 @@ def try_take(store_path: str, log: int, file_mode: int = DEFAULT_FILE_MODE) -> i
     or None when a live writer holds it. Raises OSError, CorruptionError."""
     fd = _open(lock_path(store_path, log), os.O_RDWR | os.O_CREAT, file_mode)
     try:
-        if _try_flock(fd, fcntl.LOCK_EX):
+        if try_flock(fd, fcntl.LOCK_EX):
             return fd
     except BaseException:
         os.close(fd)
@@ -92,7 +81,7 @@ def create_new(store_path: str, file_mode: int = DEFAULT_FILE_MODE,
             log += 1
             continue
         try:
-            if _try_flock(fd, fcntl.LOCK_EX):
+            if try_flock(fd, fcntl.LOCK_EX):
                 return log, fd
         except BaseException:
             os.close(fd)
@@ -110,7 +99,7 @@ def is_alive(store_path: str, log: int) -> bool:
     except FileNotFoundError:
         return False
     try:
-        if _try_flock(fd, fcntl.LOCK_SH):
+        if try_flock(fd, fcntl.LOCK_SH):
             fcntl.flock(fd, fcntl.LOCK_UN)
             return False
         return True
@@ -127,7 +116,7 @@ def live_holders(store_path: str) -> list[tuple[int, dict]]:
         except (FileNotFoundError, CorruptionError):
             continue
         try:
-            if _try_flock(fd, fcntl.LOCK_SH):
+            if try_flock(fd, fcntl.LOCK_SH):
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 continue
             out.append((log, read_holder(fd)))

@@ -39,7 +39,6 @@ files are never opened through a symlink, and never in a way that blocks on a FI
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
@@ -51,7 +50,8 @@ from snapstore.engine import format as fmt
 from snapstore.engine import indexswap
 from snapstore.engine import logowners
 from snapstore.engine.holders import clear_holder, read_holder, write_holder
-from snapstore.engine.fsutil import (DEFAULT_FILE_MODE, NotRegularFile, file_kind,
+from snapstore.engine.fsutil import (DEFAULT_FILE_MODE, FLOCK_STOPPED, FLOCK_TIMED_OUT,
+                                     NotRegularFile, file_kind, flock_until,
                                      fsync_directory, open_regular, replace_file)
 from snapstore.errors import CorruptionError, FormatError, StoreIOError, StoreLocked
 
@@ -250,21 +250,15 @@ def lock_lock(fd: int, path: str, deadline: float, *, shared: bool,
     mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     if not shared:
         fcntl.flock(fd, fcntl.LOCK_UN)
-    while True:
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-            if not shared:
-                write_holder(fd)
-            return True
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-        if unless is not None and unless():
-            lock_lock(fd, path, deadline, shared=True)
-            return False
-        if time.monotonic() >= deadline:
-            raise _locked(path, time.monotonic() - started, read_holder(fd), shared)
-        time.sleep(_POLL_SECONDS)
+    outcome = flock_until(fd, mode, deadline, poll=_POLL_SECONDS, stop=unless)
+    if outcome == FLOCK_STOPPED:
+        lock_lock(fd, path, deadline, shared=True)
+        return False
+    if outcome == FLOCK_TIMED_OUT:
+        raise _locked(path, time.monotonic() - started, read_holder(fd), shared)
+    if not shared:
+        write_holder(fd)
+    return True
 
 
 def share_lock(fd: int, path: str) -> None:

@@ -22,7 +22,6 @@ decides.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import itertools
 import json
@@ -42,7 +41,7 @@ from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.commit import (ANY_HEAD, ChunkSource, PlanMaker, check_usable,
                                      count_bytes_new, io_errors, reused_chunks, store_plans,
                                      tagged_meanwhile)
-from snapstore.engine.fsutil import open_regular
+from snapstore.engine.fsutil import FLOCK_TAKEN, flock_until, open_regular
 from snapstore.engine.index import Index, IndexView
 from snapstore.engine.records import Commit
 from snapstore.engine.wal import SegmentLog
@@ -697,25 +696,17 @@ def _lock_cache(path: str, *, exclusive: bool, timeout: float, url: str) -> int:
     exclusively (a rebuild), waiting up to timeout seconds; StoreLocked after that."""
     fd = open_regular(os.path.join(path, layout.CACHE_LOCK_FILE), os.O_RDWR | os.O_CREAT,
                       0o600)
-    deadline = time.monotonic() + timeout
     started = time.monotonic()
     try:
-        while True:
-            try:
-                fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-                            | fcntl.LOCK_NB)
-                return fd
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise
-            if time.monotonic() >= deadline:
-                waited = time.monotonic() - started
-                what = ("Stores of this machine have the cache open (close them)" if exclusive
-                        else "a repair of the cache is running")
-                raise StoreLocked(f"{url}: {what}: the cache {path} is locked", path=url,
-                                  lock="writers" if exclusive else "store", waited=waited,
-                                  reason=f"{what}; waited {waited:.3g} s")
-            time.sleep(0.02)
+        if flock_until(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH,
+                       started + timeout) == FLOCK_TAKEN:
+            return fd
+        waited = time.monotonic() - started
+        what = ("Stores of this machine have the cache open (close them)" if exclusive
+                else "a repair of the cache is running")
+        raise StoreLocked(f"{url}: {what}: the cache {path} is locked", path=url,
+                          lock="writers" if exclusive else "store", waited=waited,
+                          reason=f"{what}; waited {waited:.3g} s")
     except BaseException:
         os.close(fd)
         raise

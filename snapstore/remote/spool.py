@@ -22,7 +22,6 @@ that the path still names the file it locked, and tries again when it does not.
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
@@ -30,7 +29,7 @@ import warnings
 
 from snapstore.engine import format as fmt
 from snapstore.engine.backends.base import segment_name
-from snapstore.engine.fsutil import DEFAULT_FILE_MODE, fsync_directory, open_regular
+from snapstore.engine.fsutil import DEFAULT_FILE_MODE, fsync_directory, open_regular, try_flock
 from snapstore.engine.wal import log_of
 from snapstore.errors import RemoteError
 from snapstore.remote import gcmark, layout, refs
@@ -54,13 +53,9 @@ def _try_lock(path: str) -> int | None:
     session holds it or the file was replaced meanwhile."""
     fd = open_regular(path, os.O_RDWR | os.O_CREAT, DEFAULT_FILE_MODE)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                os.close(fd)
-                return None
-            raise
+        if not try_flock(fd, fcntl.LOCK_EX):
+            os.close(fd)
+            return None
         try:
             same = os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
