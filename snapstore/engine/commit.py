@@ -227,6 +227,8 @@ class Committer:
         self._log_fd: int | None = None           # STORE/writers/<log>, exclusive
         self._staging: bytearray | None = None
         self._maintenance_holder: int | None = None   # thread holding it exclusively
+        # {log: position}: other logs' records this process made durable (sync_other_logs)
+        self._others_synced: dict[int, tuple[int, int]] = {}
         self._closed = False
         self._pid = os.getpid()
         durable = durability == "fsync"
@@ -584,6 +586,7 @@ class Committer:
             log.flush()
             crashpoint("after_commit_append")
             if self.durability == "fsync":
+                self.sync_other_logs()
                 log.sync()
             crashpoint("after_fsync")
             end = log.position
@@ -603,6 +606,39 @@ class Committer:
             raise
         crashpoint("after_index_commit")
         return end
+
+    def sync_other_logs(self) -> None:
+        """Makes every record other logs have published durable, before this writer's
+        durable commit (which may build on them: its parent, the chunks it deduplicates
+        against, a group's parts) is acknowledged. A writer with durability "none" never
+        syncs, and the recovery of a dead writer's log publishes what the page cache held:
+        without this, a power cut could take the bytes of an acknowledged checkpoint with
+        theirs. Each log is synced from where this process last synced it (the first time,
+        from its first segment) through the segment of its applied position; nothing is done
+        for logs that have not moved, so a lone writer pays one index read. Segments
+        compaction removed meanwhile are passed over (their chunks were copied durably)."""
+        with self.index.read() as r:
+            applied = {log: pos for log, pos in r.logs().items() if log != self.log_number}
+        moved = {log: pos for log, pos in applied.items()
+                 if self._others_synced.get(log, (0, 0)) < pos}
+        if not moved:
+            return
+        numbers = None
+        new_segments = False
+        for log, (seg, _) in moved.items():
+            done = self._others_synced.get(log)
+            if done is None:
+                if numbers is None:
+                    numbers = logs_of(self.backend.list())
+                todo = [n for n in numbers.get(log, ()) if n <= seg]
+            else:
+                todo = range(done[0], seg + 1)
+            for number in todo:
+                self.backend.sync_segment(number)
+            new_segments = new_segments or done is None or done[0] != seg
+        if new_segments:
+            self.backend.sync_directory()   # their segments' names too
+        self._others_synced.update(moved)
 
     # ---- writing ------------------------------------------------------------------------
     def commit(self, stream: str, make_plans: PlanMaker, meta: Any, *,

@@ -22,6 +22,8 @@ logs, together, holding the locks:
     their claims: after a power loss LMDB may have undone its last transactions (it runs
     without metasync), claims included, while the records they admitted are durable. They
     won when they were written, so they are applied, and next_order/next_id move past them;
+  * with durability "fsync" the segments holding those records are synced first (their
+    writer may have died before its sync: the page cache held them);
   * chunk records are left: the chunks of an applied record are indexed by it, others are
     garbage for compaction; state sections are passed over (the index holds what they say);
   * finally every claim these logs still hold (operations that never reached their log) is
@@ -90,6 +92,12 @@ def recover_logs(index: Index, backend: SegmentBackend, logs, durable: bool) -> 
         mine = segments_of(numbers, log)
         if mine:
             found.extend(_scan_log(backend, log, mine, applied[log], durable, done))
+    if durable:
+        # Their writers may have died between appending and syncing them (crash point
+        # after_commit_append): what recovery publishes must be durable before the index
+        # (synced) names it, or a power cut leaves an index past the log's end.
+        for number in sorted({i.segment for i in found}):
+            backend.sync_segment(number)
     legacy = [i for i in found if i.order is None]
     ordered: dict[int, list[_Item]] = {}
     for i in found:

@@ -213,6 +213,18 @@ class SegmentBackend(ABC):
         """Opens the existing segment `number` (the newest: see the module docstring) for
         appending at its end. Raises FileNotFoundError when it does not exist, OSError."""
 
+    def sync_segment(self, number: int) -> bool:
+        """Makes the bytes segment `number` holds durable (one another writer appended to:
+        see Committer.sync_other_logs); False when it does not exist (removed meanwhile).
+        Raises OSError."""
+        try:
+            f = self.open_append(number)
+        except FileNotFoundError:
+            return False
+        with f:
+            f.sync()
+        return True
+
     @abstractmethod
     def remove(self, number: int) -> None:
         """Removes segment `number`: it is no longer listed, and its space is freed once the
