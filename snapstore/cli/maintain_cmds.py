@@ -208,13 +208,19 @@ def cmd_repair(args) -> int:
         print_json(report)
     else:
         head = "OK" if report["ok"] else f"{len(problems)} problem(s) in the log"
-        print(f"repair: {head}: rebuilt the index from {report['segments']} segment(s) "
+        did = ("rebuilt the index from" if report["index_replaced"] else
+               "kept the existing index (it knows more than the damaged log) after scanning")
+        print(f"repair: {head}: {did} {report['segments']} segment(s) "
               f"({human_bytes(report['bytes_scanned'])} at {report['mb_per_s']:.0f} MB/s): "
               f"{report['checkpoints']} checkpoint(s), {report['streams']} stream(s)")
         print_problems(problems)
     if not report["ok"]:
-        raise Problem(f"repair rebuilt the index, but the log holds {len(problems)} "
-                      "problem(s) (listed on stdout): what they touched is lost")
+        if report["index_replaced"]:
+            raise Problem(f"repair rebuilt the index, but the log holds {len(problems)} "
+                          "problem(s) (listed on stdout): what they touched is lost")
+        raise Problem(f"the log holds {len(problems)} problem(s) (listed on stdout); the "
+                      "existing index was kept: restoring what needs the damaged records "
+                      "fails cleanly (`snapstore verify --deep` names them)")
     return EXIT_OK
 
 

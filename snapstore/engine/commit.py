@@ -245,9 +245,7 @@ class Committer:
                                                     file_mode=opened.file_mode)
             if opened.creating:     # the index is initialised: now it is a store
                 with io_errors(f"cannot create store {path}"):
-                    storedir.publish_format(path, opened.file_mode)
-                    os.makedirs(logowners.writers_dir(path),
-                                mode=storedir.dir_mode(opened.file_mode), exist_ok=True)
+                    storedir.publish_new_store(path, opened.file_mode)
                 storedir.share_lock(self._lock_fd, path)
             elif not readonly and (opened.version or 0) < fmt.FORMAT_VERSION:
                 # an older format: upgrading needs the store to itself (unless another

@@ -129,8 +129,11 @@ def _scan_log(backend: SegmentBackend, log: int, numbers: list, applied, durable
     if durable and backend.size(seg) < off:
         # The index saw records the log no longer holds: acknowledged data was lost
         # (with durability "none" a power cut may do this; reads of it then fail cleanly).
-        raise CorruptionError(f"the log ends before the position the index has applied "
-                              f"({off}); acknowledged checkpoints were lost",
+        raise CorruptionError(f"log {log} ends before the position the index has applied "
+                              f"({off}): checkpoints were lost (a power cut took what a "
+                              "writer with durability \"none\" had not synced, or the disk "
+                              "lost synced writes); `snapstore repair` rebuilds the index "
+                              "from the log and reports them",
                               segment=segment_name(seg), offset=backend.size(seg))
     out: list[_Item] = []
     batch: list[_Item] = []     # the records of the order being read, until all are there

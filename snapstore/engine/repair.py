@@ -91,9 +91,11 @@ def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0)
     writer to close). Returns a report:
     {"ok", "problems": [{kind, message, checkpoints, segment, offset}], "index_replaced",
     "checkpoints", "streams", "chunks", "segments", "bytes_scanned", "records",
-    "records_replayed", "state_section", "seconds", "mb_per_s"} (the counts: what the log
-    holds); "ok" is False when the log itself is damaged: then the rebuilt index replaces
-    the old one only if the old one is unsound (it would know more: it is kept). Raises FormatError (not a store, a newer format),
+    "records_replayed", "state_section", "seconds", "mb_per_s"} (checkpoints, streams,
+    chunks: what the index in place afterwards holds); "ok" is False when the log itself is
+    damaged: then the rebuilt index replaces the old one only if the old one is unsound or
+    names records past the log's end (else it knows more: it is kept, "index_replaced"
+    False, problem "index_kept"). Raises FormatError (not a store, a newer format),
     StoreLocked, StoreIOError, and SnapstoreError when this process has the store open."""
     started = time.perf_counter()
     path = os.fspath(path)
@@ -222,7 +224,8 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
     finally:
         index.close()
     fsync_directory(new_dir)
-    replaced = not (report.problems and _sound_index(path, backend))
+    replaced = not (report.problems and _sound_index(path, backend)
+                    and not _past_the_log(old_logs, backend))
     if replaced:
         crashpoint("repair_before_swap")
         swap_in(path, new_dir)
@@ -238,6 +241,7 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
         report.add("index_kept", "the log is damaged and the existing index is sound, so it "
                    "was kept (it describes what the damaged records held; restoring what "
                    "needs them fails cleanly); the index rebuilt from the log was discarded")
+        checkpoints, with_streams, chunks = _counts(os.path.join(path, fmt.INDEX_DIR))
     return {"index_replaced": replaced, "checkpoints": checkpoints, "streams": with_streams, "chunks": chunks,
             "segments": scan.segments, "bytes_scanned": scan.bytes, "records": scan.records,
             "state_section": (f"{segment_name(section.end[0])}:{section.end[1]}"
@@ -323,6 +327,26 @@ def _unfinished_tail(scan: _Scan, log: int) -> tuple[int, int] | None:
             (last[0], last[1] + fmt.RECORD_HEADER.size + last[2]) != scan.last_record.get(log):
         return None             # complete, or valid records follow it: not a crash's tail
     return batch[-1][0], batch[-1][1]
+
+
+def _counts(index_path: str) -> tuple[int, int, int]:
+    """(checkpoints, streams, chunks) the index at index_path holds."""
+    index = Index(index_path, readonly=True, durable=False)
+    try:
+        with index.read() as r:
+            return len(r.checkpoint_ids()), len(r.streams()), sum(1 for _ in r.chunks())
+    finally:
+        index.close()
+
+
+def _past_the_log(old_logs: dict[int, tuple[int, int]], backend: SegmentBackend) -> bool:
+    """Whether the old index has applied a log past the end of its files (a power cut took
+    the unsynced tail of a durability "none" writer's log while the index reached the disk):
+    every writer open refuses such an index, so keeping it would leave a store nobody can
+    write; the index rebuilt from the log (the truth) replaces it, and the checkpoints only
+    the lost tail held are reported lost."""
+    sizes = backend.sizes()
+    return any(sizes.get(segment, -1) < offset for segment, offset in old_logs.values())
 
 
 def _sound_index(path: str, backend: SegmentBackend) -> bool:

@@ -18,7 +18,8 @@ atomically, the store lock, and the permissions of what a store creates.
                      a writer's open finishes or cleans up a swap a crash interrupted
 
 Creation. The creator holds the lock while it creates index/ and segments/, initialises the
-index (the Committer) and finally publishes FORMAT (publish_format). Other openers meanwhile
+index (the Committer) and finally publishes FORMAT (publish_new_store: the new directories'
+entries synced first, the store's entry in its parent after). Other openers meanwhile
 see a directory holding only those names (and .FORMAT.*.part temp files): "being created", not
 foreign. A writer waits for the lock (timeout), then finds FORMAT; a reader waits up to its
 timeout for the directory and its FORMAT to appear.
@@ -62,7 +63,7 @@ _POLL_SECONDS = 0.05
 class Opened(NamedTuple):
     """What open_directory found: the store lock's descriptor (None for a reader; held shared
     by a writer, exclusively when `exclusive`), the permission bits for new files, whether
-    this opener is creating the store (then it must call publish_format once the index is
+    this opener is creating the store (then it must call publish_new_store once the index is
     initialised, then share_lock), and the version FORMAT names (None while creating)."""
     lock_fd: int | None
     file_mode: int
@@ -328,6 +329,17 @@ def publish_format(path: str, file_mode: int = DEFAULT_FILE_MODE,
     replace_file(os.path.join(path, fmt.FORMAT_FILE), lambda f: f.write(body),
                  mode=file_mode, sync=True)
     fsync_directory(path)
+
+
+def publish_new_store(path: str, file_mode: int) -> None:
+    """The last step of creating a store: its subdirectories' entries (the index's data.mdb
+    above all) made durable, then FORMAT published (publish_format), then the store
+    directory's own entry in its parent: a power cut after the first acknowledged checkpoint
+    must not take the index file or the whole directory with it."""
+    for name in (fmt.INDEX_DIR, fmt.SEGMENTS_DIR, fmt.WRITERS_DIR):
+        fsync_directory(os.path.join(path, name))
+    publish_format(path, file_mode)
+    fsync_directory(os.path.dirname(os.path.abspath(path)))
 
 
 def read_format_file(path: str) -> dict:

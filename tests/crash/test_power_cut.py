@@ -87,3 +87,42 @@ def test_recovery_makes_what_it_publishes_durable(tmp_path, journal, kill_log):
     with snapstore.open(store) as s:        # recovers the dead writer's log
         recovered = s.latest("dying").id
     assert _cut_and_restore(store, str(tmp_path / "cut"), journal, recovered) == x
+
+
+def test_repair_gives_back_a_writable_store_after_a_none_writer_lost_its_tail(tmp_path, journal):
+    """Durability "none" promises that a power cut may lose the latest checkpoints, never the
+    older ones. The cut takes the unsynced log tail while the index (written back by the
+    kernel on its own schedule) names it: a writer open refuses, naming repair, and repair
+    rebuilds the index from the log instead of keeping the one past the log's end."""
+    store, old = str(tmp_path / "s"), _state(3, 200_000)
+    with snapstore.open(store) as s:
+        kept = s.checkpoint({"x": old}, stream="s").id
+    with snapstore.open(store, durability="none") as s:
+        lost = s.checkpoint({"x": _state(5, 200_000)}, stream="t").id
+    cut = str(tmp_path / "cut")
+    fsync_journal.power_cut_copy(store, cut, journal)
+    with pytest.raises(snapstore.errors.CorruptionError, match="snapstore repair"):
+        snapstore.open(cut)
+    report = snapstore.repair(cut)
+    assert report["index_replaced"]
+    assert "lost_tail" in [p["kind"] for p in report["problems"]]
+    with snapstore.open(cut) as s:
+        assert bytes(s.restore(kept)["x"]) == old
+        assert [c.id for c in s.checkpoints()] == [kept]
+        with pytest.raises(snapstore.errors.CheckpointNotFound):
+            s.get(lost)
+        s.checkpoint({"x": b"goes on"}, stream="s")
+
+
+def test_a_new_store_makes_its_directories_durable(tmp_path, journal):
+    """Creating a store syncs the entries a power cut could otherwise take: the index's file
+    (index/), the segments and writers directories, FORMAT, and the store in its parent."""
+    store = tmp_path / "parent" / "s"
+    store.parent.mkdir()
+    with snapstore.open(str(store)) as s:
+        s.checkpoint({"x": b"1"})
+    synced = fsync_journal.synced_sizes(journal)
+    real = os.path.realpath(store)
+    for directory in (real, os.path.dirname(real), os.path.join(real, "index"),
+                      os.path.join(real, "segments"), os.path.join(real, "writers")):
+        assert directory in synced, directory

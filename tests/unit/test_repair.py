@@ -261,6 +261,8 @@ def test_repair_reports_damage_in_the_log_and_keeps_the_rest(store_path):
     # the old index is sound and knows more than the damaged log: it is kept
     assert not report["index_replaced"] and "index_kept" in kinds
     assert view_ids(store_path) == sorted(before["ckpts"])
+    # the report counts what the index in place holds, not the discarded rebuild
+    assert report["checkpoints"] == len(before["ckpts"])
     # without it, the index rebuilt from the damaged log replaces it
     shutil.rmtree(os.path.join(store_path, fmt.INDEX_DIR))
     report = snapstore.repair(store_path)
@@ -543,3 +545,27 @@ def test_defect13_readers_refuse_a_segment_of_a_newer_version(store_path):
     with pytest.raises(FormatError):
         snapstore.repair(store_path)
     assert fmt.SEGMENT_HEADER.unpack(encode_segment_header(number))[1] == fmt.SEGMENT_VERSION
+
+
+def test_the_cli_says_when_repair_kept_the_index(tmp_path):
+    """A flipped bit in the last commit record: the log is damaged, the old index is sound
+    and kept. `snapstore repair` must say it kept it, with the count it holds, and must not
+    claim it rebuilt the index or that data was lost."""
+    path = str(tmp_path / "s")
+    with snapstore.open(path) as s:
+        s.checkpoint({"x": b"one" * 1000}, stream="s")
+        s.checkpoint({"x": b"two" * 1000}, stream="s")
+    [segment] = glob.glob(os.path.join(path, fmt.SEGMENTS_DIR, "*.seg"))
+    with open(segment, "r+b") as f:
+        f.seek(-5, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 1]))
+    p = subprocess.run([console_script(), "repair", path], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "kept the existing index" in p.stdout and "2 checkpoint(s)" in p.stdout
+    assert "rebuilt the index" not in p.stdout + p.stderr and "is lost" not in p.stderr
+    assert "existing index was kept" in p.stderr
+    with snapstore.open(path) as s:
+        assert bytes(s.restore(2)["x"]) == b"two" * 1000
