@@ -500,7 +500,7 @@ class Store:
                 mmap, numpy arrays...). Each buffer is diffed page-wise against the stream's
                 previous checkpoint and stored incrementally when that pays.
             stream: the stream (sequence of checkpoints) this one extends.
-            meta: JSON-serialisable user metadata.
+            meta: JSON-serialisable user metadata (nested at most 100 levels: MAX_META_DEPTH).
             chunking: "pages" (default of the store) or "cdc" for content that shifts.
             expect_head: commit only if the stream's head is this checkpoint (an id or a
                 CheckpointInfo; None: only if the stream has no checkpoint yet): a

@@ -710,16 +710,21 @@ class Committer:
             claim_rules.check_pins(w, claim_rules.unpack_ids(pins), generation)
             return "commit", {"stream": stream, "parent": head, "pins": pins}
         claimed = self.claim(prepare)
-        commit = Commit(claimed.id, stream, head, time.time() if created is None else created,
-                        meta, entries, new_chunks, tags=list(tags), seq=claimed.seq,
-                        order=claimed.order)
-        count_bytes_new(commit, sink.bytes_new)
+        try:
+            commit = Commit(claimed.id, stream, head,
+                            time.time() if created is None else created, meta, entries,
+                            new_chunks, tags=list(tags), seq=claimed.seq, order=claimed.order)
+            count_bytes_new(commit, sink.bytes_new)
+            payload = commit.encode()
+        except BaseException:
+            self.release(claimed)       # never left behind: it keeps the stream's writers out
+            raise
 
         def put_fingerprints(w: IndexWriter) -> None:
             for name, fps in fingerprints:
                 w.put_fingerprints(stream, name, commit.id, self.options.page_size, fps)
 
-        self.publish([(fmt.REC_COMMIT, commit.encode())], claimed, put_fingerprints)
+        self.publish([(fmt.REC_COMMIT, payload)], claimed, put_fingerprints)
         return commit
 
     def commit_manifests(self, stream: str, entries: list, read_chunks: ChunkSource,
@@ -803,8 +808,12 @@ class Committer:
                 return
             mark = self.log.position
             try:
-                self.publish([(rtype, encode(claimed.order)) for rtype, _, encode in made],
-                             claimed)
+                batch = [(rtype, encode(claimed.order)) for rtype, _, encode in made]
+            except BaseException:
+                self.release(claimed)
+                raise
+            try:
+                self.publish(batch, claimed)
             except BaseException:
                 self.log.rollback(mark)
                 raise

@@ -330,9 +330,14 @@ def commit_group(c: Committer, group: str, meta: Any, timeout: float | None) -> 
         def retire_group_claim(w: IndexWriter, claimed: claim_rules.Claim) -> None:
             claim_rules.release(w, header.claim)
         claimed = c.claim(prepare, retire_group_claim)
-        commit = Commit(claimed.id, header.stream, header.parent, time.time(), full_meta,
-                        entries, new_chunks, seq=claimed.seq, order=claimed.order)
-        count_bytes_new(commit, bytes_new)
+        try:
+            commit = Commit(claimed.id, header.stream, header.parent, time.time(), full_meta,
+                            entries, new_chunks, seq=claimed.seq, order=claimed.order)
+            count_bytes_new(commit, bytes_new)
+            payload = commit.encode()
+        except BaseException:
+            c.release(claimed)
+            raise
 
         def publish_extra(w: IndexWriter) -> None:
             # in the publishing transaction: the parts must still be the ones combined. A
@@ -347,7 +352,7 @@ def commit_group(c: Committer, group: str, meta: Any, timeout: float | None) -> 
                 w.put_fingerprints(header.stream, name, commit.id, page_size, digests)
             w.delete_group_entries(_key(group))
         try:
-            c.publish([(fmt.REC_COMMIT, commit.encode())], claimed, publish_extra)
+            c.publish([(fmt.REC_COMMIT, payload)], claimed, publish_extra)
         except BaseException:
             log.rollback(mark)
             raise

@@ -151,9 +151,37 @@ def validate_buffers(buffers: Mapping[str, Any], stream: str,
     return views
 
 
+MAX_META_DEPTH = 100     # nesting levels of a checkpoint's meta (JSON arrays and objects)
+
+
+def _nesting(value: Any) -> int:
+    """How deep lists, tuples and dicts nest in value (0 for a scalar), without recursing:
+    meta too deep for Python's recursion limit must be refused, not crash the check. Stops
+    counting past MAX_META_DEPTH + 1."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_META_DEPTH:
+            break
+        todo.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def validate_meta(meta: Any) -> Any:
-    """Checks meta is JSON and returns its JSON round trip: what the store keeps, and so what
-    every later get() returns."""
+    """Checks meta is JSON, nested at most MAX_META_DEPTH levels (the store decodes a commit's
+    meta deep inside its own calls: deeper meta would fail there, after the commit), and
+    returns its JSON round trip: what the store keeps, and so what every later get()
+    returns."""
+    if _nesting(meta) > MAX_META_DEPTH:
+        raise InvalidArgumentTypeError(f"meta nests more than {MAX_META_DEPTH} levels of "
+                                       "lists and dicts")
     try:
         return json.loads(json.dumps(meta, allow_nan=False))
     except (TypeError, ValueError, RecursionError) as exc:

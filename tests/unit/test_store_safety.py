@@ -559,3 +559,46 @@ def test_a_malformed_stream_checkpoint_key_is_index_damage(tmp_path):
         with pytest.raises(CorruptionError, match="not a stream's checkpoint key"):
             s.checkpoint_ids("x")
         assert s.checkpoint_ids("y") == []                   # other streams unaffected
+
+
+def test_meta_nested_too_deep_is_refused_before_anything_is_claimed(tmp_path):
+    """Meta deep enough to pass a JSON round trip but not the store's own decoding (deep in
+    its call stack) used to commit a checkpoint nobody could read back by name, or to raise
+    RecursionError after claiming the stream, whose claim then kept every writer out."""
+    from snapstore.engine.validation import MAX_META_DEPTH
+    with snapstore.open(str(tmp_path / "s")) as s:
+        for depth in (MAX_META_DEPTH + 1, 990, 100_000):
+            deep = 1
+            for _ in range(depth):
+                deep = [deep] if depth % 2 else {"k": deep}
+            with pytest.raises(snapstore.errors.InvalidArgumentTypeError, match="nests"):
+                s.checkpoint({"a": b"1"}, stream="m", meta=deep)
+        ok = 1
+        for _ in range(MAX_META_DEPTH - 1):
+            ok = {"k": ok}
+        info = s.checkpoint({"a": b"1"}, stream="m", meta={"deep": ok})
+        assert s.get("m").meta == {"deep": ok} and s.restore("m") == {"a": b"1"}
+        s.checkpoint({"a": b"2"}, stream="m")       # the stream is not held by a claim
+        assert s.latest("m").id == info.id + 1
+
+
+def test_a_commit_that_fails_after_its_claim_releases_it(tmp_path, monkeypatch):
+    """Any failure between the claim and the log append (here: encoding the commit record)
+    drops the claim: the stream stays writable, for this writer and others."""
+    from snapstore.engine import records
+    path = str(tmp_path / "s")
+    with snapstore.open(path) as s:
+        s.checkpoint({"a": b"1"}, stream="m")
+
+        def broken(self):
+            raise KeyboardInterrupt
+        with monkeypatch.context() as m:
+            m.setattr(records.Commit, "encode", broken)
+            with pytest.raises(KeyboardInterrupt):
+                s.checkpoint({"a": b"2"}, stream="m")
+        with snapstore.open(path) as other:
+            third = other.checkpoint({"a": b"3"}, stream="m")
+            assert third.parent == 1
+        s.tag(third.id, "t")
+        s.delete(1)
+        assert s.restore("m") == {"a": b"3"}
