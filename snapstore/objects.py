@@ -553,7 +553,10 @@ def _object_layout(info) -> tuple[list[str], list[int]]:
             f"or snapstore.torch.save(), so load() cannot read it: use {reader_hint(info)}")
     ours = layer_meta(info, META_KEY)
     n = ours.get("buffers")
-    names = [f"{OOB_PREFIX}{i}" for i in range(n)] if isinstance(n, int) and n >= 0 else None
+    # the count is checked against the buffers before any name is made: a meta naming 10**12
+    # buffers must not make 10**12 names first
+    names = ([f"{OOB_PREFIX}{i}" for i in range(n)]
+             if isinstance(n, int) and 0 <= n == len(info.sizes) - 1 else None)
     if names is None or set(info.sizes) != {PICKLE_BUFFER, *names}:
         raise NotAnObjectCheckpointError(
             f"checkpoint {info.id}: its buffers {sorted(info.sizes)} do not match its object "

@@ -389,6 +389,9 @@ def _objects_catalogue(store, info, out: Catalogue) -> None:
     count = _reserved(info)[META_KEY].get("buffers")
     if not isinstance(count, int) or count < 0:
         raise CorruptionError(f"checkpoint {info.id}: its object meta names no buffer count")
+    if count >= len(info.sizes):        # before making a name per buffer it says it has
+        raise CorruptionError(f"checkpoint {info.id}: its object meta names {count} buffers "
+                              f"besides the pickle, but it has {len(info.sizes)} in all")
     names = [f"{OOB_PREFIX}{i}" for i in range(count)]
     missing = [n for n in names if n not in info.sizes]
     if missing:

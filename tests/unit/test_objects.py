@@ -203,6 +203,19 @@ def test_refuses_checkpoints_it_did_not_write(store):
         store.load(info.id)
 
 
+def test_a_huge_buffer_count_in_the_object_meta_is_refused_at_once(store):
+    """A meta claiming 10**12 out-of-band buffers made load(), `snapstore show` and export
+    build a name per claimed buffer (minutes of CPU, GiBs) before comparing."""
+    from snapstore import tensors
+    from snapstore.errors import CorruptionError
+    info = store.checkpoint({"pickle": pickle.dumps(1)}, stream="p",
+                            meta={objects.META_KEY: {"version": 1, "buffers": 10 ** 12}})
+    with pytest.raises(NotAnObjectCheckpointError, match="do not match"):
+        store.load(info.id)
+    with pytest.raises(CorruptionError, match="names 1000000000000 buffers"):
+        tensors.catalogue(store, info)
+
+
 def test_readonly_store_loads(store_path):
     with snapstore.open(store_path, durability="none") as s:
         s.save({"a": np.arange(10000)}, stream="r")
