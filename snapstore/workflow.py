@@ -40,8 +40,8 @@ InvalidArgumentError (reset() or rerun() to start over).
 Guarantees: a step whose checkpoint committed never runs again (run() starts after the last
 completed step); a step that raises leaves the last checkpoint as it was and comes out as
 StepError naming the step; a checkpoint that cannot be saved stops the workflow with
-CheckpointSaveError (or TypeError for a state that cannot be pickled), the next step does not
-run. Steps run after the last checkpoint, or declared checkpoint=False, run again after a crash,
+CheckpointSaveError (or ObjectSaveError, a TypeError, for a state that cannot be pickled),
+the next step does not run. Steps run after the last checkpoint, or declared checkpoint=False, run again after a crash,
 so steps should be idempotent (a crash between a step's side effects and its checkpoint
 repeats them).
 
@@ -67,8 +67,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from snapstore.errors import (CheckpointNotFound, CheckpointSaveError, CommitConflict,
-                              InvalidArgumentError, StepError, WorkflowConflictError,
-                              WorkflowFinishedError, WorkflowInputMismatchError)
+                              InvalidArgumentError, ObjectSaveError, StepError,
+                              WorkflowConflictError, WorkflowFinishedError,
+                              WorkflowInputMismatchError)
 from snapstore.engine.validation import validate_meta
 from snapstore.objectlayer import WORKFLOW_META_KEY as META_KEY
 from snapstore.objectlayer import layer_meta
@@ -311,15 +312,17 @@ class Workflow:
             try:
                 data = pickle.dumps(state, protocol=5)
             except Exception as exc:
-                raise TypeError(f"the state after step {ours['step']!r} of workflow "
-                                f"{self.workflow_id!r} cannot be pickled: {exc}") from exc
+                raise ObjectSaveError(f"the state after step {ours['step']!r} of workflow "
+                                      f"{self.workflow_id!r} cannot be pickled: {exc}",
+                                      "state") from exc
             return self.store.checkpoint({STATE_BUFFER: data}, stream=self.stream, meta=meta,
                                          expect_head=expect)
         try:
             return self.store.save(state, stream=self.stream, meta=meta, expect_head=expect)
-        except TypeError as exc:          # ObjectSaveError: unpicklable, nothing written
-            raise TypeError(f"the state after step {ours['step']!r} of workflow "
-                            f"{self.workflow_id!r} cannot be pickled: {exc}") from exc
+        except ObjectSaveError as exc:    # unpicklable, nothing written
+            raise ObjectSaveError(f"the state after step {ours['step']!r} of workflow "
+                                  f"{self.workflow_id!r} cannot be pickled: {exc}",
+                                  exc.path) from exc
 
     def _checkpoint(self, state: Any, ours: dict, expect: int | None) -> CheckpointInfo:
         """Saves the state after a step, only on top of checkpoint `expect` (None: on an
@@ -327,7 +330,7 @@ class Workflow:
         try:
             return self._save(state, ours, expect)
         except TypeError:
-            raise                          # unpicklable state (nothing was written)
+            raise                          # unpicklable state (ObjectSaveError: nothing written)
         except CommitConflict as exc:
             raise self._conflict(ours["step"], expect, exc.found, exc) from exc
         except Exception as exc:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import snapstore
-from snapstore.errors import (CheckpointNotFound, InvalidArgumentError, StoreClosedError,
-                              StoreIOError)
+from snapstore.errors import (CheckpointNotFound, InvalidArgumentError, ObjectSaveError,
+                              StoreClosedError, StoreIOError)
 from snapstore.workflow import (CheckpointSaveError, StepError, Workflow, WorkflowFinishedError,
                                 WorkflowInputMismatchError)
 
@@ -195,8 +195,10 @@ def test_unpicklable_state_is_a_type_error_nothing_written(store, codec):
     wf.add_step("ok", lambda s: s + [1])
     wf.add_step("lambda", lambda s: s + [lambda: 0])
     wf.add_step("never", lambda s: pytest.fail("ran after an unpicklable state"))
-    with pytest.raises(TypeError, match="lambda"):
+    with pytest.raises(TypeError, match="lambda") as raised:
         wf.run([])
+    # a snapstore error (ObjectSaveError, a TypeError too), as every error of the API
+    assert isinstance(raised.value, ObjectSaveError), type(raised.value)
     assert [r.step for r in wf.history()] == ["ok"]
     assert len(store.checkpoints()) == 1
 
