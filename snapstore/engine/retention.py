@@ -75,6 +75,12 @@ def parse_duration(value: Any, what: str = "keep_within") -> float:
 
 
 def _parse_duration_text(text: str, what: str) -> float:
+    if re.search(r"\dM", text):
+        # units are case-blind ('7D' is 7 days), but an upper-case M reads as months, which
+        # would silently keep 6 minutes where "6M" meant half a year
+        raise InvalidArgumentError(
+            f"{what} {text!r}: 'M' is ambiguous (minutes are 'm', and there are no months: "
+            "use days, e.g. '180d')")
     s = text.strip().lower()
     try:
         return float(s) if re.fullmatch(r"\d+(\.\d*)?|\.\d+", s) else _sum_parts(s)

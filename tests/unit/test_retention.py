@@ -45,6 +45,14 @@ def test_parse_duration_rejects(bad):
         parse_duration(bad)
 
 
+@pytest.mark.parametrize("bad", ["6M", "1d6M", "1.5M"])
+def test_an_upper_case_m_is_refused_not_read_as_minutes(bad):
+    """Units are case-blind ('1H' above), but "6M" reads as six months to many: taken as six
+    minutes, a retain would delete everything older than that."""
+    with pytest.raises(InvalidArgumentError, match="ambiguous"):
+        parse_duration(bad)
+
+
 @pytest.mark.parametrize("bad", [None, True, [1], b"1d"])
 def test_parse_duration_rejects_types(bad):
     with pytest.raises(InvalidArgumentTypeError):
