@@ -420,23 +420,30 @@ class Store:
         if page_size & (page_size - 1):
             raise InvalidArgumentError(f"page_size must be a power of two from {native.PAGE_MIN} "
                                        f"to {native.PAGE_MAX}, got {page_size!r}")
+        if chunk_size is None:
+            chunk_size = max(fmt.DEFAULT_CHUNK_SIZE, page_size)
+        if (isinstance(chunk_size, int) and not isinstance(chunk_size, bool)
+                and page_size > chunk_size):
+            raise InvalidArgumentError(f"chunk_size ({chunk_size}) must be at least page_size "
+                                       f"({page_size}), a multiple of it")
         validate_int(chunk_size, "chunk_size", page_size, fmt.MAX_CHUNK_BYTES)
         if chunk_size % page_size:
             raise InvalidArgumentError("chunk_size must be a multiple of page_size and at most "
                                        f"{fmt.MAX_CHUNK_BYTES} bytes, got {chunk_size!r}")
         check_choice(chunking, fmt.CHUNKING_MODES, "chunking")
         check_choice(compression, fmt.COMPRESSION_MODES, "compression")
+        rule = (f"three ints, {native.CDC_MIN_LIMIT} <= min <= avg <= max <= "
+                f"{fmt.MAX_CHUNK_BYTES}, avg a power of two")
         try:
             sizes = tuple(cdc_sizes)
-            if len(sizes) != 3:
-                raise ValueError("expected (min, avg, max)")
-            for size in sizes:
-                validate_int(size, "a cdc size", 1, fmt.MAX_CHUNK_BYTES)
-            native.Chunker(*sizes)
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgumentError(f"cdc_sizes {cdc_sizes!r} are invalid (three ints, "
-                                       f"min <= avg <= max <= {fmt.MAX_CHUNK_BYTES}): "
-                                       f"{exc}") from None
+        except TypeError:
+            sizes = ()
+        if (len(sizes) != 3 or not all(isinstance(n, int) and not isinstance(n, bool)
+                                       for n in sizes)
+                or not native.CDC_MIN_LIMIT <= sizes[0] <= sizes[1] <= sizes[2]
+                <= fmt.MAX_CHUNK_BYTES or sizes[1] & (sizes[1] - 1)):
+            raise InvalidArgumentError(f"cdc_sizes must be {rule}; got {cdc_sizes!r}")
+        native.Chunker(*sizes)      # the C core's own check of the same rule
         validate_int(max_chain, "max_chain", 1)
         if isinstance(full_threshold, bool) or not isinstance(full_threshold, (int, float)) \
                 or not 0 <= full_threshold <= 1:
@@ -1232,7 +1239,7 @@ class Store:
 
 def open(path, *, durability: str | None = None, create: bool = True, readonly: bool = False,
          timeout: float = 0.0, page_size: int = fmt.DEFAULT_PAGE_SIZE,
-         chunk_size: int = fmt.DEFAULT_CHUNK_SIZE, chunking: str = "pages",
+         chunk_size: int | None = None, chunking: str = "pages",
          cdc_sizes: tuple = fmt.DEFAULT_CDC_SIZES, max_chain: int = fmt.DEFAULT_MAX_CHAIN,
          full_threshold: float = fmt.DEFAULT_FULL_THRESHOLD, compression: str = "zstd",
          compression_level: int = fmt.DEFAULT_COMPRESSION_LEVEL,
@@ -1268,7 +1275,8 @@ def open(path, *, durability: str | None = None, create: bool = True, readonly: 
         page_size: the unit of incremental saves, a power of two from 512 to 1 MiB (default
             4096): a buffer's delta is the pages whose fingerprints changed.
         chunk_size: the largest chunk a full buffer is cut into, a multiple of page_size, at
-            most 8 MiB (default 64 KiB): the unit of deduplication and of partial reads.
+            most 8 MiB (default None: 64 KiB, or page_size when that is larger): the unit of
+            deduplication and of partial reads.
         chunking: "pages" (default: page deltas) or "cdc" (content-defined chunks, FastCDC:
             every checkpoint stored whole, deduplicated; for content that shifts).
         cdc_sizes: (min, avg, max) chunk sizes of "cdc" chunking (default 16, 64, 256 KiB).

@@ -222,3 +222,26 @@ def test_defect8_cli_extreme_but_valid_values_finish(cli_store, argv):
 def test_defect8_diff_window_zero_does_not_hang(cli_store):
     p = cli("-s", cli_store, "diff", "1", "2", "--window", "0", timeout=30)
     assert p.returncode == 2 and "--window" in p.stderr
+
+
+@pytest.mark.parametrize("sizes", [(1, 64, 256), (32, 32, 32), (63, 64, 65), (64, 96, 256),
+                                   (64, 128, 100), (64, 64, 16 << 20)])
+def test_cdc_sizes_refused_with_the_rule_they_break(tmp_path, sizes):
+    """The message states the whole rule (min 64, avg a power of two), not one the refused
+    values satisfy, nor the C core's generic complaint."""
+    with pytest.raises(InvalidArgumentError, match="64 <= min <= avg <= max") as raised:
+        snapstore.open(tmp_path / "s", cdc_sizes=sizes)
+    assert "power of two" in str(raised.value) and "NULL" not in str(raised.value)
+
+
+@pytest.mark.parametrize("page_size", [128 << 10, 1 << 20])
+def test_a_page_size_above_64_kib_needs_no_chunk_size(tmp_path, page_size):
+    """chunk_size defaults to 64 KiB or page_size, whichever is larger: the documented
+    page_size range works alone (a larger page used to fail on the chunk_size the caller
+    never gave)."""
+    data = os.urandom(3 * page_size + 5)
+    with snapstore.open(tmp_path / "s", page_size=page_size) as s:
+        info = s.checkpoint({"a": data})
+        assert s.restore(info.id)["a"] == data
+    with pytest.raises(InvalidArgumentError, match="at least page_size"):
+        snapstore.open(tmp_path / "t", page_size=page_size, chunk_size=64 << 10)
