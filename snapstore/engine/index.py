@@ -908,6 +908,11 @@ class IndexView:
         version = _read_version(txn, self.dbs[fmt.DB_META])
         self.version = fmt.FORMAT_VERSION if version is None else version
         self._walked: set[bytes] = set()     # tables _confirm_absent walked in this txn
+        # decoded checkpoints of this snapshot, and {buffer name: position} of each: a
+        # restore of N buffers walks the same parent chain N times (None: not kept, in a
+        # write transaction, whose records change and whose callers change what they read)
+        self._commits: dict[int, Commit] | None = {}
+        self._positions: dict[int, tuple[Commit, dict]] = {}
 
     # -- the one way values are read
     def _get(self, db: bytes, key: bytes) -> bytes | None:
@@ -1044,12 +1049,29 @@ class IndexView:
     def checkpoint(self, checkpoint_id: int) -> Commit | None:
         """The checkpoint's record, or None if the index holds none (a miss is confirmed
         by _confirm_absent: damage raises CorruptionError, never reads as "no such id")."""
+        if self._commits is not None and checkpoint_id in self._commits:
+            return self._commits[checkpoint_id]
         key = fmt.CKPT_KEY.pack(checkpoint_id)
         commit = self._decoded(fmt.DB_CHECKPOINTS, key,
                                lambda v: Commit.from_info_json(json.loads(v)))
         if commit is None:
             self._confirm_absent(fmt.DB_CHECKPOINTS, key)
+        elif self._commits is not None:
+            self._commits[checkpoint_id] = commit
         return commit
+
+    def buffer_position(self, commit: Commit, name: str) -> int | None:
+        """Where buffer `name` (a str) is in commit.buffers (the first, should a damaged
+        record name one twice), or None."""
+        if self._commits is None:
+            return next((i for i, b in enumerate(commit.buffers) if b.name == name), None)
+        known = self._positions.get(commit.id)
+        if known is None or known[0] is not commit:
+            positions: dict = {}
+            for i, b in enumerate(commit.buffers):
+                positions.setdefault(b.name, i)
+            known = self._positions[commit.id] = (commit, positions)
+        return known[1].get(name)
 
     def named_checkpoint(self, checkpoint_id: int, named_by: str) -> Commit:
         """A checkpoint the index itself names (a stream's head, a parent, a stream's list):
@@ -1225,6 +1247,7 @@ class IndexWriter(IndexView):
     def __init__(self, index: Index, txn: lmdb.Transaction, dbs: dict, *,
                  rebuilding: bool = False) -> None:
         super().__init__(index, txn, dbs)
+        self._commits = None        # nothing decoded is kept: see IndexView
         self.rebuilding = rebuilding
         if self.version < fmt.INDEX_CHECKSUMS_SINCE:
             raise FormatError(f"the index is format {self.version}; it must be upgraded "

@@ -30,10 +30,10 @@ from snapstore.engine.wal import DamagedRecord, segment_version
 def buffer_layers(view: IndexView, commit: Commit, name: str) -> list[list]:
     """Extent lists of buffer `name` from its nearest full manifest to `commit`, oldest first."""
     layers = []
-    size = find_buffer(commit, name).size
+    size = _buffer(view, commit, name).size
     current = commit
     while True:
-        idx = next((i for i, b in enumerate(current.buffers) if b.name == name), None)
+        idx = view.buffer_position(current, name)
         if idx is None or current.buffers[idx].size != size:
             raise CorruptionError(f"checkpoint {current.id} lacks buffer {name!r} of {size} bytes "
                                   f"that checkpoint {commit.id} builds on")
@@ -45,6 +45,12 @@ def buffer_layers(view: IndexView, commit: Commit, name: str) -> list[list]:
         current = view.named_checkpoint(current.parent, f"checkpoint {current.id} (its parent)")
     layers.reverse()
     return layers
+
+
+def _buffer(view: IndexView, commit: Commit, name: str) -> BufferEntry:
+    """find_buffer, through the view's positions (a lookup, not a scan, per call)."""
+    at = view.buffer_position(commit, name) if isinstance(name, str) else None
+    return commit.buffers[at] if at is not None else find_buffer(commit, name)
 
 
 def find_buffer(commit: Commit, name: str) -> BufferEntry:
@@ -148,7 +154,7 @@ def restore_range(view: IndexView, backend: SegmentBackend, commit: Commit, name
                   progress: Callable[[int], None] | None = None) -> None:
     """Writes bytes [start, start + len(out)) of buffer `name` of `commit` into out."""
     end = start + len(out)
-    whole = start == 0 and end == find_buffer(commit, name).size
+    whole = start == 0 and end == _buffer(view, commit, name).size
     layers = [layer if whole else ext.clip(layer, start, end)
               for layer in buffer_layers(view, commit, name)]
     with backend.open_reader() as segments:
@@ -454,7 +460,7 @@ def buffer_manifest(view: IndexView, commit: Commit, name: str) -> list:
     """The one manifest of buffer `name` of `commit`: its layers written over each other, so
     it covers the buffer (checked)."""
     manifest = ext.flatten(buffer_layers(view, commit, name))
-    ext.check_fills(manifest, 0, find_buffer(commit, name).size,
+    ext.check_fills(manifest, 0, _buffer(view, commit, name).size,
                     f"checkpoint {commit.id} buffer {name!r}")
     return manifest
 
