@@ -160,13 +160,20 @@ def store_plans(view: IndexView, stream: str, head: int | None, make_plans: Plan
     """Step 1's data part, shared by every committer: makes the plans against the snapshot
     (head: the stream's head in it) and stores them through the sink, calling
     before_store(plan) before each is stored. Returns (buffer entries, [(buffer name, page
-    fingerprints)]). A delta that reaches max_chain is rebased into a full manifest."""
+    fingerprints)]). A delta that reaches max_chain is rebased into a full manifest, and so
+    is every delta of a checkpoint that stored more than full_threshold of its bytes (the
+    checkpoint-level rule writer.whole_if_mostly_changed applies when planning, for plans
+    made elsewhere: an async capture stages only the changed pages, so its checkpoint is
+    made full by manifest, at no byte's cost)."""
     opts = sink.opts
     parent = (view.named_checkpoint(head, f"stream {stream!r}'s head")
               if head is not None else None)
     parents = {b.name: b for b in parent.buffers} if parent else {}
     entries, fingerprints = [], []
+    total = stored = 0
     for plan in make_plans(view, head, parent):
+        total += len(plan.view)
+        stored += len(plan.view) if plan.base == "full" else plan.nbytes
         if plan.base == "delta":
             pb = parents.get(plan.name)
             if pb is None or pb.size != len(plan.view) or pb.layout != "pages" \
@@ -183,6 +190,9 @@ def store_plans(view: IndexView, stream: str, head: int | None, make_plans: Plan
         entries.append(entry)
         if plan.fingerprints is not None:
             fingerprints.append((plan.name, plan.fingerprints))
+    if (any(e.base == "delta" for e in entries)
+            and (not total or stored > opts.full_threshold * total)):
+        entries = [wr.rebase(view, parent, e) if e.base == "delta" else e for e in entries]
     return entries, fingerprints
 
 

@@ -507,3 +507,34 @@ def test_close_during_a_capture_larger_than_staging_never_breaks_it(tmp_path, cl
             with snapstore.open(tmp_path / f"s{i}", readonly=True) as r:
                 assert r.restore(out["info"].id)["a"] == a.tobytes()
     assert "ok" in outcomes
+
+
+@pytest.mark.parametrize("how", ["checkpoint_async", "track"])
+def test_a_capture_that_changed_most_bytes_is_a_full_checkpoint(tmp_path, how):
+    """The checkpoint-level full_threshold holds on the capture paths too: a state whose
+    large buffer changed completely beside an unchanged small one is "full" (chain 0), as
+    checkpoint() makes it, and writes no more than the changed bytes (its deltas are rebased
+    by manifest); one that changed little stays incremental."""
+    rng = np.random.default_rng(5)
+    big, small = rng.random(1 << 17), np.zeros(10)           # 1 MiB + 80 bytes
+    with snapstore.open(str(tmp_path / "s")) as s:
+        if how == "track":
+            tracker = s.track({"big": big, "small": small}, stream="m")
+            take = tracker.checkpoint
+        else:
+            def take():
+                return s.checkpoint_async({"big": big, "small": small}, stream="m").result()
+        take()
+        big[:] = rng.random(big.size)
+        info = take()
+        assert (info.kind, info.chain_length) == ("full", 0)
+        assert info.bytes_new < big.nbytes * 1.05
+        big[:4096] = 0.5                                     # a few pages
+        info2 = take()
+        assert (info2.kind, info2.chain_length) == ("incremental", 1)
+        assert s.restore(info.id)["big"] != s.restore(info2.id)["big"]
+        assert s.restore(info2.id) == {"big": big.tobytes(), "small": small.tobytes()}
+        s.delete(info.id)                                    # the full one stands alone
+        assert s.restore(info2.id)["big"] == big.tobytes()
+        if how == "track":
+            tracker.close()
