@@ -748,7 +748,8 @@ def rebuild_cache(url: str, *, cache_dir: str | None = None,
     if progress is not None:
         progress(1, 1)
     seconds = time.monotonic() - started
-    return {"ok": True, "problems": [], "checkpoints": checkpoints, "streams": len(streams),
+    return {"ok": True, "problems": [], "index_replaced": True,
+            "checkpoints": checkpoints, "streams": len(streams),
             "chunks": chunks, "segments": 0, "bytes_scanned": 0, "records_replayed": 0,
             "state_section": None, "mb_per_s": 0.0, "cache": path,
             "seconds": round(seconds, 3),
