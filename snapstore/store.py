@@ -1259,8 +1259,9 @@ def open(path, *, durability: str | None = None, create: bool = True, readonly: 
         path: the store directory (str, bytes or os.PathLike).
         durability: "fsync" (a local store's default): a checkpoint is on disk when the
             call returns (data and index are synced); "none": no sync, faster, but a power
-            loss (not a process crash) may lose the latest checkpoints (never corrupts older
-            ones). An S3 store's: "remote" (its default): a checkpoint is committed in the
+            loss (not a process crash) may lose the latest checkpoints (never older ones, nor
+            what a "fsync" writer acknowledged; a writer open may then ask for
+            `snapstore repair`, which drops the lost ones from the index). An S3 store's: "remote" (its default): a checkpoint is committed in the
             bucket when the call returns.
         create: create the store if ``path`` is not one yet (default True); False raises
             FormatError for a directory that is not a store.
