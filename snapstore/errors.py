@@ -103,6 +103,17 @@ class CorruptionError(SnapstoreError):
         self.file = file
 
 
+class DamagedRecord(CorruptionError):
+    """A record of the log that fails validation (or whose content does not decode).
+    ``reason`` is the bare message; ``end`` is where the record's header says it ends (None
+    when the header itself is damaged)."""
+
+    def __init__(self, reason: str, *, segment: str | None = None, offset: int | None = None,
+                 end: int | None = None) -> None:
+        super().__init__(reason, segment=segment, offset=offset)
+        self.reason, self.end = reason, end
+
+
 class NativeDataError(NativeError, CorruptionError):
     """Bytes given to the C core failed its checks (SNAP_EDATA: a damaged chunk record).
     read_chunks() reports it as a result, so the engine can name the record; check() raises

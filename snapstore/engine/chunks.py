@@ -16,7 +16,8 @@ from typing import NamedTuple
 from snapstore.engine import format as fmt
 from snapstore.engine import planes
 from snapstore.engine.backends.base import SegmentReader
-from snapstore.engine.wal import DamagedRecord, Record, read_record
+from snapstore.engine.wal import Record, damaged_record, read_record
+from snapstore.errors import DamagedRecord
 from snapstore.engine.zstdframe import decompress_exact
 
 
@@ -32,7 +33,7 @@ def stored_chunk(record: Record) -> StoredChunk:
     """The chunk in a valid chunk record (see wal.read_record). Raises DamagedRecord when the
     payload is too short to hold the chunk prefix."""
     if len(record.payload) < fmt.CHUNK_PREFIX.size:
-        raise DamagedRecord("chunk record too short", record.segment, record.offset, record.end)
+        raise damaged_record("chunk record too short", record.segment, record.offset, record.end)
     chunk_id, raw_len = fmt.CHUNK_PREFIX.unpack_from(record.payload)
     return StoredChunk(record, chunk_id, raw_len,
                        memoryview(record.payload)[fmt.CHUNK_PREFIX.size:])
@@ -47,14 +48,14 @@ def read_stored_chunk(reader: SegmentReader, number: int, offset: int, stored_le
     try:
         record = read_record(reader, number, offset, length=stored_len)
     except OSError as exc:
-        raise DamagedRecord(f"cannot read chunk record: {exc.strerror or exc}",
+        raise damaged_record(f"cannot read chunk record: {exc.strerror or exc}",
                             number, offset) from exc
     if record.rtype != fmt.REC_CHUNK:
-        raise DamagedRecord("index points at a record that is not this chunk", number, offset,
+        raise damaged_record("index points at a record that is not this chunk", number, offset,
                             record.end)
     chunk = stored_chunk(record)
     if chunk.chunk_id != chunk_id:
-        raise DamagedRecord("chunk record holds a different chunk id", number, offset,
+        raise damaged_record("chunk record holds a different chunk id", number, offset,
                             record.end)
     return chunk
 
@@ -74,7 +75,7 @@ def decode_chunk(chunk: StoredChunk, out=None) -> bytes | memoryview:
                 raise _undecodable(chunk, exc) from None
         data = decode_chunk(chunk)
         if len(data) != len(out):
-            raise DamagedRecord("chunk has the wrong length", chunk.record.segment,
+            raise damaged_record("chunk has the wrong length", chunk.record.segment,
                                 chunk.record.offset, chunk.record.end)
         out[:] = data
         return out
@@ -84,7 +85,7 @@ def decode_chunk(chunk: StoredChunk, out=None) -> bytes | memoryview:
         try:
             data = decompress_exact(chunk.stored, chunk.raw_len)
         except ValueError as exc:
-            raise DamagedRecord(f"chunk {exc}", record.segment, record.offset,
+            raise damaged_record(f"chunk {exc}", record.segment, record.offset,
                                 record.end) from None
     elif record.codec == fmt.CODEC_PLANES:
         try:
@@ -94,7 +95,7 @@ def decode_chunk(chunk: StoredChunk, out=None) -> bytes | memoryview:
     else:
         data = chunk.stored
     if len(data) != chunk.raw_len:
-        raise DamagedRecord("chunk has the wrong length", record.segment, record.offset,
+        raise damaged_record("chunk has the wrong length", record.segment, record.offset,
                             record.end)
     return data
 
@@ -102,14 +103,14 @@ def decode_chunk(chunk: StoredChunk, out=None) -> bytes | memoryview:
 def _check_claimed_length(chunk: StoredChunk) -> None:
     if chunk.raw_len > fmt.MAX_CHUNK_BYTES:
         record = chunk.record
-        raise DamagedRecord(f"chunk claims {chunk.raw_len} bytes, more than the largest chunk "
+        raise damaged_record(f"chunk claims {chunk.raw_len} bytes, more than the largest chunk "
                             f"a store writes ({fmt.MAX_CHUNK_BYTES})", record.segment,
                             record.offset, record.end)
 
 
 def _undecodable(chunk: StoredChunk, exc: ValueError) -> DamagedRecord:
     record = chunk.record
-    return DamagedRecord(f"chunk does not decode: {exc}", record.segment, record.offset,
+    return damaged_record(f"chunk does not decode: {exc}", record.segment, record.offset,
                          record.end)
 
 
@@ -120,5 +121,5 @@ def read_chunk(reader: SegmentReader, number: int, offset: int, stored_len: int,
     (DamagedRecord) naming segment and offset on any failure."""
     chunk = read_stored_chunk(reader, number, offset, stored_len, chunk_id)
     if chunk.raw_len != raw_len:
-        raise DamagedRecord("chunk has the wrong length", number, offset, chunk.record.end)
+        raise damaged_record("chunk has the wrong length", number, offset, chunk.record.end)
     return decode_chunk(chunk, out)

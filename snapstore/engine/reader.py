@@ -24,7 +24,7 @@ from snapstore.engine.backends.base import SegmentBackend, SegmentReader
 from snapstore.engine.index import IndexView
 from snapstore.engine.memory import uninit_bytearray
 from snapstore.engine.records import BufferEntry, Commit
-from snapstore.engine.wal import DamagedRecord, segment_version
+from snapstore.engine.wal import damaged_record, segment_version
 
 
 def buffer_layers(view: IndexView, commit: Commit, name: str) -> list[list]:
@@ -341,12 +341,12 @@ def decode_whole_chunks(segments: SegmentReader, extents, entries: dict, out: me
     for number, first, end, members in runs:
         data = memoryview(run_buffer)[:end - first]
         if segments.read_into(number, first, data) != end - first:
-            raise DamagedRecord("chunk records are truncated", number, first)
+            raise damaged_record("chunk records are truncated", number, first)
         reads = [(records[i].offset - first, extents[i][0] - start, records[i].stored_len,
                   records[i].raw_len, extents[i][3]) for i in members]
         done, reason = native.read_chunks(data, out, reads, scratch)
         if done != len(reads):
-            raise DamagedRecord(f"chunk record fails its checks: {native.READ_REASONS[reason]}",
+            raise damaged_record(f"chunk record fails its checks: {native.READ_REASONS[reason]}",
                                 number, records[members[done]].offset)
 
 

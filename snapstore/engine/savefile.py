@@ -35,9 +35,9 @@ from snapstore.engine.backends.base import SegmentReader
 from snapstore.engine.chunks import decode_chunk, read_chunk, stored_chunk
 from snapstore.engine.fsutil import fsync_directory, replace_file
 from snapstore.engine.validation import is_created_time, validate_name
-from snapstore.engine.wal import DamagedRecord, encode_record_header, read_record
+from snapstore.engine.wal import encode_record_header, read_record
 from snapstore.engine.writer import WriteOptions, encode_chunk
-from snapstore.errors import (CorruptionError, FormatError, InvalidArgumentError,
+from snapstore.errors import (CorruptionError, DamagedRecord, FormatError, InvalidArgumentError,
                               StoreIOError)
 
 _HASH_BLOCK = 1 << 20

@@ -20,11 +20,11 @@ import blake3
 
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
-from snapstore.errors import CorruptionError, SnapstoreError
+from snapstore.errors import CorruptionError, DamagedRecord, SnapstoreError
 from snapstore.engine.backends.base import SegmentBackend, segment_name
 from snapstore.engine.chunks import decode_chunk, read_stored_chunk, stored_chunk
 from snapstore.engine.index import REPAIR_HINT, Index
-from snapstore.engine.wal import (DamagedRecord, log_of, logs_of, next_valid_record,
+from snapstore.engine.wal import (damaged_record, log_of, logs_of, next_valid_record,
                                   parse_record_header, read_record, segment_version)
 
 # Problems of the index itself (the log may be intact): `snapstore repair` rebuilds it.
@@ -286,11 +286,11 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport
         try:
             record = read_record(segments, seg, pos, size=size)
             if record.rtype not in types:
-                raise DamagedRecord("record of a type segments of this version do not hold",
+                raise damaged_record("record of a type segments of this version do not hold",
                                     seg, pos, record.end)
             if record.rtype == fmt.REC_CHUNK:
                 if record.codec not in codecs:
-                    raise DamagedRecord("chunk record of a codec segments of this version do "
+                    raise damaged_record("chunk record of a codec segments of this version do "
                                         "not hold", seg, pos, record.end)
                 _check_chunk(record)
             for cid, e in known.get(pos, ()):
@@ -332,5 +332,5 @@ def _check_chunk(record) -> None:
     """Decodes the chunk of a valid chunk record and re-hashes it. Raises DamagedRecord."""
     chunk = stored_chunk(record)
     if blake3.blake3(decode_chunk(chunk)).digest() != chunk.chunk_id:
-        raise DamagedRecord("chunk bytes do not hash to the chunk id", record.segment,
+        raise damaged_record("chunk bytes do not hash to the chunk id", record.segment,
                             record.offset, record.end)

@@ -22,7 +22,7 @@ import xxhash
 from snapstore.engine import format as fmt
 from snapstore.halves import Started, start
 from snapstore.engine.backends.base import SegmentBackend, SegmentFile, SegmentReader, segment_name
-from snapstore.errors import CorruptionError, FormatError, StoreIOError
+from snapstore.errors import CorruptionError, DamagedRecord, FormatError, StoreIOError
 
 
 # ---- logs: each writer appends to a log of its own (format 3) --------------------------------
@@ -124,14 +124,10 @@ def parse_record_header(data) -> tuple[int, int, int, int] | None:
     return rtype, codec, length, checksum
 
 
-class DamagedRecord(CorruptionError):
-    """A record that fails validation (or whose content does not decode). `reason` is the
-    bare message; `end` is where the record's header says it ends (None when the header
-    itself is damaged)."""
-
-    def __init__(self, reason: str, number: int, offset: int, end: int | None = None) -> None:
-        super().__init__(reason, segment=segment_name(number), offset=offset)
-        self.reason, self.end = reason, end
+def damaged_record(reason: str, number: int, offset: int,
+                   end: int | None = None) -> DamagedRecord:
+    """errors.DamagedRecord naming segment `number`."""
+    return DamagedRecord(reason, segment=segment_name(number), offset=offset, end=end)
 
 
 @dataclass(slots=True)
@@ -164,28 +160,28 @@ def read_record(reader: SegmentReader, number: int, offset: int, *, size: int | 
         head = reader.read(number, offset, hsize)
         header = parse_record_header(head)
         if header is None:
-            raise DamagedRecord("record header is damaged", number, offset)
+            raise damaged_record("record header is damaged", number, offset)
         rtype, codec, got_length, checksum = header
         end = offset + hsize + got_length
         if size is not None and end > size:
-            raise DamagedRecord("record runs past the end of the segment", number, offset, end)
+            raise damaged_record("record runs past the end of the segment", number, offset, end)
         payload = reader.read(number, offset + hsize, got_length)
     else:
         data = reader.read(number, offset, hsize + length)
         head = data[:hsize]
         header = parse_record_header(head)
         if header is None:
-            raise DamagedRecord("record header is damaged", number, offset)
+            raise damaged_record("record header is damaged", number, offset)
         rtype, codec, got_length, checksum = header
         end = offset + hsize + got_length
         if got_length != length:
-            raise DamagedRecord(f"record holds {got_length} payload bytes, not the {length} "
+            raise damaged_record(f"record holds {got_length} payload bytes, not the {length} "
                                 "expected", number, offset, end)
         payload = memoryview(data)[hsize:]
     if len(payload) != got_length:
-        raise DamagedRecord("record is truncated", number, offset, end)
+        raise damaged_record("record is truncated", number, offset, end)
     if record_checksum(head[:fmt.RECORD_CHECKSUMMED_PREFIX], [payload]) != checksum:
-        raise DamagedRecord("record checksum mismatch", number, offset, end)
+        raise damaged_record("record checksum mismatch", number, offset, end)
     return Record(number, offset, rtype, codec, got_length, payload)
 
 

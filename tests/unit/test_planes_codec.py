@@ -20,7 +20,8 @@ from snapstore.engine import format as fmt
 from snapstore.engine import planes
 from snapstore.engine import writer as wr
 from snapstore.engine.validation import float_item_size
-from snapstore.engine.wal import DamagedRecord, Record, scan
+from snapstore.engine.wal import Record, scan
+from snapstore.errors import DamagedRecord
 from snapstore.errors import CorruptionError
 
 
