@@ -126,9 +126,11 @@ def _scan_log(backend: SegmentBackend, log: int, numbers: list, applied, durable
     if seg not in numbers:
         raise CorruptionError(f"index has applied log {log} up to segment {seg}, which is "
                               "missing", segment=segment_name(seg))
-    if durable and backend.size(seg) < off:
-        # The index saw records the log no longer holds: acknowledged data was lost
-        # (with durability "none" a power cut may do this; reads of it then fail cleanly).
+    if backend.size(seg) < off:
+        # The index saw records the log no longer holds (with durability "none" a power cut
+        # may do this). Whatever this writer's durability, it must not go on: it would
+        # append where the index still places lost chunks, and a new checkpoint
+        # deduplicated against one of them would name another record (unrestorable).
         raise CorruptionError(f"log {log} ends before the position the index has applied "
                               f"({off}): checkpoints were lost (a power cut took what a "
                               "writer with durability \"none\" had not synced, or the disk "

@@ -126,3 +126,23 @@ def test_a_new_store_makes_its_directories_durable(tmp_path, journal):
     for directory in (real, os.path.dirname(real), os.path.join(real, "index"),
                       os.path.join(real, "segments"), os.path.join(real, "writers")):
         assert directory in synced, directory
+
+
+def test_a_none_writer_does_not_go_on_over_a_lost_tail(tmp_path, journal):
+    """After such a power cut a writer with durability "none" used to open and append where
+    the index still placed the lost chunks: a new checkpoint of the same bytes deduplicated
+    against them and named other records (acknowledged, never restorable). It is refused
+    like any writer, and after repair the new checkpoint restores."""
+    store, data = str(tmp_path / "s"), _state(9, 200_000)
+    with snapstore.open(store) as s:
+        s.checkpoint({"x": b"old"}, stream="s")
+    with snapstore.open(store, durability="none") as s:
+        s.checkpoint({"x": data}, stream="t")
+    cut = str(tmp_path / "cut")
+    fsync_journal.power_cut_copy(store, cut, journal)
+    with pytest.raises(snapstore.errors.CorruptionError, match="snapstore repair"):
+        snapstore.open(cut, durability="none")
+    snapstore.repair(cut)
+    with snapstore.open(cut, durability="none") as s:
+        info = s.checkpoint({"y": data}, stream="u")
+        assert bytes(s.restore(info.id)["y"]) == data
