@@ -1295,8 +1295,8 @@ def open(path, *, durability: str | None = None, create: bool = True, readonly: 
             1 MiB, at most the machine's memory; default 1 GiB; touched only as used).
         backend: a snapstore.engine.backends.SegmentBackend holding the segments (default:
             files under ``path``).
-        cache_dir: an S3 store's local cache root (default $XDG_CACHE_HOME/snapstore or
-            ~/.cache/snapstore): one directory per store under it holds the cache index,
+        cache_dir: an S3 store's local cache root (default $SNAPSTORE_CACHE_DIR, else
+            $XDG_CACHE_HOME/snapstore, else ~/.cache/snapstore): one directory per store under it holds the cache index,
             the blocks of segments read, and this writer's segments until uploaded. An
             empty one is fine: everything is in the bucket.
         refresh: an S3 store's reads see other machines' commits at most this many seconds
