@@ -379,17 +379,18 @@ class Store:
         if backend is not None and not isinstance(backend, SegmentBackend):
             raise InvalidArgumentTypeError(f"backend must be a SegmentBackend, got "
                                            f"{type(backend).__name__}")
+        # checked for local stores too (where they do nothing): a bad value is a mistake
+        refresh = validate_timeout(refresh, "refresh")
+        remote_timeout = validate_timeout(remote_timeout, "remote_timeout")
+        if not 0 < remote_timeout < math.inf:
+            raise InvalidArgumentError(f"remote_timeout must be a finite number of "
+                                       f"seconds > 0, got {remote_timeout!r}")
         if remote:
             if backend is not None:
                 raise InvalidArgumentError("backend= is for local stores; an S3 store's "
                                            "segments live in its bucket")
             if cache_dir is not None:
                 cache_dir = validate_path(cache_dir)
-            refresh = validate_timeout(refresh)
-            remote_timeout = validate_timeout(remote_timeout)
-            if not 0 < remote_timeout < math.inf:
-                raise InvalidArgumentError(f"remote_timeout must be a finite number of "
-                                           f"seconds > 0, got {remote_timeout!r}")
             self._committer = RemoteCommitter(
                 self.path, self.options, durability=self.durability, readonly=self.readonly,
                 create=create, cache_dir=cache_dir,

@@ -63,13 +63,14 @@ def validate_checkpoint_id(value: Any) -> int:
     return validate_int(value, "checkpoint id", 0, MAX_CHECKPOINT_ID)
 
 
-def validate_timeout(value: Any) -> float:
-    """Seconds to wait for a lock: a number >= 0 (inf: wait forever; not nan)."""
+def validate_timeout(value: Any, what: str = "timeout") -> float:
+    """Seconds (to wait for a lock, ...): a number >= 0 (inf: for ever; not nan). what: the
+    argument's name, for the message."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidArgumentTypeError(f"timeout must be a number of seconds, got "
+        raise InvalidArgumentTypeError(f"{what} must be a number of seconds, got "
                                        f"{_type_name(value)}")
     if math.isnan(value) or value < 0:
-        raise InvalidArgumentError(f"timeout must be >= 0 seconds, got {value!r}")
+        raise InvalidArgumentError(f"{what} must be >= 0 seconds, got {value!r}")
     return float(value)
 
 

@@ -245,3 +245,14 @@ def test_a_page_size_above_64_kib_needs_no_chunk_size(tmp_path, page_size):
         assert s.restore(info.id)["a"] == data
     with pytest.raises(InvalidArgumentError, match="at least page_size"):
         snapstore.open(tmp_path / "t", page_size=page_size, chunk_size=64 << 10)
+
+
+@pytest.mark.parametrize("kwargs, name", [({"refresh": -1}, "refresh"),
+                                          ({"refresh": "1s"}, "refresh"),
+                                          ({"remote_timeout": 0}, "remote_timeout"),
+                                          ({"remote_timeout": float("inf")}, "remote_timeout")])
+def test_s3_options_are_checked_for_local_stores_too(tmp_path, kwargs, name):
+    """They do nothing for a local store, but a bad value is a mistake all the same, named."""
+    with pytest.raises(InvalidArgumentError, match=name):
+        snapstore.open(tmp_path / "s", **kwargs)
+    assert os.listdir(tmp_path) == []
