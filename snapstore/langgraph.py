@@ -50,6 +50,7 @@ import asyncio
 import base64
 import hashlib
 import inspect
+import os
 import random
 import sys
 import threading
@@ -340,6 +341,20 @@ class _Shared:
 
 _SHARED: "weakref.WeakKeyDictionary[Store, _Shared]" = weakref.WeakKeyDictionary()
 _SHARED_LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A fork()ed child gets fresh locks for the shared saver state: a thread of the parent
+    may have held one mid-put at the fork, and the child's first call would wait for it for
+    ever instead of raising ForkedStoreError from the store."""
+    global _SHARED_LOCK
+    _SHARED_LOCK = threading.Lock()
+    for state in list(_SHARED.values()):
+        state.lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _shared_for(store: Store) -> _Shared:

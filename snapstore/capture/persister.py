@@ -353,11 +353,13 @@ class Persister:
     def after_fork_in_child(self) -> None:
         """Run in a fork()ed child (by the Store's fork handler): the worker thread did not
         survive the fork, so the queued jobs fail with ForkedStoreError (their futures would
-        never resolve), and the persister is closed; its conditions are new (a thread of the
-        parent may have held them)."""
+        never resolve), and the persister is closed; its conditions, and its capturers' locks,
+        are new (a thread of the parent may have held them)."""
         self._cv = threading.Condition()
         self._capture_cv = threading.Condition()
         self._submit_lock = threading.Lock()
+        for owner in self._owners.values():
+            owner.after_fork_in_child()
         self._captures = 0
         self._closed = True
         self._thread = None

@@ -65,6 +65,12 @@ class Capturer:
         # in progress; re-entrant: a capture's done-callback may close the store
         self._lock = threading.RLock()
 
+    def after_fork_in_child(self) -> None:
+        """Run in a fork()ed child (by the persister's): a fresh capture lock, since a thread
+        of the parent may have held it mid-capture at the fork (close() in the child would
+        wait for it for ever)."""
+        self._lock = threading.RLock()
+
     def failed(self, exc: BaseException) -> None:
         """A job of this stream failed: its later jobs fail with it; the next capture diffs
         in full."""

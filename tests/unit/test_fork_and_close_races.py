@@ -116,3 +116,66 @@ def test_calls_racing_close_raise_store_closed(tmp_path, call):
         for t in threads:
             t.join(30)
         assert not errors, [repr(e) for e in errors]
+
+
+def _child_status(held_lock, child) -> int:
+    """Forks while a thread of this process holds held_lock (as a capture or a put in
+    progress does), runs child() in the child under a 10 s alarm, and returns the child's
+    exit status: 0 if child() returned, 3 if it raised, killed by SIGALRM if it hung."""
+    held, go = threading.Event(), threading.Event()
+
+    def holder():
+        with held_lock:
+            held.set()
+            go.wait(30)
+    t = threading.Thread(target=holder)
+    t.start()
+    assert held.wait(30)
+    pid = os.fork()
+    if pid == 0:
+        import signal
+        signal.alarm(10)
+        try:
+            child()
+        except BaseException:          # noqa: BLE001 (reported through the exit status)
+            os._exit(3)
+        os._exit(0)
+    go.set()
+    t.join(30)
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+def test_a_child_closes_a_tracker_whose_capture_the_parent_had_in_progress(tmp_path):
+    """Closing (e.g. leaving a `with store.track(...)` block) in a fork()ed child waited for
+    ever for the capture lock a parent thread held at the fork."""
+    import numpy as np
+    with snapstore.open(str(tmp_path / "s"), durability="none") as s:
+        buf = np.zeros(1 << 16, np.uint8)
+        tracker = s.track({"w": buf}, stream="t", mode="hash")
+        tracker.checkpoint()
+        status = _child_status(tracker._lock, tracker.close)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        buf[:10] = 1
+        assert s.restore(tracker.checkpoint().id)["w"] == buf.tobytes()
+        tracker.close()
+
+
+def test_a_child_using_an_inherited_saver_mid_put_gets_forked_store_error(tmp_path):
+    """A LangGraph put in flight on a parent thread held the savers' shared lock at the
+    fork: the child's first call waited for ever instead of raising ForkedStoreError."""
+    pytest.importorskip("langgraph")
+    from snapstore.langgraph import SnapstoreSaver
+    with snapstore.open(str(tmp_path / "s"), durability="none") as s:
+        saver = SnapstoreSaver(s)
+        cfg = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+
+        def child():
+            try:
+                list(saver.list(cfg))
+            except snapstore.ForkedStoreError:
+                return
+            raise AssertionError("no ForkedStoreError")
+        status = _child_status(saver._shared.lock, child)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        assert list(saver.list(cfg)) == []      # the parent's saver goes on
