@@ -25,6 +25,7 @@ store directory can forge one. A store is trusted like any pickle file.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import sys
 import threading
@@ -37,9 +38,9 @@ from typing import Any, Iterator
 from snapstore.engine.commit import ANY_HEAD
 from snapstore.engine.memory import address_view, uninit_bytearray
 from snapstore.engine.validation import float_item_size, validate_meta, validate_name
-from snapstore.errors import (AsyncSaveError, DeviceTensorError, InvalidArgumentError,
-                              NotAnObjectCheckpointError, ObjectSaveError,
-                              StructureMismatchError)
+from snapstore.errors import (AsyncSaveError, DeviceTensorError, ForkedStoreError,
+                              InvalidArgumentError, NotAnObjectCheckpointError,
+                              ObjectSaveError, StructureMismatchError)
 from snapstore.objectlayer import (META_KEY, contiguous_tensor, float_view, labelled_view,
                                    layer_meta, reader_hint, require_store, resolve_checkpoint,
                                    user_meta, wrap_meta)
@@ -502,10 +503,16 @@ class _UnreportedFailures:
     def watch(self, store, stream: str, future) -> None:
         def done(f) -> None:
             exc = None if f.cancelled() else f.exception()
-            if exc is not None:
+            # ForkedStoreError: a fork()ed child's copy of a save the parent still commits
+            # (failed by the store's fork handler, before this module's renews the lock): not
+            # a failure of the stream, and the child's calls raise ForkedStoreError anyway
+            if exc is not None and not isinstance(exc, ForkedStoreError):
                 with self._lock:
                     self._failures.setdefault(store, {}).setdefault(stream, exc)
         future.add_done_callback(done)
+
+    def after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()       # a parent thread may have held it at the fork
 
     def raise_unreported(self, store, stream: str) -> None:
         with self._lock:
@@ -517,6 +524,8 @@ class _UnreportedFailures:
 
 
 _ASYNC_FAILURES = _UnreportedFailures()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ASYNC_FAILURES.after_fork_in_child)
 
 
 def _object_checkpoint(store, where: str, obj: Any, stream: str, meta: Any,

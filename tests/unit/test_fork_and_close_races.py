@@ -179,3 +179,31 @@ def test_a_child_using_an_inherited_saver_mid_put_gets_forked_store_error(tmp_pa
         status = _child_status(saver._shared.lock, child)
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
         assert list(saver.list(cfg)) == []      # the parent's saver goes on
+
+
+def test_a_childs_first_save_async_is_forked_store_error(tmp_path):
+    """The parent's save_async pending at the fork is failed in the child with
+    ForkedStoreError; that used to be recorded as the stream's unreported failure, so the
+    child's first save_async raised AsyncSaveError ("the next call saves again": false)."""
+    import numpy as np
+    from snapstore import objects
+    with snapstore.open(str(tmp_path / "s"), durability="none") as s:
+        state = {"w": np.random.default_rng(0).random(1 << 20)}
+        future = objects.save_async(s, state, stream="m")
+        pid = os.fork()
+        if pid == 0:
+            import signal
+            signal.alarm(10)
+            codes = []
+            for _ in range(2):
+                try:
+                    objects.save_async(s, state, stream="m")
+                    codes.append("saved")
+                except snapstore.ForkedStoreError:
+                    codes.append("forked")
+                except BaseException:      # noqa: BLE001
+                    codes.append("other")
+            os._exit(0 if codes == ["forked", "forked"] else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        assert s.load(future.result().id)["w"].tobytes() == state["w"].tobytes()
