@@ -908,9 +908,9 @@ class IndexView:
         version = _read_version(txn, self.dbs[fmt.DB_META])
         self.version = fmt.FORMAT_VERSION if version is None else version
         self._walked: set[bytes] = set()     # tables _confirm_absent walked in this txn
-        # decoded checkpoints of this snapshot, and {buffer name: position} of each: a
-        # restore of N buffers walks the same parent chain N times (None: not kept, in a
-        # write transaction, whose records change and whose callers change what they read)
+        # decoded checkpoints of this snapshot that chain_checkpoint() gave out, and {buffer
+        # name: position} of each: a restore of N buffers walks the same parent chain N times
+        # (None: not kept, in a write transaction, whose records change)
         self._commits: dict[int, Commit] | None = {}
         self._positions: dict[int, tuple[Commit, dict]] = {}
 
@@ -1049,15 +1049,23 @@ class IndexView:
     def checkpoint(self, checkpoint_id: int) -> Commit | None:
         """The checkpoint's record, or None if the index holds none (a miss is confirmed
         by _confirm_absent: damage raises CorruptionError, never reads as "no such id")."""
-        if self._commits is not None and checkpoint_id in self._commits:
-            return self._commits[checkpoint_id]
         key = fmt.CKPT_KEY.pack(checkpoint_id)
         commit = self._decoded(fmt.DB_CHECKPOINTS, key,
                                lambda v: Commit.from_info_json(json.loads(v)))
         if commit is None:
             self._confirm_absent(fmt.DB_CHECKPOINTS, key)
-        elif self._commits is not None:
-            self._commits[checkpoint_id] = commit
+        return commit
+
+    def chain_checkpoint(self, checkpoint_id: int, named_by: str) -> Commit:
+        """named_checkpoint() for walking delta chains (reader.buffer_layers): in a read
+        snapshot each record is decoded once and the same object given out again, so its
+        callers must not change it (checkpoint() gives a fresh one)."""
+        if self._commits is None:
+            return self.named_checkpoint(checkpoint_id, named_by)
+        commit = self._commits.get(checkpoint_id)
+        if commit is None:
+            commit = self._commits[checkpoint_id] = self.named_checkpoint(checkpoint_id,
+                                                                         named_by)
         return commit
 
     def buffer_position(self, commit: Commit, name: str) -> int | None:

@@ -42,7 +42,7 @@ def buffer_layers(view: IndexView, commit: Commit, name: str) -> list[list]:
             break
         if current.parent is None or current.parent >= current.id:   # parents are older
             raise CorruptionError(f"checkpoint {current.id} is a delta without a valid parent")
-        current = view.named_checkpoint(current.parent, f"checkpoint {current.id} (its parent)")
+        current = view.chain_checkpoint(current.parent, f"checkpoint {current.id} (its parent)")
     layers.reverse()
     return layers
 
