@@ -15,7 +15,8 @@ NATIVE_TESTS := tests/unit/test_native.py tests/property/test_native_property.py
   tests/unit/test_dirty.py tests/property/test_dirty_property.py \
   tests/unit/test_planes.py tests/property/test_planes_property.py \
   tests/unit/test_native_records.py tests/property/test_read_chunks_property.py \
-  tests/unit/test_native_write_chunks.py tests/property/test_write_chunks_property.py
+  tests/unit/test_native_write_chunks.py tests/property/test_write_chunks_property.py \
+  tests/unit/test_native_delta_records.py tests/property/test_delta_records_property.py
 ASAN_DIR := build/asan
 ASAN_ENV := LD_PRELOAD="$(ASAN_LIB) $(UBSAN_LIB)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

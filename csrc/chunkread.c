@@ -6,7 +6,9 @@
  * 16 header bytes and the payload), its chunk prefix (the expected chunk id and raw length),
  * then decode its stored bytes into the destination: raw bytes are copied; a zstd frame
  * (exactly one, declaring exactly the raw length) is decompressed; byte planes (each raw or one
- * such zstd frame, lengths that add up) are rebuilt and joined (snap_join_planes). The record
+ * such zstd frame, lengths that add up) are rebuilt and joined (snap_join_planes); delta planes
+ * (format 5, planned) are rebuilt the same way and added in place to the base's bytes, which
+ * the caller put in the destination and names (the read's base_id; snap_delta_join_planes). The record
  * layout is docs/design.md's "Segment files"; SNAP_REC_* in snapstore.h mirror
  * snapstore/engine/format.py (tests/unit/test_native_records.py holds them equal).
  *
@@ -40,16 +42,17 @@ static int unzstd(ZSTD_DCtx **dctx, const uint8_t *p, size_t len, uint8_t *out, 
     return SNAP_OK;
 }
 
-/* Byte planes (PLANES_HEADER, itemsize PLANE_ENTRYs, planes, tail) -> dst[0:raw_len], the
- * planes laid out in scratch first. */
-static int unplanes(ZSTD_DCtx **dctx, const uint8_t *s, size_t slen, uint8_t *dst,
-                    size_t raw_len, uint8_t *scratch)
+/* A plane section (PLANES_HEADER, itemsize PLANE_ENTRYs, planes, tail; flags within
+ * allowed_flags) of exactly slen bytes -> its raw_len bytes of planes laid out in scratch;
+ * *k and *flags get its item size and flags. */
+static int lay_planes(ZSTD_DCtx **dctx, const uint8_t *s, size_t slen, size_t raw_len,
+                      unsigned allowed_flags, uint8_t *scratch, size_t *k_out, unsigned *flags_out)
 {
     if (slen < SNAP_REC_PLANES_HEADER)
         return SNAP_READ_PLANES;
     size_t k = s[0];
     unsigned flags = s[1];
-    if ((k != 2 && k != 4 && k != 8) || (flags & ~(unsigned)SNAP_REC_PLANES_ROTATE))
+    if ((k != 2 && k != 4 && k != 8) || (flags & ~allowed_flags))
         return SNAP_READ_PLANES;
     size_t n = raw_len / k, tail = raw_len % k;
     size_t table = SNAP_REC_PLANES_HEADER + k * SNAP_REC_PLANE_ENTRY;
@@ -78,9 +81,48 @@ static int unplanes(ZSTD_DCtx **dctx, const uint8_t *s, size_t slen, uint8_t *ds
         pos += len;
     }
     memcpy(scratch + k * n, s + pos, tail);
+    *k_out = k;
+    *flags_out = flags;
+    return SNAP_OK;
+}
+
+/* Byte planes (CODEC_PLANES' stored bytes) -> dst[0:raw_len], the planes laid out in scratch
+ * first. */
+static int unplanes(ZSTD_DCtx **dctx, const uint8_t *s, size_t slen, uint8_t *dst,
+                    size_t raw_len, uint8_t *scratch)
+{
+    size_t k;
+    unsigned flags;
+    int rc = lay_planes(dctx, s, slen, raw_len, SNAP_REC_PLANES_ROTATE, scratch, &k, &flags);
+    if (rc != SNAP_OK)
+        return rc;
     return snap_join_planes(scratch, raw_len, k,
                             (flags & SNAP_REC_PLANES_ROTATE) ? SNAP_PLANES_ROTATE : 0,
                             dst, raw_len) == SNAP_OK ? SNAP_OK : SNAP_READ_PLANES;
+}
+
+/* Delta planes (CODEC_DELTA_PLANES' stored bytes: the base's id, the depth, then a plane
+ * section with flags 0) applied in place to dst[0:raw_len], which holds the base's raw bytes:
+ * the record must name base_id, the base the caller put there. */
+static int undelta(ZSTD_DCtx **dctx, const uint8_t *s, size_t slen, uint8_t *dst,
+                   size_t raw_len, uint8_t *scratch, const uint8_t *base_id)
+{
+    static const uint8_t none[SNAP_REC_CHUNK_ID];
+    if (slen < SNAP_REC_DELTA_HEADER)
+        return SNAP_READ_PLANES;
+    if (memcmp(base_id, none, SNAP_REC_CHUNK_ID) == 0 ||
+        memcmp(s, base_id, SNAP_REC_CHUNK_ID) != 0)
+        return SNAP_READ_BASE;
+    if (s[SNAP_REC_CHUNK_ID] == 0)
+        return SNAP_READ_PLANES;
+    size_t k;
+    unsigned flags;
+    int rc = lay_planes(dctx, s + SNAP_REC_DELTA_HEADER, slen - SNAP_REC_DELTA_HEADER, raw_len,
+                        0, scratch, &k, &flags);
+    if (rc != SNAP_OK)
+        return rc;
+    return snap_delta_join_planes(scratch, dst, raw_len, k, SNAP_DELTA_SUB, dst,
+                                  raw_len) == SNAP_OK ? SNAP_OK : SNAP_READ_PLANES;
 }
 
 static int read_one(ZSTD_DCtx **dctx, const uint8_t *rec, const snap_chunk_read *r,
@@ -112,14 +154,20 @@ static int read_one(ZSTD_DCtx **dctx, const uint8_t *rec, const snap_chunk_read 
         memcpy(dst, stored, raw_len);
         return SNAP_OK;
     case SNAP_REC_CODEC_ZSTD:
-    case SNAP_REC_CODEC_PLANES: {
+    case SNAP_REC_CODEC_PLANES:
+    case SNAP_REC_CODEC_DELTA_PLANES: {
         if (raw_len > scratch_cap)
             return SNAP_READ_SCRATCH;
-        int rc = rec[5] == SNAP_REC_CODEC_ZSTD ? unzstd(dctx, stored, slen, scratch, raw_len)
-                                                : unplanes(dctx, stored, slen, dst, raw_len,
-                                                           scratch);
-        if (rc == SNAP_OK && rec[5] == SNAP_REC_CODEC_ZSTD)
-            memcpy(dst, scratch, raw_len);
+        int rc;
+        if (rec[5] == SNAP_REC_CODEC_ZSTD) {
+            rc = unzstd(dctx, stored, slen, scratch, raw_len);
+            if (rc == SNAP_OK)
+                memcpy(dst, scratch, raw_len);
+        } else if (rec[5] == SNAP_REC_CODEC_PLANES) {
+            rc = unplanes(dctx, stored, slen, dst, raw_len, scratch);
+        } else {
+            rc = undelta(dctx, stored, slen, dst, raw_len, scratch, r->base_id);
+        }
         return rc;
     }
     default:

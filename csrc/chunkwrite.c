@@ -8,7 +8,11 @@
  * the stored bytes. Byte planes (CODEC_PLANES: the chunk's items rotated left one bit and split
  * into planes by snap_split_planes; each plane one zstd frame where that frame is shorter than
  * n - n/32 of the plane's n bytes, else the plane as it is) when at least one plane packed and
- * the whole coding is shorter than raw_len - raw_len/32; else the raw bytes (CODEC_RAW). Those
+ * the whole coding is shorter than raw_len - raw_len/32; else the raw bytes (CODEC_RAW). A
+ * chunk given a base (the previous version of the same bytes, format 5's CODEC_DELTA_PLANES:
+ * planned, not yet written by the engine) is first coded as the planes of its items' zigzag
+ * differences to the base's (snap_delta_split_planes, SNAP_DELTA_SUB), behind the base's id
+ * and the chunk's depth, by the same rules; where that does not pay, as above. Those
  * are the rules of snapstore/engine/writer.py's encode_chunk, which calls this; the layout is
  * docs/design.md's "Segment files" (SNAP_REC_* mirror snapstore/engine/format.py) and
  * snap_read_chunks reads it back.
@@ -96,23 +100,22 @@ static size_t pack_plane(const plane_coders *z, const uint8_t *plane, size_t n, 
     return other;
 }
 
-/* The stored bytes of the planes coding of chunk[0:raw_len] into s (room for the plane table
- * and raw_len bytes): their length, or 0 when no plane packed or the coding is not shorter
- * than raw_len - raw_len/32 (then s holds garbage). *packed gets the zstd planes' bits. The
- * planes are split straight into their places in s as if all stayed raw; a packed plane's
- * frame (made in scratch) then takes its place, and what follows moves down: a raw plane is
- * never copied when no plane before it packed (a float's packed plane is its last). */
-static size_t planes_coding(const plane_coders *z, const uint8_t *chunk, size_t raw_len,
-                            size_t k, unsigned try_planes, uint8_t *s, uint8_t *scratch,
-                            unsigned *packed)
+/* Packs the planes laid out at s + table (the plane table's place; raw_len bytes: k planes
+ * of raw_len / k bytes, then the tail) in place: writes the plane table (item size, flags, per
+ * plane how stored and its length) at s and returns the section's length. *packed gets the
+ * zstd planes' bits. A packed plane's frame (made in scratch) takes the plane's place and what
+ * follows moves down: a raw plane is never copied when no plane before it packed (a float's
+ * packed plane is its last). */
+static size_t pack_laid_planes(const plane_coders *z, uint8_t *s, size_t raw_len, size_t k,
+                               unsigned flags, unsigned try_planes, uint8_t *scratch,
+                               unsigned *packed)
 {
     size_t n = raw_len / k, tail = raw_len % k;
     size_t table = SNAP_REC_PLANES_HEADER + k * SNAP_REC_PLANE_ENTRY;
     uint8_t *laid = s + table;
     *packed = 0;
-    snap_split_planes(chunk, raw_len, k, SNAP_PLANES_ROTATE, laid, raw_len);
     s[0] = (uint8_t)k;
-    s[1] = SNAP_REC_PLANES_ROTATE;
+    s[1] = (uint8_t)flags;
     size_t pos = table;                 /* never past plane j's own place: <= table + j * n */
     size_t keep = n - n / 32;           /* a zstd plane must be shorter than this */
     for (size_t j = 0; j < k; j++) {
@@ -136,10 +139,46 @@ static size_t planes_coding(const plane_coders *z, const uint8_t *chunk, size_t 
     }
     if (tail && s + pos != laid + k * n)
         memmove(s + pos, laid + k * n, tail);
-    pos += tail;
-    if (*packed == 0 || pos >= raw_len - raw_len / 32)
+    return pos + tail;
+}
+
+/* The stored bytes of the planes coding of chunk[0:raw_len] into s (room for the plane table
+ * and raw_len bytes): their length, or 0 when no plane packed or the coding is not shorter
+ * than raw_len - raw_len/32 (then s holds garbage). The planes are split straight into their
+ * places in s as if all stayed raw, then packed. */
+static size_t planes_coding(const plane_coders *z, const uint8_t *chunk, size_t raw_len,
+                            size_t k, unsigned try_planes, uint8_t *s, uint8_t *scratch,
+                            unsigned *packed)
+{
+    size_t table = SNAP_REC_PLANES_HEADER + k * SNAP_REC_PLANE_ENTRY;
+    snap_split_planes(chunk, raw_len, k, SNAP_PLANES_ROTATE, s + table, raw_len);
+    size_t len = pack_laid_planes(z, s, raw_len, k, SNAP_REC_PLANES_ROTATE, try_planes, scratch,
+                                  packed);
+    if (*packed == 0 || len >= raw_len - raw_len / 32)
         return 0;
-    return pos;
+    return len;
+}
+
+/* The stored bytes of the delta planes coding of chunk c against its base into s (room for
+ * the delta header, the plane table and raw_len bytes): the base's id and c's depth, then the
+ * planes of zigzag(item - base item) (SNAP_DELTA_SUB; the tail XOR the base's) packed as
+ * planes_coding packs. Their length, or 0 when the coding is not shorter than raw_len -
+ * raw_len/32 (then s holds garbage). */
+static size_t delta_coding(const plane_coders *z, const snap_chunk_write *c, size_t k,
+                           unsigned try_delta, uint8_t *s, uint8_t *scratch, unsigned *packed)
+{
+    size_t raw_len = c->raw_len;
+    size_t table = SNAP_REC_PLANES_HEADER + k * SNAP_REC_PLANE_ENTRY;
+    uint8_t *section = s + SNAP_REC_DELTA_HEADER;
+    memcpy(s, c->base_id, SNAP_REC_CHUNK_ID);
+    s[SNAP_REC_CHUNK_ID] = c->depth;
+    snap_delta_split_planes(c->src, c->base, raw_len, k, SNAP_DELTA_SUB, section + table,
+                            raw_len);
+    size_t len = SNAP_REC_DELTA_HEADER +
+                 pack_laid_planes(z, section, raw_len, k, 0, try_delta, scratch, packed);
+    if (*packed == 0 || len >= raw_len - raw_len / 32)
+        return 0;
+    return len;
 }
 
 /* The record header and chunk prefix of chunk c, whose stored bytes (slen of them, after the
@@ -188,18 +227,20 @@ int snap_raw_record_heads(snap_chunk_write *chunks, size_t n, uint8_t *out, size
 }
 
 int snap_write_chunks(snap_chunk_write *chunks, size_t n, size_t itemsize, unsigned try_planes,
-                      uint8_t *out, size_t out_cap, uint8_t *scratch, size_t scratch_cap,
-                      size_t *out_len)
+                      unsigned try_delta, uint8_t *out, size_t out_cap, uint8_t *scratch,
+                      size_t scratch_cap, size_t *out_len)
 {
     if (out_len == NULL || (n && chunks == NULL) || (out_cap && out == NULL) ||
         (scratch_cap && scratch == NULL))
         return SNAP_EINVAL;
     *out_len = 0;
-    if ((itemsize != 2 && itemsize != 4 && itemsize != 8) || try_planes >> itemsize)
+    if ((itemsize != 2 && itemsize != 4 && itemsize != 8) || try_planes >> itemsize ||
+        try_delta >> itemsize)
         return SNAP_EINVAL;
     if (overlaps(scratch, scratch_cap, out, out_cap))
         return SNAP_EINVAL;
     size_t need = 0;
+    int deltas = 0;
     for (size_t i = 0; i < n; i++) {      /* every chunk fits scratch and leaves out alone */
         const snap_chunk_write *c = &chunks[i];
         if ((c->raw_len && c->src == NULL) || c->raw_len > scratch_cap ||
@@ -207,12 +248,16 @@ int snap_write_chunks(snap_chunk_write *chunks, size_t n, size_t itemsize, unsig
             overlaps(c->src, c->raw_len, out, out_cap) ||
             overlaps(c->src, c->raw_len, scratch, scratch_cap))
             return SNAP_EINVAL;
+        if (c->base != NULL && (c->depth == 0 || overlaps(c->base, c->raw_len, out, out_cap) ||
+                                overlaps(c->base, c->raw_len, scratch, scratch_cap)))
+            return SNAP_EINVAL;
+        deltas |= c->base != NULL && c->raw_len > 0;
         need += SNAP_REC_WRITE_SLACK + (size_t)c->raw_len;
     }
     if (need > out_cap)
         return SNAP_ESPACE;
     plane_coders z = {NULL, NULL};
-    if (n && try_planes) {
+    if (n && (try_planes || (try_delta && deltas))) {
         if ((z.matching = matching_cctx()) == NULL)
             return SNAP_ENOMEM;
         z.literals = literals_cctx();
@@ -224,10 +269,18 @@ int snap_write_chunks(snap_chunk_write *chunks, size_t n, size_t itemsize, unsig
         uint8_t *stored = payload + SNAP_REC_CHUNK_PREFIX;
         unsigned packed = 0;
         size_t slen = 0;
-        if (try_planes)
+        c->codec = SNAP_REC_CODEC_RAW;
+        if (c->base != NULL && try_delta && c->raw_len) {
+            slen = delta_coding(&z, c, itemsize, try_delta, stored, scratch, &packed);
+            if (slen)
+                c->codec = SNAP_REC_CODEC_DELTA_PLANES;
+        }
+        if (slen == 0 && try_planes) {
             slen = planes_coding(&z, c->src, c->raw_len, itemsize, try_planes, stored,
                                  scratch, &packed);
-        c->codec = slen ? SNAP_REC_CODEC_PLANES : SNAP_REC_CODEC_RAW;
+            if (slen)
+                c->codec = SNAP_REC_CODEC_PLANES;
+        }
         if (slen == 0) {
             packed = 0;
             if (c->raw_len)

@@ -316,6 +316,12 @@ int snap_pagemap_scan(int pagemap_fd, uint64_t start, uint64_t end,
 #define SNAP_REC_PLANES_ROTATE  1u
 #define SNAP_REC_PLANE_RAW      0u
 #define SNAP_REC_PLANE_ZSTD     1u
+/* Delta planes (CODEC_DELTA_PLANES, format 5, planned: no segment version may hold it yet;
+ * docs/floatcodec.md "Decided (stop 37)"): the stored bytes open with the base chunk's id and
+ * the chunk's depth (1: its base is stored whole), then a plane table and planes laid out as
+ * CODEC_PLANES', flags 0, whose planes are snap_delta_split_planes(chunk, base, SNAP_DELTA_SUB). */
+#define SNAP_REC_CODEC_DELTA_PLANES 3u
+#define SNAP_REC_DELTA_HEADER   33u  /* base chunk id, u8 depth */
 
 /* Why a read failed (snap_chunk_read.status after SNAP_EDATA). */
 #define SNAP_READ_HEADER    1   /* bad magic, not a chunk record, unknown codec, flags/reserved set */
@@ -326,6 +332,7 @@ int snap_pagemap_scan(int pagemap_fd, uint64_t start, uint64_t end,
 #define SNAP_READ_PLANES    6   /* bad plane table (item size, flags, kinds, lengths) */
 #define SNAP_READ_SCRATCH   7   /* scratch smaller than the chunk's raw length */
 #define SNAP_READ_NOMEM     8   /* zstd could not allocate its decompression context */
+#define SNAP_READ_BASE      9   /* a delta record whose base is not the one the read names */
 
 /* One chunk record to read: where it lies in src, where its bytes go in dst, and what the
  * index says it is. */
@@ -335,12 +342,16 @@ typedef struct snap_chunk_read {
     uint32_t stored_len;     /* the record's payload length (chunk prefix + stored bytes) */
     uint32_t raw_len;        /* the chunk's raw length */
     uint8_t chunk_id[32];
+    uint8_t base_id[32];     /* a delta record's base: the chunk whose raw bytes the caller put
+                                at dst[dst_off:dst_off + raw_len] already (all zero: none, and
+                                a delta record there fails with SNAP_READ_BASE) */
     int32_t status;          /* out: SNAP_OK, or a SNAP_READ_* reason */
 } snap_chunk_read;
 
 /* snap_read_chunks: checks and decodes reads[0:n] in order (see chunkread.c for the checks):
  * each record's raw bytes go to dst[dst_off:dst_off + raw_len], written only once that record
- * passed every check. Stops at the first record that fails: SNAP_EDATA, *n_done its index and
+ * passed every check; a delta record's are rebuilt in place over its base's bytes there (an
+ * earlier read of the same call may have put them). Stops at the first record that fails: SNAP_EDATA, *n_done its index and
  * its status the reason (the reads before it are done). Allocates a zstd context per call.
  *   scratch      work space of scratch_cap bytes, at least the largest raw_len of a coded
  *                (zstd or planes) chunk; may be NULL when scratch_cap is 0.
@@ -351,37 +362,43 @@ int snap_read_chunks(const uint8_t *src, size_t src_len, uint8_t *dst, size_t ds
                      size_t *n_done);
 
 /* Room a chunk record may need in snap_write_chunks' out beyond the chunk's raw length: the
- * record header, the chunk prefix and a plane table of 8 planes. */
+ * record header, the chunk prefix, a delta header and a plane table of 8 planes. */
 #define SNAP_REC_WRITE_SLACK    (SNAP_REC_HEADER + SNAP_REC_CHUNK_PREFIX + \
-                                 SNAP_REC_PLANES_HEADER + 8u * SNAP_REC_PLANE_ENTRY)
+                                 SNAP_REC_DELTA_HEADER + SNAP_REC_PLANES_HEADER + \
+                                 8u * SNAP_REC_PLANE_ENTRY)
 
 /* One chunk to encode: its raw bytes and id in, where its record went and how it is coded
  * out. */
 typedef struct snap_chunk_write {
     const uint8_t *src;      /* the chunk's raw_len bytes */
+    const uint8_t *base;     /* NULL, or raw_len bytes of the base chunk to code a delta against */
     uint64_t out_off;        /* out: its record's offset in out */
     uint32_t raw_len;
     uint32_t stored_len;     /* out: the record's payload length (chunk prefix + stored bytes) */
     uint8_t chunk_id[32];    /* the BLAKE3-256 of the raw bytes (written into the prefix) */
-    uint8_t codec;           /* out: SNAP_REC_CODEC_PLANES or SNAP_REC_CODEC_RAW */
+    uint8_t base_id[32];     /* with base: the base chunk's id (written, not checked) */
+    uint8_t codec;           /* out: SNAP_REC_CODEC_DELTA_PLANES, _PLANES or _RAW */
     uint8_t packed;          /* out: bit j set when plane j is stored as a zstd frame */
-    uint8_t reserved[6];
+    uint8_t depth;           /* with base: the chunk's depth, 1 + the base's (1..255) */
+    uint8_t reserved[5];
 } snap_chunk_write;
 
 /* snap_write_chunks: encodes chunks[0:n] (items of itemsize bytes, 2, 4 or 8, aligned to each
  * chunk's start) as complete chunk records laid back to back in out, in order (see
- * chunkwrite.c for the coding rules): CODEC_PLANES with the planes of bits try_planes tried
- * as zstd frames, or CODEC_RAW (always, when try_planes is 0). *out_len gets the bytes used.
+ * chunkwrite.c for the coding rules): for a chunk with a base, CODEC_DELTA_PLANES with the
+ * delta planes of bits try_delta tried as zstd frames where that pays; else CODEC_PLANES with
+ * the planes of bits try_planes tried, or CODEC_RAW (always, when try_planes is 0 and no delta
+ * paid). *out_len gets the bytes used.
  *   out_cap      at least the sum of SNAP_REC_WRITE_SLACK + raw_len over the chunks.
  *   scratch      work space of at least the largest raw_len.
- * Allocates a zstd context per call (when try_planes is nonzero).
+ * Allocates zstd contexts per call (when try_planes or try_delta is nonzero).
  * Errors: SNAP_EINVAL (a NULL pointer with a nonzero length, an item size other than 2, 4 or 8,
- * try_planes bits at or above itemsize, a chunk larger than scratch, a chunk, out and scratch
- * overlapping), SNAP_ESPACE (out_cap too small), SNAP_ENOMEM; nothing is
- * written then. */
+ * try_planes or try_delta bits at or above itemsize, a chunk larger than scratch, a chunk or
+ * base overlapping out or scratch, out and scratch overlapping, a base with depth 0),
+ * SNAP_ESPACE (out_cap too small), SNAP_ENOMEM; nothing is written then. */
 int snap_write_chunks(snap_chunk_write *chunks, size_t n, size_t itemsize, unsigned try_planes,
-                      uint8_t *out, size_t out_cap, uint8_t *scratch, size_t scratch_cap,
-                      size_t *out_len);
+                      unsigned try_delta, uint8_t *out, size_t out_cap, uint8_t *scratch,
+                      size_t scratch_cap, size_t *out_len);
 
 /* snap_raw_record_heads: for each of chunks[0:n] (src, raw_len, chunk_id given) the head of its
  * raw chunk record, SNAP_REC_RAW_HEAD bytes at out + i * SNAP_REC_RAW_HEAD (= out_off): the

@@ -852,9 +852,11 @@ READ_REASONS = {
     int(lib.SNAP_READ_PLANES): "damaged byte-plane table",
     int(lib.SNAP_READ_SCRATCH): "scratch smaller than the chunk",
     int(lib.SNAP_READ_NOMEM): "zstd could not allocate its context",
+    int(lib.SNAP_READ_BASE): "a delta record whose base is not the one in place",
 }
 # snap_chunk_read as laid out by the C compiler (tests/unit/test_native_records.py checks it)
-_CHUNK_READ = struct.Struct("=QQII32si4x")
+_CHUNK_READ = struct.Struct("=QQII32s32si4x")
+_NO_BASE = bytes(32)
 
 
 def read_chunks(src, out, reads: Sequence[Tuple[int, int, int, int, bytes]],
@@ -866,7 +868,11 @@ def read_chunks(src, out, reads: Sequence[Tuple[int, int, int, int, bytes]],
         out: the writable destination.
         reads: (src_off, dst_off, stored_len, raw_len, chunk_id) per record: the record's
             header at src[src_off:], its payload of stored_len bytes (as the index records),
-            its chunk of raw_len bytes into out[dst_off:dst_off + raw_len].
+            its chunk of raw_len bytes into out[dst_off:dst_off + raw_len]; or the same with
+            a sixth item, base_id: for a delta record (format 5, planned), the id of its base
+            chunk, whose raw bytes are at out[dst_off:dst_off + raw_len] already (a read
+            before it in the same call may put them there); it is rebuilt in place over them.
+            A delta record read without its base_id fails (reason SNAP_READ_BASE).
         scratch: writable work space of at least the largest raw_len (default: allocated);
             one per thread that calls this at the same time.
     Returns:
@@ -879,17 +885,25 @@ def read_chunks(src, out, reads: Sequence[Tuple[int, int, int, int, bytes]],
     """
     src_v = _typed_view(src, "src")
     dst = _typed_view(out, "out", writable=True)
-    shape = "(src_off, dst_off, stored_len, raw_len, 32-byte chunk id) tuples"
+    shape = "(src_off, dst_off, stored_len, raw_len, 32-byte chunk id[, 32-byte base id]) tuples"
     reads = _sequence(reads, "reads", shape)
     n = len(reads)
     packed = bytearray(_CHUNK_READ.size * n)
     pack = _CHUNK_READ.pack_into
     size = _CHUNK_READ.size
     try:
-        for i, (src_off, dst_off, stored_len, raw_len, chunk_id) in enumerate(reads):
+        for i, read in enumerate(reads):
+            if len(read) == 5:
+                src_off, dst_off, stored_len, raw_len, chunk_id = read
+                base_id = _NO_BASE
+            else:
+                src_off, dst_off, stored_len, raw_len, chunk_id, base_id = read
             if type(chunk_id) is not bytes or len(chunk_id) != 32:
                 raise errors.InvalidArgumentError(f"reads[{i}]: a chunk id is 32 bytes")
-            pack(packed, i * size, src_off, dst_off, stored_len, raw_len, chunk_id, 0)
+            if type(base_id) is not bytes or len(base_id) != 32:
+                raise errors.InvalidArgumentError(f"reads[{i}]: a base id is 32 bytes")
+            pack(packed, i * size, src_off, dst_off, stored_len, raw_len, chunk_id, base_id,
+                 0)
     except errors.InvalidArgumentError:
         raise
     except (struct.error, TypeError, ValueError) as exc:
@@ -903,7 +917,7 @@ def read_chunks(src, out, reads: Sequence[Tuple[int, int, int, int, bytes]],
                               n, _ptr(work, True), len(work), done)
     if rc == lib.SNAP_EDATA:
         i = int(done[0])
-        return i, _CHUNK_READ.unpack_from(packed, i * size)[5]
+        return i, _CHUNK_READ.unpack_from(packed, i * size)[6]
     check(rc, "snap_read_chunks")
     return n, 0
 
@@ -912,20 +926,27 @@ def read_chunks(src, out, reads: Sequence[Tuple[int, int, int, int, bytes]],
 RECORD_WRITE_SLACK = int(lib.SNAP_REC_WRITE_SLACK)
 RAW_RECORD_HEAD = int(lib.SNAP_REC_RAW_HEAD)     # a raw chunk record's header and prefix
 # snap_chunk_write as laid out by the C compiler (tests/unit/test_native_records.py checks it)
-_CHUNK_WRITE = struct.Struct("=QQII32sBB6x")
+_CHUNK_WRITE = struct.Struct("=QQQII32s32sBBB5x")
 
 
-def write_chunks(chunks: Sequence[Tuple[object, bytes]], itemsize: int, try_planes: int,
-                 out=None, scratch=None) -> Tuple[memoryview, List[Tuple[int, int, int, int]]]:
+def write_chunks(chunks: Sequence[tuple], itemsize: int, try_planes: int,
+                 out=None, scratch=None, try_delta: int = 0
+                 ) -> Tuple[memoryview, List[Tuple[int, int, int, int]]]:
     """Encodes chunks of items as complete chunk records, back to back (snap_write_chunks),
-    without the GIL: byte planes (the planes of bits try_planes tried as zstd frames) where
-    they pay, else the raw bytes.
+    without the GIL: for a chunk given a base, delta planes (the planes of bits try_delta
+    tried as zstd frames) where they pay; else byte planes (the planes of bits try_planes
+    tried) where they pay; else the raw bytes.
 
     Args:
         chunks: (data, chunk_id) per chunk: its raw bytes (a C-contiguous buffer) and its
-            32-byte id (the BLAKE3 of those bytes; written, not checked).
+            32-byte id (the BLAKE3 of those bytes; written, not checked); or (data, chunk_id,
+            base, base_id, depth): base the raw bytes of the chunk's previous version (as many
+            as data), base_id its 32-byte id, depth 1..255 the chunk's (1 + the base's):
+            CODEC_DELTA_PLANES (format 5, planned: no segment holds it yet).
         itemsize: bytes per item, 2, 4 or 8.
-        try_planes: a bit mask of the planes to try to compress (0: every chunk raw).
+        try_planes: a bit mask of the planes to try to compress (0: every chunk raw unless
+            its delta pays).
+        try_delta: a bit mask of the delta planes to try to compress (0: no delta).
         out: writable buffer for the records, at least the sum of RECORD_WRITE_SLACK +
             len(data) over the chunks (default: allocated).
         scratch: writable work space of at least the largest chunk (default: allocated); one
@@ -941,15 +962,16 @@ def write_chunks(chunks: Sequence[Tuple[object, bytes]], itemsize: int, try_plan
     """
     k = _itemsize_arg(itemsize)
     mask = _int_arg(try_planes, "try_planes", 1 << 32, "an int")
-    packed, pointers, sizes = _chunk_writes(chunks)
+    delta_mask = _int_arg(try_delta, "try_delta", 1 << 32, "an int")
+    packed, pointers, sizes = _chunk_writes(chunks, bases=True)
     n = len(sizes)
     work = _given_or_new(scratch, max(sizes, default=0), "scratch")
     dst = _given_or_new(out, sum(sizes) + n * RECORD_WRITE_SLACK, "out")
     used = ffi.new("size_t *")
     check(lib.snap_write_chunks(ffi.from_buffer("snap_chunk_write[]", packed,
                                                 require_writable=True),
-                                n, k, mask, _ptr(dst, True), len(dst), _ptr(work, True),
-                                len(work), used), "snap_write_chunks")
+                                n, k, mask, delta_mask, _ptr(dst, True), len(dst),
+                                _ptr(work, True), len(work), used), "snap_write_chunks")
     del pointers
     return dst[:used[0]], _chunk_write_results(packed)
 
@@ -983,18 +1005,23 @@ def raw_record_heads(chunks: Sequence[Tuple[object, bytes]], out=None
     return dst[:n * RAW_RECORD_HEAD], _chunk_write_results(packed)
 
 
-def _chunk_writes(chunks: Sequence[Tuple[object, bytes]]) -> Tuple[bytearray, list, list]:
+def _chunk_writes(chunks: Sequence[tuple], bases: bool = False
+                  ) -> Tuple[bytearray, list, list]:
     """(the snap_chunk_write array of chunks, packed; the buffers it points into, to keep
-    alive until the call returns; the chunks' sizes). Raises as write_chunks."""
+    alive until the call returns; the chunks' sizes). With bases, a chunk may also be a
+    (data, chunk id, base, base id, depth) tuple. Raises as write_chunks."""
     size = _CHUNK_WRITE.size
-    chunks = _sequence(chunks, "chunks", "(data, 32-byte chunk id) pairs")
+    one = ("a (data, 32-byte chunk id) pair or a (data, chunk id, base, base id, depth) tuple"
+           if bases else "a (data, 32-byte chunk id) pair")
+    chunks = _sequence(chunks, "chunks", "(data, 32-byte chunk id) pairs" +
+                       (" or (data, chunk id, base, base id, depth) tuples" if bases else ""))
     packed = bytearray(size * len(chunks))
     pointers, sizes = [], []
     for i, item in enumerate(chunks):
-        if not isinstance(item, (tuple, list)) or len(item) != 2:
+        if not isinstance(item, (tuple, list)) or len(item) not in ((2, 5) if bases else (2,)):
             raise errors.InvalidArgumentTypeError(
-                f"chunks[{i}]: expected a (data, 32-byte chunk id) pair, got {item!r:.60}")
-        data, chunk_id = item
+                f"chunks[{i}]: expected {one}, got {item!r:.60}")
+        data, chunk_id = item[0], item[1]
         view = _typed_view(data, f"chunks[{i}]")
         if not isinstance(chunk_id, bytes) or len(chunk_id) != 32:
             raise errors.InvalidArgumentError(f"chunks[{i}]: a chunk id is 32 bytes")
@@ -1003,8 +1030,25 @@ def _chunk_writes(chunks: Sequence[Tuple[object, bytes]]) -> Tuple[bytearray, li
         ptr = _ptr(view)
         pointers.append(ptr)
         sizes.append(len(view))
-        _CHUNK_WRITE.pack_into(packed, i * size, int(ffi.cast("uintptr_t", ptr)), 0,
-                               len(view), 0, chunk_id, 0, 0)
+        base_addr, base_id, depth = 0, _NO_BASE, 0
+        if len(item) == 5:
+            base, base_id, depth = item[2], item[3], item[4]
+            base_view = _typed_view(base, f"chunks[{i}] base")
+            if len(base_view) != len(view):
+                raise errors.InvalidArgumentError(
+                    f"chunks[{i}]: a base is as long as its chunk ({len(view)} bytes), got "
+                    f"{len(base_view)}")
+            if not isinstance(base_id, bytes) or len(base_id) != 32:
+                raise errors.InvalidArgumentError(f"chunks[{i}]: a base id is 32 bytes")
+            depth = _int_arg(depth, f"chunks[{i}] depth", 256, "an int")
+            if depth < 1:
+                raise errors.InvalidArgumentError(
+                    f"chunks[{i}]: a delta's depth is 1..255, got {depth}")
+            base_ptr = _ptr(base_view)
+            pointers.append(base_ptr)
+            base_addr = int(ffi.cast("uintptr_t", base_ptr))
+        _CHUNK_WRITE.pack_into(packed, i * size, int(ffi.cast("uintptr_t", ptr)), base_addr,
+                               0, len(view), 0, chunk_id, base_id, 0, 0, depth)
     return packed, pointers, sizes
 
 
@@ -1012,4 +1056,5 @@ def _chunk_write_results(packed: bytearray) -> List[Tuple[int, int, int, int]]:
     """Per chunk of a snap_chunk_write array after the call: (out_off, stored_len, codec,
     packed planes)."""
     return [(off, stored_len, codec, planes)
-            for _, off, _, stored_len, _, codec, planes in _CHUNK_WRITE.iter_unpack(packed)]
+            for _, _, off, _, stored_len, _, _, codec, planes, _ in
+            _CHUNK_WRITE.iter_unpack(packed)]

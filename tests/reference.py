@@ -248,3 +248,25 @@ def planes_chunk(stored: bytes, raw_len: int) -> bytes:
         planes += piece if how == 0 else zstandard.ZstdDecompressor().decompress(piece)
     assert len(planes) == n * itemsize and len(stored) - pos == tail
     return join_planes(planes + stored[pos:], itemsize, rotate=bool(flags & 1))
+
+
+def delta_planes_chunk(stored: bytes, raw_len: int, base: bytes) -> Tuple[bytes, bytes, int]:
+    """(raw bytes, base id, depth) of a CODEC_DELTA_PLANES chunk record's stored bytes (format
+    5, planned; written out by hand from docs/design.md): the base chunk's 32-byte id and a u8
+    depth, then a plane section laid out as CODEC_PLANES' with flags 0, whose planes are those
+    of zigzag(item - base item) over little-endian words, the tail bytes XOR the base's."""
+    import zstandard
+    base_id, depth = stored[:32], stored[32]
+    section = stored[33:]
+    itemsize, flags = struct.unpack_from("<BB", section, 0)
+    assert flags == 0
+    n, tail = divmod(raw_len, itemsize)
+    table = [struct.unpack_from("<BI", section, 2 + 5 * j) for j in range(itemsize)]
+    pos = 2 + 5 * itemsize
+    planes = b""
+    for how, length in table:
+        piece = section[pos:pos + length]
+        pos += length
+        planes += piece if how == 0 else zstandard.ZstdDecompressor().decompress(piece)
+    assert len(planes) == n * itemsize and len(section) - pos == tail
+    return delta_join_planes(planes + section[pos:], base, itemsize, DELTA_SUB), base_id, depth

@@ -123,6 +123,16 @@ PLANES_ROTATE = 1                            # flag: items rotated left one bit 
 PLANE_RAW = 0
 PLANE_ZSTD = 1
 
+# Delta planes: format 5, planned (docs/floatcodec.md, "Decided (stop 37)"). Not in CODECS nor
+# in any SEGMENT_CODECS entry: no segment may hold it yet, and every reader refuses it. The C
+# core codes and decodes it (snap_write_chunks, snap_read_chunks) so the engine can adopt it.
+# Stored bytes: DELTA_HEADER (the base chunk's id, the chunk's depth: 1 when its base is
+# stored whole), then a plane section laid out as CODEC_PLANES' with flags 0, whose planes
+# are those of zigzag(item - base item) over little-endian words (native.DELTA_SUB), the tail
+# bytes XOR the base's.
+CODEC_DELTA_PLANES = 3
+DELTA_HEADER = struct.Struct("<32sB")        # base chunk id, depth (1..255)
+
 CHUNK_ID_BYTES = 32                          # BLAKE3-256 of the uncompressed chunk
 CHUNK_PREFIX = struct.Struct("<32sI")        # chunk id, raw (uncompressed) length
 assert CHUNK_PREFIX.size == 36

@@ -30,11 +30,17 @@ def test_mirrored_layout_matches_format_py():
     assert lib.SNAP_REC_PLANE_ENTRY == fmt.PLANE_ENTRY.size
     assert lib.SNAP_REC_PLANES_ROTATE == fmt.PLANES_ROTATE
     assert (lib.SNAP_REC_PLANE_RAW, lib.SNAP_REC_PLANE_ZSTD) == (fmt.PLANE_RAW, fmt.PLANE_ZSTD)
+    assert lib.SNAP_REC_CODEC_DELTA_PLANES == fmt.CODEC_DELTA_PLANES
+    assert fmt.CODEC_DELTA_PLANES not in fmt.CODECS          # format 5: planned, not readable
+    assert all(fmt.CODEC_DELTA_PLANES not in c for c in fmt.SEGMENT_CODECS.values())
+    assert lib.SNAP_REC_DELTA_HEADER == fmt.DELTA_HEADER.size
+    assert lib.SNAP_DELTA_SUB == nat.DELTA_SUB
     assert ffi.sizeof("snap_chunk_read") == nat._CHUNK_READ.size
-    for field in ("src_off", "dst_off", "stored_len", "raw_len", "chunk_id", "status"):
+    for field in ("src_off", "dst_off", "stored_len", "raw_len", "chunk_id", "base_id",
+                  "status"):
         assert ffi.offsetof("snap_chunk_read", field) == \
             {"src_off": 0, "dst_off": 8, "stored_len": 16, "raw_len": 20, "chunk_id": 24,
-             "status": 56}[field]
+             "base_id": 56, "status": 88}[field]
 
 
 def test_a_record_the_writer_made_is_accepted():

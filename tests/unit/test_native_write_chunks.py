@@ -54,12 +54,14 @@ def read_back(records, results, chunks):
 
 
 def test_layout_matches_the_wrapper():
-    assert ffi.sizeof("snap_chunk_write") == nat._CHUNK_WRITE.size == 64
-    for field, at in (("src", 0), ("out_off", 8), ("raw_len", 16), ("stored_len", 20),
-                      ("chunk_id", 24), ("codec", 56), ("packed", 57)):
+    assert ffi.sizeof("snap_chunk_write") == nat._CHUNK_WRITE.size == 104
+    for field, at in (("src", 0), ("base", 8), ("out_off", 16), ("raw_len", 24),
+                      ("stored_len", 28), ("chunk_id", 32), ("base_id", 64), ("codec", 96),
+                      ("packed", 97), ("depth", 98)):
         assert ffi.offsetof("snap_chunk_write", field) == at
     assert nat.RECORD_WRITE_SLACK == (fmt.RECORD_HEADER.size + fmt.CHUNK_PREFIX.size
-                                      + fmt.PLANES_HEADER.size + 8 * fmt.PLANE_ENTRY.size)
+                                      + fmt.DELTA_HEADER.size + fmt.PLANES_HEADER.size
+                                      + 8 * fmt.PLANE_ENTRY.size)
 
 
 @pytest.mark.parametrize("itemsize, dtype", [(2, np.float16), (4, np.float32), (8, np.float64)])
