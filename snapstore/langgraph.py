@@ -52,6 +52,7 @@ import hashlib
 import inspect
 import os
 import random
+import pickle
 import sys
 import threading
 import time
@@ -74,7 +75,7 @@ from snapstore.store import default_durability
 from snapstore.store import open as open_store
 from snapstore.engine.registry import SharedByPath
 from snapstore.errors import (CheckpointNotFound, CommitConflict, InvalidArgumentError,
-                              StoreClosedError)
+                              InvalidArgumentTypeError, ObjectSaveError, StoreClosedError)
 from snapstore.langgraph_streams import stream_key as _key
 from snapstore.langgraph_streams import thread_streams as _streams
 from snapstore.store import Store
@@ -167,20 +168,20 @@ def _read_values(store: Store, serde: Any, sid: int, entries: Mapping[Any, dict]
 def _config_ids(config: Any, *, need_id: bool = False) -> tuple[str, str, str | None]:
     """(thread_id, checkpoint_ns, checkpoint_id) of a config, type-checked."""
     if not isinstance(config, Mapping) or not isinstance(config.get("configurable"), Mapping):
-        raise TypeError("config must be a dict with a 'configurable' dict")
+        raise InvalidArgumentTypeError("config must be a dict with a 'configurable' dict")
     conf = config["configurable"]
     if "thread_id" not in conf:
-        raise ValueError("config['configurable'] needs a 'thread_id'")
+        raise InvalidArgumentError("config['configurable'] needs a 'thread_id'")
     thread_id = conf["thread_id"]
     _check_thread_id(thread_id)
     ns = conf.get("checkpoint_ns", "") or ""
     if not isinstance(ns, str):
-        raise TypeError(f"checkpoint_ns must be a str, got {type(ns).__name__}")
+        raise InvalidArgumentTypeError(f"checkpoint_ns must be a str, got {type(ns).__name__}")
     checkpoint_id = conf.get("checkpoint_id") or None
     if checkpoint_id is not None and not isinstance(checkpoint_id, str):
-        raise TypeError(f"checkpoint_id must be a str, got {type(checkpoint_id).__name__}")
+        raise InvalidArgumentTypeError(f"checkpoint_id must be a str, got {type(checkpoint_id).__name__}")
     if need_id and checkpoint_id is None:
-        raise ValueError("config['configurable'] needs a 'checkpoint_id' (the checkpoint the "
+        raise InvalidArgumentError("config['configurable'] needs a 'checkpoint_id' (the checkpoint the "
                          "writes belong to)")
     return thread_id, ns, checkpoint_id
 
@@ -192,16 +193,16 @@ def _before_id(before: Any) -> str | None:
     if before is None:
         return None
     if not isinstance(before, Mapping) or not isinstance(before.get("configurable"), Mapping):
-        raise TypeError("before must be a dict with a 'configurable' dict")
+        raise InvalidArgumentTypeError("before must be a dict with a 'configurable' dict")
     checkpoint_id = before["configurable"].get("checkpoint_id") or None
     if checkpoint_id is not None and not isinstance(checkpoint_id, str):
-        raise TypeError(f"checkpoint_id must be a str, got {type(checkpoint_id).__name__}")
+        raise InvalidArgumentTypeError(f"checkpoint_id must be a str, got {type(checkpoint_id).__name__}")
     return checkpoint_id
 
 
 def _check_thread_id(thread_id: Any) -> str:
     if not isinstance(thread_id, str):
-        raise TypeError(f"thread_id must be a str, got {type(thread_id).__name__}")
+        raise InvalidArgumentTypeError(f"thread_id must be a str, got {type(thread_id).__name__}")
     return thread_id
 
 
@@ -465,7 +466,7 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
     def __init__(self, store: Store, *, serde: Any = None,
                  cache_bytes: int | None = None, forks: str = "marked") -> None:
         if not isinstance(store, Store):
-            raise TypeError(f"store must be a snapstore Store, got {type(store).__name__}")
+            raise InvalidArgumentTypeError(f"store must be a snapstore Store, got {type(store).__name__}")
         if not _is_open(store):
             raise StoreClosedError(f"store {store.path} is closed")
         if cache_bytes is not None and (isinstance(cache_bytes, bool)
@@ -495,9 +496,10 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         return f"<SnapstoreSaver {self.store.path!r} forks={self.forks!r}>"
 
     # ---- values -----------------------------------------------------------------------------
-    def _encode(self, value: Any) -> tuple[dict, Any]:
+    def _encode(self, value: Any, path: str) -> tuple[dict, Any]:
         """(entry, payload): payload is a bytes-like for the value's buffer, or None when the
-        value lives in the entry. Raw for bytes/bytearray/NumPy, else the serde."""
+        value lives in the entry. Raw for bytes/bytearray/NumPy, else the serde; a value the
+        serde cannot serialize is an ObjectSaveError naming path (nothing is written)."""
         if self._raw_ok:
             kind = type(value)
             if (kind is bytes or kind is bytearray) and len(value) > INLINE_MAX:
@@ -509,7 +511,13 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
                 flat = value.T if order == "F" else np.ascontiguousarray(value)
                 return ({"k": "n", "dt": value.dtype.str, "sh": list(value.shape), "o": order},
                         flat.reshape(-1).view(np.uint8))
-        typ, data = self.serde.dumps_typed(value)
+        try:
+            typ, data = self.serde.dumps_typed(value)
+        except (TypeError, ValueError, AttributeError, RecursionError, OverflowError,
+                pickle.PicklingError) as exc:
+            raise ObjectSaveError(f"{path}: LangGraph's serializer "
+                                  f"({type(self.serde).__name__}) cannot serialize a "
+                                  f"{type(value).__name__}: {exc}", path=path) from exc
         if len(data) <= INLINE_MAX:
             return {"k": "i", "t": typ, "d": _b64(data)}, None
         return {"k": "s", "t": typ, "n": len(data)}, data
@@ -634,9 +642,9 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
             ns = config["configurable"].get("checkpoint_ns")
         before_id = _before_id(before)
         if filter is not None and not isinstance(filter, Mapping):
-            raise TypeError("filter must be a dict of metadata key -> value")
+            raise InvalidArgumentTypeError("filter must be a dict of metadata key -> value")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
-            raise TypeError("limit must be an int or None")
+            raise InvalidArgumentTypeError("limit must be an int or None")
         return self._list(thread_id, ns, checkpoint_id, filter or {}, before_id, limit)
 
     def _list(self, thread_id, ns, checkpoint_id, filter, before_id, limit):
@@ -766,9 +774,9 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         """
         thread_id, ns, parent = _config_ids(config)
         if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("id"), str):
-            raise TypeError("checkpoint must be a Checkpoint dict with a str 'id'")
+            raise InvalidArgumentTypeError("checkpoint must be a Checkpoint dict with a str 'id'")
         if not isinstance(new_versions, Mapping):
-            raise TypeError("new_versions must be a dict of channel -> version")
+            raise InvalidArgumentTypeError("new_versions must be a dict of channel -> version")
         values = checkpoint.get("channel_values") or {}
         versions = checkpoint.get("channel_versions") or {}
         skeleton = {k: v for k, v in checkpoint.items() if k != "channel_values"}
@@ -823,7 +831,7 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
                 + [("x", c, v) for c, v in new_versions.items() if versions.get(c) != v]):
             if table == "x" or (channel in new_versions and new_versions[channel] == version):
                 if channel in values:
-                    entry, payload = self._encode(values[channel])
+                    entry, payload = self._encode(values[channel], f"channel {channel!r}")
                 else:
                     entry, payload = {"k": "e"}, None
             else:
@@ -859,16 +867,17 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         exactly once, from whichever worker stored it first."""
         thread_id, ns, checkpoint_id = _config_ids(config, need_id=True)
         if not isinstance(task_id, str):
-            raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
+            raise InvalidArgumentTypeError(f"task_id must be a str, got {type(task_id).__name__}")
         if not isinstance(task_path, str):
-            raise TypeError(f"task_path must be a str, got {type(task_path).__name__}")
+            raise InvalidArgumentTypeError(f"task_path must be a str, got {type(task_path).__name__}")
         items = []
         for i, write in enumerate(writes):
             channel, value = write
             if not isinstance(channel, str):
-                raise TypeError(f"write channel must be a str, got {type(channel).__name__}")
+                raise InvalidArgumentTypeError(f"write channel must be a str, got {type(channel).__name__}")
             items.append((WRITES_IDX_MAP.get(channel, i), channel, value))
-        encoded = [(idx, channel, *self._encode(value)) for idx, channel, value in items]
+        encoded = [(idx, channel, *self._encode(value, f"write {idx} to channel {channel!r}"))
+                   for idx, channel, value in items]
         stream = _streams(thread_id, ns)[1]
         last: BaseException | None = None
         for attempt in range(_ATTEMPTS):
@@ -932,7 +941,7 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         """Deletes the checkpoints whose metadata run_id is one of run_ids, with their
         pending writes, in every thread and namespace."""
         if isinstance(run_ids, (str, bytes)):
-            raise TypeError("run_ids must be a sequence of run ids, not one string")
+            raise InvalidArgumentTypeError("run_ids must be a sequence of run ids, not one string")
         wanted = set(run_ids)
         if not wanted:
             return
@@ -979,9 +988,9 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         """strategy "keep_latest" keeps each namespace's latest checkpoint (and its writes);
         "delete" deletes the threads."""
         if isinstance(thread_ids, (str, bytes)):
-            raise TypeError("thread_ids must be a sequence of thread ids, not one string")
+            raise InvalidArgumentTypeError("thread_ids must be a sequence of thread ids, not one string")
         if strategy not in ("keep_latest", "delete"):
-            raise ValueError(f"strategy must be 'keep_latest' or 'delete', got {strategy!r}")
+            raise InvalidArgumentError(f"strategy must be 'keep_latest' or 'delete', got {strategy!r}")
         thread_ids = [_check_thread_id(t) for t in thread_ids]
         with self._shared.lock:
             for thread_id in thread_ids:

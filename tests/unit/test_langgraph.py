@@ -19,7 +19,8 @@ from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT  # noqa: E402
 
 import snapstore  # noqa: E402
-from snapstore.errors import (CommitConflict, InvalidArgumentError, ReadOnlyError,  # noqa: E402
+from snapstore.errors import (CommitConflict, InvalidArgumentError,  # noqa: E402
+                              InvalidArgumentTypeError, ObjectSaveError, ReadOnlyError,
                               StoreClosedError, StoreLocked)
 from snapstore.langgraph import SnapstoreSaver  # noqa: E402
 
@@ -136,7 +137,7 @@ def test_put_get_list_and_parents(saver):
     # LangGraph's subgraph replay passes a `before` holding only the checkpoint id
     only_id = {"configurable": {"checkpoint_id": c2["configurable"]["checkpoint_id"]}}
     assert [t.config for t in saver.list(cfg(), before=only_id)] == [c1]
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentTypeError):
         list(saver.list(cfg(), before={"configurable": {"checkpoint_id": 5}}))
     assert len(list(saver.list(cfg(), limit=1))) == 1
     assert len(list(saver.list(None))) == 2
@@ -443,40 +444,42 @@ def test_from_path_option_mismatch_and_foreign_lock(tmp_path):
 
 # ---- bad input: clear errors, nothing written ----------------------------------------------------
 def test_bad_input(store, saver):
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentTypeError):
         SnapstoreSaver("not a store")
     good = Thread(saver).put({"a": 1})
     n = len(store.checkpoints())
     cp = saver.get_tuple(good).checkpoint
     for bad in (1, None, b"t", uuid.uuid4()):
-        with pytest.raises(TypeError, match="thread_id"):
+        with pytest.raises(InvalidArgumentTypeError, match="thread_id"):
             saver.put(cfg(bad), cp, {}, {})
-        with pytest.raises(TypeError, match="thread_id"):
+        with pytest.raises(InvalidArgumentTypeError, match="thread_id"):
             saver.get_tuple(cfg(bad))
-        with pytest.raises(TypeError, match="thread_id"):
+        with pytest.raises(InvalidArgumentTypeError, match="thread_id"):
             list(saver.list(cfg(bad)))
-        with pytest.raises(TypeError, match="thread_id"):
+        with pytest.raises(InvalidArgumentTypeError, match="thread_id"):
             saver.put_writes(cfg(bad, checkpoint_id="x"), [("a", 1)], "task")
-        with pytest.raises(TypeError):
+        with pytest.raises(InvalidArgumentTypeError):
             saver.delete_thread(bad)
-        with pytest.raises(TypeError):
+        with pytest.raises(InvalidArgumentTypeError):
             saver.copy_thread("t", bad)
-        with pytest.raises(TypeError):
+        with pytest.raises(InvalidArgumentTypeError):
             saver.prune([bad])
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidArgumentError):
         saver.put({"configurable": {}}, cp, {}, {})
-    with pytest.raises(ValueError, match="checkpoint_id"):
+    with pytest.raises(InvalidArgumentError, match="checkpoint_id"):
         saver.put_writes(cfg(), [("a", 1)], "task")
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentTypeError):
         saver.put_writes(good, [("a", 1)], 42)
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidArgumentError):
         saver.prune(["t"], strategy="most")
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentTypeError):
         saver.delete_for_runs("run-1")
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentTypeError):
         saver.put(cfg(), dict(cp, id=None), {}, {})
-    with pytest.raises(TypeError):                 # a value the serde cannot handle
+    with pytest.raises(ObjectSaveError, match="channel 'a'.*object"):  # the serde cannot
         saver.put(cfg(), dict(cp, channel_values={"a": object()}), {}, {"a": "2"})
+    with pytest.raises(ObjectSaveError, match="write 0 to channel 'a'"):
+        saver.put_writes(good, [("a", object())], "task")
     assert len(store.checkpoints()) == n
     store.close()
     with pytest.raises(StoreClosedError):
