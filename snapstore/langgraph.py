@@ -511,16 +511,21 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
                 flat = value.T if order == "F" else np.ascontiguousarray(value)
                 return ({"k": "n", "dt": value.dtype.str, "sh": list(value.shape), "o": order},
                         flat.reshape(-1).view(np.uint8))
+        typ, data = self._dumps(value, path)
+        if len(data) <= INLINE_MAX:
+            return {"k": "i", "t": typ, "d": _b64(data)}, None
+        return {"k": "s", "t": typ, "n": len(data)}, data
+
+    def _dumps(self, value: Any, path: str) -> tuple:
+        """serde.dumps_typed(value); a value it cannot serialize is an ObjectSaveError naming
+        path."""
         try:
-            typ, data = self.serde.dumps_typed(value)
+            return self.serde.dumps_typed(value)
         except (TypeError, ValueError, AttributeError, RecursionError, OverflowError,
                 pickle.PicklingError) as exc:
             raise ObjectSaveError(f"{path}: LangGraph's serializer "
                                   f"({type(self.serde).__name__}) cannot serialize a "
                                   f"{type(value).__name__}: {exc}", path=path) from exc
-        if len(data) <= INLINE_MAX:
-            return {"k": "i", "t": typ, "d": _b64(data)}, None
-        return {"k": "s", "t": typ, "n": len(data)}, data
 
     @staticmethod
     def _padded(entry: dict, payload: Any) -> Any:
@@ -781,8 +786,8 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         versions = checkpoint.get("channel_versions") or {}
         skeleton = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         merged = get_checkpoint_metadata(config, metadata)
-        ck = self.serde.dumps_typed(skeleton)
-        md = self.serde.dumps_typed(merged)
+        ck = self._dumps(skeleton, "checkpoint")
+        md = self._dumps(merged, "metadata")
         source = merged.get("source") if isinstance(merged, Mapping) else None
         stream = _streams(thread_id, ns)[0]
         last: BaseException | None = None

@@ -480,6 +480,8 @@ def test_bad_input(store, saver):
         saver.put(cfg(), dict(cp, channel_values={"a": object()}), {}, {"a": "2"})
     with pytest.raises(ObjectSaveError, match="write 0 to channel 'a'"):
         saver.put_writes(good, [("a", object())], "task")
+    with pytest.raises(ObjectSaveError, match="metadata"):
+        saver.put(cfg(), cp, {"x": object()}, {})
     assert len(store.checkpoints()) == n
     store.close()
     with pytest.raises(StoreClosedError):
