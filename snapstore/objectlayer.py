@@ -16,7 +16,7 @@ from typing import Any
 
 from snapstore.engine import format as fmt
 from snapstore.engine.validation import FLOAT_FORMATS
-from snapstore.errors import CheckpointNotFound, InvalidArgumentError, InvalidArgumentTypeError
+from snapstore.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = ["META_KEY", "ARRAYS_META_KEY", "DCP_META_KEY", "DCP_PART_KEY",
            "DCP_METADATA_BUFFER", "WORKFLOW_META_KEY",

@@ -30,7 +30,7 @@ import pickle
 import pickletools
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from snapstore.arrays import ARRAY_PREFIX, ARRAYS_META_KEY
 from snapstore.errors import CorruptionError

@@ -683,7 +683,6 @@ class Committer:
         if self._staging is None:
             self._staging = bytearray(wr.STAGING_BYTES)
         mark = log.position
-        claimed = None
         try:
             with self.index.read() as r:
                 head = r.stream_head(stream)

@@ -14,7 +14,7 @@ import threading
 from typing import Callable
 
 from snapstore import _native as native
-from snapstore.halves import start
+from snapstore import halves
 from snapstore.engine import chunks
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
@@ -301,7 +301,7 @@ def share_work(batches: list, work: Callable, threads: int,
                 for n in ready:
                     progress(n)
                     reported += n
-    helpers = [start(lambda: run(False)) for _ in range(threads - 1)]
+    helpers = [halves.start(lambda: run(False)) for _ in range(threads - 1)]
     try:
         run(True)
     finally:            # also when progress() raised: no batch is begun any more
