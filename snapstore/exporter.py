@@ -102,15 +102,20 @@ def export(store, name: Any, path, format: Optional[str] = None, *,
     Returns: ExportResult.
     Raises: ExportError (nothing written: no tensors, a dtype the format lacks, a name given
         twice, a sharded DCP tensor, the file exists, the format's library missing),
-        CheckpointNotFound, CorruptionError, OSError (writing the file).
+        InvalidArgumentError (path is a directory, a device, a FIFO or a socket: a file is
+        replaced by rename, and they are never replaced), CheckpointNotFound,
+        CorruptionError, StoreIOError (writing the file; it names path).
     """
     path = os.fspath(path)
     fmt = format if format is not None else format_for_path(path)
     if fmt not in FORMATS:
-        raise ExportError(f"unknown export format {format!r} for {path!r}: use one of "
-                          f"{', '.join(FORMATS)} (or a .safetensors/.pt/.npz/.snap file name)")
+        what = (f"unknown export format {format!r} for {path!r}" if format is not None
+                else f"no export format given, and {path!r} does not end in a format's suffix")
+        raise ExportError(f"{what}: use one of {', '.join(FORMATS)} (or a "
+                          f".safetensors/.pt/.npz/.snap file name)")
     if not force and os.path.lexists(path):
-        raise ExportError(f"{path} exists (use force=True / --force to replace it)")
+        raise ExportError(f"{path} exists (pass force=True, --force on the command line, to "
+                          f"replace it)")
     if fmt == "snap":
         saved = export_savepoint(store, name, path, force=force)
         return ExportResult(path, fmt, saved.checkpoint, 0, saved.bytes)

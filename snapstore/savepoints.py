@@ -92,7 +92,8 @@ def export_savepoint(store: Store, checkpoint: Any, path, *,
     path = _path(path)
     force = validate_flag(force, "force")
     if not force and os.path.lexists(path):
-        raise ExportError(f"{path} exists (use force=True / --force to replace it)")
+        raise ExportError(f"{path} exists (pass force=True, --force on the command line, to "
+                          f"replace it)")
     m = store.manifests(checkpoint)
     description = Description(
         m.info.stream, m.info.created, original_meta(m.meta), list(m.info.tags),

@@ -16,6 +16,8 @@ import tempfile
 import time
 from typing import IO, Callable
 
+from snapstore.errors import InvalidArgumentError, SnapstoreError, StoreIOError
+
 DEFAULT_FILE_MODE = 0o600       # new store files: only the owner may read them (restic's choice)
 
 
@@ -151,9 +153,30 @@ def replace_file(path: str, fill: Callable[[IO[bytes]], None], *,
     temporary file next to path (tempfile.mkstemp: O_CREAT | O_EXCL | O_NOFOLLOW under an
     unpredictable name, so no planted symlink is followed), given permission bits mode,
     fsynced if sync, which then replaces path by rename (a symlink at path is replaced
-    itself, never followed). On any failure the temporary file is removed. Raises OSError."""
+    itself, never followed). On any failure the temporary file is removed.
+
+    Raises InvalidArgumentError when path is a directory, a device, a FIFO or a socket (a
+    rename would replace the node itself: `-o /dev/null --force` must not turn /dev/null into
+    a file), StoreIOError naming path (not the temporary file) for an I/O error; what fill
+    raises otherwise passes through."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise StoreIOError(f"cannot write {path}: {exc.strerror or exc}", exc.errno) from None
+    if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        what = ("a directory" if stat.S_ISDIR(st.st_mode)
+                else "not a regular file (a device, FIFO or socket)")
+        raise InvalidArgumentError(f"{path} is {what}: snapstore writes a new file and renames "
+                                   "it into place, which would replace it; name a file")
     directory, name = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(dir=directory or ".", prefix=f".{name}.", suffix=".part")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory or ".", prefix=f".{name}.", suffix=".part")
+    except OSError as exc:
+        where = f"directory {directory!r}" if directory else "the current directory"
+        raise StoreIOError(f"cannot write {path} in {where}: {exc.strerror or exc}",
+                           exc.errno) from None
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), mode)
@@ -162,9 +185,12 @@ def replace_file(path: str, fill: Callable[[IO[bytes]], None], *,
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError) and not isinstance(exc, SnapstoreError):
+            raise StoreIOError(f"cannot write {path}: {exc.strerror or exc}",
+                               exc.errno) from exc
         raise

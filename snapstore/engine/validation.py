@@ -13,6 +13,7 @@ import zstandard
 
 from snapstore import _native as native
 from snapstore.engine import format as fmt
+from snapstore.engine.meta import user_meta
 from snapstore.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 MAX_CHECKPOINT_ID = (1 << (8 * fmt.CKPT_KEY.size)) - 1
@@ -153,12 +154,17 @@ def validate_buffers(buffers: Mapping[str, Any], stream: str,
 
 
 MAX_META_DEPTH = 100     # nesting levels of a checkpoint's meta (JSON arrays and objects)
+# Levels snapstore's reserved keys may add around a user's meta as stored (engine/meta.py):
+# the object layers and copies keep a meta that is not a dict as {key: {..., "user": meta}} (2),
+# a group commit its participants' as {key: {"parts": {participant: meta}}} (3), and such a
+# participant's meta may be an object layer's (5). A meta that was accepted stays copyable.
+RESERVED_META_LEVELS = 8
 
 
 def _nesting(value: Any) -> int:
     """How deep lists, tuples and dicts nest in value (0 for a scalar), without recursing:
     meta too deep for Python's recursion limit must be refused, not crash the check. Stops
-    counting past MAX_META_DEPTH + 1."""
+    counting past MAX_META_DEPTH + RESERVED_META_LEVELS + 1."""
     deepest, todo = 0, [(value, 1)]
     while todo:
         item, depth = todo.pop()
@@ -169,18 +175,20 @@ def _nesting(value: Any) -> int:
         else:
             continue
         deepest = max(deepest, depth)
-        if depth > MAX_META_DEPTH:
+        if depth > MAX_META_DEPTH + RESERVED_META_LEVELS:
             break
         todo.extend((child, depth + 1) for child in children)
     return deepest
 
 
 def validate_meta(meta: Any) -> Any:
-    """Checks meta is JSON, nested at most MAX_META_DEPTH levels (the store decodes a commit's
-    meta deep inside its own calls: deeper meta would fail there, after the commit), and
-    returns its JSON round trip: what the store keeps, and so what every later get()
-    returns."""
-    if _nesting(meta) > MAX_META_DEPTH:
+    """Checks meta is JSON, its user's part (meta.user_meta: without snapstore's reserved keys)
+    nested at most MAX_META_DEPTH levels and the whole at most RESERVED_META_LEVELS more (the
+    store decodes a commit's meta deep inside its own calls: deeper meta would fail there,
+    after the commit), and returns its JSON round trip: what the store keeps, and so what
+    every later get() returns."""
+    if (_nesting(user_meta(meta)) > MAX_META_DEPTH
+            or _nesting(meta) > MAX_META_DEPTH + RESERVED_META_LEVELS):
         raise InvalidArgumentTypeError(f"meta nests more than {MAX_META_DEPTH} levels of "
                                        "lists and dicts")
     try:

@@ -48,7 +48,9 @@ def test_export_refusals_exit_2_and_write_nothing(arrays_store, tmp_path):
     cli_error(2, "-s", path, "export", "3", "-o", str(out), needles=["holds no tensors"])
     cli_error(2, "-s", path, "export", "99", "-o", str(out))
     cli_error(2, "-s", path, "export", "1", "-o", str(tmp_path / "x.txt"),
-              needles=["unknown export format"])
+              needles=["no export format given", "x.txt"])
+    cli_error(2, "-s", path, "export", "1", "-o", str(tmp_path / "x.npz"), "--format", "zip",
+              needles=["invalid choice: 'zip'"])
     assert not out.exists()
     out.write_bytes(b"old")
     cli_error(2, "-s", path, "export", "1", "-o", str(out), needles=["exists", "--force"])
@@ -56,6 +58,32 @@ def test_export_refusals_exit_2_and_write_nothing(arrays_store, tmp_path):
     cli_ok("-s", path, "export", "1", "-o", str(out), "--force")
     assert np.load(str(out))["w"].shape == (3, 4)
     assert sorted(os.listdir(tmp_path)) == ["s", "x.npz"]    # no temporary file left
+
+
+def test_export_never_replaces_a_fifo_or_directory_and_names_the_users_path(arrays_store,
+                                                                           tmp_path):
+    """--force replaces a file by rename: a device, FIFO or directory at the path is refused
+    (`-o /dev/null --force` once turned /dev/null into a regular file); an I/O error names the
+    path asked for, not the temporary file beside it."""
+    path, _ = arrays_store
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for fmt in ("npz", "snap"):
+        cli_error(2, "-s", path, "export", "1", "-o", str(fifo), "--format", fmt, "--force",
+                  needles=[str(fifo), "not a regular file"])
+        assert fifo.is_fifo()
+    folder = tmp_path / "d.npz"
+    folder.mkdir()
+    cli_error(2, "-s", path, "export", "1", "-o", str(folder), "--force",
+              needles=[str(folder), "is a directory"])
+    assert folder.is_dir() and os.listdir(folder) == []
+    missing = tmp_path / "missing" / "x.npz"
+    line = cli_error(1, "-s", path, "export", "1", "-o", str(missing),
+                     needles=[str(missing), "No such file or directory"])
+    assert ".part" not in line
+    line = cli_error(2, "-s", path, "export", "1", "-o", str(tmp_path / "noext"),
+                     needles=["no export format given", "noext"])
+    assert sorted(os.listdir(tmp_path)) == ["d.npz", "pipe", "s"]
 
 
 def test_export_bfloat16_to_npz_is_refused(tmp_path):

@@ -95,7 +95,7 @@ def test_refusals_write_nothing(store, tmp_path):
             with pytest.raises(ExportError, match="holds no tensors"):
                 snapstore.export(store, values.id, path)
     info = snapstore.save_arrays(store, {"a": np.ones(3)}, "a")
-    with pytest.raises(ExportError, match="unknown export format"):
+    with pytest.raises(ExportError, match="no export format given.*x.bin"):
         snapstore.export(store, info.id, str(tmp_path / "x.bin"))
     with pytest.raises(ExportError, match="unknown export format"):
         snapstore.export(store, info.id, out, format="hdf5")

@@ -582,6 +582,42 @@ def test_meta_nested_too_deep_is_refused_before_anything_is_claimed(tmp_path):
         assert s.latest("m").id == info.id + 1
 
 
+def _nested_list(depth):
+    value = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_meta_at_the_limit_survives_every_layer_that_wraps_it(tmp_path):
+    """A meta the store accepted (lists nested MAX_META_DEPTH deep, not a dict) stays
+    copyable, exportable and importable, and the object layer takes it too: snapstore's
+    reserved keys wrap it two levels deeper, which the limit on the user's part allows. It
+    used to stop `snapstore copy` at that checkpoint and fail every import of its savepoint."""
+    from snapstore.engine.validation import MAX_META_DEPTH, RESERVED_META_LEVELS
+    from snapstore.copying import copy_checkpoints
+    from snapstore.savepoints import export_savepoint, import_savepoint
+    import snapstore.objects as objects
+    deep = _nested_list(MAX_META_DEPTH)
+    with snapstore.open(str(tmp_path / "a")) as a, snapstore.open(str(tmp_path / "b")) as b:
+        first = a.checkpoint({"x": b"abc"}, stream="s", meta=deep)
+        a.checkpoint({"x": b"def"}, stream="t", meta={"ok": 1})
+        copy_checkpoints(a, b)
+        assert [(i.stream, i.meta) for i in b.checkpoints()] == [("s", deep), ("t", {"ok": 1})]
+        export_savepoint(a, first.id, str(tmp_path / "s.snap"))
+        got = import_savepoint(b, str(tmp_path / "s.snap"))
+        assert got.meta == deep and b.restore(got.id) == {"x": b"abc"}
+        saved = objects.save(a, {"w": 1}, "o", meta=deep)
+        assert saved.meta == deep and objects.load(a, saved.id) == {"w": 1}
+        for too_deep in (_nested_list(MAX_META_DEPTH + 1),
+                         {"user": _nested_list(MAX_META_DEPTH)},      # the user's part counts
+                         {"snapstore.x": _nested_list(MAX_META_DEPTH + RESERVED_META_LEVELS)}):
+            with pytest.raises(snapstore.errors.InvalidArgumentTypeError, match="nests"):
+                a.checkpoint({"x": b"1"}, stream="m", meta=too_deep)
+            with pytest.raises(snapstore.errors.InvalidArgumentTypeError, match="nests"):
+                objects.save(a, {"w": 1}, "o", meta=too_deep)
+
+
 def test_a_commit_that_fails_after_its_claim_releases_it(tmp_path, monkeypatch):
     """Any failure between the claim and the log append (here: encoding the commit record)
     drops the claim: the stream stays writable, for this writer and others."""
