@@ -324,14 +324,17 @@ def commit_group(c: RemoteCommitter, group: str, meta: Any, timeout: float | Non
         with c.index.read() as r:
             entries = whole_if_mostly_changed(r, header.parent, group, entries,
                                               c.options.full_threshold)
-        # gc's mark (as for a checkpoint): parts' segments it marked -> CommitConflict;
-        # reused chunks in marked segments are relocated (or copied) in the cache first
+        # gc's mark (as for a checkpoint): parts' segments it marked, or that are gone
+        # from the bucket (uploaded before this commit's ticket: a mark since may have
+        # forgotten them) -> CommitConflict; reused chunks in marked segments are relocated
+        # (or copied) in the cache first
         ticket = c.gc_guard.begin(c.index)
         for _ in range(layout.GC_COMMIT_ATTEMPTS):
             with c.index.read() as r:
                 reused = _reused(c, r, entries, new_chunks, order)
             try:
-                c.gc_guard.check(c.index, c.log, c.backend, ticket, new_chunks, reused)
+                c.gc_guard.check(c.index, c.log, c.backend, ticket, new_chunks, reused,
+                                 staged=True)
                 break
             except gcguard.Replan:
                 continue
