@@ -46,7 +46,9 @@ R would have read it and kept X. So c > M.due.
   replacement does, and a mark written while X still exists (R stalled before deleting)
   finds it unreachable and old. So the mark read at r names X (W1, W2 refuse) or X was gone
   at r (W1 refuses a missing reused segment). And X is not one of C's own new segments,
-  nor C's object: those came into being after s, after M was listed.
+  nor C's object: those came into being after s, after M was listed. (A group's commit
+  names new segments its parts uploaded before its s: W2 also refuses one of those that is
+  missing at r, and one present at r is not deleted yet, so the mark read at r names it.)
 The bounds keep g / 2 of slack for the latency of a mark's and of a ref's write and for
 clock differences between the machines running gc, the writers' and the server's
 LastModified; they must stay well below it (milliseconds against the default hour).

@@ -23,8 +23,11 @@ One Guard per open S3 store:
   are kept in the cache index (the next plan reuses them instead of uploading them again);
   and Replan is raised: the commit plans again, so it writes the chunks the cache no
   longer offers anew into its own log. (W2) one of the commit's own new segments is named
-  by the mark: CommitConflict (the commit took too long). Then W3. Sets ticket.next_id,
-  the lowest id the checkpoint may take;
+  by the mark: CommitConflict (the commit took too long); for a group's commit, whose new
+  segments (its parts') were uploaded before its start s, also one missing from the bucket
+  (staged=True: a HEAD for each one not seen under the mark; the argument in gc.py needs
+  the commit's own segments to come after s, or to be present and unnamed at r). Then W3.
+  Sets ticket.next_id, the lowest id the checkpoint may take;
 - check_deadline(ticket), just before the ref write: (W3) CommitConflict when more than
   g / 2 passed since s, g the smallest grace of the marks read during the commit (the
   default, layout.DEFAULT_GC_GRACE_SECONDS, when there was none).
@@ -209,14 +212,26 @@ class Guard:
         return ticket
 
     def check(self, index: Index, log: SegmentLog, backend: SegmentBackend,
-              ticket: CommitTicket, new_chunks: bytes, reused: bytes) -> None:
+              ticket: CommitTicket, new_chunks: bytes, reused: bytes, *,
+              staged: bool = False) -> None:
         """After the commit's uploads, before its checkpoint object: W1, W2, W3 (module
-        docstring). Raises Replan or CommitConflict; sets ticket.next_id."""
+        docstring). staged: the new chunks were uploaded before the commit's start (a
+        group's parts), so W2 also refuses a new segment missing from the bucket. Raises
+        Replan or CommitConflict; sets ticket.next_id."""
         mark = self.refresh(index)
         ticket.note(mark)
         if mark is not None:
             own = {loc[1] for loc in fmt.NEW_CHUNK.iter_unpack(new_chunks)}
-            if own & mark.segments:
+            if staged:
+                with self._lock:
+                    gone = sorted(n for n in own if not self._usable(n))
+                if gone:
+                    raise CommitConflict(
+                        "garbage collection marked or deleted segments the group's parts "
+                        f"uploaded ({', '.join(map(str, gone))}; grace {mark.grace:g} s): "
+                        "the parts were staged too long ago; nothing was committed; stage "
+                        "them again and commit")
+            elif own & mark.segments:
                 raise CommitConflict(
                     "the checkpoint took so long that garbage collection marked segments it "
                     f"uploaded (grace {mark.grace:g} s): nothing was committed; try again")
@@ -234,7 +249,8 @@ class Guard:
                         self._copy(index, log, backend, left, bad)
                     self.stats["replans"] += 1
                     raise Replan()
-                self._present.update(own)
+                if not staged:
+                    self._present.update(own)   # uploaded after the mark was listed
         self.check_deadline(ticket)
 
     def check_deadline(self, ticket: CommitTicket) -> None:

@@ -17,17 +17,26 @@ engine/groups.py, over objects under groups/<gid>/ instead of index entries:
                     all are staged, or the deadline: then the group is aborted and
                     GroupTimeout names the missing participants; builds ONE Commit from the
                     parts (engine/groups.py's combine_parts, whole_if_mostly_changed,
-                    group_meta), creates the outcome "commit" (If-None-Match: *: it excludes
-                    an abort), the checkpoint object, and writes the ref with If-Match: the
-                    commit point (RemoteCommitter.publish); applies it to the cache; deletes
-                    the header and the parts (best effort: leftovers are garbage for gc)
+                    group_meta); passes gc's guard (the parts' segments, uploaded before
+                    the commit's ticket, must be unmarked and still in the bucket, else
+                    CommitConflict); creates the outcome "commit" recording each part's etag
+                    (If-None-Match: *: it excludes an abort); HEADs the parts again: one
+                    staged again since it was collected aborts the group (the outcome is
+                    replaced by "aborted", GroupError); creates the checkpoint object and
+                    writes the ref with If-Match: the commit point
+                    (RemoteCommitter.publish); applies it to the cache; deletes the header
+                    and the parts (best effort: leftovers are garbage for gc)
     abort_group     creates the outcome "aborted" (If-None-Match: *), so late stagers and the
                     coordinator see it (GroupError), and deletes the header and the parts
 
 The outcome object is the group's one decision: whichever of commit and abort creates it
-first wins, so an abort that returned True never sees its group become visible, and a stager
-whose part was replaced or came too late hears so (GroupError) instead of success. It stays
-until gc (older than twice its grace) as the group's tombstone.
+first wins, so an abort that returned True never sees its group become visible. A stager
+reads it after its PUT: "aborted", or a "commit" recording another etag for its part (the
+part was overtaken), is GroupError. A stage whose PUT landed before the outcome was created
+reads no outcome and succeeds; the commit then sees that part's new etag when it HEADs the
+parts after creating the outcome, and aborts instead of publishing the part it collected.
+So a stage that returned success is never silently replaced by an older part. The outcome
+stays until gc (older than twice its grace) as the group's tombstone.
 
 The ref write is the only commit point: a coordinator killed before it leaves nothing
 visible (the group's objects and the uploaded segments are garbage), killed after it the
@@ -157,6 +166,34 @@ def _decide(c: RemoteCommitter, group: str, outcome: dict) -> dict | None:
             return None         # a retry of this very write, which had landed
         return found if found is not None else {"outcome": "aborted",
                                                 "reason": "its outcome vanished"}
+
+
+def _restaged(c: RemoteCommitter, header: GroupHeader,
+              found: dict[str, tuple[parts.Part, str]]) -> list[str]:
+    """The participants whose part object is no longer the one the commit collected (its
+    etag changed): read after the outcome "commit" was created, so a stage that read no
+    outcome after its PUT (and so returned success) is seen here. A part that is gone
+    changed nothing (only a cleanup or gc deletes one)."""
+    out = []
+    for p in header.participants:
+        info = c.client.head(layout.group_part_key(header.id, p))
+        if info is not None and info.etag != found[p][1]:
+            out.append(p)
+    return out
+
+
+def _retract(c: RemoteCommitter, group: str, reason: str) -> None:
+    """Replaces the outcome "commit" this coordinator created, before its ref write, by
+    "aborted" (If-Match: only that outcome; best effort: a group whose outcome stays
+    "commit" without a ref can never commit either)."""
+    with contextlib.suppress(SnapstoreError, NotFound, PreconditionFailed, ValueError,
+                             AttributeError):
+        data, etag = c.client.get(layout.group_outcome_key(group))
+        if json.loads(data).get("outcome") == "commit":
+            doc = {"outcome": "aborted", "reason": reason, "by": c.writer_id,
+                   "nonce": uuid.uuid4().hex, "at": time.time()}
+            c.client.put(layout.group_outcome_key(group), json.dumps(doc).encode(),
+                         if_match=etag)
 
 
 def _clean_up(c: RemoteCommitter, header: GroupHeader) -> None:
@@ -296,8 +333,10 @@ def commit_group(c: RemoteCommitter, group: str, meta: Any, timeout: float | Non
     """Commits the group's parts as one checkpoint of its stream (see the module docstring).
     meta: the coordinator's meta; each participant's meta is kept under the reserved key
     format.GROUP_META_KEY, {"id", "parts": {participant: its meta}}. Raises GroupTimeout,
-    GroupError (the group is gone, or two parts stage one buffer name), CommitConflict (the
-    stream moved since the group opened), RemoteError."""
+    GroupError (the group is gone, two parts stage one buffer name, or a part was staged
+    again after the parts were collected: the group is aborted), CommitConflict (the stream
+    moved since the group opened; or gc marked or deleted a part's segment: the group stays
+    open, stage the parts again), RemoteError."""
     with io_errors("group commit failed"):
         c.check_open(write=True)
         header = read_header(c, group)
@@ -324,14 +363,17 @@ def commit_group(c: RemoteCommitter, group: str, meta: Any, timeout: float | Non
         with c.index.read() as r:
             entries = whole_if_mostly_changed(r, header.parent, group, entries,
                                               c.options.full_threshold)
-        # gc's mark (as for a checkpoint): parts' segments it marked -> CommitConflict;
-        # reused chunks in marked segments are relocated (or copied) in the cache first
+        # gc's mark (as for a checkpoint): parts' segments it marked, or that are gone
+        # from the bucket (uploaded before this commit's ticket: a mark since may have
+        # forgotten them) -> CommitConflict; reused chunks in marked segments are relocated
+        # (or copied) in the cache first
         ticket = c.gc_guard.begin(c.index)
         for _ in range(layout.GC_COMMIT_ATTEMPTS):
             with c.index.read() as r:
                 reused = _reused(c, r, entries, new_chunks, order)
             try:
-                c.gc_guard.check(c.index, c.log, c.backend, ticket, new_chunks, reused)
+                c.gc_guard.check(c.index, c.log, c.backend, ticket, new_chunks, reused,
+                                 staged=True)
                 break
             except gcguard.Replan:
                 continue
@@ -346,6 +388,13 @@ def commit_group(c: RemoteCommitter, group: str, meta: Any, timeout: float | Non
                                      "parts": {p: found[p][1] for p in header.participants}})
         if outcome is not None:
             raise _ended(group, outcome)
+        restaged = _restaged(c, header, found)
+        if restaged:
+            _retract(c, group, "a part was staged again while it committed")
+            _clean_up(c, header)
+            raise GroupError(f"group {group}: {', '.join(map(repr, restaged))} staged again "
+                             "after the commit collected the parts: the group is aborted "
+                             "and nothing of it is visible", group=group)
         crashpoint("before_group_ref")
         try:
             c.publish(ref, commit, reused, [], still_follows=lambda now: _follows(header, now),
@@ -419,9 +468,10 @@ def stage(c: RemoteCommitter, group: str, participant: str, make_plans: PartPlan
                 with contextlib.suppress(SnapstoreError):
                     c.client.delete([key])
                 raise _ended(group, outcome)
-            raise GroupError(f"group {group} was committed while {participant!r} staged "
-                             "again: the checkpoint holds the part staged before",
-                             group=group)
+            raise GroupError(f"group {group} had decided to commit before this part of "
+                             f"{participant!r} was staged: your part was overtaken and is not "
+                             "in the group's checkpoint (the group commits the part staged "
+                             "before, or fails)", group=group)
         with c.index.write() as w:
             _keep_fingerprints(w, part, stored.fingerprints, c.options.page_size)
 

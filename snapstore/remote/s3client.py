@@ -104,6 +104,7 @@ class ObjectInfo:
     key: str            # relative to the store's prefix
     size: int
     modified: float     # the server's LastModified, unix time
+    etag: str | None = None     # as put() returns it (None: the listing had none)
 
 
 def _boto():
@@ -282,10 +283,11 @@ class S3Client:
         return self._call("GET", key, fetch)
 
     def head(self, key: str) -> ObjectInfo | None:
-        """Size and LastModified of the object, None when it does not exist."""
+        """Size, LastModified and etag of the object, None when it does not exist."""
         def fetch():
             a = self._client.head_object(Bucket=self.url.bucket, Key=self.url.key(key))
-            return ObjectInfo(key, a["ContentLength"], a["LastModified"].timestamp())
+            return ObjectInfo(key, a["ContentLength"], a["LastModified"].timestamp(),
+                              a.get("ETag"))
         try:
             return self._call("HEAD", key, fetch)
         except NotFound:
@@ -398,7 +400,7 @@ class S3Client:
                               lambda kwargs=kwargs: self._client.list_objects_v2(**kwargs))
             for o in page.get("Contents", []):
                 yield ObjectInfo(o["Key"][len(self.url.prefix):], o["Size"],
-                                 o["LastModified"].timestamp())
+                                 o["LastModified"].timestamp(), o.get("ETag"))
             if not page.get("IsTruncated"):
                 return
             token = page.get("NextContinuationToken")

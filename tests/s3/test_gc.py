@@ -397,6 +397,50 @@ def test_a_marked_segment_a_later_commit_reaches_is_kept_and_not_counted_on(url,
                                               again.id: {"a": data.tobytes()}})
 
 
+def test_a_group_part_whose_segment_gc_deleted_and_forgot_does_not_commit(url, tmp_path, s3):
+    """A group's parts are uploaded before its commit starts, so the commit's gc ticket does
+    not cover them: a run with a small grace marks a part's segment, a run with a larger one
+    deletes it (the group's objects, younger than twice that grace, stay), and the next
+    mark no longer names it. The commit must find the segment gone (CommitConflict, nothing
+    visible) instead of publishing a checkpoint that cannot be restored."""
+    data = state(300 * KiB, seed=11)
+    late = 7.0          # the group's objects stay younger than 2 x late throughout
+    client = s3.client()
+
+    def modified(key):
+        return client.head_object(Bucket=s3.bucket, Key=s3.prefix + key)[
+            "LastModified"].timestamp()
+    with open_store(url, tmp_path / "c") as coord, open_store(url, tmp_path / "p") as part, \
+            open_store(url, tmp_path / "g") as g:
+        wait_until_due(g.gc(grace=GRACE))           # the store's first mark
+        before = segments_in_bucket(s3)
+        grp = coord.group("s", ["p"], timeout=600)
+        part.stage(grp.id, "p", {"x": data})
+        staged = segments_in_bucket(s3) - before
+        assert staged
+        newest = max(modified(layout.segment_key(n)) for n in staged)
+        time.sleep(max(0.0, newest + 2 + layout.MODIFIED_RESOLUTION + 0.05 - time.time()))
+        marking = g.gc(grace=2)
+        assert staged <= set(marking["marked"]["segments"])
+        assert marking["marked"]["groups"] == []
+        wait_until_due(marking)
+        deleting = g.gc(grace=late)
+        assert staged <= set(deleting["deleted"]["segments"])
+        assert deleting["deleted"]["groups"] == []
+        wait_until_due(deleting)
+        forgetting = g.gc(grace=late)
+        assert not staged & set(forgetting["marked"]["segments"])
+        assert forgetting["marked"]["groups"] == forgetting["deleted"]["groups"] == []
+        assert not staged & segments_in_bucket(s3)
+        with pytest.raises(CommitConflict, match="staged too long ago"):
+            grp.commit()
+        assert coord.checkpoints() == [] and g.checkpoints() == []
+        part.stage(grp.id, "p", {"x": data})        # staged again, it commits
+        info = grp.commit()
+        assert_nothing_live_is_missing(s3, g)
+    assert_restores(url, tmp_path / "fresh", {info.id: {"x": data.tobytes()}})
+
+
 # ---- gc while writers write ------------------------------------------------------------------
 def test_gc_runs_while_writers_commit_delete_and_recommit_old_content(url, tmp_path, s3):
     """Writers (threads, each its own cache) keep committing one of a few contents, so new

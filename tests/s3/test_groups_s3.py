@@ -16,6 +16,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -184,6 +185,116 @@ def test_a_part_whose_upload_races_the_abort_is_refused(url, caches, s3, monkeyp
         with pytest.raises(GroupError, match="aborted"):
             o.stage(g.id, "a", {"a": b"too late"})
         assert group_objects(s3) == [layout.group_outcome_key(g.id)]    # the part went too
+
+
+def test_a_part_staged_again_after_the_commit_collected_the_parts_fails_it(url, caches, s3,
+                                                                          monkeypatch):
+    """The stage lands while the coordinator is between reading the parts and creating the
+    outcome: it finds no outcome and succeeds, so the commit (which read the old part) must
+    not publish: it re-reads the parts' etags after creating its outcome."""
+    from snapstore.remote import groups
+    with open_store(url, caches("c")) as s, open_store(url, caches("a")) as a:
+        g = s.group("ops", ["a", "b"])
+        a.stage(g.id, "a", {"a": b"OLD" * 1000}, meta={"offset": 1})
+        s.stage(g.id, "b", {"b": b"other"})
+        combine, staged = groups.combine_parts, []
+
+        def stage_again_first(*args, **kw):
+            if not staged:          # the coordinator holds both parts, decided nothing yet
+                a.stage(g.id, "a", {"a": b"NEW" * 1000}, meta={"offset": 2})
+                staged.append(True)
+            return combine(*args, **kw)
+        monkeypatch.setattr(groups, "combine_parts", stage_again_first)
+        with pytest.raises(GroupError, match="'a' staged again"):
+            g.commit()
+        assert staged
+        assert s.checkpoints() == [] and a.checkpoints() == []
+        s.refresh()
+        assert s.streams() == []
+        for call in (g.status, g.commit, lambda: a.stage(g.id, "a", {"a": b"later"})):
+            with pytest.raises(GroupError, match="aborted"):
+                call()
+        assert group_objects(s3) == [layout.group_outcome_key(g.id)]
+
+
+def test_a_part_staged_again_after_the_commit_decided_is_refused(url, caches, monkeypatch):
+    """The stage passes its checks, then the whole commit runs (it collects the old part),
+    then the stage's PUT lands: the outcome lists another etag for its part, so the stager
+    hears GroupError and the checkpoint holds the part staged before."""
+    from snapstore.remote import parts
+    with open_store(url, caches("c")) as s, open_store(url, caches("a")) as a:
+        g = s.group("ops", ["a"])
+        a.stage(g.id, "a", {"a": b"OLD" * 1000}, meta={"offset": 1})
+        encode, infos = parts.encode, []
+
+        def commit_first(part):
+            if not infos:
+                infos.append(g.commit())
+            return encode(part)
+        monkeypatch.setattr(parts, "encode", commit_first)
+        with pytest.raises(GroupError, match="overtaken"):
+            a.stage(g.id, "a", {"a": b"NEW" * 1000}, meta={"offset": 2})
+        assert snapstore.group_parts(infos[0]) == {"a": {"offset": 1}}
+        with open_store(url, caches("fresh")) as fresh:
+            assert fresh.restore("ops") == {"a": b"OLD" * 1000}
+
+
+def test_a_part_landing_between_the_decision_and_the_commit_point_fails_both(url, caches, s3,
+                                                                             monkeypatch):
+    """The stage's PUT lands after the coordinator created the outcome "commit" (with the old
+    part's etag), before the coordinator re-read the parts: the coordinator sees the new
+    etag and aborts, and the stager (reading the outcome after its PUT) hears GroupError."""
+    from snapstore.remote import groups, parts
+    with open_store(url, caches("c")) as s, open_store(url, caches("a")) as a:
+        g = s.group("ops", ["a"])
+        a.stage(g.id, "a", {"a": b"OLD" * 1000})
+        checked, decided = threading.Event(), threading.Event()
+        put, released = threading.Event(), threading.Event()
+        decide, read_outcome, encode = groups._decide, groups.read_outcome, parts.encode
+        stager = {}
+
+        def decide_then_wait(c, group, outcome):
+            found = decide(c, group, outcome)
+            if outcome["outcome"] == "commit":
+                decided.set()
+                assert put.wait(60)             # the stager's PUT has landed
+            return found
+
+        def encode_after_decision(part):
+            checked.set()                       # the stager read the header and no outcome
+            assert decided.wait(60)
+            return encode(part)
+
+        def read_after_put(c, group):
+            if threading.current_thread() is stager.get("thread") and decided.is_set():
+                put.set()
+                assert released.wait(60)        # until the coordinator is done
+            return read_outcome(c, group)
+
+        def stage_again():
+            try:
+                a.stage(g.id, "a", {"a": b"NEW" * 1000})
+            except BaseException as exc:        # noqa: BLE001 - the test reads it
+                stager["error"] = exc
+                checked.set()
+
+        monkeypatch.setattr(groups, "_decide", decide_then_wait)
+        monkeypatch.setattr(parts, "encode", encode_after_decision)
+        monkeypatch.setattr(groups, "read_outcome", read_after_put)
+        stager["thread"] = threading.Thread(target=stage_again)
+        stager["thread"].start()
+        try:
+            assert checked.wait(60)
+            with pytest.raises(GroupError, match="'a' staged again"):
+                g.commit()
+        finally:
+            checked.set(), decided.set(), put.set(), released.set()
+            stager["thread"].join(60)
+        assert isinstance(stager.get("error"), GroupError), stager
+        assert "aborted" in str(stager["error"])
+        s.refresh()
+        assert s.checkpoints() == [] and s.streams() == []
+        assert group_objects(s3) == [layout.group_outcome_key(g.id)]
 
 
 def test_timeout_names_the_missing_participants_and_nothing_is_visible(url, caches):
