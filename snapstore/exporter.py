@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from snapstore.engine.fsutil import replace_file
+from snapstore.engine.reader import retry_moved
 from snapstore.errors import ExportError
 from snapstore.objectlayer import resolve_checkpoint
 from snapstore.savepoints import SUFFIX as SAVEPOINT_SUFFIX
@@ -102,7 +103,10 @@ def export(store, name: Any, path, format: Optional[str] = None, *,
     Returns: ExportResult.
     Raises: ExportError (nothing written: no tensors, a dtype the format lacks, a name given
         twice, a sharded DCP tensor, the file exists, the format's library missing),
-        CheckpointNotFound, CorruptionError, OSError (writing the file).
+        CheckpointNotFound (also when another writer deleted it while it was exported),
+        CorruptionError, ConcurrentCompactionError (compactions moved its chunks
+        READ_ATTEMPTS times in a row while it was read: retry), OSError (writing the
+        file).
     """
     path = os.fspath(path)
     fmt = format if format is not None else format_for_path(path)
@@ -115,7 +119,9 @@ def export(store, name: Any, path, format: Optional[str] = None, *,
         saved = export_savepoint(store, name, path, force=force)
         return ExportResult(path, fmt, saved.checkpoint, 0, saved.bytes)
     info = resolve_checkpoint(store, name)
-    cat = catalogue(store, info)
+    # each read made again when a compaction moves its chunks meanwhile (ids: a checkpoint
+    # deleted meanwhile is CheckpointNotFound)
+    cat = retry_moved(lambda: catalogue(store, info), f"exporting checkpoint {info.id}")
     if cat.kind not in ("objects", "arrays", "dcp"):
         raise ExportError(f"checkpoint {info.id} of stream {info.stream!r} holds no tensors "
                           "(it was not written by snapstore.torch.save, Store.save, "
@@ -185,7 +191,7 @@ def _read_buffers(store, info, entries: list) -> dict:
     for cid, names in wanted.items():
         sizes = info.sizes if cid == info.id else store.get(cid).sizes
         targets = {n: bytearray(sizes[n]) for n in names}
-        store.restore_into(cid, targets)
+        retry_moved(lambda: store.restore_into(cid, targets), f"exporting checkpoint {cid}")
         out.update({(cid, n): memoryview(b) for n, b in targets.items()})
     return out
 

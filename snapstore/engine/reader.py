@@ -11,7 +11,7 @@ import bisect
 import collections
 import os
 import threading
-from typing import Callable
+from typing import Callable, TypeVar
 
 from snapstore import _native as native
 from snapstore.halves import start
@@ -25,6 +25,31 @@ from snapstore.engine.index import IndexView
 from snapstore.engine.memory import uninit_bytearray
 from snapstore.engine.records import BufferEntry, Commit
 from snapstore.engine.wal import damaged_record, segment_version
+
+T = TypeVar("T")
+
+# Times a composite read (export, copy, diff) is made again, each on a new index snapshot,
+# when a compaction moved the chunks it was reading (ConcurrentCompactionError)
+READ_ATTEMPTS = 5
+
+
+def retry_moved(read: Callable[[], T], what: str, attempts: int = READ_ATTEMPTS) -> T:
+    """read(), made again when it raised ConcurrentCompactionError (a compaction removed a
+    segment it was reading: the index, read afresh, places those chunks elsewhere), up to
+    `attempts` times in all; then ConcurrentCompactionError naming `what`. For reads that
+    leave nothing behind when they fail and that take a new index snapshot each time (a
+    checkpoint deleted meanwhile is then CheckpointNotFound)."""
+    for _ in range(attempts - 1):
+        try:
+            return read()
+        except ConcurrentCompactionError:
+            continue
+    try:
+        return read()
+    except ConcurrentCompactionError as exc:
+        raise ConcurrentCompactionError(f"{what}: compactions moved its chunks while it was "
+                                        f"read, {attempts} times in a row; retry "
+                                        f"({exc})") from None
 
 
 def buffer_layers(view: IndexView, commit: Commit, name: str) -> list[list]:
