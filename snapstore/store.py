@@ -1187,11 +1187,13 @@ class Store:
         checkpoint's manifest then names others) or collected them (the checkpoint was
         deleted).
 
-        When a compaction removes a segment the snapshot's chunks lie in while use reads
-        them, read_chunks raises ConcurrentCompactionError, and use is called again from
-        the start on a new snapshot, the checkpoint resolved again by its id
-        (CheckpointNotFound when it was deleted meanwhile), up to READ_ATTEMPTS times in
-        all; then ConcurrentCompactionError. So use must leave nothing behind when it raises
+        read_chunks opens the segments the chunks lie in before it reads any, so a
+        compaction that removes them later does not disturb it. When one was removed
+        between the snapshot and that, read_chunks raises ConcurrentCompactionError, and
+        use is called again from the start on a new snapshot, the checkpoint resolved again
+        by its id (CheckpointNotFound when it was deleted meanwhile), up to
+        reader.READ_ATTEMPTS times in all; then ConcurrentCompactionError (retryable). So
+        use must leave nothing behind when it raises
         (a savepoint's temporary file is removed, an import's log rolled back) and must not
         keep read_chunks past its return. use's own exceptions pass unchanged (an OSError
         writing an output file stays an OSError). Use it in one thread. The snapshot is
@@ -1221,7 +1223,7 @@ class Store:
             manifests = self._manifests_of(r, commit)
 
             def read_chunks(chunk_ids) -> Iterator[tuple[bytes, bytes]]:
-                return self._chunks_in(r, self._checked_chunk_ids(chunk_ids))
+                return self._chunks_in(r, self._checked_chunk_ids(chunk_ids), hold=True)
             return use(manifests, read_chunks)
         finally:
             snapshot.__exit__(None, None, None)
@@ -1263,10 +1265,16 @@ class Store:
                         "index is damaged")
             yield from self._chunks_in(r, ids)
 
-    def _chunks_in(self, r: IndexView, ids: list) -> Iterator[tuple[bytes, bytes]]:
-        """The chunks `ids` as the snapshot r places them, in one read session."""
+    def _chunks_in(self, r: IndexView, ids: list, hold: bool = False
+                   ) -> Iterator[tuple[bytes, bytes]]:
+        """The chunks `ids` as the snapshot r places them, in one read session. hold: their
+        segments are opened first (ChunkReader.hold), so a compaction that removes them
+        while the chunks are read does not cut the read short."""
         with io_errors("cannot read the store"), self.backend.open_reader() as segments:
-            reader = ChunkReader(self.backend, segments, r)
+            reader = ChunkReader(self.backend, segments, r,
+                                 {cid: r.chunk(cid) for cid in ids} if hold else None)
+            if hold:
+                reader.hold()
             for cid in ids:
                 yield cid, bytes(reader.read(cid))
 

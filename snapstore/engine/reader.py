@@ -130,6 +130,16 @@ class ChunkReader:
         self._read(chunk_id, entry, out)
         return True
 
+    def hold(self) -> None:
+        """Opens the segments of `entries` now, reading each one's header (its version is
+        checked), so that a compaction that removes one while this session reads keeps it
+        readable to the session (a removed file lives while it is open): only a segment
+        removed before this call makes a read of its chunks ConcurrentCompactionError. For
+        a long read of many chunks in this one session (with_manifests' read_chunks)."""
+        for number in sorted({e.segment for e in self.entries.values() if e is not None}):
+            if number not in self._versions_checked:
+                self._check_version(number)
+
     def _entry(self, chunk_id: bytes):
         entry = self.entries.get(chunk_id)
         return entry if entry is not None else self.view.chunk(chunk_id)
