@@ -1193,9 +1193,8 @@ class Store:
         use is called again from the start on a new snapshot, the checkpoint resolved again
         by its id (CheckpointNotFound when it was deleted meanwhile), up to
         reader.READ_ATTEMPTS times in all; then ConcurrentCompactionError (retryable). So
-        use must leave nothing behind when it raises
-        (a savepoint's temporary file is removed, an import's log rolled back) and must not
-        keep read_chunks past its return. use's own exceptions pass unchanged (an OSError
+        use must leave nothing behind when it raises (a savepoint's temporary file is
+        removed, an import's log rolled back) and must not keep read_chunks past its return. use's own exceptions pass unchanged (an OSError
         writing an output file stays an OSError). Use it in one thread. The snapshot is
         held while use runs: meanwhile the index keeps the pages it would otherwise reuse."""
         if not callable(use):
