@@ -7,10 +7,13 @@ only the chunks the destination lacks are read and sent.
 
 Chunk ids are BLAKE3 content addresses, the same in every store, so a manifest of one store is
 valid in any other that holds its chunks. For each source checkpoint, in ascending id order:
-its full manifests (Store.manifests: a delta chain's layers written over each other) and meta
-are read from the source, and dst.import_checkpoint commits them as the next checkpoint of the
-same stream in the destination (its parent: the destination stream's head then), asking the
-source (Store.read_chunks) only for the chunks the destination's index lacks. A copy is
+its full manifests (a delta chain's layers written over each other) and meta are read from
+the source, and dst.import_checkpoint commits them as the next checkpoint of the same stream
+in the destination (its parent: the destination stream's head then), asking the source only
+for the chunks the destination's index lacks, from the same source index snapshot as the
+manifests (Store.with_manifests: a compaction of the source meanwhile never makes it look
+damaged; when one moves the chunks while they are read, the import is rolled back and made
+again on a new snapshot). A copy is
 always stored full, so it never depends on what else was copied; its chunks deduplicate
 anyway. It keeps its stream, meta (reserved keys included), tags and creation time; its id is
 the destination's own (result.copied maps them), and its reserved meta
@@ -25,8 +28,8 @@ trimmed the chunks of either side since changes the manifests: such a checkpoint
 again.) Tags added to the source checkpoint after it was copied are not carried over.
 
 Each checkpoint is its own commit: a failure (CommitConflict when another writer commits to
-the stream at that moment, CorruptionError from the source, StoreIOError...) leaves the
-checkpoints copied before it in place, and running the copy again skips them.
+the stream at that moment, CorruptionError from damage in the source, StoreIOError...) leaves
+the checkpoints copied before it in place, and running the copy again skips them.
 
 Only the public Store API is used, so the same code copies between any two kinds of store;
 what differs per destination is its committer's commit_manifests.
@@ -38,8 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from snapstore.engine.meta import original_meta, with_origin
-from snapstore.errors import (CheckpointNotFound, CorruptionError, InvalidArgumentTypeError,
-                              ReadOnlyError, StoreClosedError)
+from snapstore.errors import (CheckpointNotFound, InvalidArgumentTypeError, ReadOnlyError,
+                              StoreClosedError)
 from snapstore.store import CheckpointManifests, Store
 
 __all__ = ["copy_checkpoints", "CopyResult", "store_location"]
@@ -95,7 +98,9 @@ def copy_checkpoints(src: Store, dst: Store, checkpoints: Iterable | None = None
         copied; a named checkpoint another writer deletes while it is copied: those copied
         before stay), ReadOnlyError (dst read-only), StoreClosedError, CommitConflict (another
         writer committed to the stream meanwhile: the checkpoints copied before stay),
-        CorruptionError (damage in src), StoreIOError.
+        CorruptionError (damage in src), ConcurrentCompactionError (compactions of src
+        moved a checkpoint's chunks READ_ATTEMPTS times in a row while it was copied: run
+        it again), StoreIOError.
     """
     for store, what in ((src, "src"), (dst, "dst")):
         if not isinstance(store, Store):
@@ -113,54 +118,47 @@ def copy_checkpoints(src: Store, dst: Store, checkpoints: Iterable | None = None
     known = _Existing(dst)
     origin = store_location(src)
 
-    def read_chunks(wanted: list):
-        for cid, data in src.read_chunks(wanted):
-            result.chunks_sent += 1
-            result.bytes_sent += len(data)
-            yield cid, data
+    def copy_one(m: CheckpointManifests, read_chunks: Callable) -> tuple:
+        """(the dst checkpoint that already is it, None, 0, 0) or (None, its new
+        CheckpointInfo, chunks sent, their bytes), on the source snapshot m and read_chunks
+        come from."""
+        same = known.find(m)
+        if same is not None:
+            return same, None, 0, 0
+        sent = [0, 0]       # counted per attempt: an attempt a compaction cut short sent none
+
+        def counted(wanted: list):
+            for cid, data in read_chunks(wanted):
+                sent[0] += 1
+                sent[1] += len(data)
+                yield cid, data
+        info = dst.import_checkpoint(m.info.stream, m.buffers, counted,
+                                     with_origin(m.meta, {"store": origin, "id": m.info.id}),
+                                     created=m.info.created, tags=m.info.tags)
+        return None, info, sent[0], sent[1]
 
     for source_id in ids:
         try:
-            m = src.manifests(source_id)
+            # manifests and chunks from one source snapshot, made again (the import rolled
+            # back) when a compaction of the source moves the chunks while they are read
+            same, info, chunks_sent, bytes_sent = src.with_manifests(source_id, copy_one)
         except CheckpointNotFound:
             if checkpoints is None:
                 continue        # deleted by another writer since the listing: not there now
             raise
-        same = known.find(m)
         if same is not None:
             result.skipped[source_id] = same
             if progress is not None:
                 progress(source_id, None)
             continue
-        try:
-            info = dst.import_checkpoint(m.info.stream, m.buffers, read_chunks,
-                                         with_origin(m.meta, {"store": origin,
-                                                              "id": source_id}),
-                                         created=m.info.created, tags=m.info.tags)
-        except CorruptionError:
-            # its chunks gone from the source? Then another writer deleted (and compacted)
-            # it while it was being copied: not damage (nothing of it reached dst)
-            if not _deleted(src, source_id):
-                raise
-            if checkpoints is None:
-                continue
-            raise CheckpointNotFound(f"checkpoint {source_id} of the source was deleted by "
-                                     "another writer while it was being copied") from None
         known.add(info.stream, info.created, info.id)
         result.copied[source_id] = info.id
+        result.chunks_sent += chunks_sent
+        result.bytes_sent += bytes_sent
         result.bytes_written += info.bytes_new
         if progress is not None:
             progress(source_id, info.id)
     return result
-
-
-def _deleted(src: Store, checkpoint_id: int) -> bool:
-    """Whether the source no longer has the checkpoint."""
-    try:
-        src.get(checkpoint_id)
-    except CheckpointNotFound:
-        return True
-    return False
 
 
 def _selected(src: Store, checkpoints: Iterable | None) -> list[int]:

@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Optional
 
 from snapstore import _native as native
 from snapstore import errors
+from snapstore.engine.reader import retry_moved
 
 WINDOW = 8 << 20          # bytes of each side read and compared at a time
 GAP = 16                  # differing runs fewer bytes apart than this are reported as one
@@ -388,8 +389,15 @@ def _diff_apart(store, a, b, t, u, stats, window: int) -> None:
     id_b = b.id if getattr(u, "checkpoint", None) is None else u.checkpoint
     for pos in range(0, t.nbytes, step):
         n = min(step, t.nbytes - pos)
-        stats.add(store.read_ranges(id_a, t.buffer, [(t.offset + pos, n)]),
-                  store.read_ranges(id_b, u.buffer, [(u.offset + pos, n)]))
+        stats.add(_read_ranges(store, id_a, t.buffer, [(t.offset + pos, n)]),
+                  _read_ranges(store, id_b, u.buffer, [(u.offset + pos, n)]))
+
+
+def _read_ranges(store, checkpoint_id: int, name: str, ranges, out=None):
+    """store.read_ranges, made again when a compaction moved the chunks while they were read
+    (each time on a new index snapshot: the ranges' bytes never change)."""
+    return retry_moved(lambda: store.read_ranges(checkpoint_id, name, ranges, out),
+                       f"diff: checkpoint {checkpoint_id} buffer {name!r}")
 
 
 def _tensor_report(entries: list) -> list:
@@ -475,9 +483,9 @@ def _diff_stored(store, a, b, name: str, gap: int, window: int, tensors: list,
         on_progress(min(window, shared - done))
 
     def read_pair(pieces, out_a, out_b):      # both sides at once: decoding releases the GIL
-        other = helper.submit(store.read_ranges, b.id, name, pieces, out_b)
+        other = helper.submit(_read_ranges, store, b.id, name, pieces, out_b)
         try:
-            store.read_ranges(a.id, name, pieces, out_a)
+            _read_ranges(store, a.id, name, pieces, out_a)
         finally:
             other.result()
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from snapstore.engine.fsutil import replace_file
+from snapstore.engine.reader import retry_moved
 from snapstore.errors import ExportError
 from snapstore.objectlayer import resolve_checkpoint
 from snapstore.savepoints import SUFFIX as SAVEPOINT_SUFFIX
@@ -103,8 +104,10 @@ def export(store, name: Any, path, format: Optional[str] = None, *,
     Raises: ExportError (nothing written: no tensors, a dtype the format lacks, a name given
         twice, a sharded DCP tensor, the file exists, the format's library missing),
         InvalidArgumentError (path is a directory, a device, a FIFO or a socket: a file is
-        replaced by rename, and they are never replaced), CheckpointNotFound,
-        CorruptionError, StoreIOError (writing the file; it names path).
+        replaced by rename, and they are never replaced), CheckpointNotFound (also when
+        another writer deleted it while it was exported), CorruptionError,
+        ConcurrentCompactionError (compactions moved its chunks READ_ATTEMPTS times in a row
+        while it was read: retry), StoreIOError (writing the file; it names path).
     """
     path = os.fspath(path)
     fmt = format if format is not None else format_for_path(path)
@@ -120,7 +123,9 @@ def export(store, name: Any, path, format: Optional[str] = None, *,
         saved = export_savepoint(store, name, path, force=force)
         return ExportResult(path, fmt, saved.checkpoint, 0, saved.bytes)
     info = resolve_checkpoint(store, name)
-    cat = catalogue(store, info)
+    # each read made again when a compaction moves its chunks meanwhile (ids: a checkpoint
+    # deleted meanwhile is CheckpointNotFound)
+    cat = retry_moved(lambda: catalogue(store, info), f"exporting checkpoint {info.id}")
     if cat.kind not in ("objects", "arrays", "dcp"):
         raise ExportError(f"checkpoint {info.id} of stream {info.stream!r} holds no tensors "
                           "(it was not written by snapstore.torch.save, Store.save, "
@@ -190,7 +195,7 @@ def _read_buffers(store, info, entries: list) -> dict:
     for cid, names in wanted.items():
         sizes = info.sizes if cid == info.id else store.get(cid).sizes
         targets = {n: bytearray(sizes[n]) for n in names}
-        store.restore_into(cid, targets)
+        retry_moved(lambda: store.restore_into(cid, targets), f"exporting checkpoint {cid}")
         out.update({(cid, n): memoryview(b) for n, b in targets.items()})
     return out
 

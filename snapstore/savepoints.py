@@ -22,7 +22,7 @@ meta, tags and creation time, gets the store's own id, and its reserved meta
 "snapstore.copied_from" names where it came from ({"store", "id", "file"}). Importing a file
 twice makes two checkpoints (unlike copy_checkpoints, which skips what is there).
 
-Only the public Store API is used (Store.manifests, read_chunks, import_checkpoint).
+Only the public Store API is used (Store.with_manifests, import_checkpoint).
 """
 from __future__ import annotations
 
@@ -85,23 +85,35 @@ def export_savepoint(store: Store, checkpoint: Any, path, *,
     path (see the module doc). The store may be read-only.
 
     Returns: SavepointResult.
-    Raises: CheckpointNotFound / AmbiguousCheckpointName, ExportError (an
-        InvalidArgumentError: path exists and not force), CorruptionError (damage in the
-        store), StoreClosedError, OSError (writing the file; nothing is left of it)."""
+    The manifests and the chunks are read from one index snapshot (Store.with_manifests):
+    a compaction in another process or thread (trimming or collecting chunks, moving them
+    to other segments) never makes the file wrong or the store look damaged; the export
+    starts again on a new snapshot when one moved the chunks while they were read.
+
+    Raises: CheckpointNotFound / AmbiguousCheckpointName (also when another writer deleted
+        the checkpoint while it was exported), ExportError (an InvalidArgumentError: path
+        exists and not force), CorruptionError (damage in the store), StoreClosedError,
+        ConcurrentCompactionError (compactions moved its chunks READ_ATTEMPTS times in a
+        row: retry), InvalidArgumentError (path is a directory, a device, a FIFO or a socket),
+        StoreIOError (writing the file; nothing is left of it)."""
     _check_store(store, write=False)
     path = _path(path)
     force = validate_flag(force, "force")
     if not force and os.path.lexists(path):
         raise ExportError(f"{path} exists (pass force=True, --force on the command line, to "
                           f"replace it)")
-    m = store.manifests(checkpoint)
-    description = Description(
-        m.info.stream, m.info.created, original_meta(m.meta), list(m.info.tags),
-        {"store": store_location(store), "id": m.info.id, "seq": m.info.seq},
-        [(b.name, b.size, b.layout, b.page_size, list(b.extents)) for b in m.buffers])
-    stats = write_savepoint(path, description, store.read_chunks, store.options)
-    return SavepointResult(path, m.info.id, stats["bytes"], stats["chunks"],
-                           stats["chunk_bytes"])
+
+    def write(m, read_chunks) -> SavepointResult:
+        description = Description(
+            m.info.stream, m.info.created, original_meta(m.meta), list(m.info.tags),
+            {"store": store_location(store), "id": m.info.id, "seq": m.info.seq},
+            [(b.name, b.size, b.layout, b.page_size, list(b.extents)) for b in m.buffers])
+        stats = write_savepoint(path, description, read_chunks, store.options)
+        return SavepointResult(path, m.info.id, stats["bytes"], stats["chunks"],
+                               stats["chunk_bytes"])
+    # manifests and chunks from one index snapshot, made again when a compaction moves the
+    # chunks meanwhile (write_savepoint leaves no file when it fails)
+    return store.with_manifests(checkpoint, write)
 
 
 def import_savepoint(store: Store, path, *, stream: str | None = None) -> CheckpointInfo:

@@ -31,7 +31,7 @@ from snapstore.engine.memory import OutputBytes
 from snapstore.engine.meta import reserved_meta, user_meta
 from snapstore.engine.extents import check_manifest
 from snapstore.engine.reader import (ChunkReader, buffer_manifest, find_buffer, restore_range,
-                                     restore_ranges)
+                                     restore_ranges, retry_moved)
 from snapstore.engine.repair import repair as rebuild_index
 from snapstore.engine.records import Commit
 from snapstore.engine.backends import SegmentBackend, segment_number
@@ -41,8 +41,8 @@ from snapstore.engine.validation import (MAX_CREATED, buffer_view, check_choice,
                                          validate_int, validate_meta, validate_name,
                                          validate_path, validate_timeout)
 from snapstore.engine.verify import verify as verify_store
-from snapstore.errors import (CorruptionError, InvalidArgumentError, InvalidArgumentTypeError,
-                              SnapstoreError, StoreIOError)
+from snapstore.errors import (CheckpointNotFound, CorruptionError, InvalidArgumentError,
+                              InvalidArgumentTypeError, SnapstoreError, StoreIOError)
 from snapstore.remote import gc as remote_gc
 from snapstore.remote import groups as remote_groups
 from snapstore.remote import layout as remote_layout
@@ -1163,22 +1163,86 @@ class Store:
         gives it). With the chunks they name (read_chunks()) they make the same checkpoint in
         any store (import_checkpoint()). Reads only the index."""
         with self._committer.read() as r:
-            commit = self._get_commit(r, name)
-            buffers = tuple(
-                BufferManifest(b.name, b.size,
-                               tuple((off, length, cid, coff) for off, coff, length, cid
-                                     in buffer_manifest(r, commit, b.name)),
-                               b.layout, b.page_size)
-                for b in commit.buffers)
-            return CheckpointManifests(CheckpointInfo.from_commit(commit), commit.meta,
-                                       buffers)
+            return self._manifests_of(r, self._get_commit(r, name))
+
+    @staticmethod
+    def _manifests_of(r: IndexView, commit: Commit) -> CheckpointManifests:
+        buffers = tuple(
+            BufferManifest(b.name, b.size,
+                           tuple((off, length, cid, coff) for off, coff, length, cid
+                                 in buffer_manifest(r, commit, b.name)),
+                           b.layout, b.page_size)
+            for b in commit.buffers)
+        return CheckpointManifests(CheckpointInfo.from_commit(commit), commit.meta, buffers)
+
+    def with_manifests(self, name: Any,
+                       use: Callable[[CheckpointManifests, Callable], Any]) -> Any:
+        """use(manifests, read_chunks) on one index snapshot, and what it returns: manifests
+        is the checkpoint (named as for resolve()) as manifests() gives it, and
+        read_chunks(chunk ids) yields (chunk id, raw bytes) as read_chunks() does, from that
+        same snapshot, so every chunk the manifests name is there (a chunk it lacks, or fails
+        its checks, is damage: CorruptionError). What export_savepoint and
+        copy_checkpoints read a checkpoint with: manifests() and a later read_chunks() are
+        two snapshots, and a compaction between them may have trimmed the chunks (a live
+        checkpoint's manifest then names others) or collected them (the checkpoint was
+        deleted).
+
+        read_chunks opens the segments the chunks lie in before it reads any, so a
+        compaction that removes them later does not disturb it. When one was removed
+        between the snapshot and that, read_chunks raises ConcurrentCompactionError, and
+        use is called again from the start on a new snapshot, the checkpoint resolved again
+        by its id (CheckpointNotFound when it was deleted meanwhile), up to
+        reader.READ_ATTEMPTS times in all; then ConcurrentCompactionError (retryable). So
+        use must leave nothing behind when it raises (a savepoint's temporary file is
+        removed, an import's log rolled back) and must not keep read_chunks past its return. use's own exceptions pass unchanged (an OSError
+        writing an output file stays an OSError). Use it in one thread. The snapshot is
+        held while use runs: meanwhile the index keeps the pages it would otherwise reuse."""
+        if not callable(use):
+            raise InvalidArgumentTypeError(f"use must be callable, got {type(use).__name__}")
+        found: list = []        # its id, once resolved: a retry reads the same checkpoint
+
+        def attempt() -> Any:
+            return self._refetching(self._with_manifests_once, name, found, use)
+        return retry_moved(attempt, f"reading checkpoint {name!r}")
+
+    def _with_manifests_once(self, name: Any, found: list, use: Callable) -> Any:
+        # the snapshot is left without use's exception: use's errors are its own (the
+        # snapshot's io_errors would call an OSError writing an output file a store read error)
+        snapshot = self._committer.read()
+        r = snapshot.__enter__()
+        try:
+            if not found:
+                commit = self._get_commit(r, name)
+                found.append(commit.id)
+            else:
+                commit = r.checkpoint(found[0])
+                if commit is None:
+                    raise CheckpointNotFound(f"checkpoint {found[0]} was deleted by another "
+                                             "writer while it was being read")
+            manifests = self._manifests_of(r, commit)
+
+            def read_chunks(chunk_ids) -> Iterator[tuple[bytes, bytes]]:
+                return self._chunks_in(r, self._checked_chunk_ids(chunk_ids), hold=True)
+            return use(manifests, read_chunks)
+        finally:
+            snapshot.__exit__(None, None, None)
 
     def read_chunks(self, chunk_ids) -> Iterator[tuple[bytes, bytes]]:
         """Yields (chunk id, raw bytes) for each of chunk_ids (32-byte BLAKE3 ids, as
         layout() and manifests() name them), in order, each read, checked and decoded by the
         one chunk decoder (CorruptionError naming segment and offset on damage, or when the
         store has no such chunk). One index snapshot and one read session for all of them,
-        held until the iterator is exhausted or closed: use it in one thread."""
+        held until the iterator is exhausted or closed: use it in one thread. The snapshot is
+        the index when it is called: a compaction since an earlier manifests() may have
+        trimmed or collected chunks those name (with_manifests() reads both from one
+        snapshot); ConcurrentCompactionError when a compaction removes a segment it reads
+        meanwhile."""
+        ids = self._checked_chunk_ids(chunk_ids)
+        self._committer.check_open()
+        return self._read_chunks(ids)
+
+    @staticmethod
+    def _checked_chunk_ids(chunk_ids) -> list:
         try:
             ids = list(chunk_ids) if not isinstance(chunk_ids, (str, bytes)) else None
         except TypeError:           # not iterable
@@ -1187,12 +1251,29 @@ class Store:
                               for c in ids):
             raise InvalidArgumentTypeError(f"chunk_ids must be an iterable of "
                                            f"{fmt.CHUNK_ID_BYTES}-byte chunk ids")
-        self._committer.check_open()
-        return self._read_chunks(ids)
+        return ids
 
     def _read_chunks(self, ids: list) -> Iterator[tuple[bytes, bytes]]:
-        with self._committer.read() as r, self.backend.open_reader() as segments:
-            reader = ChunkReader(self.backend, segments, r)
+        with self._committer.read() as r:
+            for cid in ids:     # ids from another snapshot: a missing one need not be damage
+                if r.chunk(cid) is None:
+                    raise CorruptionError(
+                        f"the store has no chunk {cid.hex()[:16]}…: a compaction since the "
+                        "manifests naming it were read trimmed or collected it "
+                        "(Store.with_manifests reads both from one index snapshot), or the "
+                        "index is damaged")
+            yield from self._chunks_in(r, ids)
+
+    def _chunks_in(self, r: IndexView, ids: list, hold: bool = False
+                   ) -> Iterator[tuple[bytes, bytes]]:
+        """The chunks `ids` as the snapshot r places them, in one read session. hold: their
+        segments are opened first (ChunkReader.hold), so a compaction that removes them
+        while the chunks are read does not cut the read short."""
+        with io_errors("cannot read the store"), self.backend.open_reader() as segments:
+            reader = ChunkReader(self.backend, segments, r,
+                                 {cid: r.chunk(cid) for cid in ids} if hold else None)
+            if hold:
+                reader.hold()
             for cid in ids:
                 yield cid, bytes(reader.read(cid))
 

@@ -8,6 +8,7 @@ from snapstore import diff
 from snapstore.cli.args import NAME_HELP, id_arg, nonneg_arg, size_arg, size_between
 from snapstore.cli.common import EXIT_OK, open_store, progress, resolve
 from snapstore.cli.output import print_json
+from snapstore.engine.reader import retry_moved
 from snapstore.formatting import human_bytes, printable, text_table
 
 
@@ -72,7 +73,8 @@ def _catalogues(store, a, b):
         from snapstore.tensors import tensor_catalogue
     except ImportError:          # the tensor catalogue is not part of this build
         return None
-    cat_a, cat_b = tensor_catalogue(store, a), tensor_catalogue(store, b)
+    cat_a, cat_b = (retry_moved(lambda: tensor_catalogue(store, c), f"diff: checkpoint {c.id}")
+                    for c in (a, b))        # made again when a compaction moved its chunks
     return (cat_a, cat_b) if cat_a and cat_b else None
 
 

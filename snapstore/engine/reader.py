@@ -11,7 +11,7 @@ import bisect
 import collections
 import os
 import threading
-from typing import Callable
+from typing import Callable, TypeVar
 
 from snapstore import _native as native
 from snapstore import halves
@@ -25,6 +25,31 @@ from snapstore.engine.index import IndexView
 from snapstore.engine.memory import uninit_bytearray
 from snapstore.engine.records import BufferEntry, Commit
 from snapstore.engine.wal import damaged_record, segment_version
+
+T = TypeVar("T")
+
+# Times a composite read (export, copy, diff) is made again, each on a new index snapshot,
+# when a compaction moved the chunks it was reading (ConcurrentCompactionError)
+READ_ATTEMPTS = 5
+
+
+def retry_moved(read: Callable[[], T], what: str, attempts: int = READ_ATTEMPTS) -> T:
+    """read(), made again when it raised ConcurrentCompactionError (a compaction removed a
+    segment it was reading: the index, read afresh, places those chunks elsewhere), up to
+    `attempts` times in all; then ConcurrentCompactionError naming `what`. For reads that
+    leave nothing behind when they fail and that take a new index snapshot each time (a
+    checkpoint deleted meanwhile is then CheckpointNotFound)."""
+    for _ in range(attempts - 1):
+        try:
+            return read()
+        except ConcurrentCompactionError:
+            continue
+    try:
+        return read()
+    except ConcurrentCompactionError as exc:
+        raise ConcurrentCompactionError(f"{what}: compactions moved its chunks while it was "
+                                        f"read, {attempts} times in a row; retry "
+                                        f"({exc})") from None
 
 
 def buffer_layers(view: IndexView, commit: Commit, name: str) -> list[list]:
@@ -104,6 +129,16 @@ class ChunkReader:
             return False
         self._read(chunk_id, entry, out)
         return True
+
+    def hold(self) -> None:
+        """Opens the segments of `entries` now, reading each one's header (its version is
+        checked), so that a compaction that removes one while this session reads keeps it
+        readable to the session (a removed file lives while it is open): only a segment
+        removed before this call makes a read of its chunks ConcurrentCompactionError. For
+        a long read of many chunks in this one session (with_manifests' read_chunks)."""
+        for number in sorted({e.segment for e in self.entries.values() if e is not None}):
+            if number not in self._versions_checked:
+                self._check_version(number)
 
     def _entry(self, chunk_id: bytes):
         entry = self.entries.get(chunk_id)

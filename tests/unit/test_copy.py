@@ -187,14 +187,18 @@ def test_objects_arrays_groups_and_other_write_options(tmp_path, src):
 
 def test_a_failure_keeps_what_was_copied_and_a_rerun_finishes(src, dst, monkeypatch):
     infos, _ = _fill(src)
-    real, calls = src.read_chunks, [0]
+    real, calls = src.with_manifests, [0]
 
-    def failing(ids):
-        calls[0] += 1
-        if calls[0] == 2:
-            raise CorruptionError("simulated damage in the source")
-        return real(ids)
-    monkeypatch.setattr(src, "read_chunks", failing)
+    def failing_source(name, use):      # the source's chunks fail the second time
+        def use_failing(m, read_chunks):
+            def failing(ids):
+                calls[0] += 1
+                if calls[0] == 2:
+                    raise CorruptionError("simulated damage in the source")
+                return read_chunks(ids)
+            return use(m, failing)
+        return real(name, use_failing)
+    monkeypatch.setattr(src, "with_manifests", failing_source)
     with pytest.raises(CorruptionError, match="simulated"):
         snapstore.copy_checkpoints(src, dst)
     assert len(dst.checkpoints()) == 1 and dst.verify()["ok"]
@@ -248,19 +252,24 @@ def test_copying_everything_skips_what_another_writer_deletes_meanwhile(tmp_path
     result = snapstore.copy_checkpoints(src, dst, progress=progress)
     assert sorted(result.copied) == [1, 3]
     assert [dst.restore(i)["w"] for i in sorted(result.copied.values())] == [data[1], data[3]]
-    # deleted and compacted between the manifests and the chunks
-    more = {src.checkpoint({"w": os.urandom(5000)}, "train").id for _ in range(2)}
-    real = src.manifests
+    # deleted and compacted (its segments removed) after the copy read its manifests, before
+    # its chunks: the read is made again, and finds it deleted
+    # (written by the compacting writer: its own open segment is sealed and rewritten too)
+    more = {other.checkpoint({"w": os.urandom(5000)}, "train").id for _ in range(2)}
+    real, fired = src.with_manifests, []
 
-    def manifests_then_gone(name):
-        m = real(name)
-        if m.info.id == max(more):
-            other.delete(m.info.id)
-            other.compact()
-        return m
-    src.manifests = manifests_then_gone
+    def gone_meanwhile(name, use):
+        def use_after_compaction(m, read_chunks):
+            if m.info.id == max(more) and not fired:
+                other.delete(m.info.id)
+                fired.append(other.compact(threshold=1.0))
+            return use(m, read_chunks)
+        return real(name, use_after_compaction)
+    src.with_manifests = gone_meanwhile
     with pytest.raises(snapstore.errors.CheckpointNotFound, match="deleted by another writer"):
         snapstore.copy_checkpoints(src, dst, [max(more)])
+    assert fired and fired[0]["segments_removed"] > 0
+    del src.with_manifests
     result = snapstore.copy_checkpoints(src, dst)             # every checkpoint: skipped
     assert max(more) not in result.copied and max(more) not in result.skipped
     for s in (src, other, dst):
