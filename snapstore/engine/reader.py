@@ -360,12 +360,12 @@ def decode_whole_chunks(segments: SegmentReader, extents, entries: dict, out: me
                         start: int, buffers: dict | None = None) -> None:
     """Writes each extent's whole chunk (extents (offset, 0, chunk's raw length, chunk id);
     entries: chunk id -> index entry) to out[offset - start:]: the chunk records are read one
-    run of back-to-back records at a time (read_into a run buffer) and checked and decoded
-    by native.read_chunks (the same checks as chunks.read_chunk). buffers: the run and
-    scratch buffers of an earlier call on the same thread, reused (fresh memory costs a page
-    fault per page). Raises CorruptionError (DamagedRecord) at the first record that fails,
-    naming only why: the caller redoes the work on the path whose errors are
-    authoritative."""
+    run of back-to-back records at a time (segments.read_pieces: into a run buffer, or views
+    of memory the backend holds them in already) and checked and decoded by
+    native.read_chunks (the same checks as chunks.read_chunk). buffers: the run and scratch
+    buffers of an earlier call on the same thread, reused (fresh memory costs a page fault
+    per page). Raises CorruptionError (DamagedRecord) at the first record that fails, naming
+    only why: the caller redoes the work on the path whose errors are authoritative."""
     records = [entries[e[3]] for e in extents]
     runs = record_runs(records)
     if not runs:
@@ -374,15 +374,60 @@ def decode_whole_chunks(segments: SegmentReader, extents, entries: dict, out: me
     scratch = _at_least(buffers, "scratch", max(entry.raw_len for entry in records))
     run_buffer = _at_least(buffers, "run", max(end - first for _, first, end, _ in runs))
     for number, first, end, members in runs:
-        data = memoryview(run_buffer)[:end - first]
-        if segments.read_into(number, first, data) != end - first:
-            raise damaged_record("chunk records are truncated", number, first)
-        reads = [(records[i].offset - first, extents[i][0] - start, records[i].stored_len,
-                  records[i].raw_len, extents[i][3]) for i in members]
-        done, reason = native.read_chunks(data, out, reads, scratch)
-        if done != len(reads):
-            raise damaged_record(f"chunk record fails its checks: {native.READ_REASONS[reason]}",
-                                number, records[members[done]].offset)
+        with segments.read_pieces(number, first, memoryview(run_buffer)[:end - first]) as pieces:
+            if sum(len(view) for _, view in pieces) != end - first:
+                raise damaged_record("chunk records are truncated", number, first)
+            for at, view, reads in _reads_by_piece(pieces, members, records, extents, start,
+                                                  buffers):
+                done, reason = native.read_chunks(view, out, reads, scratch)
+                if done != len(reads):
+                    raise damaged_record("chunk record fails its checks: "
+                                         f"{native.READ_REASONS[reason]}", number,
+                                         at + reads[done][0])
+
+
+def _reads_by_piece(pieces: list, members: list, records: list, extents, start: int,
+                    buffers: dict):
+    """(segment offset of view, view, native.read_chunks reads) for the records of one run
+    (positions `members` in records and extents), which read_pieces gave as `pieces`: the
+    records inside each piece are read from it in place; one that spans two pieces (a block
+    boundary) is first copied whole into buffers["stitch"] (one record at a time)."""
+    if len(pieces) == 1:
+        at, view = pieces[0]
+        yield at, view, [(records[i].offset - at, extents[i][0] - start, records[i].stored_len,
+                          records[i].raw_len, extents[i][3]) for i in members]
+        return
+    starts = [p[0] for p in pieces]
+    header = fmt.RECORD_HEADER.size
+    grouped: list = [[] for _ in pieces]
+    spanning = []
+    for i in members:
+        rec = records[i]
+        k = bisect.bisect_right(starts, rec.offset) - 1
+        at, view = pieces[k]
+        if rec.offset + header + rec.stored_len <= at + len(view):
+            grouped[k].append((rec.offset - at, extents[i][0] - start, rec.stored_len,
+                               rec.raw_len, extents[i][3]))
+        else:
+            spanning.append(i)
+    for (at, view), reads in zip(pieces, grouped):
+        if reads:
+            yield at, view, reads
+    for i in spanning:
+        rec = records[i]
+        size = header + rec.stored_len
+        stitch = memoryview(_at_least(buffers, "stitch", size))[:size]
+        k = bisect.bisect_right(starts, rec.offset) - 1
+        got = 0
+        while got < size:
+            at, view = pieces[k]
+            lo = rec.offset + got - at
+            n = min(size - got, len(view) - lo)
+            stitch[got:got + n] = view[lo:lo + n]
+            got += n
+            k += 1
+        yield rec.offset, stitch, [(0, extents[i][0] - start, rec.stored_len, rec.raw_len,
+                                    extents[i][3])]
 
 
 def _at_least(buffers: dict, name: str, size: int) -> bytearray:

@@ -23,13 +23,14 @@ coming (STALL_SECONDS without a read) end the wait, and the oldest blocks go as 
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import mmap
 import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from snapstore import _native as native
 from snapstore.engine.backends.base import segment_name
@@ -216,20 +217,35 @@ class BlockCache:
         os.replace(path, self.whole_path(number))
         self._grew(size)
 
-    def _copy_block(self, number: int, block: int, lo: int, dest: memoryview) -> tuple:
-        """Copies bytes [lo, lo + len(dest)) of the block into dest: (how many, fewer at the
-        segment's end; whether the block is the segment's last)."""
+    def _pin(self, number: int, block: int) -> "_Held | None":
+        """The block held in memory, pinned (its buffer is not reused until _unpin), after
+        waiting for a prefetch that is fetching it; None when it is not held."""
         with self._lock:
             pending = self._inflight.get((number, block))
         if pending is not None:
             try:
                 pending.result()        # a prefetch is fetching it: wait for that one
             except Exception:
-                pass                    # fetched again below; its error is reported there
+                pass                    # fetched again by the caller; its error is reported there
         with self._lock:
             held = self._held.get((number, block))
             if held is not None:
-                held.pins += 1          # its buffer is not reused until the copy is done
+                held.pins += 1
+        return held
+
+    def _unpin(self, held: "_Held", n: int) -> None:
+        """Ends a pin of _pin, counting n of the block's bytes as read."""
+        with self._lock:
+            held.pins -= 1
+            if held.gone:
+                self._recycle(held)
+            else:
+                self._was_read(held, n)
+
+    def _copy_block(self, number: int, block: int, lo: int, dest: memoryview) -> tuple:
+        """Copies bytes [lo, lo + len(dest)) of the block into dest: (how many, fewer at the
+        segment's end; whether the block is the segment's last)."""
+        held = self._pin(number, block)
         if held is not None:
             n = max(0, min(len(dest), len(held.view) - lo))     # none past the end
             try:
@@ -239,12 +255,11 @@ class BlockCache:
                     dest[:n] = held.view[lo:lo + n]
                 return n, len(held.view) < layout.CACHE_BLOCK
             finally:
-                with self._lock:
-                    held.pins -= 1
-                    if held.gone:
-                        self._recycle(held)
-                    else:
-                        self._was_read(held, n)
+                self._unpin(held, n)
+        return self._copy_unheld(number, block, lo, dest)
+
+    def _copy_unheld(self, number: int, block: int, lo: int, dest: memoryview) -> tuple:
+        """_copy_block for a block not held in memory: from its file, else fetched now."""
         try:
             fd = os.open(self._block_path(number, block), os.O_RDONLY)
         except FileNotFoundError:
@@ -480,6 +495,47 @@ class BlockCache:
             if at_end or n < want:
                 break               # the segment ends in this block
         return got
+
+    @contextlib.contextmanager
+    def read_pieces(self, number: int, offset: int, buf) -> Iterator[list]:
+        """Bytes [offset, offset + len(buf)) of remote segment `number` (fewer at its end) as
+        [(segment offset, view), ...], back to back (the contract's SegmentReader.read_pieces):
+        a block held in memory gives a view of its buffer, pinned until the with block ends
+        (no copy; its bytes count as read then); any other part is read into the same place
+        of buf (read_into's way)."""
+        dest = memoryview(buf).cast("B")
+        if not len(dest) or os.path.exists(self.whole_path(number)):
+            yield [(offset, dest[:self.read_into(number, offset, dest)])]
+            return
+        B = layout.CACHE_BLOCK
+        pieces: list = []
+        pinned: list = []           # (held, bytes of it used)
+        try:
+            got = 0
+            for block in range(offset // B, (offset + len(dest) - 1) // B + 1):
+                lo = offset + got - block * B
+                want = min(B - lo, len(dest) - got)
+                held = self._pin(number, block)
+                if held is not None:
+                    n = max(0, min(want, len(held.view) - lo))
+                    pinned.append([held, n])
+                    pieces.append((offset + got, held.view[lo:lo + n]))
+                    at_end = len(held.view) < B
+                else:
+                    n, at_end = self._copy_unheld(number, block, lo, dest[got:got + want])
+                    pieces.append((offset + got, dest[got:got + n]))
+                got += n
+                if at_end or n < want:
+                    break           # the segment ends in this block
+            yield pieces
+        finally:
+            for _, view in pieces:
+                try:
+                    view.release()  # before the pins end: a buffer reused is not seen
+                except BufferError:
+                    pass            # still exported by a caller that kept it
+            for held, n in pinned:
+                self._unpin(held, n)
 
     def prefetch(self, ranges: Iterable[tuple[int, int, int]]) -> None:
         """Starts fetching, in parallel and in order, the blocks of (segment, offset, length)

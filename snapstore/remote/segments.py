@@ -44,6 +44,15 @@ class _Reader(SegmentReader):
     def read_into(self, number: int, offset: int, buf) -> int:
         return self._from(number, lambda source: source.read_into(number, offset, buf))
 
+    def read_pieces(self, number: int, offset: int, buf):
+        """Views of the block cache's memory where it holds the bytes (BlockCache.read_pieces);
+        a segment of this writer's spool is read into buf (the contract's default)."""
+        if self._closed:
+            raise ValueError("read session is closed")
+        if number in self._backend.spooled():
+            return super().read_pieces(number, offset, buf)
+        return self._backend.cache.read_pieces(number, offset, buf)
+
     def _from(self, number: int, read):
         """read(source): from the spool while segment `number` is this writer's own and not
         uploaded yet (an upload that ends meanwhile moves it: then from the cache), else

@@ -50,8 +50,9 @@ objects read by range; the open segment a local file uploaded when sealed).
 """
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from snapstore.engine import format as fmt
 from snapstore.errors import CorruptionError
@@ -96,6 +97,19 @@ class SegmentReader(ABC):
         data = self.read(number, offset, len(buf))
         memoryview(buf)[:len(data)] = data
         return len(data)
+
+    @contextlib.contextmanager
+    def read_pieces(self, number: int, offset: int, buf) -> Iterator[list]:
+        """Bytes [offset, offset + len(buf)) of segment `number` (fewer when the segment ends
+        first), for use inside the with block only: [(segment offset, read-only-use view),
+        ...], back to back from `offset`. The default reads them into buf (read_into): one
+        piece. A backend that holds the bytes in memory already (an object store's block
+        cache) may yield views of that memory instead, with no copy, valid until the block
+        ends (they must not be used after it); buf then holds only what it had to read. The
+        same errors as read()."""
+        view = memoryview(buf).cast("B")
+        n = self.read_into(number, offset, view)
+        yield [(offset, view[:n])]
 
     def prefetch(self, ranges) -> None:
         """A hint: the session will read these (segment, offset, length) ranges soon, in
