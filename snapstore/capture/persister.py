@@ -19,6 +19,14 @@ head deleted some other way).
 Threads: the worker commits through the committer's writer lock; nothing here holds that lock
 while waiting for the worker (see the committer's locking contract). Captures have priority:
 while one runs, the worker pauses between chunks (capturing(), yield_to_captures()).
+
+Interrupts: a KeyboardInterrupt (Ctrl-C) may land between any two bytecodes of the caller's
+thread. So the state a capture changes is changed by single operations that are undone by
+identity (the queue holds the jobs, the sets hold live captures and captures in progress: what
+is pending is counted from them, never kept in a counter that an interrupt could leave off by
+one), locks are plain Locks entered with `with` (whose C-level __enter__ cannot be cut in
+half), and a capture interrupted after it took a staging region frees it (_abandon) unless its
+job was queued, which then commits as usual.
 """
 from __future__ import annotations
 
@@ -33,6 +41,7 @@ from snapstore.halves import both, split_point
 from snapstore.capture.tracker import Capturer, ImplicitCapturer, Tracker, release_views
 from snapstore.engine import writer as wr
 from snapstore.engine.commit import Committer
+from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.records import Commit
 from snapstore.errors import (CommitConflict, ForkedStoreError, InvalidArgumentError,
                               SnapstoreError, StoreClosedError)
@@ -59,15 +68,17 @@ class Persister:
         self.committer = committer
         self.arena = StagingArena(staging_bytes)
         self._describe = describe
-        self._cv = threading.Condition()
-        self._queue: collections.deque = collections.deque()
-        self._pending: collections.Counter = collections.Counter()   # owner -> queued jobs
-        self._live = 0                 # captures committed from the live buffers right now
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._queue: collections.deque = collections.deque()   # jobs, the running one first
+        self._live: dict = {}          # token -> owner of a capture committed from the live
+        #                                buffers right now
+        self._worker: threading.Thread | None = None   # the thread that runs the queue
         self._closed = False
         self._owners: dict[str, Capturer] = {}    # stream -> tracker or implicit capturer
-        self._captures = 0
-        self._capture_cv = threading.Condition()
+        self._captures: set = set()    # tokens of the captures in progress
+        self._capture_lock = threading.Lock()
+        self._capture_cv = threading.Condition(self._capture_lock)
         self._submit_lock = threading.Lock()      # a region is taken, filled, queued: submit()
 
     # -- who owns a stream
@@ -132,13 +143,14 @@ class Persister:
     def capturing(self):
         """Marks a capture in progress: the worker pauses between chunks meanwhile, so the
         caller's thread does not wait for the GIL behind background work."""
-        with self._capture_cv:
-            self._captures += 1
+        token = object()
         try:
+            with self._capture_lock:
+                self._captures.add(token)
             yield
         finally:
-            with self._capture_cv:
-                self._captures -= 1
+            with self._capture_lock:
+                self._captures.discard(token)
                 if not self._captures:
                     self._capture_cv.notify_all()
 
@@ -146,7 +158,7 @@ class Persister:
         """Called by the worker between chunks: waits while a capture runs (bounded, so a
         stuck caller never stalls persisting for long)."""
         if self._captures:
-            with self._capture_cv:
+            with self._capture_lock:
                 self._capture_cv.wait_for(lambda: not self._captures, timeout=0.05)
 
     # -- submitting
@@ -162,26 +174,28 @@ class Persister:
         total = sum(p.nbytes for p in plans)
         if total > self.arena.capacity:
             self.wait_idle(owner)
-            with self._cv:
-                if self._closed:
-                    raise StoreClosedError("the store was closed while this checkpoint was "
-                                           "being captured")
-                # counted as pending: close() and wait_idle() wait for it (it reads the
-                # caller's live buffers, which closing releases)
-                self._live += 1
-                self._pending[owner] += 1
+            token = object()
             result = error = None
             try:
+                with self._lock:
+                    if self._closed:
+                        raise StoreClosedError("the store was closed while this checkpoint "
+                                               "was being captured")
+                    # pending: close() and wait_idle() wait for it (it reads the caller's
+                    # live buffers, which closing releases)
+                    self._live[token] = owner
                 result = self._commit(owner, plans, meta, live=True)
+            except StoreClosedError as exc:
+                if token not in self._live:
+                    raise               # closed before it began: nothing was tried
+                error = exc
+                owner.failed(exc)
             except BaseException as exc:
                 error = exc
                 owner.failed(exc)
             finally:
-                with self._cv:
-                    self._live -= 1
-                    self._pending[owner] -= 1
-                    if not self._pending[owner]:
-                        del self._pending[owner]
+                with self._lock:
+                    self._live.pop(token, None)
                     self._cv.notify_all()
             future: Future = Future()
             if error is None:               # resolved last: a callback may close the store
@@ -195,27 +209,29 @@ class Persister:
         # lock. (Without it a job queued first could free a region taken after one still
         # being filled, and that one's bytes be overwritten.)
         with self._submit_lock:
-            region, memory = None, None
-            if total:
-                # from a done-callback (on the worker thread, which frees regions) waiting
-                # for room would wait forever
-                taken = self.arena.alloc(total, wait=not self.on_worker())
-                if taken is None:
-                    raise SnapstoreError(
-                        f"a checkpoint of stream {owner.stream!r} taken in a checkpoint's "
-                        f"done-callback needs {total} bytes of staging, and the staging "
-                        "arena is full of checkpoints that are committed on the thread the "
-                        "callback runs on, after it returns: take it outside the callback, "
-                        "or open the store with a larger staging_bytes")
-                region, memory = taken
+            job = _Job(owner, owner.epoch, plans, meta, None)
             try:
+                memory = None
+                if total:
+                    # from a done-callback (on the worker thread, which frees regions)
+                    # waiting for room would wait forever
+                    taken = self.arena.alloc(total, wait=not self.on_worker(), owner=job)
+                    if taken is None:
+                        raise SnapstoreError(
+                            f"a checkpoint of stream {owner.stream!r} taken in a checkpoint's "
+                            f"done-callback needs {total} bytes of staging, and the staging "
+                            "arena is full of checkpoints that are committed on the thread the "
+                            "callback runs on, after it returns: take it outside the callback, "
+                            "or open the store with a larger staging_bytes")
+                    job.region, memory = taken
+                crashpoint("after_staging_alloc")
                 with self.capturing():
                     self._stage_all(owner, plans, memory, narrowable)
+                self._enqueue(job)
             except BaseException:
-                if region is not None:
-                    self._free_tail(region)
+                self._abandon(job)
                 raise
-            return self._enqueue(owner, plans, meta, region)
+            return job.future
 
     @staticmethod
     def _stage_all(owner: Capturer, plans: list, memory, narrowable: frozenset) -> None:
@@ -246,31 +262,34 @@ class Persister:
         at = split_point([p.nbytes for _, p, _ in places])
         both(lambda: stage(places[:at]), lambda: stage(places[at:]))
 
-    def _enqueue(self, owner: Capturer, plans: list, meta: Any, region) -> Future:
-        job = _Job(owner, owner.epoch, plans, meta, region)
-        with self._cv:
+    def _enqueue(self, job: _Job) -> None:
+        with self._lock:
             if self._closed:
                 raise StoreClosedError("store is closed")
-            self._queue.append(job)
-            self._pending[owner] += 1
+            self._queue.append(job)         # one operation: queued, and pending, or not
+            crashpoint("after_job_queued")
             self._start_worker()
             self._cv.notify_all()
-        return job.future
 
-    def _free_tail(self, region: int) -> None:
-        # A region taken by a capture that failed before queueing: it is the newest, and
-        # every older one is queued; free it after them by queueing an empty job.
-        job = _Job(None, 0, [], None, region)
-        with self._cv:
-            self._queue.append(job)
-            self._start_worker()
-            self._cv.notify_all()
+    def _abandon(self, job: _Job) -> None:
+        """A capture failed or was interrupted before it returned: unless its job is queued
+        (it then commits as usual), frees the staging region it took, if any (the arena
+        reuses it once the older regions, of queued jobs, are freed too)."""
+        with self._lock:
+            if any(queued is job for queued in self._queue):
+                # (the interrupt may have come before the worker was started or woken)
+                self._start_worker()
+                self._cv.notify_all()
+                return
+        self.arena.free_taken_by(job)
 
     def _start_worker(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="snapstore-persist",
-                                            daemon=True)
-            self._thread.start()
+        """(lock held) Starts a thread to run the queue unless one runs it. An interrupt can
+        cut Thread.start() short after the thread began, and then nothing tells whether it
+        did; so a thread is started whenever no thread has taken the queue, and the first to
+        take it (_run) is the worker: any other returns at once."""
+        if self._worker is None:
+            threading.Thread(target=self._run, name="snapstore-persist", daemon=True).start()
 
     # -- the worker
     def _commit(self, owner: Capturer, plans: list, meta: Any, live: bool = False):
@@ -293,22 +312,33 @@ class Persister:
         return self._describe(commit)
 
     def _run(self) -> None:
-        while True:
-            with self._cv:
-                while not self._queue:
-                    if self._closed:
-                        self.arena.close()      # (close() from a callback left it to us)
-                        return
-                    self._cv.wait()
-                job = self._queue[0]
-            self._process(job)
-            # No reference to the job may outlive it in this frame (its plans hold views of
-            # the caller's buffers, which must be free once the job landed).
-            job = None
+        me = threading.current_thread()
+        with self._lock:
+            if self._worker is not None:
+                return                  # another thread runs the queue
+            self._worker = me
+        try:
+            while True:
+                with self._lock:
+                    while not self._queue:
+                        if self._closed:
+                            self.arena.close()      # (close() from a callback left it to us)
+                            return
+                        self._cv.wait()
+                    job = self._queue[0]
+                self._process(job)
+                # No reference to the job may outlive it in this frame (its plans hold views
+                # of the caller's buffers, which must be free once the job landed).
+                job = None
+        finally:
+            with self._lock:
+                if self._worker is me:
+                    self._worker = None
+                    self._cv.notify_all()       # close() waits for it
 
     def on_worker(self) -> bool:
         """Whether the calling thread is the worker (a done-callback runs there)."""
-        return self._thread is threading.current_thread()
+        return self._worker is threading.current_thread()
 
     def _process(self, job: _Job) -> None:
         """Commits one job, frees its staging region and drops its views, then resolves its
@@ -330,8 +360,11 @@ class Persister:
             if job.owner is not None and job.epoch == job.owner.epoch:
                 job.owner.failed(exc)
         try:
-            if job.region is not None:
-                self.arena.free(job.region)
+            try:
+                if job.region is not None:
+                    self.arena.free(job.region, job)
+            except AssertionError as exc:   # (a bug: on the future, not killing the worker)
+                error = error or exc
             if job.owner is not None and job.owner.per_capture_views:
                 release_views(p.view for p in job.plans)   # even if a traceback holds them
             job.plans = []
@@ -341,12 +374,8 @@ class Persister:
                 else:
                     job.future.set_exception(error)
         finally:
-            with self._cv:
+            with self._lock:
                 self._queue.popleft()
-                if job.owner is not None:
-                    self._pending[job.owner] -= 1
-                    if not self._pending[job.owner]:
-                        del self._pending[job.owner]
                 self._cv.notify_all()
 
     # -- a fork()ed child
@@ -355,17 +384,18 @@ class Persister:
         survive the fork, so the queued jobs fail with ForkedStoreError (their futures would
         never resolve), and the persister is closed; its conditions, and its capturers' locks,
         are new (a thread of the parent may have held them)."""
-        self._cv = threading.Condition()
-        self._capture_cv = threading.Condition()
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._capture_lock = threading.Lock()
+        self._capture_cv = threading.Condition(self._capture_lock)
         self._submit_lock = threading.Lock()
         for owner in self._owners.values():
             owner.after_fork_in_child()
-        self._captures = 0
+        self._captures = set()
         self._closed = True
-        self._thread = None
+        self._worker = None
         jobs, self._queue = list(self._queue), collections.deque()
-        self._pending = collections.Counter()
-        self._live = 0
+        self._live = {}
         for job in jobs:
             if job.future is not None and not job.future.done():
                 try:
@@ -378,16 +408,21 @@ class Persister:
     # -- waiting and closing
     def pending(self, owner: Capturer) -> int:
         """How many of owner's jobs are queued or running."""
-        with self._cv:
-            return self._pending[owner]
+        with self._lock:
+            return self._pending(owner)
+
+    def _pending(self, owner: Capturer) -> int:
+        # (lock held) counted from the queue and the live captures, kept by single operations
+        return (sum(1 for job in self._queue if job.owner is owner)
+                + sum(1 for o in self._live.values() if o is owner))
 
     def wait_idle(self, owner: Capturer | None = None) -> None:
         """Waits until no job (of owner, or at all) is queued or running. Never call it while
         holding the committer's writer lock: the worker needs that lock."""
         if self.on_worker() or self.committer.forked:
             return
-        with self._cv:
-            while (self._pending[owner] if owner is not None else (self._queue or self._live)):
+        with self._lock:
+            while (self._pending(owner) if owner is not None else (self._queue or self._live)):
                 self._cv.wait()
 
     def close(self) -> None:
@@ -400,13 +435,13 @@ class Persister:
         on_worker = self.on_worker()
         if not on_worker:
             self.wait_idle()
-        with self._cv:
+        with self._lock:
             self._closed = True
             self._cv.notify_all()
             while self._live:           # one that began before _closed was set (none after)
                 self._cv.wait()
-        if not on_worker and self._thread is not None:
-            self._thread.join()
+            while not on_worker and self._worker is not None:
+                self._cv.wait()         # it exits once the queue is empty
         for owner in list(self._owners.values()):
             owner.close()
         self._owners.clear()

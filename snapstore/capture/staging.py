@@ -2,8 +2,13 @@
 changed bytes into, so the caller's buffers are free again as soon as the capture returns.
 
 Regions are taken in capture order and freed in the same order once their job is persisted
-(FIFO); a capture that does not fit waits for older jobs to land (back-pressure). The memory is
+(FIFO; one freed early is reused only after the older ones); a capture that does not fit waits for older jobs to land (back-pressure). The memory is
 mapped on first use, huge-page backed where the kernel allows.
+
+A region is recorded with its taker (alloc's `owner`) as it is taken, so a capture interrupted
+anywhere after alloc (a KeyboardInterrupt from Ctrl-C lands between any two bytecodes) can find
+and free what it took (free_taken_by). The lock is a plain threading.Lock entered with `with`
+(a C-level __enter__, which no signal handler can interrupt half-way, unlike Condition's).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import threading
 from snapstore.errors import StoreIOError
 
 DEFAULT_STAGING_BYTES = 1 << 30
+_FREED = object()       # the owner of a region freed before an older one
 
 
 def max_staging_bytes() -> int:
@@ -34,8 +40,9 @@ class StagingArena:
         self.capacity = capacity
         self._mm: mmap.mmap | None = None
         self._view: memoryview | None = None
-        self._cv = threading.Condition()
-        self._regions: collections.deque = collections.deque()   # (start, end), oldest first
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._regions: collections.deque = collections.deque()   # (start, end, owner), oldest first
         self._head = 0
         self.in_use = 0             # bytes of the regions taken and not yet freed
         self.peak = 0               # the most in_use ever was
@@ -65,39 +72,62 @@ class StagingArena:
             return 0 if n <= tail else None
         return self._head if self._head + n <= tail else None   # free: [head, tail)
 
-    def alloc(self, n: int, wait: bool = True) -> tuple[int, memoryview] | None:
+    def alloc(self, n: int, wait: bool = True,
+              owner: object = None) -> tuple[int, memoryview] | None:
         """Blocks until n contiguous bytes are free; returns (region id, memory). wait=False:
-        None instead of blocking. Raises StoreIOError (taking nothing) when the arena's
-        memory cannot be mapped."""
+        None instead of blocking. owner: recorded with the region (free, free_taken_by). Raises
+        StoreIOError (taking nothing) when the arena's memory cannot be mapped."""
         if n > self.capacity:
             raise ValueError("larger than the arena")
-        with self._cv:
+        with self._lock:
             memory = self._memory()         # first: a mapping failure must leak no region
             while (start := self._place(n)) is None:
                 if not wait:
                     return None
                 self._cv.wait()
-            self._regions.append((start, start + n))
+            self._regions.append((start, start + n, owner))
             self._head = start + n
             self.in_use += n
             self.peak = max(self.peak, self.in_use)
             return start, memory[start:start + n]
 
-    def free(self, start: int) -> None:
-        with self._cv:
-            if self._regions[0][0] != start:
-                # checked under python -O too: freeing out of order would hand out memory a
-                # capture is still filling (the persister queues jobs in region order)
-                raise AssertionError("staging regions must be freed in order")
-            first = self._regions.popleft()
-            self.in_use -= first[1] - first[0]
-            if not self._regions:
-                self._head = 0
-            self._cv.notify_all()
+    def free_taken_by(self, owner: object) -> bool:
+        """Frees the region owner took, if it holds one (whether it did)."""
+        with self._lock:
+            for start, _, taker in self._regions:
+                if taker is owner:
+                    self._free(start, owner)
+                    return True
+            return False
+
+    def free(self, start: int, owner: object = None) -> None:
+        """Frees the region at start that owner took. Regions are meant to be freed in the
+        order they were taken; one freed early (its taker was interrupted) is marked, and its
+        memory is reused once every older region is freed too, so the ring never hands out
+        memory a capture may still be filling. Freeing a region not taken raises
+        AssertionError (checked under python -O too)."""
+        with self._lock:
+            self._free(start, owner)
+
+    def _free(self, start: int, owner: object) -> None:
+        # (lock held)
+        for i, (begin, end, taker) in enumerate(self._regions):
+            if begin == start and taker is owner:
+                break
+        else:
+            raise AssertionError(f"staging region {start} of {owner!r} is not taken")
+        self._regions[i] = (begin, end, _FREED)
+        self.in_use -= end - begin
+        while self._regions and self._regions[0][2] is _FREED:
+            self._regions.popleft()
+        if not self._regions:
+            self._head = 0
+        self._cv.notify_all()
 
     def close(self) -> None:
-        if self._view is not None:
+        with self._lock:            # (the worker and close() may both close it)
             view, mm, self._view, self._mm = self._view, self._mm, None, None
+        if view is not None:
             try:
                 view.release()
                 mm.close()
