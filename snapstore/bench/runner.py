@@ -184,6 +184,7 @@ def run_workload(w: Workload, *, methods=None, workdir: Optional[str] = None,
                 except Exception as exc:     # noqa: BLE001 - fail() re-raises what is fatal
                     fail(name, exc)
 
+    failed = True
     try:
         for name in names:
             if reasons[name]:
@@ -247,14 +248,24 @@ def run_workload(w: Workload, *, methods=None, workdir: Optional[str] = None,
         for name, t in tracks.items():
             results[name] = t.result(w)
         add_ratios(results)
-        return {"workload": asdict(w), "description": w.describe(),
-                "results": {n: results[n] for n in names}}
+        out = {"workload": asdict(w), "description": w.describe(),
+               "results": {n: results[n] for n in names}}
+        failed = False
+        return out
     finally:
+        # every method is closed and its files removed even if one close fails; a close
+        # error never replaces the error that stopped the run (that one is what went wrong)
+        close_error = None
         for t in tracks.values():
-            _close(t.method)
+            try:
+                _close(t.method)
+            except Exception as exc:     # noqa: BLE001 - raised below unless the run failed
+                close_error = close_error or exc
         settle()
         if own:
             shutil.rmtree(workdir, ignore_errors=True)
+        if close_error is not None and not failed:
+            raise close_error
 
 
 def _close(method: Method) -> None:

@@ -433,3 +433,50 @@ def test_a_peer_is_measured_by_its_repository_and_its_backups(tmp_path, monkeypa
     assert res["bytes_written_per_checkpoint"]["median"] == pytest.approx(1.5 * MiB, rel=0.02)
     if peers._gnu_time() is not None:
         assert res["peak_memory_bytes"] < 64 << 20     # not the restore's 96 MiB
+
+
+# ---- a store that cannot be opened ------------------------------------------------------------
+def _store_cannot_open(monkeypatch):
+    from snapstore.bench import methods
+    from snapstore.errors import StoreIOError
+
+    def refuse(*args, **kwargs):
+        raise StoreIOError("cannot create the store: disk full", 28)
+    monkeypatch.setattr(methods, "open_store", refuse)
+
+
+def test_a_store_that_cannot_be_opened_is_the_error_raised(tmp_path, monkeypatch):
+    # regression: SnapstoreMethod.close() on a method whose setup() failed raised
+    # AttributeError ('store') in run_workload's cleanup, which replaced the StoreIOError
+    from snapstore.errors import StoreIOError
+    _store_cannot_open(monkeypatch)
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(StoreIOError, match="disk full"):
+        bench.run_workload(tiny(checkpoints=1), methods=["snapstore", "raw"],
+                           workdir=str(work))
+    assert os.listdir(work) == []                    # the baseline's files are removed too
+
+
+def test_close_is_safe_before_and_after_setup(tmp_path):
+    from snapstore.bench import methods
+    m = methods.SnapstoreMethod(tiny(), str(tmp_path / "m"))
+    m.close()                                        # setup() never ran (or failed)
+    m.setup()
+    m.close()
+    m.close()                                        # twice: nothing left to close
+
+
+def test_a_close_error_does_not_hide_the_error_that_stopped_the_run(tmp_path, monkeypatch):
+    from snapstore.bench import methods
+
+    def broken_checkpoint(self, state, step):
+        raise bench.BenchError("the checkpoint failed")
+
+    def broken_close(self):
+        raise RuntimeError("close failed too")
+    monkeypatch.setattr(methods.SnapstoreMethod, "checkpoint", broken_checkpoint)
+    monkeypatch.setattr(methods.SnapstoreMethod, "close", broken_close)
+    with pytest.raises(bench.BenchError, match="the checkpoint failed"):
+        bench.run_workload(tiny(checkpoints=1), methods=["snapstore"], workdir=str(tmp_path))
+    assert os.listdir(tmp_path) == []

@@ -185,3 +185,17 @@ def test_a_short_run_says_nothing_before_it_starts(tmp_path):
 def test_help_documents_peers_and_the_default():
     out = snapstore_cli("bench", "--help").stdout
     assert "--peers" in out and "restic" in out and "under a minute" in out
+
+
+def test_a_store_that_cannot_be_opened_is_reported_as_itself(monkeypatch, capsys):
+    """Regression: an internal AttributeError from the cleanup replaced the disk-full error."""
+    from snapstore.bench import methods
+    from snapstore.errors import StoreIOError
+
+    def refuse(*args, **kwargs):
+        raise StoreIOError("cannot create the store: disk full", 28)
+    monkeypatch.setattr(methods, "open_store", refuse)
+    status = cli_main(["bench", *TINY, "--no-baselines", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert status == 1 and out == ""
+    assert err.strip() == "snapstore: error: cannot create the store: disk full"
