@@ -480,3 +480,25 @@ def test_a_close_error_does_not_hide_the_error_that_stopped_the_run(tmp_path, mo
     with pytest.raises(bench.BenchError, match="the checkpoint failed"):
         bench.run_workload(tiny(checkpoints=1), methods=["snapstore"], workdir=str(tmp_path))
     assert os.listdir(tmp_path) == []
+
+
+def test_a_failing_peer_is_named_with_its_status_and_stderr_tail(tmp_path, monkeypatch):
+    # regression: with GNU time wrapped around the backup, the error named "/usr/bin/time -f"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    tool = bindir / "restic"
+    tool.write_text("#!/bin/sh\n"
+                    'case "$1" in init) mkdir -p "$RESTIC_REPOSITORY"; exit 0;; esac\n'
+                    "i=0; while [ $i -lt 50 ]; do echo noise line $i >&2; i=$((i+1)); done\n"
+                    "echo 'Fatal: repository is already locked' >&2\nexit 3\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", str(bindir) + os.pathsep + os.environ["PATH"])
+    work = tmp_path / "work"
+    work.mkdir()
+    out = bench.run_workload(tiny(checkpoints=1), methods=["snapstore", "restic"],
+                             workdir=str(work))
+    why = out["results"]["restic"]["skipped"]
+    assert why.startswith("failed: restic backup failed (exit status 3): ..."), why
+    assert why.endswith("Fatal: repository is already locked"), why
+    assert "time" not in why and "noise line 0 " not in why     # the tail only
+    assert len(why) < 400
