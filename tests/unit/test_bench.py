@@ -502,3 +502,32 @@ def test_a_failing_peer_is_named_with_its_status_and_stderr_tail(tmp_path, monke
     assert why.endswith("Fatal: repository is already locked"), why
     assert "time" not in why and "noise line 0 " not in why     # the tail only
     assert len(why) < 400
+
+
+@pytest.mark.parametrize("field", ["size", "buffers", "checkpoints", "restore_repeats", "seed"])
+def test_integer_fields_take_numpy_ints_and_blame_the_type_of_others(field):
+    # regression: size=np.int64(1 << 20) was refused as "must be at least 4096 bytes, got
+    # np.int64(1048576)", and size=1048576.0 likewise: the message blamed the value
+    np = pytest.importorskip("numpy")
+    good = {"size": MiB, "buffers": 2, "checkpoints": 2, "restore_repeats": 1, "seed": 7}
+    w = tiny(**{field: np.int64(good[field])}).validate()
+    value = getattr(w, field)
+    assert type(value) is int and value == good[field]      # stored back as an int
+    json.dumps(w.__dict__)                                   # so the result stays JSON
+    for bad, type_name in ((float(good[field]), "float"), (True, "bool"),
+                           (np.bool_(True), "bool"), (str(good[field]), "str")):
+        with pytest.raises(bench.BenchError, match=f"must be an int, got {type_name} "):
+            tiny(**{field: bad}).validate()
+
+
+def test_dirty_takes_any_real_number_and_blames_the_type_of_others():
+    np = pytest.importorskip("numpy")
+    w = tiny(dirty=np.float32(0.5)).validate()
+    assert type(w.dirty) is float and w.dirty == 0.5
+    for bad, type_name in ((True, "bool"), ("0.1", "str"), (None, "NoneType")):
+        with pytest.raises(bench.BenchError, match=f"must be a number, got {type_name} "):
+            tiny(dirty=bad).validate()
+    with pytest.raises(bench.BenchError, match="from 0 to 1, got 1.5"):
+        tiny(dirty=1.5).validate()
+    with pytest.raises(bench.BenchError, match="at least 4096 bytes, got 100$"):
+        tiny(size=100).validate()
