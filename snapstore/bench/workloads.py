@@ -129,6 +129,19 @@ def make_state(w: Workload) -> dict:
     return state
 
 
+def appended_per_buffer(w: Workload) -> int:
+    """Bytes the "appended" pattern adds to each buffer before each checkpoint."""
+    return round(w.dirty * w.size / w.buffers)
+
+
+def state_size(w: Workload, step: int) -> int:
+    """Bytes of state at checkpoint `step` (0: the first, full one): w.size, but for the
+    "appended" pattern, which grows the state at every checkpoint."""
+    if w.pattern == "appended":
+        return w.size + step * appended_per_buffer(w) * w.buffers
+    return w.size
+
+
 def mutate(state: dict, w: Workload, step: int) -> int:
     """Changes the state for checkpoint `step` (deterministic per seed and step). Returns the
     number of bytes written into the state."""
@@ -178,7 +191,7 @@ def mutate(state: dict, w: Workload, step: int) -> int:
                 del buf[-m:]
                 dirty_bytes += m
     else:                                       # appended: buffers grow
-        per = round(w.dirty * w.size / len(names))
+        per = appended_per_buffer(w)
         for n in names:
             if per:
                 state[n] += scribble(per)

@@ -15,7 +15,7 @@ from snapstore.bench import measuring, runner, workloads
 from snapstore.cli.args import (choice_list, command_options, count_arg, fraction_list,
                                 size_arg)
 from snapstore.cli.common import EXIT_OK, EXIT_PROBLEM, PROG, Problem, UsageError, progress
-from snapstore.formatting import human_seconds
+from snapstore.formatting import human_bytes, human_seconds
 
 # A run whose plan is estimated to take at least this long says so before it starts.
 ESTIMATE_NOTICE_SECONDS = 20
@@ -189,6 +189,11 @@ def cmd_bench(args) -> int:
     if fs in ("tmpfs", "ramfs"):
         print(f"{PROG}: warning: {where} is on {fs}: fsync and disk figures are not those "
               "of a disk (use --dir on a real disk)", file=sys.stderr)
+    free = measuring.free_space(where)
+    if free is not None and plan.disk_bytes > free:
+        print(f"{PROG}: warning: this run writes about {human_bytes(plan.disk_bytes)} (a rough "
+              f"estimate) and {where} has {human_bytes(free)} free: a baseline that runs out "
+              "is reported as failed, snapstore running out stops the run", file=sys.stderr)
     if plan.seconds >= ESTIMATE_NOTICE_SECONDS:
         print(f"{PROG}: bench: {len(plan.methods)} method(s) x {len(loads)} workload(s), "
               f"about {human_seconds(plan.seconds)} (a rough estimate; longer on a busy "

@@ -531,3 +531,40 @@ def test_dirty_takes_any_real_number_and_blames_the_type_of_others():
         tiny(dirty=1.5).validate()
     with pytest.raises(bench.BenchError, match="at least 4096 bytes, got 100$"):
         tiny(size=100).validate()
+
+
+# ---- plan(): a state that grows -----------------------------------------------------------
+def test_state_size_is_what_mutate_makes():
+    for w in (tiny(pattern="appended", dirty=0.3, checkpoints=3, buffers=3),
+              tiny(pattern="scattered", checkpoints=2)):
+        state = workloads.make_state(w)
+        assert workloads.state_size(w, 0) == w.size == sum(map(len, state.values()))
+        for step in range(1, w.checkpoints + 1):
+            workloads.mutate(state, w, step)
+            assert workloads.state_size(w, step) == sum(map(len, state.values()))
+
+
+def test_plan_checks_the_final_size_of_a_growing_state_against_memory(monkeypatch):
+    # regression: only the initial size was checked, so a 1 GiB 'appended' workload growing
+    # to 31 GiB was planned on a 23.5 GiB machine
+    monkeypatch.setattr(runner, "physical_memory", lambda: 3 * MiB)
+    grows = dict(size=MiB, dirty=0.5, checkpoints=5)            # 1 MiB -> 3.5 MiB
+    runner.plan([tiny(pattern="scattered", **grows)], ["raw"])   # the same size throughout
+    with pytest.raises(bench.BenchError, match=r"grows from 1048576 to 3670016 bytes .*"
+                                               r"--dirty or --checkpoints"):
+        runner.plan([tiny(pattern="appended", **grows)], ["raw"])
+
+
+def test_plan_estimates_time_and_disk_from_every_checkpoints_size():
+    kw = dict(size=MiB, dirty=0.5, checkpoints=4)
+    flat = runner.plan([tiny(pattern="scattered", **kw)], ["raw"])
+    grown = runner.plan([tiny(pattern="appended", **kw)], ["raw"])
+    # raw keeps every checkpoint whole: 1 + 1.5 + 2 + 2.5 + 3 MiB appended, 5 x 1 MiB not;
+    # snapstore the first state and the dirty part of each: 1 + 4 x 0.5 MiB
+    assert flat.disk_bytes == 5 * MiB + 3 * MiB
+    assert grown.disk_bytes == 10 * MiB + 3 * MiB
+    assert grown.seconds > flat.seconds
+    # workloads run one after the other, their files removed in between: the largest counts
+    both = runner.plan([tiny(pattern="scattered", **kw), tiny(pattern="appended", **kw)],
+                       ["raw"])
+    assert both.disk_bytes == grown.disk_bytes

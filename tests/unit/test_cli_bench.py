@@ -246,3 +246,13 @@ def test_a_store_that_cannot_be_opened_is_reported_as_itself(monkeypatch, capsys
     out, err = capsys.readouterr()
     assert status == 1 and out == ""
     assert err.strip() == "snapstore: error: cannot create the store: disk full"
+
+
+def test_a_run_larger_than_the_free_space_is_warned_about(tmp_path, monkeypatch, capsys):
+    from snapstore.bench import measuring
+    monkeypatch.setattr(measuring, "free_space", lambda path: 1000)
+    status = cli_main(["bench", *TINY, "--no-baselines", "--no-progress", "--dir",
+                       str(tmp_path)])
+    err = capsys.readouterr().err
+    assert status == 0
+    assert "warning: this run writes about" in err and f"{tmp_path} has 1000 B free" in err
