@@ -37,7 +37,8 @@ the tool process's own peak RSS, from wait4). Baseline dicts carry ``vs_snapstor
 figure divided by snapstore's (so 30.0 means the baseline costs 30x what snapstore does).
 
 ``runner.plan(workloads, methods)`` says before a run which methods run, how many progress
-steps it makes and roughly how long it takes.
+steps it makes, roughly how long it takes and how much disk it needs, and refuses a state that
+would outgrow memory (by its size at the last checkpoint: an "appended" state grows).
 
 Modules: workloads (the state and its changes), measuring (timers, memory, disk, machine),
 methods (snapstore and the in-process baselines), peers (restic, borg), runner (running

@@ -119,6 +119,15 @@ def disk_usage(path: str) -> int:
     return total
 
 
+def free_space(path: str) -> Optional[int]:
+    """Bytes free for this user on the file system of path (None when it cannot be told)."""
+    try:
+        st = os.statvfs(path)
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def drop_cache(path: str) -> None:
     """Syncs every file under path and asks the kernel to drop its cached pages."""
     if not hasattr(os, "posix_fadvise"):

@@ -43,7 +43,8 @@ def read_buffers(path: str, sizes: dict) -> dict:
 
 class Method:
     """One way of checkpointing the state: setup(), checkpoint(state, step) (timed by the
-    caller), restore(step) -> {name: bytes-like} (timed), close()."""
+    caller), restore(step) -> {name: bytes-like} (timed), close() (also called when setup()
+    failed part-way, so it must not assume setup() finished)."""
     name = ""
     notes = ""
     # True for a tool run as a child process: what it writes is measured as its directory's
@@ -93,11 +94,15 @@ class Method:
 class SnapstoreMethod(Method):
     name = "snapstore"
 
+    def __init__(self, w: Workload, directory: str) -> None:
+        super().__init__(w, directory)
+        self.store = None            # until setup() has opened it
+        self.ids: list = []
+        self.infos: list = []
+
     def setup(self) -> None:
         self.store = open_store(os.path.join(self.dir, "store"), durability=self.w.durability,
                                 chunking=self.w.chunking, compression=self.w.compression)
-        self.ids: list = []
-        self.infos: list = []
 
     def checkpoint(self, state: dict, step: int) -> None:
         info = self.store.checkpoint(state, stream="bench", meta={"step": step})
@@ -108,7 +113,10 @@ class SnapstoreMethod(Method):
         return self.store.restore(self.ids[step])
 
     def close(self) -> None:
-        self.store.close()
+        """Closes the store; nothing to do when setup() failed to open it (or twice)."""
+        store, self.store = self.store, None
+        if store is not None:
+            store.close()
 
 
 class RawMethod(Method):

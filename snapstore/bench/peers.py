@@ -27,6 +27,18 @@ def _gnu_time() -> Optional[str]:
     return path if "GNU" in done.stdout + done.stderr else None
 
 
+# How much of a failed tool's stderr its error keeps (the end: where the reason is).
+STDERR_TAIL = 300
+
+
+def _failure(argv, status: int, stderr: str) -> str:
+    """The error of a tool run that failed: the tool and its subcommand (never the GNU time
+    wrapped around it), how it ended, and the end of its stderr."""
+    how = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
+    tail = stderr.strip()
+    tail = ("..." + tail[-STDERR_TAIL:]) if len(tail) > STDERR_TAIL else tail
+    return f"{' '.join(argv[:2])} failed ({how}): {tail or '(nothing on stderr)'}"
+
 
 class ExternalTool(Method):
     """A backup tool run as a child process on the state written to one file. max_rss: the
@@ -59,9 +71,8 @@ class ExternalTool(Method):
         timer = _gnu_time() if measure else None
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
                 tempfile.NamedTemporaryFile(prefix="rss-") as rss:
-            if timer is not None:
-                argv = (timer, "-f", "%M", "-o", rss.name, *argv)
-            proc = subprocess.Popen(argv, cwd=cwd, env=self.env, stdin=subprocess.DEVNULL,
+            command = argv if timer is None else (timer, "-f", "%M", "-o", rss.name, *argv)
+            proc = subprocess.Popen(command, cwd=cwd, env=self.env, stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=err)
             try:
                 _, status, usage = os.wait4(proc.pid, 0)
@@ -83,8 +94,7 @@ class ExternalTool(Method):
             stdout = out.read().decode(errors="replace")
             stderr = err.read().decode(errors="replace")
         if proc.returncode != 0:
-            raise BenchError(f"{' '.join(argv[:2])} failed ({proc.returncode}): "
-                             f"{stderr.strip()[-300:]}")
+            raise BenchError(_failure(argv, proc.returncode, stderr))
         return stdout
 
     def checkpoint(self, state: dict, step: int) -> None:

@@ -18,7 +18,7 @@ from snapstore.bench.measuring import (Timed, disk_usage, drop_cache, loadavg, m
 from snapstore.bench.methods import (Method, NumpyMethod, PickleMethod, RawMethod,
                                      SnapstoreMethod)
 from snapstore.bench.peers import BorgMethod, ResticMethod
-from snapstore.bench.workloads import Workload, digest, make_state, mutate
+from snapstore.bench.workloads import Workload, digest, make_state, mutate, state_size
 
 # The methods by name, snapstore first, in the order they are listed and reported.
 METHOD_CLASSES = {c.name: c for c in (SnapstoreMethod, RawMethod, PickleMethod, NumpyMethod,
@@ -184,6 +184,7 @@ def run_workload(w: Workload, *, methods=None, workdir: Optional[str] = None,
                 except Exception as exc:     # noqa: BLE001 - fail() re-raises what is fatal
                     fail(name, exc)
 
+    failed = True
     try:
         for name in names:
             if reasons[name]:
@@ -247,14 +248,24 @@ def run_workload(w: Workload, *, methods=None, workdir: Optional[str] = None,
         for name, t in tracks.items():
             results[name] = t.result(w)
         add_ratios(results)
-        return {"workload": asdict(w), "description": w.describe(),
-                "results": {n: results[n] for n in names}}
+        out = {"workload": asdict(w), "description": w.describe(),
+               "results": {n: results[n] for n in names}}
+        failed = False
+        return out
     finally:
+        # every method is closed and its files removed even if one close fails; a close
+        # error never replaces the error that stopped the run (that one is what went wrong)
+        close_error = None
         for t in tracks.values():
-            _close(t.method)
+            try:
+                _close(t.method)
+            except Exception as exc:     # noqa: BLE001 - raised below unless the run failed
+                close_error = close_error or exc
         settle()
         if own:
             shutil.rmtree(workdir, ignore_errors=True)
+        if close_error is not None and not failed:
+            raise close_error
 
 
 def _close(method: Method) -> None:
@@ -277,44 +288,78 @@ BUILD_RATE = 300 << 20
 @dataclass(frozen=True)
 class Plan:
     """What run() will do, known before it starts: the methods that run (snapstore first),
-    those skipped {name: why}, the number of progress steps (tick() calls) and a rough
+    those skipped {name: why}, the number of progress steps (tick() calls), a rough
     duration estimate in seconds (the WRITE/READ/PEER/BUILD_RATE model: a loaded machine or
-    a slow disk takes longer)."""
+    a slow disk takes longer) and a rough estimate of the disk space the run needs at once
+    (the largest workload: each workload's files are removed before the next starts)."""
     methods: tuple
     skipped: dict
     steps: int
     seconds: float
+    disk_bytes: int = 0
+
+
+def _sizes(w: Workload) -> list:
+    """Bytes of state at each checkpoint (the "appended" pattern grows it)."""
+    return [state_size(w, step) for step in range(w.checkpoints + 1)]
+
+
+def _stored_bytes(w: Workload, name: str) -> float:
+    """Rough bytes one method writes (and keeps) over workload w: the in-process baselines a
+    full copy of every checkpoint; snapstore the first state, then about the dirty part of
+    each; a peer, like snapstore (its repository deduplicates) plus the state file it backs
+    up, rewritten whole for every checkpoint."""
+    sizes = _sizes(w)
+    if name == "snapstore" or name in PEERS:
+        return sizes[0] + w.size * w.dirty * w.checkpoints
+    return sum(sizes)
 
 
 def _method_seconds(w: Workload, name: str) -> float:
     """Estimated seconds one method spends on workload w: its checkpoints and restores."""
-    restored = 2 * w.restore_repeats * w.size
+    sizes = _sizes(w)
+    restored = w.restore_repeats * (sizes[-1] + sizes[0])     # the latest and the oldest
     if name == "snapstore":      # one full checkpoint, then only the dirty part
-        return (w.size + w.size * w.dirty * w.checkpoints) / WRITE_RATE + restored / READ_RATE
-    passes = (w.checkpoints + 1) * w.size
+        return _stored_bytes(w, name) / WRITE_RATE + restored / READ_RATE
+    passes = sum(sizes)
     if name in PEERS:            # the state file is written, then the tool passes over it
         return passes / WRITE_RATE + (passes + restored) / PEER_RATE
     return passes / WRITE_RATE + restored / READ_RATE   # in-process baselines: full copies
 
 
+def _method_disk(w: Workload, name: str) -> float:
+    """Rough bytes on disk one method holds at the end of workload w."""
+    scratch = state_size(w, w.checkpoints) if name in PEERS else 0   # a peer's state file
+    return _stored_bytes(w, name) + scratch
+
+
 def plan(workloads, methods=None) -> Plan:
     """The Plan of run(workloads, methods=methods): which methods run, how many progress
-    steps, and about how long it takes. Validates the workloads and method names."""
+    steps, about how long it takes and how much disk it needs. Validates the workloads and
+    method names, and refuses a state that outgrows this machine's memory by its last
+    checkpoint (the harness holds it in memory)."""
     workloads = [w.validate() for w in workloads]
     memory = physical_memory()
     for w in workloads:
-        if memory and w.size > memory:
-            raise BenchError(f"a state of {w.size} bytes does not fit in this machine's "
-                             f"{memory} bytes of memory (the harness holds the state in "
-                             "memory): give a smaller --size")
+        final = state_size(w, w.checkpoints)
+        if memory and final > memory:
+            if final == w.size:
+                what, fix = f"a state of {final} bytes", "--size"
+            else:
+                what = (f"an appended state grows from {w.size} to {final} bytes by its last "
+                        "checkpoint, which")
+                fix = "--size, --dirty or --checkpoints"
+            raise BenchError(f"{what} does not fit in this machine's {memory} bytes of memory "
+                             f"(the harness holds the state in memory): give a smaller {fix}")
     names = method_names(methods)
     reasons = available_methods(names)
     runnable = tuple(n for n in names if reasons[n] is None or n == "snapstore")
     steps = sum(len(runnable) * (w.checkpoints + 1 + 2 * w.restore_repeats) for w in workloads)
     seconds = sum(w.size / BUILD_RATE + sum(_method_seconds(w, n) for n in runnable)
                   for w in workloads)
+    disk = max((sum(_method_disk(w, n) for n in runnable) for w in workloads), default=0)
     return Plan(methods=runnable, skipped={n: r for n, r in reasons.items() if r},
-                steps=steps, seconds=seconds)
+                steps=steps, seconds=seconds, disk_bytes=round(disk))
 
 
 def run(workloads, *, methods=None, workdir: Optional[str] = None,

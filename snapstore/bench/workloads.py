@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import bisect
 import math
+import numbers
+import operator
 import random
 from dataclasses import dataclass
 
@@ -42,25 +44,31 @@ class Workload:
     restore_repeats: int = 3          # each restore is timed this often; the median is kept
 
     def validate(self) -> "Workload":
-        """self, or BenchError naming the first field out of range."""
-        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < PAGE:
-            raise BenchError(f"state size must be at least {PAGE} bytes, got {self.size!r}")
-        if not isinstance(self.buffers, int) or isinstance(self.buffers, bool) \
-                or self.buffers < 1:
-            raise BenchError(f"buffers must be an int >= 1, got {self.buffers!r}")
+        """self, or BenchError naming the first field of a wrong type or out of range. The
+        integer fields take any integral number (a numpy integer too: operator.index) and
+        the dirty fraction any real one; they are stored back as int and float."""
+        self.size = _integer(self.size, "state size")
+        if self.size < PAGE:
+            raise BenchError(f"state size must be at least {PAGE} bytes, got {self.size}")
+        self.buffers = _integer(self.buffers, "buffers")
+        if self.buffers < 1:
+            raise BenchError(f"buffers must be at least 1, got {self.buffers}")
         if self.buffers > self.size // PAGE:
             raise BenchError(f"{self.buffers} buffers need a state of at least "
                              f"{self.buffers * PAGE} bytes (a page of {PAGE} bytes each), got "
                              f"{self.size}: give a larger size or fewer buffers")
-        if isinstance(self.dirty, bool) or not isinstance(self.dirty, (int, float)) \
-                or not 0 <= self.dirty <= 1:
-            raise BenchError(f"dirty fraction must be a number from 0 to 1, got {self.dirty!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise BenchError(f"seed must be an int, got {self.seed!r}")
-        if not isinstance(self.restore_repeats, int) or self.restore_repeats < 1:
-            raise BenchError(f"restore_repeats must be an int >= 1, got {self.restore_repeats!r}")
-        if not isinstance(self.checkpoints, int) or self.checkpoints < 1:
-            raise BenchError(f"checkpoints must be an int >= 1, got {self.checkpoints!r}")
+        if isinstance(self.dirty, bool) or not isinstance(self.dirty, numbers.Real):
+            raise BenchError(f"dirty fraction must be a number, got {_typed(self.dirty)}")
+        self.dirty = float(self.dirty)
+        if not 0 <= self.dirty <= 1:
+            raise BenchError(f"dirty fraction must be from 0 to 1, got {self.dirty!r}")
+        self.seed = _integer(self.seed, "seed")
+        self.restore_repeats = _integer(self.restore_repeats, "restore_repeats")
+        if self.restore_repeats < 1:
+            raise BenchError(f"restore_repeats must be at least 1, got {self.restore_repeats}")
+        self.checkpoints = _integer(self.checkpoints, "checkpoints")
+        if self.checkpoints < 1:
+            raise BenchError(f"checkpoints must be at least 1, got {self.checkpoints}")
         for value, choices, what in ((self.pattern, PATTERNS, "pattern"),
                                      (self.content, CONTENTS, "content"),
                                      (self.cache, CACHE_MODES, "cache"),
@@ -83,6 +91,23 @@ class Workload:
                 f"{self.cache} cache restores")
 
 
+def _typed(value) -> str:
+    """A value with its type, for a message that blames the type: "float 1048576.0"."""
+    return f"{type(value).__name__} {value!r}"
+
+
+def _integer(value, what: str) -> int:
+    """value as an int: an int or an integral number type (numpy's: operator.index), never a
+    bool (True is not a count) or a float (1e6 would pass silently rounded); else a
+    BenchError that names the type."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise BenchError(f"{what} must be an int, got {_typed(value)}")
+
+
 _COMPRESSIBLE = bytes(i & 0x0F for i in range(256))   # 4 bits of entropy per byte
 
 
@@ -102,6 +127,19 @@ def make_state(w: Workload) -> dict:
         state[f"buf{i:03d}"] = bytearray(_bytes(b"snapstore-bench/%d/%d" % (w.seed, i), n,
                                                 w.content))
     return state
+
+
+def appended_per_buffer(w: Workload) -> int:
+    """Bytes the "appended" pattern adds to each buffer before each checkpoint."""
+    return round(w.dirty * w.size / w.buffers)
+
+
+def state_size(w: Workload, step: int) -> int:
+    """Bytes of state at checkpoint `step` (0: the first, full one): w.size, but for the
+    "appended" pattern, which grows the state at every checkpoint."""
+    if w.pattern == "appended":
+        return w.size + step * appended_per_buffer(w) * w.buffers
+    return w.size
 
 
 def mutate(state: dict, w: Workload, step: int) -> int:
@@ -153,7 +191,7 @@ def mutate(state: dict, w: Workload, step: int) -> int:
                 del buf[-m:]
                 dirty_bytes += m
     else:                                       # appended: buffers grow
-        per = round(w.dirty * w.size / len(names))
+        per = appended_per_buffer(w)
         for n in names:
             if per:
                 state[n] += scribble(per)

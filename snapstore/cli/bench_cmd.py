@@ -15,7 +15,7 @@ from snapstore.bench import measuring, runner, workloads
 from snapstore.cli.args import (choice_list, command_options, count_arg, fraction_list,
                                 size_arg)
 from snapstore.cli.common import EXIT_OK, EXIT_PROBLEM, PROG, Problem, UsageError, progress
-from snapstore.formatting import human_seconds
+from snapstore.formatting import human_bytes, human_seconds
 
 # A run whose plan is estimated to take at least this long says so before it starts.
 ESTIMATE_NOTICE_SECONDS = 20
@@ -91,16 +91,47 @@ def _methods(args):
     return chosen + [p for p in runner.PEERS if p not in chosen]
 
 
+# The kernel follows at most this many symbolic links in one path (ELOOP beyond).
+_MAX_SYMLINKS = 40
+
+
 def _check_output(path: str, option: str) -> None:
-    """UsageError, before anything is run, for an output file that cannot be written: its
-    directory missing or not writable, or a directory in its place."""
-    where = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise UsageError(f"{option} {path} is a directory; name a file")
+    """UsageError, before anything is run, for an output file that open(path, "w") would
+    refuse. The path is checked as given, the way the kernel resolves it, not normalised:
+    "missing/../r.json" needs missing/ to exist, and a trailing slash names a directory. A
+    symlink is followed (a dangling one is written through: open() creates its target)."""
+    given = path
+    for _ in range(_MAX_SYMLINKS):
+        if path.endswith(("/", os.sep)) or os.path.basename(path) in (".", ".."):
+            raise UsageError(f"{option} {given} names a directory; name a file")
+        if os.path.isdir(path):
+            raise UsageError(f"{option} {given} is a directory; name a file")
+        if not os.path.islink(path) or os.path.exists(path):
+            break
+        path = os.path.join(os.path.dirname(path), os.readlink(path))   # dangling symlink
+    else:
+        raise UsageError(f"{option} {given}: too many levels of symbolic links")
+    where = os.path.dirname(path) or os.curdir
+    shown = f"{given} (a symlink to {path})" if path != given else given
     if not os.path.isdir(where):
-        raise UsageError(f"{option} {path}: the directory {where} does not exist")
-    if not os.access(where, os.W_OK):
-        raise UsageError(f"{option} {path}: the directory {where} is not writable")
+        raise UsageError(f"{option} {shown}: the directory {_first_missing(where)} does not "
+                         "exist (the path is resolved as written: every directory it names "
+                         "must exist, even one followed by ..)")
+    if os.path.exists(path):
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"{option} {shown} is not writable")
+    elif not os.access(where, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {shown}: the directory {where} is not writable")
+
+
+def _first_missing(where: str) -> str:
+    """The shortest leading part of the directory path `where` that is not a directory."""
+    parts = where.split(os.sep)
+    for n in range(1, len(parts) + 1):
+        head = os.sep.join(parts[:n]) or os.sep
+        if not os.path.isdir(head):
+            return head
+    return where
 
 
 def _check_plot(path: str) -> None:
@@ -158,6 +189,11 @@ def cmd_bench(args) -> int:
     if fs in ("tmpfs", "ramfs"):
         print(f"{PROG}: warning: {where} is on {fs}: fsync and disk figures are not those "
               "of a disk (use --dir on a real disk)", file=sys.stderr)
+    free = measuring.free_space(where)
+    if free is not None and plan.disk_bytes > free:
+        print(f"{PROG}: warning: this run writes about {human_bytes(plan.disk_bytes)} (a rough "
+              f"estimate) and {where} has {human_bytes(free)} free: a baseline that runs out "
+              "is reported as failed, snapstore running out stops the run", file=sys.stderr)
     if plan.seconds >= ESTIMATE_NOTICE_SECONDS:
         print(f"{PROG}: bench: {len(plan.methods)} method(s) x {len(loads)} workload(s), "
               f"about {human_seconds(plan.seconds)} (a rough estimate; longer on a busy "
@@ -172,11 +208,18 @@ def cmd_bench(args) -> int:
                                    argv=[PROG] + sys.argv[1:])
         except bench.BenchError as exc:
             raise Problem(str(exc)) from None
-    if args.plot:
-        bench.plot(result, args.plot)
+    # the files are written first, but an error writing them (checked before the run, yet
+    # the disk may fill or the directory go) is told only after the results are printed:
+    # a run is never lost
+    errors = []
+    if args.plot and not _write_output("--plot", args.plot, errors,
+                                       lambda: bench.plot(result, args.plot)):
+        args.plot = None
     if args.save:
-        with open(args.save, "w") as f:
-            f.write(bench.to_json(result) + "\n")
+        def save():
+            with open(args.save, "w") as f:
+                f.write(bench.to_json(result) + "\n")
+        _write_output("--save", args.save, errors, save)
     if args.json:
         sys.stdout.write(bench.to_json(result) + "\n")
     else:
@@ -186,9 +229,20 @@ def cmd_bench(args) -> int:
     bad = [f"{name}" for wl in result["workloads"] for name, r in wl["results"].items()
            if r.get("available") and r.get("verified") is False]
     if bad:
-        # the results are out already (the document says "verified": false): one line on
-        # stderr, never a second JSON document on stdout
-        print(f"{PROG}: error: restored bytes did not match for: {', '.join(bad)}",
-              file=sys.stderr)
-        return EXIT_PROBLEM
-    return EXIT_OK
+        errors.append(f"restored bytes did not match for: {', '.join(bad)}")
+    # the results are out already (a mismatch is in them as "verified": false): one line on
+    # stderr per error, never a second JSON document on stdout
+    for message in errors:
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+    return EXIT_PROBLEM if errors else EXIT_OK
+
+
+def _write_output(option: str, path: str, errors: list, write) -> bool:
+    """Runs write(); False, with a message added to errors, if it fails."""
+    try:
+        write()
+    except (OSError, bench.BenchError) as exc:
+        errors.append(f"{option} {path}: could not write it: {exc} (the results are "
+                      "printed on stdout)")
+        return False
+    return True

@@ -433,3 +433,138 @@ def test_a_peer_is_measured_by_its_repository_and_its_backups(tmp_path, monkeypa
     assert res["bytes_written_per_checkpoint"]["median"] == pytest.approx(1.5 * MiB, rel=0.02)
     if peers._gnu_time() is not None:
         assert res["peak_memory_bytes"] < 64 << 20     # not the restore's 96 MiB
+
+
+# ---- a store that cannot be opened ------------------------------------------------------------
+def _store_cannot_open(monkeypatch):
+    from snapstore.bench import methods
+    from snapstore.errors import StoreIOError
+
+    def refuse(*args, **kwargs):
+        raise StoreIOError("cannot create the store: disk full", 28)
+    monkeypatch.setattr(methods, "open_store", refuse)
+
+
+def test_a_store_that_cannot_be_opened_is_the_error_raised(tmp_path, monkeypatch):
+    # regression: SnapstoreMethod.close() on a method whose setup() failed raised
+    # AttributeError ('store') in run_workload's cleanup, which replaced the StoreIOError
+    from snapstore.errors import StoreIOError
+    _store_cannot_open(monkeypatch)
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(StoreIOError, match="disk full"):
+        bench.run_workload(tiny(checkpoints=1), methods=["snapstore", "raw"],
+                           workdir=str(work))
+    assert os.listdir(work) == []                    # the baseline's files are removed too
+
+
+def test_close_is_safe_before_and_after_setup(tmp_path):
+    from snapstore.bench import methods
+    m = methods.SnapstoreMethod(tiny(), str(tmp_path / "m"))
+    m.close()                                        # setup() never ran (or failed)
+    m.setup()
+    m.close()
+    m.close()                                        # twice: nothing left to close
+
+
+def test_a_close_error_does_not_hide_the_error_that_stopped_the_run(tmp_path, monkeypatch):
+    from snapstore.bench import methods
+
+    def broken_checkpoint(self, state, step):
+        raise bench.BenchError("the checkpoint failed")
+
+    def broken_close(self):
+        raise RuntimeError("close failed too")
+    monkeypatch.setattr(methods.SnapstoreMethod, "checkpoint", broken_checkpoint)
+    monkeypatch.setattr(methods.SnapstoreMethod, "close", broken_close)
+    with pytest.raises(bench.BenchError, match="the checkpoint failed"):
+        bench.run_workload(tiny(checkpoints=1), methods=["snapstore"], workdir=str(tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_failing_peer_is_named_with_its_status_and_stderr_tail(tmp_path, monkeypatch):
+    # regression: with GNU time wrapped around the backup, the error named "/usr/bin/time -f"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    tool = bindir / "restic"
+    tool.write_text("#!/bin/sh\n"
+                    'case "$1" in init) mkdir -p "$RESTIC_REPOSITORY"; exit 0;; esac\n'
+                    "i=0; while [ $i -lt 50 ]; do echo noise line $i >&2; i=$((i+1)); done\n"
+                    "echo 'Fatal: repository is already locked' >&2\nexit 3\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", str(bindir) + os.pathsep + os.environ["PATH"])
+    work = tmp_path / "work"
+    work.mkdir()
+    out = bench.run_workload(tiny(checkpoints=1), methods=["snapstore", "restic"],
+                             workdir=str(work))
+    why = out["results"]["restic"]["skipped"]
+    assert why.startswith("failed: restic backup failed (exit status 3): ..."), why
+    assert why.endswith("Fatal: repository is already locked"), why
+    assert "time" not in why and "noise line 0 " not in why     # the tail only
+    assert len(why) < 400
+
+
+@pytest.mark.parametrize("field", ["size", "buffers", "checkpoints", "restore_repeats", "seed"])
+def test_integer_fields_take_numpy_ints_and_blame_the_type_of_others(field):
+    # regression: size=np.int64(1 << 20) was refused as "must be at least 4096 bytes, got
+    # np.int64(1048576)", and size=1048576.0 likewise: the message blamed the value
+    np = pytest.importorskip("numpy")
+    good = {"size": MiB, "buffers": 2, "checkpoints": 2, "restore_repeats": 1, "seed": 7}
+    w = tiny(**{field: np.int64(good[field])}).validate()
+    value = getattr(w, field)
+    assert type(value) is int and value == good[field]      # stored back as an int
+    json.dumps(w.__dict__)                                   # so the result stays JSON
+    for bad, type_name in ((float(good[field]), "float"), (True, "bool"),
+                           (np.bool_(True), "bool"), (str(good[field]), "str")):
+        with pytest.raises(bench.BenchError, match=f"must be an int, got {type_name} "):
+            tiny(**{field: bad}).validate()
+
+
+def test_dirty_takes_any_real_number_and_blames_the_type_of_others():
+    np = pytest.importorskip("numpy")
+    w = tiny(dirty=np.float32(0.5)).validate()
+    assert type(w.dirty) is float and w.dirty == 0.5
+    for bad, type_name in ((True, "bool"), ("0.1", "str"), (None, "NoneType")):
+        with pytest.raises(bench.BenchError, match=f"must be a number, got {type_name} "):
+            tiny(dirty=bad).validate()
+    with pytest.raises(bench.BenchError, match="from 0 to 1, got 1.5"):
+        tiny(dirty=1.5).validate()
+    with pytest.raises(bench.BenchError, match="at least 4096 bytes, got 100$"):
+        tiny(size=100).validate()
+
+
+# ---- plan(): a state that grows -----------------------------------------------------------
+def test_state_size_is_what_mutate_makes():
+    for w in (tiny(pattern="appended", dirty=0.3, checkpoints=3, buffers=3),
+              tiny(pattern="scattered", checkpoints=2)):
+        state = workloads.make_state(w)
+        assert workloads.state_size(w, 0) == w.size == sum(map(len, state.values()))
+        for step in range(1, w.checkpoints + 1):
+            workloads.mutate(state, w, step)
+            assert workloads.state_size(w, step) == sum(map(len, state.values()))
+
+
+def test_plan_checks_the_final_size_of_a_growing_state_against_memory(monkeypatch):
+    # regression: only the initial size was checked, so a 1 GiB 'appended' workload growing
+    # to 31 GiB was planned on a 23.5 GiB machine
+    monkeypatch.setattr(runner, "physical_memory", lambda: 3 * MiB)
+    grows = dict(size=MiB, dirty=0.5, checkpoints=5)            # 1 MiB -> 3.5 MiB
+    runner.plan([tiny(pattern="scattered", **grows)], ["raw"])   # the same size throughout
+    with pytest.raises(bench.BenchError, match=r"grows from 1048576 to 3670016 bytes .*"
+                                               r"--dirty or --checkpoints"):
+        runner.plan([tiny(pattern="appended", **grows)], ["raw"])
+
+
+def test_plan_estimates_time_and_disk_from_every_checkpoints_size():
+    kw = dict(size=MiB, dirty=0.5, checkpoints=4)
+    flat = runner.plan([tiny(pattern="scattered", **kw)], ["raw"])
+    grown = runner.plan([tiny(pattern="appended", **kw)], ["raw"])
+    # raw keeps every checkpoint whole: 1 + 1.5 + 2 + 2.5 + 3 MiB appended, 5 x 1 MiB not;
+    # snapstore the first state and the dirty part of each: 1 + 4 x 0.5 MiB
+    assert flat.disk_bytes == 5 * MiB + 3 * MiB
+    assert grown.disk_bytes == 10 * MiB + 3 * MiB
+    assert grown.seconds > flat.seconds
+    # workloads run one after the other, their files removed in between: the largest counts
+    both = runner.plan([tiny(pattern="scattered", **kw), tiny(pattern="appended", **kw)],
+                       ["raw"])
+    assert both.disk_bytes == grown.disk_bytes

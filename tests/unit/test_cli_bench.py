@@ -50,17 +50,64 @@ def test_json_errors_come_out_as_json(args, status, needle):
 
 @pytest.mark.parametrize("option, name, needle", [
     ("--plot", "missing/p.png", "does not exist"), ("--plot", "p.txt", "must end in one of"),
-    ("--save", "missing/r.json", "does not exist")])
+    ("--save", "missing/r.json", "does not exist"),
+    # the path as given, as the kernel resolves it (regressions: normalised, these passed
+    # the check and failed only after the whole run)
+    ("--save", "out.json/", "names a directory"), ("--save", "out.json/.", "names a directory"),
+    ("--save", "missing/../r.json", "directory missing does not exist"),
+    ("--plot", "missing/../p.png", "directory missing does not exist"),
+    ("--save", "dangling.json", "missing does not exist"),
+    ("--save", "loop.json", "too many levels of symbolic links")])
 def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, option, name,
                                                                     needle):
     """Regression: checked only after the whole run, whose results were then lost."""
     if option == "--plot":
         pytest.importorskip("matplotlib")
-    p = snapstore_cli("bench", *TINY, "--no-baselines", option, tmp_path / name, "--json",
+    os.symlink("missing/r.json", tmp_path / "dangling.json")
+    os.symlink("loop.json", tmp_path / "loop.json")
+    p = snapstore_cli("bench", *TINY, "--no-baselines", option, name, "--json",
                       cwd=str(tmp_path))
     assert p.returncode == 2, (p.stdout, p.stderr)
     doc = json.loads(p.stdout)
     assert doc["exit_status"] == 2 and needle in doc["error"]
+    assert sorted(os.listdir(tmp_path)) == ["dangling.json", "loop.json"]   # nothing run
+
+
+def test_a_dangling_symlink_is_written_through(tmp_path):
+    """open() creates a dangling symlink's target: accepted when its directory exists."""
+    (tmp_path / "out").mkdir()
+    os.symlink("out/r.json", tmp_path / "r.json")
+    p = snapstore_cli("bench", *TINY, "--no-baselines", "--save", "r.json", "--no-progress",
+                      cwd=str(tmp_path))
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert "snapstore" in json.loads((tmp_path / "out" / "r.json").read_text())["methods"]
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_an_output_that_fails_after_the_run_still_prints_the_results(tmp_path, monkeypatch,
+                                                                      capsys, json_out):
+    """Regression: a --save / --plot write that failed after the run lost its results."""
+    import shutil
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    real_run = bench.run
+
+    def run_then_lose_the_directory(*args, **kwargs):
+        result = real_run(*args, **kwargs)
+        shutil.rmtree(outdir)                   # checked before the run, gone after it
+        return result
+    monkeypatch.setattr(bench, "run", run_then_lose_the_directory)
+    status = cli_main(["bench", *TINY, "--no-baselines", "--no-progress", "--save",
+                       str(outdir / "r.json")] + (["--json"] if json_out else []))
+    out, err = capsys.readouterr()
+    assert status == 1
+    if json_out:
+        assert json.loads(out)["workloads"][0]["results"]["snapstore"]["verified"] is True
+    else:
+        assert "snapstore" in out and "workload:" in out
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("snapstore: error: --save ")
+    assert "could not write it" in lines[0] and "printed on stdout" in lines[0]
 
 
 def test_a_restore_mismatch_leaves_stdout_one_json_document(monkeypatch, capsys):
@@ -185,3 +232,27 @@ def test_a_short_run_says_nothing_before_it_starts(tmp_path):
 def test_help_documents_peers_and_the_default():
     out = snapstore_cli("bench", "--help").stdout
     assert "--peers" in out and "restic" in out and "under a minute" in out
+
+
+def test_a_store_that_cannot_be_opened_is_reported_as_itself(monkeypatch, capsys):
+    """Regression: an internal AttributeError from the cleanup replaced the disk-full error."""
+    from snapstore.bench import methods
+    from snapstore.errors import StoreIOError
+
+    def refuse(*args, **kwargs):
+        raise StoreIOError("cannot create the store: disk full", 28)
+    monkeypatch.setattr(methods, "open_store", refuse)
+    status = cli_main(["bench", *TINY, "--no-baselines", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert status == 1 and out == ""
+    assert err.strip() == "snapstore: error: cannot create the store: disk full"
+
+
+def test_a_run_larger_than_the_free_space_is_warned_about(tmp_path, monkeypatch, capsys):
+    from snapstore.bench import measuring
+    monkeypatch.setattr(measuring, "free_space", lambda path: 1000)
+    status = cli_main(["bench", *TINY, "--no-baselines", "--no-progress", "--dir",
+                       str(tmp_path)])
+    err = capsys.readouterr().err
+    assert status == 0
+    assert "warning: this run writes about" in err and f"{tmp_path} has 1000 B free" in err
