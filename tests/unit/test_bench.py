@@ -473,7 +473,10 @@ def test_a_close_error_does_not_hide_the_error_that_stopped_the_run(tmp_path, mo
     def broken_checkpoint(self, state, step):
         raise bench.BenchError("the checkpoint failed")
 
+    real_close = methods.SnapstoreMethod.close
+
     def broken_close(self):
+        real_close(self)            # (closed for real: no open store leaks into later tests)
         raise RuntimeError("close failed too")
     monkeypatch.setattr(methods.SnapstoreMethod, "checkpoint", broken_checkpoint)
     monkeypatch.setattr(methods.SnapstoreMethod, "close", broken_close)

@@ -1046,14 +1046,16 @@ def test_a_restore_that_started_before_compaction_gets_exact_bytes_or_a_retryabl
         model.check(writer, deep=True)
 
 
-def _deleted_segment_fds() -> list:
+def _deleted_segment_fds(under: str) -> list:
+    """This process's open descriptors of removed segment files of the store at `under`
+    (another test's store left open in this worker is not this test's business)."""
     out = []
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        if target.endswith(".seg (deleted)"):
+        if target.endswith(".seg (deleted)") and target.startswith(str(under)):
             out.append(target)
     return out
 
@@ -1073,7 +1075,7 @@ def test_a_long_lived_reader_does_not_pin_removed_segments(store_path):
             for cid in model.content:
                 assert reader.restore(cid) == model.content[cid]
             # ... yet the reader still holds the removed ones open: their blocks stay allocated
-            held = _deleted_segment_fds()
+            held = _deleted_segment_fds(os.path.realpath(store_path))
             assert segment_bytes(store_path) < before
             assert held == [], f"{len(held)} removed segments still open: {held[:3]}"
 
