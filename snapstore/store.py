@@ -41,6 +41,7 @@ from snapstore.engine.validation import (MAX_CREATED, buffer_view, check_choice,
                                          validate_int, validate_meta, validate_name,
                                          validate_path, validate_timeout)
 from snapstore.engine.verify import verify as verify_store
+from snapstore.interrupts import deferred_interrupts
 from snapstore.errors import (CheckpointNotFound, CorruptionError, InvalidArgumentError,
                               InvalidArgumentTypeError, SnapstoreError, StoreIOError)
 from snapstore.remote import gc as remote_gc
@@ -463,10 +464,14 @@ class Store:
         the checkpoint whose callback runs is committed, checkpoints queued after it fail
         with StoreClosedError, and the background thread exits after them. In a fork()ed
         child of the opening process it only marks this Store closed (what it holds is the
-        parent's)."""
+        parent's). Once close() began, checkpoint_async() from other threads raises
+        StoreClosedError (so they cannot keep it waiting). Ctrl-C stops the wait for pending
+        checkpoints (call close() again to finish); the teardown after it is never cut half
+        way (a SIGINT then is raised once it is done)."""
         if not self._committer.closed and not self.readonly and not self._committer.forked:
             self._persister.close()      # first: its worker commits through the committer
-        self._committer.close()
+        with deferred_interrupts():      # Ctrl-C cannot leave the store's locks half released
+            self._committer.close()
 
     def refresh(self) -> None:
         """An S3 store: pulls every stream's state from the bucket now, so reads see other
@@ -676,11 +681,14 @@ class Store:
     def flush(self) -> None:
         """Waits until every pending asynchronous checkpoint is durable (or failed); on an S3
         store with durability "local", until every checkpoint is committed in the bucket,
-        raising the first upload or commit that failed (RemoteError, CommitConflict)."""
+        raising the first upload or commit that failed (RemoteError, CommitConflict). In a
+        done-callback it cannot wait for the checkpoints queued after the callback's own
+        (they commit on the callback's thread, after it returns): SnapstoreError if any are.
+        Ctrl-C stops the wait (KeyboardInterrupt); the checkpoints still commit."""
         if self._committer.forked:
             self._committer.check_open()
         if not self.readonly:
-            self._persister.wait_idle()
+            self._persister.wait_idle(what="store.flush()")
             self._committer.flush()
 
     def save(self, obj: Any, stream: str = "default", meta: Any = None,

@@ -25,7 +25,8 @@ thread. So the state a capture changes is changed by single operations that are 
 identity (the queue holds the jobs, the sets hold live captures and captures in progress: what
 is pending is counted from them, never kept in a counter that an interrupt could leave off by
 one), locks are plain Locks entered with `with` (whose C-level __enter__ cannot be cut in
-half), and a capture interrupted after it took a staging region frees it (_abandon) unless its
+half), waits happen outside them (snapstore.wakeups; Condition.wait is not interrupt-safe),
+and a capture interrupted after it took a staging region frees it (_abandon) unless its
 job was queued, which then commits as usual.
 """
 from __future__ import annotations
@@ -45,6 +46,8 @@ from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.records import Commit
 from snapstore.errors import (CommitConflict, ForkedStoreError, InvalidArgumentError,
                               SnapstoreError, StoreClosedError)
+from snapstore.interrupts import deferred_interrupts
+from snapstore.wakeups import WakeUps
 
 
 PARALLEL_STAGE_BYTES = 8 << 20      # captures of this many bytes are staged by two threads
@@ -69,12 +72,13 @@ class Persister:
         self.arena = StagingArena(staging_bytes)
         self._describe = describe
         self._lock = threading.Lock()
-        self._cv = threading.Condition(self._lock)
+        self._changed = WakeUps()      # waiters for the queue, _live, _worker (under _lock)
         self._queue: collections.deque = collections.deque()   # jobs, the running one first
         self._live: dict = {}          # token -> owner of a capture committed from the live
         #                                buffers right now
         self._worker: threading.Thread | None = None   # the thread that runs the queue
         self._closed = False
+        self._closing = False          # close() began: other threads queue nothing more
         self._owners: dict[str, Capturer] = {}    # stream -> tracker or implicit capturer
         self._captures: set = set()    # tokens of the captures in progress
         self._capture_lock = threading.Lock()
@@ -106,7 +110,8 @@ class Persister:
         if isinstance(owner, Tracker):
             raise InvalidArgumentError(f"stream {tracker.stream!r} already has a tracker")
         if owner is not None:
-            self.wait_idle(owner)
+            self.wait_idle(owner, what="store.track() of a stream with checkpoint_async() "
+                                       "checkpoints")
         self._owners[tracker.stream] = tracker
 
     def release(self, owner: Capturer) -> None:
@@ -123,7 +128,8 @@ class Persister:
         if isinstance(owner, Tracker):
             raise InvalidArgumentError(f"stream {stream!r} is tracked by a Tracker; use "
                                        "tracker.checkpoint() (or close the tracker)")
-        self.wait_idle(owner)
+        self.wait_idle(owner, what="a plain checkpoint() of a stream with checkpoint_async() "
+                                   "checkpoints")
         self.release(owner)
 
     def prepare_delete(self, stream: str, is_head: bool) -> None:
@@ -135,7 +141,7 @@ class Persister:
         if isinstance(owner, Tracker):
             raise InvalidArgumentError(f"that checkpoint is the head of stream {stream!r}, "
                                        "which a tracker owns; close the tracker first")
-        self.wait_idle(owner)
+        self.wait_idle(owner, what="deleting the head of a stream")
         self.release(owner)
 
     # -- captures have priority: the caller is blocked during them, the worker is not
@@ -173,14 +179,13 @@ class Persister:
         against the stream's head is relative to something else."""
         total = sum(p.nbytes for p in plans)
         if total > self.arena.capacity:
-            self.wait_idle(owner)
+            self.wait_idle(owner, what="a checkpoint larger than the staging arena (committed "
+                                       "at once, from the buffers)")
             token = object()
             result = error = None
             try:
                 with self._lock:
-                    if self._closed:
-                        raise StoreClosedError("the store was closed while this checkpoint "
-                                               "was being captured")
+                    self._check_accepting()
                     # pending: close() and wait_idle() wait for it (it reads the caller's
                     # live buffers, which closing releases)
                     self._live[token] = owner
@@ -196,7 +201,7 @@ class Persister:
             finally:
                 with self._lock:
                     self._live.pop(token, None)
-                    self._cv.notify_all()
+                    self._changed.notify_all()
             future: Future = Future()
             if error is None:               # resolved last: a callback may close the store
                 future.set_result(result)
@@ -262,14 +267,23 @@ class Persister:
         at = split_point([p.nbytes for _, p, _ in places])
         both(lambda: stage(places[:at]), lambda: stage(places[at:]))
 
+    def _check_accepting(self) -> None:
+        # (lock held) Once close() began, only a done-callback (on the worker, which close()
+        # waits for) may queue more: other threads could keep close() waiting for ever.
+        if self._closed:
+            raise StoreClosedError("the store was closed while this checkpoint was being "
+                                   "captured")
+        if self._closing and not self.on_worker():
+            raise StoreClosedError("the store is being closed: no more checkpoints are "
+                                   "accepted")
+
     def _enqueue(self, job: _Job) -> None:
         with self._lock:
-            if self._closed:
-                raise StoreClosedError("store is closed")
+            self._check_accepting()
             self._queue.append(job)         # one operation: queued, and pending, or not
             crashpoint("after_job_queued")
             self._start_worker()
-            self._cv.notify_all()
+            self._changed.notify_all()
 
     def _abandon(self, job: _Job) -> None:
         """A capture failed or was interrupted before it returned: unless its job is queued
@@ -279,7 +293,7 @@ class Persister:
             if any(queued is job for queued in self._queue):
                 # (the interrupt may have come before the worker was started or woken)
                 self._start_worker()
-                self._cv.notify_all()
+                self._changed.notify_all()
                 return
         self.arena.free_taken_by(job)
 
@@ -320,12 +334,16 @@ class Persister:
         try:
             while True:
                 with self._lock:
-                    while not self._queue:
+                    if not self._queue:
                         if self._closed:
                             self.arena.close()      # (close() from a callback left it to us)
                             return
-                        self._cv.wait()
-                    job = self._queue[0]
+                        waiter, job = self._changed.register(), None
+                    else:
+                        waiter, job = None, self._queue[0]
+                if waiter is not None:
+                    self._changed.wait(waiter, self._lock)
+                    continue
                 self._process(job)
                 # No reference to the job may outlive it in this frame (its plans hold views
                 # of the caller's buffers, which must be free once the job landed).
@@ -334,7 +352,7 @@ class Persister:
             with self._lock:
                 if self._worker is me:
                     self._worker = None
-                    self._cv.notify_all()       # close() waits for it
+                    self._changed.notify_all()       # close() waits for it
 
     def on_worker(self) -> bool:
         """Whether the calling thread is the worker (a done-callback runs there)."""
@@ -376,7 +394,7 @@ class Persister:
         finally:
             with self._lock:
                 self._queue.popleft()
-                self._cv.notify_all()
+                self._changed.notify_all()
 
     # -- a fork()ed child
     def after_fork_in_child(self) -> None:
@@ -385,7 +403,7 @@ class Persister:
         never resolve), and the persister is closed; its conditions, and its capturers' locks,
         are new (a thread of the parent may have held them)."""
         self._lock = threading.Lock()
-        self._cv = threading.Condition(self._lock)
+        self._changed = WakeUps()
         self._capture_lock = threading.Lock()
         self._capture_cv = threading.Condition(self._capture_lock)
         self._submit_lock = threading.Lock()
@@ -416,14 +434,39 @@ class Persister:
         return (sum(1 for job in self._queue if job.owner is owner)
                 + sum(1 for o in self._live.values() if o is owner))
 
-    def wait_idle(self, owner: Capturer | None = None) -> None:
+    def wait_idle(self, owner: Capturer | None = None, *, what: str | None = None) -> None:
         """Waits until no job (of owner, or at all) is queued or running. Never call it while
-        holding the committer's writer lock: the worker needs that lock."""
-        if self.on_worker() or self.committer.forked:
+        holding the committer's writer lock: the worker needs that lock.
+
+        On the worker (in a done-callback) the running job has landed, and the jobs queued
+        after it commit only once the callback returns, so nothing can be waited for: with
+        such jobs pending, SnapstoreError says that `what` (the caller's operation) needs
+        them to land first; what=None: return without waiting (the caller does not need
+        them landed)."""
+        if self.committer.forked:
             return
-        with self._lock:
-            while (self._pending(owner) if owner is not None else (self._queue or self._live)):
-                self._cv.wait()
+        if self.on_worker():
+            with self._lock:
+                behind = [job for job in list(self._queue)[1:]
+                          if owner is None or job.owner is owner]
+            if behind and what is not None:
+                of = f" of stream {owner.stream!r}" if owner is not None else ""
+                raise SnapstoreError(
+                    f"{what} needs the {len(behind)} checkpoint(s){of} queued before it to "
+                    "be committed first, and they are committed on the thread this "
+                    "done-callback runs on, after it returns: do this outside the callback")
+            return
+        self._wait_locked_until(lambda: not (self._pending(owner) if owner is not None
+                                             else (self._queue or self._live)))
+
+    def _wait_locked_until(self, done: Callable[[], bool]) -> None:
+        # (lock NOT held) waits until done() holds, checked under the lock
+        while True:
+            with self._lock:
+                if done():
+                    return
+                waiter = self._changed.register()
+            self._changed.wait(waiter, self._lock)
 
     def close(self) -> None:
         """Flushes, stops the worker, closes every capturer (trackers included).
@@ -433,17 +476,19 @@ class Persister:
         closes at once: the job whose callback runs is committed, every job queued after it
         fails with StoreClosedError, and the worker exits after them (freeing the arena)."""
         on_worker = self.on_worker()
+        with self._lock:
+            self._closing = True        # other threads queue nothing more: the wait ends
         if not on_worker:
-            self.wait_idle()
+            self.wait_idle()            # (Ctrl-C may stop this wait; close() again resumes)
         with self._lock:
             self._closed = True
-            self._cv.notify_all()
-            while self._live:           # one that began before _closed was set (none after)
-                self._cv.wait()
-            while not on_worker and self._worker is not None:
-                self._cv.wait()         # it exits once the queue is empty
-        for owner in list(self._owners.values()):
-            owner.close()
-        self._owners.clear()
-        if not on_worker:
-            self.arena.close()
+            self._changed.notify_all()
+        # a live capture that began before _closed was set (none after) ends first; the
+        # worker exits once the queue is empty
+        self._wait_locked_until(lambda: not self._live and (on_worker or self._worker is None))
+        with deferred_interrupts():     # write protection off, buffers released: all or none
+            for owner in list(self._owners.values()):
+                owner.close()
+            self._owners.clear()
+            if not on_worker:
+                self.arena.close()

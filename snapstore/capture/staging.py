@@ -8,7 +8,8 @@ mapped on first use, huge-page backed where the kernel allows.
 A region is recorded with its taker (alloc's `owner`) as it is taken, so a capture interrupted
 anywhere after alloc (a KeyboardInterrupt from Ctrl-C lands between any two bytecodes) can find
 and free what it took (free_taken_by). The lock is a plain threading.Lock entered with `with`
-(a C-level __enter__, which no signal handler can interrupt half-way, unlike Condition's).
+(a C-level __enter__, which no signal handler can interrupt half-way), and a capture waiting
+for room waits outside it (snapstore.wakeups: Condition.wait is not interrupt-safe).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import os
 import threading
 
 from snapstore.errors import StoreIOError
+from snapstore.wakeups import WakeUps
 
 DEFAULT_STAGING_BYTES = 1 << 30
 _FREED = object()       # the owner of a region freed before an older one
@@ -41,7 +43,7 @@ class StagingArena:
         self._mm: mmap.mmap | None = None
         self._view: memoryview | None = None
         self._lock = threading.Lock()
-        self._cv = threading.Condition(self._lock)
+        self._freed = WakeUps()         # waiters for room
         self._regions: collections.deque = collections.deque()   # (start, end, owner), oldest first
         self._head = 0
         self.in_use = 0             # bytes of the regions taken and not yet freed
@@ -79,17 +81,20 @@ class StagingArena:
         StoreIOError (taking nothing) when the arena's memory cannot be mapped."""
         if n > self.capacity:
             raise ValueError("larger than the arena")
-        with self._lock:
-            memory = self._memory()         # first: a mapping failure must leak no region
-            while (start := self._place(n)) is None:
+        while True:
+            with self._lock:
+                memory = self._memory()     # first: a mapping failure must leak no region
+                start = self._place(n)
+                if start is not None:
+                    self._regions.append((start, start + n, owner))
+                    self._head = start + n
+                    self.in_use += n
+                    self.peak = max(self.peak, self.in_use)
+                    return start, memory[start:start + n]
                 if not wait:
                     return None
-                self._cv.wait()
-            self._regions.append((start, start + n, owner))
-            self._head = start + n
-            self.in_use += n
-            self.peak = max(self.peak, self.in_use)
-            return start, memory[start:start + n]
+                waiter = self._freed.register()
+            self._freed.wait(waiter, self._lock)
 
     def free_taken_by(self, owner: object) -> bool:
         """Frees the region owner took, if it holds one (whether it did)."""
@@ -122,7 +127,7 @@ class StagingArena:
             self._regions.popleft()
         if not self._regions:
             self._head = 0
-        self._cv.notify_all()
+        self._freed.notify_all()
 
     def close(self) -> None:
         with self._lock:            # (the worker and close() may both close it)

@@ -114,7 +114,8 @@ class Capturer:
         # its (empty) delta goes onto: on its first capture and after a failure.
         if full_diff or not self.based or self.failure is not None:
             # The head must be this stream's newest capture: let pending jobs land first.
-            persister.wait_idle(self)
+            persister.wait_idle(self, what="a checkpoint that diffs against the stream's head "
+                                           "(the first, or the next after a failure)")
             self.failure = None
             committer.check_open(write=True)
             # the cache as it is (an S3 store's): the caller never waits for the network; a

@@ -1,0 +1,225 @@
+"""What waits for asynchronous checkpoints (flush, close, a capture that diffs against the head,
+a plain checkpoint, deleting a head, track) in the places where it cannot simply wait: in a
+done-callback (which runs on the thread that commits the queued checkpoints), while other
+threads keep queueing, and when Ctrl-C interrupts the wait."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import snapstore
+from snapstore.engine.commit import Committer
+from snapstore.errors import SnapstoreError, StoreClosedError
+
+pytest.importorskip("snapstore.capture.dirty")
+
+N = 1 << 16
+
+
+def _callback_behind_a_queued_checkpoint(s, monkeypatch, action):
+    """Runs action() in the done-callback of checkpoint 1 of stream "t" while checkpoint 2 of
+    the stream is queued behind it; returns (what action returned or raised, future 2, the
+    bytes checkpoint 2 holds)."""
+    real, gate = Committer.commit, threading.Event()
+
+    def gated(self, *args, **kwargs):
+        gate.wait(30)                   # the worker holds checkpoint 1 until 2 is queued
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(Committer, "commit", gated)
+    a = np.zeros(N, np.uint8)
+    out = {}
+
+    def in_callback(_):
+        try:
+            out["result"] = action()
+        except Exception as exc:        # noqa: BLE001 - asserted by the caller
+            out["error"] = exc
+    first = s.checkpoint_async({"a": a}, stream="t")
+    first.add_done_callback(in_callback)
+    a[5000] = 9
+    second = s.checkpoint_async({"a": a}, stream="t")
+    gate.set()
+    s.flush()
+    return out, second, a.tobytes()
+
+
+def test_a_full_diff_in_a_done_callback_behind_a_queued_checkpoint_is_refused(tmp_path,
+                                                                              monkeypatch):
+    """Regression: a capture that must diff against the head (here: new buffer memory) ran in
+    checkpoint 1's callback without waiting for checkpoint 2, so it diffed against 1 and was
+    committed as a delta on top of 2: restoring it gave wrong bytes."""
+    with snapstore.open(tmp_path / "s", durability="none") as s:
+        other = np.full(N, 7, np.uint8)
+        out, second, second_bytes = _callback_behind_a_queued_checkpoint(
+            s, monkeypatch, lambda: s.checkpoint_async({"a": other}, stream="t"))
+        assert "result" not in out
+        assert isinstance(out["error"], SnapstoreError)
+        assert "outside the callback" in str(out["error"])
+        assert s.checkpoint_ids(stream="t")[-1] == second.result().id
+        assert s.restore(second.result().id)["a"] == second_bytes
+        third = s.checkpoint_async({"a": other}, stream="t").result(timeout=30)  # outside: fine
+        assert s.restore(third.id)["a"] == other.tobytes()
+        assert s.verify()["ok"]
+
+
+@pytest.mark.parametrize("operation", ["flush", "checkpoint", "delete the head", "track"])
+def test_waiting_in_a_done_callback_for_queued_checkpoints_is_refused(tmp_path, monkeypatch,
+                                                                      operation):
+    """Each of these needs the queued checkpoints landed first, which a callback cannot wait
+    for: a clear SnapstoreError, not a flush that did not flush or a checkpoint on a stale
+    head."""
+    with snapstore.open(tmp_path / "s", durability="none") as s:
+        b = np.ones(N, np.uint8)
+        actions = {
+            "flush": s.flush,
+            "checkpoint": lambda: s.checkpoint({"a": b}, stream="t"),
+            "delete the head": lambda: s.delete(s.checkpoint_ids(stream="t")[-1]),
+            "track": lambda: s.track({"a": b}, stream="t"),
+        }
+        out, second, second_bytes = _callback_behind_a_queued_checkpoint(
+            s, monkeypatch, actions[operation])
+        assert "result" not in out
+        assert isinstance(out["error"], SnapstoreError)
+        assert "outside the callback" in str(out["error"])
+        assert len(s.checkpoint_ids(stream="t")) == 2
+        assert s.restore(second.result().id)["a"] == second_bytes
+
+
+def test_flush_in_a_done_callback_with_nothing_queued_returns(tmp_path):
+    with snapstore.open(tmp_path / "s", durability="none") as s:
+        out = []
+        s.checkpoint_async({"a": b"x"}, stream="t").add_done_callback(
+            lambda f: out.append((s.flush(), f.result().id)))
+        s.flush()
+        assert out and out[0][0] is None
+
+
+def test_close_returns_while_another_thread_keeps_checkpointing(tmp_path):
+    """Regression: close() waited for the queue to drain while another thread kept filling it,
+    and never returned. Now checkpoints begun after close() started fail with
+    StoreClosedError, and every future returned before resolves."""
+    s = snapstore.open(tmp_path / "s", durability="none")
+    a = np.zeros(N, np.uint8)
+    futures, stopped, started = [], [], threading.Event()
+
+    def keep_checkpointing():
+        i = 0
+        while True:
+            a[i % N] ^= 1
+            i += 1
+            try:
+                futures.append(s.checkpoint_async({"a": a}, stream="t"))
+            except StoreClosedError as exc:
+                stopped.append(exc)
+                return
+            started.set()
+    t = threading.Thread(target=keep_checkpointing, daemon=True)
+    t.start()
+    assert started.wait(30)
+    closer = threading.Thread(target=s.close, daemon=True)
+    closer.start()
+    closer.join(60)
+    assert not closer.is_alive(), "close() did not return"
+    t.join(30)
+    assert not t.is_alive() and len(stopped) == 1
+    assert futures and all(f.result(timeout=30).id for f in futures)
+    with snapstore.open(tmp_path / "s") as again:
+        assert len(again.checkpoint_ids(stream="t")) == len(futures)
+        assert again.verify()["ok"]
+
+
+_SIGINT_AT_EVERY_RETURN = r"""
+import os, signal, sys, tempfile, threading
+import numpy as np
+import snapstore
+from snapstore.engine.commit import Committer
+
+what = sys.argv[1]
+real, gate = Committer.commit, threading.Event()
+
+
+def gated(self, *args, **kwargs):       # the worker holds the first checkpoint a moment,
+    gate.wait(30)                       # so the call under test has to wait for it
+    return real(self, *args, **kwargs)
+
+
+Committer.commit = gated
+
+
+class SigintAtReturn:
+    # sends SIGINT as the n-th Python function called by the main thread returns: the handler
+    # raises KeyboardInterrupt at the next bytecode, as a Ctrl-C landing there would
+    def __init__(self, n):
+        self.n, self.returns, self.where = n, 0, None
+
+    def __call__(self, frame, event, arg):
+        # (not in a weak reference's callback, which the garbage collector runs anywhere,
+        # and where Python ignores exceptions: the interrupt would be lost, by Python)
+        if event == "call" and frame.f_code.co_name == "wait":
+            gate.set()                  # the call under test waits now: let the worker go
+        if event == "return" and not frame.f_code.co_filename.endswith("_weakrefset.py"):
+            self.returns += 1
+            if self.returns == self.n:
+                self.where = f"{frame.f_code.co_filename}:{frame.f_code.co_name}"
+                signal.raise_signal(signal.SIGINT)
+        return self
+
+
+root = tempfile.mkdtemp()
+n, interrupted = 0, 0
+while True:
+    n += 1
+    path = os.path.join(root, str(n))
+    gate.clear()
+    s = snapstore.open(path, durability="none", staging_bytes=1 << 20)
+    a = np.zeros(1 << 19, np.uint8)
+    s.checkpoint_async({"a": a}, stream="t")
+    a[0] = 1
+    threading.Timer(0.5, gate.set).start()     # (in case the call never waits)
+    inject = SigintAtReturn(n)
+    outcome = "returned"
+    sys.settrace(inject)
+    try:
+        try:
+            if what == "flush":
+                s.flush()
+            elif what == "close":
+                s.close()
+            else:                       # a capture that waits for staging room
+                s.checkpoint_async({"b": np.ones(1 << 20, np.uint8)}, stream="u")
+        finally:
+            sys.settrace(None)
+    except KeyboardInterrupt:
+        outcome = "KeyboardInterrupt"
+        interrupted += 1
+    except BaseException as exc:
+        sys.exit(f"SIGINT at the return of {inject.where}: {exc!r} instead of KeyboardInterrupt")
+    gate.set()
+    s.close()                           # after an interrupt, closing again finishes the job
+    with snapstore.open(path) as again:     # (it would wait for ever for a leaked lock)
+        assert again.restore(again.checkpoint_ids(stream="t")[-1])["a"][0] == 0
+        assert again.verify()["ok"]
+    if inject.where is None:            # the call made fewer than n returns: all were tried
+        break
+print(n, interrupted)
+"""
+
+
+@pytest.mark.parametrize("what", ["flush", "close", "staging room"])
+def test_ctrl_c_anywhere_in_flush_close_or_a_wait_for_staging_is_a_clean_interrupt(what):
+    """Regressions: Ctrl-C landing inside Condition.wait (flush, close, a capture waiting for
+    staging room) left the lock released, and the caller got RuntimeError("release unlocked
+    lock") instead of KeyboardInterrupt; and Ctrl-C in close() could leave the store's lock
+    held, so reopening the store in the same process waited for ever. A SIGINT is sent at
+    each Python function return in turn (a child process: the signals stay out of pytest)."""
+    proc = subprocess.run([sys.executable, "-c", _SIGINT_AT_EVERY_RETURN, what],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tried, interrupted = map(int, proc.stdout.split())
+    assert tried > 5 and interrupted == tried - 1
