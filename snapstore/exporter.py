@@ -37,7 +37,7 @@ from snapstore.engine.reader import retry_moved
 from snapstore.errors import ExportError
 from snapstore.objectlayer import resolve_checkpoint
 from snapstore.savepoints import SUFFIX as SAVEPOINT_SUFFIX
-from snapstore.savepoints import export_savepoint
+from snapstore.savepoints import export_savepoint, output_exists
 from snapstore.tensors import Catalogue, TensorEntry, catalogue
 
 __all__ = ["export", "ExportResult", "FORMATS", "format_for_path"]
@@ -117,8 +117,7 @@ def export(store, name: Any, path, format: Optional[str] = None, *,
         raise ExportError(f"{what}: use one of {', '.join(FORMATS)} (or a "
                           f".safetensors/.pt/.npz/.snap file name)")
     if not force and os.path.lexists(path):
-        raise ExportError(f"{path} exists (pass force=True, --force on the command line, to "
-                          f"replace it)")
+        raise output_exists(path)
     if fmt == "snap":
         saved = export_savepoint(store, name, path, force=force)
         return ExportResult(path, fmt, saved.checkpoint, 0, saved.bytes)
@@ -146,7 +145,8 @@ def export(store, name: Any, path, format: Optional[str] = None, *,
     buffers = _read_buffers(store, info, cat.tensors)
     data = [(e, _tensor_data(buffers, info, e, swap=fmt != "npz")) for e in cat.tensors]
     del buffers
-    writer(path, data, info, values)
+    # without force a file created at path meanwhile is kept, never replaced
+    writer(path, data, info, values, None if force else output_exists)
     return ExportResult(path, fmt, info.id, len(data), sum(len(d) for _, d in data), values,
                         skipped)
 
@@ -228,7 +228,7 @@ def _need(module: str, what: str):
                                                      else "")) from None
 
 
-def _write_safetensors(path: str, data: list, info, values: dict) -> None:
+def _write_safetensors(path: str, data: list, info, values: dict, refuse_existing) -> None:
     safetensors = _need("safetensors", "safetensors")
     spec_type = getattr(safetensors, "TensorSpec", None)
     if spec_type is None:
@@ -248,10 +248,10 @@ def _write_safetensors(path: str, data: list, info, values: dict) -> None:
                 "snapstore.values": json.dumps(values, default=str)}
     blob = safetensors.serialize(specs, metadata=metadata)
     del keep
-    replace_file(path, lambda f: f.write(blob))
+    replace_file(path, lambda f: f.write(blob), refuse_existing=refuse_existing)
 
 
-def _write_pt(path: str, data: list, info, values: dict) -> None:
+def _write_pt(path: str, data: list, info, values: dict, refuse_existing) -> None:
     torch = _need("torch", "pt")
     out = {}
     for e, raw in data:
@@ -261,7 +261,7 @@ def _write_pt(path: str, data: list, info, values: dict) -> None:
             out[e.name] = t.reshape(e.shape)
         else:
             out[e.name] = torch.empty(e.shape, dtype=dtype)
-    replace_file(path, lambda f: torch.save(out, f))
+    replace_file(path, lambda f: torch.save(out, f), refuse_existing=refuse_existing)
 
 
 def _numpy_dtype(np, name: str):
@@ -271,7 +271,7 @@ def _numpy_dtype(np, name: str):
     return np.dtype(name)
 
 
-def _write_npz(path: str, data: list, info, values: dict) -> None:
+def _write_npz(path: str, data: list, info, values: dict, refuse_existing) -> None:
     np = _need("numpy", "npz")
 
     def fill(f) -> None:
@@ -280,4 +280,4 @@ def _write_npz(path: str, data: list, info, values: dict) -> None:
                 a = np.frombuffer(raw, dtype=_numpy_dtype(np, e.dtype)).reshape(e.shape)
                 with z.open(e.name + ".npy", "w", force_zip64=True) as member:
                     np.lib.format.write_array(member, a, allow_pickle=False)
-    replace_file(path, fill)
+    replace_file(path, fill, refuse_existing=refuse_existing)

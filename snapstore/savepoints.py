@@ -100,20 +100,27 @@ def export_savepoint(store: Store, checkpoint: Any, path, *,
     path = _path(path)
     force = validate_flag(force, "force")
     if not force and os.path.lexists(path):
-        raise ExportError(f"{path} exists (pass force=True, --force on the command line, to "
-                          f"replace it)")
+        raise output_exists(path)
 
     def write(m, read_chunks) -> SavepointResult:
         description = Description(
             m.info.stream, m.info.created, original_meta(m.meta), list(m.info.tags),
             {"store": store_location(store), "id": m.info.id, "seq": m.info.seq},
             [(b.name, b.size, b.layout, b.page_size, list(b.extents)) for b in m.buffers])
-        stats = write_savepoint(path, description, read_chunks, store.options)
+        # without force a file created at path meanwhile is kept, never replaced
+        stats = write_savepoint(path, description, read_chunks, store.options,
+                                None if force else output_exists)
         return SavepointResult(path, m.info.id, stats["bytes"], stats["chunks"],
                                stats["chunk_bytes"])
     # manifests and chunks from one index snapshot, made again when a compaction moves the
     # chunks meanwhile (write_savepoint leaves no file when it fails)
     return store.with_manifests(checkpoint, write)
+
+
+def output_exists(path: str) -> ExportError:
+    """The error of an output file that exists and may not be replaced (export() too)."""
+    return ExportError(f"{path} exists (pass force=True, --force on the command line, to "
+                       "replace it)")
 
 
 def import_savepoint(store: Store, path, *, stream: str | None = None) -> CheckpointInfo:

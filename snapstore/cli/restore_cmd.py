@@ -64,7 +64,7 @@ def cmd_restore(args) -> int:
                 for n in names:
                     path = os.path.join(args.out, files[n])
                     if os.path.lexists(path):
-                        raise UsageError(f"{path} exists (use --force to overwrite)")
+                        raise _exists(path)
         total = sum(length for _, length in spans.values())
         written = []
         with progress(args, total, "restore") as bar:
@@ -78,7 +78,9 @@ def cmd_restore(args) -> int:
                 path = os.path.join(args.out, files[n])
                 # A new 0600 file (checkpoints hold private state) replacing path by rename:
                 # never written through a symlink planted in the output directory.
-                replace_file(path, lambda f: _copy_out(store, info.id, n, off, length, f, bar))
+                # Without --force a file created at path meanwhile is kept, never replaced.
+                replace_file(path, lambda f: _copy_out(store, info.id, n, off, length, f, bar),
+                             refuse_existing=None if args.force else _exists)
                 written.append({"buffer": n, "path": path, "offset": off, "bytes": length})
     if to_stdout:
         return EXIT_OK
@@ -94,6 +96,10 @@ def cmd_restore(args) -> int:
         print(f"  {printable(w['buffer'])}{where} -> {printable(w['path'])} "
               f"({human_bytes(w['bytes'])})")
     return EXIT_OK
+
+
+def _exists(path: str) -> UsageError:
+    return UsageError(f"{path} exists (use --force to overwrite)")
 
 
 def _copy_out(store, cid: int, name: str, off: int, length: int, sink, bar) -> None:

@@ -147,13 +147,40 @@ def fsync_directory(path: str) -> None:
         os.close(fd)
 
 
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS}
+
+
+def _publish_new(tmp: str, path: str, refuse_existing: Callable[[str], Exception]) -> None:
+    """Gives the finished temporary file the name path unless path exists (then raises
+    refuse_existing(path); the caller removes tmp)."""
+    try:
+        os.link(tmp, path)          # atomic, and fails if anything (even a symlink) is there
+    except FileExistsError:
+        raise refuse_existing(path) from None
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        if os.path.lexists(path):
+            raise refuse_existing(path) from None
+        os.rename(tmp, path)
+        return
+    os.unlink(tmp)
+
+
 def replace_file(path: str, fill: Callable[[IO[bytes]], None], *,
-                 mode: int = DEFAULT_FILE_MODE, sync: bool = False) -> None:
+                 mode: int = DEFAULT_FILE_MODE, sync: bool = False,
+                 refuse_existing: Callable[[str], Exception] | None = None) -> None:
     """Writes a whole file atomically: fill(binary file object) writes the bytes into a new
     temporary file next to path (tempfile.mkstemp: O_CREAT | O_EXCL | O_NOFOLLOW under an
     unpredictable name, so no planted symlink is followed), given permission bits mode,
     fsynced if sync, which then replaces path by rename (a symlink at path is replaced
     itself, never followed). On any failure the temporary file is removed.
+
+    refuse_existing: never replace what is at path: raise refuse_existing(path) if anything
+    is there, before the writing or when the file is published (a file created at path while
+    fill() ran is kept: the new file is published by a hard link, which fails if the name
+    exists, rather than by rename; a file system without hard links gets a check and a rename,
+    the best it offers).
 
     Raises InvalidArgumentError when path is a directory, a device, a FIFO or a socket (a
     rename would replace the node itself: `-o /dev/null --force` must not turn /dev/null into
@@ -165,6 +192,8 @@ def replace_file(path: str, fill: Callable[[IO[bytes]], None], *,
         st = None
     except OSError as exc:
         raise StoreIOError(f"cannot write {path}: {exc.strerror or exc}", exc.errno) from None
+    if st is not None and refuse_existing is not None:
+        raise refuse_existing(path)
     if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
         what = ("a directory" if stat.S_ISDIR(st.st_mode)
                 else "not a regular file (a device, FIFO or socket)")
@@ -184,7 +213,10 @@ def replace_file(path: str, fill: Callable[[IO[bytes]], None], *,
             if sync:
                 f.flush()
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if refuse_existing is None:
+            os.replace(tmp, path)
+        else:
+            _publish_new(tmp, path, refuse_existing)
     except BaseException as exc:
         try:
             os.unlink(tmp)

@@ -63,10 +63,12 @@ class Description:
 
 
 def write_savepoint(path: str, description: Description,
-                    read_chunks: Callable[[list], Iterable], opts: WriteOptions) -> dict:
+                    read_chunks: Callable[[list], Iterable], opts: WriteOptions,
+                    refuse_existing: Callable[[str], Exception] | None = None) -> dict:
     """Writes description and its chunks as a savepoint file at path: into a temporary file
     next to it, fsynced, renamed over path (a symlink there is replaced, never followed), the
-    directory fsynced. read_chunks(chunk ids) -> iterable of (chunk id, raw bytes) must yield
+    directory fsynced (refuse_existing: never replace a file at path, see
+    fsutil.replace_file). read_chunks(chunk ids) -> iterable of (chunk id, raw bytes) must yield
     each asked chunk once (in any order); each is checked against its BLAKE3 id and stored
     compressed per opts (writer.encode_chunk, the store's rule). Returns {"bytes": the file's
     size, "chunks": chunk records, "chunk_bytes": their raw bytes}. Raises CorruptionError
@@ -115,7 +117,7 @@ def write_savepoint(path: str, description: Description,
         f.write(tail + fmt.U64.pack(out.hasher.intdigest()))
         stats["bytes"] = out.pos + fmt.SAVEPOINT_TRAILER.size
 
-    replace_file(path, fill, sync=True)
+    replace_file(path, fill, sync=True, refuse_existing=refuse_existing)
     fsync_directory(os.path.dirname(os.path.abspath(path)))
     return stats
 

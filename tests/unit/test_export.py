@@ -113,6 +113,33 @@ def test_refusals_write_nothing(store, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["s", "x.safetensors"]
 
 
+@pytest.mark.parametrize("fmt", ["safetensors", "npz", "snap"])
+@pytest.mark.parametrize("force", [False, True])
+def test_a_file_created_at_the_path_during_the_export(store, tmp_path, monkeypatch, fmt, force):
+    """Regression: without force the check that the path is free came before the (long)
+    export, and the rename at its end replaced a file created there meanwhile: lost data.
+    Now that file is kept and ExportError says so; with force it is replaced."""
+    info = snapstore.save_arrays(store, {"a": np.ones(3)}, "a")
+    out = tmp_path / f"x.{fmt}"
+    # the export reads the checkpoint after its check of the path: the file appears then
+    reads = ("with_manifests" if fmt == "snap" else "restore_into")
+    real = getattr(store, reads)
+
+    def appearing(*args, **kwargs):
+        if not out.exists():
+            out.write_bytes(b"someone else's")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(store, reads, appearing)
+    if force:
+        snapstore.export(store, info.id, str(out), force=True)
+        assert out.read_bytes() != b"someone else's"
+    else:
+        with pytest.raises(ExportError, match="exists"):
+            snapstore.export(store, info.id, str(out))
+        assert out.read_bytes() == b"someone else's"
+    assert sorted(os.listdir(tmp_path)) == ["s", out.name]      # no temporary file left
+
+
 def test_symlink_is_replaced_never_followed(store, tmp_path):
     info = snapstore.save_arrays(store, {"a": np.ones(3)}, "a")
     target = tmp_path / "victim"
