@@ -34,10 +34,11 @@ from typing import Any, Optional
 
 from snapstore.engine.fsutil import replace_file
 from snapstore.engine.reader import retry_moved
+from snapstore.engine.validation import validate_flag
 from snapstore.errors import ExportError
 from snapstore.objectlayer import resolve_checkpoint
 from snapstore.savepoints import SUFFIX as SAVEPOINT_SUFFIX
-from snapstore.savepoints import export_savepoint, output_exists
+from snapstore.savepoints import check_output, export_savepoint, output_exists
 from snapstore.tensors import Catalogue, TensorEntry, catalogue
 
 __all__ = ["export", "ExportResult", "FORMATS", "format_for_path"]
@@ -102,14 +103,18 @@ def export(store, name: Any, path, format: Optional[str] = None, *,
         force: replace an existing file (atomically) instead of refusing.
     Returns: ExportResult.
     Raises: ExportError (nothing written: no tensors, a dtype the format lacks, a name given
-        twice, a sharded DCP tensor, the file exists, the format's library missing),
+        twice, a sharded DCP tensor, the file exists, path inside the store's own directory,
+        the format's library missing),
         InvalidArgumentError (path is a directory, a device, a FIFO or a socket: a file is
-        replaced by rename, and they are never replaced), CheckpointNotFound (also when
-        another writer deleted it while it was exported), CorruptionError,
+        replaced by rename, and they are never replaced; path is not a path),
+        InvalidArgumentTypeError (store is not an open Store, path not a str, bytes or
+        os.PathLike, force not a bool), CheckpointNotFound (also when another writer deleted
+        it while it was exported), CorruptionError,
         ConcurrentCompactionError (compactions moved its chunks READ_ATTEMPTS times in a row
         while it was read: retry), StoreIOError (writing the file; it names path).
     """
-    path = os.fspath(path)
+    path = check_output(store, path)
+    force = validate_flag(force, "force")
     fmt = format if format is not None else format_for_path(path)
     if fmt not in FORMATS:
         what = (f"unknown export format {format!r} for {path!r}" if format is not None
@@ -261,7 +266,17 @@ def _write_pt(path: str, data: list, info, values: dict, refuse_existing) -> Non
             out[e.name] = t.reshape(e.shape)
         else:
             out[e.name] = torch.empty(e.shape, dtype=dtype)
-    replace_file(path, lambda f: torch.save(out, f), refuse_existing=refuse_existing)
+
+    def fill(f) -> None:
+        try:
+            torch.save(out, f)
+        except RuntimeError as exc:
+            # torch reports a failed write (a full disk) as RuntimeError("enforce fail ...")
+            # with the OSError as its context: the OSError it is (replace_file names the path)
+            if isinstance(exc.__context__, OSError):
+                raise exc.__context__ from None
+            raise ExportError(f"torch.save could not write {path}: {exc}") from None
+    replace_file(path, fill, refuse_existing=refuse_existing)
 
 
 def _numpy_dtype(np, name: str):

@@ -34,7 +34,7 @@ from snapstore.copying import store_location
 from snapstore.engine import format as fmt
 from snapstore.engine.meta import original_meta, with_origin
 from snapstore.engine.savefile import Description, read_savepoint, write_savepoint
-from snapstore.engine.validation import validate_flag, validate_name
+from snapstore.engine.validation import validate_flag, validate_name, validate_path
 from snapstore.errors import (ExportError, InvalidArgumentError, InvalidArgumentTypeError,
                               ReadOnlyError, StoreClosedError)
 from snapstore.store import BufferManifest, CheckpointInfo, Store
@@ -70,12 +70,16 @@ def _check_store(store: Any, write: bool) -> None:
                             "to import into it")
 
 
-def _path(path: Any) -> str:
-    if not isinstance(path, (str, os.PathLike)):
-        raise InvalidArgumentTypeError(f"path must be a file path, got {type(path).__name__}")
-    path = os.fspath(path)
-    if not isinstance(path, str) or not path:
-        raise InvalidArgumentError(f"path must be a non-empty file path, got {path!r}")
+def check_output(store: Store, path: Any) -> str:
+    """An export's output file path (a str, bytes or os.PathLike without NUL), checked: not
+    in the store's own directory (writing there, and with force replacing a segment, the index
+    or FORMAT, would damage the store). Raises InvalidArgumentTypeError,
+    InvalidArgumentError, ExportError. The store must be an open Store."""
+    _check_store(store, write=False)
+    path = validate_path(path)
+    if store.holds_path(path):
+        raise ExportError(f"{path} is inside the store's own directory: exporting there could "
+                          "overwrite the store's files; write it somewhere else")
     return path
 
 
@@ -96,8 +100,7 @@ def export_savepoint(store: Store, checkpoint: Any, path, *,
         ConcurrentCompactionError (compactions moved its chunks READ_ATTEMPTS times in a
         row: retry), InvalidArgumentError (path is a directory, a device, a FIFO or a socket),
         StoreIOError (writing the file; nothing is left of it)."""
-    _check_store(store, write=False)
-    path = _path(path)
+    path = check_output(store, path)
     force = validate_flag(force, "force")
     if not force and os.path.lexists(path):
         raise output_exists(path)
@@ -134,7 +137,7 @@ def import_savepoint(store: Store, path, *, stream: str | None = None) -> Checkp
         StoreClosedError, CommitConflict (another writer committed to the stream at that
         moment), StoreIOError."""
     _check_store(store, write=True)
-    path = _path(path)
+    path = validate_path(path)
     if stream is not None:
         validate_name(stream, "stream")
     with read_savepoint(path) as sp:

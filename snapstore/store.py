@@ -484,6 +484,17 @@ class Store:
         """True once close() was called."""
         return self._committer.closed
 
+    def holds_path(self, path) -> bool:
+        """Whether path lies in the directory this Store keeps its files in (a local store's
+        directory, an S3 store's cache directory), after symlinks and '..': writing a file
+        there could overwrite or add to the store's own files. Exports refuse such paths."""
+        own = getattr(self._committer, "cache_path", None) or self.path
+        try:
+            own, where = os.path.realpath(os.fsdecode(own)), os.path.realpath(os.fsdecode(path))
+            return os.path.commonpath([own, where]) == own
+        except (TypeError, ValueError):     # not a path at all, or a NUL in it: not ours
+            return False
+
     # White-box tests and benchmarks inspect these engine parts (the committer owns them).
     @property
     def _index(self):

@@ -59,6 +59,11 @@ def cmd_restore(args) -> int:
             spans[n] = (off, length)
         files = safe_filenames(names)
         if not to_stdout:
+            for n in names:
+                if store.holds_path(os.path.join(args.out, files[n])):
+                    raise UsageError(f"--out {args.out} is inside the store's own directory: "
+                                     "restoring there could overwrite the store's files; "
+                                     "name another directory")
             os.makedirs(args.out, exist_ok=True)
             if not args.force:
                 for n in names:

@@ -106,3 +106,40 @@ def test_restore_points_to_export(arrays_store, tmp_path):
     assert "snapstore export" not in p.stdout
     assert "snapstore export" in cli_ok("restore", "--help").stdout.replace("\n", " ")
     assert "export" in cli_ok("--help").stdout
+
+
+def _store_files(path: str) -> dict:
+    out = {}
+    for root, _, names in os.walk(path):
+        for n in names:
+            if n not in ("lock.mdb",):
+                with open(os.path.join(root, n), "rb") as f:
+                    out[os.path.relpath(os.path.join(root, n), path)] = f.read()
+    return out
+
+
+@pytest.mark.parametrize("target", ["FORMAT", "index", "new.npz", "via symlink"])
+@pytest.mark.parametrize("command", ["export", "export --format snap", "restore"])
+def test_output_into_the_store_itself_is_refused_even_with_force(arrays_store, tmp_path,
+                                                                 target, command):
+    """Regression: `export -o STORE/FORMAT --force` (or `restore --out STORE --force`)
+    replaced the store's own files with the export and reported success: the store was gone.
+    Any output path inside the store's directory is refused, and the store is untouched."""
+    path, state = arrays_store
+    before = _store_files(path)
+    inside = {"FORMAT": os.path.join(path, "FORMAT"), "new.npz": os.path.join(path, "new.npz"),
+              "index": os.path.join(path, sorted(os.listdir(path))[0]),
+              "via symlink": str(tmp_path / "alias" / "FORMAT")}[target]
+    os.symlink(path, tmp_path / "alias")
+    if command == "restore":
+        out = os.path.dirname(inside)
+        cli_error(2, "-s", path, "restore", "1", "--out", out, "--force",
+                  needles=["inside the store's own directory"])
+    else:
+        fmt = ["--format", "snap"] if "snap" in command else ["--format", "npz"]
+        cli_error(2, "-s", path, "export", "1", "-o", inside, "--force", *fmt,
+                  needles=["inside the store's own directory"])
+    assert _store_files(path) == before
+    with snapstore.open(path) as s:
+        assert s.verify()["ok"]
+        assert snapstore.load_arrays(s, 1)["w"].tobytes() == state["w"].tobytes()

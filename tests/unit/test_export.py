@@ -140,6 +140,32 @@ def test_a_file_created_at_the_path_during_the_export(store, tmp_path, monkeypat
     assert sorted(os.listdir(tmp_path)) == ["s", out.name]      # no temporary file left
 
 
+def test_bad_paths_and_arguments_are_clear_errors(store, tmp_path):
+    """Regression: a NUL in the path was a raw ValueError, a non-path a raw TypeError, a bytes
+    path a misleading 'no suffix' message; a file inside the store's directory was written
+    (with force: over the store's own files)."""
+    from snapstore.errors import InvalidArgumentError, InvalidArgumentTypeError
+    info = snapstore.save_arrays(store, {"a": np.ones(3)}, "a")
+    for bad in (str(tmp_path / "x\0.npz"), ""):
+        with pytest.raises(InvalidArgumentError, match="NUL|non-empty"):
+            snapstore.export(store, info.id, bad)
+    for bad in (None, 3, ["x.npz"]):
+        with pytest.raises(InvalidArgumentTypeError, match="path must be"):
+            snapstore.export(store, info.id, bad)
+    with pytest.raises(InvalidArgumentTypeError, match="force"):
+        snapstore.export(store, info.id, str(tmp_path / "y.npz"), force="yes")
+    with pytest.raises(InvalidArgumentTypeError, match="store must be an open Store"):
+        snapstore.export("not a store", info.id, str(tmp_path / "y.npz"))
+    r = snapstore.export(store, info.id, os.fsencode(tmp_path / "b.npz"))     # bytes: fine
+    assert r.path == str(tmp_path / "b.npz") and np.load(r.path)["a"].tolist() == [1, 1, 1]
+    for fmt in ("npz", "snap"):
+        with pytest.raises(ExportError, match="inside the store's own directory"):
+            snapstore.export(store, info.id, os.path.join(store.path, "FORMAT"), format=fmt,
+                             force=True)
+    assert store.verify()["ok"]
+    assert sorted(os.listdir(tmp_path)) == ["b.npz", "s"]
+
+
 def test_symlink_is_replaced_never_followed(store, tmp_path):
     info = snapstore.save_arrays(store, {"a": np.ones(3)}, "a")
     target = tmp_path / "victim"
@@ -234,6 +260,43 @@ def test_torch_checkpoint_round_trip_safetensors_and_pt(store, tmp_path):
     with pytest.raises(ExportError, match="bfloat16.*NumPy"):
         snapstore.export(store, "train", str(tmp_path / "m.npz"))
     assert not os.path.exists(tmp_path / "m.npz")
+
+
+_EXPORT_WITH_A_FILE_SIZE_LIMIT = r"""
+import resource, signal, sys
+import numpy as np
+import snapstore
+from snapstore.errors import StoreIOError
+store_path, out, fmt = sys.argv[1:]
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)          # writes past the limit fail: EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+with snapstore.open(store_path, readonly=True) as s:
+    try:
+        snapstore.export(s, "a", out, format=fmt)
+    except StoreIOError as exc:
+        print("StoreIOError", exc)
+"""
+
+
+@pytest.mark.parametrize("fmt", ["pt", "safetensors", "npz", "snap"])
+def test_a_write_error_is_a_store_io_error_and_leaves_nothing(tmp_path, fmt):
+    """Regression: a .pt export onto a full disk raised torch's RuntimeError("enforce fail
+    ..."). A real write error (the file size limit: EFBIG from the kernel) is StoreIOError
+    naming the path, in every format, and no file is left."""
+    if fmt == "pt":
+        pytest.importorskip("torch")
+    import subprocess
+    import sys
+    with snapstore.open(str(tmp_path / "s")) as s:
+        snapstore.save_arrays(s, {"a": np.arange(1 << 16, dtype=np.float32)}, "a")
+    out = tmp_path / "out" / f"x.{fmt}"
+    out.parent.mkdir()
+    proc = subprocess.run([sys.executable, "-c", _EXPORT_WITH_A_FILE_SIZE_LIMIT,
+                           str(tmp_path / "s"), str(out), fmt],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("StoreIOError") and str(out) in proc.stdout, proc.stdout
+    assert os.listdir(out.parent) == []
 
 
 def test_dcp_checkpoint_exports(store, tmp_path):
