@@ -178,6 +178,24 @@ def _check_data_file(index_path: str, rebuilding: bool) -> str:
     return data
 
 
+def _check_index_files(path: str, rebuilding: bool) -> None:
+    """The index directory at path (or, mid-swap, the one that replaces it) and its data file
+    are there, or may be missing (_check_data_file). A compaction's swap in another process
+    takes index/ away for a moment where the file system cannot exchange directories (two
+    renames): a missing index is looked for again a few times before it is reported."""
+    for attempt in range(_OPEN_ATTEMPTS):
+        location = indexswap.index_to_read(path)
+        try:
+            if not os.path.isdir(location):
+                raise FormatError(f"no index at {path}; not a snapstore store")
+            _check_data_file(location, rebuilding)
+            return
+        except (FormatError, CorruptionError):
+            if attempt == _OPEN_ATTEMPTS - 1:
+                raise
+            time.sleep(0.001)
+
+
 def _log_exists(index_path: str) -> bool:
     """Whether the store that holds this index directory has a segment file with records."""
     segments = os.path.join(os.path.dirname(os.path.abspath(index_path)), fmt.SEGMENTS_DIR)
@@ -202,6 +220,8 @@ def _check_not_truncated(env: lmdb.Environment, data: str) -> None:
         need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
     try:
         st = os.stat(data)
+    except FileNotFoundError:
+        return      # a swap's rename moved it meanwhile: env's file is another (see below)
     except OSError as exc:
         raise StoreIOError(f"cannot stat the index file {data}: {exc.strerror}", exc.errno) \
             from exc
@@ -373,16 +393,29 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
             before = _file_ident(data)
             if location != real_path and before is None:
                 continue                # the second rename came first: index/ is back
-            if not fs_readonly:
-                reserve_lock_table(location, file_mode)
-            with _lmdb_errors("open"):
+            try:
+                if not fs_readonly:
+                    reserve_lock_table(location, file_mode)
                 # bytes: a str path LMDB would encode as UTF-8, which fails for a name that
                 # is not (os.fsencode gives back the bytes the file system holds)
                 env = lmdb.open(os.fsencode(location), map_size=fmt.INDEX_MAP_SIZE, subdir=True,
                                 max_dbs=fmt.INDEX_MAX_DBS, readonly=fs_readonly,
                                 create=False, sync=durable, metasync=False, readahead=False,
                                 lock=True, mode=file_mode)
+            except (lmdb.Error, OSError) as exc:
+                # a swap's rename took the directory away meanwhile (ENOENT): look again
+                if indexswap.index_to_read(real_path) != location or \
+                        _file_ident(data) != before:
+                    continue
+                if isinstance(exc, lmdb.Error):
+                    raise _wrap(exc, "open") from exc
+                raise
             after = _file_ident(data)
+            if location != real_path and os.path.lexists(real_path):
+                # opened in .index.new between a swap's two renames, but the second came
+                # meanwhile: .index.new may hold the next swap's copy, still being written
+                env.close()
+                continue
             if before is None or before == after:   # the file it opened is `after`
                 _IDENTS[id(env)] = after
                 _WATCHED[id(env)] = os.path.join(real_path, fmt.INDEX_DATA_FILE)
@@ -395,7 +428,7 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
     return _ENVS.acquire(path, open_env)
 
 
-_OPEN_ATTEMPTS = 5
+_OPEN_ATTEMPTS = 10
 
 
 class _WriterGate:
@@ -616,10 +649,7 @@ class Index:
         self._lock = threading.Lock()
         self._opened: _Opened | None = None
         self._seen_moves, self._checked_at = _MOVES[0], time.monotonic()
-        location = indexswap.index_to_read(path)
-        if not os.path.isdir(location):
-            raise FormatError(f"no index at {path}; not a snapstore store")
-        _check_data_file(location, rebuilding)
+        _check_index_files(path, rebuilding)
         self._data = os.path.join(path, fmt.INDEX_DATA_FILE)   # watched for replacements
         self._opened = self._open(create=not readonly)
         try:

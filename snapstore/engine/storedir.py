@@ -188,6 +188,9 @@ def refuse_foreign_directory(path: str) -> None:
         raise FormatError(f"{path} is a non-empty directory that is not a snapstore store")
 
 
+_SWAP_LOOKS = 5
+
+
 def _check_layout(path: str, check_index: bool = True) -> None:
     """segments/ and (unless check_index is False) index/ must be directories (not
     symlinks): CorruptionError otherwise."""
@@ -195,10 +198,12 @@ def _check_layout(path: str, check_index: bool = True) -> None:
     if check_index:
         layout.append((fmt.INDEX_DIR, "the index (rebuild it with `snapstore repair`)"))
     for name, what in layout:
-        full = os.path.join(path, name)
-        # index/, or the new index a swap is putting in its place (looked at twice: the
-        # swap's second rename may come in between)
-        places = [indexswap.index_to_read(full), full] if name == fmt.INDEX_DIR else [full]
+        where = os.path.join(path, name)
+        # index/, or the new index a swap is putting in its place; looked at again a few
+        # times: a swap's renames in another process may come between the looks
+        places = ((p for _ in range(_SWAP_LOOKS)
+                   for p in (indexswap.index_to_read(where), where))
+                  if name == fmt.INDEX_DIR else [where])
         for full in places:
             try:
                 st_mode = os.lstat(full).st_mode

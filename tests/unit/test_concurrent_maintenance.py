@@ -277,3 +277,69 @@ def test_a_segment_that_vanishes_after_the_listing_is_no_error(tmp_path, monkeyp
         report = s.verify(deep=True)
         assert report["ok"], report["problems"]
         assert s.checkpoint_ids("x") != [first.id]
+
+
+def _fallback_swap_state(store_path: str) -> dict:
+    """A store with one checkpoint and a complete copy of its index in .index.new, as a
+    compaction's swap has it before its first rename (the copy is taken with no writer open,
+    so it is a valid index). Returns the checkpoint's bytes by id."""
+    import shutil
+    with snapstore.open(store_path) as s:
+        info = s.checkpoint({"a": b"abc" * 5000}, stream="t")
+    shutil.copytree(os.path.join(store_path, fmt.INDEX_DIR),
+                    os.path.join(store_path, fmt.INDEX_REBUILD_DIR))
+    return {info.id: b"abc" * 5000}
+
+
+@pytest.mark.parametrize("moment", ["first rename", "second rename, next copy begun"])
+def test_an_open_racing_a_swap_without_exchange_finds_the_index(tmp_path, monkeypatch, moment):
+    """Regressions (file systems without renameat2 RENAME_EXCHANGE swap the index by two
+    renames): a Store opened while another process's compaction swapped the index failed
+    with StoreIOError ('index open: ...: No such file or directory') or a false
+    CorruptionError (no index/ directory, the index 'missing or empty', or 'truncated': a
+    reader that located the complete copy in .index.new opened the next compaction's copy
+    there, still being written). The swap's step is run right after the opener's k-th look
+    for the index, for every k."""
+    from snapstore.engine import indexswap
+    real = indexswap.index_to_read
+    k = 0
+    while True:
+        k += 1
+        store_path = str(tmp_path / str(k))
+        want = _fallback_swap_state(store_path)
+        index_dir = os.path.join(store_path, fmt.INDEX_DIR)
+        new_dir = os.path.join(store_path, fmt.INDEX_REBUILD_DIR)
+        old_dir = os.path.join(store_path, fmt.INDEX_OLD_DIR)
+        if moment != "first rename":
+            os.rename(index_dir, old_dir)           # the window between the two renames
+        looks = []
+
+        def located_then_swapped(path):
+            location = real(path)
+            if path == index_dir:
+                looks.append(location)
+                if len(looks) == k:
+                    if moment == "first rename":
+                        os.rename(index_dir, old_dir)
+                    else:
+                        os.rename(new_dir, index_dir)
+                        os.mkdir(new_dir)   # the next compaction's copy, being written
+                        with open(os.path.join(index_dir, fmt.INDEX_DATA_FILE), "rb") as f:
+                            head = f.read(8192)     # its meta pages first, as LMDB writes
+                        with open(os.path.join(new_dir, fmt.INDEX_DATA_FILE), "wb") as f:
+                            f.write(head)
+            return location
+        monkeypatch.setattr(indexswap, "index_to_read", located_then_swapped)
+        with snapstore.open(store_path, readonly=True) as s:
+            for cid, data in want.items():
+                assert s.restore(cid)["a"] == data, k
+        monkeypatch.setattr(indexswap, "index_to_read", real)
+        if len(looks) < k:                  # every look was tried
+            break
+        if moment == "first rename":
+            os.rename(new_dir, index_dir)
+        indexswap.remove_entry(old_dir)
+        indexswap.remove_entry(new_dir)
+        with snapstore.open(store_path) as s:
+            assert s.verify()["ok"], k
+    assert k > 2
