@@ -58,7 +58,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -782,8 +782,20 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
             raise InvalidArgumentTypeError("checkpoint must be a Checkpoint dict with a str 'id'")
         if not isinstance(new_versions, Mapping):
             raise InvalidArgumentTypeError("new_versions must be a dict of channel -> version")
+        if not isinstance(metadata, Mapping):
+            raise InvalidArgumentTypeError(f"metadata must be a CheckpointMetadata dict, got "
+                                           f"{type(metadata).__name__}")
         values = checkpoint.get("channel_values") or {}
         versions = checkpoint.get("channel_versions") or {}
+        for what, table in (("channel_values", values), ("channel_versions", versions),
+                            ("new_versions", new_versions)):
+            if not isinstance(table, Mapping):
+                raise InvalidArgumentTypeError(f"{what} must be a dict, got "
+                                               f"{type(table).__name__}")
+            for channel in table:
+                if not isinstance(channel, str):
+                    raise InvalidArgumentTypeError(f"{what}: channel names must be str, got "
+                                                   f"{type(channel).__name__} {channel!r}")
         skeleton = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         merged = get_checkpoint_metadata(config, metadata)
         ck = self._dumps(skeleton, "checkpoint")
@@ -875,8 +887,14 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
             raise InvalidArgumentTypeError(f"task_id must be a str, got {type(task_id).__name__}")
         if not isinstance(task_path, str):
             raise InvalidArgumentTypeError(f"task_path must be a str, got {type(task_path).__name__}")
+        if isinstance(writes, (str, bytes, Mapping)) or not isinstance(writes, Iterable):
+            raise InvalidArgumentTypeError(f"writes must be a sequence of (channel, value) "
+                                           f"pairs, got {type(writes).__name__}")
         items = []
         for i, write in enumerate(writes):
+            if not isinstance(write, (tuple, list)) or len(write) != 2:
+                raise InvalidArgumentTypeError(f"write {i} must be a (channel, value) pair, "
+                                               f"got {type(write).__name__} {write!r:.60}")
             channel, value = write
             if not isinstance(channel, str):
                 raise InvalidArgumentTypeError(f"write channel must be a str, got {type(channel).__name__}")

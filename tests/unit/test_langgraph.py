@@ -482,6 +482,23 @@ def test_bad_input(store, saver):
         saver.put_writes(good, [("a", object())], "task")
     with pytest.raises(ObjectSaveError, match="metadata"):
         saver.put(cfg(), cp, {"x": object()}, {})
+    # regressions: raw AttributeError / TypeError / ValueError before
+    big = b"x" * 1000                           # over INLINE_MAX: stored in a buffer
+    with pytest.raises(InvalidArgumentTypeError, match="channel names must be str"):
+        saver.put(cfg(), dict(cp, channel_values={1: big}, channel_versions={1: "2"}), {},
+                  {1: "2"})
+    with pytest.raises(InvalidArgumentTypeError, match="new_versions: channel names"):
+        saver.put(cfg(), cp, {}, {("a",): "2"})
+    with pytest.raises(InvalidArgumentTypeError, match="channel_values must be a dict"):
+        saver.put(cfg(), dict(cp, channel_values=[("a", 1)]), {}, {})
+    with pytest.raises(InvalidArgumentTypeError, match="metadata must be"):
+        saver.put(cfg(), cp, None, {})
+    for writes in (None, 5, "ab", {"a": 1}):
+        with pytest.raises(InvalidArgumentTypeError, match="writes must be a sequence"):
+            saver.put_writes(good, writes, "task")
+    for write in (("a",), ("a", 1, 2), "ab", None):
+        with pytest.raises(InvalidArgumentTypeError, match="write 1 must be a .channel"):
+            saver.put_writes(good, [("ok", 1), write], "task")
     assert len(store.checkpoints()) == n
     store.close()
     with pytest.raises(StoreClosedError):
