@@ -142,7 +142,9 @@ def plan_buffer(name: str, view: memoryview, parent: BufferEntry | None,
     elif parent.size != size:
         reason = f"size changed from {parent.size} to {size} bytes"
     elif prev_fingerprints is None:
-        reason = "no page fingerprints of the earlier checkpoint (store was recovered)"
+        reason = ("no page fingerprints of the stream's head (it was taken by a tracker or "
+                  "checkpoint_async, whose fingerprints stay in memory, or recovered from the "
+                  "log): stored full, deduplicated")
     if not reason:
         fps = bytearray(prev_fingerprints)
         runs = native.fingerprint_diff(view, fps, opts.page_size)
