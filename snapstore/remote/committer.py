@@ -51,6 +51,7 @@ from snapstore.remote import checkpoints as ckpt_objects
 from snapstore.remote import gcguard, intents, layout, refs, spool, sync
 from snapstore.remote.s3client import NotFound, PreconditionFailed, S3Client
 from snapstore.remote.segments import RemoteSegments
+from snapstore.wakeups import WakeUps
 
 _ID_PROBES = 64             # ids tried one after another before listing for the newest
 _IDENTITY_FILE = "store.json"
@@ -786,7 +787,11 @@ class BackgroundUploads:
 
     def __init__(self, committer: RemoteCommitter) -> None:
         self.c = committer
-        self._cv = threading.Condition()
+        # A plain Lock (whose C-level __enter__ Ctrl-C cannot cut in half, unlike a
+        # Condition's) and waits outside it (snapstore.wakeups): flush() and close() wait
+        # here on the caller's thread.
+        self._lock = threading.Lock()
+        self._changed = WakeUps()       # waiters for the queue
         self._queue: list[_InFlight] = []
         self._busy = False
         self._stopping = False
@@ -811,32 +816,36 @@ class BackgroundUploads:
             for name, fps in fingerprints:
                 w.put_fingerprints(commit.stream, name, commit.id, self.c.options.page_size,
                                    fps)
-        with self._cv:
+        with self._lock:
             self._queue.append(item)
-            self._cv.notify_all()
+            self._changed.notify_all()
 
     def last_of(self, stream: str) -> _InFlight | None:
-        with self._cv:
+        with self._lock:
             for item in reversed(self._queue):
                 if item.stream == stream:
                     return item
         return None
 
     def streams(self) -> set:
-        with self._cv:
+        with self._lock:
             return {item.stream for item in self._queue}
 
     def wait_idle(self) -> None:
-        with self._cv:
-            while self._queue:
-                self._cv.wait(0.1)
+        """Waits until every queued checkpoint is committed or failed (Ctrl-C stops it)."""
+        while True:
+            with self._lock:
+                if not self._queue:
+                    return
+                waiter = self._changed.register()
+            self._changed.wait(waiter, self._lock)
 
     def raise_failure(self) -> None:
         """Raises what failed since the last report, once: the first failure's exception (its
         class: RemoteError, CommitConflict...), its message naming every acknowledged
         checkpoint that was not committed, and its `lost` attribute listing them as (stream,
         id) pairs. (Raising only the first failure lost the report of the others.)"""
-        with self._cv:
+        with self._lock:
             failures, self._failures = self._failures, []
         if not failures:
             return
@@ -853,19 +862,23 @@ class BackgroundUploads:
 
     def stop(self) -> None:
         self.wait_idle()
-        with self._cv:
+        with self._lock:
             self._stopping = True
-            self._cv.notify_all()
+            self._changed.notify_all()
         self._thread.join()
 
     def _run(self) -> None:
         while True:
-            with self._cv:
-                while not self._queue and not self._stopping:
-                    self._cv.wait()
-                if not self._queue:
+            with self._lock:
+                if not self._queue and not self._stopping:
+                    waiter, item = self._changed.register(), None
+                elif not self._queue:
                     return
-                item = self._queue[0]
+                else:
+                    waiter, item = None, self._queue[0]
+            if waiter is not None:
+                self._changed.wait(waiter, self._lock)
+                continue
             try:
                 self._publish(item)
                 failed = None
@@ -874,7 +887,7 @@ class BackgroundUploads:
                 self._forget(item.stream)       # before anyone sees the queue move on
             if failed is not None:      # reported to the caller: no replay after a crash
                 spool.forget_pending(self.c.cache_path, self.c.log_number, item.id)
-            with self._cv:
+            with self._lock:
                 self._queue.pop(0)
                 dropped = []
                 if failed is not None:
@@ -887,7 +900,7 @@ class BackgroundUploads:
                         self._failures.append((later.id, later.stream, CommitConflict(
                             f"it builds on checkpoint {item.id}, which was not committed",
                             stream=later.stream, expected=later.parent)))
-                self._cv.notify_all()
+                self._changed.notify_all()
 
     def _publish(self, item: _InFlight) -> None:
         with io_errors(f"checkpoint {item.id} of stream {item.stream!r} failed"):

@@ -222,7 +222,7 @@ class RemoteSegments(SegmentBackend):
         for number, future in pending:
             try:
                 future.result()
-            except BaseException:             # noqa: BLE001 - reported below
+            except Exception:                 # noqa: BLE001 - reported below (Ctrl-C: raised)
                 pass
             with self._lock:
                 if self._uploads.get(number) is future:

@@ -281,3 +281,70 @@ def test_an_async_checkpoint_of_a_new_stream_never_waits_for_a_dead_server(
         w.flush()
     with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as r:
         assert r.restore(later.id) == {"a": b"other" * 1000}
+
+
+_SIGINT_IN_FLUSH = r"""
+import os, sys, threading
+import numpy as np
+import snapstore
+from sigint_injection import SigintAtReturn
+
+url, cache = sys.argv[1], sys.argv[2]
+gate = threading.Event()
+
+
+n, interrupted, infos = 0, 0, []
+with snapstore.open(url, cache_dir=os.path.join(cache, "w"), durability="local") as w:
+    backend = w._committer.backend
+    real = backend.wait_uploaded
+
+    def held(*segments):
+        if threading.current_thread().name == "snapstore-refs":
+            gate.wait(5)
+        return real(*segments)
+    backend.wait_uploaded = held
+    while True:
+        n += 1
+        gate.clear()
+        infos.append(w.checkpoint({"a": np.full(1 << 16, n % 251, np.uint8)}, stream="s"))
+        inject = SigintAtReturn(n, on_wait=gate.set)     # flush waits: let the upload go
+        sys.settrace(inject)
+        try:
+            try:
+                w.flush()
+            finally:
+                sys.settrace(None)
+        except KeyboardInterrupt:
+            interrupted += 1
+        except BaseException as exc:
+            sys.exit(f"SIGINT at the return of {inject.where}: {exc!r}, not KeyboardInterrupt")
+        gate.set()
+        w.flush()                               # flushing again finishes the job
+        if inject.where is None:
+            break
+with snapstore.open(url, cache_dir=os.path.join(cache, "r"), readonly=True) as r:
+    assert [c.id for c in r.checkpoints("s")] == [i.id for i in infos]
+    for k, info in enumerate(infos, 1):
+        assert r.restore(info.id)["a"][0] == k % 251
+print(n, interrupted)
+"""
+
+
+def test_ctrl_c_anywhere_in_flush_is_a_clean_interrupt(url, tmp_path, s3):
+    """Regressions: flush() of a durability="local" store entered and waited on a Condition:
+    Ctrl-C landing in its Python-level __enter__ left the lock held, and the next flush()
+    waited for ever (or Ctrl-C in the wait gave RuntimeError); a Ctrl-C while it waited for
+    uploads was swallowed. A SIGINT at each Python function return inside flush(), in turn,
+    in a child process: always KeyboardInterrupt, and flushing again commits the checkpoint."""
+    import os
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", _SIGINT_IN_FLUSH, url, str(tmp_path)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **s3.env(), "PYTHONFAULTHANDLER": "1",
+                               "PYTHONPATH": os.pathsep.join(filter(None, [
+                                   os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                   os.environ.get("PYTHONPATH")]))})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tried, interrupted = map(int, proc.stdout.split())
+    assert tried > 5 and interrupted == tried - 1

@@ -134,10 +134,11 @@ def test_close_returns_while_another_thread_keeps_checkpointing(tmp_path):
 
 
 _SIGINT_AT_EVERY_RETURN = r"""
-import os, signal, sys, tempfile, threading
+import os, sys, tempfile, threading
 import numpy as np
 import snapstore
 from snapstore.engine.commit import Committer
+from sigint_injection import SigintAtReturn
 
 what = sys.argv[1]
 real, gate = Committer.commit, threading.Event()
@@ -151,25 +152,6 @@ def gated(self, *args, **kwargs):       # the worker holds the first checkpoint 
 Committer.commit = gated
 
 
-class SigintAtReturn:
-    # sends SIGINT as the n-th Python function called by the main thread returns: the handler
-    # raises KeyboardInterrupt at the next bytecode, as a Ctrl-C landing there would
-    def __init__(self, n):
-        self.n, self.returns, self.where = n, 0, None
-
-    def __call__(self, frame, event, arg):
-        # (not in a weak reference's callback, which the garbage collector runs anywhere,
-        # and where Python ignores exceptions: the interrupt would be lost, by Python)
-        if event == "call" and frame.f_code.co_name == "wait":
-            gate.set()                  # the call under test waits now: let the worker go
-        if event == "return" and not frame.f_code.co_filename.endswith("_weakrefset.py"):
-            self.returns += 1
-            if self.returns == self.n:
-                self.where = f"{frame.f_code.co_filename}:{frame.f_code.co_name}"
-                signal.raise_signal(signal.SIGINT)
-        return self
-
-
 root = tempfile.mkdtemp()
 n, interrupted = 0, 0
 while True:
@@ -181,7 +163,7 @@ while True:
     s.checkpoint_async({"a": a}, stream="t")
     a[0] = 1
     threading.Timer(0.5, gate.set).start()     # (in case the call never waits)
-    inject = SigintAtReturn(n)
+    inject = SigintAtReturn(n, on_wait=gate.set)   # it waits now: let the worker go
     outcome = "returned"
     sys.settrace(inject)
     try:
@@ -210,6 +192,12 @@ print(n, interrupted)
 """
 
 
+def _child_env() -> dict:
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # sigint_injection
+    return {**os.environ, "PYTHONFAULTHANDLER": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
+
+
 @pytest.mark.parametrize("what", ["flush", "close", "staging room"])
 def test_ctrl_c_anywhere_in_flush_close_or_a_wait_for_staging_is_a_clean_interrupt(what):
     """Regressions: Ctrl-C landing inside Condition.wait (flush, close, a capture waiting for
@@ -219,7 +207,7 @@ def test_ctrl_c_anywhere_in_flush_close_or_a_wait_for_staging_is_a_clean_interru
     each Python function return in turn (a child process: the signals stay out of pytest)."""
     proc = subprocess.run([sys.executable, "-c", _SIGINT_AT_EVERY_RETURN, what],
                           capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+                          env=_child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     tried, interrupted = map(int, proc.stdout.split())
     assert tried > 5 and interrupted == tried - 1
