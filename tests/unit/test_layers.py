@@ -28,6 +28,8 @@ LAYER_RANKS = {
     "snapstore.version": 0,
     "snapstore.formatting": 0,  # leaf: sizes, durations, tables, JSON for cli and bench
     "snapstore.halves": 0,      # leaf: two calls at once (the C core's loops, zstd)
+    "snapstore.wakeups": 0,     # leaf: waits that Ctrl-C cannot leave half done
+    "snapstore.interrupts": 0,  # leaf: sections Ctrl-C cannot cut (SIGINT deferred)
     "snapstore._native": 1,
     "snapstore._ffi": 1,
     "snapstore.engine": 2,
