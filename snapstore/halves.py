@@ -1,11 +1,13 @@
 """Two calls at once: the second on a thread of its own, the first on the caller's. For work
 that lets go of the GIL (the C core's loops, zstd, writes), split in two halves on a 2-core
 machine (both()), or begun now and waited for later (start(): the log's write-behind).
-A leaf: imports nothing of snapstore."""
+A leaf: of snapstore it imports only the interrupts leaf (start_thread)."""
 from __future__ import annotations
 
 import threading
 from typing import Callable, TypeVar
+
+from snapstore.interrupts import start_thread
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -36,7 +38,7 @@ class Started:
             except BaseException as exc:        # raised in the waiting thread by wait()
                 self._outcome = (False, exc)
         self._thread = threading.Thread(target=run, name="snapstore-half", daemon=True)
-        self._thread.start()
+        start_thread(self._thread)
 
     def finish(self) -> None:
         """Waits for the call to end, whatever its outcome."""

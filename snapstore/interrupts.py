@@ -36,3 +36,16 @@ def deferred_interrupts():
         signal.signal(signal.SIGINT, previous)
         if received:
             previous(signal.SIGINT, received[0])
+
+
+def start_thread(thread: threading.Thread) -> None:
+    """thread.start(). It waits for the thread to begin on a Condition, and Ctrl-C landing in
+    that wait surfaces as RuntimeError("release unlocked lock") with the KeyboardInterrupt as
+    its context: the KeyboardInterrupt is raised instead (whether the thread began is
+    unknown then, as after any interrupt of start())."""
+    try:
+        thread.start()
+    except RuntimeError as exc:
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            raise exc.__context__ from None
+        raise

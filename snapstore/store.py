@@ -491,8 +491,24 @@ class Store:
         own = getattr(self._committer, "cache_path", None) or self.path
         try:
             own, where = os.path.realpath(os.fsdecode(own)), os.path.realpath(os.fsdecode(path))
-            return os.path.commonpath([own, where]) == own
-        except (TypeError, ValueError):     # not a path at all, or a NUL in it: not ours
+            if os.path.commonpath([own, where]) == own:
+                return True
+            # the same directory under another name (a bind mount, a case-insensitive file
+            # system): compared by identity, each existing directory up from path
+            st = os.stat(own)
+            ident = (st.st_dev, st.st_ino)
+            while True:
+                try:
+                    st = os.stat(where)
+                    if (st.st_dev, st.st_ino) == ident:
+                        return True
+                except OSError:
+                    pass
+                parent = os.path.dirname(where)
+                if parent == where:
+                    return False
+                where = parent
+        except (TypeError, ValueError, OSError):    # not a path, a NUL in it, no store dir
             return False
 
     # White-box tests and benchmarks inspect these engine parts (the committer owns them).

@@ -18,11 +18,14 @@ registered waiter. So no wake-up is lost, and an interrupt anywhere leaves the s
                 ...                       # act on the state, still under the lock
                 break
             waiter = wakeups.register()
-        wakeups.wait(waiter, state_lock)  # returns on a notify_all() (or the timeout)
+        wakeups.wait(waiter, state_lock)  # returns on a notify_all() (or a timeout): look again
 """
 from __future__ import annotations
 
 import threading
+
+
+BACKSTOP_SECONDS = 0.25
 
 
 class WakeUps:
@@ -39,16 +42,26 @@ class WakeUps:
         return waiter
 
     def notify_all(self) -> None:
-        """(state lock held) Wakes every registered waiter."""
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            waiter.release()
+        """(state lock held) Wakes every registered waiter. The list is emptied only after
+        every waiter was released: an interrupt half-way leaves the rest registered, and the
+        next notify_all() wakes them (releasing one woken already is skipped, and one its
+        thread took back already is released harmlessly: nothing waits on it again)."""
+        for waiter in self._waiters:
+            try:
+                waiter.release()
+            except RuntimeError:        # released by a notify_all() an interrupt cut short
+                pass
+        self._waiters = []
 
     def wait(self, waiter: threading.Lock, state_lock: threading.Lock,
              timeout: float | None = None) -> bool:
         """(state lock NOT held) Blocks until waiter is woken (True) or timeout seconds pass
-        (False: it is then unregistered, so waiting with timeouts leaks nothing)."""
-        if waiter.acquire(timeout=-1 if timeout is None else timeout):
+        (False: it is then unregistered, so waiting with timeouts leaks nothing). Never longer
+        than BACKSTOP_SECONDS: a notify_all() on the main thread that Ctrl-C cut short may
+        have missed this waiter, and the caller, who looks at the state again after every
+        wait, then sees the change anyway."""
+        timeout = BACKSTOP_SECONDS if timeout is None else min(timeout, BACKSTOP_SECONDS)
+        if waiter.acquire(timeout=timeout):
             return True
         with state_lock:
             if waiter in self._waiters:

@@ -5,6 +5,7 @@ KeyboardInterrupt at the next bytecode, as a real Ctrl-C landing there would. Tr
 in turn puts an interrupt at every point of a call."""
 from __future__ import annotations
 
+import inspect
 import signal
 
 
@@ -23,6 +24,12 @@ class SigintAtReturn:
         if event == "return" and not frame.f_code.co_filename.endswith("_weakrefset.py"):
             self.returns += 1
             if self.returns == self.n:
+                if frame.f_code.co_flags & inspect.CO_GENERATOR:
+                    # (a generator's yield or close: when the garbage collector closes it,
+                    # Python ignores exceptions, so the interrupt would be lost, by Python):
+                    # the next return instead
+                    self.n += 1
+                    return self
                 self.where = f"{frame.f_code.co_filename}:{frame.f_code.co_name}"
                 signal.raise_signal(signal.SIGINT)
         return self

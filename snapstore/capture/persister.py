@@ -46,7 +46,7 @@ from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.records import Commit
 from snapstore.errors import (CommitConflict, ForkedStoreError, InvalidArgumentError,
                               SnapstoreError, StoreClosedError)
-from snapstore.interrupts import deferred_interrupts
+from snapstore.interrupts import deferred_interrupts, start_thread
 from snapstore.wakeups import WakeUps
 
 
@@ -95,12 +95,13 @@ class Persister:
     def implicit_capturer(self, stream: str) -> ImplicitCapturer:
         """store.checkpoint_async's capturer of the stream, made on first use.
         InvalidArgumentError if a Tracker owns the stream."""
-        owner = self._owners.get(stream)
+        with self._lock:        # threads checkpointing a new stream at once share one
+            owner = self._owners.get(stream)
+            if owner is None:
+                owner = self._owners[stream] = ImplicitCapturer(self, stream)
         if isinstance(owner, Tracker):
             raise InvalidArgumentError(f"stream {stream!r} is tracked by a Tracker; use "
                                        "tracker.checkpoint_async()")
-        if owner is None:
-            owner = self._owners[stream] = ImplicitCapturer(self, stream)
         return owner
 
     def claim(self, tracker: Tracker) -> None:
@@ -213,30 +214,39 @@ class Persister:
         # (captures of different streams), so a region is taken, filled and queued under one
         # lock. (Without it a job queued first could free a region taken after one still
         # being filled, and that one's bytes be overwritten.)
-        with self._submit_lock:
-            job = _Job(owner, owner.epoch, plans, meta, None)
-            try:
-                memory = None
-                if total:
-                    # from a done-callback (on the worker thread, which frees regions)
-                    # waiting for room would wait forever
-                    taken = self.arena.alloc(total, wait=not self.on_worker(), owner=job)
-                    if taken is None:
-                        raise SnapstoreError(
-                            f"a checkpoint of stream {owner.stream!r} taken in a checkpoint's "
-                            f"done-callback needs {total} bytes of staging, and the staging "
-                            "arena is full of checkpoints that are committed on the thread the "
-                            "callback runs on, after it returns: take it outside the callback, "
-                            "or open the store with a larger staging_bytes")
-                    job.region, memory = taken
-                crashpoint("after_staging_alloc")
-                with self.capturing():
-                    self._stage_all(owner, plans, memory, narrowable)
-                self._enqueue(job)
-            except BaseException:
-                self._abandon(job)
-                raise
-            return job.future
+        # A thread waiting for room waits without the lock (_wait_for_room): a done-callback
+        # that checkpoints or closes the store meanwhile runs on the worker, which frees the
+        # room, and must not wait for that thread (a deadlock).
+        job = _Job(owner, owner.epoch, plans, meta, None)
+        while True:
+            with self._submit_lock:
+                try:
+                    memory = None
+                    if total:
+                        taken = self.arena.alloc(total, wait=False, owner=job)
+                        if taken is None and self.on_worker():
+                            # (the worker frees regions: in its callback, room never comes)
+                            raise SnapstoreError(
+                                f"a checkpoint of stream {owner.stream!r} taken in a "
+                                f"checkpoint's done-callback needs {total} bytes of staging, and "
+                                "the staging arena is full of checkpoints that are committed on "
+                                "the thread the callback runs on, after it returns: take it "
+                                "outside the callback, or open the store with a larger "
+                                "staging_bytes")
+                        if taken is not None:
+                            job.region, memory = taken
+                    if not total or job.region is not None:
+                        crashpoint("after_staging_alloc")
+                        with self.capturing():
+                            self._stage_all(owner, plans, memory, narrowable)
+                        self._enqueue(job)
+                        return job.future
+                except BaseException:
+                    self._abandon(job)
+                    raise
+            if not self.arena.wait_for_room(total, give_up=lambda: self._closed):
+                raise StoreClosedError("the store was closed while this checkpoint waited "
+                                       "for staging memory")
 
     @staticmethod
     def _stage_all(owner: Capturer, plans: list, memory, narrowable: frozenset) -> None:
@@ -303,7 +313,8 @@ class Persister:
         did; so a thread is started whenever no thread has taken the queue, and the first to
         take it (_run) is the worker: any other returns at once."""
         if self._worker is None:
-            threading.Thread(target=self._run, name="snapstore-persist", daemon=True).start()
+            start_thread(threading.Thread(target=self._run, name="snapstore-persist",
+                                          daemon=True))
 
     # -- the worker
     def _commit(self, owner: Capturer, plans: list, meta: Any, live: bool = False):

@@ -96,6 +96,18 @@ class StagingArena:
                 waiter = self._freed.register()
             self._freed.wait(waiter, self._lock)
 
+    def wait_for_room(self, n: int, give_up) -> bool:
+        """Waits until n contiguous bytes are free (True: alloc(n, wait=False) may still lose
+        them to another thread) or give_up() is true (False; looked at every 50 ms)."""
+        while True:
+            with self._lock:
+                if self._place(n) is not None:
+                    return True
+                if give_up():
+                    return False
+                waiter = self._freed.register()
+            self._freed.wait(waiter, self._lock, timeout=0.05)
+
     def free_taken_by(self, owner: object) -> bool:
         """Frees the region owner took, if it holds one (whether it did)."""
         with self._lock:

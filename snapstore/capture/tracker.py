@@ -246,6 +246,12 @@ class ImplicitCapturer(Capturer):
         (store.flush()) the caller may resize, free or close them."""
         from snapstore.capture import dirty    # on first use: it installs a fork handler
         page_size = self.persister.committer.options.page_size
+        # One capture of the stream at a time, from attach() to detach(): two threads
+        # capturing the stream at once swapped each other's detectors (wrong bytes).
+        with self._lock:
+            return self._capture_attached(views, meta, itemsizes, dirty, page_size)
+
+    def _capture_attached(self, views, meta, itemsizes, dirty, page_size) -> Future:
         try:
             for name, view in views.items():
                 key = (native.buffer_address(view) if len(view) else 0, len(view))

@@ -393,13 +393,18 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
             before = _file_ident(data)
             if location != real_path and before is None:
                 continue                # the second rename came first: index/ is back
+            # In .index.new (a swap between its two renames) open read-only: LMDB initialises
+            # an empty data file it opens writable, and after the second rename .index.new
+            # may already hold the next swap's copy, just created (0 bytes): writing meta
+            # pages into it made the next index empty (every checkpoint gone).
+            fallback = location != real_path
             try:
-                if not fs_readonly:
+                if not fs_readonly and not fallback:
                     reserve_lock_table(location, file_mode)
                 # bytes: a str path LMDB would encode as UTF-8, which fails for a name that
                 # is not (os.fsencode gives back the bytes the file system holds)
                 env = lmdb.open(os.fsencode(location), map_size=fmt.INDEX_MAP_SIZE, subdir=True,
-                                max_dbs=fmt.INDEX_MAX_DBS, readonly=fs_readonly,
+                                max_dbs=fmt.INDEX_MAX_DBS, readonly=fs_readonly or fallback,
                                 create=False, sync=durable, metasync=False, readahead=False,
                                 lock=True, mode=file_mode)
             except (lmdb.Error, OSError) as exc:
@@ -411,7 +416,7 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
                     raise _wrap(exc, "open") from exc
                 raise
             after = _file_ident(data)
-            if location != real_path and os.path.lexists(real_path):
+            if fallback and os.path.lexists(real_path):
                 # opened in .index.new between a swap's two renames, but the second came
                 # meanwhile: .index.new may hold the next swap's copy, still being written
                 env.close()

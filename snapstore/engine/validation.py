@@ -92,6 +92,11 @@ def validate_path(value: Any) -> str:
         path = os.fsdecode(path)
     if not path or "\0" in path:
         raise InvalidArgumentError(f"path must be a non-empty path without NUL, got {path!r}")
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError:          # a lone surrogate: no file system name is that
+        raise InvalidArgumentError(f"path {path!r} cannot be a file name here (it is not "
+                                   "valid in the file system's encoding)") from None
     return path
 
 

@@ -211,3 +211,120 @@ def test_ctrl_c_anywhere_in_flush_close_or_a_wait_for_staging_is_a_clean_interru
     assert proc.returncode == 0, proc.stderr[-3000:]
     tried, interrupted = map(int, proc.stdout.split())
     assert tried > 5 and interrupted == tried - 1
+
+
+def test_threads_checkpointing_one_stream_restore_exactly(tmp_path):
+    """Regression: two threads' checkpoint_async() of one stream swapped each other's
+    detectors (attached outside the capture lock), so checkpoints restored other bytes, and
+    two threads' first calls could make two capturers of the stream."""
+    with snapstore.open(tmp_path / "s", durability="none", staging_bytes=1 << 20) as s:
+        results, errors = [], []
+
+        def worker(seed):
+            rng = np.random.default_rng(seed)
+            a = np.zeros(N, np.uint8)
+            for k in range(25):
+                a[rng.integers(N)] = k + 1
+                try:
+                    results.append((s.checkpoint_async({"a": a}, stream="t"), a.tobytes()))
+                except Exception as exc:    # noqa: BLE001 - asserted below
+                    errors.append(exc)
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        s.flush()
+        assert not errors
+        for future, expected in results:
+            assert s.restore(future.result().id)["a"] == expected
+        assert s.stats()["staging_in_use_bytes"] == 0
+
+
+@pytest.mark.parametrize("in_callback", ["checkpoint", "close"])
+def test_a_callback_never_waits_for_a_thread_waiting_for_staging_room(tmp_path, monkeypatch,
+                                                                       in_callback):
+    """Regression: a thread waiting for staging room held the lock that queues captures; the
+    worker, running a done-callback that checkpointed (or closed the store), waited for it,
+    and never freed the room: both hung. Now the wait holds no lock (and gives up with
+    StoreClosedError when the store is closed)."""
+    real, gate = Committer.commit, threading.Event()
+
+    def gated(self, *args, **kwargs):
+        gate.wait(30)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(Committer, "commit", gated)
+    s = snapstore.open(tmp_path / "s", durability="none", staging_bytes=1 << 20)
+    outcome, called = {}, threading.Event()
+
+    def callback(_):
+        try:
+            outcome["callback"] = (s.checkpoint_async({"c": np.ones(4096, np.uint8)},
+                                                      stream="C")
+                                   if in_callback == "checkpoint" else s.close())
+        except Exception as exc:            # noqa: BLE001 - asserted below
+            outcome["callback"] = exc
+        called.set()
+    s.checkpoint_async({"a": np.ones(400 << 10, np.uint8)}, stream="A").add_done_callback(
+        callback)
+    s.checkpoint_async({"b": np.ones(400 << 10, np.uint8)}, stream="B")
+
+    def needs_room():
+        try:
+            outcome["big"] = s.checkpoint_async({"d": np.ones(900 << 10, np.uint8)},
+                                                stream="D").result(timeout=30)
+        except Exception as exc:            # noqa: BLE001 - asserted below
+            outcome["big"] = exc
+    t = threading.Thread(target=needs_room, daemon=True)
+    t.start()
+    threading.Timer(0.3, gate.set).start()
+    t.join(30)
+    assert not t.is_alive(), "a checkpoint waiting for staging room hung"
+    assert called.wait(30), "the callback hung"
+    if in_callback == "checkpoint":
+        assert outcome["big"].id and outcome["callback"].result(timeout=30).id
+    else:
+        assert isinstance(outcome["big"], StoreClosedError) and outcome["callback"] is None
+    s.close()
+
+
+def test_notify_all_cut_short_by_ctrl_c_loses_no_waiter():
+    """Regression: notify_all() emptied the waiter list before releasing them; an interrupt
+    half-way left the rest asleep for ever. Every later notify_all() (and the waits' bounded
+    timeout) wakes them now."""
+    from snapstore.wakeups import WakeUps
+    lock, wakeups = threading.Lock(), WakeUps()
+    with lock:
+        waiters = [wakeups.register() for _ in range(3)]
+    with lock:
+        waiters[0].release()            # as if notify_all() released one, then Ctrl-C
+    with lock:
+        wakeups.notify_all()            # the next state change: releasing it again is fine
+    assert all(w.acquire(timeout=1) for w in waiters)
+
+
+def test_start_thread_raises_the_interrupt_a_broken_start_hid():
+    """Thread.start() waits on a Condition: Ctrl-C there came out as RuntimeError("release
+    unlocked lock") (seen on a store's first checkpoint_async); start_thread raises the
+    KeyboardInterrupt, and passes any other RuntimeError on."""
+    from snapstore.interrupts import start_thread
+
+    class CutShort(threading.Thread):
+        def start(self):
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise RuntimeError("release unlocked lock")
+
+    class Broken(threading.Thread):
+        def start(self):
+            raise RuntimeError("threads can only be started once")
+    with pytest.raises(KeyboardInterrupt):
+        start_thread(CutShort())
+    with pytest.raises(RuntimeError, match="only be started once"):
+        start_thread(Broken())
+    ran = threading.Event()
+    t = threading.Thread(target=ran.set)
+    start_thread(t)
+    t.join()
+    assert ran.is_set()

@@ -291,7 +291,8 @@ def _fallback_swap_state(store_path: str) -> dict:
     return {info.id: b"abc" * 5000}
 
 
-@pytest.mark.parametrize("moment", ["first rename", "second rename, next copy begun"])
+@pytest.mark.parametrize("moment", ["first rename", "second rename, next copy begun",
+                                    "second rename, next copy created empty"])
 def test_an_open_racing_a_swap_without_exchange_finds_the_index(tmp_path, monkeypatch, moment):
     """Regressions (file systems without renameat2 RENAME_EXCHANGE swap the index by two
     renames): a Store opened while another process's compaction swapped the index failed
@@ -326,6 +327,8 @@ def test_an_open_racing_a_swap_without_exchange_finds_the_index(tmp_path, monkey
                         os.mkdir(new_dir)   # the next compaction's copy, being written
                         with open(os.path.join(index_dir, fmt.INDEX_DATA_FILE), "rb") as f:
                             head = f.read(8192)     # its meta pages first, as LMDB writes
+                        if moment.endswith("empty"):
+                            head = b""      # (just created: an open must not write into it)
                         with open(os.path.join(new_dir, fmt.INDEX_DATA_FILE), "wb") as f:
                             f.write(head)
             return location
@@ -334,6 +337,10 @@ def test_an_open_racing_a_swap_without_exchange_finds_the_index(tmp_path, monkey
             for cid, data in want.items():
                 assert s.restore(cid)["a"] == data, k
         monkeypatch.setattr(indexswap, "index_to_read", real)
+        if moment.endswith("empty") and len(looks) >= k:
+            # Regression: the opener initialised it (LMDB writes meta pages into an empty
+            # file it opens writable), and the swap then put an empty index in place
+            assert os.path.getsize(os.path.join(new_dir, fmt.INDEX_DATA_FILE)) == 0, k
         if len(looks) < k:                  # every look was tried
             break
         if moment == "first rename":

@@ -146,8 +146,8 @@ def test_bad_paths_and_arguments_are_clear_errors(store, tmp_path):
     (with force: over the store's own files)."""
     from snapstore.errors import InvalidArgumentError, InvalidArgumentTypeError
     info = snapstore.save_arrays(store, {"a": np.ones(3)}, "a")
-    for bad in (str(tmp_path / "x\0.npz"), ""):
-        with pytest.raises(InvalidArgumentError, match="NUL|non-empty"):
+    for bad in (str(tmp_path / "x\0.npz"), "", str(tmp_path / "\ud800.npz")):
+        with pytest.raises(InvalidArgumentError, match="NUL|non-empty|encoding"):
             snapstore.export(store, info.id, bad)
     for bad in (None, 3, ["x.npz"]):
         with pytest.raises(InvalidArgumentTypeError, match="path must be"):
@@ -164,6 +164,25 @@ def test_bad_paths_and_arguments_are_clear_errors(store, tmp_path):
                              force=True)
     assert store.verify()["ok"]
     assert sorted(os.listdir(tmp_path)) == ["b.npz", "s"]
+
+
+def test_the_store_under_a_bind_mount_is_still_the_store(store, tmp_path):
+    """Regression: with the store's directory bind-mounted elsewhere, exporting to
+    MOUNT/FORMAT with force replaced the store's FORMAT (paths differ; the directory is the
+    same): compared by directory identity now."""
+    import subprocess
+    if os.geteuid() != 0:
+        pytest.skip("bind mounts need root (CI runs as root)")
+    info = snapstore.save_arrays(store, {"a": np.ones(3)}, "a")
+    mount = tmp_path / "bm"
+    mount.mkdir()
+    subprocess.run(["mount", "--bind", store.path, str(mount)], check=True)
+    try:
+        with pytest.raises(ExportError, match="inside the store's own directory"):
+            snapstore.export(store, info.id, str(mount / "FORMAT"), format="npz", force=True)
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+    assert store.verify()["ok"]
 
 
 def test_symlink_is_replaced_never_followed(store, tmp_path):
