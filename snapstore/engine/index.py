@@ -291,6 +291,14 @@ def _file_ident(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _file_size(path: str) -> int:
+    """A file's size, 0 if it cannot be stat()ed."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
 def _env_is_current(env: lmdb.Environment) -> bool:
     """Whether env's directory still holds the data file env opened (True when that cannot
     be told: a missing file is the moment of a fallback swap, not a replacement)."""
@@ -393,18 +401,21 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
             before = _file_ident(data)
             if location != real_path and before is None:
                 continue                # the second rename came first: index/ is back
-            # In .index.new (a swap between its two renames) open read-only: LMDB initialises
-            # an empty data file it opens writable, and after the second rename .index.new
-            # may already hold the next swap's copy, just created (0 bytes): writing meta
-            # pages into it made the next index empty (every checkpoint gone).
+            # In .index.new (a swap between its two renames) never open an empty data file:
+            # LMDB initialises one it opens writable, and after the second rename .index.new
+            # may already hold the next swap's copy, just created (0 bytes); writing meta
+            # pages into it made the next index empty (every checkpoint gone). The complete
+            # copy a swap renames is never empty: look again.
             fallback = location != real_path
+            if fallback and _file_size(data) == 0:
+                continue
             try:
-                if not fs_readonly and not fallback:
+                if not fs_readonly:
                     reserve_lock_table(location, file_mode)
                 # bytes: a str path LMDB would encode as UTF-8, which fails for a name that
                 # is not (os.fsencode gives back the bytes the file system holds)
                 env = lmdb.open(os.fsencode(location), map_size=fmt.INDEX_MAP_SIZE, subdir=True,
-                                max_dbs=fmt.INDEX_MAX_DBS, readonly=fs_readonly or fallback,
+                                max_dbs=fmt.INDEX_MAX_DBS, readonly=fs_readonly,
                                 create=False, sync=durable, metasync=False, readahead=False,
                                 lock=True, mode=file_mode)
             except (lmdb.Error, OSError) as exc:

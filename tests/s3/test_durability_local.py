@@ -318,6 +318,9 @@ with snapstore.open(url, cache_dir=os.path.join(cache, "w"), durability="local")
             interrupted += 1
         except BaseException as exc:
             sys.exit(f"SIGINT at the return of {inject.where}: {exc!r}, not KeyboardInterrupt")
+        else:
+            if inject.where is not None:
+                print("not interrupted:", n, inject.where)
         gate.set()
         w.flush()                               # flushing again finishes the job
         if inject.where is None:
@@ -346,5 +349,7 @@ def test_ctrl_c_anywhere_in_flush_is_a_clean_interrupt(url, tmp_path, s3):
                                    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                    os.environ.get("PYTHONPATH")]))})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    tried, interrupted = map(int, proc.stdout.split())
-    assert tried > 5 and interrupted == tried - 1
+    tried, interrupted = map(int, proc.stdout.split()[-2:])
+    missed = proc.stdout.count("not interrupted:")     # only where Python swallowed it
+    assert missed <= proc.stderr.count("Exception ignored in"), (proc.stdout, proc.stderr)
+    assert tried > 5 and interrupted == tried - 1 - missed

@@ -186,6 +186,8 @@ while True:
     with snapstore.open(path) as again:     # (it would wait for ever for a leaked lock)
         assert again.restore(again.checkpoint_ids(stream="t")[-1])["a"][0] == 0
         assert again.verify()["ok"]
+    if outcome == "returned" and inject.where is not None:
+        print("not interrupted:", n, inject.where)
     if inject.where is None:            # the call made fewer than n returns: all were tried
         break
 print(n, interrupted)
@@ -209,8 +211,12 @@ def test_ctrl_c_anywhere_in_flush_close_or_a_wait_for_staging_is_a_clean_interru
                           capture_output=True, text=True, timeout=300,
                           env=_child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
-    tried, interrupted = map(int, proc.stdout.split())
-    assert tried > 5 and interrupted == tried - 1
+    tried, interrupted = map(int, proc.stdout.split()[-2:])
+    # An interrupt may only go missing where Python itself swallowed it, and said so: in a
+    # finalizer the garbage collector ran at that moment ("Exception ignored in: ...").
+    missed = proc.stdout.count("not interrupted:")
+    assert missed <= proc.stderr.count("Exception ignored in"), (proc.stdout, proc.stderr)
+    assert tried > 5 and interrupted == tried - 1 - missed
 
 
 def test_threads_checkpointing_one_stream_restore_exactly(tmp_path):
