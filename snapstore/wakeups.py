@@ -19,6 +19,8 @@ registered waiter. So no wake-up is lost, and an interrupt anywhere leaves the s
                 break
             waiter = wakeups.register()
         wakeups.wait(waiter, state_lock)  # returns on a notify_all() (or a timeout): look again
+
+wait_until(state_lock, done) is that loop for a waiter that only needs done() to hold.
 """
 from __future__ import annotations
 
@@ -52,6 +54,17 @@ class WakeUps:
             except RuntimeError:        # released by a notify_all() an interrupt cut short
                 pass
         self._waiters = []
+
+    def wait_until(self, state_lock: threading.Lock, done, poll: float | None = None):
+        """(state lock NOT held) Returns done()'s value once it is true; done() is called
+        under state_lock, at every notify_all() and at least every `poll` seconds."""
+        while True:
+            with state_lock:
+                result = done()
+                if result:
+                    return result
+                waiter = self.register()
+            self.wait(waiter, state_lock, poll)
 
     def wait(self, waiter: threading.Lock, state_lock: threading.Lock,
              timeout: float | None = None) -> bool:

@@ -214,7 +214,7 @@ class Persister:
         # (captures of different streams), so a region is taken, filled and queued under one
         # lock. (Without it a job queued first could free a region taken after one still
         # being filled, and that one's bytes be overwritten.)
-        # A thread waiting for room waits without the lock (_wait_for_room): a done-callback
+        # A thread waiting for room waits without the lock (arena.wait_for_room): a callback
         # that checkpoints or closes the store meanwhile runs on the worker, which frees the
         # room, and must not wait for that thread (a deadlock).
         job = _Job(owner, owner.epoch, plans, meta, None)
@@ -467,17 +467,8 @@ class Persister:
                     "be committed first, and they are committed on the thread this "
                     "done-callback runs on, after it returns: do this outside the callback")
             return
-        self._wait_locked_until(lambda: not (self._pending(owner) if owner is not None
-                                             else (self._queue or self._live)))
-
-    def _wait_locked_until(self, done: Callable[[], bool]) -> None:
-        # (lock NOT held) waits until done() holds, checked under the lock
-        while True:
-            with self._lock:
-                if done():
-                    return
-                waiter = self._changed.register()
-            self._changed.wait(waiter, self._lock)
+        self._changed.wait_until(self._lock, lambda: not (
+            self._pending(owner) if owner is not None else (self._queue or self._live)))
 
     def close(self) -> None:
         """Flushes, stops the worker, closes every capturer (trackers included).
@@ -496,7 +487,8 @@ class Persister:
             self._changed.notify_all()
         # a live capture that began before _closed was set (none after) ends first; the
         # worker exits once the queue is empty
-        self._wait_locked_until(lambda: not self._live and (on_worker or self._worker is None))
+        self._changed.wait_until(self._lock,
+                                 lambda: not self._live and (on_worker or self._worker is None))
         with deferred_interrupts():     # write protection off, buffers released: all or none
             for owner in list(self._owners.values()):
                 owner.close()

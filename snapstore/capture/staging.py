@@ -91,22 +91,17 @@ class StagingArena:
                     self.in_use += n
                     self.peak = max(self.peak, self.in_use)
                     return start, memory[start:start + n]
-                if not wait:
-                    return None
-                waiter = self._freed.register()
-            self._freed.wait(waiter, self._lock)
+            if not wait:
+                return None
+            self.wait_for_room(n, give_up=lambda: False)
 
     def wait_for_room(self, n: int, give_up) -> bool:
         """Waits until n contiguous bytes are free (True: alloc(n, wait=False) may still lose
         them to another thread) or give_up() is true (False; looked at every 50 ms)."""
-        while True:
-            with self._lock:
-                if self._place(n) is not None:
-                    return True
-                if give_up():
-                    return False
-                waiter = self._freed.register()
-            self._freed.wait(waiter, self._lock, timeout=0.05)
+        outcome = self._freed.wait_until(
+            self._lock, lambda: "room" if self._place(n) is not None else give_up() and "gave up",
+            poll=0.05)
+        return outcome == "room"
 
     def free_taken_by(self, owner: object) -> bool:
         """Frees the region owner took, if it holds one (whether it did)."""

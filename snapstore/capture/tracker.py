@@ -244,14 +244,15 @@ class ImplicitCapturer(Capturer):
         """Captures the buffers. Between captures the detectors hold only fingerprints, no
         export of the caller's buffers (detach()), so once the capture's job has landed
         (store.flush()) the caller may resize, free or close them."""
-        from snapstore.capture import dirty    # on first use: it installs a fork handler
-        page_size = self.persister.committer.options.page_size
         # One capture of the stream at a time, from attach() to detach(): two threads
         # capturing the stream at once swapped each other's detectors (wrong bytes).
         with self._lock:
-            return self._capture_attached(views, meta, itemsizes, dirty, page_size)
+            return self._capture_attached(views, meta, itemsizes)
 
-    def _capture_attached(self, views, meta, itemsizes, dirty, page_size) -> Future:
+    def _capture_attached(self, views: Mapping[str, memoryview], meta: Any,
+                          itemsizes: dict | None) -> Future:
+        from snapstore.capture import dirty    # on first use: it installs a fork handler
+        page_size = self.persister.committer.options.page_size
         try:
             for name, view in views.items():
                 key = (native.buffer_address(view) if len(view) else 0, len(view))

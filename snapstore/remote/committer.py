@@ -833,12 +833,7 @@ class BackgroundUploads:
 
     def wait_idle(self) -> None:
         """Waits until every queued checkpoint is committed or failed (Ctrl-C stops it)."""
-        while True:
-            with self._lock:
-                if not self._queue:
-                    return
-                waiter = self._changed.register()
-            self._changed.wait(waiter, self._lock)
+        self._changed.wait_until(self._lock, lambda: not self._queue)
 
     def raise_failure(self) -> None:
         """Raises what failed since the last report, once: the first failure's exception (its
