@@ -226,11 +226,22 @@ def remember_pending(cache_path: str, log: int, entry: dict) -> None:
 
 
 def forget_pending(cache_path: str, log: int, checkpoint_id: int) -> None:
-    """The checkpoint's ref write is done, or its failure was reported to its writer."""
+    """The checkpoint's ref write is done, or its failure was reported to its writer.
+
+    Never raises: it runs on the ref committer's thread, after the outcome is decided. A
+    pending file that cannot be removed (EIO, a read-only remount) is reported with a
+    RuntimeWarning and left; the next open replays it, which finds a committed checkpoint
+    committed already, and commits a reported failure only if its stream's head is still
+    its parent."""
+    path = _pending_path(cache_path, log, checkpoint_id)
     try:
-        os.unlink(_pending_path(cache_path, log, checkpoint_id))
+        os.unlink(path)
     except FileNotFoundError:
         pass
+    except OSError as exc:
+        warnings.warn(f"snapstore: could not remove the spool's record {path!r} of checkpoint "
+                      f"{checkpoint_id} ({exc}); the next open of this cache directory "
+                      "replays it", RuntimeWarning, stacklevel=2)
 
 
 def pending(cache_path: str, log: int) -> list[dict]:

@@ -353,3 +353,40 @@ def test_ctrl_c_anywhere_in_flush_is_a_clean_interrupt(url, tmp_path, s3):
     missed = proc.stdout.count("not interrupted:")     # only where Python swallowed it
     assert missed <= proc.stderr.count("Exception ignored in"), (proc.stdout, proc.stderr)
     assert tried > 5 and interrupted == tried - 1 - missed
+
+
+def test_a_spool_record_that_cannot_be_removed_is_warned_of_and_commits_go_on(
+        url, tmp_path, monkeypatch):
+    """An EIO from removing a committed checkpoint's spool record neither ends the ref
+    committer's thread (flush() would wait forever) nor turns the commit into a reported
+    failure; the record is replayed by the next open, which finds it committed."""
+    import os
+    from snapstore.remote import spool
+    real_unlink = os.unlink
+    refused = []
+
+    def unlink(path, *args, **kwargs):
+        if str(path).endswith(spool.PENDING_SUFFIX):
+            refused.append(path)
+            raise OSError(5, "Input/output error (injected)", path)
+        return real_unlink(path, *args, **kwargs)
+    cache = str(tmp_path / "w")
+    with monkeypatch.context() as patch, \
+            pytest.warns(RuntimeWarning, match="could not remove the spool's record"), \
+            snapstore.open(url, cache_dir=cache, durability="local") as w:
+        patch.setattr(os, "unlink", unlink)
+        first = w.checkpoint({"a": b"x" * 100000}, stream="s")
+        w.flush()
+        second = w.checkpoint({"a": b"y" * 100000}, stream="s")    # the thread lives
+        w.flush()
+        assert len(refused) == 2
+    with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as r:
+        assert [c.id for c in r.checkpoints("s")] == [first.id, second.id]
+        assert r.restore(second.id)["a"] == b"y" * 100000
+    def left():
+        return [os.path.join(d, name) for d, _, names in os.walk(cache) for name in names
+                if name.endswith(spool.PENDING_SUFFIX)]
+    assert len(left()) == 2
+    with snapstore.open(url, cache_dir=cache, durability="local") as again:  # the replay
+        assert [c.id for c in again.checkpoints("s")] == [first.id, second.id]
+    assert left() == []
