@@ -167,6 +167,21 @@ def _publish_new(tmp: str, path: str, refuse_existing: Callable[[str], Exception
     os.unlink(tmp)
 
 
+_TEMP_SUFFIX = ".part"
+_TEMP_RANDOM_CHARS = 8          # tempfile's random part
+_NAME_MAX = 255                 # bytes of one name: Linux file systems, and most others
+
+
+def _temp_prefix(name: str) -> str:
+    """".NAME." for the temporary file of NAME, shortened (whole characters from the end) so
+    that the temporary name stays within _NAME_MAX bytes: a name near the limit is valid, and
+    its temporary file must be too."""
+    room = _NAME_MAX - len(_TEMP_SUFFIX) - _TEMP_RANDOM_CHARS - 2
+    while len(os.fsencode(name)) > room:
+        name = name[:-1]
+    return f".{name}."
+
+
 def replace_file(path: str, fill: Callable[[IO[bytes]], None], *,
                  mode: int = DEFAULT_FILE_MODE, sync: bool = False,
                  refuse_existing: Callable[[str], Exception] | None = None) -> None:
@@ -201,7 +216,8 @@ def replace_file(path: str, fill: Callable[[IO[bytes]], None], *,
                                    "it into place, which would replace it; name a file")
     directory, name = os.path.split(path)
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory or ".", prefix=f".{name}.", suffix=".part")
+        fd, tmp = tempfile.mkstemp(dir=directory or ".", prefix=_temp_prefix(name),
+                                   suffix=_TEMP_SUFFIX)
     except OSError as exc:
         where = f"directory {directory!r}" if directory else "the current directory"
         raise StoreIOError(f"cannot write {path} in {where}: {exc.strerror or exc}",

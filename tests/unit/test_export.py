@@ -52,6 +52,17 @@ def test_arrays_checkpoint_round_trip(store, tmp_path, fmt):
     assert oct(os.stat(out).st_mode & 0o777) == "0o600"
 
 
+@pytest.mark.parametrize("fmt", ["safetensors", "npz"])
+def test_a_file_name_at_the_limit_is_exported(store, tmp_path, fmt):
+    """255 bytes is a valid name: its temporary file must be one too."""
+    state = arrays_state()
+    info = snapstore.save_arrays(store, state, "a")
+    out = tmp_path / ("n" * (254 - len(fmt)) + "." + fmt)
+    snapstore.export(store, info.id, str(out))
+    got = safetensors_numpy.load_file(out) if fmt == "safetensors" else dict(np.load(out))
+    assert_same(got, state)
+
+
 def test_object_checkpoint_nested_names_and_values(store, tmp_path):
     state = {"model": {"layer": {"w": np.ones((100, 10), np.float32)}},
              "opt": [{"m": np.full(3, 7, np.int32)}], "step": 12, "name": "run",

@@ -69,3 +69,23 @@ def test_another_link_error_is_a_store_io_error_naming_the_path(tmp_path, monkey
         fsutil.replace_file(str(tmp_path / "out"), lambda f: f.write(b"x"),
                             refuse_existing=refuse)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["n" * 255, "é" * 127, "x" + "€" * 84, "short"],
+                         ids=["255 ascii bytes", "254 bytes of 2-byte chars",
+                              "253 bytes of 3-byte chars", "short"])
+@pytest.mark.parametrize("refusing", [False, True])
+def test_a_name_up_to_the_limit_is_written(tmp_path, name, refusing):
+    """The temporary file's name is shortened to fit: a name the file system takes is
+    written, whole characters only."""
+    path = tmp_path / name
+    fsutil.replace_file(str(path), lambda f: f.write(b"data"),
+                        refuse_existing=refuse if refusing else None)
+    assert path.read_bytes() == b"data"
+    assert os.listdir(tmp_path) == [name]
+
+
+def test_a_name_over_the_limit_is_a_store_io_error(tmp_path):
+    with pytest.raises(StoreIOError, match="File name too long"):
+        fsutil.replace_file(str(tmp_path / ("n" * 256)), lambda f: f.write(b"data"))
+    assert os.listdir(tmp_path) == []
