@@ -28,14 +28,16 @@ def deferred_interrupts():
         return
     received: list = []
     # From here a SIGINT only records itself (one arriving before this line is handled as
-    # usual, before the section began).
-    signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
+    # usual, before the section began). Not its frame: that would keep the interrupted
+    # function's locals alive (a memoryview of a mapping made mmap.close() fail); the
+    # handler gets frame None, which signal handlers must accept.
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
         if received:
-            previous(signal.SIGINT, received[0])
+            previous(signal.SIGINT, None)
 
 
 def start_thread(thread: threading.Thread) -> None:

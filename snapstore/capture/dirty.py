@@ -73,6 +73,7 @@ from typing import List, Optional, Tuple
 
 from snapstore import _native as nat
 from snapstore.errors import InvalidArgumentError, NativeSystemError, TrackingUnavailableError
+from snapstore.interrupts import deferred_interrupts
 
 __all__ = ["Detector", "make_detector", "uffd_available", "MODES", "SYS_PAGE"]
 
@@ -121,7 +122,11 @@ class _Kernel:
         self._check_pid()
         with self.lock:
             if self.status is None:
-                self.status = self._probe()
+                # A few syscalls on 4 pages, never a wait. Ctrl-C inside it left the test's
+                # mapping exported (mmap.close raised BufferError in place of the
+                # KeyboardInterrupt) and its descriptors open: it lands after it instead.
+                with deferred_interrupts():
+                    self.status = self._probe()
             return self.status
 
     def _probe(self) -> Tuple[bool, str]:
