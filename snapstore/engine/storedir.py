@@ -129,10 +129,14 @@ def open_directory(path: str, *, create: bool, readonly: bool, timeout: float,
         if exclusive:
             indexswap.recover_swap(path)        # a swap of the index a crash interrupted
         elif _swap_interrupted(path):
-            # a fallback swap (two renames) a crash cut between them: finish it alone
-            lock_lock(lock_fd, path, deadline, shared=False)
-            indexswap.recover_swap(path)
-            share_lock(lock_fd, path)
+            # a fallback swap (two renames) cut between them: by a crash (finish it alone,
+            # holding the store), or we looked between a live compaction's two renames (its
+            # writer stays open, so waiting for the store would only time out: stop waiting
+            # once its second rename is done)
+            if lock_lock(lock_fd, path, deadline, shared=False,
+                         unless=lambda: not _swap_interrupted(path)):
+                indexswap.recover_swap(path)
+                share_lock(lock_fd, path)
         found = read_format_file(path)
         _check_layout(path, check_index=not repairing)
         os.makedirs(logowners.writers_dir(path), mode=dir_mode(found["file_mode"]),

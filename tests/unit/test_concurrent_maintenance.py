@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 
 import pytest
 
@@ -350,3 +351,40 @@ def test_an_open_racing_a_swap_without_exchange_finds_the_index(tmp_path, monkey
         with snapstore.open(store_path) as s:
             assert s.verify()["ok"], k
     assert k > 2
+
+
+def test_a_writer_opened_between_a_live_swaps_renames_waits_for_it_not_for_the_store(
+        tmp_path):
+    """Regression (file systems without RENAME_EXCHANGE): a writer whose open came between
+    the two renames of a live compaction's index swap took it for a swap a crash cut short,
+    waited for the store to itself to finish it, and raised StoreLocked at its timeout, since
+    the compacting writer stays open. It now stops waiting once the swap's owner finishes."""
+    import threading
+    import shutil
+    store_path = str(tmp_path / "s")
+    index_dir = os.path.join(store_path, fmt.INDEX_DIR)
+    new_dir = os.path.join(store_path, fmt.INDEX_REBUILD_DIR)
+    old_dir = os.path.join(store_path, fmt.INDEX_OLD_DIR)
+    with snapstore.open(store_path) as compacting:      # the swap's owner, open throughout
+        info = compacting.checkpoint({"a": b"abc" * 5000}, stream="t")
+        want = {info.id: b"abc" * 5000}
+        shutil.copytree(index_dir, new_dir)             # its copy (nothing writes meanwhile)
+        os.rename(index_dir, old_dir)                   # its first rename
+
+        def second_rename():
+            os.rename(new_dir, index_dir)
+            from snapstore.engine import indexswap
+            indexswap.remove_entry(old_dir)
+        finisher = threading.Timer(0.3, second_rename)
+        finisher.start()
+        began = time.monotonic()
+        try:
+            with snapstore.open(store_path, timeout=10) as s:
+                waited = time.monotonic() - began
+                for cid, data in want.items():
+                    assert s.restore(cid)["a"] == data
+                s.checkpoint({"a": b"new"}, stream="t")
+        finally:
+            finisher.join()
+        assert waited < 5
+        assert compacting.verify()["ok"]
