@@ -227,6 +227,16 @@ PARALLEL_BATCH_BYTES = 4 << 20
 DECODE_THREADS = min(4, os.cpu_count() or 1)   # the caller's thread and up to 3 more
 
 
+def batch_bytes(total: int, threads: int) -> int:
+    """The size of a layer's batches: at most PARALLEL_BATCH_BYTES, and as many batches as a
+    multiple of the threads, so that no thread decodes a last batch alone while the others
+    wait (a 12 MiB tensor in 4 MiB batches kept one of two threads idle for a third of its
+    restore: a warm torch load took 12% longer than in 3 MiB batches)."""
+    count = -(-total // PARALLEL_BATCH_BYTES)
+    count = -(-count // threads) * threads
+    return max(1, -(-total // count))
+
+
 def copy_extents_parallel(entries: dict, backend: SegmentBackend, segments: SegmentReader,
                           extents, out: memoryview, start: int,
                           progress: Callable[[int], None] | None = None,
@@ -249,11 +259,12 @@ def copy_extents_parallel(entries: dict, backend: SegmentBackend, segments: Segm
     if any(entries.get(cid) is None for _, _, _, cid in extents):
         return 0
     checked: set = set()        # segments whose version was checked (by any thread)
+    target = batch_bytes(total, DECODE_THREADS)
     batches, batch, size = [], [], 0
     for e in extents:
         batch.append(e)
         size += e[2]
-        if size >= PARALLEL_BATCH_BYTES:
+        if size >= target:
             batches.append((batch, size))
             batch, size = [], 0
     if batch:

@@ -211,11 +211,13 @@ def test_restores_into_fresh_memory_map_it_in_first_and_are_exact(tmp_path, monk
             out = mmap.mmap(-1, a.nbytes)                               # fresh pages
             calls.clear()
             s.restore_into(info.id, {"a": out, "small": bytearray(100)})
-            assert calls == [True]          # the large target, once; not the 100-byte one
+            # the large target, once per batch (each maps in its part); not the 100 bytes
+            batches = -(-a.nbytes // reader.batch_bytes(a.nbytes, reader.DECODE_THREADS))
+            assert calls == [True] * batches
             assert out[:] == want
             calls.clear()
             s.restore_into(info.id, {"a": out})                        # resident now
-            assert calls == [False]
+            assert calls == [False] * batches
         assert s.restore(second.id)["a"] == a.tobytes()
         assert s.read(second.id, "a", 4096 * 3 + 5, 2 << 20) == \
             a.tobytes()[4096 * 3 + 5:4096 * 3 + 5 + (2 << 20)]
@@ -334,3 +336,24 @@ def test_a_restore_looks_each_chunk_up_once_before_it_prefetches(tmp_path, small
         assert len(looked) > (2 << 20) // (1 << 16)     # the base's chunks and the delta's
         assert len(looked) == len(set(looked))          # each chunk once
         assert prefetched_after == [len(looked)]        # every lookup before the prefetch
+
+
+@given(total=st.integers(1, 1 << 34), threads=st.integers(1, 8))
+def test_batches_are_bounded_and_share_out_evenly(total, threads):
+    """batch_bytes: at most PARALLEL_BATCH_BYTES each, and (cut at that size) a number of
+    batches that is a multiple of the threads, so none waits for another's last batch; the
+    fewest batches that satisfy both."""
+    size = reader.batch_bytes(total, threads)
+    count = -(-total // size)
+    assert 1 <= size <= reader.PARALLEL_BATCH_BYTES
+    fewest = -(-total // reader.PARALLEL_BATCH_BYTES)
+    want = -(-fewest // threads) * threads
+    assert count <= want                # (fewer only when total is below `want` bytes)
+    assert count == want or total < want * size
+
+
+def test_a_tensor_of_three_full_batches_is_cut_in_four_for_two_threads():
+    mib = 1 << 20
+    assert reader.batch_bytes(12 * mib, 2) == 3 * mib
+    assert reader.batch_bytes(4 * mib, 1) == 4 * mib
+    assert reader.batch_bytes(1 << 30, 2) == 4 * mib
