@@ -270,7 +270,8 @@ class Committer:
                     self.index.version = r.version
             if not readonly:
                 with io_errors("cannot recover the log"):
-                    self._take_log(durable)
+                    with logowners.choosing_a_log(path, opened.file_mode):
+                        self._take_log(durable)
                     self._remove_swap_leftovers()
                 self.log = SegmentLog(self.backend, segment_size, self.log_number)
                 self.log.published = self._published
@@ -340,21 +341,25 @@ class Committer:
     def recover_dead(self, log: int) -> bool:
         """Recovers log `log` if its writer is gone (claims.DeadHolder), with every other log
         whose writer is gone (after a power loss their records must be applied together, in
-        order); False when a writer holds it (alive again, or being recovered right now)."""
-        fd = logowners.try_take(self.path, log, self.file_mode)
-        if fd is None:
-            return False
-        taken = {log: fd}
-        try:
-            for other in sorted(self._known_logs() - {log, self.log_number}):
-                other_fd = logowners.try_take(self.path, other, self.file_mode)
-                if other_fd is not None:
-                    taken[other] = other_fd
-            recover_logs(self.index, self.backend, list(taken), self.durability == "fsync")
-        finally:
-            for other_fd in taken.values():
-                os.close(other_fd)
-        return True
+        order); False when a writer holds it (alive again, or being recovered right now).
+        As an opener's choice of its log (logowners.choosing_a_log): holding the free logs
+        meanwhile would make an opener start a new log."""
+        with logowners.choosing_a_log(self.path, self.file_mode):
+            fd = logowners.try_take(self.path, log, self.file_mode)
+            if fd is None:
+                return False
+            taken = {log: fd}
+            try:
+                for other in sorted(self._known_logs() - {log, self.log_number}):
+                    other_fd = logowners.try_take(self.path, other, self.file_mode)
+                    if other_fd is not None:
+                        taken[other] = other_fd
+                recover_logs(self.index, self.backend, list(taken),
+                             self.durability == "fsync")
+            finally:
+                for other_fd in taken.values():
+                    os.close(other_fd)
+            return True
 
     def recover_orphans(self) -> bool:
         """Recovers every log whose writer is gone (compaction does this first). Returns

@@ -38,6 +38,8 @@ LOCK_FILE = "lock"              # flock()ed shared by every writer, exclusively 
                                 # store to itself (creation, upgrade, repair; format <= 2 writers)
 WRITERS_DIR = "writers"         # one lock file per log, named by its number: flocked exclusively
                                 # by the writer appending to that log (its holder's record inside)
+LOG_CHOICE_LOCK_FILE = ".choosing"  # in WRITERS_DIR: flocked exclusively by an opening writer
+                                # while it recovers the free logs and adopts one (logowners.py)
 MAINTENANCE_LOCK_FILE = "maintenance"   # flock()ed exclusively by compaction, shared by verify
 INDEX_GATE_FILE = "index.gate"  # beside INDEX_DIR: flock()ed exclusively while a process waits
                                 # for the index's write lock (index.py, _WriterGate); empty

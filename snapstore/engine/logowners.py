@@ -11,6 +11,14 @@ applied position are either published claims (recovery publishes them) or garbag
 writer that takes the free lock recovers the log (recovery.recover_log) and may adopt it as
 its own, so the number of logs stays the number of writers that ever ran at once.
 
+Openers choose one at a time: an opener takes every free log's lock while it recovers them
+and only then lets go of all but the one it adopts, so a second opener looking meanwhile found
+every log held and made a new one. Two processes opening and closing a store in turns made
+97 logs in 400 opens, and every open recovers every free log (an open and close took 5.1 ms
+instead of 0.7). STORE/writers/.choosing (choosing_a_log) is held exclusively from the first
+look to the adoption, and by a writer recovering a dead writer's logs; an opener that cannot
+have it within CHOICE_WAIT_SECONDS chooses without it (at worst a log more, as before). Nothing else waits for it while holding a lock.
+
 A flock belongs to the open file description: another Store of this process holding log L
 has its own descriptor, so this process cannot take L's lock either (is_alive says True), and
 a fork()ed child shares its parent's description (the Committer's fork handler closes the
@@ -19,11 +27,14 @@ writer of format 3 first takes it.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import time
 
 from snapstore.engine import format as fmt
-from snapstore.engine.fsutil import DEFAULT_FILE_MODE, NotRegularFile, open_regular, try_flock
+from snapstore.engine.fsutil import (DEFAULT_FILE_MODE, NotRegularFile, flock_until,
+                                     open_regular, try_flock)
 from snapstore.engine.holders import read_holder
 from snapstore.errors import CorruptionError
 
@@ -51,6 +62,27 @@ def lock_files(store_path: str) -> list[int]:
     except FileNotFoundError:
         return []
     return sorted(int(n) for n in names if n.isdigit() and int(n) < fmt.MAX_LOGS)
+
+
+CHOICE_WAIT_SECONDS = 2.0       # the longest wait for another opener's choice; then without
+_CHOICE_POLL_SECONDS = 0.002     # another opener's choice takes milliseconds
+
+
+@contextlib.contextmanager
+def choosing_a_log(store_path: str, file_mode: int = DEFAULT_FILE_MODE):
+    """Runs the block (an opener's recovery of the free logs and its adoption of one) while
+    no other opener runs its own: waits for STORE/writers/.choosing up to
+    CHOICE_WAIT_SECONDS, then runs it anyway (whatever the store's timeout: this wait never
+    ends in StoreLocked, and a choice that takes longer is a recovery of a crashed writer's
+    log, after which a log more does no harm). Raises OSError, CorruptionError."""
+    fd = _open(os.path.join(writers_dir(store_path), fmt.LOG_CHOICE_LOCK_FILE),
+               os.O_RDWR | os.O_CREAT, file_mode)
+    try:
+        flock_until(fd, fcntl.LOCK_EX, time.monotonic() + CHOICE_WAIT_SECONDS,
+                    poll=_CHOICE_POLL_SECONDS)
+        yield
+    finally:
+        os.close(fd)                # (lets go of the lock, if it was taken)
 
 
 def try_take(store_path: str, log: int, file_mode: int = DEFAULT_FILE_MODE) -> int | None:

@@ -277,7 +277,7 @@ def test_writer_open_upgrades_each_v1_store(store, tmp_path):
         assert report["ok"], report["problems"][:5]
         assert raw_segments(path) == upgraded
         info = s.checkpoint({"n": b"after the upgrade"}, stream="new")
-    assert os.listdir(os.path.join(path, "writers")) == ["0"]
+    assert sorted(os.listdir(os.path.join(path, "writers"))) == [fmt.LOG_CHOICE_LOCK_FILE, "0"]
     grown = raw_segments(path)
     assert set(grown) == set(upgraded) and len(grown[added[0]]) > len(upgraded[added[0]])
     with snapstore.open(path, readonly=True) as s:
@@ -355,7 +355,7 @@ def test_v2_store_under_todays_writer(store, tmp_path):
         check_exact(s, exp, ids)
         report = s.verify(deep=True)
         assert report["ok"], report["problems"][:5]
-    assert os.listdir(os.path.join(path, "writers")) == ["0"]
+    assert sorted(os.listdir(os.path.join(path, "writers"))) == [fmt.LOG_CHOICE_LOCK_FILE, "0"]
     nxt = f"{int(last[:16]) + 1:016d}.seg"
     assert raw_segments(path) == dict(cut(store, segments0), **{nxt: new_segment(int(nxt[:16]))})
     assert raw_index(path) == upgraded          # nothing left to recover or to upgrade
