@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import signal
+import sys
 
 
 class SigintAtReturn:
@@ -33,3 +34,23 @@ class SigintAtReturn:
                 self.where = f"{frame.f_code.co_filename}:{frame.f_code.co_name}"
                 signal.raise_signal(signal.SIGINT)
         return self
+
+
+def interrupted_at_return(n: int, call, on_wait=None) -> tuple[bool, SigintAtReturn]:
+    """Runs call() with a SIGINT sent as the n-th function it calls returns: (whether it
+    raised KeyboardInterrupt, the injector: its `where` is None when call() made fewer than n
+    returns, so every point was tried). Any other exception ends the process, naming where
+    the SIGINT landed."""
+    inject = SigintAtReturn(n, on_wait)
+    sys.settrace(inject)
+    try:
+        try:
+            call()
+        finally:
+            sys.settrace(None)
+    except KeyboardInterrupt:
+        return True, inject
+    except BaseException as exc:        # noqa: BLE001 - the failure this helper reports
+        sys.exit(f"SIGINT at the return of {inject.where}: {exc!r} instead of "
+                 "KeyboardInterrupt")
+    return False, inject

@@ -287,7 +287,7 @@ _SIGINT_IN_FLUSH = r"""
 import os, sys, threading
 import numpy as np
 import snapstore
-from sigint_injection import SigintAtReturn
+from sigint_injection import interrupted_at_return
 
 url, cache = sys.argv[1], sys.argv[2]
 gate = threading.Event()
@@ -307,20 +307,11 @@ with snapstore.open(url, cache_dir=os.path.join(cache, "w"), durability="local")
         n += 1
         gate.clear()
         infos.append(w.checkpoint({"a": np.full(1 << 16, n % 251, np.uint8)}, stream="s"))
-        inject = SigintAtReturn(n, on_wait=gate.set)     # flush waits: let the upload go
-        sys.settrace(inject)
-        try:
-            try:
-                w.flush()
-            finally:
-                sys.settrace(None)
-        except KeyboardInterrupt:
-            interrupted += 1
-        except BaseException as exc:
-            sys.exit(f"SIGINT at the return of {inject.where}: {exc!r}, not KeyboardInterrupt")
-        else:
-            if inject.where is not None:
-                print("not interrupted:", n, inject.where)
+        # flush waits: let the upload go
+        stopped, inject = interrupted_at_return(n, w.flush, on_wait=gate.set)
+        interrupted += stopped
+        if not stopped and inject.where is not None:
+            print("not interrupted:", n, inject.where)
         gate.set()
         w.flush()                               # flushing again finishes the job
         if inject.where is None:

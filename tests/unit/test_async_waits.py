@@ -138,7 +138,7 @@ import os, sys, tempfile, threading
 import numpy as np
 import snapstore
 from snapstore.engine.commit import Committer
-from sigint_injection import SigintAtReturn
+from sigint_injection import interrupted_at_return
 
 what = sys.argv[1]
 real, gate = Committer.commit, threading.Event()
@@ -163,24 +163,13 @@ while True:
     s.checkpoint_async({"a": a}, stream="t")
     a[0] = 1
     threading.Timer(0.5, gate.set).start()     # (in case the call never waits)
-    inject = SigintAtReturn(n, on_wait=gate.set)   # it waits now: let the worker go
-    outcome = "returned"
-    sys.settrace(inject)
-    try:
-        try:
-            if what == "flush":
-                s.flush()
-            elif what == "close":
-                s.close()
-            else:                       # a capture that waits for staging room
-                s.checkpoint_async({"b": np.ones(1 << 20, np.uint8)}, stream="u")
-        finally:
-            sys.settrace(None)
-    except KeyboardInterrupt:
-        outcome = "KeyboardInterrupt"
-        interrupted += 1
-    except BaseException as exc:
-        sys.exit(f"SIGINT at the return of {inject.where}: {exc!r} instead of KeyboardInterrupt")
+    calls = {"flush": s.flush, "close": s.close,      # or a capture waiting for staging room
+             "staging room": lambda: s.checkpoint_async({"b": np.ones(1 << 20, np.uint8)},
+                                                        stream="u")}
+    # it waits now: let the worker go
+    stopped, inject = interrupted_at_return(n, calls[what], on_wait=gate.set)
+    outcome = "KeyboardInterrupt" if stopped else "returned"
+    interrupted += stopped
     gate.set()
     s.close()                           # after an interrupt, closing again finishes the job
     with snapstore.open(path) as again:     # (it would wait for ever for a leaked lock)

@@ -1042,26 +1042,17 @@ def test_noted_changes_from_interleaved_notes(detectors):
 
 
 _SIGINT_IN_THE_PROBE = r"""
-import os, sys
+import os
 from snapstore.capture import dirty
-from sigint_injection import SigintAtReturn
+from sigint_injection import interrupted_at_return
 
 kernel = dirty._KERNEL
 fds = len(os.listdir("/proc/self/fd"))
 n, interrupted = 0, 0
 while True:
     n += 1
-    inject = SigintAtReturn(n)
-    sys.settrace(inject)
-    try:
-        try:
-            kernel.available()
-        finally:
-            sys.settrace(None)
-    except KeyboardInterrupt:
-        interrupted += 1
-    except BaseException as exc:
-        sys.exit(f"SIGINT at the return of {inject.where}: {exc!r} instead of KeyboardInterrupt")
+    stopped, inject = interrupted_at_return(n, kernel.available)
+    interrupted += stopped
     if kernel.status is not None:       # (None: interrupted before the probe began)
         assert kernel.status[0], kernel.status
         os.close(kernel.uffd)           # probe again from scratch next round
