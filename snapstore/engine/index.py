@@ -183,7 +183,7 @@ def _check_index_files(path: str, rebuilding: bool) -> None:
     are there, or may be missing (_check_data_file). A compaction's swap in another process
     takes index/ away for a moment where the file system cannot exchange directories (two
     renames): a missing index is looked for again a few times before it is reported."""
-    for attempt in range(_OPEN_ATTEMPTS):
+    for last in indexswap.looks_across_a_swap():
         location = indexswap.index_to_read(path)
         try:
             if not os.path.isdir(location):
@@ -191,9 +191,8 @@ def _check_index_files(path: str, rebuilding: bool) -> None:
             _check_data_file(location, rebuilding)
             return
         except (FormatError, CorruptionError):
-            if attempt == _OPEN_ATTEMPTS - 1:
+            if last:
                 raise
-            time.sleep(0.001)
 
 
 def _log_exists(index_path: str) -> bool:

@@ -30,6 +30,7 @@ import errno
 import os
 import shutil
 import stat
+import time
 
 from snapstore.engine import format as fmt
 from snapstore.engine.crashpoints import crashpoint
@@ -121,6 +122,21 @@ def index_to_read(index_dir: str) -> str:
     if _is_dir(os.path.join(store, fmt.INDEX_OLD_DIR)) and _is_dir(new_dir):
         return new_dir
     return index_dir
+
+
+SWAP_LOOKS = 10              # how many times an opener looks for an index a swap may be moving
+_LOOK_PAUSE_SECONDS = 0.001
+
+
+def looks_across_a_swap():
+    """For an opener that finds no index where it looks: yields SWAP_LOOKS times (True the
+    last time), pausing a moment between. A fallback swap's two renames in another process
+    may come between any two of the opener's looks, so a missing index is only reported once
+    every look missed it."""
+    for look in range(SWAP_LOOKS):
+        if look:
+            time.sleep(_LOOK_PAUSE_SECONDS)
+        yield look == SWAP_LOOKS - 1
 
 
 def leftovers(path: str) -> bool:

@@ -192,9 +192,6 @@ def refuse_foreign_directory(path: str) -> None:
         raise FormatError(f"{path} is a non-empty directory that is not a snapstore store")
 
 
-_SWAP_LOOKS = 5
-
-
 def _check_layout(path: str, check_index: bool = True) -> None:
     """segments/ and (unless check_index is False) index/ must be directories (not
     symlinks): CorruptionError otherwise."""
@@ -203,18 +200,21 @@ def _check_layout(path: str, check_index: bool = True) -> None:
         layout.append((fmt.INDEX_DIR, "the index (rebuild it with `snapstore repair`)"))
     for name, what in layout:
         where = os.path.join(path, name)
-        # index/, or the new index a swap is putting in its place; looked at again a few
-        # times: a swap's renames in another process may come between the looks
-        places = ((p for _ in range(_SWAP_LOOKS)
-                   for p in (indexswap.index_to_read(where), where))
-                  if name == fmt.INDEX_DIR else [where])
-        for full in places:
-            try:
-                st_mode = os.lstat(full).st_mode
+        # index/, or the new index a swap is putting in its place, looked at again: a swap's
+        # renames in another process may come between the looks
+        places = ((indexswap.index_to_read(where), where) for _ in
+                  indexswap.looks_across_a_swap()) if name == fmt.INDEX_DIR else [(where,)]
+        full, st_mode = where, None
+        for candidates in places:
+            for full in candidates:
+                try:
+                    st_mode = os.lstat(full).st_mode
+                    break
+                except FileNotFoundError:
+                    pass
+            if st_mode is not None:
                 break
-            except FileNotFoundError:
-                pass
-        else:
+        if st_mode is None:
             raise CorruptionError(f"store {path} has no {name}/ directory: {what} is "
                                   "missing")
         if not stat.S_ISDIR(st_mode):
