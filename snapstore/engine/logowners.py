@@ -74,9 +74,17 @@ def choosing_a_log(store_path: str, file_mode: int = DEFAULT_FILE_MODE):
     no other opener runs its own: waits for STORE/writers/.choosing up to
     CHOICE_WAIT_SECONDS, then runs it anyway (whatever the store's timeout: this wait never
     ends in StoreLocked, and a choice that takes longer is a recovery of a crashed writer's
-    log, after which a log more does no harm). Raises OSError, CorruptionError."""
-    fd = _open(os.path.join(writers_dir(store_path), fmt.LOG_CHOICE_LOCK_FILE),
-               os.O_RDWR | os.O_CREAT, file_mode)
+    log, after which a log more does no harm). Without the lock file (writers/ not writable
+    for this user, where the logs' lock files are) it runs the block as before there was one.
+    Raises CorruptionError (not a regular file)."""
+    try:
+        fd = _open(os.path.join(writers_dir(store_path), fmt.LOG_CHOICE_LOCK_FILE),
+                   os.O_RDWR | os.O_CREAT, file_mode)
+    except OSError:
+        fd = None
+    if fd is None:          # (not in the except clause: the block's errors are not its context)
+        yield
+        return
     try:
         flock_until(fd, fcntl.LOCK_EX, time.monotonic() + CHOICE_WAIT_SECONDS,
                     poll=_CHOICE_POLL_SECONDS)

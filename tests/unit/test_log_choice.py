@@ -91,3 +91,23 @@ def test_a_writer_waits_for_another_openers_choice(tmp_path):
     with snapstore.open(path) as s:
         s.checkpoint({"a": b"y"}, stream="t")
     assert logowners.lock_files(path) == [0]
+
+
+def test_without_the_lock_file_a_writer_still_opens(tmp_path, monkeypatch):
+    """A store whose writers/ this user cannot write to, though the logs' lock files are
+    writable, opened before there was a lock file to choose under: it still does."""
+    path = str(tmp_path / "s")
+    with snapstore.open(path) as s:
+        s.checkpoint({"a": b"x"}, stream="t")
+    os.unlink(os.path.join(path, fmt.WRITERS_DIR, fmt.LOG_CHOICE_LOCK_FILE))
+    real = logowners._open
+
+    def refused(file_path, flags, mode):
+        if file_path.endswith(fmt.LOG_CHOICE_LOCK_FILE):
+            raise PermissionError(13, "Permission denied", file_path)
+        return real(file_path, flags, mode)
+    monkeypatch.setattr(logowners, "_open", refused)
+    with snapstore.open(path) as s:
+        s.checkpoint({"a": b"y"}, stream="t")
+        assert s.restore(s.checkpoint_ids("t")[-1])["a"] == b"y"
+    assert logowners.lock_files(path) == [0]
