@@ -18,8 +18,8 @@ every log held and made a new one. Two processes opening and closing a store in 
 instead of 0.7). STORE/writers/.choosing (choosing_a_log) is held exclusively from the first
 look to the adoption, and by a writer recovering a dead writer's logs; an opener that cannot
 have it within CHOICE_WAIT_SECONDS chooses without it (at worst a log more, as before). It
-is taken before any other lock of the store's is waited for, and nobody waits for it while
-holding the index's write lock, so it adds no deadlock.
+adds no deadlock: its holder takes logs' locks without waiting, and nobody waits for it
+while holding the index's write lock (the only lock its holder waits for after it).
 
 A flock belongs to the open file description: another Store of this process holding log L
 has its own descriptor, so this process cannot take L's lock either (is_alive says True), and
