@@ -55,6 +55,8 @@ def command_options(with_store: bool = True) -> argparse.ArgumentParser:
     """A parent parser with the global options for a command (they may follow its name)."""
     p = Parser(add_help=False)
     add_global_options(p, with_store=with_store, defaults=False)
+    if not with_store:      # (-s before such a command would be ignored: parse_command_line)
+        p.set_defaults(refuses_store_option=True)
     return p
 
 
@@ -88,7 +90,11 @@ def parse_command_line(build: Callable[[bool], argparse.ArgumentParser], argv: l
         named = env or _mentions_store_option(argv)
         raise err_without if named else err_with
     if without is not None and not getattr(without, "takes_store", False):
-        return _settled(without, None)          # no command, or one without a store (bench)
+        # no command, or one without a store (bench, copy: -s there would be ignored)
+        if getattr(without, "refuses_store_option", False) and without.store:
+            raise UsageError(f"snapstore {without.command} takes no -s/--store"
+                             + (": name SRC and DST" if without.command == "copy" else ""))
+        return _settled(without, None)
     flag = (with_store or without).store
     if with_store is not None and without is not None:      # the count cannot tell
         positional = not (flag or env) or is_store_dir(with_store.store_arg)

@@ -5,6 +5,8 @@ files (written by `snapstore export ... -o FILE.snap`) committed into a store
 writers; copy opens the source read-only."""
 from __future__ import annotations
 
+import argparse
+
 import os
 import textwrap
 
@@ -40,9 +42,11 @@ def add_copy(add) -> None:
     p.add_argument("dst", metavar="DST", help="the store to copy into (a writer)")
     p.add_argument("names", type=id_arg, nargs="*", metavar="NAME",
                    help=f"{NAME_HELP} (of SRC); default: every checkpoint")
-    p.add_argument("--timeout", dest="timeout", type=seconds_arg, default=0.0,
+    # (no default here: one given before the command, as the global --timeout, stays)
+    p.add_argument("--timeout", dest="timeout", type=seconds_arg, default=argparse.SUPPRESS,
                    metavar="SECONDS", help="wait this long for DST's lock when an operation "
-                   "that needs DST to itself holds it (default 0: fail at once)")
+                   "that needs DST to itself holds it (default 0: fail at once); may come "
+                   "before the command")
 
 
 def add_import(add) -> None:

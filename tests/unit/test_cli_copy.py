@@ -57,6 +57,39 @@ def test_copy_usage_errors(tmp_path):
     assert "copy checkpoints into another store" in out and "savepoint file" in out
 
 
+def test_copy_takes_no_store_option_before_or_after_the_command(tmp_path):
+    """Regression: `snapstore -s OTHER copy SRC DST` copied and ignored -s, where `copy -s`
+    was refused and `-s OTHER ls STORE` is a usage error."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _source(src)
+    _init(dst)
+    cli_error(2, "-s", tmp_path / "elsewhere", "copy", src, dst, needles=["takes no -s"])
+    cli_error(2, "--store", dst, "copy", src, dst, needles=["takes no -s"])
+    cli_error(2, "copy", "-s", dst, src, dst, needles=["-s"])
+    with snapstore.open(str(dst), readonly=True) as d:
+        assert d.checkpoints() == []            # nothing copied by the refused commands
+
+
+def test_copy_waits_for_the_destination_with_timeout_before_or_after_the_command(tmp_path):
+    """Regression: the global --timeout, given before `copy`, was reset to 0 by copy's own
+    option, so the copy failed at once with StoreLocked while an exclusive holder (a repair,
+    an upgrade) held the destination for a moment."""
+    import fcntl
+    import threading
+    from snapstore.engine import format as fmt
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _source(src)
+    _init(dst)
+    for placed_first in (True, False):
+        fd = os.open(os.path.join(dst, fmt.LOCK_FILE), os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)              # as a repair holds it
+        threading.Timer(1.0, os.close, (fd,)).start()
+        args = (("--timeout", "30", "copy", src, dst) if placed_first
+                else ("copy", src, dst, "--timeout", "30"))
+        p = cli_ok(*args)
+        assert "copied 4 checkpoint(s)" in p.stdout or "skipped 4 already there" in p.stdout
+
+
 def test_export_snap_and_import(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "dst"
     states = _source(src)
