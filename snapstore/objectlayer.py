@@ -125,6 +125,18 @@ def contiguous_tensor(t, torch):
     return t.view(getattr(torch, as_int)).contiguous().view(t.dtype)
 
 
+def copy_tensor(dst, src, torch) -> None:
+    """dst.copy_(src) for two tensors of one dtype and shape, bit for bit, also for dtypes
+    without copy kernels (float4, bits...): copied as integers of the same size, unless a
+    conjugate or negative view asks for copy_'s own semantics."""
+    as_int = _SAME_SIZE_INT.get(dst.element_size())
+    if as_int is None or any(t.is_conj() or t.is_neg() for t in (dst, src)):
+        dst.copy_(src)
+        return
+    dtype = getattr(torch, as_int)
+    dst.view(dtype).copy_(src.view(dtype))
+
+
 _FORMAT_OF_SIZE = {k: form for form, k in FLOAT_FORMATS.items()}   # the label of each size
 
 

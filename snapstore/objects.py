@@ -41,9 +41,9 @@ from snapstore.engine.validation import float_item_size, validate_meta, validate
 from snapstore.errors import (AsyncSaveError, DeviceTensorError, ForkedStoreError,
                               InvalidArgumentError, NotAnObjectCheckpointError,
                               ObjectSaveError, StructureMismatchError)
-from snapstore.objectlayer import (META_KEY, contiguous_tensor, float_view, labelled_view,
-                                   layer_meta, reader_hint, require_store, resolve_checkpoint,
-                                   user_meta, wrap_meta)
+from snapstore.objectlayer import (META_KEY, contiguous_tensor, copy_tensor, float_view,
+                                   labelled_view, layer_meta, reader_hint, require_store,
+                                   resolve_checkpoint, user_meta, wrap_meta)
 
 __all__ = ["save", "save_async", "load", "user_meta", "is_object_checkpoint", "FRESH",
            "ObjectSaveError", "DeviceTensorError", "StructureMismatchError",
@@ -624,6 +624,8 @@ class _Plan:
 def _kind(x, np, torch, ctx: _LoadContext | None = None) -> str:
     if ctx is not None and id(x) in ctx.index:
         return "bytearray"                   # an out-of-band PickleBuffer of the skeleton
+    if np is not None and isinstance(x, np.ma.MaskedArray):
+        return "masked array"
     if np is not None and isinstance(x, np.ndarray):
         return "ndarray"
     if torch is not None and isinstance(x, torch.Tensor):
@@ -673,6 +675,9 @@ def _plan_pair(src, dst, steps: tuple, container, key, plan: _Plan, ctx: _LoadCo
     if pair in plan.seen and ks not in ("leaf",):
         return
     plan.seen.add(pair)
+    if ks == "masked array":
+        raise _mismatch(steps, "a masked array is not loaded into in place (its mask would "
+                               "stay as it is); load it as new with FRESH, or without into=")
     if ks == "ndarray":
         if src.dtype != dst.dtype or src.shape != dst.shape:
             raise _mismatch(steps, f"array of {src.dtype} {src.shape} in the checkpoint, "
@@ -682,6 +687,10 @@ def _plan_pair(src, dst, steps: tuple, container, key, plan: _Plan, ctx: _LoadCo
         _plan_buffer_leaf(src, dst, steps, plan, ctx, ctx.index_of(src),
                           src.nbytes, _ndarray_target(src, dst, np))
     elif ks == "tensor":
+        if src.layout != torch.strided or dst.layout != torch.strided:
+            raise _mismatch(steps, f"a {src.layout} tensor in the checkpoint, {dst.layout} in "
+                                   "the target: only dense (strided) tensors are loaded into "
+                                   "in place; load it as new with FRESH")
         if src.dtype != dst.dtype or tuple(src.shape) != tuple(dst.shape):
             raise _mismatch(steps, f"tensor of {src.dtype} {tuple(src.shape)} in the checkpoint, "
                                    f"{dst.dtype} {tuple(dst.shape)} in the target")
@@ -859,7 +868,7 @@ def _load_into(store, info, names, sizes, into):
             action[2][:] = memoryview(value).cast("B")
         elif torch is not None and isinstance(action[2], torch.Tensor):
             with torch.no_grad():
-                action[2].copy_(value)
+                copy_tensor(action[2], value, torch)
         else:
             np.copyto(action[2], value, casting="no")
     del final

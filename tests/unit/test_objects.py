@@ -353,6 +353,21 @@ def test_load_into_mismatch_writes_nothing(store, damage, match):
     assert deep_equal(target, before)
 
 
+def test_load_into_a_masked_array_is_refused_not_unmasked(store):
+    """Regression: load(into=) copied a masked array's data into the target and left its
+    mask as it was, so the masked values became visible data."""
+    saved = np.ma.masked_array([1.0, 2.0, 3.0, 4.0], mask=[True, False, True, False])
+    info = store.save({"m": saved, "a": np.ones(3)}, stream="ma")
+    target = {"m": np.ma.masked_array(np.zeros(4), mask=False), "a": np.zeros(3)}
+    with pytest.raises(StructureMismatchError, match="masked array"):
+        store.load(info.id, into=target)
+    assert not target["a"].any() and not target["m"].mask.any()    # nothing was written
+    target["m"] = FRESH
+    store.load(info.id, into=target)
+    assert list(target["m"].mask) == [True, False, True, False]
+    assert target["m"].compressed().tolist() == [2.0, 4.0] and target["a"].tolist() == [1] * 3
+
+
 def test_load_into_readonly_target_refused(store):
     info = store.save({"a": np.arange(10000)}, stream="ro")
     target = {"a": np.zeros(10000, dtype=np.int64)}

@@ -257,6 +257,46 @@ def test_load_into_a_target_that_cannot_be_written_writes_nothing(store, kind):
         assert a.eq(1).all() and b.equal(torch.arange(10.0).reshape(5, 2))
 
 
+@pytest.mark.parametrize("dtype", ["uint1", "uint4", "int3", "float4_e2m1fn_x2",
+                                   "float8_e4m3fn", "bfloat16", "complex64"])
+def test_load_into_tensors_without_copy_kernels(store, dtype):
+    """Regression: load(into=) of a bit dtype (uint1-7, int1-7) raised torch's raw
+    NotImplementedError ("copy_kernel" not implemented) after earlier targets were written,
+    for tensors not restored straight into their target (small ones, kept in the pickle).
+    They are copied bit for bit as same-size integers."""
+    if not hasattr(torch, dtype):
+        pytest.skip(f"torch {torch.__version__} has no {dtype}")
+    as_dtype = getattr(torch, dtype)
+    raw = torch.tensor([1, 2, 3, 250], dtype=torch.uint8)
+    size = torch.empty(0, dtype=as_dtype).element_size()
+    bits = raw.view(torch.uint8).repeat(size).view(as_dtype) if size > 1 else raw.view(as_dtype)
+    st.save(store, {"w": torch.arange(4.0), "bits": bits}, "b")
+    target = {"w": torch.zeros(4), "bits": torch.zeros_like(bits.view(torch.uint8)).view(as_dtype)}
+    st.load(store, "b", into=target)
+    assert target["w"].equal(torch.arange(4.0))
+    assert target["bits"].view(torch.uint8).equal(bits.view(torch.uint8))
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.parametrize("saved, target", [("coo", "coo"), ("coo", "dense"), ("csr", "csr"),
+                                           ("dense", "coo")])
+def test_load_into_sparse_tensors_is_refused_before_anything_is_written(store, saved, target):
+    """Regression: sparse tensors raised torch's NotImplementedError or RuntimeError, and a
+    sparse checkpoint passed the check for a dense target of its shape and dtype, wrote the
+    earlier targets, then failed in copy_."""
+    dense = torch.tensor([[0.0, 2.0], [3.0, 0.0]])
+    make = {"coo": lambda t: t.to_sparse(), "csr": lambda t: t.to_sparse_csr(),
+            "dense": lambda t: t}
+    st.save(store, {"a": torch.ones(4), "s": make[saved](dense)}, "sp")
+    a = torch.zeros(4)
+    with pytest.raises(StructureMismatchError, match=r"obj\['s'\].*FRESH"):
+        st.load(store, "sp", into={"a": a, "s": make[target](torch.zeros(2, 2))})
+    assert not a.any()
+    fresh = {"a": a, "s": objects.FRESH}
+    st.load(store, "sp", into=fresh)
+    assert a.eq(1).all() and fresh["s"].to_dense().equal(dense)
+
+
 def test_overlap_check_matches_the_layouts_torch_allows():
     from snapstore.objects import _overlapping
     cases = [((10,), (1,), False), ((10,), (0,), True), ((1,), (0,), False),
