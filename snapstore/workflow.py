@@ -27,8 +27,11 @@ checkpoints, or rerun(state)); every checkpoint of the run records a digest of t
 (BLAKE2b of its pickle) and the run's number. run(state) then resumes that run, or returns its
 stored result once it finished, only for the same input or for none (state=None): a different
 input raises WorkflowFinishedError (finished) or WorkflowInputMismatchError (unfinished) instead
-of being ignored. "Same" means it pickles to the same bytes; an input that cannot be pickled,
-and checkpoints written before inputs were recorded, are not judged (resumed as before).
+of being ignored. "Same" means it pickles to the same bytes, with sets, frozensets and dicts
+pickled in a canonical order (equal ones alike in any process, whatever its PYTHONHASHSEED; a
+run recorded by an older version with the plain pickle's digest is matched by that too); an
+input that cannot be pickled, and checkpoints written before inputs were recorded, are not
+judged (resumed as before).
 rerun(state) starts a new run from the first step; history() keeps the earlier runs
 (StepRecord.run), load() and completed describe the latest run; reset() forgets all runs.
 
@@ -62,6 +65,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import io
 import pickle
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -139,15 +143,50 @@ class _DigestWriter:
         return len(memoryview(data))
 
 
-def _input_digest(state: Any) -> str | None:
-    """The digest a run records of its input: BLAKE2b of its pickle, streamed (no copy of the
-    whole pickle); None when it cannot be pickled (such inputs are not judged)."""
-    out = _DigestWriter()
+class _CanonicalPickler(pickle.Pickler):
+    """Pickles equal sets and dicts alike, whatever their iteration order: a set of str
+    iterates in another order in a process with another PYTHONHASHSEED, so the same input
+    looked like another one to the process that resumed a run after a crash. Only the exact
+    types (an OrderedDict's order is part of its equality; subclasses may keep more). Through
+    persistent_id, the one hook the pickler asks about every object (reducer_override is not
+    asked about dicts and sets); the output is only ever hashed, never unpickled."""
+
+    def persistent_id(self, obj):
+        kind = type(obj)
+        if kind is set or kind is frozenset:
+            return kind.__name__, sorted(_canonical_pickle(x) for x in obj)
+        if kind is dict:
+            return "dict", sorted(((_canonical_pickle(k), v) for k, v in obj.items()),
+                                  key=lambda kv: kv[0])
+        return None
+
+
+def _canonical_pickle(obj: Any) -> bytes:
+    return _pickled(obj, _CanonicalPickler, io.BytesIO()).getvalue()
+
+
+def _pickled(obj: Any, pickler: type, out):
+    pickler(out, protocol=5).dump(obj)
+    return out
+
+
+def _input_digest(state: Any, pickler: type = _CanonicalPickler) -> str | None:
+    """The digest a run records of its input: BLAKE2b of its pickle (canonical: equal sets
+    and dicts pickle alike), streamed (no copy of the whole pickle); None when it cannot be
+    pickled (such inputs are not judged)."""
     try:
-        pickle.Pickler(out, protocol=5).dump(state)
+        return _pickled(state, pickler, _DigestWriter()).hash.hexdigest()
     except Exception:
         return None
-    return out.hash.hexdigest()
+
+
+def _same_input(state: Any, recorded: str) -> bool | None:
+    """Whether state is the input whose digest a run recorded (None: it cannot be told). A
+    run started by an older version recorded the digest of the plain pickle."""
+    digest = _input_digest(state)
+    if digest is None or digest == recorded:
+        return None if digest is None else True
+    return _input_digest(state, pickle.Pickler) == recorded
 
 
 def _default_tracer() -> Any:
@@ -407,8 +446,7 @@ class Workflow:
                 f"which are not the first steps of {names}; reset() or rerun() to start over")
         recorded = ours.get("input")
         if state is not None and recorded is not None:
-            digest = _input_digest(state)
-            if digest is not None and digest != recorded:
+            if _same_input(state, recorded) is False:
                 self._refuse_input(completed == names)
         return self._execute(steps, None, latest, ours.get("run", 0), recorded, meta, expect)
 

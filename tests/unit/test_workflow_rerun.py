@@ -142,3 +142,63 @@ def test_workflow_errors_pickle(store):
         a.wf.run(2)
     back = pickle.loads(pickle.dumps(exc.value))
     assert type(back) is WorkflowFinishedError and str(back) == str(exc.value)
+
+
+_RESUME_WITH_A_SET = r"""
+import os, sys
+import snapstore
+from snapstore.workflow import Workflow
+
+INPUT = {"tags": {"alpha", "beta", "gamma", "delta", "epsilon", "zeta"},
+         "nested": frozenset({frozenset({"x", "y"}), frozenset({"z"})}),
+         "by_key": {k: len(k) for k in {"p", "qq", "rrr", "ssss"}}}
+with snapstore.open(sys.argv[1]) as store:
+    wf = Workflow(store, "job")
+    wf.add_step("first", lambda s: {**s, "n": 1})
+
+    def second(s):
+        if sys.argv[2] == "crash":
+            os._exit(9)                 # killed before the second step's checkpoint
+        return {**s, "n": 2}
+    wf.add_step("second", second)
+    if sys.argv[2] == "other":
+        INPUT["tags"] = INPUT["tags"] | {"eta"}
+    print(wf.run(INPUT)["n"])
+"""
+
+
+def test_a_set_in_the_input_resumes_in_a_process_with_another_hash_seed(tmp_path):
+    """Regression: the input's digest was of its plain pickle, and a set of str (or a dict
+    built from one) pickles in its iteration order, which PYTHONHASHSEED changes: the process
+    resuming a crashed run took the same input for another one (WorkflowInputMismatchError).
+    Equal sets and dicts now digest alike; another input is still refused."""
+    import os
+    import subprocess
+    import sys
+
+    def run(how, seed):
+        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        return subprocess.run([sys.executable, "-c", _RESUME_WITH_A_SET, str(tmp_path / "s"),
+                               how], capture_output=True, text=True, env=env, timeout=120)
+    assert run("crash", 1).returncode == 9
+    other = run("other", 2)
+    assert other.returncode == 1 and "WorkflowInputMismatchError" in other.stderr
+    for seed in (2, 3):                 # resumed, then the finished run's result
+        done = run("resume", seed)
+        assert done.returncode == 0 and done.stdout.split() == ["2"], done.stderr
+
+
+def test_a_run_recorded_with_the_plain_pickles_digest_still_resumes(store):
+    """Runs started before the canonical digest recorded the digest of the plain pickle."""
+    a = Adder(store, fail_at=1)
+    real = wfmod._input_digest
+    wfmod._input_digest = lambda state: real(state, pickle.Pickler)
+    try:
+        with pytest.raises(StepError):
+            a.wf.run(1000)
+    finally:
+        wfmod._input_digest = real
+    a.fail_at = None
+    assert a.wf.run(1000) == 1111 and a.runs == [0, 1, 1, 2]
+    with pytest.raises(WorkflowInputMismatchError):
+        Adder(store, fail_at=None).wf.run(2000)
