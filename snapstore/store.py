@@ -560,13 +560,14 @@ class Store:
         meta = validate_meta(meta)
         expect_head = _checked_head(expect_head)
         self._committer.check_open(write=True)
-        self._persister.prepare_sync_checkpoint(stream)
         opts = self.options
 
         def plans(view: IndexView, head: int | None, parent: Commit | None) -> list:
             return wr.plan_buffers(view, stream, head, parent, views, opts, layout, itemsizes)
-        return CheckpointInfo.from_commit(self._committer.commit(stream, plans, meta,
-                                                                 expect_head=expect_head))
+        with self._persister.stream_turn(stream):
+            self._persister.prepare_sync_checkpoint(stream)
+            return CheckpointInfo.from_commit(self._committer.commit(stream, plans, meta,
+                                                                     expect_head=expect_head))
 
     def import_checkpoint(self, stream: str, buffers, read_chunks: Callable, meta: Any = None,
                           *, created: float | None = None, tags=()) -> CheckpointInfo:
@@ -703,7 +704,8 @@ class Store:
         views = validate_buffers(buffers, stream, itemsizes)
         meta = validate_meta(meta)
         self._committer.check_open(write=True)
-        return self._persister.implicit_capturer(stream).capture(views, meta, itemsizes)
+        with self._persister.stream_turn(stream):       # not inside a plain checkpoint()'s
+            return self._persister.implicit_capturer(stream).capture(views, meta, itemsizes)
 
     def flush(self) -> None:
         """Waits until every pending asynchronous checkpoint is durable (or failed); on an S3

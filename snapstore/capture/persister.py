@@ -80,6 +80,9 @@ class Persister:
         self._closed = False
         self._closing = False          # close() began: other threads queue nothing more
         self._owners: dict[str, Capturer] = {}    # stream -> tracker or implicit capturer
+        # stream -> the lock a plain checkpoint() of the stream holds from its wait for the
+        # stream's async jobs to its commit, and a checkpoint_async() capture of it takes
+        self._stream_locks: dict[str, threading.Lock] = {}
         self._captures: set = set()    # tokens of the captures in progress
         self._capture_lock = threading.Lock()
         self._capture_cv = threading.Condition(self._capture_lock)
@@ -120,9 +123,26 @@ class Persister:
         if self._owners.get(owner.stream) is owner:
             del self._owners[owner.stream]
 
+    @contextlib.contextmanager
+    def stream_turn(self, stream: str):
+        """Runs the block (a plain checkpoint() of the stream from its preparation to its
+        commit, or a checkpoint_async() capture of it) while no other such block of the
+        stream runs in another thread: a capture made while a plain checkpoint was between
+        its planning and its commit was based on the head before it, and its commit then
+        failed with CommitConflict, though this Store is the stream's only writer. Not on
+        the worker (a done-callback): a thread in its turn may be waiting for the worker."""
+        if self.on_worker():
+            yield
+            return
+        with self._lock:
+            lock = self._stream_locks.setdefault(stream, threading.Lock())
+        with lock:
+            yield
+
     def prepare_sync_checkpoint(self, stream: str) -> None:
-        """A plain checkpoint() of a stream: refuse if a tracker owns it; otherwise let the
-        stream's async checkpoints land and forget their capture state."""
+        """A plain checkpoint() of a stream (in its stream_turn): refuse if a tracker owns
+        it; otherwise let the stream's async checkpoints land and forget their capture
+        state."""
         owner = self._owners.get(stream)
         if owner is None:
             return
