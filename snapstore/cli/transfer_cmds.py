@@ -6,7 +6,6 @@ writers; copy opens the source read-only."""
 from __future__ import annotations
 
 import argparse
-
 import os
 import textwrap
 
