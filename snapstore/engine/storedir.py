@@ -202,19 +202,16 @@ def _check_layout(path: str, check_index: bool = True) -> None:
         where = os.path.join(path, name)
         # index/, or the new index a swap is putting in its place, looked at again: a swap's
         # renames in another process may come between the looks
-        places = ((indexswap.index_to_read(where), where) for _ in
-                  indexswap.looks_across_a_swap()) if name == fmt.INDEX_DIR else [(where,)]
-        full, st_mode = where, None
-        for candidates in places:
-            for full in candidates:
-                try:
-                    st_mode = os.lstat(full).st_mode
-                    break
-                except FileNotFoundError:
-                    pass
-            if st_mode is not None:
+        places = ((p for _ in indexswap.looks_across_a_swap()
+                   for p in (indexswap.index_to_read(where), where))
+                  if name == fmt.INDEX_DIR else [where])
+        for full in places:
+            try:
+                st_mode = os.lstat(full).st_mode
                 break
-        if st_mode is None:
+            except FileNotFoundError:
+                pass
+        else:
             raise CorruptionError(f"store {path} has no {name}/ directory: {what} is "
                                   "missing")
         if not stat.S_ISDIR(st_mode):
