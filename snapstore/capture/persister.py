@@ -80,9 +80,10 @@ class Persister:
         self._closed = False
         self._closing = False          # close() began: other threads queue nothing more
         self._owners: dict[str, Capturer] = {}    # stream -> tracker or implicit capturer
-        # stream -> the lock a plain checkpoint() of the stream holds from its wait for the
-        # stream's async jobs to its commit, and a checkpoint_async() capture of it takes
-        self._stream_locks: dict[str, threading.Lock] = {}
+        # stream -> [the lock a plain checkpoint() of the stream holds from its wait for the
+        # stream's async jobs to its commit, and a checkpoint_async() capture of it takes;
+        # the threads holding or waiting for it]: only streams in a turn have an entry
+        self._stream_turns: dict[str, list] = {}
         self._captures: set = set()    # tokens of the captures in progress
         self._capture_lock = threading.Lock()
         self._capture_cv = threading.Condition(self._capture_lock)
@@ -135,9 +136,16 @@ class Persister:
             yield
             return
         with self._lock:
-            lock = self._stream_locks.setdefault(stream, threading.Lock())
-        with lock:
-            yield
+            turn = self._stream_turns.setdefault(stream, [threading.Lock(), 0])
+            turn[1] += 1
+        try:
+            with turn[0]:
+                yield
+        finally:
+            with self._lock:        # (a store sees many streams: keep only those in use)
+                turn[1] -= 1
+                if not turn[1]:
+                    del self._stream_turns[stream]
 
     def prepare_sync_checkpoint(self, stream: str) -> None:
         """A plain checkpoint() of a stream (in its stream_turn): refuse if a tracker owns

@@ -362,3 +362,4 @@ def test_a_thread_checkpointing_async_beside_one_checkpointing_plainly_never_con
         assert len(made) == 60 and len(s.checkpoint_ids(stream="t")) == 60
         for info, name, data in made:
             assert s.restore(info.id)[name] == data
+        assert s._persister._stream_turns == {}     # no lock kept for a stream not in use
