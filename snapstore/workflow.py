@@ -180,13 +180,12 @@ def _input_digest(state: Any, pickler: type = _CanonicalPickler) -> str | None:
         return None
 
 
-def _same_input(state: Any, recorded: str) -> bool | None:
-    """Whether state is the input whose digest a run recorded (None: it cannot be told). A
-    run started by an older version recorded the digest of the plain pickle."""
+def _other_input(state: Any, recorded: str) -> bool:
+    """Whether state is known not to be the input whose digest a run recorded (False when
+    it cannot be told). A run started by an older version recorded the plain pickle's."""
     digest = _input_digest(state)
-    if digest is None or digest == recorded:
-        return None if digest is None else True
-    return _input_digest(state, pickle.Pickler) == recorded
+    return digest is not None and digest != recorded and \
+        _input_digest(state, pickle.Pickler) != recorded
 
 
 def _default_tracer() -> Any:
@@ -446,7 +445,7 @@ class Workflow:
                 f"which are not the first steps of {names}; reset() or rerun() to start over")
         recorded = ours.get("input")
         if state is not None and recorded is not None:
-            if _same_input(state, recorded) is False:
+            if _other_input(state, recorded):
                 self._refuse_input(completed == names)
         return self._execute(steps, None, latest, ours.get("run", 0), recorded, meta, expect)
 
