@@ -42,8 +42,9 @@ from snapstore.engine.validation import (MAX_CREATED, buffer_view, check_choice,
                                          validate_path, validate_timeout)
 from snapstore.engine.verify import verify as verify_store
 from snapstore.interrupts import deferred_interrupts
-from snapstore.errors import (CheckpointNotFound, CorruptionError, InvalidArgumentError,
-                              InvalidArgumentTypeError, SnapstoreError, StoreIOError)
+from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionError,
+                              InvalidArgumentError, InvalidArgumentTypeError, SnapstoreError,
+                              StoreIOError)
 from snapstore.remote import gc as remote_gc
 from snapstore.remote import groups as remote_groups
 from snapstore.remote import layout as remote_layout
@@ -311,13 +312,30 @@ def _participants(participants: Any) -> list[str]:
     return names
 
 
+def describes(info: CheckpointInfo, commit: Commit) -> bool:
+    """Whether info is of checkpoint commit: its id, stream, seq and creation time. Ids are
+    unique within one store only, so an info from another store (or from before the store
+    was replaced) may carry the id of another checkpoint here."""
+    return (info.id, info.stream, info.seq, info.created) == (
+        commit.id, commit.stream, commit.seq, commit.created)
+
+
+def not_described(info: CheckpointInfo, commit: Commit) -> str:
+    """Why info does not name commit, the checkpoint of its id in this store."""
+    return (f"the CheckpointInfo of checkpoint {info.id} (stream {info.stream!r}, seq "
+            f"{info.seq}, created at {info.created!r}) is not of this store: its checkpoint "
+            f"{commit.id} is seq {commit.seq} of stream {commit.stream!r}, created at "
+            f"{commit.created!r}")
+
+
 def _checked_head(expect_head: Any) -> Any:
-    """checkpoint()'s expect_head, checked: ANY_HEAD, None or a checkpoint id (an int >= 1 or
-    a CheckpointInfo)."""
+    """checkpoint()'s expect_head, checked: ANY_HEAD, None, a checkpoint id (an int >= 1) or a
+    CheckpointInfo (kept whole: Store._expected_head checks it against the store)."""
     if expect_head is ANY_HEAD or expect_head is None:
         return expect_head
     if isinstance(expect_head, CheckpointInfo):
-        return expect_head.id
+        _checked_head(expect_head.id)
+        return expect_head
     if isinstance(expect_head, bool) or not isinstance(expect_head, int):
         raise InvalidArgumentTypeError(f"expect_head must be a checkpoint id, a CheckpointInfo "
                                        f"or None, got {type(expect_head).__name__}")
@@ -558,8 +576,8 @@ class Store:
         layout = check_choice(self.options.chunking if chunking is None else chunking,
                               fmt.CHUNKING_MODES, "chunking")
         meta = validate_meta(meta)
-        expect_head = _checked_head(expect_head)
         self._committer.check_open(write=True)
+        expect_head = self._expected_head(stream, _checked_head(expect_head))
         opts = self.options
 
         def plans(view: IndexView, head: int | None, parent: Commit | None) -> list:
@@ -640,8 +658,8 @@ class Store:
         if not 0 < timeout < math.inf:
             raise InvalidArgumentError(f"timeout must be a finite number of seconds > 0, got "
                                        f"{timeout!r}")
-        expect_head = _checked_head(expect_head)
         self._committer.check_open(write=True)
+        expect_head = self._expected_head(stream, _checked_head(expect_head))
         self._persister.prepare_sync_checkpoint(stream)
         header = self._groups.open_group(self._committer, stream, names, timeout,
                                           expect_head)
@@ -1006,25 +1024,48 @@ class Store:
                 raise
         return read(*args)
 
+    def _expected_head(self, stream: str, expect_head: Any) -> Any:
+        """A checked expect_head as the commit takes it: a CheckpointInfo as its id, once it
+        is known to describe this store's checkpoint of that id (CommitConflict if that is
+        another checkpoint: the head cannot be the one the info describes). An id that is
+        not here (deleted meanwhile) is the commit's own conflict."""
+        if not isinstance(expect_head, CheckpointInfo):
+            return expect_head
+        with self._committer.read() as r:
+            commit = r.checkpoint(expect_head.id)
+        if commit is not None and not describes(expect_head, commit):
+            raise CommitConflict(f"stream {stream!r}: expect_head names no checkpoint of this "
+                                 f"store: {not_described(expect_head, commit)}",
+                                 stream=stream, expected=expect_head.id)
+        return expect_head.id
+
     @staticmethod
     def _checked_name(name: Any) -> Any:
-        """name, checked to be a well-formed checkpoint name (a CheckpointInfo: its id)."""
-        if isinstance(name, CheckpointInfo):
-            name = name.id
-        checkpoint_names.parse(name)
+        """name, checked to be a well-formed checkpoint name (a CheckpointInfo is kept whole:
+        _get_commit checks that it describes this store's checkpoint of its id)."""
+        checkpoint_names.parse(name.id if isinstance(name, CheckpointInfo) else name)
         return name
 
     @classmethod
     def _get_commit(cls, r: IndexView, name: Any) -> Commit:
-        """The checkpoint a name names in the snapshot r (engine/names.py)."""
-        return checkpoint_names.resolve(r, cls._checked_name(name))
+        """The checkpoint a name names in the snapshot r (engine/names.py). A CheckpointInfo
+        names the checkpoint of its id only when it describes it: one from another store
+        names nothing here (CheckpointNotFound), not this store's checkpoint of the same id."""
+        name = cls._checked_name(name)
+        if not isinstance(name, CheckpointInfo):
+            return checkpoint_names.resolve(r, name)
+        commit = checkpoint_names.resolve(r, name.id)
+        if not describes(name, commit):
+            raise CheckpointNotFound(not_described(name, commit))
+        return commit
 
     def resolve(self, name: Any) -> CheckpointInfo:
         """The checkpoint a name names. Every method that takes a checkpoint (get, restore,
         restore_into, read, load, delete, delete_many, tag, untag; the object layers' load and
         the CLI) accepts the same names, in this order of precedence:
 
-            an int (or a CheckpointInfo)   that checkpoint id
+            an int (or a CheckpointInfo)   that checkpoint id (a CheckpointInfo of another
+                                           store names nothing: CheckpointNotFound)
             "latest"                       the newest checkpoint of the store
             "latest:STREAM"                the newest checkpoint of that stream (verbatim)
             "STREAM@SEQ"                   seq SEQ (CheckpointInfo.seq) of that stream; split

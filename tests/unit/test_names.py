@@ -2,6 +2,7 @@
 ids, "latest", "latest:STREAM", "STREAM@SEQ", tags, stream names and DCP checkpoint_ids, with
 one resolver (snapstore.engine.names), checked here against a pure-Python reference."""
 import os
+import pickle
 import shutil
 import tempfile
 
@@ -12,10 +13,11 @@ from hypothesis import strategies as st
 
 import snapstore
 from snapstore.engine import format as fmt
+from snapstore.diff import diff_checkpoints
 from snapstore.engine import names
 from snapstore.engine.index import IndexView
-from snapstore.errors import (AmbiguousCheckpointName, CheckpointNotFound, InvalidArgumentError,
-                              InvalidArgumentTypeError, StoreClosedError)
+from snapstore.errors import (AmbiguousCheckpointName, CheckpointNotFound, CommitConflict,
+                              InvalidArgumentError, InvalidArgumentTypeError, StoreClosedError)
 
 DCP = fmt.DCP_META_KEY
 
@@ -145,6 +147,67 @@ def test_a_checkpoint_info_names_itself(filled):
     info = filled.get(3)
     assert filled.resolve(info) == info
     assert filled.restore(info) == {"x": b"3"}
+
+
+@pytest.fixture
+def foreign(tmp_path):
+    """A CheckpointInfo of another store whose checkpoint has id 3, as filled's eval@1 does,
+    with different bytes."""
+    with snapstore.open(str(tmp_path / "other")) as other:
+        for k in range(3):
+            info = other.checkpoint({"x": b"other %d" % k}, "eval" if k == 2 else "o")
+    assert info.id == 3
+    return info
+
+
+def test_a_checkpoint_info_of_another_store_names_nothing_here(filled, foreign):
+    """An info carries its id, unique in its own store only: another store's checkpoint 3 is
+    not this one's, and taking it as its bare id returned and changed the wrong checkpoint."""
+    calls = {
+        "resolve": lambda: filled.resolve(foreign),
+        "restore": lambda: filled.restore(foreign),
+        "restore_into": lambda: filled.restore_into(foreign, {"x": bytearray(1)}),
+        "read": lambda: filled.read(foreign, "x"),
+        "layout": lambda: filled.layout(foreign, "x"),
+        "read_ranges": lambda: filled.read_ranges(foreign, "x", [(0, 1)]),
+        "manifests": lambda: filled.manifests(foreign),
+        "with_manifests": lambda: filled.with_manifests(foreign, lambda m, read: m),
+        "tag": lambda: filled.tag(foreign, "t"),
+        "untag": lambda: filled.untag(foreign, "t"),
+        "delete": lambda: filled.delete(foreign),
+        "delete_many": lambda: filled.delete_many([1, foreign]),
+        "diff": lambda: diff_checkpoints(filled, 1, foreign),
+    }
+    for what, call in calls.items():
+        with pytest.raises(CheckpointNotFound, match="is not of this store"):
+            call()
+    assert [c.id for c in filled.checkpoints()] == [1, 2, 3, 4, 5]      # nothing deleted
+    assert filled.get(3).tags == ()                                     # nor tagged
+    assert filled.restore(3) == {"x": b"3"}
+
+
+def test_an_expected_head_of_another_store_is_a_conflict(filled, foreign):
+    with pytest.raises(CommitConflict, match="is not of this store") as caught:
+        filled.checkpoint({"x": b"6"}, "eval", expect_head=foreign)
+    assert caught.value.expected == 3
+    with pytest.raises(CommitConflict, match="is not of this store"):
+        filled.group("eval", ["a"], expect_head=foreign)
+    assert filled.checkpoint_ids("eval") == [3]
+    assert filled.checkpoint({"x": b"6"}, "eval", expect_head=filled.get(3)).id == 6
+
+
+def test_a_checkpoint_info_still_names_itself_after_reopen_copy_and_compaction(filled):
+    info = pickle.loads(pickle.dumps(filled.get(2)))
+    filled.checkpoint({"x": b"6"}, "train")
+    filled.compact(max_chain=1)
+    assert filled.restore(info) == {"x": b"2"}
+    path = filled.path
+    filled.close()
+    with snapstore.open(path) as again:
+        assert again.resolve(info).id == 2
+        again.delete(info)
+        with pytest.raises(CheckpointNotFound):
+            again.restore(info)
 
 
 def test_every_method_takes_names(filled):
