@@ -27,9 +27,17 @@ extents); a copy of a copy counts, and so does the original itself. (A compactio
 trimmed the chunks of either side since changes the manifests: such a checkpoint is copied
 again.) Tags added to the source checkpoint after it was copied are not carried over.
 
-Each checkpoint is its own commit: a failure (CommitConflict when another writer commits to
-the stream at that moment, CorruptionError from damage in the source, StoreIOError...) leaves
-the checkpoints copied before it in place, and running the copy again skips them.
+The check and the commit cannot be split by another copy: the destination's stream is listed
+again whenever its head moved since it was listed, and the copy is committed only onto the
+head the check saw (import_checkpoint's expect_head). When another writer commits to the
+stream in between (another copy of the same checkpoint, say), the commit is a CommitConflict,
+and the checkpoint is checked and copied again, up to COPY_ATTEMPTS times in all: two copies
+racing into one destination store each checkpoint once.
+
+Each checkpoint is its own commit: a failure (CommitConflict when other writers committed to
+the stream COPY_ATTEMPTS times while it was copied, CorruptionError from damage in the source,
+StoreIOError...) leaves the checkpoints copied before it in place, and running the copy again
+skips them.
 
 Only the public Store API is used, so the same code copies between any two kinds of store;
 what differs per destination is its committer's commit_manifests.
@@ -41,11 +49,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from snapstore.engine.meta import original_meta, with_origin
-from snapstore.errors import (CheckpointNotFound, InvalidArgumentTypeError, ReadOnlyError,
-                              StoreClosedError)
+from snapstore.errors import (CheckpointNotFound, CommitConflict, InvalidArgumentTypeError,
+                              ReadOnlyError, StoreClosedError)
 from snapstore.store import CheckpointManifests, Store
 
 __all__ = ["copy_checkpoints", "CopyResult", "store_location"]
+
+COPY_ATTEMPTS = 8       # checks and commits of one checkpoint while other writers move its stream
 
 
 @dataclass
@@ -122,9 +132,6 @@ def copy_checkpoints(src: Store, dst: Store, checkpoints: Iterable | None = None
         """(the dst checkpoint that already is it, None, 0, 0) or (None, its new
         CheckpointInfo, chunks sent, their bytes), on the source snapshot m and read_chunks
         come from."""
-        same = known.find(m)
-        if same is not None:
-            return same, None, 0, 0
         sent = [0, 0]       # counted per attempt: an attempt a compaction cut short sent none
 
         def counted(wanted: list):
@@ -132,10 +139,22 @@ def copy_checkpoints(src: Store, dst: Store, checkpoints: Iterable | None = None
                 sent[0] += 1
                 sent[1] += len(data)
                 yield cid, data
-        info = dst.import_checkpoint(m.info.stream, m.buffers, counted,
-                                     with_origin(m.meta, {"store": origin, "id": m.info.id}),
-                                     created=m.info.created, tags=m.info.tags)
-        return None, info, sent[0], sent[1]
+        for attempt in range(COPY_ATTEMPTS):
+            same, head = known.find(m)
+            if same is not None:
+                return same, None, 0, 0
+            sent[:] = [0, 0]
+            try:
+                info = dst.import_checkpoint(
+                    m.info.stream, m.buffers, counted,
+                    with_origin(m.meta, {"store": origin, "id": m.info.id}),
+                    created=m.info.created, tags=m.info.tags, expect_head=head)
+            except CommitConflict:
+                if attempt == COPY_ATTEMPTS - 1:
+                    raise
+                continue        # another writer committed to the stream: check again
+            return None, info, sent[0], sent[1]
+        raise AssertionError("unreachable")
 
     for source_id in ids:
         try:
@@ -180,30 +199,41 @@ def same_checkpoint(a: CheckpointManifests, b: CheckpointManifests) -> bool:
 
 
 class _Existing:
-    """The destination's checkpoints by (stream, creation time), read once per stream, to
-    find one that already is a given source checkpoint."""
+    """The destination's checkpoints by (stream, creation time), to find one that already is a
+    given source checkpoint: each stream listed once, and again when its head moved since."""
 
     def __init__(self, dst: Store) -> None:
         self.dst = dst
-        self.by_stream: dict[str, dict[float, list[int]]] = {}
+        # stream -> (its head when listed, {creation time: [ids]})
+        self.by_stream: dict[str, tuple[int | None, dict[float, list[int]]]] = {}
 
-    def _stream(self, stream: str) -> dict[float, list[int]]:
-        found = self.by_stream.get(stream)
-        if found is None:
-            found = self.by_stream[stream] = {}
+    def _stream(self, stream: str) -> tuple[int | None, dict[float, list[int]]]:
+        # the head is read before the listing, so the listing holds it and all before it
+        version = self.dst.stream_version(stream)
+        head = None if version is None else version[0]
+        listed = self.by_stream.get(stream)
+        if listed is None or listed[0] != head:
+            found: dict[float, list[int]] = {}
             for c in self.dst.checkpoints(stream):
                 found.setdefault(c.created, []).append(c.id)
-        return found
+            listed = self.by_stream[stream] = (head, found)
+        return listed
 
-    def find(self, m: CheckpointManifests) -> Any:
-        for candidate in self._stream(m.info.stream).get(m.info.created, ()):
+    def find(self, m: CheckpointManifests) -> tuple[Any, int | None]:
+        """(the destination checkpoint that already is m, or None; the stream's head that
+        answer holds for: a copy committed onto any other head may duplicate one)."""
+        head, found = self._stream(m.info.stream)
+        for candidate in found.get(m.info.created, ()):
             try:
                 theirs = self.dst.manifests(candidate)
             except CheckpointNotFound:       # deleted since it was listed
                 continue
             if same_checkpoint(theirs, m):
-                return candidate
-        return None
+                return candidate, head
+        return None, head
 
     def add(self, stream: str, created: float, checkpoint_id: int) -> None:
-        self._stream(stream).setdefault(created, []).append(checkpoint_id)
+        """checkpoint_id was just committed onto the head the stream was listed at."""
+        _, found = self.by_stream[stream]
+        found.setdefault(created, []).append(checkpoint_id)
+        self.by_stream[stream] = (checkpoint_id, found)

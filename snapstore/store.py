@@ -588,7 +588,8 @@ class Store:
                                                                      expect_head=expect_head))
 
     def import_checkpoint(self, stream: str, buffers, read_chunks: Callable, meta: Any = None,
-                          *, created: float | None = None, tags=()) -> CheckpointInfo:
+                          *, created: float | None = None, tags=(),
+                          expect_head: Any = ANY_HEAD) -> CheckpointInfo:
         """Commits a checkpoint made elsewhere, given as full manifests, as the stream's next
         checkpoint (what snapstore.copy_checkpoints and snapstore.import_savepoint use).
 
@@ -604,11 +605,14 @@ class Store:
             meta: the meta as stored (Store.manifests().meta: reserved keys included).
             created: its creation time, seconds since the epoch (default: now).
             tags: its tags.
+            expect_head: as for checkpoint(): commit only if the stream's head is this
+                checkpoint (None: only into an empty stream).
         Returns: CheckpointInfo (kind "full").
         Raises: InvalidArgumentError / InvalidArgumentTypeError (bad input, nothing written),
             CorruptionError (a chunk's bytes are not that chunk, a chunk not given, an extent
             past its chunk's end: nothing is visible), CommitConflict (the stream's head
-            moved meanwhile), StoreIOError, ReadOnlyError, StoreClosedError."""
+            moved meanwhile, or is not expect_head), StoreIOError, ReadOnlyError,
+            StoreClosedError."""
         validate_name(stream, "stream")
         entries = _manifest_entries(buffers)
         if not callable(read_chunks):
@@ -624,10 +628,12 @@ class Store:
                                            f"{type(tags).__name__} {tags!r}")
         tags = tuple(sorted({validate_name(t, "tag") for t in tags}))   # as the index keeps them
         self._committer.check_open(write=True)
+        expect_head = self._expected_head(stream, _checked_head(expect_head))
         self._persister.prepare_sync_checkpoint(stream)
         commit = self._committer.commit_manifests(
             stream, entries, read_chunks, meta,
-            created=None if created is None else float(created), tags=tags)
+            created=None if created is None else float(created), tags=tags,
+            expect_head=expect_head)
         return CheckpointInfo.from_commit(commit)
 
     # ---- group commits -------------------------------------------------------------------------

@@ -742,10 +742,10 @@ class Committer:
         return commit
 
     def commit_manifests(self, stream: str, entries: list, read_chunks: ChunkSource,
-                         meta: Any, *, created: float | None = None,
-                         tags: tuple = ()) -> Commit:
+                         meta: Any, *, created: float | None = None, tags: tuple = (),
+                         expect_head: Any = ANY_HEAD) -> Commit:
         """Commits pre-made manifests as the stream's next checkpoint (checkpoint copy and
-        savepoint import); returns the Commit.
+        savepoint import); returns the Commit. expect_head as for commit().
 
         entries: [BufferEntry] with base "full" and depth 0, each a checked full manifest of
         its buffer whose extents name chunks by id (BLAKE3: portable between stores).
@@ -766,19 +766,22 @@ class Committer:
             for _ in range(_ATTEMPTS):
                 try:
                     return self._commit_manifests_once(stream, entries, read_chunks, meta,
-                                                       created, tags)
+                                                       created, tags, expect_head)
                 except claim_rules.ChunksVanished:
                     continue
         raise ConcurrentCompactionError(f"import into stream {stream!r}: compaction removed "
                                         f"chunks it reused {_ATTEMPTS} times in a row; retry")
 
     def _commit_manifests_once(self, stream: str, entries: list, read_chunks: ChunkSource,
-                               meta: Any, created: float | None, tags: tuple) -> Commit:
+                               meta: Any, created: float | None, tags: tuple,
+                               expect_head: Any) -> Commit:
         log = self.log
         mark = log.position
         try:
             with self.index.read() as r:
                 head = r.stream_head(stream)
+                if expect_head is not ANY_HEAD and head != expect_head:
+                    claim_rules.check_stream(r, stream, expect_head, lambda log: True)
                 sink = wr.ChunkSink(log, r, self.options)
                 wr.store_missing_chunks(sink, r, entries, read_chunks)
                 generation = r.gc_generation()

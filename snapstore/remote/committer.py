@@ -553,10 +553,7 @@ class RemoteCommitter:
         else:       # builds on a local commit whose ref write is still to come
             ref = refs.Ref(stream, in_flight.id, in_flight.seq)
         head = ref.head
-        if expect_head is not ANY_HEAD and head != expect_head:
-            raise CommitConflict(f"stream {stream!r}: its head is {head}, not the expected "
-                                 f"{expect_head}", stream=stream, expected=expect_head,
-                                 found=head)
+        _check_expected_head(stream, head, expect_head)
         local = self._uploader is not None
         try:
             stored = self.store_chunks(stream, head, make_plans, on_stored, pause,
@@ -587,8 +584,8 @@ class RemoteCommitter:
         return commit
 
     def commit_manifests(self, stream: str, entries: list, read_chunks: ChunkSource,
-                         meta: Any, *, created: float | None = None,
-                         tags: tuple = ()) -> Commit:
+                         meta: Any, *, created: float | None = None, tags: tuple = (),
+                         expect_head: Any = ANY_HEAD) -> Commit:
         """Commits pre-made full manifests as the stream's next checkpoint (copy, savepoint
         import), as Committer.commit_manifests does: read_chunks(ids) is asked only for the
         chunks the bucket (as the cache knows it) lacks; they are checked against their ids,
@@ -603,12 +600,13 @@ class RemoteCommitter:
                 self._uploader.wait_idle()
                 self._uploader.raise_failure()
             return self._replanning(stream, "import", lambda ticket: self._commit_manifests_once(
-                stream, entries, read_chunks, meta, created, tags, ticket))
+                stream, entries, read_chunks, meta, created, tags, expect_head, ticket))
 
     def _commit_manifests_once(self, stream: str, entries: list, read_chunks: ChunkSource,
                                meta: Any, created: float | None, tags: tuple,
-                               ticket: gcguard.CommitTicket) -> Commit:
+                               expect_head: Any, ticket: gcguard.CommitTicket) -> Commit:
         ref = sync.pull_stream(self.client, self.index, stream)
+        _check_expected_head(stream, ref.head, expect_head)
         mark = self.log.position
         try:
             with self.index.read() as r:
@@ -921,3 +919,10 @@ class BackgroundUploads:
         """After a failure: the stream as the bucket has it (the failed checkpoints go)."""
         with contextlib.suppress(BaseException):
             sync.pull_stream(self.c.client, self.c.index, stream)
+
+
+def _check_expected_head(stream: str, head: int | None, expect_head: Any) -> None:
+    """CommitConflict unless the stream's head is expect_head (ANY_HEAD: any)."""
+    if expect_head is not ANY_HEAD and head != expect_head:
+        raise CommitConflict(f"stream {stream!r}: its head is {head}, not the expected "
+                             f"{expect_head}", stream=stream, expected=expect_head, found=head)

@@ -136,3 +136,24 @@ def test_repair_of_a_cache_in_use_waits_for_its_stores(s3, tmp_path):
         assert s.restore(info.id) == {"x": b"mine"}          # its own commit, still there
     report = snapstore.repair(url, cache_dir=cache)        # closed: the cache is rebuilt
     assert report["ok"] and report["checkpoints"] == 1
+
+
+def test_two_machines_copying_one_store_into_the_bucket_copy_each_checkpoint_once(s3, tmp_path):
+    """Regression: machine b's copy checked its (stale) cache, found nothing, and committed a
+    second copy of every checkpoint machine a had just copied. Now its commit is onto the head
+    it checked, conflicts, and the check made again finds a's copies."""
+    from snapstore.copying import copy_checkpoints
+    url = _url(s3)
+    with snapstore.open(str(tmp_path / "local")) as local:
+        for i in range(3):
+            local.checkpoint({"x": os.urandom(5000)}, stream="m", meta={"i": i})
+        with snapstore.open(url, cache_dir=str(tmp_path / "a")) as a, \
+                snapstore.open(url, cache_dir=str(tmp_path / "b"), refresh=3600) as b:
+            b.checkpoints("m")                           # b's cache: pulled now, then stale
+            first = copy_checkpoints(local, a)
+            second = copy_checkpoints(local, b)
+            assert sorted(first.copied) == [1, 2, 3]
+            assert second.copied == {} and second.skipped == first.copied
+        with snapstore.open(url, cache_dir=str(tmp_path / "c")) as fresh:
+            assert [c.meta for c in fresh.checkpoints("m")] == [{"i": 0}, {"i": 1}, {"i": 2}]
+            assert fresh.restore(first.copied[3]) == local.restore(3)

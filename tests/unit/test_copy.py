@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import snapstore
-from snapstore.errors import (CheckpointNotFound, CorruptionError, InvalidArgumentTypeError,
-                              ReadOnlyError, StoreClosedError)
+from snapstore import copying
+from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionError,
+                              InvalidArgumentTypeError, ReadOnlyError, StoreClosedError)
 
 ORIGIN = "snapstore.copied_from"
 
@@ -274,3 +275,70 @@ def test_copying_everything_skips_what_another_writer_deletes_meanwhile(tmp_path
     assert max(more) not in result.copied and max(more) not in result.skipped
     for s in (src, other, dst):
         s.close()
+
+
+def test_two_copies_racing_into_one_store_copy_each_checkpoint_once(tmp_path, src, dst,
+                                                                    monkeypatch):
+    """Regression: each copy checked the destination, then imported; a second copy that
+    committed the same checkpoint in between went unseen, and the destination held it twice.
+    Here the second copy runs (to completion, through another writer of dst) right after the
+    first one's check of each checkpoint."""
+    infos, other = _fill(src, steps=3)
+    racer = _open(tmp_path / "dst")
+    real, raced = dst.import_checkpoint, []
+
+    def import_after_a_racing_copy(stream, *args, **kw):
+        if not raced:
+            raced.append(snapstore.copy_checkpoints(src, racer))
+        return real(stream, *args, **kw)
+    monkeypatch.setattr(dst, "import_checkpoint", import_after_a_racing_copy)
+    result = snapstore.copy_checkpoints(src, dst)
+    everything = [c.id for c in src.checkpoints()]
+    assert sorted(raced[0].copied) == everything
+    assert result.copied == {} and sorted(result.skipped) == everything
+    assert result.skipped == raced[0].copied
+    assert len(dst.checkpoints()) == len(everything)           # each once
+    _same_content(src, dst, result.skipped)
+    racer.close()
+
+
+def test_a_copy_onto_a_stream_another_writer_moves_is_checked_again(tmp_path, src, dst,
+                                                                   monkeypatch):
+    """A plain commit to the destination's stream between the check and the commit is a
+    conflict for the copy's commit, which is checked and made again onto the new head; a
+    writer that never stops moving it makes the copy a CommitConflict after COPY_ATTEMPTS."""
+    infos, _ = _fill(src, steps=1)
+    writer = _open(tmp_path / "dst")
+    real, moves = dst.import_checkpoint, []
+
+    def import_after_a_commit(stream, *args, **kw):
+        if len(moves) < limit[0]:
+            moves.append(writer.checkpoint({"z": os.urandom(10)}, stream).id)
+        return real(stream, *args, **kw)
+    monkeypatch.setattr(dst, "import_checkpoint", import_after_a_commit)
+    limit = [1]
+    result = snapstore.copy_checkpoints(src, dst, [infos[0].id])
+    assert dst.checkpoint_ids("train") == [moves[0], result.copied[infos[0].id]]
+    assert dst.get(result.copied[infos[0].id]).parent == moves[0]
+    limit[0] = 1 + copying.COPY_ATTEMPTS
+    with pytest.raises(CommitConflict):
+        snapstore.copy_checkpoints(src, dst, ["best"])
+    assert len(moves) == 1 + copying.COPY_ATTEMPTS
+    assert dst.checkpoint_ids("other") == moves[1:]             # no copy committed
+    writer.close()
+
+
+def test_import_checkpoint_honours_expect_head(src, dst):
+    infos, _ = _fill(src, steps=1)
+    m = src.manifests(infos[0].id)
+
+    def chunks(ids):
+        return src.read_chunks(ids)
+    with pytest.raises(CommitConflict, match="made against head 7"):
+        dst.import_checkpoint("train", m.buffers, chunks, m.meta, expect_head=7)
+    assert dst.checkpoints() == []
+    first = dst.import_checkpoint("train", m.buffers, chunks, m.meta, expect_head=None)
+    with pytest.raises(CommitConflict):
+        dst.import_checkpoint("train", m.buffers, chunks, m.meta, expect_head=None)
+    second = dst.import_checkpoint("train", m.buffers, chunks, m.meta, expect_head=first)
+    assert dst.checkpoint_ids("train") == [first.id, second.id]
