@@ -580,10 +580,13 @@ class Store:
         expect_head = self._expected_head(stream, _checked_head(expect_head))
         opts = self.options
 
+        known: dict = {}      # what the stream's async checkpoints knew of its head
+
         def plans(view: IndexView, head: int | None, parent: Commit | None) -> list:
-            return wr.plan_buffers(view, stream, head, parent, views, opts, layout, itemsizes)
+            return wr.plan_buffers(view, stream, head, parent, views, opts, layout, itemsizes,
+                                   known)
         with self._persister.stream_turn(stream):
-            self._persister.prepare_sync_checkpoint(stream)
+            known.update(self._persister.prepare_sync_checkpoint(stream))
             return CheckpointInfo.from_commit(self._committer.commit(stream, plans, meta,
                                                                      expect_head=expect_head))
 

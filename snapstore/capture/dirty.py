@@ -359,6 +359,10 @@ class _Full:
     def note_store_holds(self, fingerprints) -> None:
         """Detector.note_store_holds (fingerprints: a page_size fingerprint per page)."""
 
+    def stored_fingerprints(self) -> Optional[bytes]:
+        """Detector.stored_fingerprints: only _Hash keeps them."""
+        return None
+
     def close(self) -> None:
         pass
 
@@ -486,6 +490,13 @@ class _Hash(_Full):
 
     def note_store_holds(self, fingerprints) -> None:
         self.table.digests[:] = fingerprints
+
+    def stored_fingerprints(self) -> Optional[bytes]:
+        # a page noted only partly holds the digest of the live page at diff(), not of what
+        # was stored: then no page's digest is handed out
+        if self.table is None or self.forced:
+            return None
+        return bytes(self.table.digests)
 
 
 class _Shadow(_Full):
@@ -766,6 +777,18 @@ class Detector:
             if self._closed or not self._armed or self._pid != os.getpid():
                 return                      # not armed: the next dirty() diffs in full
             self._impl.note_store_holds(fingerprints)
+
+    def stored_fingerprints(self) -> Optional[bytes]:
+        """The page fingerprints (at page_size) of what the caller stored, page for page:
+        after the captures whose note_stored calls it was given all landed in the store,
+        the fingerprints of that checkpoint's buffer, which a plain checkpoint can diff
+        against instead of storing the buffer full. None when the detector cannot vouch for
+        every page (not a hash detector, not armed, closed, in a forked child, or a page
+        noted only partly)."""
+        with self._lock:
+            if self._closed or not self._armed or self._pid != os.getpid():
+                return None
+            return self._impl.stored_fingerprints()
 
     @property
     def wants_fingerprints(self) -> bool:

@@ -147,19 +147,23 @@ class Persister:
                 if not turn[1]:
                     del self._stream_turns[stream]
 
-    def prepare_sync_checkpoint(self, stream: str) -> None:
+    def prepare_sync_checkpoint(self, stream: str) -> dict:
         """A plain checkpoint() of a stream (in its stream_turn): refuse if a tracker owns
         it; otherwise let the stream's async checkpoints land and forget their capture
-        state."""
+        state. Returns what that state knew of the stream's last async checkpoint, {buffer
+        name: (checkpoint id, page size, page fingerprints)} (Capturer.stored_fingerprints),
+        for the plain checkpoint to diff against ({} if none)."""
         owner = self._owners.get(stream)
         if owner is None:
-            return
+            return {}
         if isinstance(owner, Tracker):
             raise InvalidArgumentError(f"stream {stream!r} is tracked by a Tracker; use "
                                        "tracker.checkpoint() (or close the tracker)")
         self.wait_idle(owner, what="a plain checkpoint() of a stream with checkpoint_async() "
                                    "checkpoints")
+        known = owner.stored_fingerprints()
         self.release(owner)
+        return known
 
     def prepare_delete(self, stream: str, is_head: bool) -> None:
         """Deleting a stream's head would pull the base from under its captures: refuse for a

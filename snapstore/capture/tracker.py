@@ -65,6 +65,22 @@ class Capturer:
         # in progress; re-entrant: a capture's done-callback may close the store
         self._lock = threading.RLock()
 
+    def stored_fingerprints(self) -> dict:
+        """{buffer name: (checkpoint id, page size, page fingerprints)} of the stream's last
+        capture, from detectors that can vouch for every page (Detector.stored_fingerprints),
+        once its jobs landed (the persister's wait_idle) and none failed; else {}. The id is
+        the checkpoint they describe: a plan uses them only while it is the stream's head."""
+        with self._lock:
+            if self.failure is not None or not self.based or self.last_id is None:
+                return {}
+            page_size = self.persister.committer.options.page_size
+            known = {}
+            for name, det in self.detectors.items():
+                digests = det.stored_fingerprints()
+                if digests is not None and det.page_size == page_size:
+                    known[name] = (self.last_id, page_size, digests)
+            return known
+
     def after_fork_in_child(self) -> None:
         """Run in a fork()ed child (by the persister's): a fresh capture lock, since a thread
         of the parent may have held it mid-capture at the fork (close() in the child would

@@ -142,9 +142,10 @@ def plan_buffer(name: str, view: memoryview, parent: BufferEntry | None,
     elif parent.size != size:
         reason = f"size changed from {parent.size} to {size} bytes"
     elif prev_fingerprints is None:
-        reason = ("no page fingerprints of the stream's head (it was taken by a tracker or "
-                  "checkpoint_async, whose fingerprints stay in memory, or recovered from the "
-                  "log): stored full, deduplicated")
+        reason = ("no page fingerprints of the stream's head (it was taken by a tracker, "
+                  "by checkpoint_async in another Store or after a failed one, whose "
+                  "fingerprints stay in memory, or recovered from the log): stored full, "
+                  "deduplicated")
     if not reason:
         fps = bytearray(prev_fingerprints)
         runs = native.fingerprint_diff(view, fps, opts.page_size)
@@ -190,30 +191,40 @@ def whole_if_mostly_changed(plans: list, opts: WriteOptions) -> list:
 
 
 def usable_fingerprints(view: IndexView, stream: str, buffer: str, head: int | None,
-                        page_size: int) -> bytes | None:
+                        page_size: int, known: tuple | None = None,
+                        size: int | None = None) -> bytes | None:
     """The page fingerprints recorded for (stream, buffer) if they may be diffed against: only
     when they describe the stream's head and were taken with this page size (invariant 6 of
-    docs/design.md). None otherwise: the buffer is then stored full."""
-    prev = view.fingerprints(stream, buffer)
-    if prev is None or prev[0] != head or prev[1] != page_size:
-        return None
-    return prev[2]
+    docs/design.md). Else `known`, fingerprints of the same buffer from memory (checkpoint
+    id, page size, digests), under the same rules, when they are one per page of the head's
+    buffer of `size` bytes. None otherwise: the buffer is then stored full."""
+    for prev in (view.fingerprints(stream, buffer), known):
+        if prev is not None and prev[0] == head and prev[1] == page_size:
+            if prev is known and (size is None or len(prev[2]) !=
+                                  native.page_count(size, page_size) * native.FP_BYTES):
+                continue
+            return prev[2]
+    return None
 
 
 def plan_buffers(view: IndexView, stream: str, head: int | None, parent: Commit | None,
                  buffers, opts: WriteOptions, layout: str,
-                 itemsizes: dict | None = None) -> list:
+                 itemsizes: dict | None = None, known: dict | None = None) -> list:
     """plan_buffer for each {name: memoryview} of buffers as the stream's next checkpoint:
     `parent` is the head's Commit (None for a new stream); a delta is the fingerprint diff
-    against the head's usable_fingerprints; itemsizes: {name: float item size} (default 1).
-    Then whole_if_mostly_changed."""
+    against the head's usable_fingerprints (known: {name: (checkpoint id, page size,
+    digests)} from memory, for buffers the index has none of: what checkpoint_async kept);
+    itemsizes: {name: float item size} (default 1). Then whole_if_mostly_changed."""
     parents = {b.name: b for b in parent.buffers} if parent else {}
     itemsizes = itemsizes or {}
-    return whole_if_mostly_changed(
-        [plan_buffer(name, buf, parents.get(name),
-                     usable_fingerprints(view, stream, name, head, opts.page_size), opts, layout,
-                     itemsizes.get(name, 1))
-         for name, buf in buffers.items()], opts)
+    known = known or {}
+    plans = []
+    for name, buf in buffers.items():
+        before = parents.get(name)
+        fps = usable_fingerprints(view, stream, name, head, opts.page_size, known.get(name),
+                                  before.size if before is not None else None)
+        plans.append(plan_buffer(name, buf, before, fps, opts, layout, itemsizes.get(name, 1)))
+    return whole_if_mostly_changed(plans, opts)
 
 
 _local = threading.local()
