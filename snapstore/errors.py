@@ -125,10 +125,11 @@ class NativeMemoryError(NativeError, MemoryError):
 
 
 class ConcurrentCompactionError(SnapstoreError):
-    """A read raced a compaction that moved the bytes it was reading: retry the read.
+    """A read raced compactions that moved the bytes it was reading: retry the read.
 
     Raised instead of returning anything when a segment the read had planned to use was
-    removed meanwhile; a new read sees the moved data.
+    removed meanwhile, each time it read again on a new snapshot (reads retry by
+    themselves, up to reader.READ_ATTEMPTS times); a new read sees the moved data.
     """
 
 

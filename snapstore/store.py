@@ -1143,14 +1143,14 @@ class Store:
     def restore(self, name: Any) -> dict[str, bytes]:
         """All buffers of a checkpoint (named as for resolve()), byte-exact, as
         {buffer name: bytes}."""
-        with self._committer.read() as r:
-            commit = self._get_commit(r, name)
+        def read(r: IndexView, commit: Commit) -> dict[str, bytes]:
             out = {}
             for b in commit.buffers:
                 target = OutputBytes(b.size)
                 self._refetching(restore_range, r, self.backend, commit, b.name, target.view)
                 out[b.name] = target.finish()
             return out
+        return self._read_checkpoint(name, read)
 
     def restore_into(self, name: Any, buffers: Mapping[str, Any]) -> None:
         """Restores named buffers of a checkpoint (named as for resolve()) in place into
@@ -1159,8 +1159,8 @@ class Store:
         targets' contents are undefined."""
         if not isinstance(buffers, Mapping):
             raise InvalidArgumentTypeError("buffers must be a mapping of name to writable buffer")
-        with self._committer.read() as r:
-            commit = self._get_commit(r, name)
+
+        def read(r: IndexView, commit: Commit) -> None:
             targets = {}
             for name, obj in buffers.items():
                 entry = find_buffer(commit, name)
@@ -1171,26 +1171,54 @@ class Store:
                 targets[name] = view
             for name, view in targets.items():
                 self._refetching(restore_range, r, self.backend, commit, name, view)
+        self._read_checkpoint(name, read)
 
     def read(self, checkpoint: Any, name: str, offset: int = 0,
              length: int | None = None) -> bytes:
         """Bytes [offset, offset + length) of buffer `name` of a checkpoint (named as for
         resolve()); reads only the chunks it needs."""
-        with self._committer.read() as r:
-            commit = self._get_commit(r, checkpoint)
+        def read(r: IndexView, commit: Commit) -> bytes:
             entry = find_buffer(commit, name)
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                 raise InvalidArgumentError(f"offset must be an int >= 0, got {offset!r}")
-            if length is None:
-                length = max(0, entry.size - offset)
-            if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            size = max(0, entry.size - offset) if length is None else length
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise InvalidArgumentError(f"length must be an int >= 0, got {length!r}")
-            if offset + length > entry.size:
-                raise InvalidArgumentError(f"range {offset}:{offset + length} exceeds buffer "
+            if offset + size > entry.size:
+                raise InvalidArgumentError(f"range {offset}:{offset + size} exceeds buffer "
                                            f"{name!r} of {entry.size} bytes")
-            out = OutputBytes(length)
+            out = OutputBytes(size)
             self._refetching(restore_range, r, self.backend, commit, name, out.view, offset)
             return out.finish()
+        return self._read_checkpoint(checkpoint, read)
+
+    def _read_checkpoint(self, name: Any, read: Callable[[IndexView, Commit], Any]) -> Any:
+        """read(snapshot, the checkpoint `name` names in it), made again on a new snapshot
+        when a compaction moved the chunks it was reading (ConcurrentCompactionError), up
+        to reader.READ_ATTEMPTS times in all (reader.retry_moved). A retry reads the
+        checkpoint the first attempt resolved, by its id: CheckpointNotFound if another
+        writer deleted it meanwhile. For reads that a retry may simply redo (a restore into
+        the caller's buffers writes them again)."""
+        found: list = []
+
+        def attempt() -> Any:
+            with self._committer.read() as r:
+                return read(r, self._checkpoint_once_named(r, name, found))
+        return retry_moved(attempt, f"reading checkpoint {name!r}")
+
+    def _checkpoint_once_named(self, r: IndexView, name: Any, found: list) -> Commit:
+        """The checkpoint `name` names in snapshot r on the first call (its id then kept in
+        found), the one of that id on later calls: a name like "latest" must not switch to
+        another checkpoint between the attempts of one read."""
+        if not found:
+            commit = self._get_commit(r, name)
+            found.append(commit.id)
+            return commit
+        commit = r.checkpoint(found[0])
+        if commit is None:
+            raise CheckpointNotFound(f"checkpoint {found[0]} was deleted by another writer "
+                                     "while it was being read")
+        return commit
 
     def layout(self, checkpoint_id: int, name: str) -> list[tuple[int, int, bytes, int]]:
         """Where one buffer's bytes are stored: [(offset, length, chunk_id, chunk_offset), ...],
@@ -1208,15 +1236,15 @@ class Store:
         """Byte ranges [(offset, length), ...] of one buffer, back to back: into `out` (a
         writable buffer of exactly their total size; returned) or as new bytes. One read
         session however many ranges; only the chunks they touch are read."""
-        with self._committer.read() as r:
-            commit = self._get_commit(r, checkpoint_id)
+        try:
+            ranges = list(ranges)
+        except TypeError:
+            raise InvalidArgumentTypeError(f"ranges must be an iterable of (offset, "
+                                           f"length), got {type(ranges).__name__}") from None
+
+        def read(r: IndexView, commit: Commit):
             size = find_buffer(commit, name).size
             checked = []
-            try:
-                ranges = list(ranges)
-            except TypeError:
-                raise InvalidArgumentTypeError(f"ranges must be an iterable of (offset, "
-                                               f"length), got {type(ranges).__name__}") from None
             for item in ranges:
                 try:
                     offset, length = item
@@ -1242,6 +1270,7 @@ class Store:
                 raise InvalidArgumentError(f"out has {len(view)} bytes; the ranges hold {total}")
             self._refetching(restore_ranges, r, self.backend, commit, name, checked, view)
             return out
+        return self._read_checkpoint(checkpoint_id, read)
 
     def manifests(self, name: Any) -> CheckpointManifests:
         """A checkpoint (named as for resolve()) as full manifests, from one index snapshot:
@@ -1298,15 +1327,7 @@ class Store:
         snapshot = self._committer.read()
         r = snapshot.__enter__()
         try:
-            if not found:
-                commit = self._get_commit(r, name)
-                found.append(commit.id)
-            else:
-                commit = r.checkpoint(found[0])
-                if commit is None:
-                    raise CheckpointNotFound(f"checkpoint {found[0]} was deleted by another "
-                                             "writer while it was being read")
-            manifests = self._manifests_of(r, commit)
+            manifests = self._manifests_of(r, self._checkpoint_once_named(r, name, found))
 
             def read_chunks(chunk_ids) -> Iterator[tuple[bytes, bytes]]:
                 return self._chunks_in(r, self._checked_chunk_ids(chunk_ids), hold=True)

@@ -301,11 +301,11 @@ def test_tensor_export_and_diff_read_again_when_a_compaction_moves_their_chunks(
     reader = snapstore.open(str(tmp_path / "s"), readonly=True)
     out = str(tmp_path / "x.npz")
     try:
-        # the race is real: a restore under it gets the retryable error
-        with compaction_at_first_read(reader, _drop(writer, junk[0])) as (fired, _):
-            with pytest.raises(ConcurrentCompactionError):
-                reader.restore(second.id)
-        assert fired[0]["segments_removed"] > 0
+        # the race is real: a restore under it reads again (it raised the retryable error)
+        with compaction_at_first_read(reader, _drop(writer, junk[0])) as (fired, sessions):
+            got = reader.restore(second.id)
+        assert fired[0]["segments_removed"] > 0 and sessions[0] >= 2
+        assert got == writer.restore(second.id)
         with compaction_at_first_read(reader, _drop(writer, junk[1])) as (fired, _):
             result = snapstore.export(reader, second.id, out)
         assert fired[0]["segments_removed"] > 0 and result.tensors == 1
@@ -315,6 +315,78 @@ def test_tensor_export_and_diff_read_again_when_a_compaction_moves_their_chunks(
             got = diff.diff_checkpoints(reader, first.id, second.id)
         assert fired[0]["segments_removed"] > 0
         assert got == want_diff
+    finally:
+        reader.close()
+        writer.close()
+
+
+@pytest.mark.parametrize("how", ["restore", "restore_into", "read", "read_ranges"])
+def test_primitive_reads_read_again_when_a_compaction_moves_their_chunks(tmp_path, how):
+    """Regression: restore, restore_into, read and read_ranges raised ConcurrentCompactionError
+    to their callers, so every layer above them (LangGraph's get_tuple and list, workflows,
+    object loads) failed at random while `retain` + `compact` ran in another process. Now
+    they read again on a new snapshot, as export and copy do."""
+    writer, a, b, want = _trimmable(str(tmp_path / "s"))
+    reader = snapstore.open(str(tmp_path / "s"), readonly=True)
+    calls = {
+        "restore": lambda: reader.restore(b.id)["w"],
+        "restore_into": lambda: (lambda t: (reader.restore_into(b.id, {"w": t}), bytes(t))[1])(
+            bytearray(SIZE)),
+        "read": lambda: reader.read(b.id, "w"),
+        "read_ranges": lambda: reader.read_ranges(b.id, "w", [(0, SIZE)]),
+    }
+    try:
+        with compaction_at_first_read(reader, _trim(writer, a), headers=False) as (fired, n):
+            got = calls[how]()
+        _moved_chunks(fired[0])
+        assert n[0] >= 2 and got == want
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_a_read_that_compactions_keep_moving_gives_up_after_read_attempts(tmp_path,
+                                                                         monkeypatch):
+    from snapstore import store as store_module
+    from snapstore.engine import reader as engine_reader
+    writer, a, b, want = _trimmable(str(tmp_path / "s"))
+    real, attempts = store_module.restore_range, []
+
+    def always_moved(*args, **kwargs):
+        attempts.append(args[2].id)          # (view, backend, commit, ...)
+        raise ConcurrentCompactionError("chunk … was moved by a compaction")
+    monkeypatch.setattr(store_module, "restore_range", always_moved)
+    try:
+        with pytest.raises(ConcurrentCompactionError, match="times in a row"):
+            writer.restore(b.id)
+        assert attempts == [b.id] * engine_reader.READ_ATTEMPTS
+        monkeypatch.setattr(store_module, "restore_range", real)
+        assert writer.restore(b.id)["w"] == want
+    finally:
+        writer.close()
+
+
+def test_a_retried_read_keeps_the_checkpoint_it_first_resolved(tmp_path):
+    """"latest" resolved by the first attempt stays that checkpoint in the retry, though a
+    newer one was committed meanwhile; a checkpoint deleted meanwhile is CheckpointNotFound."""
+    writer, a, b, want = _trimmable(str(tmp_path / "s"))
+    reader = snapstore.open(str(tmp_path / "s"), readonly=True)
+
+    def newer_then_compact():
+        writer.checkpoint({"w": b"newer"}, stream="d")
+        return _trim(writer, a)()
+    try:
+        with compaction_at_first_read(reader, newer_then_compact, headers=False) as (fired, n):
+            got = reader.restore("latest")
+        _moved_chunks(fired[0])
+        assert n[0] >= 2 and got == {"w": want}
+
+        def delete_then_compact():
+            writer.delete(b.id)
+            return writer.compact(threshold=0.0)
+        with compaction_at_first_read(reader, delete_then_compact, headers=False) as (fired, _):
+            with pytest.raises(CheckpointNotFound, match="deleted by another writer"):
+                reader.read(b.id, "w")
     finally:
         reader.close()
         writer.close()
