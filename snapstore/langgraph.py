@@ -581,10 +581,15 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         return [s for s in names if s.startswith(("lg/" + tail, "lw/" + tail))]
 
     # ---- reading ----------------------------------------------------------------------------
+    def _decoded_metadata(self, rec: _Record) -> Any:
+        typ, data = rec.meta["md"]
+        return self.serde.loads_typed((typ, _unb64(data)))
+
     def _metadata(self, rec: _Record) -> Any:
+        """The record's metadata, decoded once and kept, for matching list()'s filter: never
+        handed out (a caller, or LangGraph's loop, may change what it is given)."""
         if rec._metadata is None:
-            typ, data = rec.meta["md"]
-            rec._metadata = self.serde.loads_typed((typ, _unb64(data)))
+            rec._metadata = self._decoded_metadata(rec)
         return rec._metadata
 
     def _pending_writes(self, thread_id: str, ns: str, checkpoint_id: str) -> list:
@@ -611,7 +616,7 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
             config=config or {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
                                                "checkpoint_id": rec.cid}},
             checkpoint=checkpoint,
-            metadata=self._metadata(rec),
+            metadata=self._decoded_metadata(rec),        # the caller's own, as every read
             parent_config=({"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
                                              "checkpoint_id": parent}} if parent else None),
             pending_writes=self._pending_writes(thread_id, ns, rec.cid),

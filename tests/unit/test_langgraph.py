@@ -193,6 +193,25 @@ def test_delete_copy_prune_sync(saver):
     assert saver.store.verify()["ok"]
 
 
+def test_returned_metadata_is_the_callers_own(saver):
+    """Regression: get_tuple and list handed out the saver's cached metadata object, so a
+    caller changing what it got (LangGraph's loop edits checkpoint metadata in place) changed
+    what every later read returned, and what list's filter matched."""
+    t = Thread(saver)
+    first = t.put({"a": 1}, info={"tag": "x"})
+    got = saver.get_tuple(first)
+    got.metadata["step"] = 12345
+    got.metadata["info"]["tag"] = "changed"
+    listed = next(iter(saver.list(cfg())))
+    listed.metadata["source"] = "tampered"
+    again = saver.get_tuple(first)
+    assert again.metadata["step"] == 0 and again.metadata["source"] == "loop"
+    assert again.metadata["info"] == {"tag": "x"}
+    assert [c.metadata["step"] for c in saver.list(cfg(), filter={"step": 0})] == [0]
+    assert list(saver.list(cfg(), filter={"step": 12345})) == []
+    assert saver.get_tuple(first).metadata is not again.metadata
+
+
 def test_reput_same_checkpoint_id_replaces(saver):
     th = Thread(saver)
     c = th.put({"a": 1})
