@@ -144,25 +144,39 @@ class _DigestWriter:
 
 
 class _CanonicalPickler(pickle.Pickler):
-    """Pickles equal sets and dicts alike, whatever their iteration order: a set of str
-    iterates in another order in a process with another PYTHONHASHSEED, so the same input
+    """Pickles equal inputs alike. Sets and dicts whatever their iteration order: a set of
+    str iterates in another order in a process with another PYTHONHASHSEED, so the same input
     looked like another one to the process that resumed a run after a crash. Only the exact
     types (an OrderedDict's order is part of its equality; subclasses may keep more). Through
     persistent_id, the one hook the pickler asks about every object (reducer_override is not
-    asked about dicts and sets); the output is only ever hashed, never unpickled."""
+    asked about dicts and sets). And without the memo (`fast`): with it, an object met twice
+    is pickled once and then referred to, so an input that holds one string twice and an equal
+    one read back from JSON (two strings) pickled differently. The output is only ever
+    hashed, never unpickled."""
+    shared = False          # the memo is off
+
+    def __init__(self, file, protocol: int) -> None:
+        super().__init__(file, protocol=protocol)
+        self.fast = not self.shared
 
     def persistent_id(self, obj):
         kind = type(obj)
         if kind is set or kind is frozenset:
-            return kind.__name__, sorted(_canonical_pickle(x) for x in obj)
+            return kind.__name__, sorted(_canonical_pickle(x, type(self)) for x in obj)
         if kind is dict:
-            return "dict", sorted(((_canonical_pickle(k), v) for k, v in obj.items()),
-                                  key=lambda kv: kv[0])
+            return "dict", sorted(((_canonical_pickle(k, type(self)), v)
+                                   for k, v in obj.items()), key=lambda kv: kv[0])
         return None
 
 
-def _canonical_pickle(obj: Any) -> bytes:
-    return _pickled(obj, _CanonicalPickler, io.BytesIO()).getvalue()
+class _SharingCanonicalPickler(_CanonicalPickler):
+    """_CanonicalPickler with the memo: the digest runs recorded in stop 41, and the one of
+    inputs that refer to themselves (which cannot be pickled without it)."""
+    shared = True
+
+
+def _canonical_pickle(obj: Any, pickler: type) -> bytes:
+    return _pickled(obj, pickler, io.BytesIO()).getvalue()
 
 
 def _pickled(obj: Any, pickler: type, out):
@@ -170,22 +184,33 @@ def _pickled(obj: Any, pickler: type, out):
     return out
 
 
-def _input_digest(state: Any, pickler: type = _CanonicalPickler) -> str | None:
-    """The digest a run records of its input: BLAKE2b of its pickle (canonical: equal sets
-    and dicts pickle alike), streamed (no copy of the whole pickle); None when it cannot be
-    pickled (such inputs are not judged)."""
+def _digest(state: Any, pickler: type) -> str | None:
+    """BLAKE2b of state's pickle by pickler, streamed (no copy of the whole pickle); None
+    when it cannot be pickled so."""
     try:
         return _pickled(state, pickler, _DigestWriter()).hash.hexdigest()
     except Exception:
         return None
 
 
+# The digests a run may have recorded of its input, newest first: this version's, then
+# earlier versions' (stop 41: canonical with the memo; before it: the plain pickle's).
+_DIGEST_PICKLERS = (_CanonicalPickler, _SharingCanonicalPickler, pickle.Pickler)
+
+
+def _input_digest(state: Any) -> str | None:
+    """The digest a run records of its input: canonical (equal inputs pickle alike), with the
+    memo only for an input that refers to itself; None when it cannot be pickled (such
+    inputs are not judged)."""
+    return _digest(state, _CanonicalPickler) or _digest(state, _SharingCanonicalPickler)
+
+
 def _other_input(state: Any, recorded: str) -> bool:
     """Whether state is known not to be the input whose digest a run recorded (False when
-    it cannot be told). A run started by an older version recorded the plain pickle's."""
-    digest = _input_digest(state)
-    return digest is not None and digest != recorded and \
-        _input_digest(state, pickle.Pickler) != recorded
+    it cannot be told): none of the digests this or an earlier version would have recorded
+    of it is the recorded one."""
+    digests = [_digest(state, pickler) for pickler in _DIGEST_PICKLERS]
+    return any(d is not None for d in digests) and recorded not in digests
 
 
 def _default_tracer() -> Any:
@@ -453,8 +478,10 @@ class Workflow:
         """Starts a new run of the workflow from its first step with ``state`` as input and
         returns its final state. The earlier runs' checkpoints stay (history() lists them,
         StepRecord.run numbers the runs); load(), completed and later run() calls follow the
-        new run. If it is interrupted, run(state) with the same input resumes it (rerun()
-        again would start yet another run).
+        new run. If it is interrupted after its first step's checkpoint, run(state) with the
+        same input resumes it (rerun() again would start yet another run). One interrupted
+        before that left nothing of itself in the store: run() still follows the earlier run
+        then (WorkflowFinishedError for this input), so start it again with rerun(state).
         Raises: as run()."""
         steps, meta = self._check_steps(), validate_meta(meta)
         head = self.store.latest(self.stream)

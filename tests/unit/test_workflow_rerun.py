@@ -2,6 +2,7 @@
 of silently returning the old result; the same input or none resumes / returns it; rerun()
 starts a new run keeping history; a step appended to a finished workflow runs from the stored
 final state."""
+import json
 import pickle
 
 import pytest
@@ -188,17 +189,60 @@ def test_a_set_in_the_input_resumes_in_a_process_with_another_hash_seed(tmp_path
         assert done.returncode == 0 and done.stdout.split() == ["2"], done.stderr
 
 
-def test_a_run_recorded_with_the_plain_pickles_digest_still_resumes(store):
-    """Runs started before the canonical digest recorded the digest of the plain pickle."""
+@pytest.mark.parametrize("pickler", [pickle.Pickler, wfmod._SharingCanonicalPickler])
+def test_a_run_recorded_with_an_earlier_versions_digest_still_resumes(store, monkeypatch,
+                                                                      pickler):
+    """Runs started before the canonical digest recorded the digest of the plain pickle; runs
+    of stop 41 the canonical pickle's with the memo."""
     a = Adder(store, fail_at=1)
-    real = wfmod._input_digest
-    wfmod._input_digest = lambda state: real(state, pickle.Pickler)
-    try:
-        with pytest.raises(StepError):
-            a.wf.run(1000)
-    finally:
-        wfmod._input_digest = real
+    monkeypatch.setattr(wfmod, "_input_digest", lambda state: wfmod._digest(state, pickler))
+    with pytest.raises(StepError):
+        a.wf.run(1000)
+    monkeypatch.undo()
     a.fail_at = None
     assert a.wf.run(1000) == 1111 and a.runs == [0, 1, 1, 2]
     with pytest.raises(WorkflowInputMismatchError):
         Adder(store, fail_at=None).wf.run(2000)
+
+
+def test_an_equal_input_whose_objects_are_shared_otherwise_resumes_the_run():
+    """Regression: the digest pickled with the memo, so {"start": day, "end": day} (one
+    string twice) and the same dict read back from JSON (two equal strings) had different
+    digests, and the process resuming a crashed run with its input rebuilt from a file got
+    WorkflowInputMismatchError."""
+    day = "2026-11-" + "23"
+    shared = {"start": day, "end": day, "days": [[day]] * 2}
+    rebuilt = json.loads(json.dumps(shared))
+    assert shared == rebuilt and shared["start"] is shared["end"]
+    assert rebuilt["start"] is not rebuilt["end"]
+    assert wfmod._input_digest(shared) == wfmod._input_digest(rebuilt)
+    assert not wfmod._other_input(rebuilt, wfmod._input_digest(shared))
+    assert wfmod._other_input({**rebuilt, "end": "x"}, wfmod._input_digest(shared))
+
+
+def test_an_input_that_refers_to_itself_is_still_judged():
+    loop: list = [1, {2, 3}]
+    loop.append(loop)
+    digest = wfmod._input_digest(loop)
+    assert digest is not None                          # by the pickler with the memo
+    again: list = [1, {3, 2}]
+    again.append(again)
+    assert not wfmod._other_input(again, digest)
+    other: list = [2, {2, 3}]
+    other.append(other)
+    assert wfmod._other_input(other, digest)
+
+
+def test_a_rerun_interrupted_before_its_first_checkpoint_leaves_nothing(store):
+    """As rerun()'s docstring says: nothing of it was recorded, so run() follows the earlier
+    run and rerun() starts it again."""
+    a = Adder(store, fail_at=None)
+    assert a.wf.run(1000) == 1111
+    a.fail_at = 0
+    with pytest.raises(StepError):
+        a.wf.rerun(2000)
+    with pytest.raises(WorkflowFinishedError):
+        a.wf.run(2000)
+    assert a.wf.run() == 1111
+    a.fail_at = None
+    assert a.wf.rerun(2000) == 2111
