@@ -57,13 +57,22 @@ def _open(path: str, flags: int, mode: int) -> int:
                               "(a writer's lock file holds no data; remove it)") from None
 
 
+def log_number(name: str) -> int | None:
+    """The log a lock file's name (lock_path: the number in decimal) stands for; None for any
+    other name ("07", "²", ".choosing")."""
+    if not (name.isascii() and name.isdigit()) or str(int(name)) != name:
+        return None
+    return int(name)
+
+
 def lock_files(store_path: str) -> list[int]:
     """The logs that have a lock file, ascending."""
     try:
         names = os.listdir(writers_dir(store_path))
     except FileNotFoundError:
         return []
-    return sorted(int(n) for n in names if n.isdigit() and int(n) < fmt.MAX_LOGS)
+    logs = (log_number(n) for n in names)
+    return sorted(n for n in logs if n is not None and n < fmt.MAX_LOGS)
 
 
 CHOICE_WAIT_SECONDS = 2.0       # the longest wait for another opener's choice; then without

@@ -31,7 +31,9 @@ from snapstore.engine.wal import (damaged_record, log_of, logs_of, next_valid_re
 INDEX_KINDS = frozenset({"missing_manifest", "missing_parent", "bad_extent", "missing_chunk",
                          "incomplete_manifest", "broken_chain", "stream", "refcount",
                          "lost_record", "index_mismatch", "missing_segment",
-                         "unreadable_index"})
+                         "unreadable_index",
+                         # the log lost records the index applied: out of step with it
+                         "lost_tail"})
 
 
 class ProblemReport:
@@ -164,8 +166,16 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
     def affected(cid: bytes) -> set[int]:
         return _dependents(commits, children, users.get(cid, set()))
 
-    # -- segments: the records the index points at
+    # -- segments: each log still holds what the index applied of it (a writer's open
+    # refuses the store otherwise), and the records the index points at
     present = set(backend.list())
+    for log, (seg, off) in sorted(applied.items()):
+        size = _size_or_none(backend, seg) if seg in present else None
+        if size is None or size < off:
+            report.add("lost_tail", f"the index has applied log {log} up to "
+                       f"{segment_name(seg)}:{off}, but " +
+                       ("that segment is missing" if size is None else f"it ends at {size}") +
+                       ": acknowledged records were lost", segment=seg, offset=off)
     by_segment: dict[int, list] = defaultdict(list)
     for cid, e in chunks.items():
         by_segment[e.segment].append((e.offset, cid, e))
@@ -229,6 +239,13 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
 
     return _result(report, deep, started, checkpoints=len(commits), chunks=len(chunks),
                    segments=len(present), bytes_checked=bytes_checked)
+
+
+def _size_or_none(backend: SegmentBackend, seg: int) -> int | None:
+    try:
+        return backend.size(seg)
+    except FileNotFoundError:
+        return None
 
 
 def _result(report: ProblemReport, deep: bool, started: float, **counts) -> dict:

@@ -28,8 +28,9 @@ import os
 import warnings
 
 from snapstore.engine import format as fmt
-from snapstore.engine.backends.base import segment_name
+from snapstore.engine.backends.base import segment_name, segment_number
 from snapstore.engine.fsutil import DEFAULT_FILE_MODE, fsync_directory, open_regular, try_flock
+from snapstore.engine.logowners import log_number
 from snapstore.engine.wal import log_of
 from snapstore.errors import RemoteError
 from snapstore.remote import gcmark, layout, refs
@@ -83,10 +84,9 @@ def spooled_segments(cache_path: str, log: int) -> list[int]:
     try:
         with os.scandir(spool_dir(cache_path)) as entries:
             for entry in entries:
-                stem, _, ext = entry.name.partition(".")
-                if "." + ext == fmt.SEGMENT_SUFFIX and stem.isdigit() and \
-                        log_of(int(stem)) == log:
-                    out.append(int(stem))
+                number = segment_number(entry.name)
+                if number is not None and log_of(number) == log:
+                    out.append(number)
     except FileNotFoundError:
         pass
     return sorted(out)
@@ -162,17 +162,19 @@ def _sessions(cache_path: str) -> list[int]:
     """The logs that have a lock file or spool files in the cache directory."""
     logs = set()
     try:
-        logs.update(int(n) for n in os.listdir(os.path.join(cache_path, WRITERS_DIR))
-                    if n.isdigit())
+        names = os.listdir(os.path.join(cache_path, WRITERS_DIR))
+        logs.update(log for log in map(log_number, names) if log is not None)
     except FileNotFoundError:
         pass
     try:
         for name in os.listdir(spool_dir(cache_path)):
-            stem, _, ext = name.partition(".")
-            if "." + ext == fmt.SEGMENT_SUFFIX and stem.isdigit():
-                logs.add(log_of(int(stem)))
-            elif name.endswith(PENDING_SUFFIX) and stem.isdigit():
-                logs.add(int(stem))
+            number = segment_number(name)
+            if number is not None:
+                logs.add(log_of(number))
+            elif name.endswith(PENDING_SUFFIX):         # _pending_path: LOG.ID.pending
+                log = log_number(name.partition(".")[0])
+                if log is not None:
+                    logs.add(log)
     except FileNotFoundError:
         pass
     return sorted(logs)

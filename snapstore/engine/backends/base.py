@@ -266,9 +266,13 @@ class SegmentBackend(ABC):
 
 
 def segment_number(name: str | None) -> int | None:
-    """segment_name's inverse (None for anything else): the segment a CorruptionError's
+    """segment_name's inverse (None for anything else: "7.seg", "².seg" and other names that
+    are not exactly a segment's are no segment): the segment a file or a CorruptionError's
     `segment` names."""
     if not isinstance(name, str) or not name.endswith(fmt.SEGMENT_SUFFIX):
         return None
     stem = name[:-len(fmt.SEGMENT_SUFFIX)]
-    return int(stem) if stem.isdigit() else None
+    if not (stem.isascii() and stem.isdigit()):
+        return None
+    number = int(stem)
+    return number if segment_name(number) == name else None

@@ -15,7 +15,8 @@ from typing import Sequence
 from snapstore import _native as native
 from snapstore.engine import format as fmt
 from snapstore.engine.backends.base import (SegmentBackend, SegmentFile, SegmentReader,
-                                            missing_segment, not_a_segment, segment_name)
+                                            missing_segment, not_a_segment, segment_name,
+                                            segment_number)
 from snapstore.engine.fsutil import (DEFAULT_FILE_MODE, NotRegularFile, file_kind,
                                      fsync_directory, open_regular, pread_into)
 
@@ -142,12 +143,12 @@ class LocalSegments(SegmentBackend):
         numbers = []
         with os.scandir(self._directory) as entries:
             for entry in entries:
-                stem, dot, ext = entry.name.partition(".")
-                if "." + ext == fmt.SEGMENT_SUFFIX and stem.isdigit():
+                number = segment_number(entry.name)     # other files are not the store's
+                if number is not None:
                     if not entry.is_file(follow_symlinks=False):
-                        raise not_a_segment(int(stem), file_kind(
+                        raise not_a_segment(number, file_kind(
                             entry.stat(follow_symlinks=False).st_mode))
-                    numbers.append(int(stem))
+                    numbers.append(number)
         return sorted(numbers)
 
     def size(self, number: int) -> int:
