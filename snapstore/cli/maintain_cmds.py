@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from snapstore.cli.args import count_arg, seconds_arg
-from snapstore.cli.common import (EXIT_OK, EXIT_PROBLEM, Problem, UsageError, need, open_store,
-                                  progress, spinner_for, store_path)
+from snapstore.cli.common import (EXIT_OK, EXIT_PROBLEM, PROG, Problem, UsageError, need,
+                                  open_store, progress, spinner_for, store_path)
 from snapstore.cli.output import local_time, print_json, print_report
 from snapstore.formatting import human_bytes, printable
 from snapstore.remote.layout import is_remote
@@ -214,14 +215,19 @@ def cmd_repair(args) -> int:
               f"({human_bytes(report['bytes_scanned'])} at {report['mb_per_s']:.0f} MB/s): "
               f"{report['checkpoints']} checkpoint(s), {report['streams']} stream(s)")
         print_problems(problems)
-    if not report["ok"]:
-        if report["index_replaced"]:
-            raise Problem(f"repair rebuilt the index, but the log holds {len(problems)} "
-                          "problem(s) (listed on stdout): what they touched is lost")
-        raise Problem(f"the log holds {len(problems)} problem(s) (listed on stdout); the "
-                      "existing index was kept: restoring what needs the damaged records "
-                      "fails cleanly (`snapstore verify --deep` names them)")
-    return EXIT_OK
+    if report["ok"]:
+        return EXIT_OK
+    if report["index_replaced"]:
+        message = (f"repair rebuilt the index, but the log holds {len(problems)} problem(s) "
+                   "(listed on stdout): what they touched is lost")
+    else:
+        message = (f"the log holds {len(problems)} problem(s) (listed on stdout); the "
+                   "existing index was kept: restoring what needs the damaged records fails "
+                   "cleanly (`snapstore verify --deep` names them)")
+    if args.json:           # the report is stdout's one JSON document: the message to stderr
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return EXIT_PROBLEM
+    raise Problem(message)
 
 
 def print_problems(problems: list) -> None:

@@ -488,3 +488,20 @@ def test_restore_output_is_written_whole_or_is_an_error():
     assert bytes(sink.got) == b"x" * 25_000
     with pytest.raises(OSError):
         write_all(Raw(5_000), b"y" * 25_000, "the output")
+
+
+def test_repair_json_of_a_damaged_log_is_one_json_document(tmp_path):
+    """Regression: `repair --json` printed its report, then the error document: two JSON
+    documents on stdout, which no JSON reader takes."""
+    from cli_runner import snapstore_cli
+    path = str(tmp_path / "s")
+    with snapstore.open(path) as s:
+        s.checkpoint({"x": os.urandom(200_000)}, stream="a")
+        s.checkpoint({"x": os.urandom(200_000)}, stream="a")
+    seg = os.path.join(path, "segments", sorted(os.listdir(os.path.join(path, "segments")))[0])
+    os.truncate(seg, 150_000)
+    done = snapstore_cli("repair", path, "--json")
+    assert done.returncode == 1
+    report = json.loads(done.stdout)                    # one document
+    assert report["ok"] is False and report["problems"]
+    assert "repair rebuilt the index" in done.stderr or "the log holds" in done.stderr
