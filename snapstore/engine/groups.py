@@ -289,10 +289,11 @@ def whole_if_mostly_changed(view: IndexView, parent: int | None, group: str, ent
 def group_meta(group: str, parts_meta: dict, meta: Any) -> Any:
     """The meta of a group's checkpoint: the coordinator's `meta` with the reserved key
     format.GROUP_META_KEY = {"id", "parts": {participant: its meta}} (a meta that is not a
-    dict goes under the reserved entry's "user")."""
+    dict, None too, goes under the reserved entry's "user", so CheckpointInfo.meta is the
+    meta given, as a plain checkpoint's)."""
     reserved = {"id": group, "parts": parts_meta}
-    if isinstance(meta, dict) or meta is None:
-        return dict(meta or {}, **{fmt.GROUP_META_KEY: reserved})
+    if isinstance(meta, dict):
+        return dict(meta, **{fmt.GROUP_META_KEY: reserved})
     return {fmt.GROUP_META_KEY: dict(reserved, user=meta)}
 
 

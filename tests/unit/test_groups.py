@@ -87,6 +87,21 @@ def test_non_dict_meta_and_one_byte_part(path):
         assert s.restore(info.id) == {"x": b"1"}
 
 
+@pytest.mark.parametrize("meta", [None, {}, {"step": 3}, 0, ""])
+def test_a_group_checkpoints_meta_is_the_meta_given(path, meta):
+    """Regression: a group committed with no meta had info.meta == {} where a plain
+    checkpoint has None, against the README's "info.meta is the meta you passed"."""
+    with snapstore.open(path) as s:
+        g = s.group("ops", ["a"])
+        s.stage(g.id, "a", {"x": b"1"})
+        info = g.commit(meta=meta)
+        assert info.meta == meta and type(info.meta) is type(meta)
+        assert s.get(info.id).meta == meta
+        assert snapstore.group_parts(info) == {"a": None}
+    with snapstore.open(path) as s:
+        assert s.get(info.id).meta == meta
+
+
 def test_timeout_names_the_missing_participants_and_nothing_is_visible(path):
     with snapstore.open(path) as s:
         g = s.group("ops", ["a", "b", "c"], timeout=60)
