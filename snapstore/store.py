@@ -79,7 +79,8 @@ class RetainResult(list):
     deleted, the ids are what a real run would delete; bytes_before / bytes_after: the
     store's bytes (segments + index, as stats() counts them) before the deletes and after
     the prune (bytes_after None on a dry run); bytes_freed: their difference (None on a
-    dry run); compaction: compact()'s report when the prune ran, else None (prune=False,
+    dry run; negative when the store grew: without a prune the delete records are all that
+    changed); compaction: compact()'s report when the prune ran, else None (prune=False,
     dry run, or nothing deleted)."""
 
     def __init__(self, deleted, *, kept: dict, dry_run: bool, bytes_before: int,

@@ -215,6 +215,8 @@ def print_retain(report: dict, remote: bool = False) -> None:
     elif report["bytes_freed"] is not None:
         how = "pruned" if report["compaction"] else "not pruned; run `snapstore compact`" \
             if report["deleted_count"] else "nothing to prune"
+        freed = report["bytes_freed"]
+        change = f"{human_bytes(freed)} freed" if freed >= 0 else \
+            f"{human_bytes(-freed)} more: the delete records"
         print(f"space: {human_bytes(report['bytes_before'])} -> "
-              f"{human_bytes(report['bytes_after'])} "
-              f"({human_bytes(report['bytes_freed'])} freed; {how})")
+              f"{human_bytes(report['bytes_after'])} ({change}; {how})")

@@ -106,8 +106,11 @@ def test_no_prune_leaves_space_to_compact(store):
     d = cli_json("-s", path, "retain", "--stream", "train", "--keep-last", "1", "--no-prune")
     assert len(d["deleted"]["train"]) == 3 and d["compaction"] is None
     assert d["bytes_freed"] < 100_000
-    assert "not pruned" in cli_ok("-s", path, "retain", "--stream", "train", "--keep-last",
-                                  "0", "--no-prune").stdout
+    out = cli_ok("-s", path, "retain", "--stream", "train", "--keep-last", "0",
+                 "--no-prune").stdout
+    assert "not pruned" in out
+    # the delete records are all the store gained: said so, not "-176 B freed"
+    assert "more: the delete records" in out and " -" not in out.split("->")[1]
     assert cli_json("-s", path, "compact")["bytes_returned"] > 3 * 200_000 * 0.9
 
 
