@@ -1078,9 +1078,9 @@ class Store:
                                            store names nothing: CheckpointNotFound)
             "latest"                       the newest checkpoint of the store
             "latest:STREAM"                the newest checkpoint of that stream (verbatim)
+            "tag:TAG", "dcp:ID"            the checkpoint with that tag / DCP checkpoint_id
             "STREAM@SEQ"                   seq SEQ (CheckpointInfo.seq) of that stream; split
                                            at the last "@", SEQ digits
-            "tag:TAG", "dcp:ID"            the checkpoint with that tag / DCP checkpoint_id
             any other str                  a tag, a stream name (its newest checkpoint) and a
                                            DCP checkpoint_id at once
 

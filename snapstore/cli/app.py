@@ -40,8 +40,8 @@ checkpoint names (show, restore, diff, rm, tag), in this order of precedence:
   7              the checkpoint id, as `ls` shows it (digits are always an id)
   latest         the newest checkpoint of the store
   latest:STREAM  the newest checkpoint of STREAM (STREAM verbatim, may hold : or @)
-  STREAM@SEQ     checkpoint number SEQ of STREAM (1, 2, 3... as taken; split at the last @)
   tag:TAG        the checkpoint tagged TAG          dcp:ID   the DCP checkpoint_id ID
+  STREAM@SEQ     checkpoint number SEQ of STREAM (1, 2, 3... as taken; split at the last @)
   NAME           a tag, a stream name (its newest checkpoint) or a DCP checkpoint_id
 A name that matches several checkpoints is an error listing them (name one by id or
 STREAM@SEQ); a tag on two checkpoints is ambiguous. Sizes accept suffixes K, M, G, T (powers

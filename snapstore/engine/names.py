@@ -8,12 +8,12 @@ A name is one of, in this order of precedence:
                      digits as an id)
     "latest"         the newest checkpoint of the store (the highest id)
     "latest:S"       the newest checkpoint of stream S (S verbatim: it may hold ':' or '@')
-    "S@N"            the checkpoint of stream S with seq N (CheckpointInfo.seq), N digits; the
-                     string is split at its last '@', so "a@b@3" is seq 3 of stream "a@b"
-    "tag:T"          the checkpoint tagged T
+    "tag:T"          the checkpoint tagged T (T verbatim: "tag:x@1" is the tag "x@1")
     "dcp:D"          the DCP checkpoint saved with checkpoint_id D (the newest such of each
                      stream: a DCP re-save under the same id supersedes the earlier one, as
                      dcp.load reads it)
+    "S@N"            the checkpoint of stream S with seq N (CheckpointInfo.seq), N digits; the
+                     string is split at its last '@', so "a@b@3" is seq 3 of stream "a@b"
     any other str    looked up as a tag, a stream name (its newest checkpoint) and a DCP
                      checkpoint_id at once
 
@@ -21,9 +21,11 @@ A name must denote exactly one checkpoint: when the lookups of a plain name (or 
 checkpoints tagged T) give several distinct checkpoints, AmbiguousCheckpointName lists them; a
 tag on several checkpoints is ambiguous too, even within one stream (tags are labels the user
 sets: taking the newest silently could delete or restore the wrong one). Nothing found:
-CheckpointNotFound saying what was looked for. The explicit forms reach every checkpoint,
-whatever its names look like: a stream named "latest" or "x@2" through "latest:latest",
+CheckpointNotFound saying what was looked for. The explicit forms reach what a name that
+looks like syntax hides: a stream named "latest" or "x@2" through "latest:latest",
 "latest:x@2" and "x@2@N"; a tag or DCP id that looks like syntax through "tag:" / "dcp:".
+A stream whose name begins with "tag:" or "dcp:" is reached through "latest:S" for its
+newest checkpoint, and by id for the others ("S@N" is read as a tag or DCP id).
 
 Cost: an id, "latest" and "latest:S" are index lookups; "S@N" reads the keys of stream S and
 decodes O(log n) of its checkpoints (seqs grow with ids within a stream); tags and DCP

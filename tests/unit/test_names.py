@@ -210,6 +210,20 @@ def test_a_checkpoint_info_still_names_itself_after_reopen_copy_and_compaction(f
             again.restore(info)
 
 
+def test_tag_and_dcp_prefixes_come_before_stream_at_seq(store):
+    """As the docs list them: "tag:x@1" is the tag "x@1", not seq 1 of a stream "tag:x"
+    (whose newest is "latest:tag:x", and older ones are reached by id)."""
+    first = store.checkpoint({"x": b"1"}, "tag:x")
+    second = store.checkpoint({"x": b"2"}, "tag:x")
+    with pytest.raises(CheckpointNotFound, match="tagged 'x@1'"):
+        store.resolve("tag:x@1")
+    store.tag(first.id, "x@1")
+    assert store.resolve("tag:x@1").id == first.id
+    assert store.resolve("latest:tag:x").id == second.id
+    assert names.parse("tag:x@1").kind == "tag" and names.parse("dcp:a@2").kind == "dcp"
+    assert names.parse("x@2").kind == "seq"
+
+
 def test_every_method_takes_names(filled):
     assert filled.restore("best") == {"x": b"2"}
     assert filled.restore("train") == {"x": b"4"}        # was a TypeError (issue 15)
