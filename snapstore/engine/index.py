@@ -1162,13 +1162,15 @@ class IndexView:
         value...), oldest first: a superset, for a scan by something not indexed. Records
         whose bytes cannot hold it (text printable ASCII without quote or backslash, which
         every JSON encoder writes as is) are skipped before decoding, which is most of the
-        cost; otherwise every checkpoint is decoded."""
+        cost; otherwise every checkpoint is decoded. A skipped record's checksum is still
+        checked (CorruptionError): damage that hid the text must not make a name find nothing,
+        or only the other checkpoint of an ambiguous one."""
         plain = text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
         needle = f'"{text}"'.encode() if plain else b""
         with self.txn.cursor(db=self.dbs[fmt.DB_CHECKPOINTS]) as cur:
-            for key, value in cur:          # the search runs on the stored value, unchecked
+            for key, value in cur:          # the search runs on the stored value, then checked
+                payload = unseal(fmt.DB_CHECKPOINTS, key, value, self.version)
                 if needle in value:
-                    payload = unseal(fmt.DB_CHECKPOINTS, key, value, self.version)
                     yield self._decode(fmt.DB_CHECKPOINTS, key, payload,
                                        lambda v: Commit.from_info_json(json.loads(v)))
 

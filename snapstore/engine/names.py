@@ -31,7 +31,7 @@ Cost: an id, "latest" and "latest:S" are index lookups; "S@N" reads the keys of 
 decodes O(log n) of its checkpoints (seqs grow with ids within a stream); tags and DCP
 checkpoint_ids are not indexed, so a plain name or "tag:"/"dcp:" walks every checkpoint's
 record, decoding only those whose bytes mention the name (IndexView.checkpoints_mentioning:
-about 9 ms per 10,000 checkpoints; docs/design.md, "Names").
+about 13 ms per 10,000 checkpoints; docs/design.md, "Names").
 """
 from __future__ import annotations
 

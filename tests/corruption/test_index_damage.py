@@ -534,3 +534,26 @@ def test_a_flipped_counter_key_is_damage_not_a_fresh_start(tmp_path, db_name, ke
         assert info.id > max(want)
         for cid, bufs in want.items():
             assert s.restore(cid) == bufs
+
+
+@pytest.mark.parametrize("name", ["keepme", "tag:keepme"])
+def test_a_flip_that_hides_a_tag_is_damage_not_an_unknown_name(tmp_path, name):
+    """Regression: the tag scan skipped records whose bytes lacked the tag before checking
+    them, so a flip inside the tag's bytes made the name "not found", and of a tag on two
+    checkpoints it would have silently named the other one."""
+    path = str(tmp_path / "s")
+    with snapstore.open(path) as s:
+        s.checkpoint({"a": b"x" * 1000}, stream="s")
+        s.checkpoint({"a": b"y" * 1000}, stream="s")
+        s.tag(2, "keepme")
+    data = os.path.join(path, "index", "data.mdb")
+    raw = bytearray(open(data, "rb").read())
+    at = raw.find(b'"keepme"') + 1
+    assert at > 0
+    raw[at] ^= 0x04                             # 'k' -> 'o': the record no longer holds it
+    with open(data, "wb") as f:
+        f.write(raw)
+    with snapstore.open(path, readonly=True) as s:
+        with pytest.raises(CorruptionError, match="snapstore repair"):
+            s.resolve(name)
+        assert s.restore(1)["a"] == b"x" * 1000           # an id needs no scan
