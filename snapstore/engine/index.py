@@ -349,6 +349,41 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_namespace_env_keys_in_child)
 
 
+def lock_table_mode(file_mode: int) -> int:
+    """The mode of a new reader table (lock.mdb): the store's file mode plus write for every
+    class it lets read. Every reader of an LMDB environment registers in its reader table,
+    read-only ones too, so a group that may read the store must be able to write this one
+    file (`chmod -R g+rX STORE` shared a store with nobody: its readers got EACCES)."""
+    return file_mode | ((file_mode & 0o044) >> 1)
+
+
+def _grant_reader_table(fd: int, st: os.stat_result, mode: int) -> None:
+    """Adds the bits of `mode` a reader table of ours lacks (the umask took them at its
+    creation; without them the group the store is shared with cannot read it). Not ours
+    (another user's store): left as it is."""
+    missing = mode & ~stat.S_IMODE(st.st_mode)
+    if missing and st.st_uid == os.geteuid():
+        try:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) | missing)
+        except OSError:
+            pass                    # a reader then gets the error naming the fix
+
+
+def _check_reader_table_writable(location: str, path: str) -> None:
+    """StoreIOError naming the fix when this user may read the index but not register as its
+    reader (LMDB would fail with a bare EACCES)."""
+    table = os.path.join(location, fmt.INDEX_LOCK_TABLE_FILE)
+    if os.statvfs(location).f_flag & os.ST_RDONLY:
+        return                      # read-only media: LMDB reads without registering
+    if os.path.exists(table) and not os.access(table, os.W_OK):
+        where = os.path.join(path, fmt.INDEX_LOCK_TABLE_FILE)
+        raise StoreIOError(
+            f"cannot read the store: its index's reader table {where} is not writable for "
+            "this user, and LMDB registers every reader in it (read-only ones too). To share "
+            "a store with a group: chmod -R g+rX STORE && chmod g+w STORE/index/lock.mdb "
+            "(later reader tables get it by themselves)")
+
+
 def reserve_lock_table(location: str, file_mode: int) -> None:
     """Gives LMDB's reader table (lock.mdb) real disk blocks before LMDB maps it: LMDB sizes
     a new one with ftruncate (a hole) and writes it through its memory map, and a write into
@@ -358,14 +393,17 @@ def reserve_lock_table(location: str, file_mode: int) -> None:
     allocated (never grown: processes that have it open sized their reader slots by it)."""
     name = os.path.join(location, fmt.INDEX_LOCK_TABLE_FILE)
     try:
-        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, file_mode)
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     lock_table_mode(file_mode))
     except PermissionError:
         return                      # a reader of someone else's store: LMDB decides
     except OSError as exc:
         raise StoreIOError(f"cannot open the index's reader table {name}: "
                            f"{os.strerror(exc.errno) if exc.errno else exc}") from None
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        _grant_reader_table(fd, st, lock_table_mode(file_mode))
+        size = st.st_size
         os.posix_fallocate(fd, 0, size or fmt.INDEX_LOCK_TABLE_BYTES)
     except OSError as exc:
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
@@ -411,6 +449,8 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
             try:
                 if not fs_readonly:
                     reserve_lock_table(location, file_mode)
+                else:
+                    _check_reader_table_writable(location, path)
                 # bytes: a str path LMDB would encode as UTF-8, which fails for a name that
                 # is not (os.fsencode gives back the bytes the file system holds)
                 env = lmdb.open(os.fsencode(location), map_size=fmt.INDEX_MAP_SIZE, subdir=True,

@@ -188,8 +188,11 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
     old_logs = _old_logs(path)
     new_dir = staging_dir(path)
     remove_entry(new_dir)                   # what an interrupted repair left
-    os.mkdir(new_dir, 0o700)
-    index = Index(new_dir, readonly=False, durable=False, rebuilding=True)
+    # the store's modes, as compaction's shrink makes its copy: a store shared with a group
+    # stays shared (the rebuilt index was 0700 / 0600, and its group could read nothing)
+    file_mode = storedir.store_file_mode(path)
+    os.mkdir(new_dir, storedir.dir_mode(file_mode))
+    index = Index(new_dir, readonly=False, durable=False, rebuilding=True, file_mode=file_mode)
     try:
         with backend.open_reader() as reader:
             scan = _scan_log(index, backend, reader, progress, report)

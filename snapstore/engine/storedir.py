@@ -237,7 +237,7 @@ def open_lock_file(path: str) -> int:
     """A descriptor of STORE/lock (created if missing; CorruptionError if not a file)."""
     lock_path = os.path.join(path, fmt.LOCK_FILE)
     try:
-        return open_regular(lock_path, os.O_RDWR | os.O_CREAT, _store_file_mode(path))
+        return open_regular(lock_path, os.O_RDWR | os.O_CREAT, store_file_mode(path))
     except NotRegularFile as exc:
         raise CorruptionError(f"{lock_path} is {exc.kind}, not a regular file: the store is "
                               "damaged (the lock file holds no data; remove it)") from None
@@ -311,7 +311,7 @@ def _locked(path: str, waited: float, holder: dict, shared: bool) -> StoreLocked
     return exc
 
 
-def _store_file_mode(path: str) -> int:
+def store_file_mode(path: str) -> int:
     """The file mode of an existing store (its FORMAT's bits), else the private default."""
     try:
         st = os.lstat(os.path.join(path, fmt.FORMAT_FILE))

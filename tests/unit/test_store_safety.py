@@ -480,6 +480,72 @@ def test_defect11_a_store_shared_with_its_group_stays_shared(store_path):
             == 0o640
 
 
+_GROUP_READER = r"""
+import os, sys
+import snapstore, lmdb._envid            # first: Python itself may not be readable by nobody
+os.setgroups([])
+os.setgid(int(sys.argv[2]))
+os.setuid(65534)                        # nobody, in the store's group only
+try:
+    with snapstore.open(sys.argv[1], readonly=True) as s:
+        print("read", len(s.restore(s.checkpoints()[-1].id)["a"]))
+except snapstore.errors.SnapstoreError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def _read_as_group_member(store_path: str) -> str:
+    import subprocess
+    import sys
+    gid = os.stat(store_path).st_gid
+    done = subprocess.run([sys.executable, "-c", _GROUP_READER, store_path, str(gid)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs a reader as another user: needs root")
+def test_a_group_member_reads_a_store_shared_with_its_group():
+    """Regression: after `chmod -R g+rX STORE` no group member could read the store: LMDB
+    registers every reader in index/lock.mdb, which was 0640, and the open failed with a
+    bare EACCES. Now the error names the fix; once applied, reader tables made later (an
+    index a repair or compaction replaces) are group-writable by themselves."""
+    import shutil
+    import tempfile
+    top = tempfile.mkdtemp(prefix="snapstore-group-")     # pytest's tmp dirs are 0700
+    try:
+        os.chmod(top, 0o755)
+        _check_group_reader(os.path.join(top, "store"))
+    finally:
+        shutil.rmtree(top)
+
+
+def _check_group_reader(store_path: str) -> None:
+    with snapstore.open(store_path, **OPTS) as s:
+        s.checkpoint({"a": os.urandom(40 << 10)}, "s")
+    for root, dirs, files in os.walk(store_path):          # chmod -R g+rX
+        for n in dirs + files + ["."]:
+            full = os.path.join(root, n)
+            os.chmod(full, os.stat(full).st_mode | stat.S_IRGRP |
+                     (stat.S_IXGRP if os.path.isdir(full) else 0))
+    out = _read_as_group_member(store_path)
+    assert out.startswith("StoreIOError") and "chmod g+w STORE/index/lock.mdb" in out, out
+    os.chmod(os.path.join(store_path, "index", fmt.INDEX_LOCK_TABLE_FILE), 0o660)
+    assert _read_as_group_member(store_path) == f"read {40 << 10}\n"
+    snapstore.repair(store_path)               # a new index, a new reader table
+    table = os.path.join(store_path, "index", fmt.INDEX_LOCK_TABLE_FILE)
+    assert stat.S_IMODE(os.stat(table).st_mode) & stat.S_IWGRP
+    assert _read_as_group_member(store_path) == f"read {40 << 10}\n"
+
+
+def test_a_reader_table_is_writable_by_whoever_may_read_the_store():
+    from snapstore.engine.index import lock_table_mode
+    assert lock_table_mode(0o600) == 0o600
+    assert lock_table_mode(0o640) == 0o660
+    assert lock_table_mode(0o644) == 0o666
+    assert lock_table_mode(0o660) == 0o660
+
+
 # ---- defect 11: the CLI ---------------------------------------------------------------------
 
 EVIL_STREAM = "s\x1b[2J\x1b]0;pwned\x07"
