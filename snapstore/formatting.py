@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 from typing import Any, Iterable
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -48,8 +49,9 @@ def parse_size(text: str) -> int:
     m = _SIZE_RE.match(str(text))
     if not m:
         raise ValueError(f"invalid size {text!r} (use e.g. 4096, 64KiB, 256MiB, 1GiB)")
-    value = float(m.group(1)) * 1024 ** " kmgtp".index((m.group(2) or " ").lower())
-    if value != int(value):
+    # exact (a float lost every offset above 2**53 without a word)
+    value = Fraction(m.group(1)) * 1024 ** " kmgtp".index((m.group(2) or " ").lower())
+    if value.denominator != 1:
         raise ValueError(f"size {text!r} is not a whole number of bytes")
     return int(value)
 

@@ -64,6 +64,9 @@ def cmd_restore(args) -> int:
                     raise UsageError(f"--out {args.out} is inside the store's own directory: "
                                      "restoring there could overwrite the store's files; "
                                      "name another directory")
+            if not args.out or (os.path.lexists(args.out) and not os.path.isdir(args.out)):
+                raise UsageError(f"--out {args.out!r} must name a directory (it is "
+                                 + ("empty" if not args.out else "a file") + ")")
             os.makedirs(args.out, exist_ok=True)
             if not args.force:
                 for n in names:

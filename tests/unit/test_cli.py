@@ -409,7 +409,10 @@ def test_parse_size_and_range():
     assert parse_size("4096") == 4096
     assert parse_size("64K") == parse_size("64KiB") == parse_size("64kb") == 65536
     assert parse_size("1.5MiB") == 1572864 and parse_size("1G") == 1 << 30
-    for bad in ("", "x", "1.3B", "-5", "1Q"):
+    # exact past 2**53 (a float made 9007199254740993 ...992 without a word)
+    assert parse_size("9007199254740993") == 2 ** 53 + 1
+    assert parse_size("8388609.5K") == 8388609 * 1024 + 512
+    for bad in ("", "x", "1.3B", "-5", "1Q", "0.1"):
         with pytest.raises(ValueError):
             parse_size(bad)
     assert cli_args.parse_range("10:5") == (10, 5)
@@ -505,3 +508,20 @@ def test_repair_json_of_a_damaged_log_is_one_json_document(tmp_path):
     report = json.loads(done.stdout)                    # one document
     assert report["ok"] is False and report["problems"]
     assert "repair rebuilt the index" in done.stderr or "the log holds" in done.stderr
+
+
+def test_restore_out_that_is_a_file_or_empty_is_a_usage_error(tmp_path):
+    """Regression: an existing file or an empty --out raised FileExistsError /
+    FileNotFoundError text ("[Errno 17] File exists") with exit status 1."""
+    from cli_runner import snapstore_cli
+    path = str(tmp_path / "s")
+    with snapstore.open(path) as s:
+        s.checkpoint({"x": b"data"}, stream="a")
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"keep me")
+    for out, why in ((str(afile), "a file"), ("", "empty")):
+        done = snapstore_cli("restore", path, "1", "--out", out)
+        assert done.returncode == 2, done.stderr
+        assert f"must name a directory (it is {why})" in done.stderr
+        assert "Errno" not in done.stderr
+    assert afile.read_bytes() == b"keep me"
