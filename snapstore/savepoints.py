@@ -122,6 +122,9 @@ def export_savepoint(store: Store, checkpoint: Any, path, *,
 
 def output_exists(path: str) -> ExportError:
     """The error of an output file that exists and may not be replaced (export() too)."""
+    if os.path.isdir(path) and not os.path.islink(path):     # force would not help
+        return ExportError(f"{path} is a directory: an export writes a file, and never "
+                           "replaces a directory (name a file)")
     return ExportError(f"{path} exists (pass force=True, --force on the command line, to "
                        "replace it)")
 

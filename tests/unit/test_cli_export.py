@@ -76,6 +76,10 @@ def test_export_never_replaces_a_fifo_or_directory_and_names_the_users_path(arra
     folder.mkdir()
     cli_error(2, "-s", path, "export", "1", "-o", str(folder), "--force",
               needles=[str(folder), "is a directory"])
+    for fmt in ("npz", "snap"):         # without --force: not "pass --force" (it would not do)
+        line = cli_error(2, "-s", path, "export", "1", "-o", str(folder), "--format", fmt,
+                         needles=[str(folder), "is a directory"])
+        assert "--force" not in line
     assert folder.is_dir() and os.listdir(folder) == []
     missing = tmp_path / "missing" / "x.npz"
     line = cli_error(1, "-s", path, "export", "1", "-o", str(missing),
