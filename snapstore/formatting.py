@@ -43,6 +43,9 @@ def human_seconds(s: float) -> str:
     return f"{m}m{sec:02d}s"
 
 
+MAX_SIZE = (1 << 63) - 1          # no file, offset or length is larger (off_t)
+
+
 def parse_size(text: str) -> int:
     """'4096', '64K', '1.5MiB', '1GB' -> bytes (powers of 1024). ValueError if it is not a
     whole number of bytes written that way."""
@@ -53,6 +56,8 @@ def parse_size(text: str) -> int:
     value = Fraction(m.group(1)) * 1024 ** " kmgtp".index((m.group(2) or " ").lower())
     if value.denominator != 1:
         raise ValueError(f"size {text!r} is not a whole number of bytes")
+    if value > MAX_SIZE:
+        raise ValueError(f"size {text!r} is more than {MAX_SIZE} bytes")
     return int(value)
 
 
