@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from fractions import Fraction
 from typing import Any, Iterable
 
@@ -43,7 +44,9 @@ def human_seconds(s: float) -> str:
     return f"{m}m{sec:02d}s"
 
 
-MAX_SIZE = (1 << 63) - 1          # no file, offset or length is larger (off_t)
+# Sizes are exact; one past what a double holds (300-odd digits) means nothing and is refused,
+# as it was when sizes were parsed as floats (a --gap of 10**30 bytes is fine: merge all).
+MAX_SIZE = int(sys.float_info.max)
 
 
 def parse_size(text: str) -> int:

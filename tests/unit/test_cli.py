@@ -412,8 +412,8 @@ def test_parse_size_and_range():
     # exact past 2**53 (a float made 9007199254740993 ...992 without a word)
     assert parse_size("9007199254740993") == 2 ** 53 + 1
     assert parse_size("8388609.5K") == 8388609 * 1024 + 512
-    assert parse_size(str((1 << 63) - 1)) == (1 << 63) - 1
-    for bad in ("", "x", "1.3B", "-5", "1Q", "0.1", str(1 << 63), "9" * 400, "8E"):
+    assert parse_size(str(1 << 63)) == 1 << 63 and parse_size("9" * 30) == 10 ** 30 - 1
+    for bad in ("", "x", "1.3B", "-5", "1Q", "0.1", "9" * 400):
         with pytest.raises(ValueError):
             parse_size(bad)
     assert cli_args.parse_range("10:5") == (10, 5)
