@@ -54,13 +54,14 @@ def save_arrays(store, arrays: Mapping[str, Any], stream: str = "default", meta:
     Args:
         store: an open, writable Store.
         arrays: {name: array} of any dtype but object (0-d, empty, C or Fortran order; other
-            layouts are stored as a C-contiguous copy).
+            layouts are stored as a C-contiguous copy); not masked arrays (the mask would be
+            lost).
         stream, meta: as for Store.checkpoint (a dict meta keeps its keys; the reserved key
             "snapstore.arrays" holds dtype, shape and order of each array).
     Returns: CheckpointInfo.
     Raises: InvalidArgumentTypeError (store not first, arrays not a mapping of str to arrays of
-        a dtype other than object), InvalidArgumentError (names, meta), StoreIOError; nothing
-        is written then.
+        a dtype other than object, a masked array), InvalidArgumentError (names, meta),
+        StoreIOError; nothing is written then.
     """
     import numpy as np
     require_store(store, "snapstore.save_arrays")
@@ -74,6 +75,10 @@ def save_arrays(store, arrays: Mapping[str, Any], stream: str = "default", meta:
         if not isinstance(a, np.ndarray):
             raise InvalidArgumentTypeError(f"arrays[{name!r}] is a {type(a).__name__}, not a "
                                            "NumPy array")
+        if isinstance(a, np.ma.MaskedArray):
+            raise InvalidArgumentTypeError(f"arrays[{name!r}] is a masked array: save_arrays "
+                                           "keeps the data only and would lose its mask; save "
+                                           "a.data and a.mask as two arrays, or use store.save()")
         if a.dtype.hasobject:
             raise InvalidArgumentTypeError(f"arrays[{name!r}] holds Python objects "
                                            f"({a.dtype}); use store.save() for it")
@@ -142,9 +147,9 @@ def load_arrays(store, id_or_stream: Any, into: Mapping[str, Any] | None = None)
     Args:
         store: an open Store.
         id_or_stream: checkpoint id, CheckpointInfo, or stream name (its latest checkpoint).
-        into: None, or {name: array} with the same names, dtypes and shapes: the bytes go
-            straight into those arrays (any layout; a copy only when it differs from the
-            stored order). Checked before anything is written.
+        into: None, or {name: array} with the same names, dtypes and shapes, writable and
+            not masked: the bytes go straight into those arrays (any layout; a copy only when
+            it differs from the stored order). Checked before anything is written.
     Returns: {name: writable array in the saved order}, or into.
     Raises: InvalidArgumentTypeError (store not first), CheckpointNotFound,
         NotAnObjectCheckpointError (not a save_arrays() checkpoint: names the call that reads
@@ -179,6 +184,10 @@ def load_arrays(store, id_or_stream: Any, into: Mapping[str, Any] | None = None)
         if not dst.flags.writeable:
             raise StructureMismatchError(f"load_arrays(into=...): {name!r} is read-only; "
                                          "nothing was written", name)
+        if isinstance(dst, np.ma.MaskedArray):
+            raise StructureMismatchError(f"load_arrays(into=...): {name!r} is a masked array, "
+                                         "not loaded into in place (its mask would stay as it "
+                                         "is); nothing was written", name)
         same = dst.flags.c_contiguous if order == "C" else dst.flags.f_contiguous
         if same and dst.size:
             targets[ARRAY_PREFIX + name] = _raw(dst)

@@ -19,10 +19,13 @@ its exact bytes, dtype and shape (in C order). Formats differ in what else they 
   refused (ExportError) rather than written as reinterpreted integers. Plain values are not
   written (reported as skipped).
 
-Parts that are neither tensors nor plain values (custom objects) are reported as skipped. The
-file is written atomically (a new temporary file renamed over the path: never through a
-symlink) and an existing file is kept unless force=True. The whole content is built in memory
-before it is written (safetensors' serializer needs every tensor at once).
+torch's sub-byte integers (uint1-uint7, int1-int7) no format holds: a checkpoint with one is
+refused (ExportError). Parts that are neither tensors nor plain values (custom objects, arrays
+of a dtype the catalogue does not know, such as structured ones) are reported as skipped; when
+nothing else is left, the ExportError names them and why. The file is written atomically (a
+new temporary file renamed over the path: never through a symlink) and an existing file is
+kept unless force=True. The whole content is built in memory before it is written
+(safetensors' serializer needs every tensor at once).
 """
 from __future__ import annotations
 
@@ -57,6 +60,9 @@ _TORCH_DTYPES = frozenset((
     "bfloat16", "float32", "float64", "complex32", "complex64", "complex128", "float8_e4m3fn",
     "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2",
     "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2"))
+# torch's sub-byte integers: listed by the catalogue, but no format holds them (torch.save
+# fails on them too): refused for every format
+_NO_FORMAT = frozenset(f"{sign}int{bits}" for sign in ("u", "") for bits in range(1, 8))
 # dtypes NumPy has not: refused for npz
 _NOT_NUMPY = frozenset(_TORCH_DTYPES - {"bool", "int8", "uint8", "int16", "uint16", "int32",
                                         "uint32", "int64", "uint64", "float16", "float32",
@@ -135,9 +141,7 @@ def export(store, name: Any, path, format: Optional[str] = None, *,
                           "(it was not written by snapstore.torch.save, Store.save, "
                           "save_arrays or DCP); `restore` writes its buffers")
     if not cat.tensors:
-        raise ExportError(f"checkpoint {info.id} of stream {info.stream!r} holds no tensors or "
-                          f"arrays to export ({len(cat.values)} plain value(s)); `snapstore "
-                          "show` lists them")
+        raise ExportError(_nothing_to_export(cat, info))
     _check(cat, fmt, info)
     writer = {"safetensors": _write_safetensors, "pt": _write_pt, "npz": _write_npz}[fmt]
     skipped = dict(cat.skipped)
@@ -156,6 +160,18 @@ def export(store, name: Any, path, format: Optional[str] = None, *,
                         skipped)
 
 
+def _nothing_to_export(cat: Catalogue, info) -> str:
+    """Why a checkpoint without a catalogued tensor exports nothing: the parts the catalogue
+    skipped (a dtype it does not know...), by name and reason, or its plain values."""
+    what = f"checkpoint {info.id} of stream {info.stream!r} holds no tensors or arrays to export"
+    if not cat.skipped:
+        return f"{what} ({len(cat.values)} plain value(s)); `snapstore show` lists them"
+    shown = list(cat.skipped.items())[:5]
+    more = f", and {len(cat.skipped) - len(shown)} more" if len(cat.skipped) > len(shown) else ""
+    listed = "; ".join(f"{name} ({why})" for name, why in shown)
+    return f"{what}; skipped: {listed}{more}; `snapstore show` lists them"
+
+
 def _check(cat: Catalogue, fmt: str, info) -> None:
     """Refuses what the format cannot hold, before anything is read or written."""
     seen: set = set()
@@ -168,6 +184,10 @@ def _check(cat: Catalogue, fmt: str, info) -> None:
             raise ExportError(f"checkpoint {info.id}: {e.name} is one shard of a tensor saved "
                               "by several ranks; load it with torch.distributed.checkpoint")
         dtype = _native_name(e.dtype)
+        if dtype in _NO_FORMAT:
+            raise ExportError(f"{e.name} is {e.dtype}, which no export format holds (torch.save, "
+                              "safetensors and NumPy lack torch's sub-byte integers): load it "
+                              "with store.load or snapstore.torch.load")
         if fmt == "npz" and dtype in _NOT_NUMPY:
             raise ExportError(f"{e.name} is {e.dtype}, which NumPy has not: export to "
                               "safetensors or pt instead")

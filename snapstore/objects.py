@@ -24,9 +24,14 @@ store directory can forge one. A store is trusted like any pickle file.
 """
 from __future__ import annotations
 
+import bisect
+import ctypes
+import gc
+import inspect
 import io
 import os
 import pickle
+import struct
 import sys
 import threading
 import types
@@ -35,11 +40,12 @@ import weakref
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Iterator
 
+from snapstore._native import buffer_address
 from snapstore.engine.commit import ANY_HEAD
 from snapstore.engine.memory import address_view, uninit_bytearray
 from snapstore.engine.validation import float_item_size, validate_meta, validate_name
-from snapstore.errors import (AsyncSaveError, DeviceTensorError, ForkedStoreError,
-                              InvalidArgumentError, NotAnObjectCheckpointError,
+from snapstore.errors import (AsyncSaveError, CorruptionError, DeviceTensorError,
+                              ForkedStoreError, InvalidArgumentError, NotAnObjectCheckpointError,
                               ObjectSaveError, StructureMismatchError)
 from snapstore.objectlayer import (META_KEY, contiguous_tensor, copy_tensor, float_view,
                                    labelled_view, layer_meta, reader_hint, require_store,
@@ -103,6 +109,9 @@ class _LoadContext:
         self.storage_index: dict[int, int] = {}   # id(storage) -> buffer index (skeleton)
         self.tensor_index: dict[int, int] = {}    # id(tensor) -> buffer index (skeleton)
         self.keep: list = []                      # keeps ids above valid
+        # (first address, end address, index) of each non-empty skeleton buffer, by address
+        self.ranges = _memory_ranges(buffers) if skeleton else []
+        self.starts = [r[0] for r in self.ranges]
 
     def index_of(self, buf) -> int | None:
         while buf is not None:
@@ -111,6 +120,25 @@ class _LoadContext:
                 return i
             buf = buf.obj if isinstance(buf, memoryview) else getattr(buf, "base", None)
         return None
+
+    def buffer_at(self, address: int) -> int | None:
+        """The index of the skeleton buffer whose memory holds this address, or None."""
+        k = bisect.bisect_right(self.starts, address) - 1
+        if k >= 0 and address < self.ranges[k][1]:
+            return self.ranges[k][2]
+        return None
+
+
+def _memory_ranges(buffers: list) -> list[tuple[int, int, int]]:
+    """(first address, end address, index) of each non-empty buffer (writable placeholders:
+    bytearrays and anonymous mmaps), sorted by address."""
+    out = []
+    for i, b in enumerate(buffers):
+        n = len(b)
+        if n:
+            first = ctypes.addressof(ctypes.c_char.from_buffer(b))   # the export ends at once
+            out.append((first, first + n, i))
+    return sorted(out)
 
 
 _local = threading.local()
@@ -573,14 +601,38 @@ def _object_layout(info) -> tuple[list[str], list[int]]:
     return names, [info.sizes[name] for name in names]
 
 
-def _unpickle(data, buffers: list, skeleton: bool):
+def _unpickle(info, data, buffers: list, skeleton: bool):
+    """(the object of the pickle stream data, its _LoadContext). Raises CorruptionError
+    naming the checkpoint when the stream is not a pickle (see _damaged_stream); an error
+    raised by code the stream calls (a class's __setstate__, a reduce function) or a module
+    or class that cannot be found is raised as it is."""
     ctx = _LoadContext(buffers, skeleton)
     prev = getattr(_local, "ctx", None)
     _local.ctx = ctx
     try:
         return pickle.loads(data, buffers=buffers), ctx
+    except Exception as exc:
+        if _damaged_stream(exc, inspect.currentframe()):
+            raise CorruptionError(f"checkpoint {info.id} of stream {info.stream!r}: its pickle "
+                                  f"stream cannot be read: {type(exc).__name__}: {exc}") from None
+        raise
     finally:
         _local.ctx = prev
+
+
+def _damaged_stream(exc: Exception, caller) -> bool:
+    """True when exc comes from the unpickler reading a damaged stream: pickle's own errors,
+    or an error the unpickler raised itself (the traceback ends in caller, the frame that
+    called pickle.loads) other than a missing module or class or a lack of memory; False
+    for an error raised by Python code the stream calls."""
+    if isinstance(exc, (pickle.UnpicklingError, EOFError)):
+        return True
+    if isinstance(exc, (ImportError, AttributeError, MemoryError)):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame is caller
 
 
 def load(store, id_or_stream: Any, into: Any = None) -> Any:
@@ -590,15 +642,18 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
         store: an open snapstore.Store (read-only is fine).
         id_or_stream: a checkpoint id, a CheckpointInfo, or a stream name (its latest).
         into: None, or an existing object graph of the same structure (dicts with the same
-            keys, lists of the same lengths, arrays/tensors of the same shapes and dtypes,
-            objects of the same classes): arrays, tensors and bytearrays are written in
-            their existing memory, other values are set in their containers (FRESH in the
-            target takes the loaded value as is). Everything is checked before anything is
-            written.
+            keys, lists of the same lengths, arrays/dense tensors of the same shapes and
+            dtypes, objects of the same classes): arrays, tensors and bytearrays are written
+            in their existing memory, other values are set in their containers (FRESH in the
+            target takes the loaded value as is; masked arrays and sparse, quantized or nested
+            tensors are loaded only that way). Everything is checked before anything is
+            written. A value set in the target never shares memory with another target.
     Returns: the object (arrays and tensors writable, in memory owned by the caller), or into.
     Raises: InvalidArgumentTypeError (store is not a Store: the store comes first),
         CheckpointNotFound, NotAnObjectCheckpointError (names the call that reads the
-        checkpoint), StructureMismatchError (nothing written), CorruptionError.
+        checkpoint), StructureMismatchError (nothing written), CorruptionError (also for a
+        pickle stream that is not one; an error raised by a class's __setstate__ or reduce
+        function while unpickling is raised as it is).
     """
     require_store(store, "snapstore.objects.load")
     info = resolve_checkpoint(store, id_or_stream)
@@ -608,7 +663,7 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
     buffers = [uninit_bytearray(n) for n in sizes]
     stream = uninit_bytearray(info.sizes[PICKLE_BUFFER])
     store.restore_into(info.id, {PICKLE_BUFFER: stream, **dict(zip(names, buffers))})
-    obj, _ = _unpickle(stream, buffers, skeleton=False)
+    obj, _ = _unpickle(info, stream, buffers, skeleton=False)
     return obj
 
 
@@ -617,7 +672,10 @@ class _Plan:
     def __init__(self) -> None:
         self.actions: list[tuple] = []           # ("copy"|"assign"|"bytes", steps, ...)
         self.candidates: list[tuple] = []        # (buffer index, target view, id(dst))
-        self.uses: dict[int, int] = {}           # buffer index -> leaves using it
+        self.uses: dict[int, int] = {}           # buffer index -> leaves copying from it
+        self.kept: set = set()                   # buffers of values the target keeps as
+        #                                          loaded (_ANY_BUFFER: maybe any buffer)
+        self.walked: dict = {}                   # id -> object of every value _keep walked
         self.seen: set = set()
 
 
@@ -649,11 +707,31 @@ def _mismatch(steps, message: str):
                                   path)
 
 
-def _same_leaf(a, b) -> bool:
+def _same_leaf(a, b, np) -> bool:
+    """True when the target's value b may stay for the checkpoint's a: the same object, an
+    equal one of the same type, or a float (complex, NumPy scalar) with the same bits, so a
+    NaN matches the same NaN."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
     try:
-        return type(a) is type(b) and bool(a == b)
+        if bool(a == b):
+            return True
     except Exception:
         return False
+    return _same_bits(a, b, np)
+
+
+def _same_bits(a, b, np) -> bool:
+    """True for two floats, complex numbers or NumPy scalars of one type with the same bytes."""
+    if isinstance(a, float):
+        return struct.pack("<d", a) == struct.pack("<d", b)
+    if isinstance(a, complex):
+        return struct.pack("<dd", a.real, a.imag) == struct.pack("<dd", b.real, b.imag)
+    if np is not None and isinstance(a, np.generic) and not a.dtype.hasobject:
+        return a.tobytes() == b.tobytes()
+    return False
 
 
 def _plan_pair(src, dst, steps: tuple, container, key, plan: _Plan, ctx: _LoadContext,
@@ -664,8 +742,7 @@ def _plan_pair(src, dst, steps: tuple, container, key, plan: _Plan, ctx: _LoadCo
         if not isinstance(container, (MutableMapping, list)):
             raise _mismatch(steps, "FRESH must be inside a dict or a list")
         plan.actions.append(("assign", steps, container, key))
-        for index in _buffers_under(src, ctx, np, torch):
-            plan.uses[index] = plan.uses.get(index, 0) + 2    # never written in place
+        _keep(src, plan, ctx, np, torch)
         return
     ks, kd = _kind(src, np, torch, ctx), _kind(dst, np, torch)
     if ks != kd:
@@ -684,20 +761,23 @@ def _plan_pair(src, dst, steps: tuple, container, key, plan: _Plan, ctx: _LoadCo
                                    f"{dst.dtype} {dst.shape} in the target")
         if not dst.flags.writeable:
             raise _mismatch(steps, "the target array is read-only")
-        _plan_buffer_leaf(src, dst, steps, plan, ctx, ctx.index_of(src),
+        if src.dtype.hasobject:          # copyto puts the loaded elements in the target
+            _keep(src, plan, ctx, np, torch)
+        _plan_buffer_leaf(src, dst, steps, plan, ctx, _array_buffer(src, ctx),
                           src.nbytes, _ndarray_target(src, dst, np))
     elif ks == "tensor":
-        if src.layout != torch.strided or dst.layout != torch.strided:
-            raise _mismatch(steps, f"a {src.layout} tensor in the checkpoint, {dst.layout} in "
-                                   "the target: only dense (strided) tensors are loaded into "
-                                   "in place; load it as new with FRESH")
+        kinds = (_tensor_kind(src, torch), _tensor_kind(dst, torch))
+        if kinds != ("dense", "dense"):
+            raise _mismatch(steps, f"a {kinds[0]} tensor in the checkpoint, {kinds[1]} in the "
+                                   "target: only dense (strided) tensors are loaded into in "
+                                   "place; load it as new with FRESH")
         if src.dtype != dst.dtype or tuple(src.shape) != tuple(dst.shape):
             raise _mismatch(steps, f"tensor of {src.dtype} {tuple(src.shape)} in the checkpoint, "
                                    f"{dst.dtype} {tuple(dst.shape)} in the target")
         problem = _unwritable_tensor(dst, torch)
         if problem is not None:
             raise _mismatch(steps, problem)
-        _plan_buffer_leaf(src, dst, steps, plan, ctx, ctx.tensor_index.get(id(src)),
+        _plan_buffer_leaf(src, dst, steps, plan, ctx, _copied_tensor_buffer(src, plan, ctx, torch),
                           src.numel() * src.element_size(), _tensor_target(src, dst))
     elif ks == "bytearray":
         size, target = len(memoryview(src)), _writable_bytes(dst)
@@ -707,6 +787,7 @@ def _plan_pair(src, dst, steps: tuple, container, key, plan: _Plan, ctx: _LoadCo
             raise _mismatch(steps, f"buffer of {size} bytes in the checkpoint, {len(target)} in "
                                    "the target")
         plan.actions.append(("bytes", steps, target))
+        _count_use(plan, ctx.index_of(src))
     elif ks == "mapping":
         if set(src.keys()) != set(dst.keys()):
             missing = [k for k in src if k not in dst]
@@ -729,7 +810,8 @@ def _plan_pair(src, dst, steps: tuple, container, key, plan: _Plan, ctx: _LoadCo
     else:  # a plain value: set it in its container
         if isinstance(container, (MutableMapping, list)):
             plan.actions.append(("assign", steps, container, key))
-        elif not _same_leaf(src, dst):
+            _keep(src, plan, ctx, np, torch)
+        elif not _same_leaf(src, dst, np):
             where = "at the root" if container is None else f"inside a {type(container).__name__}"
             raise _mismatch(steps, f"a {type(dst).__name__} {where} cannot be changed in place "
                                    f"(checkpoint {src!r:.60}, target {dst!r:.60})")
@@ -761,23 +843,95 @@ def _writable_bytes(x) -> memoryview | None:
     return None if view.readonly or not view.c_contiguous else view.cast("B")
 
 
-def _buffers_under(root, ctx: _LoadContext, np, torch) -> list:
-    """Indices of the out-of-band buffers the arrays/tensors under root use."""
-    out, seen, stack = [], set(), [root]
+_ANY_BUFFER = -1               # in _Plan.kept: values whose memory cannot be told
+_WALK_LIMIT = 1_000_000        # objects _keep walks in one plan before it gives _ANY_BUFFER
+_ATOMIC_TYPES = frozenset((int, float, complex, str, bytes, bool, type(None)))
+_NEVER_LOADED = (type, types.FunctionType, types.ModuleType, types.CodeType)
+
+
+def _keep(src, plan: _Plan, ctx: _LoadContext, np, torch) -> None:
+    """Notes that the target keeps src (a part of the skeleton) as loaded: every out-of-band
+    buffer whose memory anything reachable from src lies in goes to plan.kept. That is
+    arrays, tensors, storages and buffers at any depth, inside any container or object
+    (followed with gc.get_referents, which sees deques, sets, slots and __dict__s alike, and
+    into object arrays' elements); _ANY_BUFFER when it cannot be told (a tensor whose memory
+    cannot be found, more than _WALK_LIMIT objects walked)."""
+    found: set = set()
+    walked = plan.walked          # held, so no id is reused; shared by the plan's calls
+    stack = [src]
     while stack:
         x = stack.pop()
-        if id(x) in seen:
+        if type(x) in _ATOMIC_TYPES or isinstance(x, _NEVER_LOADED) or id(x) in walked:
             continue
-        seen.add(id(x))
-        if np is not None and isinstance(x, np.ndarray):
-            out.append(ctx.index_of(x))
-        elif torch is not None and isinstance(x, torch.Tensor):
-            out.append(ctx.tensor_index.get(id(x)))
-        elif id(x) in ctx.index:
-            out.append(ctx.index[id(x)])
+        walked[id(x)] = x
+        if len(walked) > _WALK_LIMIT:
+            found.add(_ANY_BUFFER)
+            break
+        stack.extend(_parts_and_memory(x, ctx, np, torch, found))
+    found.discard(None)
+    plan.kept |= found
+
+
+def _parts_and_memory(x, ctx: _LoadContext, np, torch, found: set) -> list:
+    """The objects x refers to; adds the buffers x's own elements lie in to found."""
+    if np is not None and isinstance(x, np.ndarray):
+        parts = gc.get_referents(x)   # a subclass's attributes
+        if x.dtype.hasobject:
+            parts.append(x.tolist())  # the elements themselves, in nested lists
         else:
-            stack.extend(child for _, child in _children(x))
-    return [i for i in out if i is not None]
+            found.add(_array_buffer(x, ctx))
+        return parts
+    if torch is not None and isinstance(x, torch.Tensor):
+        found.update(_tensor_buffers(x, ctx, torch))
+        return gc.get_referents(x)    # its attributes
+    if torch is not None and isinstance(x, torch.UntypedStorage):
+        found.add(ctx.buffer_at(x.data_ptr()))
+    else:
+        found.add(ctx.index_of(x))    # a skeleton buffer, a memoryview of one
+    return gc.get_referents(x)
+
+
+def _array_buffer(a, ctx: _LoadContext) -> int | None:
+    """The skeleton buffer a NumPy array's elements lie in, or None."""
+    i = ctx.index_of(a)
+    if i is None and a.size:
+        i = ctx.buffer_at(a.__array_interface__["data"][0])
+    return i
+
+
+def _tensor_buffer(t, ctx: _LoadContext) -> int | None:
+    """The skeleton buffer a strided tensor's storage lies in, or None. Raises RuntimeError
+    (or NotImplementedError, TypeError) for a tensor without a storage (a wrapper subclass)."""
+    i = ctx.tensor_index.get(id(t))
+    return i if i is not None else ctx.buffer_at(t.untyped_storage().data_ptr())
+
+
+def _copied_tensor_buffer(src, plan: _Plan, ctx: _LoadContext, torch) -> int | None:
+    """The skeleton buffer a dense tensor that a copy leaf reads lies in, or None; when that
+    cannot be told, no buffer goes straight into a target (_ANY_BUFFER is kept)."""
+    (index,) = _tensor_buffers(src, ctx, torch)
+    if index == _ANY_BUFFER:
+        plan.kept.add(_ANY_BUFFER)
+        return None
+    return index
+
+
+def _tensor_buffers(t, ctx: _LoadContext, torch) -> set:
+    """The skeleton buffers a tensor of any layout uses ({_ANY_BUFFER}: cannot be told)."""
+    try:
+        if t.layout == torch.strided:
+            return {_tensor_buffer(t, ctx)}
+        if t.layout == torch.sparse_coo:
+            parts = (t._indices(), t._values())
+        elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
+            parts = (t.crow_indices(), t.col_indices(), t.values())
+        elif t.layout in (torch.sparse_csc, torch.sparse_bsc):
+            parts = (t.ccol_indices(), t.row_indices(), t.values())
+        else:
+            return {_ANY_BUFFER}
+        return {_tensor_buffer(p, ctx) for p in parts}
+    except (RuntimeError, NotImplementedError, TypeError):   # no storage (a wrapper)
+        return {_ANY_BUFFER}
 
 
 def _ndarray_target(src, dst, np):
@@ -792,6 +946,18 @@ def _ndarray_target(src, dst, np):
         except (BufferError, TypeError, ValueError):
             return None
     return None
+
+
+def _tensor_kind(t, torch) -> str:
+    """"dense" for a plain strided tensor, else what it is ("quantized", "nested",
+    "torch.sparse_coo"...), read without touching its sizes (a nested tensor has none)."""
+    if t.is_nested:
+        return "nested"
+    if t.is_quantized:
+        return "quantized"
+    if t.layout != torch.strided:
+        return str(t.layout)
+    return "dense"
 
 
 def _unwritable_tensor(t, torch) -> str | None:
@@ -821,10 +987,15 @@ def _tensor_target(src, dst):
 
 def _plan_buffer_leaf(src, dst, steps, plan: _Plan, ctx, index, nbytes, target) -> None:
     plan.actions.append(("copy", steps, dst))
+    _count_use(plan, index)
+    if index is not None and target is not None and len(target) == nbytes:
+        plan.candidates.append((index, target, id(dst), len(plan.actions) - 1))
+
+
+def _count_use(plan: _Plan, index: int | None) -> None:
+    """One more leaf copies from buffer index (None: from no out-of-band buffer)."""
     if index is not None:
         plan.uses[index] = plan.uses.get(index, 0) + 1
-        if target is not None and len(target) == nbytes:
-            plan.candidates.append((index, target, id(dst), len(plan.actions) - 1))
 
 
 def _walk(root, steps):
@@ -834,29 +1005,48 @@ def _walk(root, steps):
     return x
 
 
+def _direct_restores(plan: _Plan, sizes: list) -> tuple[dict, set]:
+    """({buffer index: target memory}, indices of the copy actions they replace): the
+    buffers that only one copy leaf reads, into a target laid out like the buffer. A buffer
+    that anything the target keeps as loaded (an assigned value, FRESH, object array
+    elements) uses is never one: that value would be a view of the target's memory."""
+    direct: dict[int, memoryview] = {}
+    direct_actions: set = set()
+    if _ANY_BUFFER in plan.kept:
+        return direct, direct_actions
+    targets_taken: set = set()
+    spans_taken: list = []      # target memory written directly: tied targets (two tensors
+    #                             of one storage) are copied in order instead, last one wins
+    #                             as in load_state_dict, never restored into at once
+    for index, view, dst_id, action in plan.candidates:
+        if plan.uses.get(index) == 1 and index not in plan.kept and index not in direct \
+                and dst_id not in targets_taken and len(view) == sizes[index]:
+            first = buffer_address(view) if len(view) else 0
+            span = (first, first + len(view))
+            if any(a < span[1] and span[0] < b for a, b in spans_taken):
+                continue
+            direct[index] = view
+            direct_actions.add(action)
+            targets_taken.add(dst_id)
+            spans_taken.append(span)
+    return direct, direct_actions
+
+
 def _load_into(store, info, names, sizes, into):
     data = store.read(info.id, PICKLE_BUFFER)
     # 1. a skeleton over untouched memory, matched against the target: all checks first
     placeholders = [_placeholder(n) for n in sizes]
-    skeleton, ctx = _unpickle(data, placeholders, skeleton=True)
+    skeleton, ctx = _unpickle(info, data, placeholders, skeleton=True)
     np, torch = sys.modules.get("numpy"), sys.modules.get("torch")
     plan = _Plan()
     _plan_pair(skeleton, into, (), None, None, plan, ctx, np, torch)
     # 2. buffers used by exactly one array/tensor laid out like its target go straight into
     # the target's memory; the others into fresh memory, copied after the final unpickle
-    direct: dict[int, memoryview] = {}
-    direct_actions: set = set()
-    targets_taken: set = set()
-    for index, view, dst_id, action in plan.candidates:
-        if plan.uses.get(index) == 1 and index not in direct and dst_id not in targets_taken \
-                and len(view) == sizes[index]:
-            direct[index] = view
-            direct_actions.add(action)
-            targets_taken.add(dst_id)
-    del skeleton, ctx, placeholders, plan.candidates
+    direct, direct_actions = _direct_restores(plan, sizes)
+    del skeleton, ctx, placeholders, plan.candidates, plan.walked
     buffers = [direct[i] if i in direct else uninit_bytearray(n) for i, n in enumerate(sizes)]
     store.restore_into(info.id, dict(zip(names, buffers)))
-    final, _ = _unpickle(data, buffers, skeleton=False)
+    final, _ = _unpickle(info, data, buffers, skeleton=False)
     for i, action in enumerate(plan.actions):
         if i in direct_actions:
             continue

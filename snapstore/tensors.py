@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from snapstore.arrays import ARRAY_PREFIX, ARRAYS_META_KEY
-from snapstore.errors import CorruptionError
-from snapstore.objectlayer import DCP_META_KEY, DCP_METADATA_BUFFER, DCP_PART_KEY
+from snapstore.errors import CorruptionError, InvalidArgumentTypeError
+from snapstore.objectlayer import (DCP_META_KEY, DCP_METADATA_BUFFER, DCP_PART_KEY,
+                                   require_store, resolve_checkpoint)
 from snapstore.objects import META_KEY, OOB_PREFIX, PICKLE_BUFFER
 
 __all__ = ["TensorEntry", "Catalogue", "tensor_catalogue", "catalogue", "checkpoint_kind",
@@ -42,13 +43,16 @@ __all__ = ["TensorEntry", "Catalogue", "tensor_catalogue", "catalogue", "checkpo
 
 
 # Bytes per element of the dtypes catalogued (torch's names; numpy's are the same where both
-# exist). A dtype missing here is listed as skipped, not guessed.
+# exist). A dtype missing here is listed as skipped, not guessed. torch's sub-byte integers
+# (uint1-uint7, int1-int7) take one byte per element; they are listed, but no export format
+# holds them (snapstore.exporter refuses them).
 DTYPE_ITEMSIZE = {
     "bool": 1, "uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4,
     "uint64": 8, "int64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
     "complex32": 4, "complex64": 8, "complex128": 16, "float8_e4m3fn": 1, "float8_e5m2": 1,
     "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1,
     "bits8": 1, "bits16": 2, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
+    **{f"{sign}int{bits}": 1 for sign in ("u", "") for bits in range(1, 8)},
 }
 _TORCH_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "cfloat":
                   "complex64", "cdouble": "complex128", "chalf": "complex32", "short": "int16",
@@ -131,6 +135,16 @@ def dtype_itemsize(dtype: str) -> Optional[int]:
     return None
 
 
+def _resolve(store, name: Any, function: str):
+    """The CheckpointInfo a catalogue call names (see tensor_catalogue)."""
+    require_store(store, function)
+    if name is None:
+        raise InvalidArgumentTypeError(
+            f"{function}: no checkpoint given (None: store.latest() returns None for a stream "
+            "without checkpoints); pass a CheckpointInfo, an id or a checkpoint name")
+    return resolve_checkpoint(store, name)
+
+
 def _reserved(info) -> dict:
     """snapstore's reserved meta keys of a checkpoint (CheckpointInfo.reserved_meta)."""
     return info.reserved_meta
@@ -153,15 +167,28 @@ def checkpoint_kind(info) -> str:
 
 
 def tensor_catalogue(store, info) -> list:
-    """The tensors and arrays of a checkpoint (info: its CheckpointInfo), in the saved order:
-    a list of TensorEntry ([] for checkpoints holding none). Reads only the checkpoint's
-    description (pickle stream or DCP metadata), never the tensors' bytes.
-    Raises CorruptionError when the description cannot be read."""
-    return catalogue(store, info).tensors
+    """The tensors and arrays of a checkpoint, in the saved order: a list of TensorEntry ([]
+    for checkpoints holding none). Reads only the checkpoint's description (pickle stream or
+    DCP metadata), never the tensors' bytes.
+
+    Args:
+        store: an open Store.
+        info: the checkpoint: a CheckpointInfo, an id, or any name Store.resolve takes (a
+            stream name for its newest checkpoint, "latest", "STREAM@SEQ", a tag...).
+    Raises: InvalidArgumentTypeError (store is not a Store; info is None, as store.latest()
+        gives for an empty stream, or not a name), CheckpointNotFound, AmbiguousCheckpointName,
+        CorruptionError (the description cannot be read)."""
+    return _catalogue(store, info, "snapstore.tensors.tensor_catalogue").tensors
 
 
 def catalogue(store, info) -> Catalogue:
-    """tensor_catalogue() plus the checkpoint's kind, plain values and skipped parts."""
+    """tensor_catalogue() plus the checkpoint's kind, plain values and skipped parts (same
+    arguments and errors)."""
+    return _catalogue(store, info, "snapstore.tensors.catalogue")
+
+
+def _catalogue(store, name: Any, function: str) -> Catalogue:
+    info = _resolve(store, name, function)
     kind = checkpoint_kind(info)
     out = Catalogue(kind)
     if kind == "objects":
@@ -299,13 +326,31 @@ def _numpy_dtype(stub: Any) -> str:
     if len(state) > 3 and state[3] is not None:
         return "structured"
     byteorder = state[1] if len(state) > 1 and isinstance(state[1], str) else "<"
-    unit = state[8] if len(state) > 8 else None        # datetimes: (None, (b"ns", 1, 1, 1))
-    if isinstance(unit, tuple) and len(unit) == 2 and isinstance(unit[1], tuple) and unit[1]:
-        unit = unit[1][0]
-    if isinstance(spec, str) and spec[:1] in "Mm" and isinstance(unit, (bytes, str)):
-        unit = unit.decode("ascii", "replace") if isinstance(unit, bytes) else unit
+    unit = _datetime_unit(state[8] if len(state) > 8 else None)
+    if isinstance(spec, str) and spec[:1] in "Mm" and unit is not None:
         spec = f"{spec}[{unit}]"
     return _numpy_dtype_name(spec, byteorder)
+
+
+def _datetime_unit(metadata: Any) -> Optional[str]:
+    """The unit of a pickled datetime64/timedelta64 dtype with its multiplier ("ns", "5s",
+    "generic"), from the dtype state's metadata (None, (b"s", 5, 1, 1)); None if unreadable."""
+    if isinstance(metadata, tuple) and len(metadata) == 2 and isinstance(metadata[1], tuple):
+        metadata = metadata[1]                 # (unit, count, 1, 1)
+    if isinstance(metadata, (bytes, str)):
+        metadata = (metadata,)
+    if not (isinstance(metadata, tuple) and metadata):
+        return None
+    unit, count = metadata[0], metadata[1] if len(metadata) > 1 else 1
+    if isinstance(unit, bytes):
+        unit = unit.decode("ascii", "replace")
+    if unit not in _DATETIME_UNITS or type(count) is not int or not 1 <= count < 2 ** 31:
+        return None
+    return unit if count == 1 else f"{count}{unit}"
+
+
+_DATETIME_UNITS = frozenset(("Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs",
+                             "as", "generic"))
 
 
 def _torch_dtype(x: Any) -> str:
@@ -484,7 +529,7 @@ def _add(out: Catalogue, name: str, dtype: str, shape: tuple, strides: Optional[
     itemsize = dtype_itemsize(dtype)
     if where is None or itemsize is None:
         out.skipped[name] = f"{dtype} tensor {shape}: " + \
-            ("unknown dtype" if itemsize is None else "bytes not found")
+            ("a dtype the catalogue does not know" if itemsize is None else "bytes not found")
         return True
     if strides is None:
         strides = _c_strides(shape)
