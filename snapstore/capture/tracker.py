@@ -71,7 +71,11 @@ class Capturer:
         once its jobs landed (the persister's wait_idle) and none failed; else {}. The id is
         the checkpoint they describe: a plan uses them only while it is the stream's head."""
         with self._lock:
-            if self.failure is not None or not self.based or self.last_id is None:
+            # (a plain checkpoint in a done-callback runs on the worker, where nothing keeps a
+            # capture of the stream in another thread apart from it: the tables may hold that
+            # capture's copy, whose job is queued now, under the old last_id)
+            if self.failure is not None or not self.based or self.last_id is None or \
+                    self.persister.pending(self):
                 return {}
             page_size = self.persister.committer.options.page_size
             known = {}
@@ -132,6 +136,10 @@ class Capturer:
             # The head must be this stream's newest capture: let pending jobs land first.
             persister.wait_idle(self, what="a checkpoint that diffs against the stream's head "
                                            "(the first, or the next after a failure)")
+            if self.failure is not None and plans:
+                # a job failed while we waited: the deltas dirty() gave are relative to its
+                # copy, which the store never got; every buffer is diffed against the head
+                full_diff, plans = dict(views), []
             self.failure = None
             committer.check_open(write=True)
             # the cache as it is (an S3 store's): the caller never waits for the network; a
