@@ -382,16 +382,25 @@ class ChunkSink:
     chunks, compresses, appends chunk records. Collects the NEW_CHUNK table."""
 
     def __init__(self, log: SegmentLog, view: IndexView, opts: WriteOptions,
-                 pause: Callable[[], None] | None = None) -> None:
+                 pause: Callable[[], None] | None = None,
+                 unreusable: frozenset = frozenset()) -> None:
         self.log, self.view, self.opts, self.pause = log, view, opts, pause
         self.new: dict[bytes, tuple] = {}
         # chunks stored elsewhere that the view lacks, which may be reused: {id: (segment,
         # offset, stored length, raw length, codec)} (S3 stores: other writers' uploads)
         self.known: dict[bytes, tuple] = {}
+        # segments whose chunks the view lists but this checkpoint must not reuse (S3 stores:
+        # another session's, not in the bucket): such chunks are stored anew
+        self.unreusable = unreusable
         self.bytes_new = 0
 
     def _have(self, cid: bytes) -> bool:
-        return cid in self.new or cid in self.known or self.view.has_chunk(cid)
+        if cid in self.new or cid in self.known:
+            return True
+        if not self.unreusable:
+            return self.view.has_chunk(cid)
+        entry = self.view.chunk(cid)
+        return entry is not None and entry.segment not in self.unreusable
 
     def put(self, data: memoryview, expected: bytes | None = None) -> bytes:
         """Ensures the chunk is stored; returns its id. With `expected` (a chunk handed in by

@@ -427,7 +427,8 @@ class RemoteCommitter:
             if board is not None:
                 board.begin()
             with self.index.read() as r:
-                sink = wr.ChunkSink(self.log, r, self.options, pause)
+                sink = wr.ChunkSink(self.log, r, self.options, pause,
+                                    self.gc_guard.unreusable())
                 announce = None if board is None else \
                     (lambda plan: sink.known.update(board.announce(plan, until)))
                 entries, fingerprints = store_plans(r, stream, head, make_plans, sink,
@@ -610,7 +611,8 @@ class RemoteCommitter:
         mark = self.log.position
         try:
             with self.index.read() as r:
-                sink = wr.ChunkSink(self.log, r, self.options)
+                sink = wr.ChunkSink(self.log, r, self.options,
+                                    unreusable=self.gc_guard.unreusable())
                 wr.store_missing_chunks(sink, r, entries, read_chunks)
                 new_chunks = sink.new_chunk_table()
                 reused = self.reused_table(r, reused_chunks(entries, new_chunks))

@@ -14,7 +14,10 @@ One Guard per open S3 store:
   back after a long time included;
 - begin(index) -> CommitTicket, at a commit's start: refresh, and the start time s;
 - check(index, log, backend, ticket, new_chunks, reused), after the commit's uploads and
-  before it creates its checkpoint object: reads the mark again. (W1) a reused chunk in a
+  before it creates its checkpoint object: reads the mark again. (W0) with no mark, a
+  reused chunk in another log's segment missing from the bucket (another session of this
+  cache directory, durability "local", has not uploaded it): the segment goes to
+  unreusable() and Replan is raised, so the commit stores those chunks anew. (W1) a reused chunk in a
   segment the mark names or that is missing from the bucket: the cache follows the mark as
   above; a chunk a cached checkpoint uses that no object locates elsewhere (a checkpoint
   committed after the mark was made uses the marked segment: legal, gc will find it
@@ -45,7 +48,7 @@ from snapstore.engine import chunks
 from snapstore.engine import format as fmt
 from snapstore.engine.backends.base import SegmentBackend
 from snapstore.engine.index import ChunkEntry, Index
-from snapstore.engine.wal import SegmentLog
+from snapstore.engine.wal import SegmentLog, log_of
 from snapstore.errors import CommitConflict, CorruptionError
 from snapstore.remote import gcmark, layout, reach, sync
 from snapstore.remote.s3client import S3Client
@@ -77,6 +80,7 @@ class Guard:
         self.mark: gcmark.Mark | None = None
         self._read = False
         self._present: set[int] = set()     # segments seen in the bucket under self.mark
+        self._unreusable: set[int] = set()  # another session's segments not in the bucket
         self._lock = threading.Lock()
         self.stats = {"marks": 0, "dropped": 0, "relocated": 0, "unresolved": 0,
                       "copied": 0, "replans": 0}
@@ -110,13 +114,24 @@ class Guard:
         it: they cannot go on without knowing what gc may delete)."""
         self.refresh(index, damaged_ok=True)
 
-    def _usable(self, segment: int) -> bool:
-        """Whether the current mark leaves the segment alone and it is in the bucket."""
-        if self.mark is None:
-            return True                 # no gc ever ran: nothing was deleted
-        if segment in self.mark.segments:
+    def unreusable(self) -> frozenset:
+        """Segments a commit must not reuse chunks from (W0 in check): another session's,
+        found missing from the bucket while no gc ran. For this Store's lifetime (a session
+        that uploads them later only costs a commit here the dedup)."""
+        with self._lock:
+            return frozenset(self._unreusable)
+
+    def _usable(self, segment: int, own_log: int | None = None) -> bool:
+        """Whether the current mark leaves the segment alone and it is in the bucket. With no
+        mark (no gc ever ran: nothing was deleted) a segment of own_log, the asking writer's
+        log, is taken as uploaded (or queued before its commit's ref write); another log's
+        is looked for, as under a mark: another Store on this cache directory with
+        durability "local" may not have uploaded it yet, or may have died before it did."""
+        if self.mark is not None and segment in self.mark.segments:
             return False
         if segment in self._present:
+            return True
+        if self.mark is None and (own_log is None or log_of(segment) == own_log):
             return True
         if self.client.head(layout.segment_key(segment)) is None:
             return False
@@ -220,8 +235,8 @@ class Guard:
         Replan or CommitConflict; sets ticket.next_id."""
         mark = self.refresh(index)
         ticket.note(mark)
+        own = {loc[1] for loc in fmt.NEW_CHUNK.iter_unpack(new_chunks)}
         if mark is not None:
-            own = {loc[1] for loc in fmt.NEW_CHUNK.iter_unpack(new_chunks)}
             if staged:
                 with self._lock:
                     gone = sorted(n for n in own if not self._usable(n))
@@ -235,22 +250,30 @@ class Guard:
                 raise CommitConflict(
                     "the checkpoint took so long that garbage collection marked segments it "
                     f"uploaded (grace {mark.grace:g} s): nothing was committed; try again")
-            with self._lock:
-                bad = {loc[1] for loc in fmt.NEW_CHUNK.iter_unpack(reused)
-                       if not self._usable(loc[1])}
-                if bad:
-                    with index.write() as w:
-                        for cid, seg, off, stored, raw, codec in \
-                                fmt.NEW_CHUNK.iter_unpack(new_chunks):
-                            if not w.has_chunk(cid):
-                                w.put_chunk(cid, ChunkEntry(seg, off, stored, raw, 0, codec))
-                    left = self._follow(index, bad)
-                    if left:
-                        self._copy(index, log, backend, left, bad)
-                    self.stats["replans"] += 1
-                    raise Replan()
-                if not staged:
-                    self._present.update(own)   # uploaded after the mark was listed
+        with self._lock:
+            bad = {loc[1] for loc in fmt.NEW_CHUNK.iter_unpack(reused)
+                   if not self._usable(loc[1], log.log)}
+            if bad and mark is None:
+                # (W0) no gc ran, yet a reused segment is not in the bucket: another session
+                # of this cache directory (durability "local") has not uploaded it, or died
+                # first. The commit must not count on it: planned again, it stores those
+                # chunks anew (ChunkSink's unreusable), leaving that session's entries be
+                self._unreusable |= bad
+                self.stats["replans"] += 1
+                raise Replan()
+            if bad:
+                with index.write() as w:
+                    for cid, seg, off, stored, raw, codec in \
+                            fmt.NEW_CHUNK.iter_unpack(new_chunks):
+                        if not w.has_chunk(cid):
+                            w.put_chunk(cid, ChunkEntry(seg, off, stored, raw, 0, codec))
+                left = self._follow(index, bad)
+                if left:
+                    self._copy(index, log, backend, left, bad)
+                self.stats["replans"] += 1
+                raise Replan()
+            if mark is not None and not staged:
+                self._present.update(own)       # uploaded after the mark was listed
         self.check_deadline(ticket)
 
     def check_deadline(self, ticket: CommitTicket) -> None:

@@ -381,3 +381,29 @@ def test_a_spool_record_that_cannot_be_removed_is_warned_of_and_commits_go_on(
     with snapstore.open(url, cache_dir=cache, durability="local") as again:  # the replay
         assert [c.id for c in again.checkpoints("s")] == [first.id, second.id]
     assert left() == []
+
+
+def test_a_remote_commit_never_counts_on_another_sessions_upload(url, tmp_path):
+    """Regression (a helper's hunt): two Stores on one cache directory, one with durability
+    "local" whose process dies before its segment is uploaded, one with durability "remote"
+    that checkpoints the same bytes. The remote one deduplicated against the other session's
+    spooled segment, so its acknowledged checkpoint named a segment the bucket never got:
+    unrestorable on every machine. It now stores those chunks itself."""
+    import os
+    cache = str(tmp_path / "shared")
+    data = np.random.default_rng(5).bytes(3 * MiB)
+    with snapstore.open(url, cache_dir=cache) as remote:
+        remote.checkpoint({"x": b"init"}, stream="b")
+        pid = os.fork()
+        if pid == 0:                    # the "local" session: acknowledged, never uploaded
+            try:
+                local = snapstore.open(url, cache_dir=cache, durability="local")
+                local._committer.backend._upload = lambda number: None
+                local.checkpoint({"w": data}, stream="a")
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        info = remote.checkpoint({"w": data}, stream="b")
+        assert info.bytes_new >= len(data) // 2            # stored here, not reused
+    with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as fresh:
+        assert fresh.restore(info.id)["w"] == data
