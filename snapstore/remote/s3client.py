@@ -158,7 +158,12 @@ class S3Client:
             max_pool_connections=32,
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required")
-        self._client = _new_session(boto3, botocore).client("s3", config=config)
+        try:
+            self._client = _new_session(boto3, botocore).client("s3", config=config)
+        except (botocore.exceptions.BotoCoreError, ValueError) as exc:
+            # a profile that is not there, an endpoint that is not a URL...
+            raise RemoteError(f"{url}: cannot make an S3 client from the AWS_* environment "
+                              f"and configuration files: {exc}", operation="connect") from None
         self.endpoint = self._client.meta.endpoint_url
         self._parts: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -201,6 +206,11 @@ class S3Client:
                 last = f"HTTP {status} {code}: {exc.response.get('Error', {}).get('Message', '')}"
                 if not retry:
                     raise self._refused(operation, key, last, status) from None
+            except (self._exc.NoCredentialsError, self._exc.PartialCredentialsError,
+                    self._exc.ProfileNotFound, self._exc.ParamValidationError) as exc:
+                # no retry can change these: refused at once, as a 403 is
+                raise self._refused(operation, key, f"{type(exc).__name__}: {exc}",
+                                    None) from None
             except (self._exc.BotoCoreError, OSError, http.client.HTTPException) as exc:
                 # connection refused / reset, timeouts, a closed connection ...
                 status, last = None, f"{type(exc).__name__}: {exc}"

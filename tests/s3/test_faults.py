@@ -64,6 +64,36 @@ def test_connection_refused_retries_then_names_the_request(s3, monkeypatch, tmp_
     assert took < 3.0, took
 
 
+# ---- configuration no retry can mend -------------------------------------------------------
+@pytest.mark.parametrize("setting, value, words", [
+    ("AWS_PROFILE", "no-such-profile", "no-such-profile"),
+    ("AWS_ENDPOINT_URL", "not a url", "not a url")])
+def test_a_bad_aws_setting_is_a_remote_error_at_once(s3, monkeypatch, tmp_path, setting, value,
+                                                     words):
+    """Regression (a helper's hunt): a missing profile raised botocore's raw
+    ProfileNotFound, an endpoint that is not a URL a raw ValueError (the CLI: "internal
+    error")."""
+    monkeypatch.setenv(setting, value)
+    t0 = time.monotonic()
+    with pytest.raises(RemoteError, match="cannot make an S3 client") as e:
+        snapstore.open("s3://bucket-x/p", cache_dir=str(tmp_path), remote_timeout=30)
+    assert words in str(e.value) and time.monotonic() - t0 < 5
+
+
+def test_missing_credentials_are_refused_at_once_not_retried(s3, monkeypatch, tmp_path):
+    """Regression: NoCredentialsError was retried for the whole remote_timeout (2 minutes by
+    default) though no retry can find credentials."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                 "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    t0 = time.monotonic()
+    with pytest.raises(RemoteError, match="refused: NoCredentialsError"):
+        snapstore.open(f"s3://{s3.bucket}/p", cache_dir=str(tmp_path / "c"), remote_timeout=30)
+    assert time.monotonic() - t0 < 5
+
+
 # ---- a server that accepts connections and never answers -----------------------------------
 @pytest.fixture
 def silent_server():
