@@ -379,7 +379,9 @@ def commit_group(c: RemoteCommitter, group: str, meta: Any, timeout: float | Non
                 continue
         else:
             raise CommitConflict(f"group {group}: garbage collection kept marking chunks it "
-                                 "reused; try again", stream=header.stream)
+                                 "reused, or a part reused chunks of a segment that is not in "
+                                 "the bucket (another session's, not uploaded); nothing was "
+                                 "committed; try again", stream=header.stream)
         commit = Commit(0, header.stream, header.parent, time.time(),
                         group_meta(group, {p.participant: p.meta for p in order}, meta),
                         entries, new_chunks, seq=header.seq + 1)
