@@ -17,9 +17,9 @@ One Guard per open S3 store:
   before it creates its checkpoint object: reads the mark again. (W0) with no mark, a
   reused chunk in another log's segment missing from the bucket (another session of this
   cache directory, durability "local", has not uploaded it): the segment goes to
-  unreusable() and Replan is raised, so the commit stores those chunks anew. (W1) a reused chunk in a
-  segment the mark names or that is missing from the bucket: the cache follows the mark as
-  above; a chunk a cached checkpoint uses that no object locates elsewhere (a checkpoint
+  unreusable() and Replan is raised, so the commit stores those chunks anew. (W1) a
+  reused chunk in a segment the mark names or that is missing from the bucket: the cache
+  follows the mark as above; a chunk a cached checkpoint uses that no object locates elsewhere (a checkpoint
   committed after the mark was made uses the marked segment: legal, gc will find it
   reachable, but this commit must not count on that) has its record copied into this
   writer's log and uploaded, and its entry moved to the copy; the commit's own new chunks

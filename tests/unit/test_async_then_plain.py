@@ -175,8 +175,8 @@ OPS = st.lists(st.one_of(
 ), min_size=1, max_size=14)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(ops=OPS)
 def test_any_mix_of_plain_and_async_checkpoints_restores_exactly(tmp_path_factory, ops):
     """Against the reference: each checkpoint restores to the buffer's bytes at its call."""
