@@ -31,13 +31,15 @@ The check and the commit cannot be split by another copy: the destination's stre
 again whenever its head moved since it was listed, and the copy is committed only onto the
 head the check saw (import_checkpoint's expect_head). When another writer commits to the
 stream in between (another copy of the same checkpoint, say), the commit is a CommitConflict,
-and the checkpoint is checked and copied again, up to COPY_ATTEMPTS times in all: two copies
-racing into one destination store each checkpoint once.
+and the checkpoint is checked and copied again, up to COPY_ATTEMPTS times in all; while
+another commit of the stream is only in progress (the head has not moved yet), the copy waits
+for it (up to CLAIM_WAIT_SECONDS) and checks again, which costs no attempt. So copies racing
+into one destination store each checkpoint once.
 
 Each checkpoint is its own commit: a failure (CommitConflict when other writers committed to
-the stream COPY_ATTEMPTS times while it was copied, CorruptionError from damage in the source,
-StoreIOError...) leaves the checkpoints copied before it in place, and running the copy again
-skips them.
+the stream COPY_ATTEMPTS times while it was copied, or kept a commit of it in progress for
+CLAIM_WAIT_SECONDS; CorruptionError from damage in the source, StoreIOError...) leaves the
+checkpoints copied before it in place, and running the copy again skips them.
 
 Only the public Store API is used, so the same code copies between any two kinds of store;
 what differs per destination is its committer's commit_manifests.
@@ -45,6 +47,8 @@ what differs per destination is its committer's commit_manifests.
 from __future__ import annotations
 
 import os
+import random
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -56,6 +60,8 @@ from snapstore.store import CheckpointManifests, Store
 __all__ = ["copy_checkpoints", "CopyResult", "store_location"]
 
 COPY_ATTEMPTS = 8       # checks and commits of one checkpoint while other writers move its stream
+CLAIM_WAIT_SECONDS = 30.0   # the longest wait for other commits of the stream in progress
+CLAIM_POLL_SECONDS = 0.01   # the first pause before looking again (doubling, at most 0.2 s)
 
 
 @dataclass
@@ -139,7 +145,8 @@ def copy_checkpoints(src: Store, dst: Store, checkpoints: Iterable | None = None
                 sent[0] += 1
                 sent[1] += len(data)
                 yield cid, data
-        for attempt in range(COPY_ATTEMPTS):
+        moves, waited, delay = 0, 0.0, CLAIM_POLL_SECONDS
+        while True:
             same, head = known.find(m)
             if same is not None:
                 return same, None, 0, 0
@@ -149,12 +156,21 @@ def copy_checkpoints(src: Store, dst: Store, checkpoints: Iterable | None = None
                     m.info.stream, m.buffers, counted,
                     with_origin(m.meta, {"store": origin, "id": m.info.id}),
                     created=m.info.created, tags=m.info.tags, expect_head=head)
-            except CommitConflict:
-                if attempt == COPY_ATTEMPTS - 1:
+            except CommitConflict as exc:
+                if exc.holder is not None and exc.found == head:
+                    # another commit of the stream is in progress (another copy of this
+                    # checkpoint, often): wait for it, then check again; not a move
+                    if waited >= CLAIM_WAIT_SECONDS:
+                        raise
+                    pause = delay * (0.5 + random.random() / 2)
+                    time.sleep(pause)
+                    waited, delay = waited + pause, min(delay * 2, 0.2)
+                    continue
+                moves += 1
+                if moves >= COPY_ATTEMPTS:
                     raise
                 continue        # another writer committed to the stream: check again
             return None, info, sent[0], sent[1]
-        raise AssertionError("unreachable")
 
     for source_id in ids:
         try:

@@ -342,3 +342,37 @@ def test_import_checkpoint_honours_expect_head(src, dst):
         dst.import_checkpoint("train", m.buffers, chunks, m.meta, expect_head=None)
     second = dst.import_checkpoint("train", m.buffers, chunks, m.meta, expect_head=first)
     assert dst.checkpoint_ids("train") == [first.id, second.id]
+
+
+def test_a_commit_in_progress_on_the_stream_is_waited_for_not_counted(src, dst, monkeypatch):
+    """Regression (a helper's race of four copying processes): every CommitConflict took one
+    of the COPY_ATTEMPTS, and one for a commit still in progress (the head unchanged: often
+    another copy of the same checkpoint) was retried at once, so a copy gave up after 8
+    instant retries though nothing had been committed. Such a conflict is now waited for
+    (bounded by CLAIM_WAIT_SECONDS) and costs no attempt."""
+    infos, _ = _fill(src, steps=1)
+    real, calls = dst.import_checkpoint, []
+
+    def busy_then_free(stream, *args, expect_head=None, **kwargs):
+        calls.append(expect_head)
+        if len(calls) <= copying.COPY_ATTEMPTS + 4:
+            raise CommitConflict("a commit of the stream is in progress", stream=stream,
+                                 expected=expect_head, found=expect_head,
+                                 holder="writer 9 (pid 1)")
+        return real(stream, *args, expect_head=expect_head, **kwargs)
+    monkeypatch.setattr(dst, "import_checkpoint", busy_then_free)
+    monkeypatch.setattr(copying, "CLAIM_POLL_SECONDS", 0.001)
+    result = snapstore.copy_checkpoints(src, dst, [infos[0].id])
+    assert list(result.copied) == [infos[0].id]
+    assert len(calls) == copying.COPY_ATTEMPTS + 5
+    calls.clear()
+
+    def never_free(stream, *args, expect_head=None, **kwargs):
+        calls.append(expect_head)
+        raise CommitConflict("a commit of the stream is in progress", stream=stream,
+                             expected=expect_head, found=expect_head, holder="writer 9 (pid 1)")
+    monkeypatch.setattr(dst, "import_checkpoint", never_free)
+    monkeypatch.setattr(copying, "CLAIM_WAIT_SECONDS", 0.05)     # a commit that never ends
+    with pytest.raises(CommitConflict, match="in progress"):
+        snapstore.copy_checkpoints(src, dst, ["best"])
+    assert len(calls) > 1
