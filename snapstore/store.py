@@ -627,7 +627,9 @@ class Store:
             raise InvalidArgumentError(f"created must be seconds since the epoch (a number "
                                        f"from 0 to {MAX_CREATED}, the end of the year 9999) "
                                        f"or None, got {created!r}")
-        if isinstance(tags, (str, bytes)):
+        if tags is None:
+            tags = ()
+        if isinstance(tags, (str, bytes)) or not hasattr(tags, "__iter__"):
             raise InvalidArgumentTypeError(f"tags must be a list of names, got the "
                                            f"{type(tags).__name__} {tags!r}")
         tags = tuple(sorted({validate_name(t, "tag") for t in tags}))   # as the index keeps them
@@ -1327,13 +1329,19 @@ class Store:
         # snapshot's io_errors would call an OSError writing an output file a store read error)
         snapshot = self._committer.read()
         r = snapshot.__enter__()
+        ended = []
         try:
             manifests = self._manifests_of(r, self._checkpoint_once_named(r, name, found))
 
             def read_chunks(chunk_ids) -> Iterator[tuple[bytes, bytes]]:
+                if ended:
+                    raise InvalidArgumentError("read_chunks was called after the use() "
+                                               "with_manifests gave it to returned: its index "
+                                               "snapshot is gone; call it inside use()")
                 return self._chunks_in(r, self._checked_chunk_ids(chunk_ids), hold=True)
             return use(manifests, read_chunks)
         finally:
+            ended.append(True)
             snapshot.__exit__(None, None, None)
 
     def read_chunks(self, chunk_ids) -> Iterator[tuple[bytes, bytes]]:

@@ -204,8 +204,9 @@ def test_arguments_are_checked_before_anything(two):
     for created in (float("nan"), float("inf"), -1, 10 ** 400, 1e300, 253402300800, True):
         with pytest.raises(InvalidArgumentError, match="created"):
             dst.import_checkpoint("s", m.buffers, src.read_chunks, created=created)
-    with pytest.raises(InvalidArgumentTypeError):
-        dst.import_checkpoint("s", m.buffers, src.read_chunks, tags="t")
+    for tags in ("t", b"t", 5):
+        with pytest.raises(InvalidArgumentTypeError):
+            dst.import_checkpoint("s", m.buffers, src.read_chunks, tags=tags)
     with pytest.raises(InvalidArgumentTypeError):
         dst.import_checkpoint("s", m.buffers, src.read_chunks, meta=object())
     with pytest.raises(InvalidArgumentTypeError):
@@ -231,3 +232,23 @@ def test_read_only_and_closed(two, tmp_path):
         src.manifests(info.id)
     with pytest.raises(StoreClosedError):
         src.read_chunks([])
+
+
+def test_tags_none_is_no_tags(two):
+    """Regression: tags=None raised a raw TypeError from iterating it."""
+    src, dst = two
+    info = src.checkpoint({"x": b"abc" * 1000}, "s")
+    m = src.manifests(info.id)
+    assert dst.import_checkpoint("s", m.buffers, src.read_chunks, tags=None).tags == ()
+
+
+def test_read_chunks_kept_past_with_manifests_is_a_clear_error(two):
+    """Regression: it raised lmdb's raw 'closed/deleted/dropped object' error."""
+    src, _ = two
+    info = src.checkpoint({"x": b"abc" * 1000}, "s")
+    kept = []
+    src.with_manifests(info.id, lambda m, read_chunks: kept.append((m, read_chunks)))
+    m, read_chunks = kept[0]
+    cid = m.buffers[0].extents[0][2]
+    with pytest.raises(InvalidArgumentError, match="inside use"):
+        list(read_chunks([cid]))
