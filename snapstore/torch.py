@@ -51,8 +51,8 @@ from snapstore.engine.memory import address_view
 from snapstore import objects
 from snapstore.objectlayer import (DCP_META_KEY, DCP_METADATA_BUFFER, DCP_PART_KEY,
                                    contiguous_tensor, float_view, layer_meta, require_store)
-from snapstore.errors import (CheckpointNotFound, InvalidArgumentError, InvalidArgumentTypeError,
-                              SnapstoreError, StructureMismatchError)
+from snapstore.errors import (CheckpointNotFound, DeviceTensorError, InvalidArgumentError,
+                              InvalidArgumentTypeError, SnapstoreError, StructureMismatchError)
 from snapstore.engine.validation import validate_name, validate_timeout
 from snapstore.store import CheckpointInfo, Group, Store
 
@@ -319,9 +319,14 @@ def _item_name(index: MetadataIndex) -> str:
     return name
 
 
-def _tensor_bytes(tensor: torch.Tensor) -> tuple[memoryview, torch.Tensor]:
-    """A byte view of exactly the tensor's elements (CPU, contiguous; copies only if not)."""
+def _tensor_bytes(tensor: torch.Tensor, fqn: str = "tensor") -> tuple[memoryview, torch.Tensor]:
+    """A byte view of exactly the tensor's elements (CPU, contiguous; copies only if not).
+    DeviceTensorError for a meta tensor (no data to copy: torch would raise its own error)."""
     t = tensor.detach()
+    if t.device.type == "meta":
+        raise DeviceTensorError(f"{fqn} is a tensor on meta, which has no data: materialise "
+                                "it first (e.g. module.to_empty(device='cpu') and initialise "
+                                "it)", fqn)
     if t.device.type != "cpu":
         t = t.to("cpu")
     if t.is_conj():
@@ -553,7 +558,7 @@ class SnapstoreWriter(_StoreUser, StorageWriter):
                     keep.append(data)
                     sizes = None
                 else:
-                    view, tensor = _tensor_bytes(data)
+                    view, tensor = _tensor_bytes(data, item.index.fqn)
                     keep.append(tensor)
                     sizes = tuple(int(n) for n in tensor.shape)
                 if name in buffers:

@@ -437,6 +437,22 @@ def test_dcp_copies_into_other_layouts(tmp_path):
         assert torch.equal(box, w[10:17, 5:25])
 
 
+def test_dcp_save_of_a_meta_tensor_is_a_device_tensor_error(tmp_path):
+    """Regression (a helper's hunt): DCP's save through SnapstoreWriter surfaced torch's raw
+    NotImplementedError ("Cannot copy out of meta tensor") where snapstore.torch.save says
+    DeviceTensorError; nothing is committed either way."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    path = str(tmp_path / "meta")
+    state = {"ok": torch.arange(4), "w": torch.empty(4, 3, device="meta")}
+    with pytest.raises(CheckpointException) as caught:
+        dcp.save(state, checkpoint_id="x", storage_writer=st.SnapstoreWriter(path))
+    failures = [f[0] if isinstance(f, tuple) else f for f in caught.value.failures.values()]
+    assert [type(f) for f in failures] == [DeviceTensorError]
+    assert "w is a tensor on meta" in str(failures[0]) and failures[0].path == "w"
+    with snapstore.open(path, readonly=True) as s:
+        assert s.checkpoints() == []
+
+
 def test_dcp_with_a_gloo_process_group_of_one(tmp_path):
     dist = torch.distributed
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
