@@ -217,9 +217,12 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
             return target(into, None, in_place)
 
         tgt = targets(in_place=True)
-        _check_optimizer_groups(s, id_or_stream, optimizers)
+        # one checkpoint for the check and the loads: a name like "latest" resolved again
+        # could name another one that a writer committed meanwhile
+        info = s.resolve(id_or_stream) if optimizers else id_or_stream
+        _check_optimizer_groups(s, info, optimizers)
         try:
-            result = objects.load(s, id_or_stream, into=tgt)
+            result = objects.load(s, info, into=tgt)
         except StructureMismatchError:
             # an optimizer with state for other parameters than the checkpoint's (one that
             # stepped only some of them): its state is loaded fresh, as documented. Nothing
@@ -228,7 +231,7 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
             if not any(opt.state for _, opt in optimizers):
                 raise
             tgt = targets(in_place=False)
-            result = objects.load(s, id_or_stream, into=tgt)
+            result = objects.load(s, info, into=tgt)
         for key, opt in optimizers:
             try:
                 opt.load_state_dict(result if key is None else result[key])

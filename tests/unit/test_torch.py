@@ -658,3 +658,28 @@ def test_load_into_an_optimizer_shaped_otherwise_writes_nothing(store):
     same_shape = torch.optim.Adam(other.parameters())
     st.load(store, info.id, into={"model": other, "optim": same_shape})
     assert all(torch.equal(a, b) for a, b in zip(other.parameters(), model.parameters()))
+
+
+def test_load_by_name_checks_and_loads_one_checkpoint(store, monkeypatch):
+    """The optimizer check and the load resolved the name separately: a checkpoint another
+    writer committed in between (here: during the check) was loaded though another one was
+    checked. The name is resolved once now."""
+    model, opt = trained(width=64)
+    first = st.save(store, {"model": model, "optim": opt}, "m")
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in changed.parameters():
+            p.add_(1)
+    real = st._check_optimizer_groups
+
+    def check_then_commit(s, name, optimizers):
+        real(s, name, optimizers)
+        st.save(store, {"model": changed, "optim": opt}, "m")   # a newer head meanwhile
+    monkeypatch.setattr(st, "_check_optimizer_groups", check_then_commit)
+    target = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in target.parameters():
+            p.zero_()
+    st.load(store, "m", into={"model": target, "optim": torch.optim.Adam(target.parameters())})
+    assert all(torch.equal(a, b) for a, b in zip(target.parameters(), model.parameters()))
+    assert store.latest("m").id != first.id
