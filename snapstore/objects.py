@@ -828,11 +828,27 @@ def _plan_attributes(src, dst, steps: tuple, plan: _Plan, ctx: _LoadContext, np,
     if type(src) is not type(dst):
         raise _mismatch(steps, f"{type(src).__qualname__} in the checkpoint, "
                                f"{type(dst).__qualname__} in the target")
+    slots = _slot_names(type(src))
+    if slots:       # only the __dict__ would be written: the slots would keep stale values
+        raise _mismatch(steps, f"a {type(src).__qualname__} keeps state in __slots__ "
+                               f"({', '.join(slots[:3])}) besides its __dict__: not loaded into "
+                               "in place; load it as new with FRESH")
     a, b = a or {}, b if b is not None else {}
     if set(a) != set(b):
         raise _mismatch(steps, f"attributes differ: {sorted(set(a) ^ set(b))[:5]!r}")
     for k in a:
         _plan_pair(a[k], b[k], steps + (("attr", k),), b, k, plan, ctx, np, torch, depth + 1)
+
+
+def _slot_names(cls: type) -> list[str]:
+    """The __slots__ names a class and its bases declare (not __dict__ and __weakref__)."""
+    names = []
+    for klass in cls.__mro__:
+        declared = klass.__dict__.get("__slots__", ())
+        for name in ([declared] if isinstance(declared, str) else declared):
+            if name not in ("__dict__", "__weakref__"):
+                names.append(name)
+    return names
 
 
 def _writable_bytes(x) -> memoryview | None:

@@ -108,3 +108,28 @@ def test_a_different_value_in_a_tuple_is_still_refused(store):
         with pytest.raises(StructureMismatchError, match="cannot be changed in place"):
             store.load(info.id, into=target)
         assert not target["w"].any()
+
+
+class _SlotsAndDict:
+    """State in a slot and in __dict__."""
+    __slots__ = ("slot", "__dict__")
+
+    def __init__(self, slot, attr):
+        self.slot, self.attr = slot, attr
+
+    def __reduce__(self):
+        return _SlotsAndDict, (self.slot, self.attr)
+
+
+def test_an_object_with_slots_besides_its_dict_is_refused_not_half_loaded(store):
+    """Regression (a helper's report): load(into=) wrote the __dict__ of such an object and
+    never its slots, which kept their old values, no error."""
+    from snapstore.errors import StructureMismatchError
+    from snapstore.objects import FRESH
+    info = store.save({"o": _SlotsAndDict(1, 2)}, "s")
+    target = {"o": _SlotsAndDict(10, 20)}
+    with pytest.raises(StructureMismatchError, match="__slots__"):
+        store.load(info.id, into=target)
+    assert (target["o"].slot, target["o"].attr) == (10, 20)      # nothing written
+    loaded = store.load(info.id, into={"o": FRESH})
+    assert (loaded["o"].slot, loaded["o"].attr) == (1, 2)
