@@ -617,6 +617,26 @@ def _open_db(env: lmdb.Environment, name: bytes, txn: lmdb.Transaction | None = 
         raise
 
 
+def _check_named_databases(txn: lmdb.Transaction, path: str) -> None:
+    """Before a writer's open creates the databases an index lacks: the environment's main
+    table must list either none (a new index) or every database of an index (but those
+    fmt.INDEX_DBS_SINCE names, which an older format lacks), and nothing else. A flipped bit
+    in a database's name there ("groups" -> "'roups") put the names out of order, so the
+    lookups of the others missed: the writer created new, empty tables, and every
+    checkpoint of the store read as never taken."""
+    with txn.cursor() as cur:
+        names = [bytes(k) for k in cur.iternext(values=False)]
+    if not names:
+        return
+    known = set(fmt.INDEX_DBS)
+    strange = [n for n in names if n not in known]
+    missing = [n for n in fmt.INDEX_DBS if n not in names and n not in fmt.INDEX_DBS_SINCE]
+    if strange or missing or names != sorted(names):
+        what = (f"names {[n.decode('ascii', 'replace') for n in strange]!r}" if strange else
+                f"lacks {[n.decode() for n in missing]!r}" if missing else "is out of order")
+        raise damaged(f"index at {path}: its table of databases {what} (a damaged LMDB page)")
+
+
 def open_in_process(path: str) -> bool:
     """Whether this process has the index at `path` open (through any Store)."""
     return _ENVS.users(path) > 0
@@ -720,6 +740,8 @@ class Index:
         try:
             _check_not_truncated(env, self._data_file(env))
             with _lmdb_errors("open databases"):
+                with env.begin() as txn:
+                    _check_named_databases(txn, self.path)
                 if env.flags()["readonly"]:     # no writer can be in this process
                     dbs = {name: _open_db(env, name) for name in fmt.INDEX_DBS}
                 elif not create:
@@ -1018,11 +1040,24 @@ class IndexView:
         tables that name checkpoints and streams."""
         if db in self._walked:
             return
+        walked = 0
         for k, _ in self._items(db):
             if k == key:
                 raise damaged(f"index table {db.decode()!r} holds {describe_key(db, key)} but "
                               "a lookup does not find it (a damaged LMDB page)")
+            walked += 1
+        self._check_complete(db, walked)
         self._walked.add(db)
+
+    def _check_complete(self, db: bytes, walked: int) -> None:
+        """CorruptionError unless a walk of all of `db` found as many entries as the table
+        counts (LMDB keeps the count in the table's root record): a flipped bit in a branch
+        page can hide a whole subtree from walks and lookups alike, and its checkpoints would
+        read as never taken."""
+        entries = self.txn.stat(self.dbs[db])["entries"]
+        if walked != entries:
+            raise damaged(f"index table {db.decode()!r} counts {entries} entries but a walk "
+                          f"finds {walked} (a damaged LMDB page hides the others)")
 
     def _items(self, db: bytes, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
         """(key, checked payload) of the keys starting with prefix, in key order."""
@@ -1178,7 +1213,9 @@ class IndexView:
     def checkpoint_ids(self, stream: str | None = None) -> list[int]:
         if stream is None:
             with self.txn.cursor(db=self.dbs[fmt.DB_CHECKPOINTS]) as cur:
-                return [key_number(fmt.DB_CHECKPOINTS, k) for k in cur.iternext(values=False)]
+                ids = [key_number(fmt.DB_CHECKPOINTS, k) for k in cur.iternext(values=False)]
+            self._check_complete(fmt.DB_CHECKPOINTS, len(ids))
+            return ids
         # keys only: the ids are the keys, the values are empty, so a scan that skips the
         # values' checksums costs a tenth; an id a damaged key makes up names no checkpoint,
         # and whoever looks it up gets the index damage (named_checkpoint)

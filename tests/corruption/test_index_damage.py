@@ -557,3 +557,24 @@ def test_a_flip_that_hides_a_tag_is_damage_not_an_unknown_name(tmp_path, name):
         with pytest.raises(CorruptionError, match="snapstore repair"):
             s.resolve(name)
         assert s.restore(1)["a"] == b"x" * 1000           # an id needs no scan
+
+
+@pytest.mark.parametrize("opener", ["writer", "reader"])
+def test_a_flip_in_the_table_of_databases_is_damage_not_an_empty_store(tmp_path, opener):
+    """Regression (the fault matrix, seed 827068066): a bit flipped in a database's name in
+    LMDB's main table ("groups" -> "'roups") put the names out of order, so the lookups of
+    the other databases missed, and a writer's open created new, empty tables: every
+    acknowledged checkpoint read as never taken, no error."""
+    path = str(tmp_path / "s")
+    with snapstore.open(path) as s:
+        s.checkpoint({"a": b"x" * 1000}, stream="s")
+    data = os.path.join(path, "index", "data.mdb")
+    raw = bytes(open(data, "rb").read())
+    assert b"groups" in raw                     # (LMDB keeps older copies of the page too)
+    with open(data, "wb") as f:
+        f.write(raw.replace(b"\x06\x00groups", b"\x06\x00'roups"))
+    with pytest.raises(CorruptionError, match="table of databases"):
+        snapstore.open(path, readonly=opener == "reader")
+    snapstore.repair(path)
+    with snapstore.open(path) as s:
+        assert s.restore(1)["a"] == b"x" * 1000
