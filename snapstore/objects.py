@@ -25,7 +25,6 @@ store directory can forge one. A store is trusted like any pickle file.
 from __future__ import annotations
 
 import bisect
-import ctypes
 import gc
 import inspect
 import io
@@ -136,7 +135,7 @@ def _memory_ranges(buffers: list) -> list[tuple[int, int, int]]:
     for i, b in enumerate(buffers):
         n = len(b)
         if n:
-            first = ctypes.addressof(ctypes.c_char.from_buffer(b))   # the export ends at once
+            first = buffer_address(b)
             out.append((first, first + n, i))
     return sorted(out)
 
@@ -671,7 +670,7 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
 class _Plan:
     def __init__(self) -> None:
         self.actions: list[tuple] = []           # ("copy"|"assign"|"bytes", steps, ...)
-        self.candidates: list[tuple] = []        # (buffer index, target view, id(dst))
+        self.candidates: list[tuple] = []        # (buffer index, target view, action)
         self.uses: dict[int, int] = {}           # buffer index -> leaves copying from it
         self.kept: set = set()                   # buffers of values the target keeps as
         #                                          loaded (_ANY_BUFFER: maybe any buffer)
@@ -1005,7 +1004,7 @@ def _plan_buffer_leaf(src, dst, steps, plan: _Plan, ctx, index, nbytes, target) 
     plan.actions.append(("copy", steps, dst))
     _count_use(plan, index)
     if index is not None and target is not None and len(target) == nbytes:
-        plan.candidates.append((index, target, id(dst), len(plan.actions) - 1))
+        plan.candidates.append((index, target, len(plan.actions) - 1))
 
 
 def _count_use(plan: _Plan, index: int | None) -> None:
@@ -1030,20 +1029,18 @@ def _direct_restores(plan: _Plan, sizes: list) -> tuple[dict, set]:
     direct_actions: set = set()
     if _ANY_BUFFER in plan.kept:
         return direct, direct_actions
-    targets_taken: set = set()
-    spans_taken: list = []      # target memory written directly: tied targets (two tensors
-    #                             of one storage) are copied in order instead, last one wins
-    #                             as in load_state_dict, never restored into at once
-    for index, view, dst_id, action in plan.candidates:
+    spans_taken: list = []      # target memory written directly: a target met twice, or tied
+    #                             targets (two tensors of one storage), are copied in order
+    #                             instead, last one wins as in load_state_dict
+    for index, view, action in plan.candidates:
         if plan.uses.get(index) == 1 and index not in plan.kept and index not in direct \
-                and dst_id not in targets_taken and len(view) == sizes[index]:
-            first = buffer_address(view) if len(view) else 0
+                and len(view) == sizes[index]:
+            first = buffer_address(view)
             span = (first, first + len(view))
             if any(a < span[1] and span[0] < b for a, b in spans_taken):
                 continue
             direct[index] = view
             direct_actions.add(action)
-            targets_taken.add(dst_id)
             spans_taken.append(span)
     return direct, direct_actions
 
