@@ -42,7 +42,7 @@ from snapstore.errors import ExportError
 from snapstore.objectlayer import resolve_checkpoint
 from snapstore.savepoints import SUFFIX as SAVEPOINT_SUFFIX
 from snapstore.savepoints import check_output, export_savepoint, output_exists
-from snapstore.tensors import Catalogue, TensorEntry, catalogue
+from snapstore.tensors import SUB_BYTE_INTS, Catalogue, TensorEntry, catalogue
 
 __all__ = ["export", "ExportResult", "FORMATS", "format_for_path"]
 
@@ -60,9 +60,6 @@ _TORCH_DTYPES = frozenset((
     "bfloat16", "float32", "float64", "complex32", "complex64", "complex128", "float8_e4m3fn",
     "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2",
     "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2"))
-# torch's sub-byte integers: listed by the catalogue, but no format holds them (torch.save
-# fails on them too): refused for every format
-_NO_FORMAT = frozenset(f"{sign}int{bits}" for sign in ("u", "") for bits in range(1, 8))
 # dtypes NumPy has not: refused for npz
 _NOT_NUMPY = frozenset(_TORCH_DTYPES - {"bool", "int8", "uint8", "int16", "uint16", "int32",
                                         "uint32", "int64", "uint64", "float16", "float32",
@@ -184,7 +181,7 @@ def _check(cat: Catalogue, fmt: str, info) -> None:
             raise ExportError(f"checkpoint {info.id}: {e.name} is one shard of a tensor saved "
                               "by several ranks; load it with torch.distributed.checkpoint")
         dtype = _native_name(e.dtype)
-        if dtype in _NO_FORMAT:
+        if dtype in SUB_BYTE_INTS:     # catalogued, but no format holds them (nor torch.save)
             raise ExportError(f"{e.name} is {e.dtype}, which no export format holds (torch.save, "
                               "safetensors and NumPy lack torch's sub-byte integers): load it "
                               "with store.load or snapstore.torch.load")

@@ -39,8 +39,11 @@ from snapstore.objectlayer import (DCP_META_KEY, DCP_METADATA_BUFFER, DCP_PART_K
 from snapstore.objects import META_KEY, OOB_PREFIX, PICKLE_BUFFER
 
 __all__ = ["TensorEntry", "Catalogue", "tensor_catalogue", "catalogue", "checkpoint_kind",
-           "DTYPE_ITEMSIZE"]
+           "DTYPE_ITEMSIZE", "SUB_BYTE_INTS"]
 
+
+# torch's sub-byte integers (uint1-uint7, int1-int7): one byte per element in memory
+SUB_BYTE_INTS = frozenset(f"{sign}int{bits}" for sign in ("u", "") for bits in range(1, 8))
 
 # Bytes per element of the dtypes catalogued (torch's names; numpy's are the same where both
 # exist). A dtype missing here is listed as skipped, not guessed. torch's sub-byte integers
@@ -52,7 +55,7 @@ DTYPE_ITEMSIZE = {
     "complex32": 4, "complex64": 8, "complex128": 16, "float8_e4m3fn": 1, "float8_e5m2": 1,
     "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1,
     "bits8": 1, "bits16": 2, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
-    **{f"{sign}int{bits}": 1 for sign in ("u", "") for bits in range(1, 8)},
+    **{name: 1 for name in SUB_BYTE_INTS},
 }
 _TORCH_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "cfloat":
                   "complex64", "cdouble": "complex128", "chalf": "complex32", "short": "int16",
