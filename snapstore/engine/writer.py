@@ -198,12 +198,14 @@ def usable_fingerprints(view: IndexView, stream: str, buffer: str, head: int | N
     docs/design.md). Else `known`, fingerprints of the same buffer from memory (checkpoint
     id, page size, digests), under the same rules, when they are one per page of the head's
     buffer of `size` bytes. None otherwise: the buffer is then stored full."""
-    for prev in (view.fingerprints(stream, buffer), known):
-        if prev is not None and prev[0] == head and prev[1] == page_size:
-            if prev is known and (size is None or len(prev[2]) !=
-                                  native.page_count(size, page_size) * native.FP_BYTES):
-                continue
-            return prev[2]
+    def of_head(prev: tuple | None) -> bool:
+        return prev is not None and prev[0] == head and prev[1] == page_size
+    prev = view.fingerprints(stream, buffer)
+    if of_head(prev):
+        return prev[2]
+    if of_head(known) and size is not None and \
+            len(known[2]) == native.page_count(size, page_size) * native.FP_BYTES:
+        return known[2]
     return None
 
 
