@@ -392,9 +392,9 @@ def reserve_lock_table(location: str, file_mode: int) -> None:
     takes a bigger file as room for more readers); an existing one only has its own length
     allocated (never grown: processes that have it open sized their reader slots by it)."""
     name = os.path.join(location, fmt.INDEX_LOCK_TABLE_FILE)
+    mode = lock_table_mode(file_mode)
     try:
-        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
-                     lock_table_mode(file_mode))
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     except PermissionError:
         return                      # a reader of someone else's store: LMDB decides
     except OSError as exc:
@@ -402,7 +402,7 @@ def reserve_lock_table(location: str, file_mode: int) -> None:
                            f"{os.strerror(exc.errno) if exc.errno else exc}") from None
     try:
         st = os.fstat(fd)
-        _grant_reader_table(fd, st, lock_table_mode(file_mode))
+        _grant_reader_table(fd, st, mode)
         size = st.st_size
         os.posix_fallocate(fd, 0, size or fmt.INDEX_LOCK_TABLE_BYTES)
     except OSError as exc:
