@@ -19,7 +19,7 @@ from snapstore.engine.validation import FLOAT_FORMATS
 from snapstore.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = ["META_KEY", "ARRAYS_META_KEY", "DCP_META_KEY", "DCP_PART_KEY",
-           "DCP_METADATA_BUFFER", "WORKFLOW_META_KEY",
+           "DCP_METADATA_BUFFER", "WORKFLOW_META_KEY", "MATERIALISE_META",
            "RESERVED_META_KEYS", "wrap_meta", "user_meta", "layer_meta", "reader_hint",
            "require_store", "resolve_checkpoint", "contiguous_tensor", "float_view",
            "labelled_view"]
@@ -31,6 +31,8 @@ DCP_PART_KEY = fmt.DCP_PART_KEY         # ... of one rank's part of a DCP checkp
 DCP_METADATA_BUFFER = "dcp/metadata"    # the buffer of a DCP checkpoint holding DCP's Metadata
 WORKFLOW_META_KEY = "snapstore.workflow"   # ... of a workflow's checkpoint (snapstore.workflow)
 RESERVED_META_KEYS = (META_KEY, ARRAYS_META_KEY)
+# what a meta tensor (no data) needs before it can be saved or loaded into
+MATERIALISE_META = "materialise it first (e.g. module.to_empty(device='cpu') and initialise it)"
 
 _STORE_METHODS = ("checkpoint", "restore_into", "read", "latest", "get")
 

@@ -46,9 +46,9 @@ from snapstore.engine.validation import float_item_size, validate_meta, validate
 from snapstore.errors import (AsyncSaveError, CorruptionError, DeviceTensorError,
                               ForkedStoreError, InvalidArgumentError, NotAnObjectCheckpointError,
                               ObjectSaveError, StructureMismatchError)
-from snapstore.objectlayer import (META_KEY, contiguous_tensor, copy_tensor, float_view,
-                                   labelled_view, layer_meta, reader_hint, require_store,
-                                   resolve_checkpoint, user_meta, wrap_meta)
+from snapstore.objectlayer import (MATERIALISE_META, META_KEY, contiguous_tensor, copy_tensor,
+                                   float_view, labelled_view, layer_meta, reader_hint,
+                                   require_store, resolve_checkpoint, user_meta, wrap_meta)
 
 __all__ = ["save", "save_async", "load", "user_meta", "is_object_checkpoint", "FRESH",
            "ObjectSaveError", "DeviceTensorError", "StructureMismatchError",
@@ -368,8 +368,7 @@ def _dump(obj: Any, inband_limit: int, allow_device_copy: bool) -> tuple[memoryv
             pickler.release()
             path = _path_to(obj, lambda x: x is exc.tensor)
             if exc.tensor.device.type == "meta":
-                advice = ("a meta tensor has no data: materialise it first (e.g. "
-                          "module.to_empty(device='cpu') and initialise it)")
+                advice = f"a meta tensor has no data: {MATERIALISE_META}"
             else:
                 advice = "move it to the CPU or pass allow_device_copy=True"
             raise DeviceTensorError(
@@ -979,8 +978,8 @@ def _unwritable_tensor(t, torch) -> str | None:
     """Why the target tensor t cannot be loaded into in place (checked before anything is
     written: copy_ would fail half-way, or do nothing), or None."""
     if t.is_meta:
-        return ("the target tensor is on the meta device: it has no memory to load into "
-                "(materialise it first, e.g. module.to_empty(device='cpu'))")
+        return ("the target tensor is on the meta device: it has no memory to load into; "
+                f"{MATERIALISE_META}")
     if t.is_inference() and not torch.is_inference_mode_enabled():
         return ("the target is an inference tensor (made under torch.inference_mode()): it "
                 "can be written only in inference mode")

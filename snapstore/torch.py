@@ -50,7 +50,8 @@ from snapstore.engine import format as fmt
 from snapstore.engine.memory import address_view
 from snapstore import objects
 from snapstore.objectlayer import (DCP_META_KEY, DCP_METADATA_BUFFER, DCP_PART_KEY,
-                                   contiguous_tensor, float_view, layer_meta, require_store)
+                                   MATERIALISE_META, contiguous_tensor, float_view, layer_meta,
+                                   require_store)
 from snapstore.errors import (CheckpointNotFound, DeviceTensorError, InvalidArgumentError,
                               InvalidArgumentTypeError, SnapstoreError, StructureMismatchError)
 from snapstore.engine.validation import validate_name, validate_timeout
@@ -327,9 +328,8 @@ def _tensor_bytes(tensor: torch.Tensor, fqn: str = "tensor") -> tuple[memoryview
     DeviceTensorError for a meta tensor (no data to copy: torch would raise its own error)."""
     t = tensor.detach()
     if t.device.type == "meta":
-        raise DeviceTensorError(f"{fqn} is a tensor on meta, which has no data: materialise "
-                                "it first (e.g. module.to_empty(device='cpu') and initialise "
-                                "it)", fqn)
+        raise DeviceTensorError(f"{fqn} is a tensor on meta, which has no data: "
+                                f"{MATERIALISE_META}", fqn)
     if t.device.type != "cpu":
         t = t.to("cpu")
     if t.is_conj():
