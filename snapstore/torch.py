@@ -220,7 +220,7 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
         tgt = targets(in_place=True)
         # one checkpoint for the check and the loads: a name like "latest" resolved again
         # could name another one that a writer committed meanwhile
-        info = s.resolve(id_or_stream) if optimizers else id_or_stream
+        info = s.resolve(id_or_stream)
         _check_optimizer_groups(s, info, optimizers)
         try:
             result = objects.load(s, info, into=tgt)
