@@ -691,11 +691,7 @@ class Committer:
         try:
             with self.index.read() as r:
                 head = r.stream_head(stream)
-                if expect_head is not ANY_HEAD and head != expect_head:
-                    # a conflict whatever the claims: this snapshot cannot tell whether a
-                    # claim's holder is alive (it may have published and exited since), so
-                    # none is taken for dead (DeadHolder is for claim(), in a write txn)
-                    claim_rules.check_stream(r, stream, expect_head, lambda log: True)
+                _check_expected_head(r, stream, head, expect_head)
                 sink = wr.ChunkSink(log, r, opts, pause)
                 entries, fingerprints = store_plans(r, stream, head, make_plans, sink,
                                                     self._staging, on_stored)
@@ -780,8 +776,7 @@ class Committer:
         try:
             with self.index.read() as r:
                 head = r.stream_head(stream)
-                if expect_head is not ANY_HEAD and head != expect_head:
-                    claim_rules.check_stream(r, stream, expect_head, lambda log: True)
+                _check_expected_head(r, stream, head, expect_head)
                 sink = wr.ChunkSink(log, r, self.options)
                 wr.store_missing_chunks(sink, r, entries, read_chunks)
                 generation = r.gc_generation()
@@ -838,3 +833,12 @@ class Committer:
 
 class _NothingToDo(Exception):
     """apply_ops: make_ops returned no records (nothing is claimed)."""
+
+
+def _check_expected_head(r: IndexView, stream: str, head: int | None, expect_head: Any) -> None:
+    """CommitConflict (claim_rules' words) unless the stream's head in snapshot r is
+    expect_head (ANY_HEAD: any). A conflict whatever the claims: a snapshot cannot tell
+    whether a claim's holder is alive (it may have published and exited since), so none is
+    taken for dead (DeadHolder is for claim(), in a write txn)."""
+    if expect_head is not ANY_HEAD and head != expect_head:
+        claim_rules.check_stream(r, stream, expect_head, lambda log: True)
