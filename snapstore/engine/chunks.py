@@ -7,16 +7,20 @@ segment and offset. No caller ever gets wrong bytes, nor a zstandard, memory or 
 declared size is checked before anything is allocated, so a decompression bomb costs nothing.
 
 Chunk record payload (docs/design.md): CHUNK_PREFIX (chunk id, raw length), then the stored
-bytes per the record's codec: a zstd frame, byte planes (engine/planes.py), or the raw bytes.
+bytes per the record's codec: a zstd frame, byte planes (engine/planes.py), the raw bytes, or
+(format 5) delta planes against a base chunk the record names (delta_base): such a chunk
+decodes only given its base's raw bytes (decode_delta); ChunkReader (engine/reader.py) and
+the other readers of a store fetch the base first.
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
+from snapstore import _native as native
 from snapstore.engine import format as fmt
 from snapstore.engine import planes
 from snapstore.engine.backends.base import SegmentReader
-from snapstore.engine.wal import Record, damaged_record, read_record
+from snapstore.engine.wal import Record, damaged_record, encode_record_header, read_record
 from snapstore.errors import DamagedRecord
 from snapstore.engine.zstdframe import decompress_exact
 
@@ -81,6 +85,9 @@ def decode_chunk(chunk: StoredChunk, out=None) -> bytes | memoryview:
         return out
     record = chunk.record
     _check_claimed_length(chunk)
+    if record.codec == fmt.CODEC_DELTA_PLANES:
+        raise damaged_record("a delta chunk read without its base (a delta chunk has no "
+                             "place here)", record.segment, record.offset, record.end)
     if record.codec == fmt.CODEC_ZSTD:
         try:
             data = decompress_exact(chunk.stored, chunk.raw_len)
@@ -98,6 +105,51 @@ def decode_chunk(chunk: StoredChunk, out=None) -> bytes | memoryview:
         raise damaged_record("chunk has the wrong length", record.segment, record.offset,
                             record.end)
     return data
+
+
+def delta_base(chunk: StoredChunk) -> tuple[bytes, int]:
+    """(base chunk id, depth) that a CODEC_DELTA_PLANES chunk's stored bytes name. Raises
+    DamagedRecord when they are too short for the delta header or name depth 0, or when the
+    chunk is not a delta chunk."""
+    record = chunk.record
+    if record.codec != fmt.CODEC_DELTA_PLANES:
+        raise damaged_record("not a delta chunk", record.segment, record.offset, record.end)
+    if len(chunk.stored) < fmt.DELTA_HEADER.size:
+        raise damaged_record("delta chunk too short for its header", record.segment,
+                             record.offset, record.end)
+    base_id, depth = fmt.DELTA_HEADER.unpack_from(chunk.stored)
+    if depth == 0:
+        raise damaged_record("delta chunk names depth 0", record.segment, record.offset,
+                             record.end)
+    return bytes(base_id), depth
+
+
+def decode_delta(chunk: StoredChunk, base, out=None) -> bytes | memoryview:
+    """The raw bytes of a CODEC_DELTA_PLANES chunk, given its base's raw bytes (as long as the
+    chunk; base may be out itself, which then holds the base already): in out (a writable
+    buffer of exactly raw_len bytes) or a new buffer. The C core's decoder (the one restores
+    use), over the record rebuilt from its checked payload. Raises DamagedRecord."""
+    record = chunk.record
+    _check_claimed_length(chunk)
+    base_id, _ = delta_base(chunk)
+    if len(base) != chunk.raw_len:
+        raise damaged_record(f"delta chunk of {chunk.raw_len} bytes names a base of "
+                             f"{len(base)}", record.segment, record.offset, record.end)
+    payload = memoryview(record.payload)
+    src = bytearray(encode_record_header(fmt.REC_CHUNK, record.codec, [payload]))
+    src += payload
+    dst = out if out is not None else bytearray(chunk.raw_len)
+    if len(dst) != chunk.raw_len:
+        raise damaged_record("chunk has the wrong length", record.segment, record.offset,
+                             record.end)
+    if base is not dst:
+        memoryview(dst)[:] = base
+    done, reason = native.read_chunks(src, dst, [(0, 0, len(payload), chunk.raw_len,
+                                                  chunk.chunk_id, base_id)])
+    if done != 1:
+        raise damaged_record(f"delta chunk does not decode: {native.READ_REASONS[reason]}",
+                             record.segment, record.offset, record.end)
+    return dst
 
 
 def _check_claimed_length(chunk: StoredChunk) -> None:

@@ -81,6 +81,7 @@ from snapstore.engine import indexswap
 from snapstore.engine import logowners
 from snapstore.engine import storedir
 from snapstore.engine import writer as wr
+from snapstore.engine.reader import ChunkReader
 from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.fsutil import FLOCK_TAKEN, NotRegularFile, flock_until, open_regular
 from snapstore.engine.holders import clear_holder, read_holder, write_holder
@@ -125,9 +126,10 @@ def tagged_meanwhile(checkpoint_id: int, tags) -> None:
                              "deleted; run retain() again")
 
 
-def reused_chunks(entries, new_chunks: bytes) -> bytes:
-    """The chunk ids the extents of `entries` name that are not among the new chunks: what a
-    commit reuses from the index (and must pin), packed."""
+def reused_chunks(entries, new_chunks: bytes, delta_bases: bytes = b"") -> bytes:
+    """The chunk ids the extents of `entries` name, and the bases of new delta chunks
+    (DELTA_BASE table), that are not among the new chunks: what a commit reuses from the
+    index (and must pin), packed."""
     new = {bytes(new_chunks[i:i + fmt.CHUNK_ID_BYTES])
            for i in range(0, len(new_chunks), fmt.NEW_CHUNK.size)}
     seen: dict[bytes, None] = {}
@@ -135,6 +137,9 @@ def reused_chunks(entries, new_chunks: bytes) -> bytes:
         for _, _, _, cid in fmt.EXTENT.iter_unpack(entry.extents):
             if cid not in new:
                 seen[cid] = None
+    for _, base in fmt.DELTA_BASE.iter_unpack(delta_bases):
+        if base not in new:
+            seen[base] = None
     return b"".join(seen)
 
 
@@ -184,6 +189,8 @@ def store_plans(view: IndexView, stream: str, head: int | None, make_plans: Plan
             plan.depth = pb.depth + 1
         if before_store is not None:
             before_store(plan)
+        if sink.read_base is not None:
+            wr.choose_bases(view, parent, plan, opts)
         entry = wr.store_buffer(plan, sink, staging, (on_stored or {}).get(plan.name))
         if entry.base == "delta" and entry.depth >= opts.max_chain:
             entry = wr.rebase(view, parent, entry)
@@ -689,10 +696,11 @@ class Committer:
             self._staging = bytearray(wr.STAGING_BYTES)
         mark = log.position
         try:
-            with self.index.read() as r:
+            with self.index.read() as r, self.backend.open_reader() as segments:
                 head = r.stream_head(stream)
                 _check_expected_head(r, stream, head, expect_head)
-                sink = wr.ChunkSink(log, r, opts, pause)
+                bases = ChunkReader(self.backend, segments, r)
+                sink = wr.ChunkSink(log, r, opts, pause, read_base=bases.read_whole)
                 entries, fingerprints = store_plans(r, stream, head, make_plans, sink,
                                                     self._staging, on_stored)
                 generation = r.gc_generation()
@@ -713,7 +721,8 @@ class Committer:
         entries reuse), then appends the commit record, syncs and publishes it with the page
         fingerprints [(buffer name, digests)]. The caller rolls its log back on failure."""
         new_chunks = sink.new_chunk_table()
-        pins = reused_chunks(entries, new_chunks)
+        delta_bases = sink.delta_base_table()
+        pins = reused_chunks(entries, new_chunks, delta_bases)
 
         def prepare(w: IndexWriter) -> tuple:
             claim_rules.check_stream(w, stream, head, self.alive)
@@ -723,7 +732,8 @@ class Committer:
         try:
             commit = Commit(claimed.id, stream, head,
                             time.time() if created is None else created, meta, entries,
-                            new_chunks, tags=list(tags), seq=claimed.seq, order=claimed.order)
+                            new_chunks, tags=list(tags), seq=claimed.seq, order=claimed.order,
+                            delta_bases=delta_bases)
             count_bytes_new(commit, sink.bytes_new)
             payload = commit.encode()
         except BaseException:

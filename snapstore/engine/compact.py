@@ -179,7 +179,9 @@ def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
     entries, where = found.entries, found.where
     plans = {}
     for chunk in found.uses:
-        if entries[chunk].segment in segments:
+        # a delta chunk is kept whole (it decodes only whole, over its base)
+        if entries[chunk].segment in segments and \
+                entries[chunk].codec != fmt.CODEC_DELTA_PLANES:
             intervals = found.trim_plan(chunk, threshold)
             if intervals is not None:
                 plans[chunk] = intervals
@@ -241,11 +243,20 @@ def collect_garbage(index: Index) -> tuple[int, int]:
     with index.write() as w:
         pinned = claim_rules.pinned_chunks(w) if w.version >= 3 else set()
         dead = [(cid, e) for cid, e in w.chunks() if e.refs == 0 and cid not in pinned]
-        for cid, e in dead:
-            w.delete_chunk(cid)
-            chunks += 1
-            nbytes += fmt.RECORD_HEADER.size + e.stored_len
-        if dead and w.version >= 3:
+        freed = bool(dead)
+        while dead:
+            edges: dict[bytes, int] = {}
+            for cid, e in dead:
+                w.delete_chunk(cid)
+                chunks += 1
+                nbytes += fmt.RECORD_HEADER.size + e.stored_len
+                if e.base is not None:
+                    edges[e.base] = edges.get(e.base, 0) - 1
+            # a delta chunk gone takes its edge off its base, which may be unused now too
+            w.add_ref_counts(edges)
+            dead = [(cid, e) for cid in edges if (e := w.chunk(cid)) is not None
+                    and e.refs == 0 and cid not in pinned]
+        if freed and w.version >= 3:
             w.bump_gc_generation()
     return chunks, nbytes
 
@@ -416,8 +427,7 @@ def rewrite_segments(index: Index, log: SegmentLog, backend: SegmentBackend,
                 for cid, seg, off in moves:
                     e = w.chunk(cid)
                     if e is not None and e.segment == n:
-                        w.put_chunk(cid, ChunkEntry(seg, off, e.stored_len, e.raw_len, e.refs,
-                                                    e.codec))
+                        w.put_chunk(cid, e._replace(segment=seg, offset=off))
                 w.set_applied(log.position)
             index.sync()        # the index no longer points into n, durably, before n goes
             crashpoint("compact_before_remove")

@@ -9,7 +9,7 @@ import struct
 # ---- store directory --------------------------------------------------------------------
 FORMAT_FILE = "FORMAT"          # JSON: {"format": FORMAT_NAME, "version": FORMAT_VERSION, ...}
 FORMAT_NAME = "snapstore"
-FORMAT_VERSION = 4              # bump on any incompatible change; newer -> FormatError
+FORMAT_VERSION = 5              # bump on any incompatible change; newer -> FormatError
 MIN_FORMAT_VERSION = 1          # the oldest version this library reads (and upgrades: upgrade.py)
 # Format history:
 #   1  the first on-disk format (tests/golden/stores/v1)
@@ -25,6 +25,11 @@ MIN_FORMAT_VERSION = 1          # the oldest version this library reads (and upg
 #      in segments of header version 4 (SEGMENT_CODECS); no other layout changed (the upgrade
 #      from 3 sets the index's META_FORMAT to 4; each log goes on in a new segment of version
 #      4 at its writer's next open, as with every new header version)
+#   5  chunk records may use CODEC_DELTA_PLANES (a chunk coded against the chunk at the same
+#      place in the parent checkpoint, its base, named by id in the record), in segments of
+#      header version 5; a chunk that is the base of a live chunk stays (compaction's mark
+#      follows bases); no other layout changed (the upgrade from 4 sets the index's
+#      META_FORMAT to 5)
 INDEX_DIR = "index"             # the LMDB environment (data.mdb, lock.mdb)
 INDEX_DATA_FILE = "data.mdb"    # LMDB's data file inside INDEX_DIR
 INDEX_LOCK_TABLE_FILE = "lock.mdb"   # LMDB's reader table inside INDEX_DIR (not a store lock)
@@ -74,10 +79,11 @@ ORIGIN_META_KEY = "snapstore.copied_from"
 SEGMENT_MAGIC = b"SNAPSEG\x00"
 SEGMENT_HEADER = struct.Struct("<8sIIQQ")   # magic, format version, reserved 0, segment number,
 assert SEGMENT_HEADER.size == 32            # XXH3-64 of the preceding 24 bytes
-SEGMENT_VERSION = 4             # the header version of the segments this library creates; a
+SEGMENT_VERSION = 5             # the header version of the segments this library creates; a
                                 # segment only ever holds records of its header's version
 SEGMENT_RECORD_TYPES = {1: (1, 2, 3, 4), 2: (1, 2, 3, 4, 5, 6, 7),   # version -> record types
-                        3: (1, 2, 3, 4, 5, 6, 7), 4: (1, 2, 3, 4, 5, 6, 7)}
+                        3: (1, 2, 3, 4, 5, 6, 7), 4: (1, 2, 3, 4, 5, 6, 7),
+                        5: (1, 2, 3, 4, 5, 6, 7)}
 ORDERED_SINCE = 3               # segment version from which index records carry their order
 
 # Every record: header, then `length` payload bytes. The checksum is XXH3-64 (seed 0) over the
@@ -114,8 +120,11 @@ CODEC_RAW = 0
 CODEC_ZSTD = 1
 CODEC_PLANES = 2          # byte planes of fixed-size items, each raw or zstd (engine/planes.py);
                           # only in segments of header version 4 or later
-CODECS = (CODEC_RAW, CODEC_ZSTD, CODEC_PLANES)
-SEGMENT_CODECS = {1: (0, 1), 2: (0, 1), 3: (0, 1), 4: (0, 1, 2)}   # segment version -> codecs
+CODEC_DELTA_PLANES = 3    # the delta of a chunk against its base chunk, as byte planes (below);
+                          # only in segments of header version 5 or later
+CODECS = (CODEC_RAW, CODEC_ZSTD, CODEC_PLANES, CODEC_DELTA_PLANES)
+SEGMENT_CODECS = {1: (0, 1), 2: (0, 1), 3: (0, 1), 4: (0, 1, 2),   # segment version -> codecs
+                  5: (0, 1, 2, 3)}
 
 # CODEC_PLANES stored bytes: PLANES_HEADER, itemsize PLANE_ENTRYs, the planes, the tail bytes.
 PLANES_HEADER = struct.Struct("<BB")         # item size, flags
@@ -125,15 +134,14 @@ PLANES_ROTATE = 1                            # flag: items rotated left one bit 
 PLANE_RAW = 0
 PLANE_ZSTD = 1
 
-# Delta planes: format 5, planned (docs/floatcodec.md, "Decided (stop 37)"). Not in CODECS nor
-# in any SEGMENT_CODECS entry: no segment may hold it yet, and every reader refuses it. The C
-# core codes and decodes it (snap_write_chunks, snap_read_chunks) so the engine can adopt it.
-# Stored bytes: DELTA_HEADER (the base chunk's id, the chunk's depth: 1 when its base is
-# stored whole), then a plane section laid out as CODEC_PLANES' with flags 0, whose planes
-# are those of zigzag(item - base item) over little-endian words (native.DELTA_SUB), the tail
-# bytes XOR the base's.
-CODEC_DELTA_PLANES = 3
-DELTA_HEADER = struct.Struct("<32sB")        # base chunk id, depth (1..255)
+# CODEC_DELTA_PLANES stored bytes (docs/floatcodec.md, "Decided (stop 37)"; coded and decoded
+# by the C core: snap_write_chunks, snap_read_chunks): DELTA_HEADER (the base chunk's id, the
+# chunk's depth: 1 when its base is stored whole, else 1 + the base's), then a plane section
+# laid out as CODEC_PLANES' with flags 0, whose planes are those of zigzag(item - base item)
+# over little-endian words (native.DELTA_SUB), the tail bytes XOR the base's. The chunk id
+# stays the BLAKE3 of the decoded bytes; the base is as long as the chunk.
+DELTA_HEADER = struct.Struct("<32sB")        # base chunk id, depth (1..MAX_DELTA_DEPTH)
+MAX_DELTA_DEPTH = 255                        # the depth byte's range; writers stop far lower
 
 CHUNK_ID_BYTES = 32                          # BLAKE3-256 of the uncompressed chunk
 CHUNK_PREFIX = struct.Struct("<32sI")        # chunk id, raw (uncompressed) length
@@ -146,12 +154,16 @@ STATE_END = struct.Struct("<QQ")             # number of STATE_CHECKPOINT record
 
 # ---- commit record payload -----------------------------------------------------------------
 # u32 length of a UTF-8 JSON header (version 3: with "order", the record's order), the JSON
-# header, then the new-chunk table
+# header, then the new-chunk table, then (format 5, when the header says "delta_bases": n > 0)
+# the base of each CODEC_DELTA_PLANES chunk of the new-chunk table
 # (json["new_chunks"] entries of NEW_CHUNK), then each buffer's extents (json buffers[i]
 # ["extents"] entries of EXTENT) in buffer order.
 COMMIT_JSON_LEN = struct.Struct("<I")
 NEW_CHUNK = struct.Struct("<32sQQIIB")       # id, segment, record offset, stored payload length
 assert NEW_CHUNK.size == 57                  # (prefix + data), raw length, codec
+DELTA_BASE = struct.Struct("<32s32s")        # format 5: a delta chunk of the new-chunk table, its
+                                             # base chunk (json["delta_bases"] entries, after
+                                             # the new-chunk table; the key absent when none)
 EXTENT = struct.Struct("<QII32s")            # buffer offset, offset inside chunk, length, chunk id
 assert EXTENT.size == 48
 
@@ -210,6 +222,9 @@ CKPT_KEY = struct.Struct(">Q")                # big-endian so LMDB sorts ids num
 MANIFEST_KEY = struct.Struct(">QI")           # checkpoint id, buffer index
 CHUNK_ENTRY = struct.Struct("<QQIIQB")        # segment, record offset, stored payload length,
 assert CHUNK_ENTRY.size == 33                 # raw length, reference count, codec
+# format 5: a CODEC_DELTA_PLANES chunk's entry is CHUNK_ENTRY followed by its base chunk's id
+# (CHUNK_ID_BYTES). Its reference count counts the extents that name it and the delta chunks
+# whose entries name it as their base (edges): a base outlives every chunk coded against it.
 LOG_POSITION = struct.Struct("<QQ")           # segment number, byte offset
 STATE_MARK = struct.Struct("<QQQQ")           # LOG_POSITION of a state section's first record,
                                               # LOG_POSITION just past its last

@@ -235,21 +235,45 @@ def _check_not_truncated(env: lmdb.Environment, data: str) -> None:
 
 
 class ChunkEntry(NamedTuple):
-    """Where a chunk's record is and how many extents use it. A named tuple: a restore makes
-    one per chunk, and a frozen dataclass costs several times more to build."""
+    """Where a chunk's record is and how many extents use it (plus, format 5, how many delta
+    chunks name it as their base). A named tuple: a restore makes one per chunk, and a frozen
+    dataclass costs several times more to build. base: a delta chunk's base chunk id, else
+    None. Derive a moved or recounted entry with _replace(), which keeps the base."""
     segment: int
     offset: int
     stored_len: int
     raw_len: int
     refs: int
     codec: int
+    base: bytes | None = None
 
     def pack(self) -> bytes:
-        return fmt.CHUNK_ENTRY.pack(*self)
+        head = fmt.CHUNK_ENTRY.pack(*self[:6])
+        return head if self.base is None else head + self.base
 
     @classmethod
     def unpack(cls, data: bytes) -> "ChunkEntry":
-        return cls._make(fmt.CHUNK_ENTRY.unpack(data))
+        if len(data) == fmt.CHUNK_ENTRY.size:
+            return cls(*fmt.CHUNK_ENTRY.unpack(data))
+        head = fmt.CHUNK_ENTRY.unpack_from(data)
+        return cls(*head, bytes(data[fmt.CHUNK_ENTRY.size:]))
+
+
+CHUNK_ENTRY_SIZES = (fmt.CHUNK_ENTRY.size, fmt.CHUNK_ENTRY.size + fmt.CHUNK_ID_BYTES)
+
+
+def checked_chunk_entry(chunk_id: bytes, payload: bytes) -> ChunkEntry:
+    """The chunk entry an index value holds (unsealed). Raises CorruptionError unless it has
+    a chunk entry's length and a base exactly when it is a delta chunk's."""
+    if len(payload) not in CHUNK_ENTRY_SIZES:
+        raise damaged(f"index value {describe_key(fmt.DB_CHUNKS, chunk_id)} has "
+                      f"{len(payload)} bytes, not {fmt.CHUNK_ENTRY.size}")
+    entry = ChunkEntry.unpack(payload)
+    if (entry.codec == fmt.CODEC_DELTA_PLANES) != (entry.base is not None):
+        raise damaged(f"index value {describe_key(fmt.DB_CHUNKS, chunk_id)}: "
+                      + ("a delta chunk without its base" if entry.base is None
+                         else "a base for a chunk that is not a delta chunk"))
+    return entry
 
 
 def _count_refs(blob: bytes, delta: int, counts: dict) -> dict:
@@ -1153,17 +1177,14 @@ class IndexView:
         if value is None:
             return None
         payload = unseal(fmt.DB_CHUNKS, chunk_id, value, self.version)
-        if len(payload) != fmt.CHUNK_ENTRY.size:
-            raise damaged(f"index value {describe_key(fmt.DB_CHUNKS, chunk_id)} has "
-                          f"{len(payload)} bytes, not {fmt.CHUNK_ENTRY.size}")
-        return ChunkEntry.unpack(payload)
+        return checked_chunk_entry(chunk_id, payload)
 
     def has_chunk(self, chunk_id: bytes) -> bool:
         return self.chunk(chunk_id) is not None
 
     def chunks(self) -> Iterator[tuple[bytes, ChunkEntry]]:
         for k, v in self._items(fmt.DB_CHUNKS):
-            yield k, self._decode(fmt.DB_CHUNKS, k, v, ChunkEntry.unpack)
+            yield k, checked_chunk_entry(k, v)
 
     # -- checkpoints
     def checkpoint(self, checkpoint_id: int) -> Commit | None:
@@ -1459,18 +1480,29 @@ class IndexWriter(IndexView):
     def put_chunk(self, chunk_id: bytes, entry: ChunkEntry) -> None:
         self._put(fmt.DB_CHUNKS, chunk_id, entry.pack())
 
-    def _put_new_chunks(self, new: dict, refs: dict) -> None:
+    def _put_new_chunks(self, new: dict, refs: dict, bases: dict | None = None) -> None:
         """Writes the entries of new chunks {chunk id: (segment, offset, stored, raw, codec)},
         each once, with its count taken out of refs (what put_chunk does, in one LMDB call:
-        sealed values sorted by key)."""
+        sealed values sorted by key). bases: {delta chunk id: its base chunk id}; a new delta
+        chunk's entry names its base, and adds one to the base's count in refs (its edge)."""
         if not new:
             return
+        bases = bases or {}
+        for cid, row in new.items():
+            if row[4] == fmt.CODEC_DELTA_PLANES:
+                base = bases.get(cid)
+                if base is None:
+                    raise CorruptionError(f"new delta chunk {cid.hex()[:16]}… has no base in "
+                                          "its commit record")
+                refs[base] = refs.get(base, 0) + 1
         pack, db = fmt.CHUNK_ENTRY.pack, fmt.DB_CHUNKS
         items = []
         for cid in sorted(new):
             seg, off, stored, raw, codec = new[cid]
-            items.append((cid, seal(db, cid, pack(seg, off, stored, raw, refs.pop(cid, 0),
-                                                  codec))))
+            value = pack(seg, off, stored, raw, refs.pop(cid, 0), codec)
+            if codec == fmt.CODEC_DELTA_PLANES:
+                value += bases[cid]
+            items.append((cid, seal(db, cid, value)))
         with self.txn.cursor(db=self.dbs[fmt.DB_CHUNKS]) as cur:
             cur.putmulti(items)
 
@@ -1480,6 +1512,11 @@ class IndexWriter(IndexView):
 
     def _add_refs(self, blob: bytes, delta: int) -> None:
         self._apply_ref_counts(_count_refs(blob, delta, {}))
+
+    def add_ref_counts(self, counts: dict) -> None:
+        """Adds counts[chunk id] to each chunk's reference count (compaction: the edges of
+        the delta chunks it removes)."""
+        self._apply_ref_counts(counts)
 
     def _apply_ref_counts(self, counts: dict) -> None:
         """Adds counts[chunk id] to each chunk's reference count."""
@@ -1493,8 +1530,7 @@ class IndexWriter(IndexView):
             refs = entry.refs + d
             if refs < 0:
                 raise CorruptionError(f"reference count of chunk {cid.hex()[:16]}… fell below 0")
-            self.put_chunk(cid, ChunkEntry(entry.segment, entry.offset, entry.stored_len,
-                                           entry.raw_len, refs, entry.codec))
+            self.put_chunk(cid, entry._replace(refs=refs))
 
     def _put_info(self, commit: Commit) -> None:
         self._put(fmt.DB_CHECKPOINTS, fmt.CKPT_KEY.pack(commit.id),
@@ -1594,7 +1630,7 @@ class IndexWriter(IndexView):
                 b.depth = parent_depths[b.name] + 1
             _count_refs(b.extents, +1, refs)
             self._put(fmt.DB_MANIFESTS, fmt.MANIFEST_KEY.pack(commit.id, i), b.extents)
-        self._put_new_chunks(new, refs)
+        self._put_new_chunks(new, refs, commit.delta_base_ids())
         self._apply_ref_counts(refs)
         self._put_info(commit)
         key = fmt.CKPT_KEY.pack(commit.id)

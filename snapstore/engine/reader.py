@@ -117,6 +117,11 @@ class ChunkReader:
             self._cached -= len(old)
         return data
 
+    def read_whole(self, chunk_id: bytes) -> bytes | memoryview:
+        """The chunk's raw bytes, read afresh (not kept: a writer reading the bases it codes
+        new chunks against reads each once)."""
+        return self._read(chunk_id)
+
     def read_into(self, chunk_id: bytes, out: memoryview) -> bool:
         """Decodes the chunk straight into out when out is exactly as long as the chunk (a
         whole-chunk extent: most of a full manifest) and the chunk is not cached; returns
@@ -144,7 +149,10 @@ class ChunkReader:
         entry = self.entries.get(chunk_id)
         return entry if entry is not None else self.view.chunk(chunk_id)
 
-    def _read(self, chunk_id: bytes, entry=None, out=None) -> bytes | memoryview:
+    def _read(self, chunk_id: bytes, entry=None, out=None, depth: int | None = None
+              ) -> bytes | memoryview:
+        """The chunk's raw bytes (in out, when given). depth: what the delta chunk that names
+        this chunk as its base says it must be (0: a plain chunk), checked."""
         if entry is None:
             entry = self._entry(chunk_id)
         if entry is None:
@@ -154,6 +162,8 @@ class ChunkReader:
         if entry.segment not in self._versions_checked:
             self._check_version(entry.segment)
         try:
+            if entry.codec == fmt.CODEC_DELTA_PLANES or depth:
+                return self._read_delta(chunk_id, entry, out, depth)
             return chunks.read_chunk(self.segments, entry.segment, entry.offset,
                                      entry.stored_len, chunk_id, entry.raw_len, out)
         except CorruptionError:
@@ -162,6 +172,40 @@ class ChunkReader:
                     f"chunk {chunk_id.hex()[:16]}… was moved by a compaction while this read "
                     "ran; retry the read") from None
             raise
+
+    def _read_delta(self, chunk_id: bytes, entry, out, depth: int | None
+                    ) -> bytes | memoryview:
+        """A delta chunk's raw bytes: its base's (read first, into out when given), with the
+        delta applied. Each base must be one level less deep than the chunk naming it, down
+        to a plain chunk, so a chain ends (at most fmt.MAX_DELTA_DEPTH reads) whatever the
+        records say."""
+        chunk = chunks.read_stored_chunk(self.segments, entry.segment, entry.offset,
+                                         entry.stored_len, chunk_id)
+        record = chunk.record
+        if chunk.raw_len != entry.raw_len:
+            raise damaged_record("chunk has the wrong length", record.segment, record.offset,
+                                 record.end)
+        if record.codec != fmt.CODEC_DELTA_PLANES:
+            raise damaged_record(f"the base of a delta chunk at depth {depth + 1} is a plain "
+                                 "chunk, not a delta chunk", record.segment, record.offset,
+                                 record.end)
+        base_id, own = chunks.delta_base(chunk)
+        if depth is not None and own != depth:
+            raise damaged_record(f"the base of a delta chunk at depth {depth + 1} is at "
+                                 f"depth {own}", record.segment, record.offset, record.end)
+        base_entry = self._entry(base_id)
+        if base_entry is None:
+            raise CorruptionError(f"the store has no chunk {base_id.hex()[:16]}…, the base "
+                                  f"of delta chunk {chunk_id.hex()[:16]}… (`snapstore "
+                                  "repair`)")
+        if base_entry.raw_len != chunk.raw_len:
+            raise damaged_record(f"delta chunk of {chunk.raw_len} bytes names a base of "
+                                 f"{base_entry.raw_len}", record.segment, record.offset,
+                                 record.end)
+        if out is not None and len(out) == chunk.raw_len:
+            self._read(base_id, base_entry, out, own - 1)
+            return chunks.decode_delta(chunk, out, out)
+        return chunks.decode_delta(chunk, self._read(base_id, base_entry, None, own - 1))
 
     def _check_version(self, number: int) -> None:
         """FormatError for a segment of a newer version than this library reads (checked once
@@ -247,16 +291,17 @@ def copy_extents_parallel(entries: dict, backend: SegmentBackend, segments: Segm
     read one run of back-to-back records at a time and checked and decoded by the C core
     without the GIL (decode_whole_chunks); the rest go through chunks.read_chunk. Returns True
     when done. entries: chunk_entries() of (at least) these extents. A small layer is left to
-    the caller (0: nothing done or reported); so is a layer with a chunk the index lacks, or
-    where anything failed: the caller's copy_extents redoes it one chunk at a time,
-    whose errors are the authoritative ones (a chunk a compaction moved:
-    ConcurrentCompactionError; damage: CorruptionError), and the int returned is how many
-    bytes progress() was already told of. fresh: out may be fresh memory; each batch maps its
+    the caller (0: nothing done or reported); so is a layer with a chunk the index lacks or a
+    delta chunk (its base is read first: ChunkReader), or where anything failed: the caller's
+    copy_extents redoes it one chunk at a time, whose errors are the authoritative ones (a
+    chunk a compaction moved: ConcurrentCompactionError; damage: CorruptionError), and the int
+    returned is how many bytes progress() was already told of. fresh: out may be fresh memory; each batch maps its
     part in first (prefault), so the page faults too are spread over the threads."""
     total = sum(e[2] for e in extents)
     if total < PARALLEL_MIN_BYTES:
         return 0
-    if any(entries.get(cid) is None for _, _, _, cid in extents):
+    if any(entries.get(cid) is None or entries[cid].codec == fmt.CODEC_DELTA_PLANES
+           for _, _, _, cid in extents):
         return 0
     checked: set = set()        # segments whose version was checked (by any thread)
     target = batch_bytes(total, DECODE_THREADS)

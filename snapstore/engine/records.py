@@ -5,7 +5,8 @@ From segment version 3 on (many writers) every index record carries its order, a
 number allocated when the operation was claimed (commit JSON "order", delete DELETE_ORDERED,
 tag JSON "order"): rebuilding the index applies the records of all logs in that order
 (record_order). A commit record is self-describing: replaying it onto the index needs nothing else from the
-log (the chunk records it introduces are listed with their positions). A state section's
+log (the chunk records it introduces are listed with their positions, and, format 5, the base
+of each delta chunk among them). A state section's
 checkpoint record is a commit payload without new-chunk table (Commit.encode of the checkpoint
 as the index holds it: current manifests, tags, depths, seq, parent).
 """
@@ -56,6 +57,7 @@ class Commit:
     tags: List[str] = field(default_factory=list)
     seq: int = 0               # 1, 2, 3... within the stream, in commit order (design.md)
     order: int | None = None   # the record's order (format 3 records; not in the index's JSON)
+    delta_bases: bytes = b""   # packed DELTA_BASEs: the base of each new delta chunk (format 5)
 
     @property
     def kind(self) -> str:
@@ -79,13 +81,19 @@ class Commit:
                    bytes_new=d.get("bytes_new", 0), tags=list(d.get("tags", [])),
                    seq=d.get("seq", 0))
 
+    def delta_base_ids(self) -> dict[bytes, bytes]:
+        """{delta chunk id: its base chunk id} of the new delta chunks."""
+        return dict(fmt.DELTA_BASE.iter_unpack(self.delta_bases))
+
     def encode(self) -> List[bytes]:
         head = self.info_json()
         if self.order is not None:
             head["order"] = self.order
         head["new_chunks"] = len(self.new_chunks) // fmt.NEW_CHUNK.size
+        if self.delta_bases:
+            head["delta_bases"] = len(self.delta_bases) // fmt.DELTA_BASE.size
         js = json.dumps(head, separators=(",", ":")).encode()
-        return [fmt.COMMIT_JSON_LEN.pack(len(js)), js, self.new_chunks] + \
+        return [fmt.COMMIT_JSON_LEN.pack(len(js)), js, self.new_chunks, self.delta_bases] + \
             [b.extents for b in self.buffers]
 
     @classmethod
@@ -102,11 +110,15 @@ class Commit:
                 commit.order = non_negative_int(order)
             commit.new_chunks = bytes(payload[pos:pos + nc])
             pos += nc
+            nb = non_negative_int(head.get("delta_bases", 0)) * fmt.DELTA_BASE.size
+            commit.delta_bases = bytes(payload[pos:pos + nb])
+            pos += nb
             for b, bj in zip(commit.buffers, head["buffers"]):
                 size = bj["extents"] * fmt.EXTENT.size
                 b.extents = bytes(payload[pos:pos + size])
                 pos += size
-            if pos != len(payload) or len(commit.new_chunks) != nc:
+            if pos != len(payload) or len(commit.new_chunks) != nc or \
+                    len(commit.delta_bases) != nb:
                 raise ValueError("payload length does not match its header")
             return commit
         except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:

@@ -43,6 +43,7 @@ class WriteOptions:
     full_threshold: float = fmt.DEFAULT_FULL_THRESHOLD
     compression: str = "zstd"
     compression_level: int = fmt.DEFAULT_COMPRESSION_LEVEL
+    delta_chunks: bool = True    # code changed float chunks against the parent's (choose_bases)
 
 
 @dataclass
@@ -60,6 +61,7 @@ class BufferPlan:
     reason: str                # why full, for diagnostics
     staged: memoryview | None = None  # the chunks' bytes, already copied back to back (async)
     itemsize: int = 1          # the buffer's float item size (validation.float_item_size)
+    bases: list | None = None  # per chunk: the id of the chunk to code it against, or None
 
     @property
     def nbytes(self) -> int:
@@ -188,6 +190,53 @@ def whole_if_mostly_changed(plans: list, opts: WriteOptions) -> list:
               else "the checkpoint holds no bytes")
     return [plan_full(p.name, p.view, opts, reason, p.itemsize) if p.base == "delta" else p
             for p in plans]
+
+
+KEYFRAME_FRACTION = 0.8   # a delta chunk stored in more than this much of what its base (or,
+                          # if less, its raw bytes) takes: the next version is stored whole
+
+
+def choose_bases(view: IndexView, parent: Commit | None, plan: BufferPlan,
+                 opts: WriteOptions) -> None:
+    """Sets plan.bases: for each chunk of a full plan of floats whose bytes the parent
+    checkpoint holds in one chunk at the same place (a whole-chunk extent of the parent's
+    manifest), the chunk to code it against (docs/floatcodec.md). That is the parent's chunk
+    when it is stored whole (a keyframe), else the keyframe that chunk was coded against, so
+    every delta chunk is one level deep: a restore decodes two records, and a writer reads one
+    back. A position whose last delta stopped paying (KEYFRAME_FRACTION) gets a new keyframe.
+    Nothing to do without delta_chunks or compression, for another layout or for chunks not
+    of floats."""
+    if not (opts.delta_chunks and opts.compression == "zstd" and parent is not None
+            and plan.base == "full" and plan.layout == "pages"
+            and chunk_item_size(plan) in fmt.PLANES_ITEMSIZES):
+        return
+    before = next((b for b in parent.buffers if b.name == plan.name), None)
+    if before is None or before.size != len(plan.view) or before.layout != "pages":
+        return
+    layers = buffer_layers(view, parent, plan.name)
+    whole = {off: cid for off, coff, n, cid in ext.flatten(layers) if coff == 0}
+    sizes = {off: n for off, coff, n, _ in ext.flatten(layers) if coff == 0}
+    bases: list = []
+    entries: dict = {}
+    for pieces in plan.chunks:
+        base = None
+        if len(pieces) == 1:
+            off, length = pieces[0]
+            cid = whole.get(off)
+            entry = view.chunk(cid) if cid is not None else None
+            if entry is not None and entry.raw_len == length == sizes[off]:
+                if entry.base is None:
+                    base = cid
+                else:
+                    keyframe = entries.get(entry.base) or view.chunk(entry.base)
+                    entries[entry.base] = keyframe
+                    if keyframe is not None and keyframe.raw_len == length and \
+                            entry.stored_len <= KEYFRAME_FRACTION * min(
+                                length, keyframe.stored_len):
+                        base = entry.base
+        bases.append(base)
+    if any(b is not None for b in bases):
+        plan.bases = bases
 
 
 def usable_fingerprints(view: IndexView, stream: str, buffer: str, head: int | None,
@@ -363,6 +412,25 @@ def _plane_records(items: list, opts: WriteOptions, itemsize: int, worth) -> lis
     return out
 
 
+def delta_records(items: list, itemsize: int) -> list[Encoded]:
+    """Records of items (chunk id, data, base id, base bytes as long as data; itemsize 2, 4
+    or 8): each coded as delta planes against its base where that saves 1/32 of it, else as
+    without a base (the C core's rules: snap_write_chunks), every plane tried; the second
+    half on a thread of its own from PARALLEL_ENCODE_BYTES on (encode_chunks' split)."""
+    mask = planes.plane_mask(itemsize, None)
+
+    def encode(part: list) -> list:
+        if not part:
+            return []
+        records, results = native.write_chunks(
+            [(data, cid, base, base_id, 1) for cid, data, base_id, base in part], itemsize,
+            mask, try_delta=mask)
+        return [Encoded(codec, stored_len,
+                        record=[records[off:off + fmt.RECORD_HEADER.size + stored_len]])
+                for off, stored_len, codec, _ in results]
+    return _in_halves(encode, items, [len(item[1]) for item in items])
+
+
 def content_ids(datas: list) -> list[bytes]:
     """The BLAKE3 chunk id of each of datas (BLAKE3 lets go of the GIL: see _in_halves)."""
     return _in_halves(lambda part: [blake3.blake3(data).digest() for data in part], datas,
@@ -385,9 +453,14 @@ class ChunkSink:
 
     def __init__(self, log: SegmentLog, view: IndexView, opts: WriteOptions,
                  pause: Callable[[], None] | None = None,
-                 unreusable: frozenset = frozenset()) -> None:
+                 unreusable: frozenset = frozenset(),
+                 read_base: Callable[[bytes], object] | None = None) -> None:
         self.log, self.view, self.opts, self.pause = log, view, opts, pause
         self.new: dict[bytes, tuple] = {}
+        # read_base(chunk id): the raw bytes of a chunk of the view, to code a new chunk
+        # against (put_batch's bases); None: no chunk is delta-coded
+        self.read_base = read_base
+        self.bases: dict[bytes, bytes] = {}       # new delta chunk id -> its base's id
         # chunks stored elsewhere that the view lacks, which may be reused: {id: (segment,
         # offset, stored length, raw length, codec)} (S3 stores: other writers' uploads)
         self.known: dict[bytes, tuple] = {}
@@ -423,33 +496,58 @@ class ChunkSink:
         self._note(cid, seg, off, stored_len, len(data), codec)
         return cid
 
-    def put_batch(self, datas: list, itemsize: int = 1) -> list[bytes]:
+    def put_batch(self, datas: list, itemsize: int = 1, bases: list | None = None
+                  ) -> list[bytes]:
         """put() of each chunk in `datas` (views), in order; returns their ids. The new ones
         are compressed by two threads at once when they hold PARALLEL_ENCODE_BYTES or more
         (zstd lets go of the GIL); appending stays in order, in this thread. itemsize: the
         chunks hold items of that many bytes from their first byte on (encode_chunk). pause()
         is called once first, even when nothing is new, and before each staging area's
-        appends."""
+        appends. bases: per chunk, the id of a chunk of the view (as long) to code it against
+        where that pays (CODEC_DELTA_PLANES), or None; used only with read_base and itemsize
+        2, 4 or 8."""
         if self.pause is not None:
             self.pause()
         cids = content_ids(datas)
-        todo: dict[bytes, memoryview] = {}
-        for cid, data in zip(cids, datas):
+        if bases is None or self.read_base is None or itemsize not in fmt.PLANES_ITEMSIZES:
+            bases = [None] * len(datas)
+        todo: dict[bytes, tuple] = {}
+        for cid, data, base in zip(cids, datas, bases):
             if cid not in todo and not self._have(cid):
-                todo[cid] = data
+                todo[cid] = (data, base if base != cid else None)
         group: list = []
         size = 0
-        for item in todo.items():          # encoded a staging area at a time: bounded memory
-            group.append(item)
-            size += len(item[1])
+        for cid, (data, base) in todo.items():  # encoded a staging area at a time: bounded
+            group.append((cid, data, base))      # memory
+            size += len(data)
             if size >= STAGING_AREA_BYTES:
-                self._append(group, itemsize)
+                self._append_group(group, itemsize)
                 group, size = [], 0
-        self._append(group, itemsize)
+        self._append_group(group, itemsize)
         return cids
 
+    def _append_group(self, group: list, itemsize: int) -> None:
+        """_append of (chunk id, data, base id or None) items: those with a base coded
+        against it (read back through read_base; delta_records), the others as always."""
+        if not any(base is not None for _, _, base in group):
+            self._append([(cid, data) for cid, data, _ in group], itemsize)
+            return
+        plain = [(cid, data) for cid, data, base in group if base is None]
+        deltas = [(cid, data, base, self.read_base(base))
+                  for cid, data, base in group if base is not None]
+        made_plain = iter(encode_chunks(plain, self.opts, itemsize))
+        made_delta = iter(delta_records(deltas, itemsize))
+        made = [next(made_plain) if base is None else next(made_delta)
+                for _, _, base in group]
+        self._append_made([(cid, data) for cid, data, _ in group], made,
+                          [base for _, _, base in group])
+
     def _append(self, items: list, itemsize: int = 1) -> None:
-        made = encode_chunks(items, self.opts, itemsize)
+        self._append_made(items, encode_chunks(items, self.opts, itemsize))
+
+    def _append_made(self, items: list, made: list, bases: list | None = None) -> None:
+        """Appends the records `made` (Encoded) of items (chunk id, data), in order; bases:
+        per item the base it was offered (None: none), noted for delta chunks."""
         if self.pause is not None:
             self.pause()
         where: list = []
@@ -462,17 +560,25 @@ class ChunkSink:
             run = []
             where.append(self.log.append(fmt.REC_CHUNK, m.codec, m.parts))
         where += self.log.append_records(run)
-        for (cid, data), m, (seg, off) in zip(items, made, where):
-            self._note(cid, seg, off, m.stored_len, len(data), m.codec)
+        for i, ((cid, data), m, (seg, off)) in enumerate(zip(items, made, where)):
+            base = bases[i] if bases is not None and m.codec == fmt.CODEC_DELTA_PLANES else None
+            self._note(cid, seg, off, m.stored_len, len(data), m.codec, base)
 
     def _note(self, cid: bytes, seg: int, off: int, stored_len: int, raw_len: int,
-              codec: int) -> None:
-        """Records a chunk appended at (seg, off) for the NEW_CHUNK table and bytes_new."""
+              codec: int, base: bytes | None = None) -> None:
+        """Records a chunk appended at (seg, off) for the NEW_CHUNK table and bytes_new (and
+        a delta chunk's base for the DELTA_BASE table)."""
         self.new[cid] = (seg, off, stored_len, raw_len, codec)
+        if base is not None:
+            self.bases[cid] = base
         self.bytes_new += fmt.RECORD_HEADER.size + stored_len
 
     def new_chunk_table(self) -> bytes:
         return b"".join(fmt.NEW_CHUNK.pack(cid, *loc) for cid, loc in self.new.items())
+
+    def delta_base_table(self) -> bytes:
+        """The DELTA_BASE table of the new delta chunks (the commit record's)."""
+        return b"".join(fmt.DELTA_BASE.pack(cid, base) for cid, base in self.bases.items())
 
 
 def chunk_ids(entries) -> list[bytes]:
@@ -651,6 +757,7 @@ def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
     areas = staging_areas(staging)
     batches = [plan.chunks] if plan.staged is not None else \
         list(_batches(plan.chunks, len(areas[0])))
+    first_chunk = 0
     for number, batch in enumerate(batches):
         if plan.staged is not None:
             filled = plan.staged
@@ -663,8 +770,12 @@ def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
         staged_digests = native.page_fingerprints(filled, page) if whole else None
         sizes = [sum(n for _, n in pieces) for pieces in batch]
         starts = itertools.accumulate(sizes, initial=0)
+        bases = None
+        if plan.bases is not None:
+            bases = plan.bases[first_chunk:first_chunk + len(batch)]
+        first_chunk += len(batch)
         cids = sink.put_batch([filled[at:at + size] for at, size in zip(starts, sizes)],
-                              itemsize)
+                              itemsize, bases)
         pos = 0
         for pieces, size, cid in zip(batch, sizes, cids):
             coff = 0
