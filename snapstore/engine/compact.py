@@ -134,6 +134,7 @@ class ChunkUses:
                         self.where[chunk].add((cid, bi))
             self.entries: dict[bytes, ChunkEntry] = dict(r.chunks())
             self.state = r.log_state()          # the newest state section: live too
+        self._bases: set | None = None
         for chunk in self.uses:
             if chunk not in self.entries:
                 raise CorruptionError(f"a manifest references missing chunk {chunk.hex()[:16]}…")
@@ -153,7 +154,8 @@ class ChunkUses:
         {segment: chunk record bytes a rewrite of it keeps}).
 
         Needed: each chunk's record in the proportion of its bytes some manifest uses (none
-        for a chunk no manifest uses). Kept: the record whole, or only that proportion for a
+        for a chunk no manifest uses); the whole record of a used delta chunk and of a base
+        of a delta chunk (untrimmable). Kept: the record whole, or only that proportion for a
         chunk a rewrite trims (used less than threshold). A rewrite keeps at least the needed
         bytes, and at least `threshold` of every chunk it keeps (it trims the others), so a
         rewritten segment does not qualify again."""
@@ -161,12 +163,28 @@ class ChunkUses:
         kept: dict[int, float] = defaultdict(float)
         for chunk, e in self.entries.items():
             ranges = self.uses.get(chunk)
-            if ranges:
-                record = fmt.RECORD_HEADER.size + e.stored_len
+            record = fmt.RECORD_HEADER.size + e.stored_len
+            if (ranges or chunk in self.base_ids()) and self.untrimmable(chunk):
+                # a base (a delta chunk decodes over all of it) or a used delta chunk (it
+                # decodes only whole): needed and kept whole
+                needed[e.segment] += record
+                kept[e.segment] += record
+            elif ranges:
                 fraction = min(1.0, sum(b - a for a, b in _merge(ranges)) / max(1, e.raw_len))
                 needed[e.segment] += record * fraction
                 kept[e.segment] += record * fraction if fraction < threshold else record
         return needed, kept
+
+    def base_ids(self) -> set[bytes]:
+        """The chunks some delta chunk entry names as its base."""
+        if self._bases is None:
+            self._bases = {e.base for e in self.entries.values() if e.base is not None}
+        return self._bases
+
+    def untrimmable(self, chunk: bytes) -> bool:
+        """Whether trimming must leave the chunk whole: a delta chunk (it decodes only
+        whole) or the base of one (its whole record stays for the delta chunks anyway)."""
+        return self.entries[chunk].base is not None or chunk in self.base_ids()
 
 
 def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
@@ -179,9 +197,7 @@ def trim_chunks(index: Index, log: SegmentLog, backend: SegmentBackend,
     entries, where = found.entries, found.where
     plans = {}
     for chunk in found.uses:
-        # a delta chunk is kept whole (it decodes only whole, over its base)
-        if entries[chunk].segment in segments and \
-                entries[chunk].codec != fmt.CODEC_DELTA_PLANES:
+        if entries[chunk].segment in segments and not found.untrimmable(chunk):
             intervals = found.trim_plan(chunk, threshold)
             if intervals is not None:
                 plans[chunk] = intervals
