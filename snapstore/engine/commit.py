@@ -683,8 +683,8 @@ class Committer:
                 try:
                     return self._commit_once(stream, make_plans, meta, expect_head,
                                              on_stored, pause)
-                except claim_rules.ChunksVanished:
-                    continue
+                except (claim_rules.ChunksVanished, ConcurrentCompactionError):
+                    continue    # a base read back was moved by a compaction: plan again
         raise ConcurrentCompactionError(f"checkpoint of stream {stream!r}: compaction removed "
                                         f"chunks it reused {_ATTEMPTS} times in a row; retry")
 

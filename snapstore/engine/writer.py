@@ -198,38 +198,37 @@ KEYFRAME_FRACTION = 0.8   # a delta chunk stored in more than this much of what 
 
 def choose_bases(view: IndexView, parent: Commit | None, plan: BufferPlan,
                  opts: WriteOptions) -> None:
-    """Sets plan.bases: for each chunk of a full plan of floats whose bytes the parent
-    checkpoint holds in one chunk at the same place (a whole-chunk extent of the parent's
-    manifest), the chunk to code it against (docs/floatcodec.md). That is the parent's chunk
-    when it is stored whole (a keyframe), else the keyframe that chunk was coded against, so
-    every delta chunk is one level deep: a restore decodes two records, and a writer reads one
-    back. A position whose last delta stopped paying (KEYFRAME_FRACTION) gets a new keyframe.
-    Nothing to do without delta_chunks or compression, for another layout or for chunks not
-    of floats."""
+    """Sets plan.bases: for each chunk of one run of bytes of a buffer of floats, a chunk of
+    the same length to code it against where the parent checkpoint's buffer has one at the
+    same place (docs/floatcodec.md): the chunk at that offset in the full manifest the
+    parent's buffer builds on (its first layer: what a later delta changed there is a few
+    pages, so that chunk still codes the new bytes well). That is the chunk itself when it is
+    stored whole (a keyframe), else the keyframe it was coded against, so every delta chunk
+    is one level deep: a restore decodes two records, a writer reads one back. A position
+    whose last delta stopped paying (KEYFRAME_FRACTION) gets a new keyframe. Nothing to do
+    without delta_chunks or compression, for another layout or for chunks not of floats."""
     if not (opts.delta_chunks and opts.compression == "zstd" and parent is not None
-            and plan.base == "full" and plan.layout == "pages"
-            and chunk_item_size(plan) in fmt.PLANES_ITEMSIZES):
+            and plan.layout == "pages" and chunk_item_size(plan) in fmt.PLANES_ITEMSIZES):
         return
     before = next((b for b in parent.buffers if b.name == plan.name), None)
     if before is None or before.size != len(plan.view) or before.layout != "pages":
         return
-    layers = buffer_layers(view, parent, plan.name)
-    whole = {off: cid for off, coff, n, cid in ext.flatten(layers) if coff == 0}
-    sizes = {off: n for off, coff, n, _ in ext.flatten(layers) if coff == 0}
+    first = buffer_layers(view, parent, plan.name)[0]
+    at = {off: (cid, n) for off, coff, n, cid in first if coff == 0}
     bases: list = []
-    entries: dict = {}
+    found: dict = {}
     for pieces in plan.chunks:
         base = None
         if len(pieces) == 1:
             off, length = pieces[0]
-            cid = whole.get(off)
-            entry = view.chunk(cid) if cid is not None else None
-            if entry is not None and entry.raw_len == length == sizes[off]:
+            cid, n = at.get(off, (None, 0))
+            entry = view.chunk(cid) if n == length else None
+            if entry is not None and entry.raw_len == length:
                 if entry.base is None:
                     base = cid
                 else:
-                    keyframe = entries.get(entry.base) or view.chunk(entry.base)
-                    entries[entry.base] = keyframe
+                    keyframe = found.get(entry.base) or view.chunk(entry.base)
+                    found[entry.base] = keyframe
                     if keyframe is not None and keyframe.raw_len == length and \
                             entry.stored_len <= KEYFRAME_FRACTION * min(
                                 length, keyframe.stored_len):
@@ -532,15 +531,27 @@ class ChunkSink:
         if not any(base is not None for _, _, base in group):
             self._append([(cid, data) for cid, data, _ in group], itemsize)
             return
+        group = [(cid, data, base if base is None else self._base_bytes(base, len(data)))
+                 for cid, data, base in group]
         plain = [(cid, data) for cid, data, base in group if base is None]
-        deltas = [(cid, data, base, self.read_base(base))
+        deltas = [(cid, data, base[0], base[1])
                   for cid, data, base in group if base is not None]
         made_plain = iter(encode_chunks(plain, self.opts, itemsize))
         made_delta = iter(delta_records(deltas, itemsize))
         made = [next(made_plain) if base is None else next(made_delta)
                 for _, _, base in group]
         self._append_made([(cid, data) for cid, data, _ in group], made,
-                          [base for _, _, base in group])
+                          [None if base is None else base[0] for _, _, base in group])
+
+    def _base_bytes(self, base_id: bytes, size: int) -> tuple | None:
+        """(base_id, its raw bytes) to code a chunk of `size` bytes against, or None when
+        they cannot be read (a damaged record, a compaction that moved it: the chunk is
+        then coded on its own, so a damaged old checkpoint never stops new ones)."""
+        try:
+            data = self.read_base(base_id)
+        except CorruptionError:
+            return None
+        return (base_id, data) if len(data) == size else None
 
     def _append(self, items: list, itemsize: int = 1) -> None:
         self._append_made(items, encode_chunks(items, self.opts, itemsize))
