@@ -295,13 +295,13 @@ def copy_extents_parallel(entries: dict, backend: SegmentBackend, segments: Segm
     delta chunk (its base is read first: ChunkReader), or where anything failed: the caller's
     copy_extents redoes it one chunk at a time, whose errors are the authoritative ones (a
     chunk a compaction moved: ConcurrentCompactionError; damage: CorruptionError), and the int
-    returned is how many bytes progress() was already told of. fresh: out may be fresh memory; each batch maps its
-    part in first (prefault), so the page faults too are spread over the threads."""
+    returned is how many bytes progress() was already told of. fresh: out may be fresh
+    memory; each batch maps its part in first (prefault), so the page faults too are spread
+    over the threads."""
     total = sum(e[2] for e in extents)
     if total < PARALLEL_MIN_BYTES:
         return 0
-    if any(entries.get(cid) is None or entries[cid].codec == fmt.CODEC_DELTA_PLANES
-           for _, _, _, cid in extents):
+    if not _decodable_here(extents, entries):
         return 0
     checked: set = set()        # segments whose version was checked (by any thread)
     target = batch_bytes(total, DECODE_THREADS)
@@ -325,18 +325,25 @@ def copy_extents_parallel(entries: dict, backend: SegmentBackend, segments: Segm
         with backend.open_reader() as own:
             # FormatError for a newer segment; checked as the batches reach each segment, so
             # that decoding begins as soon as the first blocks arrive from an object store
-            for number in {entries[cid].segment for _, _, _, cid in batch} - checked:
+            used = [entries[cid] for _, _, _, cid in batch]
+            used += [entries[e.base] for e in used if e.base is not None]
+            for number in {e.segment for e in used} - checked:
                 try:
                     segment_version(own, number)
                 except CorruptionError:
                     pass
                 checked.add(number)
-            whole, part = [], []
+            whole, part, deltas = [], [], []
             for e in batch:
-                (whole if e[1] == 0 and e[2] == entries[e[3]].raw_len else part).append(e)
+                if entries[e[3]].base is not None:
+                    deltas.append(e)
+                    whole.append((e[0], 0, e[2], entries[e[3]].base))   # its base first
+                else:
+                    (whole if e[1] == 0 and e[2] == entries[e[3]].raw_len else part).append(e)
             if not hasattr(buffers, "own"):
                 buffers.own = {}
             decode_whole_chunks(own, whole, entries, out, start, buffers.own)
+            decode_whole_chunks(own, deltas, entries, out, start, buffers.own)
             spans = SpanReader(own, [entries[cid] for _, _, _, cid in part])
             decoded: dict = {}
             for off, coff, length, cid in part:
@@ -353,6 +360,21 @@ def copy_extents_parallel(entries: dict, backend: SegmentBackend, segments: Segm
     finished, reported = share_work(batches, copy_batch, min(DECODE_THREADS, len(batches)),
                                     progress)
     return True if finished else reported
+
+
+def _decodable_here(extents, entries: dict) -> bool:
+    """Whether copy_extents_parallel decodes the extents: every chunk in the index, and each
+    delta chunk used whole over a plain base the index has (what writers make: a delta
+    chunk's base is then decoded into place first, and the delta applied over it)."""
+    for _, coff, length, cid in extents:
+        entry = entries.get(cid)
+        if entry is None:
+            return False
+        if entry.base is not None:
+            base = entries.get(entry.base)
+            if coff or length != entry.raw_len or base is None or base.base is not None:
+                return False
+    return True
 
 
 def share_work(batches: list, work: Callable, threads: int,
@@ -450,8 +472,8 @@ def _reads_by_piece(pieces: list, members: list, records: list, extents, start: 
     boundary) is first copied whole into buffers["stitch"] (one record at a time)."""
     if len(pieces) == 1:
         at, view = pieces[0]
-        yield at, view, [(records[i].offset - at, extents[i][0] - start, records[i].stored_len,
-                          records[i].raw_len, extents[i][3]) for i in members]
+        yield at, view, [_chunk_read(records[i], records[i].offset - at, extents[i][0] - start,
+                                     extents[i][3]) for i in members]
         return
     starts = [p[0] for p in pieces]
     header = fmt.RECORD_HEADER.size
@@ -462,8 +484,8 @@ def _reads_by_piece(pieces: list, members: list, records: list, extents, start: 
         k = bisect.bisect_right(starts, rec.offset) - 1
         at, view = pieces[k]
         if rec.offset + header + rec.stored_len <= at + len(view):
-            grouped[k].append((rec.offset - at, extents[i][0] - start, rec.stored_len,
-                               rec.raw_len, extents[i][3]))
+            grouped[k].append(_chunk_read(rec, rec.offset - at, extents[i][0] - start,
+                                          extents[i][3]))
         else:
             spanning.append(i)
     for (at, view), reads in zip(pieces, grouped):
@@ -482,8 +504,15 @@ def _reads_by_piece(pieces: list, members: list, records: list, extents, start: 
             stitch[got:got + n] = view[lo:lo + n]
             got += n
             k += 1
-        yield rec.offset, stitch, [(0, extents[i][0] - start, rec.stored_len, rec.raw_len,
-                                    extents[i][3])]
+        yield rec.offset, stitch, [_chunk_read(rec, 0, extents[i][0] - start, extents[i][3])]
+
+
+def _chunk_read(entry, src_off: int, dst_off: int, chunk_id: bytes) -> tuple:
+    """The native.read_chunks read of chunk_id's record (its index entry): with its base's
+    id for a delta chunk, whose base the destination holds already."""
+    if entry.base is None:
+        return (src_off, dst_off, entry.stored_len, entry.raw_len, chunk_id)
+    return (src_off, dst_off, entry.stored_len, entry.raw_len, chunk_id, entry.base)
 
 
 def _at_least(buffers: dict, name: str, size: int) -> bytearray:
@@ -560,13 +589,23 @@ def _skipping(progress: Callable[[int], None] | None, skip: int):
 
 def chunk_entries(view: IndexView, extents) -> dict:
     """{chunk id: its index entry, or None when the index lacks it} for the chunks the
-    extents name, in order of first use. Looked up together before a read starts its fetch
-    threads: a lookup made while they run waits for the GIL each time (python-lmdb releases
-    it), measured at 0.15-0.24 ms per chunk against 2 us alone."""
+    extents name, in order of first use, then the bases of delta chunks among them. Looked
+    up together before a read starts its fetch threads: a lookup made while they run waits
+    for the GIL each time (python-lmdb releases it), measured at 0.15-0.24 ms per chunk
+    against 2 us alone."""
     entries: dict = {}
     for _, _, _, cid in extents:
         if cid not in entries:
             entries[cid] = view.chunk(cid)
+    bases = [e.base for e in entries.values() if e is not None and e.base is not None]
+    while bases:                # a delta chunk's base is read too (and a base's base)
+        more = []
+        for cid in bases:
+            if cid not in entries:
+                entries[cid] = entry = view.chunk(cid)
+                if entry is not None and entry.base is not None:
+                    more.append(entry.base)
+        bases = more
     return entries
 
 
