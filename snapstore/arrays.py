@@ -48,6 +48,17 @@ def _raw(a) -> memoryview:
     return pickle.PickleBuffer(a.view(np.int64) if a.dtype.kind in "mM" else a).raw()
 
 
+def _floats_or_raw(a):
+    """_raw(a), but for an array of native floats a flat view of it in memory order (no copy),
+    whose type tells the store its float item size (the chunk codec's hint: byte planes,
+    delta chunks)."""
+    if a.dtype.kind == "f" and a.dtype.isnative and a.dtype.itemsize in (2, 4, 8) and a.size:
+        flat = a.ravel(order="K")
+        if flat.flags.c_contiguous and flat.ctypes.data == a.ctypes.data:
+            return memoryview(flat)
+    return _raw(a)
+
+
 def save_arrays(store, arrays: Mapping[str, Any], stream: str = "default", meta: Any = None):
     """Checkpoints named NumPy arrays, one buffer each, diffed by name (see the module doc).
 
@@ -87,7 +98,7 @@ def save_arrays(store, arrays: Mapping[str, Any], stream: str = "default", meta:
             keep.append(a)
         order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
         try:
-            buffers[ARRAY_PREFIX + name] = _raw(a)
+            buffers[ARRAY_PREFIX + name] = _floats_or_raw(a)
         except ValueError as exc:       # NumPy: a dtype no buffer can describe
             raise InvalidArgumentTypeError(f"arrays[{name!r}] has a dtype ({a.dtype}) that no "
                                            f"buffer can describe ({exc}); use store.save() "
