@@ -1,8 +1,10 @@
-"""Delta-plane chunk records (CODEC_DELTA_PLANES, format 5, planned) in the C core: what
+"""Delta-plane chunk records (CODEC_DELTA_PLANES, format 5) in the C core: what
 snap_write_chunks codes given a base, what snap_read_chunks accepts, the boring cases (no
 change, everything changed, empty, one byte, the same call twice), bad arguments and damaged
-records. The engine writes none yet, and its Python readers refuse the codec; the comparison
-against the reference on generated versions is tests/property/test_delta_records_property.py."""
+records; the engine's Python decoder of one record (chunks.decode_delta) and its refusal of a
+delta record read without its base. The comparison against the reference on generated
+versions is tests/property/test_delta_records_property.py; the engine's use of the codec,
+tests/unit/test_delta_chunks.py."""
 import blake3
 import numpy as np
 import pytest
@@ -122,15 +124,37 @@ def test_a_delta_is_refused_without_its_base_and_leaves_the_destination_alone():
     assert nat.READ_REASONS[nat.lib.SNAP_READ_BASE].startswith("a delta record")
 
 
-def test_the_engines_python_reader_refuses_a_delta_record():
-    """Format 5 is planned: no segment may hold the codec, and the engine's own reader calls
-    such a record damaged instead of decoding it without its base."""
+def test_the_engines_python_reader_needs_the_base():
+    """chunks.read_chunk (no base) calls a delta record damaged instead of decoding it
+    without its base; chunks.decode_delta given the base gives the chunk, and given other
+    bytes as the base refuses them or (a base of the right id is the caller's promise)
+    never writes past the chunk."""
+    from snapstore.engine import chunks
     cur, base = weights(4096)
     records, results = write_delta(cur, base)
-    off, stored_len, _, _ = results[1]
+    off, stored_len, codec, _ = results[1]
+    assert codec == fmt.CODEC_DELTA_PLANES
     record = bytes(records)[off:off + fmt.RECORD_HEADER.size + stored_len]
     assert python_read(record, stored_len, len(cur), bid(cur)) is None
-    assert wal.parse_record_header(record) is None      # not a record header of any version
+    assert wal.parse_record_header(record)[1] == fmt.CODEC_DELTA_PLANES
+    stored = chunks.stored_chunk(wal.read_record(_OneRecord(record), 1, 0,
+                                                 length=stored_len))
+    assert chunks.delta_base(stored) == (bid(base), 1)
+    assert bytes(chunks.decode_delta(stored, base)) == cur
+    out = bytearray(base)
+    assert chunks.decode_delta(stored, out, out) is out and bytes(out) == cur
+    with pytest.raises(errors.CorruptionError):
+        chunks.decode_delta(stored, base[:-4])
+
+
+class _OneRecord:
+    """A SegmentReader over one record's bytes (segment 1, offset 0)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def read(self, number: int, offset: int, length: int) -> bytes:
+        return self.data[offset:offset + length]
 
 
 def test_flipped_bits_anywhere_fail_the_read_and_write_nothing():

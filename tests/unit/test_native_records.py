@@ -24,15 +24,14 @@ def test_mirrored_layout_matches_format_py():
     assert lib.SNAP_REC_CHUNK == fmt.REC_CHUNK
     assert lib.SNAP_REC_CHUNK_ID == fmt.CHUNK_ID_BYTES
     assert lib.SNAP_REC_CHUNK_PREFIX == fmt.CHUNK_PREFIX.size
-    assert (lib.SNAP_REC_CODEC_RAW, lib.SNAP_REC_CODEC_ZSTD, lib.SNAP_REC_CODEC_PLANES) == \
-        (fmt.CODEC_RAW, fmt.CODEC_ZSTD, fmt.CODEC_PLANES) == fmt.CODECS
+    assert (lib.SNAP_REC_CODEC_RAW, lib.SNAP_REC_CODEC_ZSTD, lib.SNAP_REC_CODEC_PLANES,
+            lib.SNAP_REC_CODEC_DELTA_PLANES) == \
+        (fmt.CODEC_RAW, fmt.CODEC_ZSTD, fmt.CODEC_PLANES, fmt.CODEC_DELTA_PLANES) == fmt.CODECS
     assert lib.SNAP_REC_PLANES_HEADER == fmt.PLANES_HEADER.size
     assert lib.SNAP_REC_PLANE_ENTRY == fmt.PLANE_ENTRY.size
     assert lib.SNAP_REC_PLANES_ROTATE == fmt.PLANES_ROTATE
     assert (lib.SNAP_REC_PLANE_RAW, lib.SNAP_REC_PLANE_ZSTD) == (fmt.PLANE_RAW, fmt.PLANE_ZSTD)
-    assert lib.SNAP_REC_CODEC_DELTA_PLANES == fmt.CODEC_DELTA_PLANES
-    assert fmt.CODEC_DELTA_PLANES not in fmt.CODECS          # format 5: planned, not readable
-    assert all(fmt.CODEC_DELTA_PLANES not in c for c in fmt.SEGMENT_CODECS.values())
+    assert [v for v, c in fmt.SEGMENT_CODECS.items() if fmt.CODEC_DELTA_PLANES in c] == [5]
     assert lib.SNAP_REC_DELTA_HEADER == fmt.DELTA_HEADER.size
     assert lib.SNAP_DELTA_SUB == nat.DELTA_SUB
     assert ffi.sizeof("snap_chunk_read") == nat._CHUNK_READ.size
