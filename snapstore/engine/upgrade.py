@@ -15,9 +15,10 @@ point leaves a store whose FORMAT still names the old version, which opens, and 
 writer open runs the steps again. A new format version appends its step(s) to STEPS.
 
 Crash points (crashpoints.py): upgrade_before_index_commit (inside the index step's
-transaction), upgrade_v3_before_index_commit (inside format 3's), upgrade_before_state_mark (the log step's state section durable, the index not
-yet told), upgrade_before_format (everything converted and synced, FORMAT not yet published),
-upgrade_after_format.
+transaction), upgrade_v3_before_index_commit (inside format 3's),
+upgrade_v5_before_index_commit (inside format 5's), upgrade_before_state_mark (the log step's
+state section durable, the index not yet told), upgrade_before_format (everything converted
+and synced, FORMAT not yet published), upgrade_after_format.
 """
 from __future__ import annotations
 
@@ -126,11 +127,32 @@ def _codec_planes(path: str, index: Index, backend: SegmentBackend) -> bool:
     return True
 
 
+def _delta_chunks(path: str, index: Index, backend: SegmentBackend) -> bool:
+    """Format 5 (CODEC_DELTA_PLANES chunk records, only in segments of header version 5; a
+    commit record's DELTA_BASE table; a delta chunk's index entry names its base, whose
+    reference count counts that edge): a format 4 store has no delta chunk, so no record and
+    no index value changes (every chunk entry keeps its CHUNK_ENTRY layout, every count only
+    extents). The log goes on in a new segment of version 5 (the writer's
+    SegmentLog.open_tail); the index only says format 5 (one transaction: crash point
+    upgrade_v5_before_index_commit, after which nothing is committed). Done when the index is
+    format 5."""
+    with index.read() as r:
+        if r.version >= 5:
+            return False
+    with index.write() as w:
+        w.set_format(5)
+        crashpoint("upgrade_v5_before_index_commit")
+    index.version = 5
+    return True
+
+
 STEPS: tuple[Step, ...] = (
     Step(2, "every index value carries a checksum", _index_value_checksums),
     Step(2, "the log describes every checkpoint (a state section)", _log_state_section),
     Step(3, "an applied position per log; record orders", _per_log_positions),
     Step(4, "chunk records may be byte planes (new segments only)", _codec_planes),
+    Step(5, "chunk records may be deltas against a base chunk (new segments only)",
+         _delta_chunks),
 )
 
 

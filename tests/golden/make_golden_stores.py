@@ -23,7 +23,9 @@ every earlier format (same recipes, same seeds: their files show what changed) p
 (compaction's crash states); format 3 adds "writers" (three writers at once, one of them in
 another process) and "group" (group commits), and its "interrupted" holds format 3's crash
 states (writer processes killed with a claim, a group, an unnoted state section and a torn
-batch left behind) instead of format 2's.
+batch left behind) instead of format 2's; format 4 adds "floats" (byte planes); format 5
+adds "deltas" (delta chunks), and stores/v5 holds only that one (--only deltas: README.md,
+"Format 5").
 
 It refuses to write into an existing stores/v<N>/ (pass --out to make a scratch copy
 elsewhere, e.g. to see what a version would write). Content is deterministic (seeded NumPy and
@@ -57,6 +59,7 @@ import os
 import pickle
 import platform
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -212,14 +215,24 @@ class Recorder:
 
 
 def made_by() -> dict:
+    """The versions that made a store: snapstore's commit and, when the engine's files differ
+    from it ("modified": the paths under snapstore/ and csrc/ that git reports changed; absent
+    when none are), which ones."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(snapstore.__file__)))
+    modified = None
     try:
         commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
                                 text=True, check=True).stdout.strip()
+        status = subprocess.run(["git", "--no-optional-locks", "-C", root, "status",
+                                 "--porcelain", "--", "snapstore", "csrc"],
+                                capture_output=True, text=True, check=True).stdout
+        modified = sorted(line[3:] for line in status.splitlines() if line.strip())
     except (OSError, subprocess.CalledProcessError):
         commit = None
     out = {"snapstore": snapstore.__version__, "commit": commit,
            "python": platform.python_version(), "numpy": np.__version__}
+    if modified:
+        out["modified"] = modified
     if "torch" in sys.modules:
         out["torch"] = sys.modules["torch"].__version__
     return out
@@ -340,17 +353,20 @@ def log_of_store(store) -> int:
 
 def strip(path: str) -> None:
     """Keeps only FORMAT, index/data.mdb and segments/*.seg: the lock files (`lock`, LMDB's
-    index/lock.mdb, and from format 3 on `maintenance` and writers/<L>, one per log) are no
-    part of the format (their contents name the last holder; a writer's open makes the ones
-    it needs, and finds a store's logs from its segments and its index)."""
-    for name in ("lock", "maintenance", os.path.join("index", "lock.mdb")):
+    index/lock.mdb, and from format 3 on `maintenance` and writers/<L>, one per log; later
+    builds add writers/.choosing, which openers flock while they choose their logs, and
+    index.gate) are no part of the format (their contents name the last holder; a writer's
+    open makes the ones it needs, and finds a store's logs from its segments and its
+    index)."""
+    for name in ("lock", "maintenance", "index.gate", os.path.join("index", "lock.mdb")):
         p = os.path.join(path, name)
         if os.path.exists(p):
             os.remove(p)
     writers = os.path.join(path, "writers")
     if os.path.isdir(writers):
         for name in os.listdir(writers):
-            assert name.isdigit(), name          # a log's lock file, nothing else
+            # a log's lock file, or the lock openers choose their logs under; nothing else
+            assert name.isdigit() or name == ".choosing", name
             os.remove(os.path.join(writers, name))
         os.rmdir(writers)
     allowed = {"FORMAT", "expected.json", os.path.join("index", "data.mdb")}
@@ -1121,6 +1137,101 @@ def make_floats(path: str) -> dict:
     return rec.finish()
 
 
+def make_deltas(path: str) -> dict:
+    """Format 5: delta chunks (CODEC_DELTA_PLANES). A stream of float weights (float32 of a 64
+    KiB chunk and a 400-byte one, float16 and float64 of one 16 KiB chunk each) whose every
+    item changes a little (1%) from one checkpoint to the next: a keyframe checkpoint (byte
+    planes), then checkpoints whose chunks are deltas against the keyframe's chunk at the same
+    place (every delta one level deep: the writer codes against the keyframe its parent's
+    delta chunk names), a chunk whose delta stopped paying stored whole again (a new keyframe),
+    the same bytes in another stream (its extents reuse delta chunks), an incremental
+    checkpoint of a few pages between them; the keyframe checkpoint deleted (its
+    chunks live on only as the bases of delta chunks: their index counts are edges alone) and
+    the first delta checkpoint too (its delta chunks garbage, their edges gone with them), a
+    compaction that removed segments and moved bases, a tag, and a checkpoint after the
+    compaction coded against the moved keyframes."""
+    rng = np.random.default_rng(5005)
+    opts = dict(durability="none", segment_size=SEGMENT)
+    rec = Recorder(path, opts, [
+        "delta chunks (codec 3) of float32, float16 and float64 buffers against the parent's "
+        "chunk at the same place (its keyframe), depth 1, a commit's delta_bases table",
+        "a short (400-byte) float32 chunk coded as a delta", "a chunk whose delta stopped "
+        "paying stored whole again: a new keyframe (KEYFRAME_FRACTION)",
+        "a checkpoint of another stream whose extents reuse delta chunks (deduplicated)",
+        "an incremental checkpoint (a few changed pages) between delta checkpoints; after it "
+        "the chunk it changed pages of, held by its parent only in pieces, is stored whole",
+        "the keyframe checkpoint deleted: its chunks only bases (counts = edges)",
+        "a delta checkpoint deleted: its delta chunks collected, their edges dropped",
+        "a compaction that removed segments and moved base chunks", "a tag",
+        "a delta checkpoint after the compaction against the moved keyframes"])
+    w32 = (rng.standard_normal(16_384 + 100) * 0.02).astype(np.float32)
+    w16 = (rng.standard_normal(8_192) * 0.02).astype(np.float16)
+    w64 = rng.standard_normal(2_048) * 0.02
+
+    def step(x):
+        return (x * (1 + rng.normal(0, 0.01, x.size))).astype(x.dtype)
+
+    def entries(s) -> dict:                         # generator-only peek at the index
+        with s._committer.read() as r:
+            return dict(r.chunks())
+
+    def chunks_of(s, cid: int) -> set:
+        with s._committer.read() as r:
+            return {e[3] for i in range(len(r.checkpoint(cid).buffers))
+                    for e in struct.iter_unpack("<QII32s", r.manifest(cid, i))}
+
+    with rec.open() as s:
+        k = rec.checkpoint(s, {"w32": w32, "w16": w16, "w64": w64}, "weights", {"step": 0})
+        keyframes = chunks_of(s, k.id)
+        assert all(entries(s)[c].base is None for c in keyframes)
+        w32, w16, w64 = step(w32), step(w16), step(w64)
+        d1 = rec.checkpoint(s, {"w32": w32, "w16": w16, "w64": w64}, "weights", {"step": 1})
+        assert d1.kind == "full", d1
+        e = entries(s)
+        assert all(e[c].codec == 3 and e[c].base in keyframes for c in chunks_of(s, d1.id)), \
+            "every chunk of the first step is a delta against the keyframe at its place"
+        w32, w16, w64 = step(w32), step(w16), step(w64)
+        d2 = rec.checkpoint(s, {"w32": w32, "w16": w16, "w64": w64}, "weights", {"step": 2})
+        e = entries(s)
+        d2_chunks = chunks_of(s, d2.id)
+        assert {e[c].base for c in d2_chunks if e[c].base} <= keyframes    # one level deep
+        renewed = [c for c in d2_chunks if e[c].base is None]
+        assert renewed, "no chunk was stored whole again (a new keyframe)"
+        # the same float32 bytes in another stream: its extents reuse d2's delta chunks
+        copy = rec.checkpoint(s, {"w32": w32}, "copy", {"of": d2.id})
+        assert copy.kind == "full" and copy.bytes_new < 1024, copy
+        assert any(e[c].codec == 3 for c in chunks_of(s, copy.id))
+        w32[5_000:5_010] *= np.float32(1.5)         # one page: an incremental checkpoint
+        i3 = rec.checkpoint(s, {"w32": w32, "w16": w16, "w64": w64}, "weights", {"step": 3})
+        assert i3.kind == "incremental" and i3.chain_length == 1, i3
+        rec.delete(s, k.id)                         # the keyframes: bases only
+        rec.delete(s, d1.id)                        # its delta chunks: garbage
+        e = entries(s)
+        assert all(e[c].refs == sum(1 for x in e.values() if x.base == c) for c in keyframes), \
+            "keyframe counts are not edges alone"
+        # the bases of live delta chunks (d2's, i3's) stay; those only d1's deltas named go
+        live_bases = {x.base for x in e.values() if x.base is not None and x.refs > 0}
+        dead_bases = keyframes - live_bases
+        assert live_bases and dead_bases, (live_bases, dead_bases)
+        report = s.compact(threshold=0.9)
+        assert report["segments_removed"] and report["chunks_freed"], report
+        moved = entries(s)
+        assert all(x.refs > 0 for x in moved.values())            # the garbage collected
+        assert live_bases <= set(moved) and not dead_bases & set(moved)
+        assert any(moved[c].segment != e[c].segment for c in live_bases), "no base moved"
+        s.tag(d2.id, "kept")
+        w32, w16, w64 = step(w32), step(w16), step(w64)
+        d4 = rec.checkpoint(s, {"w32": w32, "w16": w16, "w64": w64}, "weights", {"step": 4})
+        assert d4.kind == "full" and d4.parent == i3.id, d4
+        e = entries(s)
+        d4_deltas = [c for c in chunks_of(s, d4.id) if e[c].codec == 3]
+        assert d4_deltas and any(e[c].base in keyframes for c in d4_deltas)
+        assert all(e[e[c].base].base is None for c in d4_deltas)
+        first = [c for c in chunks_of(s, d4.id) if e[c].raw_len == 65_536]
+        assert len(first) == 1 and e[first[0]].base is None      # w32's first chunk: whole
+    return rec.finish()
+
+
 def segment_numbers(path: str) -> list[int]:
     return sorted(int(n[:-4]) for n in os.listdir(os.path.join(path, "segments")))
 
@@ -1132,7 +1243,8 @@ RECIPES = {"basic": {1: make_basic}, "raw_cdc": {1: make_raw_cdc}, "objects": {1
            "torch": {1: make_torch}, "unapplied": {1: make_unapplied},
            "compacted": {2: make_compacted}, "upgraded": {2: make_upgraded},
            "interrupted": {2: make_interrupted_compactions, 3: make_interrupted_writers},
-           "writers": {3: make_writers}, "group": {3: make_group}, "floats": {4: make_floats}}
+           "writers": {3: make_writers}, "group": {3: make_group}, "floats": {4: make_floats},
+           "deltas": {5: make_deltas}}
 
 
 def recipe(name: str, version: int):

@@ -100,11 +100,14 @@ PART_KEYS = {"log", "start", "end", "meta", "buffers", "new_chunks", "fps", "pin
 
 
 # ---- a parser of the v3 log ----------------------------------------------------------------
-# Today's code writes format 4, which keeps every layout of format 3 and only adds a chunk codec
-# (2, byte planes, for buffers of floats: test_format_layout_v4.py) in segments of header
-# version 4; the stores this file makes with today's code are read with the v3 layouts below.
-TODAY = 4
-CHUNK_CODECS = {3: (0, 1), 4: (0, 1, 2)}         # segment header version -> chunk codecs
+# Today's code writes format 5, which keeps every layout of format 3 and only adds chunk codecs
+# for buffers of floats (2, byte planes, in segments of header version 4 on:
+# test_format_layout_v4.py; 3, delta planes against a base chunk, in segments of version 5 on,
+# with the commit's DELTA_BASE table and their 65-byte index entries: test_format_layout_v5.py);
+# the stores this file makes with today's code hold no float buffers and are read with the v3
+# layouts below.
+TODAY = 5
+CHUNK_CODECS = {3: (0, 1), 4: (0, 1, 2), 5: (0, 1, 2, 3)}   # segment version -> chunk codecs
 
 
 def parse_segment(path: str, version: int = TODAY) -> list:

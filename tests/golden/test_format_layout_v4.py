@@ -50,7 +50,12 @@ SEG_HEADER = struct.Struct("<8sIIQQ")
 REC_HEADER = struct.Struct("<4sBBHIIQ")
 CHUNK = 1
 LOG_SEGMENTS = 10 ** 9
-CODECS = {1: (0, 1), 2: (0, 1), 3: (0, 1), 4: (0, 1, 2)}     # segment version -> chunk codecs
+CODECS = {1: (0, 1), 2: (0, 1), 3: (0, 1), 4: (0, 1, 2),      # segment version -> chunk codecs
+          5: (0, 1, 2, 3)}
+# Today's code writes format 5, which keeps every layout of format 4 and adds a chunk codec (3,
+# delta planes against a base chunk: test_format_layout_v5.py) for a float buffer whose parent
+# holds its chunks; a store's first checkpoint has no parent, so it is all format 4's codecs.
+TODAY = 5
 
 
 def records(path: str):
@@ -188,11 +193,11 @@ def test_todays_code_writes_planes_of_float_buffers(tmp_path):
         info = s.checkpoint({"w": w, "b": bytes(range(256)) * 64})
         assert s.restore(info.id)["w"] == w.tobytes()
     with open(os.path.join(path, "FORMAT")) as f:
-        assert json.load(f)["version"] == 4
+        assert json.load(f)["version"] == TODAY
     got = {}
     for p in sorted(glob.glob(os.path.join(path, "segments", "*.seg"))):
         for version, rtype, codec, payload in records(p):
-            assert version == 4
+            assert version == TODAY
             if rtype == CHUNK:
                 cid, raw_len = struct.unpack_from("<32sI", payload)
                 raw = decode_planes(payload[36:], raw_len) if codec == 2 else (

@@ -122,6 +122,8 @@ def test_golden_stores_exist():
     assert {f"v2/{n}" for n in V2_STORES} <= set(IDS), IDS
     assert {f"v3/{n}" for n in V3_STORES} <= set(IDS), IDS
     assert {f"v4/{n}" for n in V3_STORES + ("floats",)} <= set(IDS), IDS
+    # format 5 adds delta chunks; its set is the one store that holds them (README.md)
+    assert {"v5/deltas"} <= set(IDS), IDS
     assert {f"v{v}/{n}" for v in (1, 2, 3, 4) for n in ("objects", "torch")} <= set(OBJECT_IDS)
     for d, i in zip(STORE_DIRS, IDS):
         assert expected_of(d)["format_version"] == int(i.split("/")[0][1:]), i
@@ -174,12 +176,13 @@ def test_readonly_open_matches_expected(golden):
 # ---- (b) a writer opens it (recovery runs) and verify finds nothing ---------------------------
 # Segments a writer's open adds to a store of each format version. A segment only holds
 # records of its header's version (issue 14), and today's writer creates segments of version
-# 4: the upgrade of a format 1 store writes its state section into a new one (and log 0 goes
-# on in it); a format 2 or 3 store's log 0 goes on in a new, empty one (format 4's chunk
-# codec needs segments of version 4); a format 4 store's log 0 goes on in its last segment
-# (expected.json's "segments" are those after a writer's open of the version that made the
-# store). A format whose upgrade touches the log of older stores changes this table.
-SEGMENTS_ADDED_BY_UPGRADE = {1: 1, 2: 1, 3: 1, 4: 0}
+# 5: the upgrade of a format 1 store writes its state section into a new one (and log 0 goes
+# on in it); a format 2, 3 or 4 store's log 0 goes on in a new, empty one (the chunk codecs of
+# formats 4 and 5 need segments of their versions); a format 5 store's log 0 goes on in its
+# last segment (expected.json's "segments" are those after a writer's open of the version
+# that made the store). A format whose upgrade touches the log of older stores changes this
+# table.
+SEGMENTS_ADDED_BY_UPGRADE = {1: 1, 2: 1, 3: 1, 4: 1, 5: 0}
 
 
 def test_writer_open_recovers_and_verifies(golden):

@@ -1,6 +1,6 @@
-"""Upgrading format 1 and 2 stores to today's format 3 (snapstore/engine/upgrade.py), on copies
-of the golden v1 and v2 stores (the stores themselves are never written: README.md), and
-format 3 stores (stores/v3) staying as they are.
+"""Upgrading format 1, 2, 3 and 4 stores to today's format 5 (snapstore/engine/upgrade.py), on
+copies of the golden v1-v4 stores (the stores themselves are never written: README.md), and
+format 5 stores (stores/v5) staying as they are.
 
 - a readonly open changes nothing and reads format 1 values (no checksums) and format 2
   indexes (one applied position) as they are, also after a writer upgraded them under it;
@@ -12,12 +12,17 @@ format 3 stores (stores/v3) staying as they are.
 - a writer open upgrades a v2 store 2 -> 3: its index is the v2 index but for what the 2 -> 3
   step changes, its segments stay as they were (recovery only cuts torn tails), and log 0
   goes on in a new segment of version 3;
-- upgrading again changes nothing (idempotent), v1 and v2 stores alike; a v3 store is
-  upgraded by nothing (no step finds work, FORMAT and index stay), a writer's open only
-  recovers what its dead writers left, and opening again changes nothing;
-- a writer SIGKILLed at each upgrade crash point (upgrade_v3_before_index_commit included)
-  leaves a store that readers read byte-exact and the next writer open upgrades; FORMAT never
-  names a version its index has not reached (3 only once the index is 3).
+- a v3 store is upgraded 3 -> 4 -> 5 and a v4 store 4 -> 5: each of these steps only sets
+  META_FORMAT (formats 4 and 5 add chunk codecs, in new segments only), no segment changes,
+  FORMAT says 5; a writer's open only recovers what its dead writers left and goes on in a new,
+  empty segment of version 5, and opening again changes nothing; a v4 store's float buffers,
+  all changed, are then stored as delta chunks (format 5) against its byte-plane chunks in its
+  version 4 segments;
+- upgrading again changes nothing (idempotent), v1-v4 stores alike; a v5 store is upgraded by
+  nothing (no step finds work: index, segments and FORMAT byte for byte);
+- a writer SIGKILLed at each upgrade crash point (upgrade_v3_before_index_commit and
+  upgrade_v5_before_index_commit included) leaves a store that readers read byte-exact and
+  the next writer open upgrades; FORMAT never names a version its index has not reached.
 """
 from __future__ import annotations
 
@@ -46,18 +51,23 @@ V1 = os.path.join(HERE, "stores", "v1")
 V2 = os.path.join(HERE, "stores", "v2")
 V3 = os.path.join(HERE, "stores", "v3")
 V4 = os.path.join(HERE, "stores", "v4")
+V5 = os.path.join(HERE, "stores", "v5")
 STORES = sorted(os.path.basename(os.path.dirname(p))
                 for p in glob.glob(os.path.join(V1, "*", "FORMAT")))
 V2_STORES = sorted(os.path.basename(os.path.dirname(p))
                    for p in glob.glob(os.path.join(V2, "*", "FORMAT")))
 V3_STORES = sorted(os.path.basename(os.path.dirname(p))
                    for p in glob.glob(os.path.join(V3, "*", "FORMAT")))
+V4_STORES = sorted(os.path.basename(os.path.dirname(p))
+                   for p in glob.glob(os.path.join(V4, "*", "FORMAT")))
+V5_STORES = sorted(os.path.basename(os.path.dirname(p))
+                   for p in glob.glob(os.path.join(V5, "*", "FORMAT")))
 PKG_ROOT = os.path.dirname(os.path.dirname(HERE))
 
-# The format a writer's open leaves a format 1, 2 or 3 store at. The next format changes this
-# and adds what its own upgrade step changes (the checks of the earlier steps below stay).
-UPGRADED_TO = 4
-TODAYS_SEGMENT_VERSION = 4      # the header version of the segments today's writer creates
+# The format a writer's open leaves a format 1, 2, 3 or 4 store at. The next format changes
+# this and adds what its own upgrade step changes (the checks of the earlier steps below stay).
+UPGRADED_TO = 5
+TODAYS_SEGMENT_VERSION = 5      # the header version of the segments today's writer creates
 # The databases format 3 added (a writer's open creates them, empty, before it upgrades).
 V3_DBS = {fmt.DB_LOGS, fmt.DB_CLAIMS, fmt.DB_GROUPS}
 # The torn record a writer's recovery cuts from the last segment: a 24-byte header and 6 of
@@ -70,7 +80,7 @@ def sha(data) -> str:
 
 
 def golden_dir(version: int) -> str:
-    return {1: V1, 2: V2, 3: V3, 4: V4}[version]
+    return {1: V1, 2: V2, 3: V3, 4: V4, 5: V5}[version]
 
 
 def expected_of(store: str, version: int = 1) -> dict:
@@ -135,7 +145,7 @@ def segment_version(data: bytes) -> int:
 
 
 def new_segment(number: int) -> bytes:
-    """A segment holding no record yet, as today's writer creates it (header version 4)."""
+    """A segment holding no record yet, as today's writer creates it (header version 5)."""
     head = struct.pack("<8sIIQ", b"SNAPSEG\x00", TODAYS_SEGMENT_VERSION, 0, number)
     return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head, seed=0))
 
@@ -182,6 +192,15 @@ def v4_of(v3: dict) -> dict:
     4; nothing else changes (format 4 only adds a chunk codec, in new segments)."""
     out = {name: dict(v3.get(name, {})) for name in fmt.INDEX_DBS}
     out[fmt.DB_META][fmt.META_FORMAT] = seal(fmt.DB_META, fmt.META_FORMAT, struct.pack("<Q", 4))
+    return out
+
+
+def v5_of(v4: dict) -> dict:
+    """The index the 4 -> 5 step makes of the format 4 index `v4` (raw values): META_FORMAT is
+    5; nothing else changes (format 5 only adds a chunk codec, delta chunks, in new segments:
+    a format 4 index has no delta chunk, so every chunk entry and count stays)."""
+    out = {name: dict(v4.get(name, {})) for name in fmt.INDEX_DBS}
+    out[fmt.DB_META][fmt.META_FORMAT] = seal(fmt.DB_META, fmt.META_FORMAT, struct.pack("<Q", 5))
     return out
 
 
@@ -261,11 +280,15 @@ def test_writer_open_upgrades_each_v1_store(store, tmp_path):
         assert upgrade.STEPS[3].run(path, o.index, o.backend)
         assert o.index.version == 4
         assert raw_index(path, o) == v4_of(v3_of(v2))
+        # 4 -> 5: META_FORMAT 5, nothing else
+        assert upgrade.STEPS[4].run(path, o.index, o.backend)
+        assert o.index.version == 5
+        assert raw_index(path, o) == v5_of(v4_of(v3_of(v2)))
         assert format_file(path)["version"] == 1      # FORMAT last
         assert upgrade.upgrade(path, o.index, o.backend) == 1
     finally:
         o.close()
-    assert format_file(path) == {"format": "snapstore", "version": 4, "created": created}
+    assert format_file(path) == {"format": "snapstore", "version": 5, "created": created}
     upgraded = raw_segments(path)
     assert upgraded == segments
     # and through the public API: recovery, verify, restores, readers; log 0 goes on in the
@@ -283,13 +306,13 @@ def test_writer_open_upgrades_each_v1_store(store, tmp_path):
     with snapstore.open(path, readonly=True) as s:
         check_exact(s, exp, ids, listed=False)
         assert [c.id for c in s.checkpoints()] == ids + [info.id]
-    assert index_version(path) == 4 and format_file(path)["version"] == 4
+    assert index_version(path) == 5 and format_file(path)["version"] == 5
 
 
 def test_format_file_older_than_its_index_is_finished(tmp_path):
     """FORMAT still 1 over a format 2 index (a crash between the two): a reader reads it, the
-    next writer runs the steps still to do (the log step's section, 2 -> 3, 3 -> 4) and
-    publishes FORMAT 4; the sealed values stay as they were."""
+    next writer runs the steps still to do (the log step's section, 2 -> 3, 3 -> 4, 4 -> 5)
+    and publishes FORMAT 5; the sealed values stay as they were."""
     path = copy("raw_cdc", tmp_path)
     exp = expected_of("raw_cdc")
     index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
@@ -302,11 +325,11 @@ def test_format_file_older_than_its_index_is_finished(tmp_path):
     with snapstore.open(path, readonly=True) as s:
         check_exact(s, exp, exp["readonly_ids"])
     snapstore.open(path, durability="none").close()
-    assert format_file(path)["version"] == 4
+    assert format_file(path)["version"] == 5
     after = raw_index(path)
-    # the log step's note (a state section for the format 1 log), then 2 -> 3 and 3 -> 4
+    # the log step's note (a state section for the format 1 log), then 2 -> 3, 3 -> 4, 4 -> 5
     assert after[fmt.DB_META].pop(fmt.META_LOG_STATE) is not None
-    assert after == v4_of(v3_of(sealed))
+    assert after == v5_of(v4_of(v3_of(sealed)))
 
 
 # ---- format 2 stores --------------------------------------------------------------------------
@@ -337,19 +360,19 @@ def test_v2_store_under_todays_writer(store, tmp_path):
     # log 0's segments as they were: the 2 -> 3 step's recovery only cut the torn tail
     assert raw_segments(path) == cut(store, segments0)
     last = max(segments0)
-    if exp["readonly_ids"] == ids:     # nothing for recovery to apply: 2 -> 3, 3 -> 4 alone
-        assert upgraded == v4_of(v3_of(index0))
+    if exp["readonly_ids"] == ids:     # nothing for recovery to apply: 2 -> 3 ... 4 -> 5 alone
+        assert upgraded == v5_of(v4_of(v3_of(index0)))
     else:                              # "unapplied": its second commit, applied up to its end
         assert log0_applied(upgraded) == (int(last[:16]), len(cut(store, segments0)[last]))
         assert unseal(fmt.DB_META, fmt.META_NEXT_ORDER,
                       upgraded[fmt.DB_META][fmt.META_NEXT_ORDER], 3) == struct.pack("<Q", 1)
         assert not upgraded[fmt.DB_CLAIMS] and not upgraded[fmt.DB_GROUPS]
         assert unseal(fmt.DB_META, fmt.META_FORMAT, upgraded[fmt.DB_META][fmt.META_FORMAT],
-                      4) == struct.pack("<Q", 4)
+                      5) == struct.pack("<Q", 5)
     created = json.loads(format0)["created"]
-    assert format_file(path) == {"format": "snapstore", "version": 4, "created": created}
+    assert format_file(path) == {"format": "snapstore", "version": 5, "created": created}
 
-    # through the public API: log 0 goes on in a new segment of version 4; recovery, verify,
+    # through the public API: log 0 goes on in a new segment of version 5; recovery, verify,
     # restores, readers afterwards
     with snapstore.open(path, durability="none") as s:
         check_exact(s, exp, ids)
@@ -364,19 +387,26 @@ def test_v2_store_under_todays_writer(store, tmp_path):
     assert index_version(path) == format_file(path)["version"] == UPGRADED_TO
 
 
-# ---- format 3 stores ----------------------------------------------------------------------------
-@pytest.mark.parametrize("store", V3_STORES)
-def test_v3_store_under_todays_writer(store, tmp_path):
-    """A format 3 store becomes format 4 by the 3 -> 4 step alone: readers change nothing; the
-    upgrade changes META_FORMAT (4) and nothing else of the index, no segment, and publishes
-    FORMAT 4 (its "created" kept); a writer's open recovers what its dead writers left
-    (unapplied, interrupted) and goes on in a new, empty segment of version 4 (a segment only
-    holds records of its header's version); opening it again changes nothing at all."""
-    path = copy(store, tmp_path, 3)
-    exp = expected_of(store, 3)
+# ---- format 3 and 4 stores ----------------------------------------------------------------------
+# The index a format 3 or 4 store's upgrade makes of its index (raw values): only META_FORMAT
+# changes, to 5 (formats 4 and 5 only add chunk codecs, in new segments).
+UPGRADE_OF = {3: lambda index: v5_of(v4_of(index)), 4: v5_of}
+
+
+@pytest.mark.parametrize("version, store", [(3, s) for s in V3_STORES] +
+                         [(4, s) for s in V4_STORES])
+def test_v3_and_v4_stores_under_todays_writer(version, store, tmp_path):
+    """A format 3 store becomes format 5 by the 3 -> 4 and 4 -> 5 steps alone, a format 4 store
+    by the 4 -> 5 step alone: readers change nothing; the upgrade changes META_FORMAT (5) and
+    nothing else of the index, no segment, and publishes FORMAT 5 (its "created" kept); a
+    writer's open recovers what its dead writers left (unapplied, interrupted) and goes on in a
+    new, empty segment of version 5 (a segment only holds records of its header's version);
+    opening it again changes nothing at all."""
+    path = copy(store, tmp_path, version)
+    exp = expected_of(store, version)
     ids = [c["id"] for c in exp["checkpoints"]]
     index0, segments0, format0 = raw_index(path), raw_segments(path), raw_format(path)
-    assert index_version(path) == 3 and format_file(path)["version"] == 3
+    assert index_version(path) == version and format_file(path)["version"] == version
     assert set(index0) == set(fmt.INDEX_DBS) and fmt.META_APPLIED not in index0[fmt.DB_META]
     with snapstore.open(path, readonly=True) as s:          # readers change nothing
         check_exact(s, exp, exp["readonly_ids"])
@@ -385,18 +415,21 @@ def test_v3_store_under_todays_writer(store, tmp_path):
 
     o = Opened(path)                    # the upgrade alone, as a writer's open runs it
     try:
-        assert o.index.version == 3
+        assert o.index.version == version
         assert not o.index.add_value_checksums()
-        assert not any(step.run(path, o.index, o.backend) for step in upgrade.STEPS[:3])
-        assert upgrade.STEPS[3].run(path, o.index, o.backend)
-        assert o.index.version == 4
-        assert upgrade.upgrade(path, o.index, o.backend) == 3   # the version FORMAT named
+        assert not any(step.run(path, o.index, o.backend) for step in upgrade.STEPS
+                       if step.version <= version)
+        for step in [st for st in upgrade.STEPS if st.version > version]:  # (3 -> 4), 4 -> 5
+            assert step.run(path, o.index, o.backend)
+            assert o.index.version == step.version
+        assert o.index.version == 5
+        assert upgrade.upgrade(path, o.index, o.backend) == version  # what FORMAT named
     finally:
         o.close()
-    assert raw_index(path) == v4_of(index0)
+    assert raw_index(path) == UPGRADE_OF[version](index0)
     assert raw_segments(path) == segments0
     created = json.loads(format0)["created"]
-    assert format_file(path) == {"format": "snapstore", "version": 4, "created": created}
+    assert format_file(path) == {"format": "snapstore", "version": 5, "created": created}
     upgraded_format = raw_format(path)
 
     with snapstore.open(path, durability="none") as s:      # recovery, verify, restores
@@ -409,7 +442,7 @@ def test_v3_store_under_todays_writer(store, tmp_path):
     assert sorted(segments) == sorted([f"{n:016d}.seg" for n in exp["segments"]] + [nxt])
     assert segments[nxt] == new_segment(int(nxt[:16]))
     if exp["readonly_ids"] == ids:      # nothing to recover: nothing else changed
-        assert recovered == v4_of(index0)
+        assert recovered == UPGRADE_OF[version](index0)
         assert {k: v for k, v in segments.items() if k != nxt} == segments0
     else:                               # claims and groups of dead writers gone
         assert not recovered[fmt.DB_CLAIMS] and not recovered[fmt.DB_GROUPS]
@@ -417,11 +450,63 @@ def test_v3_store_under_todays_writer(store, tmp_path):
     snapstore.open(path, durability="none").close()
     assert (raw_index(path), raw_segments(path), raw_format(path)) == \
         (recovered, segments, upgraded_format)
-    assert index_version(path) == format_file(path)["version"] == UPGRADED_TO == 4
+    assert index_version(path) == format_file(path)["version"] == UPGRADED_TO == 5
+
+
+def test_delta_chunks_onto_an_upgraded_v4_store(tmp_path):
+    """v4/floats after today's writer upgraded it: its weights, all changed a little, are stored
+    as delta chunks (codec 3, format 5) in log 0's new segment of version 5, against the byte-
+    plane chunks of its last weights checkpoint in its version 4 segments (a chunk entry of 33
+    bytes until then); each delta chunk's entry names its base, whose count gains the edge.
+    Everything restores byte-exact and verifies, also after a delete of the old checkpoints and
+    a compaction, and for a reader."""
+    import numpy as np
+    path = copy("floats", tmp_path, 4)
+    exp = expected_of("floats", 4)
+    ids = [c["id"] for c in exp["checkpoints"]]
+    head = exp["streams"]["weights"]["head"]
+    rng = np.random.default_rng(5)
+    with snapstore.open(path, durability="none") as s:
+        old = s.restore(head)
+        dtypes = {"w32": np.float32, "w16": np.float16, "w64": np.float64}
+        new = {k: (np.frombuffer(old[k], dtypes[k]) *
+                   (1 + rng.normal(0, 0.01, len(old[k]) // np.dtype(dtypes[k]).itemsize))
+                   ).astype(dtypes[k]) for k in old}
+        info = s.checkpoint(new, stream="weights", meta={"step": 3})
+        assert info.parent == head
+        with s._committer.read() as r:
+            entries = dict(r.chunks())
+            old_chunks = {e[3] for i in range(len(r.checkpoint(head).buffers))
+                          for e in fmt.EXTENT.iter_unpack(r.manifest(head, i))}
+            mine = {e[3] for i in range(len(r.checkpoint(info.id).buffers))
+                    for e in fmt.EXTENT.iter_unpack(r.manifest(info.id, i))}
+        deltas = {c: entries[c] for c in mine if entries[c].codec == fmt.CODEC_DELTA_PLANES}
+        assert deltas, "no delta chunk"
+        last = max(n for n in s._committer.backend.list() if n < fmt.LOG_SEGMENTS)
+        for c, e in deltas.items():
+            assert e.base in old_chunks and entries[e.base].base is None
+            assert entries[e.base].segment < last and e.segment == last
+        with open(os.path.join(path, fmt.SEGMENTS_DIR, f"{last:016d}.seg"), "rb") as f:
+            assert segment_version(f.read(32)) == 5
+        written = {k: sha(v.tobytes()) for k, v in new.items()}
+        assert {k: sha(v) for k, v in s.restore(info.id).items()} == written
+        report = s.verify(deep=True)
+        assert report["ok"], report["problems"][:5]
+        for c in ids:
+            if c != head:
+                s.delete(c)
+        s.delete(head)               # its chunks live on as the bases of the delta chunks
+        s.compact(threshold=0.99)
+        assert {k: sha(v) for k, v in s.restore(info.id).items()} == written
+        report = s.verify(deep=True)
+        assert report["ok"], report["problems"][:5]
+    with snapstore.open(path, readonly=True) as s:
+        assert [c.id for c in s.checkpoints()] == [info.id]
+        assert {k: sha(v) for k, v in s.restore(info.id).items()} == written
 
 
 # ---- both ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_upgrade_is_idempotent(tmp_path, version):
     path = copy("basic", tmp_path, version)
     exp = expected_of("basic", version)
@@ -430,10 +515,10 @@ def test_upgrade_is_idempotent(tmp_path, version):
     fmt_first = raw_format(path)
     o = Opened(path)
     try:
-        assert o.index.version == 4
+        assert o.index.version == 5
         assert not o.index.add_value_checksums()               # nothing left to do
         assert not any(step.run(path, o.index, o.backend) for step in upgrade.STEPS)
-        assert upgrade.upgrade(path, o.index, o.backend) == 4
+        assert upgrade.upgrade(path, o.index, o.backend) == 5
     finally:
         o.close()
     snapstore.open(path, durability="none").close()
@@ -442,6 +527,30 @@ def test_upgrade_is_idempotent(tmp_path, version):
     assert raw_format(path) == fmt_first
     with snapstore.open(path, readonly=True) as s:
         check_exact(s, exp, [c["id"] for c in exp["checkpoints"]])
+
+
+@pytest.mark.parametrize("store", V5_STORES)
+def test_v5_store_is_upgraded_by_nothing(store, tmp_path):
+    """A store of today's format: no step finds work; index, segments and FORMAT stay byte for
+    byte, and a writer's open adds no segment (log 0 goes on in its last one)."""
+    path = copy(store, tmp_path, 5)
+    exp = expected_of(store, 5)
+    index0, segments0, format0 = raw_index(path), raw_segments(path), raw_format(path)
+    assert index_version(path) == format_file(path)["version"] == 5
+    o = Opened(path)
+    try:
+        assert o.index.version == 5
+        assert not o.index.add_value_checksums()
+        assert not any(step.run(path, o.index, o.backend) for step in upgrade.STEPS)
+        assert upgrade.upgrade(path, o.index, o.backend) == 5
+    finally:
+        o.close()
+    assert (raw_index(path), raw_segments(path), raw_format(path)) == \
+        (index0, segments0, format0)
+    with snapstore.open(path, durability="none") as s:
+        check_exact(s, exp, [c["id"] for c in exp["checkpoints"]])
+    assert sorted(raw_segments(path)) == sorted(segments0)
+    assert raw_format(path) == format0
 
 
 CHILD = r"""
@@ -465,13 +574,19 @@ CRASHES = [
     (1, "upgrade_before_index_commit", 1, 1),
     (1, "upgrade_before_state_mark", 2, 1),
     (1, "upgrade_v3_before_index_commit", 2, 1),
-    (1, "upgrade_before_format", 4, 1),
-    (1, "upgrade_after_format", 4, 4),
+    (1, "upgrade_v5_before_index_commit", 4, 1),
+    (1, "upgrade_before_format", 5, 1),
+    (1, "upgrade_after_format", 5, 5),
     (2, "upgrade_v3_before_index_commit", 2, 2),
-    (2, "upgrade_before_format", 4, 2),
-    (2, "upgrade_after_format", 4, 4),
-    (3, "upgrade_before_format", 4, 3),
-    (3, "upgrade_after_format", 4, 4),
+    (2, "upgrade_v5_before_index_commit", 4, 2),
+    (2, "upgrade_before_format", 5, 2),
+    (2, "upgrade_after_format", 5, 5),
+    (3, "upgrade_v5_before_index_commit", 4, 3),
+    (3, "upgrade_before_format", 5, 3),
+    (3, "upgrade_after_format", 5, 5),
+    (4, "upgrade_v5_before_index_commit", 4, 4),
+    (4, "upgrade_before_format", 5, 4),
+    (4, "upgrade_after_format", 5, 5),
 ]
 
 
@@ -500,7 +615,7 @@ def test_crash_during_upgrade(tmp_path, store, version, point, index_after, form
         report = s.verify(deep=True)
         assert report["ok"], report["problems"][:5]
         check_exact(s, exp, [c["id"] for c in exp["checkpoints"]])
-    assert index_version(path) == 4 and format_file(path)["version"] == 4
+    assert index_version(path) == 5 and format_file(path)["version"] == 5
     index = raw_index(path)
     assert log0_applied(index)[0] < fmt.LOG_SEGMENTS
     assert not index[fmt.DB_CLAIMS] and not index[fmt.DB_GROUPS]
@@ -509,17 +624,17 @@ def test_crash_during_upgrade(tmp_path, store, version, point, index_after, form
 @pytest.mark.parametrize("point", ["upgrade_before_index_commit", "upgrade_before_state_mark"])
 def test_v2_store_never_reaches_the_format_1_steps(tmp_path, point):
     """A v2 store's values are sealed and its log is complete: a writer open passes neither of
-    the 1 -> 2 steps' crash points and upgrades it to 4."""
+    the 1 -> 2 steps' crash points and upgrades it to 5."""
     path = copy("basic", tmp_path, 2)
     p = run_child(path, point)
     assert (p.returncode, p.stdout.strip()) == (0, "finished"), p.stderr
-    assert index_version(path) == format_file(path)["version"] == 4
+    assert index_version(path) == format_file(path)["version"] == 5
 
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_reader_open_across_the_upgrade(tmp_path, version):
     """A reader that opened the store at format 1 or 2 reads correctly after a writer (here in
-    the same process, sharing the LMDB environment) upgraded it to 4: each read transaction
+    the same process, sharing the LMDB environment) upgraded it to 5: each read transaction
     knows the format of its own snapshot."""
     path = copy("basic", tmp_path, version)
     exp = expected_of("basic", version)
@@ -533,7 +648,7 @@ def test_reader_open_across_the_upgrade(tmp_path, version):
             assert reader.restore(info.id) == {"n": b"after the upgrade"}
         assert [c.id for c in reader.checkpoints()] == ids + [info.id]
         check_exact(reader, exp, ids, listed=False)
-    assert index_version(path) == 4
+    assert index_version(path) == 5
 
 
 def test_newer_index_or_format_is_refused(tmp_path):
