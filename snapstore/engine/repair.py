@@ -16,8 +16,10 @@ state the old index is in (missing, truncated, damaged, intact):
      (IndexWriter.apply_record): format <= 2 records in log order first, then format 3
      records in their order (claims.py: the order the live path applied them in, as far as
      it matters); a batch (one order, several records) only when all of it is there;
-  4. recount every chunk's references from the manifests; drop unreferenced chunk entries;
-     report referenced chunks no valid record holds;
+  4. recount every chunk's references from the manifests and (format 5) the delta chunks
+     coded against it; drop unreferenced chunk entries; report referenced chunks no valid
+     record holds, and drop (and report the same way) delta chunks whose base no valid
+     record holds or whose chain is broken: they can never decode;
   5. set each log's applied position to the end of its valid records (a torn tail is left to
      the next writer's recovery, which cuts it; so is a batch whose records end the log but
      are not all there: the log is applied up to its first record), sync the new index, and
@@ -50,6 +52,7 @@ from snapstore.engine import format as fmt
 from snapstore.engine import storedir
 from snapstore.engine.backends.base import SegmentBackend, SegmentReader, segment_name
 from snapstore.engine.backends.local import LocalSegments
+from snapstore.engine.chunks import delta_base, stored_chunk
 from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.fsutil import fsync_directory
 from snapstore.engine.index import ChunkEntry, Index, open_in_process
@@ -83,6 +86,9 @@ class _Scan:
     records: int = 0
     chunks: int = 0
     torn_tail: tuple[int, int] | None = None
+    # format 5: the depth each delta chunk's indexed record names, where it is not 1 (the
+    # depth writers write): what the recount checks chains against
+    depths: dict = field(default_factory=dict)
 
 
 def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0) -> dict:
@@ -209,7 +215,7 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
             loaded = _load_section(index, reader, section, report) if section else 0
             todo = [r for r in scan.index_records if not _covered(section, r[0], r[1])]
             replayed = _replay(index, reader, _in_order(todo, report), report)
-        _recount(index, report)
+        _recount(index, report, scan.depths)
         with index.write(rebuilding=True) as w:
             for log, end in scan.ends.items():
                 w.set_applied(_unfinished_tail(scan, log) or end)
@@ -402,7 +408,7 @@ def _scan_log(index: Index, backend: SegmentBackend, reader: SegmentReader,
                     scan.records += 1
                     scan.last_record[log_of(n)] = (n, record.end)
                     if record.rtype == fmt.REC_CHUNK:
-                        _index_chunk(w, record, report)
+                        _index_chunk(w, record, report, scan.depths)
                         scan.chunks += 1
                     elif record.rtype in fmt.INDEX_RECORD_TYPES:
                         try:
@@ -488,14 +494,29 @@ def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan:
         pos = record.end
 
 
-def _index_chunk(w, record: Record, report: ProblemReport) -> None:
+def _index_chunk(w, record: Record, report: ProblemReport, depths: dict) -> None:
+    """Indexes a valid chunk record (the newest copy of a chunk wins). A delta chunk's entry
+    names the base its delta header names, and its depth goes into depths unless it is 1;
+    a delta header that does not parse makes the record damaged (skipped, reported)."""
     if record.length < fmt.CHUNK_PREFIX.size:
         report.add("damaged_record", "chunk record too short", segment=record.segment,
                    offset=record.offset)
         return
     chunk_id, raw_len = fmt.CHUNK_PREFIX.unpack_from(record.payload)
+    base, depth = None, 0
+    if record.codec == fmt.CODEC_DELTA_PLANES:
+        try:
+            base, depth = delta_base(stored_chunk(record))
+        except DamagedRecord as exc:
+            report.add("damaged_record", f"{exc.reason}; skipped", segment=record.segment,
+                       offset=record.offset)
+            return
+    if depth > 1:
+        depths[chunk_id] = depth
+    else:
+        depths.pop(chunk_id, None)
     w.put_chunk(chunk_id, ChunkEntry(record.segment, record.offset, record.length, raw_len, 0,
-                                     record.codec))
+                                     record.codec, base))
 
 
 def _check_segment_gaps(backend: SegmentBackend, section: StateSection | None,
@@ -580,9 +601,16 @@ def _apply(w, reader: SegmentReader, item: tuple) -> None:
 
 # ---- 4. reference counts ---------------------------------------------------------------------
 
-def _recount(index: Index, report: ProblemReport) -> None:
-    """Sets every chunk's reference count from the manifests; removes unreferenced chunk
-    entries; reports chunks manifests reference that no valid chunk record holds."""
+def _recount(index: Index, report: ProblemReport, depths: dict | None = None) -> None:
+    """Sets every chunk's reference count from the manifests and the delta chunks coded
+    against it (edges); removes chunk entries nothing live references; reports chunks
+    manifests reference that no valid chunk record holds. A delta chunk that cannot decode
+    (its base, or one further down its chain, is in no valid record, or lies at another
+    depth than the chunk naming it says) is as lost as a missing chunk: its entry goes (so
+    no restore reads wrong bytes and a later checkpoint stores it afresh) and the
+    checkpoints using it are reported the same way. depths: delta chunk id -> the depth its
+    record names, where not 1."""
+    depths = depths or {}
     counts: Counter = Counter()
     with index.write(rebuilding=True) as w:
         for cid in w.checkpoint_ids():
@@ -590,22 +618,84 @@ def _recount(index: Index, report: ProblemReport) -> None:
             for i in range(len(commit.buffers)):
                 for _, _, _, chunk in fmt.EXTENT.iter_unpack(w.manifest(cid, i)):
                     counts[chunk] += 1
-        entries = list(w.chunks())
-        for chunk, e in entries:
-            n = counts.pop(chunk, 0)
+        entries = dict(w.chunks())
+        usable = _usable_chunks(entries, depths)
+        live = _live_chunks(entries, usable, counts)
+        for chunk in live:
+            if entries[chunk].base is not None:
+                counts[entries[chunk].base] += 1        # its edge
+        for chunk, e in entries.items():
+            n = counts.pop(chunk, 0) if chunk in live else 0
             if n == 0:
                 w.delete_chunk(chunk)
             elif n != e.refs:
-                w.put_chunk(chunk, ChunkEntry(e.segment, e.offset, e.stored_len, e.raw_len, n,
-                                              e.codec))
+                w.put_chunk(chunk, e._replace(refs=n))
+        undecodable = {c for c in counts if c in entries}
         if counts:
-            users = set()
-            for cid in w.checkpoint_ids():
-                commit = w.checkpoint(cid)
-                for i in range(len(commit.buffers)):
-                    if any(chunk in counts for _, _, _, chunk
-                           in fmt.EXTENT.iter_unpack(w.manifest(cid, i))):
-                        users.add(cid)
-            report.add("missing_chunk", f"{len(counts)} chunk(s) the checkpoints reference are "
-                       "in no valid chunk record of the log: restoring what uses them fails",
-                       users)
+            users = _users_of(w, counts)
+            lost = users(set(counts) - undecodable)
+            if lost:
+                report.add("missing_chunk", f"{len(counts) - len(undecodable)} chunk(s) the "
+                           "checkpoints reference are in no valid chunk record of the log: "
+                           "restoring what uses them fails", lost)
+            if undecodable:
+                report.add("missing_chunk", f"{len(undecodable)} delta chunk(s) the "
+                           "checkpoints reference cannot decode: a chunk of their delta chain "
+                           "is in no valid chunk record of the log (or at another depth); "
+                           "restoring what uses them fails", users(undecodable))
+
+
+def _usable_chunks(entries: dict, depths: dict) -> set:
+    """The chunks of entries that decode: plain ones, and delta chunks whose base has an
+    entry, is as long, lies exactly one level less deep (0: a plain chunk; what ChunkReader
+    checks) and is usable itself."""
+    usable: set = set()
+    bad: set = set()
+    for cid in entries:
+        chain = []
+        c = cid
+        while c not in usable and c not in bad:
+            e = entries.get(c)
+            if e is None:
+                break
+            if e.base is None:
+                usable.add(c)
+                break
+            be = entries.get(e.base)
+            depth = depths.get(c, 1)
+            base_depth = 0 if be is None or be.base is None else depths.get(e.base, 1)
+            if be is None or be.raw_len != e.raw_len or base_depth != depth - 1:
+                break
+            chain.append(c)
+            c = e.base          # depths fall by one a step: every chain ends
+        if c in usable:
+            usable.update(chain)
+        else:
+            bad.update(chain)
+            bad.add(c)
+    return usable
+
+
+def _live_chunks(entries: dict, usable: set, counts: Counter) -> set:
+    """The usable chunks the manifests reference, and the bases of their delta chunks (down
+    each chain): the entries a rebuilt index keeps."""
+    live: set = set()
+    for cid in counts:
+        while cid in usable and cid not in live:
+            live.add(cid)
+            cid = entries[cid].base
+            if cid is None:
+                break
+    return live
+
+
+def _users_of(w, chunks) -> Callable[[set], set]:
+    """users(ids): the checkpoints whose manifests name any of ids (a subset of chunks)."""
+    named: dict[int, set] = {}
+    for cid in w.checkpoint_ids():
+        commit = w.checkpoint(cid)
+        for i in range(len(commit.buffers)):
+            for _, _, _, chunk in fmt.EXTENT.iter_unpack(w.manifest(cid, i)):
+                if chunk in chunks:
+                    named.setdefault(cid, set()).add(chunk)
+    return lambda ids: {cid for cid, got in named.items() if got & ids}
