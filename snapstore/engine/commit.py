@@ -189,7 +189,7 @@ def store_plans(view: IndexView, stream: str, head: int | None, make_plans: Plan
             plan.depth = pb.depth + 1
         if before_store is not None:
             before_store(plan)
-        if sink.read_base is not None:
+        if sink.read_bases is not None:
             wr.choose_bases(view, parent, plan, opts)
         entry = wr.store_buffer(plan, sink, staging, (on_stored or {}).get(plan.name))
         if entry.base == "delta" and entry.depth >= opts.max_chain:
@@ -700,7 +700,7 @@ class Committer:
                 head = r.stream_head(stream)
                 _check_expected_head(r, stream, head, expect_head)
                 bases = ChunkReader(self.backend, segments, r)
-                sink = wr.ChunkSink(log, r, opts, pause, read_base=bases.read_whole)
+                sink = wr.ChunkSink(log, r, opts, pause, read_bases=bases.read_many)
                 entries, fingerprints = store_plans(r, stream, head, make_plans, sink,
                                                     self._staging, on_stored)
                 generation = r.gc_generation()

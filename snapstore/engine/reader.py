@@ -103,6 +103,8 @@ class ChunkReader:
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._cached = 0
         self._versions_checked: set[int] = set()
+        self._buffers = threading.local()   # read_many's decode buffers, per thread
+        self._lock = threading.Lock()       # read_many's use of the index and the session
 
     def read(self, chunk_id: bytes) -> bytes | memoryview:
         hit = self._cache.get(chunk_id)
@@ -117,10 +119,38 @@ class ChunkReader:
             self._cached -= len(old)
         return data
 
-    def read_whole(self, chunk_id: bytes) -> bytes | memoryview:
-        """The chunk's raw bytes, read afresh (not kept: a writer reading the bases it codes
-        new chunks against reads each once)."""
-        return self._read(chunk_id)
+    def read_many(self, chunk_ids: list) -> list:
+        """The raw bytes of each chunk, read afresh (not kept: a writer reads each base it
+        codes new chunks against once), or None for one that cannot be read (damaged,
+        missing, moved). Plain chunks are decoded together by the C core into one buffer
+        (decode_whole_chunks, through a read session of its own: threads may call this at
+        once); the others, and all of them after a failure there, one at a time."""
+        with self._lock:
+            entries = {cid: self._entry(cid) for cid in chunk_ids}
+        if all(e is not None and e.base is None for e in entries.values()):
+            extents, pos = [], 0
+            for cid in chunk_ids:
+                extents.append((pos, 0, entries[cid].raw_len, cid))
+                pos += entries[cid].raw_len
+            out = memoryview(uninit_bytearray(pos))
+            if not hasattr(self._buffers, "own"):
+                self._buffers.own = {}
+            try:
+                with self.backend.open_reader() as own:
+                    for number in {e.segment for e in entries.values()}:
+                        segment_version(own, number)
+                    decode_whole_chunks(own, extents, entries, out, 0, self._buffers.own)
+                return [out[at:at + n] for at, _, n, _ in extents]
+            except CorruptionError:
+                pass        # which chunk, and why: the one-at-a-time reads below
+        with self._lock:
+            return [self._read_or_none(cid) for cid in chunk_ids]
+
+    def _read_or_none(self, chunk_id: bytes):
+        try:
+            return self._read(chunk_id)
+        except CorruptionError:
+            return None
 
     def read_into(self, chunk_id: bytes, out: memoryview) -> bool:
         """Decodes the chunk straight into out when out is exactly as long as the chunk (a

@@ -411,22 +411,34 @@ def _plane_records(items: list, opts: WriteOptions, itemsize: int, worth) -> lis
     return out
 
 
-def delta_records(items: list, itemsize: int) -> list[Encoded]:
-    """Records of items (chunk id, data, base id, base bytes as long as data; itemsize 2, 4
-    or 8): each coded as delta planes against its base where that saves 1/32 of it, else as
-    without a base (the C core's rules: snap_write_chunks), every plane tried; the second
-    half on a thread of its own from PARALLEL_ENCODE_BYTES on (encode_chunks' split)."""
+def delta_records(items: list, itemsize: int, read_bases: Callable[[list], list]
+                  ) -> list[Encoded | None]:
+    """Records of items (chunk id, data, base id; itemsize 2, 4 or 8), each coded as delta
+    planes against its base where that saves 1/32 of it, else as without a base (the C
+    core's rules: snap_write_chunks), every plane tried; None for an item whose base
+    read_bases could not give (or gave at another length). Each half of the items has its
+    bases read and is coded on a thread of its own from PARALLEL_ENCODE_BYTES on
+    (encode_chunks' split)."""
     mask = planes.plane_mask(itemsize, None)
 
     def encode(part: list) -> list:
-        if not part:
-            return []
-        records, results = native.write_chunks(
-            [(data, cid, base, base_id, 1) for cid, data, base_id, base in part], itemsize,
-            mask, try_delta=mask)
-        return [Encoded(codec, stored_len,
-                        record=[records[off:off + fmt.RECORD_HEADER.size + stored_len]])
-                for off, stored_len, codec, _ in results]
+        bases = read_bases([base_id for _, _, base_id in part])
+        usable = [(data, cid, base, base_id, 1)
+                  for (cid, data, base_id), base in zip(part, bases)
+                  if base is not None and len(base) == len(data)]
+        if not usable:
+            return [None] * len(part)
+        records, results = native.write_chunks(usable, itemsize, mask, try_delta=mask)
+        made = iter(results)
+        out: list = []
+        for (_, data, _), base in zip(part, bases):
+            if base is None or len(base) != len(data):
+                out.append(None)
+                continue
+            off, stored_len, codec, _ = next(made)
+            out.append(Encoded(codec, stored_len, record=[
+                records[off:off + fmt.RECORD_HEADER.size + stored_len]]))
+        return out
     return _in_halves(encode, items, [len(item[1]) for item in items])
 
 
@@ -453,12 +465,14 @@ class ChunkSink:
     def __init__(self, log: SegmentLog, view: IndexView, opts: WriteOptions,
                  pause: Callable[[], None] | None = None,
                  unreusable: frozenset = frozenset(),
-                 read_base: Callable[[bytes], object] | None = None) -> None:
+                 read_bases: Callable[[list], list] | None = None) -> None:
         self.log, self.view, self.opts, self.pause = log, view, opts, pause
         self.new: dict[bytes, tuple] = {}
-        # read_base(chunk id): the raw bytes of a chunk of the view, to code a new chunk
-        # against (put_batch's bases); None: no chunk is delta-coded
-        self.read_base = read_base
+        # read_bases([chunk id, ...]): the raw bytes of each (None for one that cannot be
+        # read: that chunk is then coded on its own, so a damaged old checkpoint never stops
+        # new ones), chunks of the view to code new chunks against (put_batch's bases);
+        # None: no chunk is delta-coded
+        self.read_bases = read_bases
         self.bases: dict[bytes, bytes] = {}       # new delta chunk id -> its base's id
         # chunks stored elsewhere that the view lacks, which may be reused: {id: (segment,
         # offset, stored length, raw length, codec)} (S3 stores: other writers' uploads)
@@ -503,12 +517,12 @@ class ChunkSink:
         chunks hold items of that many bytes from their first byte on (encode_chunk). pause()
         is called once first, even when nothing is new, and before each staging area's
         appends. bases: per chunk, the id of a chunk of the view (as long) to code it against
-        where that pays (CODEC_DELTA_PLANES), or None; used only with read_base and itemsize
+        where that pays (CODEC_DELTA_PLANES), or None; used only with read_bases and itemsize
         2, 4 or 8."""
         if self.pause is not None:
             self.pause()
         cids = content_ids(datas)
-        if bases is None or self.read_base is None or itemsize not in fmt.PLANES_ITEMSIZES:
+        if bases is None or self.read_bases is None or itemsize not in fmt.PLANES_ITEMSIZES:
             bases = [None] * len(datas)
         todo: dict[bytes, tuple] = {}
         for cid, data, base in zip(cids, datas, bases):
@@ -527,31 +541,21 @@ class ChunkSink:
 
     def _append_group(self, group: list, itemsize: int) -> None:
         """_append of (chunk id, data, base id or None) items: those with a base coded
-        against it (read back through read_base; delta_records), the others as always."""
+        against it (read back through read_bases, by delta_records' threads), the others,
+        and those whose base could not be read, as always."""
         if not any(base is not None for _, _, base in group):
             self._append([(cid, data) for cid, data, _ in group], itemsize)
             return
-        group = [(cid, data, base if base is None else self._base_bytes(base, len(data)))
-                 for cid, data, base in group]
-        plain = [(cid, data) for cid, data, base in group if base is None]
-        deltas = [(cid, data, base[0], base[1])
-                  for cid, data, base in group if base is not None]
+        made_delta = delta_records([item for item in group if item[2] is not None], itemsize,
+                                   self.read_bases)
+        by_id = {item[0]: m for item, m in zip((i for i in group if i[2] is not None),
+                                                made_delta)}
+        plain = [(cid, data) for cid, data, base in group
+                 if base is None or by_id[cid] is None]
         made_plain = iter(encode_chunks(plain, self.opts, itemsize))
-        made_delta = iter(delta_records(deltas, itemsize))
-        made = [next(made_plain) if base is None else next(made_delta)
-                for _, _, base in group]
+        made = [by_id.get(cid) or next(made_plain) for cid, _, _ in group]
         self._append_made([(cid, data) for cid, data, _ in group], made,
-                          [None if base is None else base[0] for _, _, base in group])
-
-    def _base_bytes(self, base_id: bytes, size: int) -> tuple | None:
-        """(base_id, its raw bytes) to code a chunk of `size` bytes against, or None when
-        they cannot be read (a damaged record, a compaction that moved it: the chunk is
-        then coded on its own, so a damaged old checkpoint never stops new ones)."""
-        try:
-            data = self.read_base(base_id)
-        except CorruptionError:
-            return None
-        return (base_id, data) if len(data) == size else None
+                          [base for _, _, base in group])
 
     def _append(self, items: list, itemsize: int = 1) -> None:
         self._append_made(items, encode_chunks(items, self.opts, itemsize))
