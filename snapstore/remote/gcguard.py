@@ -214,8 +214,7 @@ class Guard:
             for cid, seg, off in moves:
                 e = w.chunk(cid)
                 if e is not None and e.segment in bad:
-                    w.put_chunk(cid, ChunkEntry(seg, off, e.stored_len, e.raw_len, e.refs,
-                                                e.codec))
+                    w.put_chunk(cid, e._replace(segment=seg, offset=off))
         self.stats["copied"] += len(moves)
 
     # ---- commits --------------------------------------------------------------------------

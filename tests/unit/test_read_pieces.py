@@ -24,7 +24,7 @@ from snapstore.remote import layout
 from snapstore.remote.cache import BlockCache
 
 B = layout.CACHE_BLOCK
-Entry = namedtuple("Entry", "segment offset stored_len raw_len")
+Entry = namedtuple("Entry", "segment offset stored_len raw_len base", defaults=(None,))
 
 
 def record(data: bytes, compression: str, itemsize: int) -> tuple:
