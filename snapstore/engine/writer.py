@@ -43,7 +43,7 @@ class WriteOptions:
     full_threshold: float = fmt.DEFAULT_FULL_THRESHOLD
     compression: str = "zstd"
     compression_level: int = fmt.DEFAULT_COMPRESSION_LEVEL
-    delta_chunks: bool = True    # code changed float chunks against the parent's (choose_bases)
+    delta_chunks: bool = False   # code changed float chunks against the parent's (choose_bases)
 
 
 @dataclass
@@ -415,11 +415,14 @@ def delta_records(items: list, itemsize: int, read_bases: Callable[[list], list]
                   ) -> list[Encoded | None]:
     """Records of items (chunk id, data, base id; itemsize 2, 4 or 8), each coded as delta
     planes against its base where that saves 1/32 of it, else as without a base (the C
-    core's rules: snap_write_chunks), every plane tried; None for an item whose base
-    read_bases could not give (or gave at another length). Each half of the items has its
-    bases read and is coded on a thread of its own from PARALLEL_ENCODE_BYTES on
-    (encode_chunks' split)."""
-    mask = planes.plane_mask(itemsize, None)
+    core's rules: snap_write_chunks); None for an item whose base read_bases could not give
+    (or gave at another length). A probe of a few items spread over a batch of more than
+    PROBE_CHUNKS says which delta planes to try to compress (those that packed in a sample:
+    a delta's low bytes are noise, and zstd spends most of its time there for nothing), or
+    that deltas do not pay at all. Each half of the items has its bases read and is coded on
+    a thread of its own from PARALLEL_ENCODE_BYTES on (encode_chunks' split)."""
+    every = planes.plane_mask(itemsize, None)
+    worth = _delta_probe(items, itemsize, read_bases)
 
     def encode(part: list) -> list:
         bases = read_bases([base_id for _, _, base_id in part])
@@ -428,7 +431,7 @@ def delta_records(items: list, itemsize: int, read_bases: Callable[[list], list]
                   if base is not None and len(base) == len(data)]
         if not usable:
             return [None] * len(part)
-        records, results = native.write_chunks(usable, itemsize, mask, try_delta=mask)
+        records, results = native.write_chunks(usable, itemsize, every, try_delta=worth)
         made = iter(results)
         out: list = []
         for (_, data, _), base in zip(part, bases):
@@ -440,6 +443,28 @@ def delta_records(items: list, itemsize: int, read_bases: Callable[[list], list]
                 records[off:off + fmt.RECORD_HEADER.size + stored_len]]))
         return out
     return _in_halves(encode, items, [len(item[1]) for item in items])
+
+
+def _delta_probe(items: list, itemsize: int, read_bases: Callable[[list], list]) -> int:
+    """The try_delta plane mask for a batch of delta items: every plane for a batch of at
+    most PROBE_CHUNKS; else the planes that packed in the samples coded as deltas, 0 (no
+    delta: the chunks are coded as without a base) when no sample's delta paid. Samples
+    whose base cannot be read say nothing."""
+    every = planes.plane_mask(itemsize, None)
+    if len(items) <= PROBE_CHUNKS:
+        return every
+    samples = items[::len(items) // PROBE_CHUNKS][:PROBE_CHUNKS]
+    bases = read_bases([base_id for _, _, base_id in samples])
+    usable = [(data, cid, base, base_id, 1) for (cid, data, base_id), base in zip(samples, bases)
+              if base is not None and len(base) == len(data)]
+    if not usable:
+        return every
+    _, results = native.write_chunks(usable, itemsize, 0, try_delta=every)
+    mask = 0
+    for _, _, codec, packed in results:
+        if codec == fmt.CODEC_DELTA_PLANES:
+            mask |= packed or every
+    return mask
 
 
 def content_ids(datas: list) -> list[bytes]:
