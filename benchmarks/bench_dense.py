@@ -5,7 +5,8 @@ path. Every figure is a ratio against a baseline measured in the same run on the
               (Adam-like: r = 1%): store.checkpoint() of the new version, default options,
               against a raw write+fsync of the same bytes made in the same round (right
               before or after it); and the bytes the store grew by (medians of --rounds,
-              each in a fresh store; the ratio is the median of the rounds' ratios)
+              each in a fresh store; the ratio is the median of the rounds' ratios); the
+              same with delta_chunks=True (each chunk coded against the previous version's)
   random      the same for incompressible bytes (what a probe must keep near 1.0x)
   ratio       the saving of a full checkpoint of fp32/bf16/fp16 weights (the segment bytes
               it adds: its chunk records and commit record), beside zipnn's and blosc2's
@@ -84,6 +85,13 @@ def dense(args, root: str, rep: Report) -> None:
             f"{raw:.3f} s raw write+fsync", f"{ratio:.2f}x", "<= 1.2x", ratio <= 1.2)
     rep.add("  same: bytes added", f"{added / MiB:.1f} MiB", f"{n / MiB:.0f} MiB raw",
             f"{added / n:.0%}", "<= 70%", added / n <= 0.70)
+    took, raw, ratio, added = _paired_checkpoints(root, "delta", np.frombuffer(old, np.float32),
+                                                  np.frombuffer(new, np.float32), args.rounds,
+                                                  delta_chunks=True)
+    rep.add("  same, delta_chunks=True: checkpoint", f"{took:.3f} s",
+            f"{raw:.3f} s raw write+fsync", f"{ratio:.2f}x", "<= 1.2x", ratio <= 1.2)
+    rep.add("  same, delta_chunks=True: bytes added", f"{added / MiB:.1f} MiB",
+            f"{n / MiB:.0f} MiB raw", f"{added / n:.0%}", "<= 70%", added / n <= 0.70)
     rnd = np.random.default_rng(3)
     a = rnd.integers(0, 256, n, dtype=np.uint8)
     b = rnd.integers(0, 256, n, dtype=np.uint8)
@@ -92,17 +100,17 @@ def dense(args, root: str, rep: Report) -> None:
             f"{raw:.3f} s raw write+fsync", f"{ratio:.2f}x", "<= 1.1x", ratio <= 1.1)
 
 
-def _paired_checkpoints(root: str, name: str, first, second, rounds: int
+def _paired_checkpoints(root: str, name: str, first, second, rounds: int, **options
                         ) -> tuple[float, float, float, int]:
     """Checkpointing `second` over `first` against a raw write+fsync of second's bytes, in
     pairs: each round in a fresh store, its raw write right before or right after the
     checkpoint (alternating), so both meet the same state of the disk (this VM's swings by 2x
     within a minute). Returns the medians of (checkpoint seconds, raw seconds, per-round
-    ratio, bytes added)."""
+    ratio, bytes added). options: the stores' open() options."""
     times, raws, ratios, added = [], [], [], []
     for k in range(rounds):
         path = os.path.join(root, f"{name}-{k}")
-        with snapstore.open(path) as s:
+        with snapstore.open(path, **options) as s:
             s.checkpoint({"w": first}, stream="w")
             before = store_bytes(s)
             raw = write_file(root, [second]) if k % 2 == 0 else None

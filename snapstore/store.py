@@ -437,7 +437,7 @@ class Store:
     @staticmethod
     def _validate_options(page_size, chunk_size, chunking, cdc_sizes, max_chain,
                           full_threshold, compression, compression_level,
-                          delta_chunks=True) -> wr.WriteOptions:
+                          delta_chunks=False) -> wr.WriteOptions:
         validate_int(page_size, "page_size", native.PAGE_MIN, native.PAGE_MAX)
         if page_size & (page_size - 1):
             raise InvalidArgumentError(f"page_size must be a power of two from {native.PAGE_MIN} "
@@ -1444,7 +1444,7 @@ def open(path, *, durability: str | None = None, create: bool = True, readonly: 
          cdc_sizes: tuple = fmt.DEFAULT_CDC_SIZES, max_chain: int = fmt.DEFAULT_MAX_CHAIN,
          full_threshold: float = fmt.DEFAULT_FULL_THRESHOLD, compression: str = "zstd",
          compression_level: int = fmt.DEFAULT_COMPRESSION_LEVEL,
-         delta_chunks: bool = True,
+         delta_chunks: bool = False,
          segment_size: int = fmt.DEFAULT_SEGMENT_SIZE,
          staging_bytes: int = DEFAULT_STAGING_BYTES,
          backend: SegmentBackend | None = None, cache_dir=None,
@@ -1490,12 +1490,13 @@ def open(path, *, durability: str | None = None, create: bool = True, readonly: 
             fraction of all its bytes changed (CheckpointInfo.kind "full").
         compression: "zstd" (default) or "none"; chunks that do not shrink are stored raw.
         compression_level: the zstd level (default 1; higher: smaller, slower).
-        delta_chunks: with compression "zstd" (default True): when most of a buffer of
+        delta_chunks: with compression "zstd" (default False): when most of a buffer of
             floats (a NumPy or torch float dtype) changed, each of its chunks is coded as the
             difference from the parent checkpoint's chunk at the same place, where that is
-            smaller (Adam-like updates of float32: about 40% fewer bytes). That chunk is read
-            back to code against, and a restore decodes both. False: every chunk is coded on
-            its own. A local store's checkpoints; S3 stores never write delta chunks.
+            smaller: Adam-like updates of float32 add about 60% of their bytes instead of
+            83%, but a checkpoint takes about twice as long (that chunk is read back and
+            decoded to code against) and a restore about 1.5x (it decodes both). A local
+            store's checkpoints; S3 stores never write delta chunks.
         segment_size: bytes after which a log segment is sealed and a new one begun (at least
             64 KiB; default 256 MiB, 64 MiB for an S3 store): the unit compaction rewrites,
             and an S3 store's unit of upload.
@@ -1524,8 +1525,9 @@ def open(path, *, durability: str | None = None, create: bool = True, readonly: 
                  page_size=page_size, chunk_size=chunk_size, chunking=chunking,
                  cdc_sizes=cdc_sizes, max_chain=max_chain, full_threshold=full_threshold,
                  compression=compression, compression_level=compression_level,
-                 delta_chunks=delta_chunks, segment_size=segment_size, staging_bytes=staging_bytes, backend=backend,
-                 cache_dir=cache_dir, refresh=refresh, remote_timeout=remote_timeout)
+                 delta_chunks=delta_chunks, segment_size=segment_size,
+                 staging_bytes=staging_bytes, backend=backend, cache_dir=cache_dir,
+                 refresh=refresh, remote_timeout=remote_timeout)
 
 
 _OPEN_SIGNATURE = inspect.signature(open)

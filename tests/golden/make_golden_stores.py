@@ -622,7 +622,7 @@ def make_unapplied(path: str) -> dict:
     index commit), then a torn record. A reader sees one checkpoint; a writer's recovery
     applies the commit and cuts the torn tail."""
     rng = np.random.default_rng(5005)
-    opts = dict(durability="none", segment_size=SEGMENT)
+    opts = dict(durability="none", segment_size=SEGMENT, delta_chunks=True)
     rec = Recorder(path, opts, [
         "recovery: unreferenced chunk records, an unapplied commit record, a torn tail"])
     with rec.open() as s:
@@ -1151,7 +1151,7 @@ def make_deltas(path: str) -> dict:
     compaction that removed segments and moved bases, a tag, and a checkpoint after the
     compaction coded against the moved keyframes."""
     rng = np.random.default_rng(5005)
-    opts = dict(durability="none", segment_size=SEGMENT)
+    opts = dict(durability="none", segment_size=SEGMENT, delta_chunks=True)
     rec = Recorder(path, opts, [
         "delta chunks (codec 3) of float32, float16 and float64 buffers against the parent's "
         "chunk at the same place (its keyframe), depth 1, a commit's delta_bases table",

@@ -415,7 +415,7 @@ def test_todays_code_codes_onto_the_golden_keyframes(tmp_path):
     golden_chunks = {struct.unpack_from("<32s", r.payload)[0]
                      for r in load_store(path)[0] if r.rtype == CHUNK}
     rng = np.random.default_rng(55)
-    with snapstore.open(path, durability="none") as s:
+    with snapstore.open(path, durability="none", delta_chunks=True) as s:
         old = s.restore(head)
         new = {}
         for name, dtype in (("w32", np.float32), ("w16", np.float16), ("w64", np.float64)):
@@ -458,7 +458,7 @@ def test_todays_code_writes_delta_chunks(tmp_path):
     k = weights(rng)
     d1 = changed(rng, k)
     d2 = changed(rng, d1)
-    with snapstore.open(path, durability="none", segment_size=65536) as s:
+    with snapstore.open(path, durability="none", segment_size=65536, delta_chunks=True) as s:
         ik = s.checkpoint(k, "w")
         i1 = s.checkpoint(d1, "w")
         i2 = s.checkpoint(d2, "w")
@@ -528,7 +528,7 @@ def hand_built_store(path: str, rng, segment_version: int = 5) -> tuple:
     extent). Returns (base, chunk, payload, the commit's id, base id, chunk id, (segment,
     offset) of the chunk record)."""
     base, cur, payload = hand_built(rng)
-    with snapstore.open(path, durability="none", compression="none") as s:
+    with snapstore.open(path, durability="none", compression="none", delta_chunks=True) as s:
         assert s.checkpoint({"b": base}, "base").id == 1
     base_id, cid = blake3.blake3(base).digest(), blake3.blake3(cur).digest()
     dbs = index_payloads(os.path.join(path, "index"), path + ".scratch")
@@ -567,7 +567,7 @@ def test_hand_built_delta_chunk_is_applied_by_todays_recovery(tmp_path):
     base, cur, payload, cid_new, base_id, cid, (segment, offset) = \
         hand_built_store(path, np.random.default_rng(9))
     parse_segment(os.path.join(path, "segments", f"{segment:016d}.seg"), 5)   # to its end
-    with snapstore.open(path, durability="none") as s:       # recovery applies it
+    with snapstore.open(path, durability="none", delta_chunks=True) as s:       # recovery applies it
         assert s.restore(cid_new) == {"h": cur}
         assert s.read(cid_new, "h", 3990, 12) == cur[3990:]
         assert s.restore(1) == {"b": base}
@@ -588,7 +588,7 @@ def test_a_segment_of_version_4_holds_no_delta_chunk(tmp_path):
     not hold)."""
     path = str(tmp_path / "s")
     *_, (segment, offset) = hand_built_store(path, np.random.default_rng(9), 4)
-    with snapstore.open(path, durability="none") as s:
+    with snapstore.open(path, durability="none", delta_chunks=True) as s:
         report = s.verify(deep=True)
     assert not report["ok"]
     assert any(p["kind"] == "damaged_record" and p["segment"] == f"{segment:016d}.seg"

@@ -466,7 +466,7 @@ def test_delta_chunks_onto_an_upgraded_v4_store(tmp_path):
     ids = [c["id"] for c in exp["checkpoints"]]
     head = exp["streams"]["weights"]["head"]
     rng = np.random.default_rng(5)
-    with snapstore.open(path, durability="none") as s:
+    with snapstore.open(path, durability="none", delta_chunks=True) as s:
         old = s.restore(head)
         dtypes = {"w32": np.float32, "w16": np.float16, "w64": np.float64}
         new = {k: (np.frombuffer(old[k], dtypes[k]) *

@@ -51,7 +51,7 @@ N = 256 * 1024          # float32 items: 1 MiB, 16 chunks of 64 KiB (a parallel 
 
 def open_store(path, **options):
     options.setdefault("durability", "none")
-    return snapstore.open(path, **options)
+    return snapstore.open(path, **{"delta_chunks": True, **options})
 
 
 def without_deltas(store):
@@ -77,6 +77,26 @@ def chunk_table(store) -> dict:
 
 def delta_entries(store) -> dict:
     return {c: e for c, e in chunk_table(store).items() if e.codec == fmt.CODEC_DELTA_PLANES}
+
+
+def test_delta_chunks_are_off_by_default_and_on_by_option(tmp_path):
+    """open()'s default codes every chunk on its own (a checkpoint about twice as fast); the
+    option turns delta chunks on and off per Store, over the same store."""
+    rng = np.random.default_rng(40)
+    w = weights(rng)
+    path = tmp_path / "s"
+    with snapstore.open(path, durability="none") as s:
+        assert s.options.delta_chunks is False
+        s.checkpoint({"w": w}, stream="w")
+        w = drift(w, rng)
+        plain = s.checkpoint({"w": w}, stream="w")
+        assert delta_entries(s) == {}
+    with snapstore.open(path, durability="none", delta_chunks=True) as s:
+        w = drift(w, rng)
+        delta = s.checkpoint({"w": w}, stream="w")
+        assert len(delta_entries(s)) == N * 4 // 65536
+        assert delta.bytes_new < 0.8 * plain.bytes_new
+        assert_reads(s, delta.id, {"w": w.tobytes()})
 
 
 def edges(store) -> dict:
@@ -752,7 +772,7 @@ def test_a_forked_child_checkpoints_deltas_in_a_store_of_its_own(tmp_path):
                 s.restore(a.id)
                 code = 2                # the parent's Store must refuse
             except snapstore.ForkedStoreError:
-                child = snapstore.open(path, durability="none")
+                child = snapstore.open(path, durability="none", delta_chunks=True)
                 info = child.checkpoint({"w": w2}, stream="w")
                 ok = child.restore(info.id)["w"] == w2.tobytes() and \
                     len(delta_entries(child)) == 16
@@ -940,7 +960,7 @@ rng = np.random.default_rng(seed)
 vs = [rng.normal(0, 0.02, n).astype(np.float32)]
 for _ in range(start + count):
     vs.append((vs[-1] * (1 + rng.normal(0, rel, n))).astype(np.float32))
-s = snapstore.open(path)                        # durability "fsync"
+s = snapstore.open(path, delta_chunks=True)                        # durability "fsync"
 print("ready", flush=True)
 for i in range(start, start + count):
     info = s.checkpoint({"w": vs[i]}, stream="w", meta={"step": i})
@@ -968,7 +988,7 @@ def _child_env(**extra) -> dict:
 def _check_after_crash(path: str, vs: list, acked: set) -> list:
     """Reopens as a writer (recovery): every acknowledged checkpoint is there, at most the one
     in flight besides, each restoring exact; the edges hold. Returns the visible steps."""
-    s = snapstore.open(path)
+    s = snapstore.open(path, delta_chunks=True)
     try:
         infos = s.checkpoints("w")
         steps = [i.meta["step"] for i in infos]
@@ -998,7 +1018,7 @@ def test_a_writer_killed_inside_a_delta_checkpoint(tmp_path, point):
     steps = _check_after_crash(path, vs, acked)
     assert steps == ([0] if point == "after_data_append" else [0, 1])
     # the store goes on: the next delta checkpoint, a delete of the keyframes, a compaction
-    s = snapstore.open(path)
+    s = snapstore.open(path, delta_chunks=True)
     info = s.checkpoint({"w": vs[3]}, stream="w", meta={"step": 3})
     assert info.bytes_new < 0.7 * vs[3].nbytes
     s.delete(s.checkpoints("w")[0].id)
@@ -1040,7 +1060,7 @@ import snapstore
 rng = np.random.default_rng(int(sys.argv[2]))
 w = rng.normal(0, 0.02, int(sys.argv[3])).astype(np.float32)
 w2 = (w * (1 + rng.normal(0, 0.01, w.size))).astype(np.float32)
-s = snapstore.open(sys.argv[1])
+s = snapstore.open(sys.argv[1], delta_chunks=True)
 s.checkpoint({"w": w2}, stream="w", meta={"step": 1})
 """
 
@@ -1056,7 +1076,7 @@ def test_a_second_writer_dies_in_a_delta_commit_while_the_first_deletes_its_base
     w = rng.normal(0, 0.02, CRASH_N).astype(np.float32)
     w2 = (w * (1 + rng.normal(0, 0.01, CRASH_N))).astype(np.float32)
     path = str(tmp_path / "s")
-    first = snapstore.open(path)
+    first = snapstore.open(path, delta_chunks=True)
     try:
         a = first.checkpoint({"w": w}, stream="w", meta={"step": 0})
         r = subprocess.run([sys.executable, "-c", DYING_SECOND_WRITER, path, "34",
@@ -1068,7 +1088,7 @@ def test_a_second_writer_dies_in_a_delta_commit_while_the_first_deletes_its_base
         edges(first)
     finally:
         first.close()
-    s = snapstore.open(path)
+    s = snapstore.open(path, delta_chunks=True)
     try:
         steps = [i.meta["step"] for i in s.checkpoints("w")]
         assert steps == ([] if point == "after_data_append" else [1])
@@ -1084,7 +1104,7 @@ def test_a_second_writer_dies_in_a_delta_commit_while_the_first_deletes_its_base
 COMPACTOR = r"""
 import sys
 import snapstore
-s = snapstore.open(sys.argv[1])
+s = snapstore.open(sys.argv[1], delta_chunks=True)
 s.delete_many([s.checkpoints("w")[0].id, s.checkpoints("junk")[0].id])
 s.compact(shrink_index=True)
 s.close()
@@ -1096,7 +1116,7 @@ s.close()
 def test_a_compaction_killed_while_bases_are_edges_only(tmp_path, point):
     vs = _crash_versions(31, 4)
     path = str(tmp_path / "s")
-    s = snapstore.open(path)
+    s = snapstore.open(path, delta_chunks=True)
     for i, v in enumerate(vs):
         s.checkpoint({"w": v}, stream="w", meta={"step": i})
         if i == 0:      # garbage beside the keyframes, so the compaction rewrites their segment
@@ -1106,7 +1126,7 @@ def test_a_compaction_killed_while_bases_are_edges_only(tmp_path, point):
     r = subprocess.run([sys.executable, "-c", COMPACTOR, path], capture_output=True, text=True,
                        env=_child_env(SNAPSTORE_CRASH_AT=point), timeout=120)
     assert r.returncode == -signal.SIGKILL, r.stderr
-    s = snapstore.open(path)
+    s = snapstore.open(path, delta_chunks=True)
     for _ in range(2):
         assert [i.meta["step"] for i in s.checkpoints("w")] == [1, 2, 3]
         for info in s.checkpoints("w"):
@@ -1138,7 +1158,7 @@ def test_random_histories_keep_every_checkpoint_exact_and_the_edges_right(
     path = str(tmp_path_factory.mktemp("h") / "s")
     options = dict(durability="none", max_chain=max_chain, **geometry)
     rng = np.random.default_rng(seed)
-    s = snapstore.open(path, **options)
+    s = snapstore.open(path, **{"delta_chunks": True, **options})
     live: dict = {}
     state: dict = {}
     try:
@@ -1183,7 +1203,7 @@ def test_random_histories_keep_every_checkpoint_exact_and_the_edges_right(
                         live.pop(gone, None)
             elif op == "reopen":
                 s.close()
-                s = snapstore.open(path, **options)
+                s = snapstore.open(path, **{"delta_chunks": True, **options})
             edges(s)
         for cid, ref in live.items():
             assert s.restore(cid) == ref

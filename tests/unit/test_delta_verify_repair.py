@@ -36,7 +36,7 @@ def build(path: str) -> dict:
     rng = np.random.default_rng(5)
     w = rng.normal(0, 0.02, FLOATS).astype(np.float32)
     want = {}
-    with snapstore.open(path, **OPTS) as s:
+    with snapstore.open(path, **{"delta_chunks": True, **OPTS}) as s:
         for step in range(3):
             bufs = {"w": w.tobytes(), "meta": b"step %d " % step * 100}
             want[s.checkpoint({"w": w, "meta": bufs["meta"]}, stream="train").id] = bufs
@@ -181,7 +181,7 @@ def test_verify_after_deleting_the_keyframe_checkpoint_and_compacting(built):
     first = min(i for i in want if "w" in want[i])
     (_, _), (base, _) = delta_and_base(path)
     assert first in users(path, base)
-    with snapstore.open(path, **OPTS) as s:
+    with snapstore.open(path, **{"delta_chunks": True, **OPTS}) as s:
         s.delete(first)
         s.compact(threshold=0.0)
     del want[first]
@@ -192,7 +192,7 @@ def test_verify_after_deleting_the_keyframe_checkpoint_and_compacting(built):
         assert report["ok"], (deep, report["problems"][:3])
     assert all(restores(path, want).values())
     # and once nothing is coded against them any more, the keyframes go too
-    with snapstore.open(path, **OPTS) as s:
+    with snapstore.open(path, **{"delta_chunks": True, **OPTS}) as s:
         for i in [i for i in want if "w" in want[i]]:
             s.delete(i)
         s.compact(threshold=0.0)
@@ -346,7 +346,7 @@ def test_repair_after_the_base_is_lost_handles_its_delta_chunks_like_missing_chu
     assert {p["kind"] for p in report["problems"]} == {"missing_chunk"}
     # the next checkpoint of those bytes stores the lost chunk afresh
     last = max(i for i in want if "w" in want[i])
-    with snapstore.open(path, **OPTS) as s:
+    with snapstore.open(path, **{"delta_chunks": True, **OPTS}) as s:
         info = s.checkpoint({"w": want[last]["w"], "meta": want[last]["meta"]},
                             stream="train")
         assert bytes(s.restore(info.id)["w"]) == want[last]["w"]
