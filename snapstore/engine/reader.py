@@ -141,7 +141,7 @@ class ChunkReader:
                         segment_version(own, number)
                     decode_whole_chunks(own, extents, entries, out, 0, self._buffers.own)
                 return [out[at:at + n] for at, _, n, _ in extents]
-            except CorruptionError:
+            except (CorruptionError, OSError):
                 pass        # which chunk, and why: the one-at-a-time reads below
         with self._lock:
             return [self._read_or_none(cid) for cid in chunk_ids]

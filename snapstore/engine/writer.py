@@ -229,7 +229,8 @@ def choose_bases(view: IndexView, parent: Commit | None, plan: BufferPlan,
                 else:
                     keyframe = found.get(entry.base) or view.chunk(entry.base)
                     found[entry.base] = keyframe
-                    if keyframe is not None and keyframe.raw_len == length and \
+                    if keyframe is not None and keyframe.base is None and \
+                            keyframe.raw_len == length and \
                             entry.stored_len <= KEYFRAME_FRACTION * min(
                                 length, keyframe.stored_len):
                         base = entry.base
