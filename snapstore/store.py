@@ -21,6 +21,7 @@ from snapstore.capture.tracker import Tracker
 from snapstore.engine import compact as compaction
 from snapstore.engine import groups as local_groups
 from snapstore.engine import format as fmt
+from snapstore.engine.garbage import collectable
 from snapstore.engine import names as checkpoint_names
 from snapstore.engine import records
 from snapstore.engine import retention
@@ -30,8 +31,8 @@ from snapstore.engine.index import IndexView
 from snapstore.engine.memory import OutputBytes
 from snapstore.engine.meta import reserved_meta, user_meta
 from snapstore.engine.extents import check_manifest
-from snapstore.engine.reader import (ChunkReader, buffer_manifest, find_buffer, restore_range,
-                                     restore_ranges, retry_moved)
+from snapstore.engine.reader import (ChunkReader, buffer_manifest, chunk_entries, find_buffer,
+                                     restore_range, restore_ranges, retry_moved)
 from snapstore.engine.repair import repair as rebuild_index
 from snapstore.engine.records import Commit
 from snapstore.engine.backends import SegmentBackend, segment_number
@@ -1386,11 +1387,13 @@ class Store:
     def _chunks_in(self, r: IndexView, ids: list, hold: bool = False
                    ) -> Iterator[tuple[bytes, bytes]]:
         """The chunks `ids` as the snapshot r places them, in one read session. hold: their
-        segments are opened first (ChunkReader.hold), so a compaction that removes them
-        while the chunks are read does not cut the read short."""
+        segments (and their bases', for delta chunks) are opened first (ChunkReader.hold), so
+        a compaction that removes them while the chunks are read does not cut the read
+        short."""
         with io_errors("cannot read the store"), self.backend.open_reader() as segments:
             reader = ChunkReader(self.backend, segments, r,
-                                 {cid: r.chunk(cid) for cid in ids} if hold else None)
+                                 chunk_entries(r, ((0, 0, 0, cid) for cid in ids))
+                                 if hold else None)
             if hold:
                 reader.hold()
             for cid in ids:
@@ -1409,10 +1412,11 @@ class Store:
                 logical += sum(b.size for b in c.buffers)
                 chains.append(c.chain_length)
             unique_raw = live = garbage = 0
-            n_chunks = 0
-            for _, e in r.chunks():
-                n_chunks += 1
-                if e.refs:
+            entries = dict(r.chunks())
+            n_chunks = len(entries)
+            dead = collectable(entries)
+            for cid, e in entries.items():
+                if cid not in dead:
                     unique_raw += e.raw_len
                     live += fmt.RECORD_HEADER.size + e.stored_len
                 else:

@@ -70,6 +70,7 @@ from snapstore.engine import indexswap
 from snapstore.engine import storedir
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
+from snapstore.engine import garbage
 from snapstore.engine import writer as wr
 from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.fsutil import fsync_directory
@@ -176,9 +177,11 @@ class ChunkUses:
         return needed, kept
 
     def base_ids(self) -> set[bytes]:
-        """The chunks some delta chunk entry names as its base."""
+        """The chunks a delta chunk that garbage collection keeps names as its base."""
         if self._bases is None:
-            self._bases = {e.base for e in self.entries.values() if e.base is not None}
+            dead = garbage.collectable(self.entries)
+            self._bases = {e.base for cid, e in self.entries.items()
+                           if e.base is not None and cid not in dead}
         return self._bases
 
     def untrimmable(self, chunk: bytes) -> bool:
@@ -258,21 +261,18 @@ def collect_garbage(index: Index) -> tuple[int, int]:
     chunks = nbytes = 0
     with index.write() as w:
         pinned = claim_rules.pinned_chunks(w) if w.version >= 3 else set()
-        dead = [(cid, e) for cid, e in w.chunks() if e.refs == 0 and cid not in pinned]
-        freed = bool(dead)
-        while dead:
-            edges: dict[bytes, int] = {}
-            for cid, e in dead:
-                w.delete_chunk(cid)
-                chunks += 1
-                nbytes += fmt.RECORD_HEADER.size + e.stored_len
-                if e.base is not None:
-                    edges[e.base] = edges.get(e.base, 0) - 1
-            # a delta chunk gone takes its edge off its base, which may be unused now too
-            w.add_ref_counts(edges)
-            dead = [(cid, e) for cid in edges if (e := w.chunk(cid)) is not None
-                    and e.refs == 0 and cid not in pinned]
-        if freed and w.version >= 3:
+        entries = dict(w.chunks())
+        dead = garbage.collectable(entries, pinned)
+        edges: dict[bytes, int] = {}
+        for cid in dead:
+            e = entries[cid]
+            w.delete_chunk(cid)
+            chunks += 1
+            nbytes += fmt.RECORD_HEADER.size + e.stored_len
+            if e.base is not None and e.base not in dead:
+                edges[e.base] = edges.get(e.base, 0) - 1
+        w.add_ref_counts(edges)     # a delta chunk gone takes its edge off its base
+        if dead and w.version >= 3:
             w.bump_gc_generation()
     return chunks, nbytes
 
