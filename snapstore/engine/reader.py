@@ -149,8 +149,8 @@ class ChunkReader:
     def _read_or_none(self, chunk_id: bytes):
         try:
             return self._read(chunk_id)
-        except CorruptionError:
-            return None
+        except (CorruptionError, OSError):      # damaged or unreadable (EIO): not moved,
+            return None                         # not newer (those are raised)
 
     def read_into(self, chunk_id: bytes, out: memoryview) -> bool:
         """Decodes the chunk straight into out when out is exactly as long as the chunk (a
