@@ -414,56 +414,60 @@ def _plane_records(items: list, opts: WriteOptions, itemsize: int, worth) -> lis
 
 def delta_records(items: list, itemsize: int, read_bases: Callable[[list], list]
                   ) -> list[Encoded | None]:
-    """Records of items (chunk id, data, base id; itemsize 2, 4 or 8), each coded as delta
-    planes against its base where that saves 1/32 of it, else as without a base (the C
-    core's rules: snap_write_chunks); None for an item whose base read_bases could not give
-    (or gave at another length). A probe of a few items spread over a batch of more than
-    PROBE_CHUNKS says which delta planes to try to compress (those that packed in a sample:
-    a delta's low bytes are noise, and zstd spends most of its time there for nothing), or
-    that deltas do not pay at all. Each half of the items has its bases read and is coded on
-    a thread of its own from PARALLEL_ENCODE_BYTES on (encode_chunks' split)."""
+    """Records of items (chunk id, data, base id, limit; itemsize 2, 4 or 8), each coded as
+    delta planes against its base where that takes at most `limit` bytes (and saves 1/32: the
+    C core's rule); None for an item whose delta does not (its caller codes it on its own),
+    or whose base read_bases could not give (or gave at another length). A probe of a few
+    items spread over a batch of more than PROBE_CHUNKS says which delta planes to try to
+    compress (those that packed in a sample: a delta's low bytes are noise, and zstd spends
+    most of its time there for nothing), or that deltas do not pay at all (then no base is
+    read). Each half of the items has its bases read and is coded on a thread of its own
+    from PARALLEL_ENCODE_BYTES on (encode_chunks' split)."""
     every = planes.plane_mask(itemsize, None)
     worth = _delta_probe(items, itemsize, read_bases)
+    if not worth:
+        return [None] * len(items)
 
     def encode(part: list) -> list:
-        bases = read_bases([base_id for _, _, base_id in part])
+        bases = read_bases([base_id for _, _, base_id, _ in part])
         usable = [(data, cid, base, base_id, 1)
-                  for (cid, data, base_id), base in zip(part, bases)
+                  for (cid, data, base_id, _), base in zip(part, bases)
                   if base is not None and len(base) == len(data)]
         if not usable:
             return [None] * len(part)
         records, results = native.write_chunks(usable, itemsize, every, try_delta=worth)
         made = iter(results)
         out: list = []
-        for (_, data, _), base in zip(part, bases):
+        for (_, data, _, limit), base in zip(part, bases):
             if base is None or len(base) != len(data):
                 out.append(None)
                 continue
             off, stored_len, codec, _ = next(made)
             out.append(Encoded(codec, stored_len, record=[
-                records[off:off + fmt.RECORD_HEADER.size + stored_len]]))
+                records[off:off + fmt.RECORD_HEADER.size + stored_len]])
+                if codec == fmt.CODEC_DELTA_PLANES and stored_len <= limit else None)
         return out
     return _in_halves(encode, items, [len(item[1]) for item in items])
 
 
 def _delta_probe(items: list, itemsize: int, read_bases: Callable[[list], list]) -> int:
     """The try_delta plane mask for a batch of delta items: every plane for a batch of at
-    most PROBE_CHUNKS; else the planes that packed in the samples coded as deltas, 0 (no
-    delta: the chunks are coded as without a base) when no sample's delta paid. Samples
-    whose base cannot be read say nothing."""
+    most PROBE_CHUNKS; else the planes that packed in the samples whose delta paid (within
+    its limit), 0 (no delta) when none did. Samples whose base cannot be read say nothing."""
     every = planes.plane_mask(itemsize, None)
     if len(items) <= PROBE_CHUNKS:
         return every
     samples = items[::len(items) // PROBE_CHUNKS][:PROBE_CHUNKS]
-    bases = read_bases([base_id for _, _, base_id in samples])
-    usable = [(data, cid, base, base_id, 1) for (cid, data, base_id), base in zip(samples, bases)
+    bases = read_bases([base_id for _, _, base_id, _ in samples])
+    usable = [((data, cid, base, base_id, 1), limit)
+              for (cid, data, base_id, limit), base in zip(samples, bases)
               if base is not None and len(base) == len(data)]
     if not usable:
         return every
-    _, results = native.write_chunks(usable, itemsize, 0, try_delta=every)
+    _, results = native.write_chunks([u for u, _ in usable], itemsize, 0, try_delta=every)
     mask = 0
-    for _, _, codec, packed in results:
-        if codec == fmt.CODEC_DELTA_PLANES:
+    for (_, stored_len, codec, packed), (_, limit) in zip(results, usable):
+        if codec == fmt.CODEC_DELTA_PLANES and stored_len <= limit:
             mask |= packed or every
     return mask
 
@@ -553,7 +557,7 @@ class ChunkSink:
         todo: dict[bytes, tuple] = {}
         for cid, data, base in zip(cids, datas, bases):
             if cid not in todo and not self._have(cid):
-                todo[cid] = (data, base if base != cid else None)
+                todo[cid] = (data, self._delta_limit(base, len(data)) if base != cid else None)
         group: list = []
         size = 0
         for cid, (data, base) in todo.items():  # encoded a staging area at a time: bounded
@@ -565,6 +569,20 @@ class ChunkSink:
         self._append_group(group, itemsize)
         return cids
 
+    def _delta_limit(self, base_id: bytes | None, size: int) -> tuple | None:
+        """(base_id, the most a chunk of `size` bytes coded against it may take), or None
+        without a base: a delta chunk keeps its base alive, so it must save 1/32 of what the
+        base takes (about what this chunk would take coded on its own), not merely of its
+        raw length (the C core's rule): unrelated floats would otherwise be stored as deltas
+        a little larger than plain planes, and hold their bases besides."""
+        if base_id is None:
+            return None
+        entry = self.view.chunk(base_id)
+        if entry is None:
+            return None
+        limit = min(size, entry.stored_len)
+        return base_id, limit - limit // 32
+
     def _append_group(self, group: list, itemsize: int) -> None:
         """_append of (chunk id, data, base id or None) items: those with a base coded
         against it (read back through read_bases, by delta_records' threads), the others,
@@ -572,8 +590,8 @@ class ChunkSink:
         if not any(base is not None for _, _, base in group):
             self._append([(cid, data) for cid, data, _ in group], itemsize)
             return
-        made_delta = delta_records([item for item in group if item[2] is not None], itemsize,
-                                   self.read_bases)
+        made_delta = delta_records([(cid, data, *base) for cid, data, base in group
+                                    if base is not None], itemsize, self.read_bases)
         by_id = {item[0]: m for item, m in zip((i for i in group if i[2] is not None),
                                                 made_delta)}
         plain = [(cid, data) for cid, data, base in group
@@ -581,7 +599,7 @@ class ChunkSink:
         made_plain = iter(encode_chunks(plain, self.opts, itemsize))
         made = [by_id.get(cid) or next(made_plain) for cid, _, _ in group]
         self._append_made([(cid, data) for cid, data, _ in group], made,
-                          [base for _, _, base in group])
+                          [None if base is None else base[0] for _, _, base in group])
 
     def _append(self, items: list, itemsize: int = 1) -> None:
         self._append_made(items, encode_chunks(items, self.opts, itemsize))
