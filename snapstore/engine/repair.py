@@ -495,9 +495,11 @@ def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan:
 
 
 def _index_chunk(w, record: Record, report: ProblemReport, depths: dict) -> None:
-    """Indexes a valid chunk record (the newest copy of a chunk wins). A delta chunk's entry
-    names the base its delta header names, and its depth goes into depths unless it is 1;
-    a delta header that does not parse makes the record damaged (skipped, reported)."""
+    """Indexes a valid chunk record (the newest copy of a chunk wins, but a plain copy over
+    a delta copy: it decodes alone, where a delta copy left behind by a deleted checkpoint
+    may name a base that is gone). A delta chunk's entry names the base its delta header
+    names, and its depth goes into depths unless it is 1; a delta header that does not
+    parse makes the record damaged (skipped, reported)."""
     if record.length < fmt.CHUNK_PREFIX.size:
         report.add("damaged_record", "chunk record too short", segment=record.segment,
                    offset=record.offset)
@@ -510,6 +512,10 @@ def _index_chunk(w, record: Record, report: ProblemReport, depths: dict) -> None
         except DamagedRecord as exc:
             report.add("damaged_record", f"{exc.reason}; skipped", segment=record.segment,
                        offset=record.offset)
+            return
+    if base is not None:
+        known = w.chunk(chunk_id)
+        if known is not None and known.base is None:
             return
     if depth > 1:
         depths[chunk_id] = depth
