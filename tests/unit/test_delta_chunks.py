@@ -21,6 +21,7 @@ keeps each base alive by an edge (ChunkEntry.base; refs = extents + edges). What
 """
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
@@ -41,6 +42,8 @@ from snapstore import diff as sdiff
 from snapstore.engine import format as fmt
 from snapstore.engine.backends import segment_name
 from snapstore.errors import CorruptionError
+
+from faulty_backend import FaultyBackend
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOLDEN_FLOATS = os.path.join(ROOT, "tests", "golden", "stores", "v4", "floats")
@@ -274,6 +277,31 @@ def test_random_bytes_labelled_float_are_stored_as_without_deltas(tmp_path):
     assert abs(sizes[True] - sizes[False]) < 64
 
 
+@pytest.mark.parametrize("fresh", ["normal", "uniform"])
+def test_unrelated_floats_are_stored_plain_and_hold_no_keyframe(tmp_path, fresh):
+    """Regression: new floats unrelated to the parent's (not a drift) were stored as delta
+    chunks, their delta planes saving 1/32 of the raw length yet a little larger than plain
+    planes, and held their bases besides: a retain kept two checkpoints' chunks. A delta must
+    save 1/32 of what its base takes (ChunkSink._delta_limit)."""
+    sizes = {}
+    for deltas in (True, False):
+        rng = np.random.default_rng(41)
+        s = open_store(tmp_path / str(deltas))
+        if not deltas:
+            without_deltas(s)
+        made = [rng.normal(0, 1, N).astype(np.float32) if fresh == "normal"
+                else rng.random(N, dtype=np.float32) for _ in range(3)]
+        infos = [s.checkpoint({"w": x}, stream="u") for x in made]
+        assert delta_entries(s) == {}
+        sizes[deltas] = [i.bytes_new for i in infos]
+        s.retain("u", keep_last=1)
+        s.compact()
+        assert len(edges(s)) == 16          # the last checkpoint's chunks, no keyframe
+        assert_reads(s, infos[-1].id, {"w": made[-1].tobytes()})
+        s.close()
+    assert all(abs(a - b) < 64 for a, b in zip(sizes[True], sizes[False])), sizes
+
+
 def test_nothing_changed_stores_no_chunk_and_one_changed_byte_one_plain_page(tmp_path):
     rng = np.random.default_rng(3)
     s = open_store(tmp_path / "s")
@@ -431,6 +459,50 @@ def test_deleting_everything_then_compacting_leaves_no_chunk(tmp_path):
     assert report["bytes_after"] < full // 100
     assert segments_bytes(path) < full // 100
     assert s.stats()["chunks"] == 0
+    s.close()
+
+
+def test_one_compaction_returns_the_keyframes_of_the_delta_chunks_it_frees(tmp_path):
+    """Regression: with a stream's checkpoints deleted all at once (keyframes and delta chunks
+    alike), one compaction's GC freed every chunk, but its choice of segments still counted
+    the keyframes as needed (bases of the delta chunks the same GC freed): their segments
+    stayed, and only a second compaction returned them (garbage.collectable)."""
+    vs = versions(42, 4)
+    path = tmp_path / "s"
+    s = open_store(path, segment_size=1 << 18)
+    infos = [s.checkpoint({"w": v}, stream="w") for v in vs]
+    assert len(delta_entries(s)) == 3 * 16
+    other = weights(np.random.default_rng(43), N // 4)
+    keep = s.checkpoint({"o": other}, stream="o")
+    s.delete_many([i.id for i in infos])
+    first = s.compact()
+    assert first["chunks_freed"] == 4 * 16
+    assert set(edges(s)) == {cid for _, _, cid, _ in s.layout(keep.id, "o")}
+    again = s.compact()
+    assert_reads(s, keep.id, {"o": other.tobytes()})
+    s.close()
+    assert first["bytes_after"] < 2 * other.nbytes, first
+    assert (again["segments_removed"], again["bytes_after"]) == (0, first["bytes_after"])
+
+
+def test_stats_count_keyframes_held_only_by_deleted_delta_chunks_as_garbage(tmp_path):
+    """Regression: stats() counted a keyframe whose only references were the edges of delta
+    chunks no checkpoint uses as live; it is what the next compaction frees
+    (garbage.collectable). While a live delta chunk needs it, it is live."""
+    vs = versions(44, 3)
+    s = open_store(tmp_path / "s")
+    infos = [s.checkpoint({"w": v}, stream="w") for v in vs]
+    everything = s.stats()
+    assert everything["garbage_chunk_bytes"] == 0
+    s.delete(infos[0].id)               # the keyframes' checkpoint: edges hold them, live
+    assert s.stats()["live_chunk_bytes"] == everything["live_chunk_bytes"]
+    s.delete_many([i.id for i in infos[1:]])
+    st_ = s.stats()
+    assert (st_["live_chunk_bytes"], st_["unique_chunk_bytes"]) == (0, 0), st_
+    assert st_["garbage_chunk_bytes"] == everything["live_chunk_bytes"]
+    report = s.compact()
+    assert report["garbage_bytes_freed"] == st_["garbage_chunk_bytes"]
+    assert chunk_table(s) == {}
     s.close()
 
 
@@ -599,6 +671,49 @@ def test_copy_and_savepoint_give_the_same_bytes_elsewhere(tmp_path):
     edges(other)
     for st in (src, dst, other):
         st.close()
+
+
+def test_with_manifests_holds_the_segments_of_the_bases_too(tmp_path):
+    """Regression: with_manifests' read_chunks opened the segments of the chunks asked for
+    before reading any, but not those of their bases: a compaction removing a keyframe's
+    segment meanwhile (its checkpoint deleted, edges keep it) made the read fail
+    (ConcurrentCompactionError inside) and use() run again from the start."""
+    rng = np.random.default_rng(45)
+    path = str(tmp_path / "s")
+    s = open_store(path, segment_size=1 << 18)
+    w = weights(rng, N // 4)
+    infos = []
+    for _ in range(3):
+        junk = rng.integers(0, 255, N, dtype=np.uint8)     # garbage beside the keyframes
+        infos.append(s.checkpoint({"junk": junk, "w": w}, stream="w"))
+        w = drift(w, rng)
+    s.delete(infos[0].id)
+    table = chunk_table(s)
+    deltas = {c for _, _, c, _ in s.layout(infos[2].id, "w") if table[c].base is not None}
+    assert len(deltas) == 4
+    base_segments = {table[table[c].base].segment for c in deltas}
+    reader = snapstore.open(path, readonly=True)
+    calls = []
+
+    def use(manifests, read_chunks):
+        calls.append(manifests.info.id)
+        cids = list(dict.fromkeys(e[2] for b in manifests.buffers for e in b.extents))
+        it = read_chunks(cids)
+        first = next(it)                # the segments are held from here on
+        if len(calls) == 1:
+            s.compact(threshold=1.0, max_garbage=None)
+            assert not all(os.path.exists(os.path.join(path, fmt.SEGMENTS_DIR,
+                                                       segment_name(n)))
+                           for n in base_segments), "no keyframe's segment was removed"
+        return [first, *it]
+    try:
+        got = reader.with_manifests(infos[2].id, use)
+        assert len(calls) == 1, "use() ran again"
+        assert len(got) == 4 + 4 and deltas <= {c for c, _ in got}
+        assert all(blake3.blake3(bytes(d)).digest() == c for c, d in got)
+    finally:
+        reader.close()
+        s.close()
 
 
 def test_checkpoint_async_makes_the_same_delta_chunks(tmp_path):
@@ -923,6 +1038,32 @@ def test_a_damaged_base_does_not_stop_the_next_checkpoint(tmp_path):
     try:
         info = s.checkpoint({"w": w2}, stream="w")
         assert_reads(s, info.id, {"w": w2.tobytes()})
+    finally:
+        s.close()
+
+
+def test_a_base_that_cannot_be_read_does_not_stop_the_next_checkpoint(tmp_path):
+    """Regression: an I/O error (EIO: a bad sector) reading an old keyframe made every new
+    checkpoint of the stream fail; a base that cannot be read is like a damaged one: its
+    chunk is coded on its own (ChunkReader._read_or_none)."""
+    rng = np.random.default_rng(46)
+    path = str(tmp_path / "s")
+    fb = FaultyBackend(os.path.join(path, fmt.SEGMENTS_DIR), durable=False)
+    s = open_store(path, backend=fb)
+    try:
+        w = weights(rng)
+        a = s.checkpoint({"w": w}, stream="w")
+        w2 = drift(w, rng)
+        fb.fail("read", 1, errno.EIO, repeat=True)      # every segment read
+        info = s.checkpoint({"w": w2}, stream="w")
+        assert fb.fired                                 # it did try to read the keyframes
+        fb.clear()
+        assert delta_entries(s) == {}                   # coded on their own
+        assert_reads(s, info.id, {"w": w2.tobytes()})
+        assert_reads(s, a.id, {"w": w.tobytes()})
+        w3 = drift(w2, rng)                             # the disk is well again: deltas
+        assert s.checkpoint({"w": w3}, stream="w").bytes_new < 0.7 * w3.nbytes
+        edges(s)
     finally:
         s.close()
 

@@ -350,3 +350,40 @@ def test_repair_after_the_base_is_lost_handles_its_delta_chunks_like_missing_chu
         info = s.checkpoint({"w": want[last]["w"], "meta": want[last]["meta"]},
                             stream="train")
         assert bytes(s.restore(info.id)["w"]) == want[last]["w"]
+
+
+@pytest.mark.parametrize("base", ["stored_again", "collected"])
+def test_repair_prefers_a_plain_copy_of_a_chunk_to_a_leftover_delta_copy(store_path, base):
+    """Regression: chunk K stored as a delta chunk in writer y's log by a checkpoint deleted
+    and collected since, then plain in writer x's log by one that stays: repair took the delta
+    copy left in y's segment (the newer log) over the live plain copy. With K's base
+    collected too, K was lost ("collected"); with the base there, K was a delta chunk, so the
+    live delta chunks coded against K sat at depth 2 and were dropped ("stored_again"). A
+    plain copy wins (repair._index_chunk)."""
+    rng = np.random.default_rng(47)
+    n = (1 << 20) // 4
+    v0 = rng.normal(0, 1, n).astype(np.float32)
+    v1 = (v0 * (1 + rng.normal(0, 0.01, n))).astype(np.float32)
+    v2 = (v1 * (1 + rng.normal(0, 0.01, n))).astype(np.float32)
+    opts = {"delta_chunks": True, "segment_size": 1 << 16, **OPTS}
+    want = {}
+    with snapstore.open(store_path, **opts) as x, snapstore.open(store_path, **opts) as y:
+        first = (y if base == "stored_again" else x).checkpoint({"w": v0}, stream="a").id
+        gone = y.checkpoint({"w": v1}, stream="a").id           # K = delta(v0), y's log
+        assert len([e for e in entries(store_path).values() if e.base is not None]) == 16
+        y.delete(gone)
+        x.compact(threshold=0.0, max_garbage=None)              # K's entries collected
+        want[x.checkpoint({"w": v1}, stream="b").id] = {"w": v1.tobytes()}   # K plain
+        if base == "stored_again":
+            want[first] = {"w": v0.tobytes()}
+            want[x.checkpoint({"w": v2}, stream="b").id] = {"w": v2.tobytes()}  # delta(K)
+        else:
+            x.delete(first)
+            x.compact(threshold=1.0, max_garbage=None)          # v0's chunks collected
+    before = {cid: (e.codec, e.base, e.refs) for cid, e in entries(store_path).items()}
+    assert verify(store_path, True)["ok"]
+    shutil.rmtree(os.path.join(store_path, fmt.INDEX_DIR))      # rebuilt from the log alone
+    report = snapstore.repair(store_path)
+    assert report["ok"], report["problems"]
+    assert {cid: (e.codec, e.base, e.refs) for cid, e in entries(store_path).items()} == before
+    assert restores(store_path, want) == {cid: True for cid in want}
