@@ -135,6 +135,7 @@ class ChunkUses:
                         self.where[chunk].add((cid, bi))
             self.entries: dict[bytes, ChunkEntry] = dict(r.chunks())
             self.state = r.log_state()          # the newest state section: live too
+            self.pinned = claim_rules.pinned_chunks(r) if r.version >= 3 else set()
         self._bases: set | None = None
         for chunk in self.uses:
             if chunk not in self.entries:
@@ -179,7 +180,7 @@ class ChunkUses:
     def base_ids(self) -> set[bytes]:
         """The chunks a delta chunk that garbage collection keeps names as its base."""
         if self._bases is None:
-            dead = garbage.collectable(self.entries)
+            dead = garbage.collectable(self.entries, self.pinned)
             self._bases = {e.base for cid, e in self.entries.items()
                            if e.base is not None and cid not in dead}
         return self._bases
