@@ -262,9 +262,18 @@ class ChunkEntry(NamedTuple):
 CHUNK_ENTRY_SIZES = (fmt.CHUNK_ENTRY.size, fmt.CHUNK_ENTRY.size + fmt.CHUNK_ID_BYTES)
 
 
+_unpack_entry = fmt.CHUNK_ENTRY.unpack
+_new_entry = tuple.__new__
+_PLAIN_ENTRY_BYTES = fmt.CHUNK_ENTRY.size
+
+
 def checked_chunk_entry(chunk_id: bytes, payload: bytes) -> ChunkEntry:
     """The chunk entry an index value holds (unsealed). Raises CorruptionError unless it has
     a chunk entry's length and a base exactly when it is a delta chunk's."""
+    if len(payload) == _PLAIN_ENTRY_BYTES:      # the common case, written out: a restore
+        fields = _unpack_entry(payload)         # looks up one entry per chunk
+        if fields[5] != fmt.CODEC_DELTA_PLANES:
+            return _new_entry(ChunkEntry, fields + (None,))
     if len(payload) not in CHUNK_ENTRY_SIZES:
         raise damaged(f"index value {describe_key(fmt.DB_CHUNKS, chunk_id)} has "
                       f"{len(payload)} bytes, not {fmt.CHUNK_ENTRY.size}")
