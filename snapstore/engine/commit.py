@@ -696,11 +696,14 @@ class Committer:
             self._staging = bytearray(wr.STAGING_BYTES)
         mark = log.position
         try:
-            with self.index.read() as r, self.backend.open_reader() as segments:
+            # a read session for the bases delta chunks are coded against, only if any may be
+            with self.index.read() as r, (self.backend.open_reader() if opts.delta_chunks
+                                          else contextlib.nullcontext()) as segments:
                 head = r.stream_head(stream)
                 _check_expected_head(r, stream, head, expect_head)
-                bases = ChunkReader(self.backend, segments, r)
-                sink = wr.ChunkSink(log, r, opts, pause, read_bases=bases.read_many)
+                read_bases = (None if segments is None
+                              else ChunkReader(self.backend, segments, r).read_many)
+                sink = wr.ChunkSink(log, r, opts, pause, read_bases=read_bases)
                 entries, fingerprints = store_plans(r, stream, head, make_plans, sink,
                                                     self._staging, on_stored)
                 generation = r.gc_generation()
