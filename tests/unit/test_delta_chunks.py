@@ -1091,6 +1091,7 @@ def test_an_index_naming_another_base_never_gives_wrong_bytes(tmp_path):
 # ---- crashes ----------------------------------------------------------------------------------
 
 WRITER = r"""
+import os
 import sys
 import numpy as np
 import snapstore
@@ -1102,13 +1103,19 @@ vs = [rng.normal(0, 0.02, n).astype(np.float32)]
 for _ in range(start + count):
     vs.append((vs[-1] * (1 + rng.normal(0, rel, n))).astype(np.float32))
 s = snapstore.open(path, delta_chunks=True)                        # durability "fsync"
-print("ready", flush=True)
+os.write(1, b"ready\n")        # one write per line: a kill never tears an acknowledgement
 for i in range(start, start + count):
     info = s.checkpoint({"w": vs[i]}, stream="w", meta={"step": i})
-    print("ok", info.id, i, flush=True)
+    os.write(1, f"ok {info.id} {i}\n".encode())
 s.close()
 """
 CRASH_N = 256 * 1024 + 3
+
+
+def _acknowledged(out: str) -> set:
+    """The steps a killed WRITER acknowledged: its complete "ok ID STEP" lines (a line without
+    its newline was cut by the kill: not acknowledged)."""
+    return {int(line.split()[2]) for line in out.split("\n")[:-1] if line.startswith("ok ")}
 
 
 def _crash_versions(seed: int, count: int) -> list:
@@ -1154,7 +1161,7 @@ def test_a_writer_killed_inside_a_delta_checkpoint(tmp_path, point):
     r = subprocess.run([sys.executable, "-c", WRITER, path, "29", "0", "3", "0.01",
                         str(CRASH_N)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == -signal.SIGKILL, r.stderr
-    acked = {int(line.split()[2]) for line in r.stdout.splitlines() if line.startswith("ok")}
+    acked = _acknowledged(r.stdout)
     assert acked == {0}
     steps = _check_after_crash(path, vs, acked)
     assert steps == ([0] if point == "after_data_append" else [0, 1])
@@ -1187,7 +1194,7 @@ def test_writers_killed_at_random_moments_of_delta_checkpoints(tmp_path):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        acked = {int(line.split()[2]) for line in out.splitlines() if line.startswith("ok")}
+        acked = _acknowledged(out)
         steps = _check_after_crash(path, vs, acked | set(range(start)))
         start = len(steps)
         if start + 6 >= len(vs):
