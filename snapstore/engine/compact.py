@@ -270,8 +270,8 @@ def collect_garbage(index: Index) -> tuple[int, int]:
             w.delete_chunk(cid)
             chunks += 1
             nbytes += fmt.RECORD_HEADER.size + e.stored_len
-            if e.base is not None and e.base not in dead:
-                edges[e.base] = edges.get(e.base, 0) - 1
+            if e.base is not None and e.base not in dead and e.base in entries:
+                edges[e.base] = edges.get(e.base, 0) - 1     # (a missing base: verify's)
         w.add_ref_counts(edges)     # a delta chunk gone takes its edge off its base
         if dead and w.version >= 3:
             w.bump_gc_generation()
