@@ -452,8 +452,10 @@ def delta_records(items: list, itemsize: int, read_bases: Callable[[list], list]
 
 def _delta_probe(items: list, itemsize: int, read_bases: Callable[[list], list]) -> int:
     """The try_delta plane mask for a batch of delta items: every plane for a batch of at
-    most PROBE_CHUNKS; else the planes that packed in the samples whose delta paid (within
-    its limit), 0 (no delta) when none did. Samples whose base cannot be read say nothing."""
+    most PROBE_CHUNKS; else the planes that packed in the samples whose delta paid: within
+    its limit, and saving 1/32 of what the sample takes coded on its own (a chunk can code
+    far better than its base did: weights pruned to zeros since); 0 (no delta) when none
+    did. Samples whose base cannot be read say nothing."""
     every = planes.plane_mask(itemsize, None)
     if len(items) <= PROBE_CHUNKS:
         return every
@@ -464,10 +466,13 @@ def _delta_probe(items: list, itemsize: int, read_bases: Callable[[list], list])
               if base is not None and len(base) == len(data)]
     if not usable:
         return every
-    _, results = native.write_chunks([u for u, _ in usable], itemsize, 0, try_delta=every)
+    _, deltas = native.write_chunks([u for u, _ in usable], itemsize, 0, try_delta=every)
+    _, alone = native.write_chunks([u[:2] for u, _ in usable], itemsize, every)
     mask = 0
-    for (_, stored_len, codec, packed), (_, limit) in zip(results, usable):
-        if codec == fmt.CODEC_DELTA_PLANES and stored_len <= limit:
+    for (_, stored_len, codec, packed), (_, own_len, _, _), (_, limit) in zip(deltas, alone,
+                                                                             usable):
+        if codec == fmt.CODEC_DELTA_PLANES and \
+                stored_len <= min(limit, own_len - own_len // 32):
             mask |= packed or every
     return mask
 
