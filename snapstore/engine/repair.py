@@ -89,6 +89,9 @@ class _Scan:
     # format 5: the depth each delta chunk's indexed record names, where it is not 1 (the
     # depth writers write): what the recount checks chains against
     depths: dict = field(default_factory=dict)
+    # format 5: chunk id -> [(entry, depth)] of the other delta copies of a chunk indexed as
+    # a delta copy (the recount falls back on one whose chain decodes)
+    other_copies: dict = field(default_factory=dict)
 
 
 def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0) -> dict:
@@ -215,7 +218,7 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
             loaded = _load_section(index, reader, section, report) if section else 0
             todo = [r for r in scan.index_records if not _covered(section, r[0], r[1])]
             replayed = _replay(index, reader, _in_order(todo, report), report)
-        _recount(index, report, scan.depths)
+        _recount(index, report, scan.depths, scan.other_copies)
         with index.write(rebuilding=True) as w:
             for log, end in scan.ends.items():
                 w.set_applied(_unfinished_tail(scan, log) or end)
@@ -408,7 +411,7 @@ def _scan_log(index: Index, backend: SegmentBackend, reader: SegmentReader,
                     scan.records += 1
                     scan.last_record[log_of(n)] = (n, record.end)
                     if record.rtype == fmt.REC_CHUNK:
-                        _index_chunk(w, record, report, scan.depths)
+                        _index_chunk(w, record, report, scan.depths, scan.other_copies)
                         scan.chunks += 1
                     elif record.rtype in fmt.INDEX_RECORD_TYPES:
                         try:
@@ -494,10 +497,12 @@ def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan:
         pos = record.end
 
 
-def _index_chunk(w, record: Record, report: ProblemReport, depths: dict) -> None:
+def _index_chunk(w, record: Record, report: ProblemReport, depths: dict,
+                 other_copies: dict | None = None) -> None:
     """Indexes a valid chunk record (the newest copy of a chunk wins, but a plain copy over
     a delta copy: it decodes alone, where a delta copy left behind by a deleted checkpoint
-    may name a base that is gone). A delta chunk's entry names the base its delta header
+    may name a base that is gone; a delta copy replaced by another goes into other_copies,
+    for the recount to fall back on). A delta chunk's entry names the base its delta header
     names, and its depth goes into depths unless it is 1; a delta header that does not
     parse makes the record damaged (skipped, reported)."""
     if record.length < fmt.CHUNK_PREFIX.size:
@@ -513,10 +518,14 @@ def _index_chunk(w, record: Record, report: ProblemReport, depths: dict) -> None
             report.add("damaged_record", f"{exc.reason}; skipped", segment=record.segment,
                        offset=record.offset)
             return
-    if base is not None:
-        known = w.chunk(chunk_id)
-        if known is not None and known.base is None:
+    known = w.chunk(chunk_id) if base is not None else None
+    if known is not None:
+        if known.base is None:
             return
+        if other_copies is not None:        # the copy it replaces stays a candidate
+            other_copies.setdefault(chunk_id, []).append((known, depths.get(chunk_id, 1)))
+    elif base is None and other_copies is not None:
+        other_copies.pop(chunk_id, None)    # a plain copy decodes alone
     if depth > 1:
         depths[chunk_id] = depth
     else:
@@ -607,15 +616,17 @@ def _apply(w, reader: SegmentReader, item: tuple) -> None:
 
 # ---- 4. reference counts ---------------------------------------------------------------------
 
-def _recount(index: Index, report: ProblemReport, depths: dict | None = None) -> None:
+def _recount(index: Index, report: ProblemReport, depths: dict | None = None,
+             other_copies: dict | None = None) -> None:
     """Sets every chunk's reference count from the manifests and the delta chunks coded
     against it (edges); removes chunk entries nothing live references; reports chunks
     manifests reference that no valid chunk record holds. A delta chunk that cannot decode
     (its base, or one further down its chain, is in no valid record, or lies at another
     depth than the chunk naming it says) is as lost as a missing chunk: its entry goes (so
     no restore reads wrong bytes and a later checkpoint stores it afresh) and the
-    checkpoints using it are reported the same way. depths: delta chunk id -> the depth its
-    record names, where not 1."""
+    checkpoints using it are reported the same way, unless another delta copy of it
+    (other_copies) decodes: that one is indexed instead. depths: delta chunk id -> the depth
+    its record names, where not 1."""
     depths = depths or {}
     counts: Counter = Counter()
     with index.write(rebuilding=True) as w:
@@ -626,6 +637,8 @@ def _recount(index: Index, report: ProblemReport, depths: dict | None = None) ->
                     counts[chunk] += 1
         entries = dict(w.chunks())
         usable = _usable_chunks(entries, depths)
+        for chunk, e in _other_usable_copies(entries, depths, usable, other_copies or {}):
+            w.put_chunk(chunk, e)
         live = _live_chunks(entries, usable, counts)
         for chunk in live:
             if entries[chunk].base is not None:
@@ -649,6 +662,31 @@ def _recount(index: Index, report: ProblemReport, depths: dict | None = None) ->
                            "checkpoints reference cannot decode: a chunk of their delta chain "
                            "is in no valid chunk record of the log (or at another depth); "
                            "restoring what uses them fails", users(undecodable))
+
+
+def _other_usable_copies(entries: dict, depths: dict, usable: set, other_copies: dict):
+    """Swaps into entries (and depths, and usable) another copy of each delta chunk that does
+    not decode, where one does, until no swap helps (a swapped base can make others usable);
+    yields each (chunk id, entry) swapped in, for the index."""
+    swapped = True
+    while swapped:
+        swapped = False
+        for chunk, copies in other_copies.items():
+            if chunk in usable or chunk not in entries:
+                continue
+            for i, (entry, depth) in enumerate(copies):
+                old = entries[chunk], depths.get(chunk, 1)
+                entries[chunk] = entry
+                depths[chunk] = depth
+                now = _usable_chunks(entries, depths)
+                if chunk in now:
+                    copies[i] = old
+                    usable.clear()
+                    usable.update(now)
+                    swapped = True
+                    yield chunk, entry
+                    break
+                entries[chunk], depths[chunk] = old
 
 
 def _usable_chunks(entries: dict, depths: dict) -> set:

@@ -277,6 +277,25 @@ def test_random_bytes_labelled_float_are_stored_as_without_deltas(tmp_path):
     assert abs(sizes[True] - sizes[False]) < 64
 
 
+def test_weights_pruned_since_the_keyframe_are_stored_plain(tmp_path):
+    """Two thirds of the weights set to zero: the chunk codes far better on its own than its
+    base did, so a delta (which only had to beat what the base takes) would be larger than
+    plain planes and hold the keyframe besides: the probe compares with the plain coding."""
+    rng = np.random.default_rng(5)
+    w = weights(rng)
+    pruned = w.copy()
+    pruned[np.abs(pruned) < 0.02] = 0
+    sizes = {}
+    for on in (True, False):
+        with open_store(tmp_path / str(on), delta_chunks=on) as s:
+            s.checkpoint({"w": w}, stream="w")
+            info = s.checkpoint({"w": pruned}, stream="w")
+            sizes[on] = info.bytes_new
+            assert delta_entries(s) == {}
+            assert_reads(s, info.id, {"w": pruned.tobytes()})
+    assert sizes[True] <= sizes[False] + 64
+
+
 @pytest.mark.parametrize("fresh", ["normal", "uniform"])
 def test_unrelated_floats_are_stored_plain_and_hold_no_keyframe(tmp_path, fresh):
     """Regression: new floats unrelated to the parent's (not a drift) were stored as delta
@@ -460,6 +479,22 @@ def test_deleting_everything_then_compacting_leaves_no_chunk(tmp_path):
     assert segments_bytes(path) < full // 100
     assert s.stats()["chunks"] == 0
     s.close()
+
+
+def test_compaction_frees_dead_delta_chunks_whose_base_entry_is_missing(tmp_path):
+    """A damaged index lost a base's entry; the delta chunks naming it are dead: GC removes
+    them and everything else unused instead of failing on the missing base."""
+    rng = np.random.default_rng(1)
+    w = weights(rng)
+    with open_store(tmp_path / "s") as s:
+        a = s.checkpoint({"w": w}, stream="w")
+        b = s.checkpoint({"w": drift(w, rng)}, stream="w")
+        some_base = next(iter(delta_entries(s).values())).base
+        s.delete_many([a.id, b.id])
+        with s._committer.index.write() as w_:
+            w_.delete_chunk(some_base)
+        s.compact()
+        assert chunk_table(s) == {}
 
 
 def test_one_compaction_returns_the_keyframes_of_the_delta_chunks_it_frees(tmp_path):

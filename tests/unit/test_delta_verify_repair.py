@@ -387,3 +387,34 @@ def test_repair_prefers_a_plain_copy_of_a_chunk_to_a_leftover_delta_copy(store_p
     assert report["ok"], report["problems"]
     assert {cid: (e.codec, e.base, e.refs) for cid, e in entries(store_path).items()} == before
     assert restores(store_path, want) == {cid: True for cid in want}
+
+
+def test_repair_falls_back_on_another_delta_copy_whose_base_survives(tmp_path):
+    """Chunk K was coded twice as a delta: in log 1 against K0 (that checkpoint deleted and
+    collected, K0 collected later), then in log 0 against KB (live). The rebuilt index must
+    not keep the log-1 copy, whose base is gone, and lose the checkpoint: repair falls back
+    on the copy that decodes."""
+    path = str(tmp_path / "s")
+    rng = np.random.default_rng(47)
+    n = (1 << 20) // 4
+    v0 = rng.normal(0, 1, n).astype(np.float32)
+    v1 = (v0 * (1 + rng.normal(0, 0.01, n))).astype(np.float32)
+    u = (v0 * (1 + rng.normal(0, 0.01, n))).astype(np.float32)
+    opts = {"delta_chunks": True, "segment_size": 1 << 16, "durability": "none"}
+    with snapstore.open(path, **opts) as x, snapstore.open(path, **opts) as y:
+        a0 = x.checkpoint({"w": v0}, stream="a").id
+        a1 = y.checkpoint({"w": v1}, stream="a").id         # K = delta(v1 | K0), log 1
+        y.delete(a1)
+        x.compact(threshold=0.0, max_garbage=None)
+        b0 = x.checkpoint({"w": u}, stream="b").id
+        b1 = x.checkpoint({"w": v1}, stream="b").id         # K = delta(v1 | KB), log 0
+        x.delete(a0)
+        x.compact(threshold=1.0, max_garbage=None)          # K0 goes
+        assert bytes(x.restore(b1)["w"]) == v1.tobytes()
+    shutil.rmtree(os.path.join(path, "index"))
+    report = snapstore.repair(path)
+    assert report["ok"], report["problems"]
+    with snapstore.open(path, **opts) as s:
+        assert bytes(s.restore(b0)["w"]) == u.tobytes()
+        assert bytes(s.restore(b1)["w"]) == v1.tobytes()
+        assert s.verify(deep=True)["ok"]
