@@ -61,7 +61,8 @@ class BufferPlan:
     reason: str                # why full, for diagnostics
     staged: memoryview | None = None  # the chunks' bytes, already copied back to back (async)
     itemsize: int = 1          # the buffer's float item size (validation.float_item_size)
-    bases: list | None = None  # per chunk: the id of the chunk to code it against, or None
+    bases: list | None = None  # per chunk: (id, stored length) of the chunk to code it
+                               # against (choose_bases), or None
 
     @property
     def nbytes(self) -> int:
@@ -199,8 +200,8 @@ KEYFRAME_FRACTION = 0.8   # a delta chunk stored in more than this much of what 
 def choose_bases(view: IndexView, parent: Commit | None, plan: BufferPlan,
                  opts: WriteOptions) -> None:
     """Sets plan.bases: for each chunk of one run of bytes of a buffer of floats, a chunk of
-    the same length to code it against where the parent checkpoint's buffer has one at the
-    same place (docs/floatcodec.md): the chunk at that offset in the full manifest the
+    the same length to code it against, as (its id, its stored length), where the parent
+    checkpoint's buffer has one at the same place (docs/floatcodec.md): the chunk at that offset in the full manifest the
     parent's buffer builds on (its first layer: what a later delta changed there is a few
     pages, so that chunk still codes the new bytes well). That is the chunk itself when it is
     stored whole (a keyframe), else the keyframe it was coded against, so every delta chunk
@@ -225,7 +226,7 @@ def choose_bases(view: IndexView, parent: Commit | None, plan: BufferPlan,
             entry = view.chunk(cid) if n == length else None
             if entry is not None and entry.raw_len == length:
                 if entry.base is None:
-                    base = cid
+                    base = (cid, entry.stored_len)
                 else:
                     keyframe = found.get(entry.base) or view.chunk(entry.base)
                     found[entry.base] = keyframe
@@ -233,7 +234,7 @@ def choose_bases(view: IndexView, parent: Commit | None, plan: BufferPlan,
                             keyframe.raw_len == length and \
                             entry.stored_len <= KEYFRAME_FRACTION * min(
                                 length, keyframe.stored_len):
-                        base = entry.base
+                        base = (entry.base, keyframe.stored_len)
         bases.append(base)
     if any(b is not None for b in bases):
         plan.bases = bases
@@ -412,11 +413,29 @@ def _plane_records(items: list, opts: WriteOptions, itemsize: int, worth) -> lis
     return out
 
 
+def _delta_limit(base_id: bytes, base_stored: int, size: int) -> tuple:
+    """(base_id, what a chunk of `size` bytes coded against it must save 1/32 of): a delta
+    chunk keeps its base alive, so it must save 1/32 of what the base takes (about what this
+    chunk would take coded on its own), not merely of its raw length (the C core's rule):
+    unrelated floats would otherwise be stored as deltas a little larger than plain planes,
+    and hold their bases besides."""
+    return base_id, min(size, base_stored)
+
+
+def _coded_against(items: list, bases: list) -> list:
+    """native.write_chunks' (data, chunk id, base, base id, depth 1) of each delta item (chunk
+    id, data, base id, limit) whose base was read (read_bases gave bytes as long as its data);
+    the others are left out."""
+    return [(data, cid, base, base_id, 1)
+            for (cid, data, base_id, _), base in zip(items, bases)
+            if base is not None and len(base) == len(data)]
+
+
 def delta_records(items: list, itemsize: int, read_bases: Callable[[list], list]
                   ) -> list[Encoded | None]:
     """Records of items (chunk id, data, base id, limit; itemsize 2, 4 or 8), each coded as
-    delta planes against its base where that takes at most `limit` bytes (and saves 1/32: the
-    C core's rule); None for an item whose delta does not (its caller codes it on its own),
+    delta planes against its base where that saves 1/32 of `limit` bytes (_delta_limit; and
+    of its raw length: the C core's rule); None for an item whose delta does not (its caller codes it on its own),
     or whose base read_bases could not give (or gave at another length). A probe of a few
     items spread over a batch of more than PROBE_CHUNKS says which delta planes to try to
     compress (those that packed in a sample: a delta's low bytes are noise, and zstd spends
@@ -430,9 +449,7 @@ def delta_records(items: list, itemsize: int, read_bases: Callable[[list], list]
 
     def encode(part: list) -> list:
         bases = read_bases([base_id for _, _, base_id, _ in part])
-        usable = [(data, cid, base, base_id, 1)
-                  for (cid, data, base_id, _), base in zip(part, bases)
-                  if base is not None and len(base) == len(data)]
+        usable = _coded_against(part, bases)
         if not usable:
             return [None] * len(part)
         records, results = native.write_chunks(usable, itemsize, every, try_delta=worth)
@@ -445,7 +462,7 @@ def delta_records(items: list, itemsize: int, read_bases: Callable[[list], list]
             off, stored_len, codec, _ = next(made)
             out.append(Encoded(codec, stored_len, record=[
                 records[off:off + fmt.RECORD_HEADER.size + stored_len]])
-                if codec == fmt.CODEC_DELTA_PLANES and stored_len <= limit else None)
+                if codec == fmt.CODEC_DELTA_PLANES and _saves(stored_len, limit) else None)
         return out
     return _in_halves(encode, items, [len(item[1]) for item in items])
 
@@ -461,18 +478,16 @@ def _delta_probe(items: list, itemsize: int, read_bases: Callable[[list], list])
         return every
     samples = items[::len(items) // PROBE_CHUNKS][:PROBE_CHUNKS]
     bases = read_bases([base_id for _, _, base_id, _ in samples])
-    usable = [((data, cid, base, base_id, 1), limit)
-              for (cid, data, base_id, limit), base in zip(samples, bases)
-              if base is not None and len(base) == len(data)]
+    usable = _coded_against(samples, bases)
     if not usable:
         return every
-    _, deltas = native.write_chunks([u for u, _ in usable], itemsize, 0, try_delta=every)
-    _, alone = native.write_chunks([u[:2] for u, _ in usable], itemsize, every)
+    limits = {cid: limit for cid, _, _, limit in samples}
+    _, deltas = native.write_chunks(usable, itemsize, 0, try_delta=every)
+    _, alone = native.write_chunks([u[:2] for u in usable], itemsize, every)
     mask = 0
-    for (_, stored_len, codec, packed), (_, own_len, _, _), (_, limit) in zip(deltas, alone,
-                                                                             usable):
-        if codec == fmt.CODEC_DELTA_PLANES and \
-                stored_len <= min(limit, own_len - own_len // 32):
+    for u, (_, stored_len, codec, packed), (_, own_len, _, _) in zip(usable, deltas, alone):
+        if codec == fmt.CODEC_DELTA_PLANES and _saves(stored_len, limits[u[1]]) and \
+                _saves(stored_len, own_len):
             mask |= packed or every
     return mask
 
@@ -551,9 +566,9 @@ class ChunkSink:
         (zstd lets go of the GIL); appending stays in order, in this thread. itemsize: the
         chunks hold items of that many bytes from their first byte on (encode_chunk). pause()
         is called once first, even when nothing is new, and before each staging area's
-        appends. bases: per chunk, the id of a chunk of the view (as long) to code it against
-        where that pays (CODEC_DELTA_PLANES), or None; used only with read_bases and itemsize
-        2, 4 or 8."""
+        appends. bases: per chunk, (id, stored length) of a chunk of the view (as long) to code
+        it against where that pays (CODEC_DELTA_PLANES: _delta_limit), or None; used only with
+        read_bases and itemsize 2, 4 or 8."""
         if self.pause is not None:
             self.pause()
         cids = content_ids(datas)
@@ -562,7 +577,8 @@ class ChunkSink:
         todo: dict[bytes, tuple] = {}
         for cid, data, base in zip(cids, datas, bases):
             if cid not in todo and not self._have(cid):
-                todo[cid] = (data, self._delta_limit(base, len(data)) if base != cid else None)
+                todo[cid] = (data, None if base is None or base[0] == cid
+                             else _delta_limit(*base, len(data)))
         group: list = []
         size = 0
         for cid, (data, base) in todo.items():  # encoded a staging area at a time: bounded
@@ -574,20 +590,6 @@ class ChunkSink:
         self._append_group(group, itemsize)
         return cids
 
-    def _delta_limit(self, base_id: bytes | None, size: int) -> tuple | None:
-        """(base_id, the most a chunk of `size` bytes coded against it may take), or None
-        without a base: a delta chunk keeps its base alive, so it must save 1/32 of what the
-        base takes (about what this chunk would take coded on its own), not merely of its
-        raw length (the C core's rule): unrelated floats would otherwise be stored as deltas
-        a little larger than plain planes, and hold their bases besides."""
-        if base_id is None:
-            return None
-        entry = self.view.chunk(base_id)
-        if entry is None:
-            return None
-        limit = min(size, entry.stored_len)
-        return base_id, limit - limit // 32
-
     def _append_group(self, group: list, itemsize: int) -> None:
         """_append of (chunk id, data, base id or None) items: those with a base coded
         against it (read back through read_bases, by delta_records' threads), the others,
@@ -595,10 +597,9 @@ class ChunkSink:
         if not any(base is not None for _, _, base in group):
             self._append([(cid, data) for cid, data, _ in group], itemsize)
             return
-        made_delta = delta_records([(cid, data, *base) for cid, data, base in group
-                                    if base is not None], itemsize, self.read_bases)
-        by_id = {item[0]: m for item, m in zip((i for i in group if i[2] is not None),
-                                                made_delta)}
+        deltas = [(cid, data, *base) for cid, data, base in group if base is not None]
+        by_id = dict(zip((cid for cid, *_ in deltas),
+                         delta_records(deltas, itemsize, self.read_bases)))
         plain = [(cid, data) for cid, data, base in group
                  if base is None or by_id[cid] is None]
         made_plain = iter(encode_chunks(plain, self.opts, itemsize))

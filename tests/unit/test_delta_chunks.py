@@ -301,7 +301,7 @@ def test_unrelated_floats_are_stored_plain_and_hold_no_keyframe(tmp_path, fresh)
     """Regression: new floats unrelated to the parent's (not a drift) were stored as delta
     chunks, their delta planes saving 1/32 of the raw length yet a little larger than plain
     planes, and held their bases besides: a retain kept two checkpoints' chunks. A delta must
-    save 1/32 of what its base takes (ChunkSink._delta_limit)."""
+    save 1/32 of what its base takes (writer._delta_limit)."""
     sizes = {}
     for deltas in (True, False):
         rng = np.random.default_rng(41)
