@@ -201,9 +201,9 @@ def choose_bases(view: IndexView, parent: Commit | None, plan: BufferPlan,
                  opts: WriteOptions) -> None:
     """Sets plan.bases: for each chunk of one run of bytes of a buffer of floats, a chunk of
     the same length to code it against, as (its id, its stored length), where the parent
-    checkpoint's buffer has one at the same place (docs/floatcodec.md): the chunk at that offset in the full manifest the
-    parent's buffer builds on (its first layer: what a later delta changed there is a few
-    pages, so that chunk still codes the new bytes well). That is the chunk itself when it is
+    checkpoint's buffer has one at the same place (docs/floatcodec.md): the chunk at that
+    offset in the full manifest the parent's buffer builds on (its first layer: what a later
+    delta changed there is a few pages, so that chunk still codes the new bytes well). That is the chunk itself when it is
     stored whole (a keyframe), else the keyframe it was coded against, so every delta chunk
     is one level deep: a restore decodes two records, a writer reads one back. A position
     whose last delta stopped paying (KEYFRAME_FRACTION) gets a new keyframe. Nothing to do

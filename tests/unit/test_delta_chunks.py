@@ -1,8 +1,9 @@
 """Format 5 delta chunks (CODEC_DELTA_PLANES), end to end through the public API.
 
 A chunk of a float buffer that holds one run of the buffer's bytes (a full plan, or a tracker's
-delta of every page) is coded against the parent checkpoint's chunk at the same place (writer.choose_bases: star topology, every delta one level deep), and the index
-keeps each base alive by an edge (ChunkEntry.base; refs = extents + edges). What holds here:
+delta of every page) is coded against the parent checkpoint's chunk at the same place
+(writer.choose_bases: star topology, every delta one level deep), and the index keeps each
+base alive by an edge (ChunkEntry.base; refs = extents + edges). What holds here:
 
   * every read path gives back exactly the bytes checkpointed, checked against the arrays the
     test wrote (restore, restore_into, read, read_ranges, read_chunks, diff, copy to another
