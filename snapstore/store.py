@@ -379,7 +379,8 @@ class Store:
 
     def _open(self, path, *, durability, create, readonly, timeout, page_size, chunk_size,
               chunking, cdc_sizes, max_chain, full_threshold, compression, compression_level,
-              delta_chunks, segment_size, staging_bytes, backend, cache_dir, refresh,
+              delta_chunks, keyframe_cache_bytes, segment_size, staging_bytes, backend,
+              cache_dir, refresh,
               remote_timeout) -> None:
         # Every argument is checked before anything touches the file system.
         self.path = validate_path(path)
@@ -394,7 +395,8 @@ class Store:
         timeout = validate_timeout(timeout)
         self.options = self._validate_options(page_size, chunk_size, chunking, cdc_sizes,
                                               max_chain, full_threshold, compression,
-                                              compression_level, delta_chunks)
+                                              compression_level, delta_chunks,
+                                              keyframe_cache_bytes)
         validate_int(segment_size, "segment_size", 1 << 16)
         validate_int(staging_bytes, "staging_bytes", 1 << 20, max_staging_bytes())
         if backend is not None and not isinstance(backend, SegmentBackend):
@@ -438,7 +440,9 @@ class Store:
     @staticmethod
     def _validate_options(page_size, chunk_size, chunking, cdc_sizes, max_chain,
                           full_threshold, compression, compression_level,
-                          delta_chunks=False) -> wr.WriteOptions:
+                          delta_chunks=False,
+                          keyframe_cache_bytes=wr.DEFAULT_KEYFRAME_CACHE_BYTES
+                          ) -> wr.WriteOptions:
         validate_int(page_size, "page_size", native.PAGE_MIN, native.PAGE_MAX)
         if page_size & (page_size - 1):
             raise InvalidArgumentError(f"page_size must be a power of two from {native.PAGE_MIN} "
@@ -475,7 +479,8 @@ class Store:
         validate_compression_level(compression_level)
         return wr.WriteOptions(page_size, chunk_size, chunking, sizes, max_chain,
                                float(full_threshold), compression, compression_level,
-                               validate_flag(delta_chunks, "delta_chunks"))
+                               validate_flag(delta_chunks, "delta_chunks"),
+                               validate_int(keyframe_cache_bytes, "keyframe_cache_bytes", 0))
 
     def close(self) -> None:
         """Waits for pending asynchronous checkpoints, closes trackers, closes the store.
@@ -1402,7 +1407,10 @@ class Store:
     def stats(self) -> dict:
         """Sizes, counts, deduplication ratio and chain lengths of the store, and the staging
         memory of asynchronous checkpoints: staging_bytes (its bound), staging_in_use_bytes
-        (held by checkpoints not yet durable), staging_peak_bytes (the most ever held)."""
+        (held by checkpoints not yet durable), staging_peak_bytes (the most ever held); and
+        delta_chunks' keyframe cache (open()'s keyframe_cache_bytes):
+        keyframe_cache_bytes (held), keyframe_cache_max_bytes (its bound; 0: none),
+        keyframe_cache_hits and keyframe_cache_misses (bases found there, and read back)."""
         with self._committer.read() as r:
             logical = 0
             chains = []
@@ -1439,6 +1447,7 @@ class Store:
             "max_chain_length": max(chains, default=0),
             "mean_chain_length": (sum(chains) / len(chains)) if chains else 0.0,
             **self._persister.staging_stats(),
+            **self._committer.keyframe_stats(),
         }
 
 
@@ -1449,6 +1458,7 @@ def open(path, *, durability: str | None = None, create: bool = True, readonly: 
          full_threshold: float = fmt.DEFAULT_FULL_THRESHOLD, compression: str = "zstd",
          compression_level: int = fmt.DEFAULT_COMPRESSION_LEVEL,
          delta_chunks: bool = False,
+         keyframe_cache_bytes: int = wr.DEFAULT_KEYFRAME_CACHE_BYTES,
          segment_size: int = fmt.DEFAULT_SEGMENT_SIZE,
          staging_bytes: int = DEFAULT_STAGING_BYTES,
          backend: SegmentBackend | None = None, cache_dir=None,
@@ -1501,6 +1511,11 @@ def open(path, *, durability: str | None = None, create: bool = True, readonly: 
             83%, but a checkpoint takes about twice as long (that chunk is read back and
             decoded to code against) and a restore about 1.5x (it decodes both). A local
             store's checkpoints; S3 stores never write delta chunks.
+        keyframe_cache_bytes: with delta_chunks, the memory (default 1 GiB; 0: none) that
+            keeps the chunks new chunks are coded against from one checkpoint to the next,
+            so a checkpoint does not read them back from disk: as large as the float state
+            to checkpoint, it makes a delta checkpoint about a quarter faster
+            (docs/floatcodec.md); smaller, it keeps that share of the keyframes.
         segment_size: bytes after which a log segment is sealed and a new one begun (at least
             64 KiB; default 256 MiB, 64 MiB for an S3 store): the unit compaction rewrites,
             and an S3 store's unit of upload.
@@ -1529,7 +1544,8 @@ def open(path, *, durability: str | None = None, create: bool = True, readonly: 
                  page_size=page_size, chunk_size=chunk_size, chunking=chunking,
                  cdc_sizes=cdc_sizes, max_chain=max_chain, full_threshold=full_threshold,
                  compression=compression, compression_level=compression_level,
-                 delta_chunks=delta_chunks, segment_size=segment_size,
+                 delta_chunks=delta_chunks, keyframe_cache_bytes=keyframe_cache_bytes,
+                 segment_size=segment_size,
                  staging_bytes=staging_bytes, backend=backend, cache_dir=cache_dir,
                  refresh=refresh, remote_timeout=remote_timeout)
 

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import fcntl
 import os
 import threading
@@ -86,6 +87,7 @@ from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.fsutil import FLOCK_TAKEN, NotRegularFile, flock_until, open_regular
 from snapstore.engine.holders import clear_holder, read_holder, write_holder
 from snapstore.engine.index import Index, IndexView, IndexWriter
+from snapstore.engine.keyframes import KeyframeCache
 from snapstore.engine.records import Commit
 from snapstore.engine.recovery import recover_logs
 from snapstore.engine.upgrade import upgrade as upgrade_store
@@ -243,6 +245,10 @@ class Committer:
         self._lock_fd: int | None = None          # STORE/lock, shared (writer only)
         self._log_fd: int | None = None           # STORE/writers/<log>, exclusive
         self._staging: bytearray | None = None
+        # delta_chunks' bases kept between this writer's checkpoints (None: read back)
+        self._keyframes = (KeyframeCache(options.keyframe_cache_bytes)
+                           if options.delta_chunks and options.keyframe_cache_bytes > 0
+                           and not readonly else None)
         self._maintenance_holder: int | None = None   # thread holding it exclusively
         # {log: position}: other logs' records this process made durable (sync_other_logs)
         self._others_synced: dict[int, tuple[int, int]] = {}
@@ -378,6 +384,8 @@ class Committer:
 
     # ---- opening and closing ------------------------------------------------------------
     def _release(self) -> None:
+        if self._keyframes is not None:
+            self._keyframes.clear()         # its memory goes with the store
         if self.log is not None:
             self.log.close()
             self.log = None
@@ -421,6 +429,12 @@ class Committer:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def keyframe_stats(self) -> dict:
+        """The keyframe cache's bytes held, bound, hits and misses (zeros without one)."""
+        if self._keyframes is None:
+            return KeyframeCache(0).stats()
+        return self._keyframes.stats()
 
     @property
     def forked(self) -> bool:
@@ -703,7 +717,12 @@ class Committer:
                 _check_expected_head(r, stream, head, expect_head)
                 read_bases = (None if segments is None
                               else ChunkReader(self.backend, segments, r).read_many)
-                sink = wr.ChunkSink(log, r, opts, pause, read_bases=read_bases)
+                keyframes = self._keyframes if read_bases is not None else None
+                if keyframes is not None:
+                    keyframes.begin_checkpoint()
+                    read_bases = functools.partial(keyframes.read, read_back=read_bases)
+                sink = wr.ChunkSink(log, r, opts, pause, read_bases=read_bases,
+                                    keyframes=keyframes)
                 entries, fingerprints = store_plans(r, stream, head, make_plans, sink,
                                                     self._staging, on_stored)
                 generation = r.gc_generation()

@@ -23,6 +23,8 @@ from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
 from snapstore.engine import planes
 from snapstore.engine.index import IndexView
+from snapstore.engine.keyframes import DEFAULT_MAX_BYTES as DEFAULT_KEYFRAME_CACHE_BYTES
+from snapstore.engine.keyframes import KeyframeCache
 from snapstore.engine.reader import buffer_layers
 from snapstore.engine.records import BufferEntry, Commit
 from snapstore.engine.wal import SegmentLog
@@ -44,6 +46,8 @@ class WriteOptions:
     compression: str = "zstd"
     compression_level: int = fmt.DEFAULT_COMPRESSION_LEVEL
     delta_chunks: bool = False   # code changed float chunks against the parent's (choose_bases)
+    # the memory that keeps delta_chunks' bases between checkpoints (engine/keyframes.py)
+    keyframe_cache_bytes: int = DEFAULT_KEYFRAME_CACHE_BYTES
 
 
 @dataclass
@@ -515,7 +519,8 @@ class ChunkSink:
     def __init__(self, log: SegmentLog, view: IndexView, opts: WriteOptions,
                  pause: Callable[[], None] | None = None,
                  unreusable: frozenset = frozenset(),
-                 read_bases: Callable[[list], list] | None = None) -> None:
+                 read_bases: Callable[[list], list] | None = None,
+                 keyframes: KeyframeCache | None = None) -> None:
         self.log, self.view, self.opts, self.pause = log, view, opts, pause
         self.new: dict[bytes, tuple] = {}
         # read_bases([chunk id, ...]): the raw bytes of each (None for one that cannot be
@@ -523,6 +528,9 @@ class ChunkSink:
         # new ones), chunks of the view to code new chunks against (put_batch's bases);
         # None: no chunk is delta-coded
         self.read_bases = read_bases
+        # where the new keyframes of put_batch(keyframes=True) are kept (read_bases reads
+        # through it), or None
+        self.keyframes = keyframes
         self.bases: dict[bytes, bytes] = {}       # new delta chunk id -> its base's id
         # chunks stored elsewhere that the view lacks, which may be reused: {id: (segment,
         # offset, stored length, raw length, codec)} (S3 stores: other writers' uploads)
@@ -559,8 +567,8 @@ class ChunkSink:
         self._note(cid, seg, off, stored_len, len(data), codec)
         return cid
 
-    def put_batch(self, datas: list, itemsize: int = 1, bases: list | None = None
-                  ) -> list[bytes]:
+    def put_batch(self, datas: list, itemsize: int = 1, bases: list | None = None,
+                  keyframes: bool = False) -> list[bytes]:
         """put() of each chunk in `datas` (views), in order; returns their ids. The new ones
         are compressed by two threads at once when they hold PARALLEL_ENCODE_BYTES or more
         (zstd lets go of the GIL); appending stays in order, in this thread. itemsize: the
@@ -568,12 +576,15 @@ class ChunkSink:
         is called once first, even when nothing is new, and before each staging area's
         appends. bases: per chunk, (id, stored length) of a chunk of the view (as long) to code
         it against where that pays (CODEC_DELTA_PLANES: _delta_limit), or None; used only with
-        read_bases and itemsize 2, 4 or 8."""
+        read_bases and itemsize 2, 4 or 8. keyframes: the chunks are a full float buffer's,
+        so each new one stored on its own is the next checkpoint's base at its place: kept in
+        self.keyframes (if any), in place of the base it was offered."""
         if self.pause is not None:
             self.pause()
         cids = content_ids(datas)
         if bases is None or self.read_bases is None or itemsize not in fmt.PLANES_ITEMSIZES:
             bases = [None] * len(datas)
+        keep = self.keyframes if keyframes and itemsize in fmt.PLANES_ITEMSIZES else None
         todo: dict[bytes, tuple] = {}
         for cid, data, base in zip(cids, datas, bases):
             if cid not in todo and not self._have(cid):
@@ -585,17 +596,22 @@ class ChunkSink:
             group.append((cid, data, base))      # memory
             size += len(data)
             if size >= STAGING_AREA_BYTES:
-                self._append_group(group, itemsize)
+                self._append_group(group, itemsize, keep)
                 group, size = [], 0
-        self._append_group(group, itemsize)
+        self._append_group(group, itemsize, keep)
         return cids
 
-    def _append_group(self, group: list, itemsize: int) -> None:
-        """_append of (chunk id, data, base id or None) items: those with a base coded
+    def _append_group(self, group: list, itemsize: int,
+                      keep: KeyframeCache | None = None) -> None:
+        """_append of (chunk id, data, base or None) items: those with a base coded
         against it (read back through read_bases, by delta_records' threads), the others,
-        and those whose base could not be read, as always."""
+        and those whose base could not be read, as always; those stored on their own are
+        offered to `keep` (new keyframes), from the bytes their records were coded from."""
         if not any(base is not None for _, _, base in group):
             self._append([(cid, data) for cid, data, _ in group], itemsize)
+            if keep is not None:
+                for cid, data, _ in group:
+                    keep.offer(cid, data)
             return
         deltas = [(cid, data, *base) for cid, data, base in group if base is not None]
         by_id = dict(zip((cid for cid, *_ in deltas),
@@ -606,6 +622,10 @@ class ChunkSink:
         made = [by_id.get(cid) or next(made_plain) for cid, _, _ in group]
         self._append_made([(cid, data) for cid, data, _ in group], made,
                           [None if base is None else base[0] for _, _, base in group])
+        if keep is not None:
+            for (cid, data, base), m in zip(group, made):
+                if m.codec != fmt.CODEC_DELTA_PLANES:
+                    keep.offer(cid, data, replaces=None if base is None else base[0])
 
     def _append(self, items: list, itemsize: int = 1) -> None:
         self._append_made(items, encode_chunks(items, self.opts, itemsize))
@@ -819,6 +839,8 @@ def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
     page = plan.page_size
     fps = plan.fingerprints
     itemsize = chunk_item_size(plan)
+    # a full float buffer's chunks stored on their own are the next checkpoint's bases
+    keyframes = plan.base == "full" and plan.layout == "pages"
     areas = staging_areas(staging)
     batches = [plan.chunks] if plan.staged is not None else \
         list(_batches(plan.chunks, len(areas[0])))
@@ -840,7 +862,7 @@ def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
             bases = plan.bases[first_chunk:first_chunk + len(batch)]
         first_chunk += len(batch)
         cids = sink.put_batch([filled[at:at + size] for at, size in zip(starts, sizes)],
-                              itemsize, bases)
+                              itemsize, bases, keyframes)
         pos = 0
         for pieces, size, cid in zip(batch, sizes, cids):
             coff = 0

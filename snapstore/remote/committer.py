@@ -45,6 +45,7 @@ from snapstore.engine.fsutil import FLOCK_TAKEN, flock_until, open_regular
 from snapstore.engine.index import Index, IndexView
 from snapstore.engine.records import Commit
 from snapstore.engine.wal import SegmentLog
+from snapstore.engine.keyframes import KeyframeCache
 from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionError,
                               FormatError, SnapstoreError, StoreIOError, StoreLocked)
 from snapstore.remote import checkpoints as ckpt_objects
@@ -293,6 +294,10 @@ class RemoteCommitter:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def keyframe_stats(self) -> dict:
+        """Zeros: an S3 store writes no delta chunks, so it keeps no keyframes."""
+        return KeyframeCache(0).stats()
 
     @property
     def forked(self) -> bool:
