@@ -174,7 +174,8 @@ def test_raises_sections_name_exceptions_of_snapstore_errors():
 
 OPTIONS = ("durability", "create", "readonly", "timeout", "page_size", "chunk_size",
            "chunking", "cdc_sizes", "max_chain", "full_threshold", "compression",
-           "compression_level", "delta_chunks", "segment_size", "staging_bytes", "backend", "cache_dir",
+           "compression_level", "delta_chunks", "keyframe_cache_bytes", "segment_size",
+           "staging_bytes", "backend", "cache_dir",
            "refresh", "remote_timeout")
 
 
