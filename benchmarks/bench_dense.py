@@ -6,7 +6,10 @@ path. Every figure is a ratio against a baseline measured in the same run on the
               against a raw write+fsync of the same bytes made in the same round (right
               before or after it); and the bytes the store grew by (medians of --rounds,
               each in a fresh store; the ratio is the median of the rounds' ratios); the
-              same with delta_chunks=True (each chunk coded against the previous version's)
+              same with delta_chunks=True (each chunk coded against the previous version's),
+              with its keyframe cache (the default) and without (keyframe_cache_bytes=0:
+              every base read back from disk), and the first checkpoint of each (the one
+              that stores the keyframes, and fills the cache) against the default's
   random      the same for incompressible bytes (what a probe must keep near 1.0x)
   ratio       the saving of a full checkpoint of fp32/bf16/fp16 weights (the segment bytes
               it adds: its chunk records and commit record), beside zipnn's and blosc2's
@@ -79,39 +82,49 @@ class Report:
 def dense(args, root: str, rep: Report) -> None:
     n = args.dense_mib * MiB
     old, new = versions("float32", n, 0.01)
-    took, raw, ratio, added = _paired_checkpoints(root, "dense", np.frombuffer(old, np.float32),
-                                                  np.frombuffer(new, np.float32), args.rounds)
+    took, raw, ratio, added, first = _paired_checkpoints(
+        root, "dense", np.frombuffer(old, np.float32), np.frombuffer(new, np.float32),
+        args.rounds)
     rep.add(f"dense fp32 {args.dense_mib} MiB, all changed: checkpoint", f"{took:.3f} s",
             f"{raw:.3f} s raw write+fsync", f"{ratio:.2f}x", "<= 1.2x", ratio <= 1.2)
     rep.add("  same: bytes added", f"{added / MiB:.1f} MiB", f"{n / MiB:.0f} MiB raw",
             f"{added / n:.0%}", "<= 70%", added / n <= 0.70)
-    took, raw, ratio, added = _paired_checkpoints(root, "delta", np.frombuffer(old, np.float32),
-                                                  np.frombuffer(new, np.float32), args.rounds,
-                                                  delta_chunks=True)
-    rep.add("  same, delta_chunks=True: checkpoint", f"{took:.3f} s",
-            f"{raw:.3f} s raw write+fsync", f"{ratio:.2f}x", "<= 1.2x", ratio <= 1.2)
-    rep.add("  same, delta_chunks=True: bytes added", f"{added / MiB:.1f} MiB",
-            f"{n / MiB:.0f} MiB raw", f"{added / n:.0%}", "<= 70%", added / n <= 0.70)
+    for label, options in (("delta_chunks=True", {}),
+                           ("delta_chunks=True, keyframe_cache_bytes=0",
+                            {"keyframe_cache_bytes": 0})):
+        took, raw, ratio, added, first_delta = _paired_checkpoints(
+            root, "delta", np.frombuffer(old, np.float32), np.frombuffer(new, np.float32),
+            args.rounds, delta_chunks=True, **options)
+        rep.add(f"  same, {label}: checkpoint", f"{took:.3f} s",
+                f"{raw:.3f} s raw write+fsync", f"{ratio:.2f}x", "<= 1.2x", ratio <= 1.2)
+        rep.add(f"  same, {label}: bytes added", f"{added / MiB:.1f} MiB",
+                f"{n / MiB:.0f} MiB raw", f"{added / n:.0%}", "<= 70%", added / n <= 0.70)
+        rep.add(f"  same, {label}: the first checkpoint (keyframes)", f"{first_delta:.3f} s",
+                f"{first:.3f} s default options", f"{first_delta / first:.2f}x", "reported",
+                None)
     rnd = np.random.default_rng(3)
     a = rnd.integers(0, 256, n, dtype=np.uint8)
     b = rnd.integers(0, 256, n, dtype=np.uint8)
-    took, raw, ratio, _ = _paired_checkpoints(root, "random", a, b, args.rounds)
+    took, raw, ratio, _, _ = _paired_checkpoints(root, "random", a, b, args.rounds)
     rep.add(f"random {args.dense_mib} MiB (incompressible): checkpoint", f"{took:.3f} s",
             f"{raw:.3f} s raw write+fsync", f"{ratio:.2f}x", "<= 1.1x", ratio <= 1.1)
 
 
 def _paired_checkpoints(root: str, name: str, first, second, rounds: int, **options
-                        ) -> tuple[float, float, float, int]:
+                        ) -> tuple[float, float, float, int, float]:
     """Checkpointing `second` over `first` against a raw write+fsync of second's bytes, in
     pairs: each round in a fresh store, its raw write right before or right after the
     checkpoint (alternating), so both meet the same state of the disk (this VM's swings by 2x
     within a minute). Returns the medians of (checkpoint seconds, raw seconds, per-round
-    ratio, bytes added). options: the stores' open() options."""
-    times, raws, ratios, added = [], [], [], []
+    ratio, bytes added, the first checkpoint's seconds: `first` into the empty store).
+    options: the stores' open() options."""
+    times, raws, ratios, added, firsts = [], [], [], [], []
     for k in range(rounds):
         path = os.path.join(root, f"{name}-{k}")
         with snapstore.open(path, **options) as s:
+            t = time.perf_counter()
             s.checkpoint({"w": first}, stream="w")
+            firsts.append(time.perf_counter() - t)
             before = store_bytes(s)
             raw = write_file(root, [second]) if k % 2 == 0 else None
             t = time.perf_counter()
@@ -122,7 +135,7 @@ def _paired_checkpoints(root: str, name: str, first, second, rounds: int, **opti
             added.append(store_bytes(s) - before)
         shutil.rmtree(path, ignore_errors=True)
     return (statistics.median(times), statistics.median(raws), statistics.median(ratios),
-            int(statistics.median(added)))
+            int(statistics.median(added)), statistics.median(firsts))
 
 
 def ratios(args, root: str, rep: Report) -> None:
