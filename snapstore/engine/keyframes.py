@@ -29,7 +29,17 @@ import collections
 import threading
 from typing import Callable
 
+from snapstore import _native as native
+from snapstore.engine.memory import uninit_bytearray
+from snapstore.halves import both, split_point
+
 DEFAULT_MAX_BYTES = 1 << 30     # the open() default of keyframe_cache_bytes
+COPY_PARALLEL_BYTES = 1 << 20   # offer_many copies this much or more on two threads
+
+
+def _copy(jobs: list) -> None:
+    for _, dst, data in jobs:
+        native.gather(data, [(0, len(data))], dst)
 
 
 class KeyframeCache:
@@ -76,43 +86,54 @@ class KeyframeCache:
         if missing:
             for i, data in zip(missing, read_back([chunk_ids[i] for i in missing])):
                 out[i] = data
-                if data is not None:
-                    self._keep(chunk_ids[i], data)
+            self.offer_many([(chunk_ids[i], out[i], None) for i in missing
+                             if out[i] is not None])
         return out
 
     def offer(self, cid: bytes, data, replaces: bytes | None = None) -> None:
-        """Keeps a copy of data (the raw bytes of chunk cid, a new keyframe) where there is
-        room. `replaces`: the keyframe cid takes the place of, dropped first; its memory
-        takes the copy when it is as long (no new pages to fault in). Called between the
-        reads of a checkpoint's batches, never during one (a reader may still hold what
-        read() gave it until its batch is coded)."""
-        reuse = None
-        if replaces is not None and replaces != cid:
-            with self._lock:
-                old = self._entries.pop(replaces, None)
-                if old is not None:
-                    self._bytes -= len(old[0])
-                    if len(old[0]) == len(data) and cid not in self._entries:
-                        reuse = old[0]
-                        reuse[:] = data     # under the lock: no read sees it half copied
-                        self._entries[cid] = [reuse, self._round]
-                        self._bytes += len(reuse)
-        if reuse is None:
-            self._keep(cid, data)
+        """offer_many() of one chunk."""
+        self.offer_many([(cid, data, replaces)])
 
-    def _keep(self, cid: bytes, data) -> None:
-        size = len(data)
-        if size > self.max_bytes:
+    def offer_many(self, items: list) -> None:
+        """Keeps a copy of each (chunk id, data, replaces) item's data (the raw bytes of that
+        chunk, a new keyframe) where there is room. `replaces`: the keyframe the chunk takes
+        the place of, dropped first; its memory takes the copy when it is as long (no new
+        pages to fault in). The copies are made by the C core without the GIL, two threads
+        at once from COPY_PARALLEL_BYTES on; an entry is readable once its copy is whole.
+        Called between the reads of a checkpoint's batches, never during one (a reader may
+        still hold what read() gave it until its batch is coded)."""
+        jobs: list = []             # (chunk id, destination, data)
+        taking: set = set()
+        with self._lock:
+            for cid, data, replaces in items:
+                size = len(data)
+                dst = None
+                if replaces is not None and replaces != cid:
+                    old = self._entries.pop(replaces, None)
+                    if old is not None:
+                        self._bytes -= len(old[0])
+                        if len(old[0]) == size:
+                            dst = old[0]
+                if cid in self._entries or cid in taking:
+                    continue
+                if dst is None:
+                    if size > self.max_bytes or not self._room(size):
+                        continue
+                    dst = uninit_bytearray(size)
+                self._bytes += size             # counted now: the copy is made below
+                taking.add(cid)
+                jobs.append((cid, dst, data))
+        if not jobs:
             return
+        sizes = [len(data) for _, _, data in jobs]
+        if len(jobs) > 1 and sum(sizes) >= COPY_PARALLEL_BYTES:
+            at = split_point(sizes)
+            both(lambda: _copy(jobs[:at]), lambda: _copy(jobs[at:]))
+        else:
+            _copy(jobs)
         with self._lock:
-            if cid in self._entries or not self._room(size):
-                return
-        copy = bytearray(data)      # outside the lock: a memcpy of up to a chunk
-        with self._lock:
-            if cid in self._entries or not self._room(size):
-                return
-            self._entries[cid] = [copy, self._round]
-            self._bytes += size
+            for cid, dst, _ in jobs:
+                self._entries[cid] = [dst, self._round]
 
     def _room(self, size: int) -> bool:
         """Whether size more bytes fit, after dropping entries used in neither this

@@ -610,8 +610,7 @@ class ChunkSink:
         if not any(base is not None for _, _, base in group):
             self._append([(cid, data) for cid, data, _ in group], itemsize)
             if keep is not None:
-                for cid, data, _ in group:
-                    keep.offer(cid, data)
+                keep.offer_many([(cid, data, None) for cid, data, _ in group])
             return
         deltas = [(cid, data, *base) for cid, data, base in group if base is not None]
         by_id = dict(zip((cid for cid, *_ in deltas),
@@ -623,9 +622,9 @@ class ChunkSink:
         self._append_made([(cid, data) for cid, data, _ in group], made,
                           [None if base is None else base[0] for _, _, base in group])
         if keep is not None:
-            for (cid, data, base), m in zip(group, made):
-                if m.codec != fmt.CODEC_DELTA_PLANES:
-                    keep.offer(cid, data, replaces=None if base is None else base[0])
+            keep.offer_many([(cid, data, None if base is None else base[0])
+                             for (cid, data, base), m in zip(group, made)
+                             if m.codec != fmt.CODEC_DELTA_PLANES])
 
     def _append(self, items: list, itemsize: int = 1) -> None:
         self._append_made(items, encode_chunks(items, self.opts, itemsize))
