@@ -1408,9 +1408,9 @@ class Store:
         """Sizes, counts, deduplication ratio and chain lengths of the store, and the staging
         memory of asynchronous checkpoints: staging_bytes (its bound), staging_in_use_bytes
         (held by checkpoints not yet durable), staging_peak_bytes (the most ever held); and
-        delta_chunks' keyframe cache (open()'s keyframe_cache_bytes):
-        keyframe_cache_bytes (held), keyframe_cache_max_bytes (its bound; 0: none),
-        keyframe_cache_hits and keyframe_cache_misses (bases found there, and read back)."""
+        delta_chunks' keyframe cache: keyframe_cache_bytes (its bound, open()'s option; 0:
+        none), keyframe_cache_in_use_bytes (held), keyframe_cache_hits and
+        keyframe_cache_misses (bases found there, and read back)."""
         with self._committer.read() as r:
             logical = 0
             chains = []

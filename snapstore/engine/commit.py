@@ -87,7 +87,7 @@ from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.fsutil import FLOCK_TAKEN, NotRegularFile, flock_until, open_regular
 from snapstore.engine.holders import clear_holder, read_holder, write_holder
 from snapstore.engine.index import Index, IndexView, IndexWriter
-from snapstore.engine.keyframes import KeyframeCache
+from snapstore.engine.keyframes import KeyframeCache, no_cache_stats
 from snapstore.engine.records import Commit
 from snapstore.engine.recovery import recover_logs
 from snapstore.engine.upgrade import upgrade as upgrade_store
@@ -431,9 +431,9 @@ class Committer:
         return self._closed
 
     def keyframe_stats(self) -> dict:
-        """The keyframe cache's bytes held, bound, hits and misses (zeros without one)."""
+        """The keyframe cache's bound, bytes held, hits and misses (zeros without one)."""
         if self._keyframes is None:
-            return KeyframeCache(0).stats()
+            return no_cache_stats()
         return self._keyframes.stats()
 
     @property
@@ -448,6 +448,9 @@ class Committer:
         open) but lets the child, or anyone, take them once the parent closes. Nothing else
         of the parent's is touched."""
         self._lock = threading.RLock()
+        # the keyframes are the parent's: the child's copy would hold its pages (as the
+        # parent overwrites them) for nothing; not cleared, its lock may be held
+        self._keyframes = None
         # the maintenance locks other threads of the parent held at the fork too: the
         # child's copies would keep a compaction's or a verify's lock held while it lives
         fds = [self._lock_fd, self._log_fd, *self._maintenance_fds]
@@ -693,6 +696,8 @@ class Committer:
         with self._lock, io_errors("checkpoint failed"):
             self.check_open(write=True)
             self.log.check_writable()
+            if self._keyframes is not None:
+                self._keyframes.begin_checkpoint(stream)    # once, whatever the attempts
             for _ in range(_ATTEMPTS):
                 try:
                     return self._commit_once(stream, make_plans, meta, expect_head,
@@ -719,7 +724,6 @@ class Committer:
                               else ChunkReader(self.backend, segments, r).read_many)
                 keyframes = self._keyframes if read_bases is not None else None
                 if keyframes is not None:
-                    keyframes.begin_checkpoint()
                     read_bases = functools.partial(keyframes.read, read_back=read_bases)
                 sink = wr.ChunkSink(log, r, opts, pause, read_bases=read_bases,
                                     keyframes=keyframes)

@@ -67,6 +67,8 @@ class BufferPlan:
     itemsize: int = 1          # the buffer's float item size (validation.float_item_size)
     bases: list | None = None  # per chunk: (id, stored length) of the chunk to code it
                                # against (choose_bases), or None
+    renews: list | None = None  # per chunk: the keyframe it is to replace, stored on its
+                                # own (choose_bases: KEYFRAME_FRACTION), or None
 
     @property
     def nbytes(self) -> int:
@@ -210,8 +212,9 @@ def choose_bases(view: IndexView, parent: Commit | None, plan: BufferPlan,
     delta changed there is a few pages, so that chunk still codes the new bytes well). That is the chunk itself when it is
     stored whole (a keyframe), else the keyframe it was coded against, so every delta chunk
     is one level deep: a restore decodes two records, a writer reads one back. A position
-    whose last delta stopped paying (KEYFRAME_FRACTION) gets a new keyframe. Nothing to do
-    without delta_chunks or compression, for another layout or for chunks not of floats."""
+    whose last delta stopped paying (KEYFRAME_FRACTION) gets a new keyframe: plan.renews
+    names the keyframe it replaces. Nothing to do without delta_chunks or compression, for
+    another layout or for chunks not of floats."""
     if not (opts.delta_chunks and opts.compression == "zstd" and parent is not None
             and plan.layout == "pages" and chunk_item_size(plan) in fmt.PLANES_ITEMSIZES):
         return
@@ -221,9 +224,10 @@ def choose_bases(view: IndexView, parent: Commit | None, plan: BufferPlan,
     first = buffer_layers(view, parent, plan.name)[0]
     at = {off: (cid, n) for off, coff, n, cid in first if coff == 0}
     bases: list = []
+    renews: list = []
     found: dict = {}
     for pieces in plan.chunks:
-        base = None
+        base = renewed = None
         if len(pieces) == 1:
             off, length = pieces[0]
             cid, n = at.get(off, (None, 0))
@@ -239,9 +243,14 @@ def choose_bases(view: IndexView, parent: Commit | None, plan: BufferPlan,
                             entry.stored_len <= KEYFRAME_FRACTION * min(
                                 length, keyframe.stored_len):
                         base = (entry.base, keyframe.stored_len)
+                    else:
+                        renewed = entry.base
         bases.append(base)
+        renews.append(renewed)
     if any(b is not None for b in bases):
         plan.bases = bases
+    if any(r is not None for r in renews):
+        plan.renews = renews
 
 
 def usable_fingerprints(view: IndexView, stream: str, buffer: str, head: int | None,
@@ -568,7 +577,7 @@ class ChunkSink:
         return cid
 
     def put_batch(self, datas: list, itemsize: int = 1, bases: list | None = None,
-                  keyframes: bool = False) -> list[bytes]:
+                  keyframes: list | None = None) -> list[bytes]:
         """put() of each chunk in `datas` (views), in order; returns their ids. The new ones
         are compressed by two threads at once when they hold PARALLEL_ENCODE_BYTES or more
         (zstd lets go of the GIL); appending stays in order, in this thread. itemsize: the
@@ -576,25 +585,29 @@ class ChunkSink:
         is called once first, even when nothing is new, and before each staging area's
         appends. bases: per chunk, (id, stored length) of a chunk of the view (as long) to code
         it against where that pays (CODEC_DELTA_PLANES: _delta_limit), or None; used only with
-        read_bases and itemsize 2, 4 or 8. keyframes: the chunks are a full float buffer's,
-        so each new one stored on its own is the next checkpoint's base at its place: kept in
-        self.keyframes (if any), in place of the base it was offered."""
+        read_bases and itemsize 2, 4 or 8. keyframes (the chunks are a full float buffer's):
+        per chunk, the keyframe it renews (plan.renews) or None; each new one stored on its
+        own is the next checkpoint's base at its place, kept in self.keyframes (if any) in
+        place of the base it was offered or the keyframe it renews."""
         if self.pause is not None:
             self.pause()
         cids = content_ids(datas)
         if bases is None or self.read_bases is None or itemsize not in fmt.PLANES_ITEMSIZES:
             bases = [None] * len(datas)
-        keep = self.keyframes if keyframes and itemsize in fmt.PLANES_ITEMSIZES else None
+        keep = self.keyframes if keyframes is not None and \
+            itemsize in fmt.PLANES_ITEMSIZES else None
+        renews = keyframes if keep is not None else [None] * len(datas)
         todo: dict[bytes, tuple] = {}
-        for cid, data, base in zip(cids, datas, bases):
+        for cid, data, base, renewed in zip(cids, datas, bases, renews):
             if cid not in todo and not self._have(cid):
                 todo[cid] = (data, None if base is None or base[0] == cid
-                             else _delta_limit(*base, len(data)))
+                             else _delta_limit(*base, len(data)),
+                             renewed if base is None else base[0])
         group: list = []
         size = 0
-        for cid, (data, base) in todo.items():  # encoded a staging area at a time: bounded
-            group.append((cid, data, base))      # memory
-            size += len(data)
+        for cid, item in todo.items():       # encoded a staging area at a time: bounded
+            group.append((cid, *item))        # memory
+            size += len(item[0])
             if size >= STAGING_AREA_BYTES:
                 self._append_group(group, itemsize, keep)
                 group, size = [], 0
@@ -603,27 +616,27 @@ class ChunkSink:
 
     def _append_group(self, group: list, itemsize: int,
                       keep: KeyframeCache | None = None) -> None:
-        """_append of (chunk id, data, base or None) items: those with a base coded
-        against it (read back through read_bases, by delta_records' threads), the others,
-        and those whose base could not be read, as always; those stored on their own are
-        offered to `keep` (new keyframes), from the bytes their records were coded from."""
-        if not any(base is not None for _, _, base in group):
-            self._append([(cid, data) for cid, data, _ in group], itemsize)
+        """_append of (chunk id, data, base or None, keyframe it replaces or None) items:
+        those with a base coded against it (read back through read_bases, by delta_records'
+        threads), the others, and those whose base could not be read, as always; those stored
+        on their own are offered to `keep` (new keyframes, in place of the ones they
+        replace), from the bytes their records were coded from."""
+        if not any(base is not None for _, _, base, _ in group):
+            self._append([(cid, data) for cid, data, _, _ in group], itemsize)
             if keep is not None:
-                keep.offer_many([(cid, data, None) for cid, data, _ in group])
+                keep.offer_many([(cid, data, old) for cid, data, _, old in group])
             return
-        deltas = [(cid, data, *base) for cid, data, base in group if base is not None]
+        deltas = [(cid, data, *base) for cid, data, base, _ in group if base is not None]
         by_id = dict(zip((cid for cid, *_ in deltas),
                          delta_records(deltas, itemsize, self.read_bases)))
-        plain = [(cid, data) for cid, data, base in group
+        plain = [(cid, data) for cid, data, base, _ in group
                  if base is None or by_id[cid] is None]
         made_plain = iter(encode_chunks(plain, self.opts, itemsize))
-        made = [by_id.get(cid) or next(made_plain) for cid, _, _ in group]
-        self._append_made([(cid, data) for cid, data, _ in group], made,
-                          [None if base is None else base[0] for _, _, base in group])
+        made = [by_id.get(cid) or next(made_plain) for cid, _, _, _ in group]
+        self._append_made([(cid, data) for cid, data, _, _ in group], made,
+                          [None if base is None else base[0] for _, _, base, _ in group])
         if keep is not None:
-            keep.offer_many([(cid, data, None if base is None else base[0])
-                             for (cid, data, base), m in zip(group, made)
+            keep.offer_many([(cid, data, old) for (cid, data, _, old), m in zip(group, made)
                              if m.codec != fmt.CODEC_DELTA_PLANES])
 
     def _append(self, items: list, itemsize: int = 1) -> None:
@@ -839,7 +852,7 @@ def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
     fps = plan.fingerprints
     itemsize = chunk_item_size(plan)
     # a full float buffer's chunks stored on their own are the next checkpoint's bases
-    keyframes = plan.base == "full" and plan.layout == "pages"
+    keyframes = plan.base == "full" and plan.layout == "pages" and sink.keyframes is not None
     areas = staging_areas(staging)
     batches = [plan.chunks] if plan.staged is not None else \
         list(_batches(plan.chunks, len(areas[0])))
@@ -856,12 +869,15 @@ def store_buffer(plan: BufferPlan, sink: ChunkSink, staging: bytearray,
         staged_digests = native.page_fingerprints(filled, page) if whole else None
         sizes = [sum(n for _, n in pieces) for pieces in batch]
         starts = itertools.accumulate(sizes, initial=0)
-        bases = None
+        bases = renews = None
         if plan.bases is not None:
             bases = plan.bases[first_chunk:first_chunk + len(batch)]
+        if keyframes:
+            renews = (plan.renews[first_chunk:first_chunk + len(batch)]
+                      if plan.renews is not None else [None] * len(batch))
         first_chunk += len(batch)
         cids = sink.put_batch([filled[at:at + size] for at, size in zip(starts, sizes)],
-                              itemsize, bases, keyframes)
+                              itemsize, bases, renews)
         pos = 0
         for pieces, size, cid in zip(batch, sizes, cids):
             coff = 0

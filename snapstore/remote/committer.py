@@ -45,7 +45,7 @@ from snapstore.engine.fsutil import FLOCK_TAKEN, flock_until, open_regular
 from snapstore.engine.index import Index, IndexView
 from snapstore.engine.records import Commit
 from snapstore.engine.wal import SegmentLog
-from snapstore.engine.keyframes import KeyframeCache
+from snapstore.engine.keyframes import no_cache_stats
 from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionError,
                               FormatError, SnapstoreError, StoreIOError, StoreLocked)
 from snapstore.remote import checkpoints as ckpt_objects
@@ -297,7 +297,7 @@ class RemoteCommitter:
 
     def keyframe_stats(self) -> dict:
         """Zeros: an S3 store writes no delta chunks, so it keeps no keyframes."""
-        return KeyframeCache(0).stats()
+        return no_cache_stats()
 
     @property
     def forked(self) -> bool:

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 import snapstore
 from snapstore.engine import format as fmt
 from snapstore.engine import reader as engine_reader
+from snapstore.engine import keyframes
 from snapstore.engine.keyframes import DEFAULT_MAX_BYTES, KeyframeCache
 from snapstore.errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -246,12 +247,12 @@ def test_a_dense_checkpoint_reads_no_base_back_and_stores_what_reading_back_stor
         assert base_reads == []                     # every base came from memory
         stats = cached.stats()
         assert stats["keyframe_cache_hits"] > 0 and stats["keyframe_cache_misses"] == 0
-        assert stats["keyframe_cache_bytes"] == versions[0].nbytes
-        assert stats["keyframe_cache_max_bytes"] == DEFAULT_MAX_BYTES
+        assert stats["keyframe_cache_in_use_bytes"] == versions[0].nbytes
+        assert stats["keyframe_cache_bytes"] == DEFAULT_MAX_BYTES
         for v in versions:
             plain.checkpoint({"w": v})
         assert base_reads                           # this one reads its bases back
-        assert plain.stats()["keyframe_cache_bytes"] == 0
+        assert plain.stats()["keyframe_cache_in_use_bytes"] == 0
         assert chunk_records(cached) == chunk_records(plain)
         assert any(base is not None for _, _, _, base in chunk_records(cached))
         for i, v in zip(ids, versions):
@@ -285,7 +286,7 @@ def test_a_state_larger_than_the_cache_keeps_part_of_it_and_stays_exact(tmp_path
     with open_store(tmp_path / "s", keyframe_cache_bytes=4 * 65536) as s:
         ids = [s.checkpoint({"w": v}).id for v in versions]
         stats = s.stats()
-        assert stats["keyframe_cache_bytes"] == 4 * 65536       # a quarter of the state
+        assert stats["keyframe_cache_in_use_bytes"] == 4 * 65536       # a quarter of the state
         assert stats["keyframe_cache_hits"] >= 3 * 4             # the same four every time
         assert stats["keyframe_cache_misses"] > 0 and base_reads
         for i, v in zip(ids, versions):
@@ -307,7 +308,7 @@ def test_renewed_keyframes_replace_the_cached_ones(tmp_path, base_reads):
             bases = {e.base for _, e in r.chunks() if e.base is not None}
         layout_b = {cid for _, _, cid, _ in s.layout(b.id, "w")}
         assert bases and bases <= layout_b          # coded against b's keyframes
-        assert s.stats()["keyframe_cache_bytes"] == w.nbytes      # a's were dropped
+        assert s.stats()["keyframe_cache_in_use_bytes"] == w.nbytes      # a's were dropped
         assert base_reads == []
         for i, v in ((a.id, w), (b.id, w2), (c.id, w3)):
             assert s.restore(i)["w"] == v.tobytes()
@@ -373,7 +374,7 @@ def test_a_reopened_store_starts_empty_and_reads_its_bases_back_once(tmp_path, b
     w2 = drift(w, rng)
     w3 = drift(w2, rng)
     with open_store(path) as s:
-        assert s.stats()["keyframe_cache_bytes"] == 0
+        assert s.stats()["keyframe_cache_in_use_bytes"] == 0
         b = s.checkpoint({"w": w2})
         n = len(base_reads)
         assert n > 0                                # read back, then kept
@@ -389,10 +390,10 @@ def test_without_delta_chunks_and_in_readonly_stores_there_is_no_cache(tmp_path)
     with snapstore.open(tmp_path / "s", durability="none") as s:
         s.checkpoint({"w": w})
         s.checkpoint({"w": drift(w, rng)})
-        assert s.stats()["keyframe_cache_max_bytes"] == 0
         assert s.stats()["keyframe_cache_bytes"] == 0
+        assert s.stats()["keyframe_cache_in_use_bytes"] == 0
     with snapstore.open(tmp_path / "s", readonly=True, delta_chunks=True) as r:
-        assert r.stats()["keyframe_cache_max_bytes"] == 0
+        assert r.stats()["keyframe_cache_bytes"] == 0
 
 
 @pytest.mark.parametrize("value, error", [
@@ -413,3 +414,187 @@ def test_close_twice_and_a_closed_store(tmp_path):
     s.close()
     with pytest.raises(snapstore.errors.StoreClosedError):
         s.stats()
+
+
+# ---- found in review: accounting under races, allocation failures, streams, fork ----------
+
+def _held(cache) -> int:
+    """The bytes the entries hold, counted from the cache's own read of each."""
+    return sum(len(cache.read([cid], lambda ids: pytest.fail("held"))[0])
+               for cid in list(cache._entries))
+
+
+def _race_one_id(cache, cid, data, monkeypatch):
+    """Two threads miss the same id at once, their copies made at the same moment."""
+    both_copying = threading.Barrier(2)
+    real = keyframes._copy
+
+    def slow_copy(jobs):
+        try:
+            both_copying.wait(2)
+        except threading.BrokenBarrierError:
+            pass
+        real(jobs)
+    monkeypatch.setattr(keyframes, "_copy", slow_copy)
+    threads = [threading.Thread(target=cache.read, args=([cid], lambda ids: [data] * len(ids)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    monkeypatch.setattr(keyframes, "_copy", real)
+
+
+def test_two_threads_missing_one_id_count_its_bytes_once(monkeypatch):
+    """Regression: both counted the chunk and the second insert replaced the first, so the
+    cache counted bytes no entry held, which filled its bound for ever."""
+    cid, data = b"\x01" * 32, b"z" * 4096
+    cache = KeyframeCache(2 * 4096)
+    _race_one_id(cache, cid, data, monkeypatch)
+    assert len(cache) == 1 and cache.nbytes == _held(cache) == 4096
+    for _ in range(3):
+        cache.begin_checkpoint()                    # what is held may go now
+    cache.offer(b"\x09" * 32, data)
+    cache.offer(b"\x0a" * 32, data)
+    assert len(cache) == 2 and cache.nbytes == 2 * 4096
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, MemoryError])
+def test_a_copy_that_fails_gives_its_bytes_back(monkeypatch, exc):
+    cache = KeyframeCache(1 << 20)
+
+    def fail(jobs):
+        raise exc
+    monkeypatch.setattr(keyframes, "_copy", fail)
+    with pytest.raises(exc):
+        cache.offer(b"\x05" * 32, b"q" * 4096)
+    assert len(cache) == 0 and cache.nbytes == 0
+    monkeypatch.undo()
+    cache.offer(b"\x05" * 32, b"q" * 4096)          # and it can be kept later
+    assert cache.nbytes == 4096
+
+
+def test_memory_the_cache_cannot_get_does_not_fail_a_checkpoint(tmp_path, monkeypatch):
+    def no_memory(n):
+        raise MemoryError
+    monkeypatch.setattr(keyframes, "uninit_bytearray", no_memory)
+    rng = np.random.default_rng(11)
+    w = weights(rng)
+    w2 = drift(w, rng)
+    with open_store(tmp_path / "s") as s:
+        a = s.checkpoint({"w": w})
+        b = s.checkpoint({"w": w2})
+        assert s.stats()["keyframe_cache_in_use_bytes"] == 0
+        assert b.bytes_new < 0.8 * w2.nbytes         # deltas still, from bases read back
+        assert s.restore(a.id)["w"] == w.tobytes()
+        assert s.restore(b.id)["w"] == w2.tobytes()
+
+
+def test_streams_taking_turns_keep_their_share_whatever_commits_between(tmp_path):
+    """Regression: entries aged by every checkpoint of the store, so two float streams
+    larger than the cache, with a small checkpoint between them, evicted each other's
+    keyframes and the cache never hit. Entries age by their own stream's checkpoints."""
+    def hits(path, progress: bool) -> int:
+        rng = np.random.default_rng(3)
+        ws = {k: weights(rng, 8 * 16384) for k in "ab"}       # 512 KiB a stream
+        total = 0
+        with open_store(path, keyframe_cache_bytes=8 * 65536) as s:   # one stream's worth
+            for i in range(5):
+                for k in "ab":
+                    before = s.stats()["keyframe_cache_hits"]
+                    s.checkpoint({"w": ws[k]}, stream=k)
+                    if i >= 2:
+                        total += s.stats()["keyframe_cache_hits"] - before
+                    if progress:
+                        s.checkpoint({"step": np.array([i], np.int64)}, stream="progress")
+                    ws[k] = drift(ws[k], rng)
+        return total
+    alone = hits(tmp_path / "a", progress=False)
+    mixed = hits(tmp_path / "b", progress=True)
+    assert alone >= 3 * 8                           # one stream's keyframes, every round
+    assert mixed == alone
+
+
+def test_a_renewed_keyframe_takes_the_memory_of_the_one_it_renews(tmp_path, base_reads):
+    """Values that drifted past KEYFRAME_FRACTION of their keyframe get a new keyframe,
+    with no base offered: it replaces the old one in the cache all the same."""
+    rng = np.random.default_rng(12)
+    w = weights(rng)
+    with open_store(tmp_path / "s") as s:
+        ids, versions = [], []
+        for _ in range(8):                          # a large drift each time: renewals
+            ids.append(s.checkpoint({"w": w}).id)
+            versions.append(w)
+            w = drift(w, rng, rel=0.3)
+        with s._committer.read() as r:
+            plain = sum(1 for _, e in r.chunks() if e.base is None)
+        assert plain > 2 * 16                       # keyframes were renewed
+        assert s.stats()["keyframe_cache_in_use_bytes"] == versions[0].nbytes
+        assert base_reads == []
+        for i, v in zip(ids, versions):
+            assert s.restore(i)["w"] == v.tobytes()
+
+
+def test_zero_chunks_shared_by_many_places(tmp_path):
+    """Every chunk of a zero-initialised buffer is one chunk (one id): the base of every
+    place at once; some places then renew it, the others still code against it."""
+    rng = np.random.default_rng(13)
+    w = np.zeros(N, np.float32)
+    with open_store(tmp_path / "s") as s:
+        ids, versions = [s.checkpoint({"w": w}).id], [w]
+        for step in range(4):
+            w = w.copy()
+            w[: N // 2] += rng.normal(0, 0.02, N // 2).astype(np.float32) * (step + 1)
+            ids.append(s.checkpoint({"w": w}).id)
+            versions.append(w)
+        for i, v in zip(ids, versions):
+            assert s.restore(i)["w"] == v.tobytes()
+
+
+def test_a_checkpoint_that_fails_after_coding_then_a_retry(tmp_path):
+    """A commit refused at its claim (CommitConflict: another head expected) after its
+    chunks were coded and its keyframes offered: nothing of it is visible, and the next
+    checkpoints restore exact."""
+    rng = np.random.default_rng(14)
+    w = weights(rng)
+    with open_store(tmp_path / "s") as s:
+        a = s.checkpoint({"w": w})
+        w2 = weights(rng)                           # unrelated: new keyframes, offered
+        with pytest.raises(snapstore.errors.CommitConflict):
+            s.checkpoint({"w": w2}, expect_head=None)
+        assert [c.id for c in s.checkpoints()] == [a.id]
+        b = s.checkpoint({"w": drift(w, rng)})
+        w3 = drift(w2, rng)
+        c = s.checkpoint({"w": w2})
+        d = s.checkpoint({"w": w3})
+        assert s.restore(a.id)["w"] == w.tobytes()
+        assert s.restore(c.id)["w"] == w2.tobytes()
+        assert s.restore(d.id)["w"] == w3.tobytes()
+        assert s.verify(deep=True)["ok"]
+        assert b.id in {x.id for x in s.checkpoints()}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_lets_go_of_the_parents_cache(tmp_path):
+    rng = np.random.default_rng(15)
+    s = open_store(tmp_path / "s")
+    try:
+        s.checkpoint({"w": weights(rng)})
+        assert s.stats()["keyframe_cache_in_use_bytes"] > 0
+        pid = os.fork()
+        if pid == 0:                                # the child
+            code = 1
+            try:
+                code = 0 if s._committer._keyframes is None else 2
+                try:
+                    s.stats()
+                    code = 3
+                except snapstore.errors.ForkedStoreError:
+                    pass
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert s.stats()["keyframe_cache_in_use_bytes"] > 0     # the parent's stays
+    finally:
+        s.close()
