@@ -138,12 +138,16 @@ def _paired_checkpoints(root: str, name: str, states: list, rounds: int, variant
                         ) -> list[Paired]:
     """Per variant (open() options), checkpoints of states[0], states[1] (measured against
     a raw write+fsync of its bytes) and states[2] if given, into a fresh store each round.
-    The variants take turns within a round, so all meet the same state of this VM's disk
-    (it swings by 2x within a minute), and each second checkpoint's raw write is made right
-    before or right after it (alternating). Ratios are medians of the rounds' ratios."""
+    The variants take turns within a round (who goes first rotating), so all meet the same
+    state of this VM's disk (it swings by 2x within a minute), and each second checkpoint's
+    raw write is made right before or right after it (alternating). Ratios are medians of
+    the rounds' ratios."""
     rows: list = [[] for _ in variants]
     for k in range(rounds):
-        for v, options in enumerate(variants):
+        # who goes first rotates: the writeback one store's checkpoints leave behind slows
+        # the next one's
+        for v in [(k + i) % len(variants) for i in range(len(variants))]:
+            options = variants[v]
             path = os.path.join(root, f"{name}-{k}-{v}")
             with snapstore.open(path, **options) as s:
                 t = time.perf_counter()

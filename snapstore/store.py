@@ -1512,8 +1512,8 @@ def open(path, *, durability: str | None = None, create: bool = True, readonly: 
             keyframe_cache_bytes) and a restore about 1.5x (it decodes both). A local
             store's checkpoints; S3 stores never write delta chunks.
         keyframe_cache_bytes: with delta_chunks, the memory of this Store (default 1 GiB;
-            0: none; freed by close()) that keeps the chunks new chunks are coded against
-            from one checkpoint to the next,
+            0: none; freed by close(); read-only and S3 stores keep none) that keeps the
+            chunks new chunks are coded against from one checkpoint to the next,
             so a checkpoint does not read them back from disk: as large as the float state,
             it takes a fifth to a third off a delta checkpoint, and the first checkpoint
             pays for filling it (docs/floatcodec.md); smaller, it keeps that share of them.
