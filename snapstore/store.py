@@ -1508,14 +1508,14 @@ def open(path, *, durability: str | None = None, create: bool = True, readonly: 
             floats (a NumPy or torch float dtype) changed, each of its chunks is coded as the
             difference from the parent checkpoint's chunk at the same place, where that is
             smaller: Adam-like updates of float32 add about 60% of their bytes instead of
-            84%; a checkpoint takes 0.7-1.3x as long (the first one 1.5x: see
+            84%; a checkpoint takes 1.2-1.4x as long (the first one 1.4-1.6x: see
             keyframe_cache_bytes) and a restore about 1.5x (it decodes both). A local
             store's checkpoints; S3 stores never write delta chunks.
         keyframe_cache_bytes: with delta_chunks, the memory of this Store (default 1 GiB;
             0: none; freed by close(); read-only and S3 stores keep none) that keeps the
             chunks new chunks are coded against from one checkpoint to the next,
             so a checkpoint does not read them back from disk: as large as the float state,
-            it takes a fifth to a third off a delta checkpoint, and the first checkpoint
+            it takes a sixth to a quarter off a delta checkpoint, and the first checkpoint
             pays for filling it (docs/floatcodec.md); smaller, it keeps that share of them.
         segment_size: bytes after which a log segment is sealed and a new one begun (at least
             64 KiB; default 256 MiB, 64 MiB for an S3 store): the unit compaction rewrites,
