@@ -290,10 +290,14 @@ class SegmentLog:
     recovery repairs the tail).
     """
 
-    def __init__(self, backend: SegmentBackend, segment_size: int, log: int = 0) -> None:
+    def __init__(self, backend: SegmentBackend, segment_size: int, log: int = 0,
+                 version: int = fmt.SEGMENT_VERSION) -> None:
         self.backend = backend
         self.segment_size = segment_size
         self.log = log
+        # the header version of the segments it creates (S3 stores: an older one, which the
+        # records they write fit, so that older snapstores share their buckets)
+        self.version = version
         self._current: SegmentFile | None = None
         self._pending: list = []
         self._pending_bytes = 0
@@ -353,7 +357,7 @@ class SegmentLog:
             last = numbers[-1]
             try:
                 with self.backend.open_reader() as reader:
-                    same = segment_version(reader, last) == fmt.SEGMENT_VERSION
+                    same = segment_version(reader, last) == self.version
             except CorruptionError:
                 same = False
             self._current = (self.backend.open_append(last) if same
@@ -379,7 +383,7 @@ class SegmentLog:
         when durable). On failure nothing of it is left. Raises OSError."""
         f = self.backend.create(number)
         try:
-            f.append([encode_segment_header(number)])
+            f.append([encode_segment_header(number, self.version)])
             if self.durable:
                 f.sync()
                 self.backend.sync_directory()

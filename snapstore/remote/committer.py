@@ -124,7 +124,8 @@ class RemoteCommitter:
                 with io_errors(f"cannot open the cache of {url}"):
                     spool.settle_sessions(self.client, self.cache_path, identity.get("uuid"))
                     self.log_number, self.session = self._take_log(identity.get("uuid"))
-                self.log = SegmentLog(self.backend, segment_size, self.log_number)
+                self.log = SegmentLog(self.backend, segment_size, self.log_number,
+                                      version=layout.SEGMENT_VERSION)
                 self.log.open_tail()
                 if durability == "local":
                     self._uploader = BackgroundUploads(self)

@@ -14,6 +14,12 @@ from snapstore.errors import InvalidArgumentError
 SCHEME = "s3://"
 REMOTE_FORMAT = "snapstore-s3"
 REMOTE_FORMAT_VERSION = 1
+# The header version of the segments an S3 store writes: 4, not the local stores' 5. An S3
+# store never writes delta chunks (codec 3, the one thing version 5 adds), so its records fit
+# version 4, which snapstores of format 4 read: they share a bucket during a rolling upgrade.
+SEGMENT_VERSION = 4
+assert SEGMENT_VERSION in fmt.SEGMENT_CODECS and \
+    fmt.CODEC_DELTA_PLANES not in fmt.SEGMENT_CODECS[SEGMENT_VERSION]
 
 FORMAT_KEY = "snapstore.json"
 LOGS_DIR = "logs/"

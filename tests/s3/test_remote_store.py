@@ -313,3 +313,39 @@ def test_a_cache_dir_that_is_a_file_is_a_store_io_error(url, tmp_path):
             snapstore.open(url, cache_dir=str(cache_dir))
     with snapstore.open(url, cache_dir=str(tmp_path / "fine")) as s:     # nothing held
         assert s.checkpoint({"a": b"x"}).id
+
+
+def test_segments_in_the_bucket_are_of_version_4_which_format_4_snapstores_read(
+        url, s3, tmp_path, monkeypatch):
+    """An S3 store writes no delta chunks, so its segments keep header version 4: a
+    snapstore of format 4 (which refuses segment headers newer than 4 with FormatError)
+    shares the bucket during a rolling upgrade. A local store's segments are version 5."""
+    from snapstore.engine import format as fmt
+    floats = np.random.default_rng(1).normal(0, 0.02, 1 << 18).astype(np.float32)
+    a = state(1 * MiB)
+    with open_store(url, tmp_path / "c1") as s:
+        first = s.checkpoint({"a": a, "w": floats}, stream="s")      # planes: codec 2
+        s.checkpoint({"a": a, "w": floats * 2}, stream="s")
+        s.flush()
+    client = s3.client()
+    keys = [o["Key"] for o in client.list_objects_v2(
+        Bucket=s3.bucket, Prefix=s3.key(layout.SEGMENTS_DIR)).get("Contents", [])]
+    assert keys
+    for key in keys:
+        head = client.get_object(Bucket=s3.bucket, Key=key, Range="bytes=0-31")["Body"].read()
+        assert fmt.SEGMENT_HEADER.unpack(head)[1] == 4, key
+    # what a format-4 snapstore knows of segments, from an empty cache (another machine)
+    monkeypatch.setattr(fmt, "SEGMENT_VERSION", 4)
+    monkeypatch.setattr(fmt, "SEGMENT_CODECS", {v: c for v, c in fmt.SEGMENT_CODECS.items()
+                                                if v <= 4})
+    monkeypatch.setattr(fmt, "SEGMENT_RECORD_TYPES",
+                        {v: t for v, t in fmt.SEGMENT_RECORD_TYPES.items() if v <= 4})
+    with open_store(url, tmp_path / "old-machine") as s:
+        assert s.restore(first.id) == {"a": a.tobytes(), "w": floats.tobytes()}
+        assert s.verify(deep=True)["ok"]
+    monkeypatch.undo()
+    local = tmp_path / "local"
+    with snapstore.open(local) as s:
+        s.checkpoint({"a": a})
+    seg = sorted((local / fmt.SEGMENTS_DIR).iterdir())[0].read_bytes()[:32]
+    assert fmt.SEGMENT_HEADER.unpack(seg)[1] == fmt.SEGMENT_VERSION == 5
