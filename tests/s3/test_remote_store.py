@@ -335,17 +335,45 @@ def test_segments_in_the_bucket_are_of_version_4_which_format_4_snapstores_read(
         head = client.get_object(Bucket=s3.bucket, Key=key, Range="bytes=0-31")["Body"].read()
         assert fmt.SEGMENT_HEADER.unpack(head)[1] == 4, key
     # what a format-4 snapstore knows of segments, from an empty cache (another machine)
-    monkeypatch.setattr(fmt, "SEGMENT_VERSION", 4)
-    monkeypatch.setattr(fmt, "SEGMENT_CODECS", {v: c for v, c in fmt.SEGMENT_CODECS.items()
-                                                if v <= 4})
-    monkeypatch.setattr(fmt, "SEGMENT_RECORD_TYPES",
-                        {v: t for v, t in fmt.SEGMENT_RECORD_TYPES.items() if v <= 4})
-    with open_store(url, tmp_path / "old-machine") as s:
-        assert s.restore(first.id) == {"a": a.tobytes(), "w": floats.tobytes()}
-        assert s.verify(deep=True)["ok"]
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setattr(fmt, "SEGMENT_VERSION", 4)
+        m.setattr(fmt, "SEGMENT_CODECS", {v: c for v, c in fmt.SEGMENT_CODECS.items()
+                                          if v <= 4})
+        m.setattr(fmt, "SEGMENT_RECORD_TYPES",
+                  {v: t for v, t in fmt.SEGMENT_RECORD_TYPES.items() if v <= 4})
+        with open_store(url, tmp_path / "old-machine") as s:
+            assert s.restore(first.id) == {"a": a.tobytes(), "w": floats.tobytes()}
+            assert s.verify(deep=True)["ok"]
     local = tmp_path / "local"
     with snapstore.open(local) as s:
         s.checkpoint({"a": a})
     seg = sorted((local / fmt.SEGMENTS_DIR).iterdir())[0].read_bytes()[:32]
     assert fmt.SEGMENT_HEADER.unpack(seg)[1] == fmt.SEGMENT_VERSION == 5
+
+
+def test_a_bucket_with_version_5_segments_goes_on_in_version_4(url, s3, tmp_path,
+                                                               monkeypatch):
+    """The first release of format 5 wrote S3 segments of version 5: they are read as ever,
+    and the writer that continues such a log starts a segment of version 4."""
+    from snapstore.engine import format as fmt
+    a = state(1 * MiB, seed=3)
+    with monkeypatch.context() as m:
+        m.setattr(layout, "SEGMENT_VERSION", 5)
+        with open_store(url, tmp_path / "c") as s:
+            first = s.checkpoint({"a": a}, stream="s")
+    a2 = a.copy()
+    a2[::4096] ^= 1
+    with open_store(url, tmp_path / "c") as s:              # the same cache: the same log
+        second = s.checkpoint({"a": a2}, stream="s")
+        s.flush()
+    client = s3.client()
+    versions = {}
+    for o in client.list_objects_v2(Bucket=s3.bucket,
+                                    Prefix=s3.key(layout.SEGMENTS_DIR)).get("Contents", []):
+        head = client.get_object(Bucket=s3.bucket, Key=o["Key"],
+                                 Range="bytes=0-31")["Body"].read()
+        versions[o["Key"]] = fmt.SEGMENT_HEADER.unpack(head)[1]
+    assert sorted(versions.values()) == [4, 5], versions
+    with open_store(url, tmp_path / "other") as s:
+        assert s.restore(first.id)["a"] == a.tobytes()
+        assert s.restore(second.id)["a"] == a2.tobytes()
