@@ -23,8 +23,8 @@ from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
 from snapstore.engine import planes
 from snapstore.engine.index import IndexView
-from snapstore.engine.keyframes import DEFAULT_MAX_BYTES as DEFAULT_KEYFRAME_CACHE_BYTES
-from snapstore.engine.keyframes import KeyframeCache
+from snapstore.engine.keyframes import DEFAULT_MAX_BYTES as DEFAULT_KEYFRAME_CACHE_BYTES, \
+    KeyframeCache
 from snapstore.engine.reader import buffer_layers
 from snapstore.engine.records import BufferEntry, Commit
 from snapstore.engine.wal import SegmentLog
@@ -537,7 +537,7 @@ class ChunkSink:
         # new ones), chunks of the view to code new chunks against (put_batch's bases);
         # None: no chunk is delta-coded
         self.read_bases = read_bases
-        # where the new keyframes of put_batch(keyframes=True) are kept (read_bases reads
+        # where the new keyframes of put_batch(keyframes=...) are kept (read_bases reads
         # through it), or None
         self.keyframes = keyframes
         self.bases: dict[bytes, bytes] = {}       # new delta chunk id -> its base's id

@@ -43,9 +43,9 @@ from snapstore.engine.commit import (ANY_HEAD, ChunkSource, PlanMaker, check_usa
                                      tagged_meanwhile)
 from snapstore.engine.fsutil import FLOCK_TAKEN, flock_until, open_regular
 from snapstore.engine.index import Index, IndexView
+from snapstore.engine.keyframes import no_cache_stats
 from snapstore.engine.records import Commit
 from snapstore.engine.wal import SegmentLog
-from snapstore.engine.keyframes import no_cache_stats
 from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionError,
                               FormatError, SnapstoreError, StoreIOError, StoreLocked)
 from snapstore.remote import checkpoints as ckpt_objects
