@@ -37,7 +37,7 @@ from snapstore.halves import both, split_point
 
 DEFAULT_MAX_BYTES = 1 << 30     # the open() default of keyframe_cache_bytes
 COPY_PARALLEL_BYTES = 1 << 20   # offer_many copies this much or more on two threads
-STALE_ROUNDS = 64               # an entry unused for this many checkpoints of the store may go
+STALE_ROUNDS = 1024             # an entry unused for this many checkpoints of the store may go
 _MAX_STREAMS = 4096             # streams remembered beyond those with entries
 
 
