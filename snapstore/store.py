@@ -1408,9 +1408,10 @@ class Store:
         """Sizes, counts, deduplication ratio and chain lengths of the store, and the staging
         memory of asynchronous checkpoints: staging_bytes (its bound), staging_in_use_bytes
         (held by checkpoints not yet durable), staging_peak_bytes (the most ever held); and
-        delta_chunks' keyframe cache: keyframe_cache_bytes (its bound, open()'s option; 0:
-        none), keyframe_cache_in_use_bytes (held), keyframe_cache_hits and
-        keyframe_cache_misses (bases found there, and read back)."""
+        delta_chunks' keyframe cache: keyframe_cache_bytes (its bound: open()'s option in a
+        writer with delta_chunks, else 0: none), keyframe_cache_in_use_bytes (held),
+        keyframe_cache_hits and keyframe_cache_misses (bases asked for and found there,
+        the probe's samples included; and read back)."""
         with self._committer.read() as r:
             logical = 0
             chains = []
