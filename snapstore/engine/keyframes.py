@@ -41,10 +41,15 @@ STALE_ROUNDS = 1024             # an entry unused for this many checkpoints of t
 _MAX_STREAMS = 4096             # streams remembered beyond those with entries
 
 
+def _stats(bound: int, held: int, hits: int, misses: int) -> dict:
+    """The keys Store.stats() reports a keyframe cache under (one place names them)."""
+    return {"keyframe_cache_bytes": bound, "keyframe_cache_in_use_bytes": held,
+            "keyframe_cache_hits": hits, "keyframe_cache_misses": misses}
+
+
 def no_cache_stats() -> dict:
     """stats() of a store without a keyframe cache."""
-    return {"keyframe_cache_bytes": 0, "keyframe_cache_in_use_bytes": 0,
-            "keyframe_cache_hits": 0, "keyframe_cache_misses": 0}
+    return _stats(0, 0, 0, 0)
 
 
 class _Entry:
@@ -201,6 +206,4 @@ class KeyframeCache:
             self._bytes = sum(self._copying.values())
 
     def stats(self) -> dict:
-        return {"keyframe_cache_bytes": self.max_bytes,
-                "keyframe_cache_in_use_bytes": self._bytes,
-                "keyframe_cache_hits": self.hits, "keyframe_cache_misses": self.misses}
+        return _stats(self.max_bytes, self._bytes, self.hits, self.misses)
