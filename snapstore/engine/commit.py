@@ -81,6 +81,7 @@ from snapstore.engine import format as fmt
 from snapstore.engine import indexswap
 from snapstore.engine import logowners
 from snapstore.engine import storedir
+from snapstore.engine import unsynced
 from snapstore.engine import writer as wr
 from snapstore.engine.reader import ChunkReader
 from snapstore.engine.crashpoints import crashpoint
@@ -90,6 +91,7 @@ from snapstore.engine.index import Index, IndexView, IndexWriter
 from snapstore.engine.keyframes import KeyframeCache, no_cache_stats
 from snapstore.engine.records import Commit
 from snapstore.engine.recovery import recover_logs
+from snapstore.engine.repair import rebuild_untrusted
 from snapstore.engine.upgrade import upgrade as upgrade_store
 from snapstore.engine.backends import LocalSegments, SegmentBackend
 from snapstore.engine.wal import SegmentLog, logs_of
@@ -230,7 +232,7 @@ class Committer:
 
     def __init__(self, path: str, options: wr.WriteOptions, *, durability: str,
                  readonly: bool, create: bool, timeout: float, segment_size: int,
-                 backend: SegmentBackend | None = None) -> None:
+                 backend: SegmentBackend | None = None, sync_index: bool = True) -> None:
         self.path = path
         self.options = options
         self.durability = durability
@@ -254,6 +256,8 @@ class Committer:
         self._others_synced: dict[int, tuple[int, int]] = {}
         self._closed = False
         self._pid = os.getpid()
+        # this writer's mark while its index runs without syncs (unsynced.py)
+        self._mark: unsynced.Mark | None = None
         durable = durability == "fsync"
         try:
             deadline = time.monotonic() + timeout
@@ -261,8 +265,18 @@ class Committer:
                                              timeout=timeout)
             self._lock_fd = opened.lock_fd
             self.file_mode = opened.file_mode
+            if not opened.creating:
+                self._rebuild_untrusted_index(deadline)
+            index_durable = durable and sync_index
+            if not readonly and not index_durable:
+                if unsynced.boot_id() is not None:
+                    with io_errors(f"cannot mark the store {path} as written without syncs"):
+                        self._mark = unsynced.Mark(path, opened.file_mode,
+                                                   storedir.dir_mode(opened.file_mode))
+                elif durable:
+                    index_durable = True    # nothing could tell a reboot: sync as before
             self.index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=readonly,
-                               durable=durable, file_mode=opened.file_mode)
+                               durable=index_durable, file_mode=opened.file_mode)
             self.backend = backend or LocalSegments(os.path.join(path, fmt.SEGMENTS_DIR),
                                                     durable=durable,
                                                     file_mode=opened.file_mode)
@@ -289,9 +303,73 @@ class Committer:
                 self.log = SegmentLog(self.backend, segment_size, self.log_number)
                 self.log.published = self._published
                 self.log.open_tail()
+                self._sync_for_dead_writers()
         except BaseException:
             self._release()
             raise
+
+    # ---- an index written without syncs (unsynced.py) -----------------------------------
+    def _rebuild_untrusted_index(self, deadline: float) -> None:
+        """When a writer's index ran without syncs as the machine went down, the index may
+        be damaged: rebuilt from the log, holding the store to itself, before LMDB maps it.
+        A reader does it too where it may write the directory (else CorruptionError)."""
+        with io_errors(f"cannot read the marks of {self.path}"):
+            if not unsynced.untrusted(self.path):
+                return
+        fd = self._lock_fd
+        if fd is None:
+            try:
+                fd = storedir.open_lock_file(self.path)
+            except OSError as exc:
+                raise CorruptionError(
+                    f"the index of {self.path} must be rebuilt from the log (a writer had it "
+                    "open without syncing its index when the machine went down), and this "
+                    f"reader cannot ({exc.strerror or exc}): open the store as a writer, or "
+                    "run `snapstore repair`") from None
+        try:
+            if storedir.lock_lock(fd, self.path, deadline, shared=False,
+                                  unless=lambda: not unsynced.untrusted(self.path)):
+                try:
+                    stale = unsynced.untrusted(self.path)
+                    if stale:
+                        rebuild_untrusted(self.path)
+                        with io_errors(f"cannot remove the marks of {self.path}"):
+                            unsynced.remove_untrusted(self.path, stale)
+                finally:
+                    if fd == self._lock_fd:
+                        storedir.share_lock(fd, self.path)
+        finally:
+            if fd != self._lock_fd:
+                os.close(fd)
+
+    def _sync_for_dead_writers(self) -> None:
+        """The marks of this boot's writers that died (kill -9): what they wrote is in the
+        page cache, so one sync of the index makes it durable and their marks can go."""
+        with io_errors("cannot sync what dead writers left in the index"):
+            found = unsynced.orphaned(self.path)
+            if found:
+                try:
+                    self.index.sync()
+                except BaseException:
+                    for _, fd in found:
+                        os.close(fd)
+                    raise
+                unsynced.remove_orphaned(self.path, found)
+
+    def _remove_mark(self) -> None:
+        """At close: the index synced, this writer's mark removed. A failure keeps the mark
+        (the next writer syncs and removes it; after a reboot, the index is rebuilt)."""
+        mark, self._mark = self._mark, None
+        if mark is None:
+            return
+        try:
+            if self.index is not None:
+                self.index.sync()
+                mark.remove()
+        except (SnapstoreError, OSError):
+            pass
+        finally:
+            mark.forget_in_child()
 
     def _published(self) -> tuple[int, int] | None:
         """This writer's log position the index has applied (SegmentLog.published)."""
@@ -389,6 +467,7 @@ class Committer:
         if self.log is not None:
             self.log.close()
             self.log = None
+        self._remove_mark()
         if self.index is not None:
             self.index.close()
             self.index = None
@@ -451,6 +530,9 @@ class Committer:
         # the keyframes are the parent's: the child's copy would hold its pages (as the
         # parent overwrites them) for nothing; not cleared, its lock may be held
         self._keyframes = None
+        if self._mark is not None:      # the parent's: it removes it
+            self._mark.forget_in_child()
+            self._mark = None
         # the maintenance locks other threads of the parent held at the fork too: the
         # child's copies would keep a compaction's or a verify's lock held while it lives
         fds = [self._lock_fd, self._log_fd, *self._maintenance_fds]

@@ -45,6 +45,8 @@ WRITERS_DIR = "writers"         # one lock file per log, named by its number: fl
                                 # by the writer appending to that log (its holder's record inside)
 LOG_CHOICE_LOCK_FILE = ".choosing"  # in WRITERS_DIR: flocked exclusively by an opening writer
                                 # while it recovers the free logs and adopts one (logowners.py)
+UNSYNCED_DIR = "unsynced"       # marks of writers whose index runs without syncs, one file
+                                # each named <boot id>.<token>, flocked by it (unsynced.py)
 MAINTENANCE_LOCK_FILE = "maintenance"   # flock()ed exclusively by compaction, shared by verify
 INDEX_GATE_FILE = "index.gate"  # beside INDEX_DIR: flock()ed exclusively while a process waits
                                 # for the index's write lock (index.py, _WriterGate); empty

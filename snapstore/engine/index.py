@@ -312,6 +312,9 @@ _WATCHED: dict[int, str] = {}
 # The directory each open environment was opened from, by id(env) (env.path() cannot give a
 # path that is not valid UTF-8: LMDB is handed os.fsencode()d bytes, see open_env).
 _OPENED_FROM: dict[int, str] = {}
+# The environments opened without syncs (its first opener's durability, which holds while it
+# is shared), by id(env): a durable Index sharing one syncs after each write itself.
+_UNSYNCED: set[int] = set()
 
 
 def _file_ident(path: str) -> tuple[int, int] | None:
@@ -344,6 +347,7 @@ def _close_env(env: lmdb.Environment) -> None:
     _IDENTS.pop(id(env), None)
     _WATCHED.pop(id(env), None)
     _OPENED_FROM.pop(id(env), None)
+    _UNSYNCED.discard(id(env))
     env.close()
 
 
@@ -452,7 +456,8 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
     """The process's environment of one store. Opened writable whenever the directory allows
     (read-only Stores never begin write transactions), so readers and a writer of the same
     store can share it in either order; read-only only on read-only file systems. The first
-    opener's durability holds while it is shared. New LMDB files get permission bits
+    opener's durability holds while it is shared (a durable Index syncs an environment opened
+    without syncs after each of its writes: Index.write). New LMDB files get permission bits
     file_mode. Its files must be regular files (CorruptionError otherwise: LMDB would block
     on a FIFO, or write its lock table into whatever a symlink names)."""
     def open_env(real_path: str) -> lmdb.Environment:
@@ -508,6 +513,8 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
                 _IDENTS[id(env)] = after
                 _WATCHED[id(env)] = os.path.join(real_path, fmt.INDEX_DATA_FILE)
                 _OPENED_FROM[id(env)] = location
+                if not durable:
+                    _UNSYNCED.add(id(env))
                 return env
             env.close()                 # swapped while opening: which one is unknown
         raise StoreIOError(f"the index at {path} was replaced {_OPEN_ATTEMPTS} times while "
@@ -948,6 +955,8 @@ class Index:
                         txn.abort()
                         raise
                     txn.commit()
+                    if self.durable and id(opened.env) in _UNSYNCED:
+                        opened.env.sync(True)   # another Index opened it without syncs
                     return
             finally:
                 self._leave(opened)

@@ -50,6 +50,7 @@ from typing import Callable
 
 from snapstore.engine import format as fmt
 from snapstore.engine import storedir
+from snapstore.engine import unsynced
 from snapstore.engine.backends.base import SegmentBackend, SegmentReader, segment_name
 from snapstore.engine.backends.local import LocalSegments
 from snapstore.engine.chunks import delta_base, stored_chunk
@@ -123,8 +124,12 @@ def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0)
         backend = LocalSegments(segments_dir, durable=True)
         report = ProblemReport()
         try:
-            unopened = _upgrade_first(path, backend, report)
-            result = _rebuild(path, backend, progress, report)
+            # marks of an earlier boot: the old index may be damaged; never open it
+            stale = unsynced.untrusted(path)
+            unopened = None if stale else _upgrade_first(path, backend, report)
+            result = _rebuild(path, backend, progress, report, trust_old=not stale)
+            if stale:
+                unsynced.remove_untrusted(path, stale)
             if unopened is not None and result.get("state_section") is None:
                 # no state section in the log (an interrupted upgrade may have written one:
                 # the log is complete then), so what old compactions removed is lost
@@ -192,9 +197,43 @@ def _upgrade_first(path: str, backend: SegmentBackend, report: ProblemReport) ->
         index.close()
 
 
+def rebuild_untrusted(path: str) -> dict:
+    """Rebuilds the index of the store at `path` from its segments without ever opening the
+    old one, which may be damaged: a writer whose index ran without syncs had the store open
+    when the machine went down (unsynced.py). The caller holds the store lock exclusively.
+    The rebuilt index always replaces the old one. Returns repair()'s report (its "problems"
+    say what the log itself lost). Raises CorruptionError (no segments directory),
+    StoreIOError, SnapstoreError (this process has the store open)."""
+    started = time.perf_counter()
+    index_path = os.path.join(path, fmt.INDEX_DIR)
+    if open_in_process(index_path):
+        raise SnapstoreError(f"this process has the store {path} open: close it before its "
+                             "index is rebuilt")
+    segments_dir = os.path.join(path, fmt.SEGMENTS_DIR)
+    if not os.path.isdir(segments_dir) or os.path.islink(segments_dir):
+        raise CorruptionError(f"the store {path} has no segments directory: the log is lost "
+                              "and there is nothing to rebuild the index from")
+    backend = LocalSegments(segments_dir, durable=True)
+    report = ProblemReport()
+    try:
+        result = _rebuild(path, backend, None, report, trust_old=False)
+    except OSError as exc:
+        if isinstance(exc, SnapstoreError):
+            raise
+        raise StoreIOError(f"rebuilding the index failed: {exc.strerror or exc}",
+                           exc.errno) from exc
+    finally:
+        backend.close()
+    result.update({"ok": not report.problems, "problems": report.problems,
+                   "seconds": time.perf_counter() - started})
+    return result
+
+
 def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
-             report: ProblemReport) -> dict:
-    old_logs = _old_logs(path)
+             report: ProblemReport, trust_old: bool = True) -> dict:
+    """trust_old=False: the old index is never opened (it may be damaged so that mapping it
+    crashes): nothing is compared with it, and the rebuilt index replaces it."""
+    old_logs = _old_logs(path) if trust_old else {}
     new_dir = staging_dir(path)
     remove_entry(new_dir)                   # what an interrupted repair left
     # the store's modes, as compaction's shrink makes its copy: a store shared with a group
@@ -236,7 +275,7 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
     finally:
         index.close()
     fsync_directory(new_dir)
-    replaced = not (report.problems and _sound_index(path, backend)
+    replaced = not (trust_old and report.problems and _sound_index(path, backend)
                     and not _past_the_log(old_logs, backend))
     if replaced:
         crashpoint("repair_before_swap")

@@ -13,6 +13,7 @@ atomically, the store lock, and the permissions of what a store creates.
     STORE/writers/   one lock file per log (logowners.py)
     STORE/maintenance  flock()ed exclusively by compaction, shared by verify
     STORE/index.gate   flock()ed by a process waiting for the index's write lock (index.py)
+    STORE/unsynced/  marks of writers whose index runs without syncs (unsynced.py)
     STORE/index/     LMDB        STORE/segments/   the logs
     STORE/.index.new, STORE/.index.old   only while the index is being replaced (indexswap.py):
                      a writer's open finishes or cleans up a swap a crash interrupted
@@ -187,7 +188,7 @@ def refuse_foreign_directory(path: str) -> None:
     if fmt.FORMAT_FILE in names:
         return
     ours = {fmt.LOCK_FILE, fmt.INDEX_DIR, fmt.SEGMENTS_DIR, fmt.WRITERS_DIR,
-            fmt.MAINTENANCE_LOCK_FILE, fmt.INDEX_GATE_FILE}
+            fmt.MAINTENANCE_LOCK_FILE, fmt.INDEX_GATE_FILE, fmt.UNSYNCED_DIR}
     if any(n not in ours and not n.startswith(f".{fmt.FORMAT_FILE}.") for n in names):
         raise FormatError(f"{path} is a non-empty directory that is not a snapstore store")
 

@@ -172,7 +172,7 @@ def test_raises_sections_name_exceptions_of_snapstore_errors():
     assert checked >= 20
 
 
-OPTIONS = ("durability", "create", "readonly", "timeout", "page_size", "chunk_size",
+OPTIONS = ("durability", "sync_index", "create", "readonly", "timeout", "page_size", "chunk_size",
            "chunking", "cdc_sizes", "max_chain", "full_threshold", "compression",
            "compression_level", "delta_chunks", "keyframe_cache_bytes", "segment_size",
            "staging_bytes", "backend", "cache_dir",
