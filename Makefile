@@ -30,6 +30,8 @@ PIP_VENV := $(PYTHON) -m pip --disable-pip-version-check --python $(DIST_VENV)/b
 deps:  ## system headers + Python packages (idempotent)
 	@test -f /usr/include/xxhash.h -a -f /usr/include/zstd.h || { apt-get update -qq && \
 	  apt-get install -y -qq libxxhash-dev libzstd-dev; }
+	@# strace: tests count the syncs a commit makes (tests/unit/test_unsynced_marks.py)
+	@command -v strace >/dev/null || { apt-get update -qq && apt-get install -y -qq strace; }
 	@# setup.py build_ext below runs with the environment's setuptools, not pip's isolated
 	@# one: install the build requirements of pyproject.toml first (a fresh machine has 65,
 	@# which rejects the SPDX `license` string).

@@ -9,7 +9,8 @@ channel changes at every step, so each put carries all three in new_versions, as
 loop would. Puts are driven directly (no graph around them) and timed one by one.
 
 Savers: SnapstoreSaver with durability "fsync" (every put durable before it returns) and
-"none" (the OS decides when), and SqliteSaver with its defaults (WAL journal, Python's default
+"none" (the OS decides when), both opened by from_path (so with sync_index=False: one sync per
+durable put; --turns also runs sync_index=True, every index transaction synced), and SqliteSaver with its defaults (WAL journal, Python's default
 synchronous=FULL: the WAL is fsynced at every commit). Disk size is what the files occupy
 (allocated blocks) after the saver is closed, so SQLite's WAL has been checkpointed.
 
@@ -199,13 +200,16 @@ def drive_turns(saver, turns: int) -> dict:
 def run_turns(root: str, turns: int) -> list:
     from langgraph.checkpoint.sqlite import SqliteSaver
     out = []
-    path = os.path.join(root, "turns-snapstore")
-    with SnapstoreSaver.from_path(path, durability="fsync") as saver:
-        r = drive_turns(saver, turns)
-    r.update(name="SnapstoreSaver (fsync)", disk=disk_bytes(path)[0],
-             index=disk_bytes(os.path.join(path, "index"))[0],
-             data=disk_bytes(os.path.join(path, "segments"))[0])
-    out.append(r)
+    # from_path's default (sync_index=False: one sync per put), then every index transaction
+    # synced too (three per put)
+    for sync_index in (False, True):
+        path = os.path.join(root, f"turns-snapstore-{sync_index}")
+        with SnapstoreSaver.from_path(path, durability="fsync", sync_index=sync_index) as saver:
+            r = drive_turns(saver, turns)
+        r.update(name=f"SnapstoreSaver (fsync, sync_index={sync_index})",
+                 disk=disk_bytes(path)[0], index=disk_bytes(os.path.join(path, "index"))[0],
+                 data=disk_bytes(os.path.join(path, "segments"))[0])
+        out.append(r)
     path = os.path.join(root, "turns.db")
     with SqliteSaver.from_conn_string(path) as saver:
         saver.setup()

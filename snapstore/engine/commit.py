@@ -344,11 +344,21 @@ class Committer:
 
     def _sync_for_dead_writers(self) -> None:
         """The marks of this boot's writers that died (kill -9): what they wrote is in the
-        page cache, so one sync of the index makes it durable and their marks can go."""
+        page cache, so a sync of every log up to where the index applied it (a writer with
+        durability "none" never synced its own, and this writer may have adopted it) and then
+        of the index makes it durable, and their marks can go."""
         with io_errors("cannot sync what dead writers left in the index"):
             found = unsynced.orphaned(self.path)
             if found:
                 try:
+                    with self.index.read() as r:
+                        applied = r.logs()
+                    numbers = logs_of(self.backend.list())
+                    for log, (last, _) in applied.items():
+                        for number in numbers.get(log, ()):
+                            if number <= last:
+                                self.backend.sync_segment(number)
+                    self.backend.sync_directory()
                     self.index.sync()
                 except BaseException:
                     for _, fd in found:
@@ -356,20 +366,23 @@ class Committer:
                     raise
                 unsynced.remove_orphaned(self.path, found)
 
-    def _remove_mark(self) -> None:
-        """At close: the index synced, this writer's mark removed. A failure keeps the mark
-        (the next writer syncs and removes it; after a reboot, the index is rebuilt)."""
+    def _remove_mark(self, keep: bool = False) -> None:
+        """At close: the index synced, this writer's mark removed. A failure, or keep=True,
+        keeps the mark (the next writer syncs and removes it; after a reboot, the index is
+        rebuilt)."""
         mark, self._mark = self._mark, None
         if mark is None:
             return
         try:
+            if keep:
+                return
             if self.index is not None:
                 self.index.sync()
-                mark.remove()
+            mark.remove()           # (no index: this writer never wrote to it)
         except (SnapstoreError, OSError):
             pass
         finally:
-            mark.forget_in_child()
+            mark.let_go()
 
     def _published(self) -> tuple[int, int] | None:
         """This writer's log position the index has applied (SegmentLog.published)."""
@@ -464,10 +477,17 @@ class Committer:
     def _release(self) -> None:
         if self._keyframes is not None:
             self._keyframes.clear()         # its memory goes with the store
+        log_synced = True
         if self.log is not None:
+            if self._mark is not None and self.durability != "fsync":
+                # the index is synced next: never leave it durable ahead of the log
+                try:
+                    self.log.sync()
+                except SnapstoreError:
+                    log_synced = False      # the mark stays: rebuilt after a reboot
             self.log.close()
             self.log = None
-        self._remove_mark()
+        self._remove_mark(keep=not log_synced)
         if self.index is not None:
             self.index.close()
             self.index = None
@@ -531,7 +551,7 @@ class Committer:
         # parent overwrites them) for nothing; not cleared, its lock may be held
         self._keyframes = None
         if self._mark is not None:      # the parent's: it removes it
-            self._mark.forget_in_child()
+            self._mark.let_go()
             self._mark = None
         # the maintenance locks other threads of the parent held at the fork too: the
         # child's copies would keep a compaction's or a verify's lock held while it lives

@@ -109,9 +109,10 @@ class Mark:
         finally:
             os.close(fd)
 
-    def forget_in_child(self) -> None:
-        """In a fork()ed child: closes the child's copy of the descriptor; the parent keeps
-        the mark (and its lock)."""
+    def let_go(self) -> None:
+        """Closes this process's descriptor and leaves the mark: in a fork()ed child (the
+        parent keeps the mark and its lock), and after remove() or a failed close (the mark
+        is then orphaned: the next writer syncs and removes it). Idempotent."""
         fd, self.fd = self.fd, None
         if fd is not None:
             try:

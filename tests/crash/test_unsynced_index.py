@@ -227,3 +227,48 @@ def test_a_rebuild_killed_midway_is_done_again_by_the_next_open(tmp_path, kill_l
     with snapstore.open(store) as s:
         assert bytes(s.restore(1)["x"]) == b"b" * 5000
     assert _marks(store) == []
+
+
+def test_a_none_writers_clean_close_syncs_its_log_before_its_index(tmp_path):
+    """Its close syncs the index (to let its mark go): the log first, so a power cut after a
+    clean close never leaves an index durable past the log's end (an open would refuse it)."""
+    store, cut, journal = str(tmp_path / "s"), str(tmp_path / "cut"), str(tmp_path / "j")
+    child = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {HERE!r})
+        import fsync_journal
+        fsync_journal.install({journal!r})
+        import snapstore
+        with snapstore.open({store!r}, durability="none") as s:
+            s.checkpoint({{"x": b"careless" * 999}})
+    """)
+    subprocess.run([sys.executable, "-c", child], check=True)
+    fsync_journal.power_cut_copy(store, cut, journal)
+    assert _marks(cut) == []
+    with snapstore.open(cut) as s:
+        assert bytes(s.restore(1)["x"]) == b"careless" * 999
+
+
+def test_a_killed_none_writers_mark_goes_only_after_its_log_is_synced(tmp_path, kill_log):
+    store, cut, journal = str(tmp_path / "s"), str(tmp_path / "cut"), str(tmp_path / "j")
+    child = textwrap.dedent(f"""
+        import os, signal, snapstore
+        s = snapstore.open({store!r}, durability="none")
+        s.checkpoint({{"x": b"dying" * 999}})
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    p = subprocess.run([sys.executable, "-c", child], capture_output=True)
+    assert p.returncode == -signal.SIGKILL
+    kill_log()
+    assert len(_marks(store)) == 1
+    uninstall = fsync_journal.install(journal)
+    try:
+        # a default writer (no mark of its own) takes over the dead one's log
+        with snapstore.open(store) as s:
+            assert _marks(store) == []                       # the orphan is gone
+            fsync_journal.power_cut_copy(store, cut, journal)    # while it is open
+    finally:
+        uninstall()
+    with snapstore.open(cut) as s:                           # no mark: nothing rebuilt
+        assert _marks(cut) == []
+        assert bytes(s.restore(1)["x"]) == b"dying" * 999

@@ -241,3 +241,24 @@ def test_a_durable_store_sharing_the_environment_of_one_without_syncs_syncs_it(t
     end = next(i for i, line in enumerate(lines) if "END" in line)
     syncs = [line for line in lines[begin:end] if re.search(r"\b(fsync|fdatasync)\(", line)]
     assert len(syncs) == 3, syncs
+
+
+@pytest.mark.parametrize("fail_in", ["_take_log", "Index"])
+def test_an_open_that_fails_after_marking_removes_the_mark(tmp_path, monkeypatch, fail_in):
+    from snapstore.engine import commit
+    store = str(tmp_path / "s")
+    snapstore.open(store).close()
+
+    def broken(*args, **kwargs):
+        raise snapstore.errors.StoreIOError("injected: EIO", 5)
+    if fail_in == "Index":
+        monkeypatch.setattr(commit, "Index", broken)
+    else:
+        monkeypatch.setattr(commit.Committer, "_take_log", broken)
+    with pytest.raises(snapstore.errors.StoreIOError, match="injected"):
+        snapstore.open(store, sync_index=False)
+    assert _marks(store) == []
+    monkeypatch.undo()
+    with snapstore.open(store, sync_index=False) as s:
+        assert len(_marks(store)) == 1
+        s.checkpoint({"x": b"fine"})
