@@ -268,7 +268,15 @@ class Committer:
             if not opened.creating:
                 self._rebuild_untrusted_index(deadline)
             index_durable = durable and sync_index
-            if not readonly and not index_durable:
+            # An older format is upgraded below. Its log may lack what old compactions
+            # removed, so a rebuild from it could lose checkpoints: no mark (so no rebuild)
+            # until the upgrade is done; this open runs its index as before sync_index
+            # existed, and the next open may mark.
+            upgrading = (not readonly and not opened.creating
+                         and (opened.version or 0) < fmt.FORMAT_VERSION)
+            if upgrading:
+                index_durable = durable
+            if not readonly and not index_durable and not upgrading:
                 if unsynced.boot_id() is not None:
                     with io_errors(f"cannot mark the store {path} as written without syncs"):
                         self._mark = unsynced.Mark(path, opened.file_mode,
@@ -332,7 +340,15 @@ class Committer:
                 try:
                     stale = unsynced.untrusted(self.path)
                     if stale:
-                        rebuild_untrusted(self.path)
+                        report = rebuild_untrusted(self.path)
+                        if report["problems"]:
+                            # the marks stay: every open says so until repair reports it all
+                            raise CorruptionError(
+                                f"the index of {self.path} was rebuilt from the log after an "
+                                "unclean restart, and the log holds damage ("
+                                + "; ".join(p["message"] for p in report["problems"][:3])
+                                + "): run `snapstore repair` to see every problem and "
+                                "accept the rebuilt index")
                         with io_errors(f"cannot remove the marks of {self.path}"):
                             unsynced.remove_untrusted(self.path, stale)
                 finally:
@@ -351,20 +367,27 @@ class Committer:
             found = unsynced.orphaned(self.path)
             if found:
                 try:
-                    with self.index.read() as r:
-                        applied = r.logs()
-                    numbers = logs_of(self.backend.list())
-                    for log, (last, _) in applied.items():
-                        for number in numbers.get(log, ()):
-                            if number <= last:
-                                self.backend.sync_segment(number)
-                    self.backend.sync_directory()
+                    self._sync_logs_to_applied()
                     self.index.sync()
                 except BaseException:
                     for _, fd in found:
                         os.close(fd)
                     raise
                 unsynced.remove_orphaned(self.path, found)
+
+    def _sync_logs_to_applied(self) -> None:
+        """Syncs every log's segments up to the position the index applied of it (and the
+        segments directory): before an index written without syncs is synced, so that it
+        never reaches the disk ahead of records a writer with durability "none" (this one,
+        one it recovered, or a dead one) left unsynced. Raises OSError."""
+        with self.index.read() as r:
+            applied = r.logs()
+        numbers = logs_of(self.backend.list())
+        for log, (last, _) in applied.items():
+            for number in numbers.get(log, ()):
+                if number <= last:
+                    self.backend.sync_segment(number)
+        self.backend.sync_directory()
 
     def _remove_mark(self, keep: bool = False) -> None:
         """At close: the index synced, this writer's mark removed. A failure, or keep=True,
@@ -477,17 +500,20 @@ class Committer:
     def _release(self) -> None:
         if self._keyframes is not None:
             self._keyframes.clear()         # its memory goes with the store
-        log_synced = True
-        if self.log is not None:
-            if self._mark is not None and self.durability != "fsync":
-                # the index is synced next: never leave it durable ahead of the log
-                try:
+        logs_synced = True
+        if self._mark is not None and self.durability != "fsync" and self.index is not None:
+            # the index is synced next: never leave it durable ahead of a log (this writer's,
+            # or one it recovered without syncing)
+            try:
+                if self.log is not None:
                     self.log.sync()
-                except SnapstoreError:
-                    log_synced = False      # the mark stays: rebuilt after a reboot
+                self._sync_logs_to_applied()
+            except (SnapstoreError, OSError):
+                logs_synced = False         # the mark stays: rebuilt after a reboot
+        if self.log is not None:
             self.log.close()
             self.log = None
-        self._remove_mark(keep=not log_synced)
+        self._remove_mark(keep=not logs_synced)
         if self.index is not None:
             self.index.close()
             self.index = None

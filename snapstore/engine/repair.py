@@ -113,20 +113,18 @@ def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0)
                                       repairing=True).lock_fd
     try:
         index_path = os.path.join(path, fmt.INDEX_DIR)
-        if open_in_process(index_path):
-            raise SnapstoreError(f"this process has the store {path} open: close it before "
-                                 "repairing it")
-        segments_dir = os.path.join(path, fmt.SEGMENTS_DIR)
-        if not os.path.isdir(segments_dir) or os.path.islink(segments_dir):
-            raise CorruptionError(f"the store {path} has no segments directory: the log is "
-                                  "lost and there is nothing to rebuild the index from")
-        _refuse_newer_index(index_path)
+        segments_dir = _rebuildable(path)
+        # marks of an earlier boot: the old index may be damaged; never open it
+        stale = unsynced.untrusted(path)
+        if not stale:
+            _refuse_newer_index(index_path)
         backend = LocalSegments(segments_dir, durable=True)
         report = ProblemReport()
         try:
-            # marks of an earlier boot: the old index may be damaged; never open it
-            stale = unsynced.untrusted(path)
-            unopened = None if stale else _upgrade_first(path, backend, report)
+            if stale and storedir.read_format_file(path)["version"] < 2:
+                unopened = "its index is untrusted (written without syncs before a reboot)"
+            else:
+                unopened = None if stale else _upgrade_first(path, backend, report)
             result = _rebuild(path, backend, progress, report, trust_old=not stale)
             if stale:
                 unsynced.remove_untrusted(path, stale)
@@ -149,6 +147,20 @@ def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0)
                    "seconds": seconds,
                    "mb_per_s": result["bytes_scanned"] / 1e6 / seconds if seconds else 0.0})
     return result
+
+
+def _rebuildable(path: str) -> str:
+    """The segments directory of the store at path, whose index is about to be rebuilt:
+    SnapstoreError when this process has the store open (LMDB allows one environment per
+    store per process), CorruptionError when the log is gone."""
+    if open_in_process(os.path.join(path, fmt.INDEX_DIR)):
+        raise SnapstoreError(f"this process has the store {path} open: close it before its "
+                             "index is rebuilt")
+    segments_dir = os.path.join(path, fmt.SEGMENTS_DIR)
+    if not os.path.isdir(segments_dir) or os.path.islink(segments_dir):
+        raise CorruptionError(f"the store {path} has no segments directory: the log is lost "
+                              "and there is nothing to rebuild the index from")
+    return segments_dir
 
 
 def _refuse_newer_index(index_path: str) -> None:
@@ -205,14 +217,13 @@ def rebuild_untrusted(path: str) -> dict:
     say what the log itself lost). Raises CorruptionError (no segments directory),
     StoreIOError, SnapstoreError (this process has the store open)."""
     started = time.perf_counter()
-    index_path = os.path.join(path, fmt.INDEX_DIR)
-    if open_in_process(index_path):
-        raise SnapstoreError(f"this process has the store {path} open: close it before its "
-                             "index is rebuilt")
-    segments_dir = os.path.join(path, fmt.SEGMENTS_DIR)
-    if not os.path.isdir(segments_dir) or os.path.islink(segments_dir):
-        raise CorruptionError(f"the store {path} has no segments directory: the log is lost "
-                              "and there is nothing to rebuild the index from")
+    segments_dir = _rebuildable(path)
+    if storedir.read_format_file(path)["version"] < 2:
+        # its log may lack what old compactions removed (writers mark only stores of
+        # today's format: this one was never theirs)
+        raise CorruptionError(f"the index of {path} must be rebuilt, and the store has format "
+                              "1, whose log alone may not describe every checkpoint: run "
+                              "`snapstore repair`, which reports what cannot be rebuilt")
     backend = LocalSegments(segments_dir, durable=True)
     report = ProblemReport()
     try:

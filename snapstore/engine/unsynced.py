@@ -65,9 +65,26 @@ def _boot_of(name: str) -> str:
 
 def untrusted(store: str, boot: str | None = None) -> list[str]:
     """The marks of an earlier boot: when any is there, the index may be damaged and must be
-    rebuilt from the log before it is opened. OSError when the directory cannot be read."""
+    rebuilt from the log before it is opened. A mark whose lock is held is a live writer's
+    whatever its boot id says (a sandbox with a boot id of its own), never stale. OSError
+    when the directory cannot be read."""
     boot = boot_id() if boot is None else boot
-    return [n for n in _marks(store) if boot is None or _boot_of(n) != boot]
+    return [n for n in _marks(store)
+            if (boot is None or _boot_of(n) != boot) and not _held(store, n)]
+
+
+def _held(store: str, name: str) -> bool:
+    """Whether a live writer holds the mark's lock."""
+    try:
+        fd = os.open(os.path.join(marks_dir(store), name), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True             # gone meanwhile: not a mark to act on
+    try:
+        if try_flock(fd, fcntl.LOCK_EX):
+            return False
+        return True
+    finally:
+        os.close(fd)            # (closing lets go of the lock taken to look)
 
 
 class Mark:
@@ -78,7 +95,11 @@ class Mark:
         if boot is None:
             raise OSError(errno.ENOTSUP, "the kernel gives no boot id")
         where = marks_dir(store)
-        os.makedirs(where, mode=dir_mode, exist_ok=True)
+        try:
+            os.mkdir(where, dir_mode)
+            fsync_directory(store)          # the directory's entry too, before any mark
+        except FileExistsError:
+            pass
         self.name = f"{boot}.{secrets.token_hex(8)}"
         self.path = os.path.join(where, self.name)
         temp = os.path.join(where, f".{self.name}")

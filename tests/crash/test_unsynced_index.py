@@ -37,6 +37,14 @@ def _marks(store: str) -> list[str]:
         return []
 
 
+def _stale_mark(store: str) -> str:
+    """A mark of an earlier boot (its writer gone: nobody holds its lock)."""
+    os.makedirs(os.path.join(store, "unsynced"), exist_ok=True)
+    path = os.path.join(store, "unsynced", "00000000-0000-0000-0000-000000000000.0123456789abcdef")
+    open(path, "w").close()
+    return path
+
+
 def _states(n: int, size: int = 3 * 65536 + 5) -> list[bytes]:
     rng = random.Random(n)
     first = bytes(rng.getrandbits(8) for _ in range(size))
@@ -147,9 +155,7 @@ def test_a_reader_rebuilds_an_untrusted_index_too(tmp_path):
     store = str(tmp_path / "s")
     with snapstore.open(store, sync_index=False) as s:
         s.checkpoint({"x": b"kept"})
-    os.makedirs(os.path.join(store, "unsynced"), exist_ok=True)
-    open(os.path.join(store, "unsynced", "00000000-0000-0000-0000-000000000000.0123456789abcdef"),
-         "w").close()
+    _stale_mark(store)
     _damage_index(store, "garbage", None)
     with snapstore.open(store, readonly=True) as r:
         assert bytes(r.restore(1)["x"]) == b"kept"
@@ -162,9 +168,7 @@ def test_a_reader_that_cannot_rebuild_says_what_to_do(tmp_path, monkeypatch):
     store = str(tmp_path / "s")
     with snapstore.open(store) as s:
         s.checkpoint({"x": b"x"})
-    os.makedirs(os.path.join(store, "unsynced"))
-    open(os.path.join(store, "unsynced", "00000000-0000-0000-0000-000000000000.0123456789abcdef"),
-         "w").close()
+    _stale_mark(store)
     from snapstore.engine import storedir
 
     def refused(path):
@@ -178,9 +182,7 @@ def test_a_reader_that_cannot_rebuild_says_what_to_do(tmp_path, monkeypatch):
 def test_an_empty_store_with_an_untrusted_index_opens_empty(tmp_path):
     store = str(tmp_path / "s")
     snapstore.open(store).close()
-    os.makedirs(os.path.join(store, "unsynced"))
-    open(os.path.join(store, "unsynced", "00000000-0000-0000-0000-000000000000.0123456789abcdef"),
-         "w").close()
+    _stale_mark(store)
     open(os.path.join(store, "unsynced", ".00000000-0000-0000-0000-000000000000.fedcba9876543210"),
          "w").close()                                # a creation a crash interrupted
     _damage_index(store, "garbage", None)
@@ -195,9 +197,7 @@ def test_repair_never_opens_an_untrusted_index_and_removes_the_marks(tmp_path):
     store = str(tmp_path / "s")
     with snapstore.open(store) as s:
         s.checkpoint({"x": b"a" * 70000})
-    os.makedirs(os.path.join(store, "unsynced"))
-    open(os.path.join(store, "unsynced", "00000000-0000-0000-0000-000000000000.0123456789abcdef"),
-         "w").close()
+    _stale_mark(store)
     _damage_index(store, "garbage", None)
     report = snapstore.repair(store)
     assert report["ok"] and report["index_replaced"] and report["checkpoints"] == 1
@@ -211,9 +211,7 @@ def test_a_rebuild_killed_midway_is_done_again_by_the_next_open(tmp_path, kill_l
     store = str(tmp_path / "s")
     with snapstore.open(store) as s:
         s.checkpoint({"x": b"b" * 5000})
-    os.makedirs(os.path.join(store, "unsynced"))
-    open(os.path.join(store, "unsynced", "00000000-0000-0000-0000-000000000000.0123456789abcdef"),
-         "w").close()
+    _stale_mark(store)
     _damage_index(store, "garbage", None)
     child = textwrap.dedent(f"""
         import snapstore
@@ -272,3 +270,151 @@ def test_a_killed_none_writers_mark_goes_only_after_its_log_is_synced(tmp_path, 
     with snapstore.open(cut) as s:                           # no mark: nothing rebuilt
         assert _marks(cut) == []
         assert bytes(s.restore(1)["x"]) == b"dying" * 999
+
+
+# ---- regressions from the review of stop 45 ----------------------------------------------
+
+GOLDEN_V1 = os.path.join(os.path.dirname(HERE), "golden", "stores", "v1", "basic")
+
+
+def test_an_upgrade_is_never_marked_so_a_crash_in_it_never_rebuilds_from_an_old_log(
+        tmp_path, kill_log, monkeypatch):
+    """A format 1 log lacks what old compactions removed: a writer that upgrades the store
+    makes no mark in that open, so a crash inside the upgrade followed by a reboot never
+    rebuilds the index from that log (checkpoints 10-12 of the golden store were lost)."""
+    import json
+    import shutil
+    expected = sorted(c["id"] for c in json.load(
+        open(os.path.join(GOLDEN_V1, "expected.json")))["checkpoints"])
+    store = str(tmp_path / "s")
+    shutil.copytree(GOLDEN_V1, store)
+    p = subprocess.run([sys.executable, "-c",
+                        f"import snapstore; snapstore.open({store!r}, sync_index=False)"],
+                       env={**os.environ, "SNAPSTORE_CRASH_AT": "upgrade_before_index_commit"},
+                       capture_output=True, text=True)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    kill_log()
+    assert _marks(store) == []
+    monkeypatch.setattr(unsynced, "boot_id", lambda: NEXT_BOOT)
+    with snapstore.open(store, sync_index=False) as s:     # upgrades now: still no mark
+        assert _marks(store) == []
+        assert sorted(c.id for c in s.checkpoints()) == expected
+    with snapstore.open(store, sync_index=False) as s:     # today's format: marked
+        assert len(_marks(store)) == 1
+        assert sorted(c.id for c in s.checkpoints()) == expected
+
+
+def test_a_format_1_store_with_an_untrusted_index_is_left_to_repair(tmp_path):
+    import shutil
+    store = str(tmp_path / "s")
+    shutil.copytree(GOLDEN_V1, store)
+    _stale_mark(store)
+    with pytest.raises(CorruptionError, match="format 1.*snapstore repair"):
+        snapstore.open(store)
+    report = snapstore.repair(store)
+    assert not report["ok"] and "old_format" in {p["kind"] for p in report["problems"]}
+
+
+def test_a_none_writer_syncs_the_logs_it_recovered_before_its_index_at_close(tmp_path):
+    """A durable writer killed between its append and its sync; a "none" writer recovers
+    that log (from the page cache) into its index, then closes: the recovered records must be
+    durable before the index that names them is."""
+    store, cut, journal = str(tmp_path / "s"), str(tmp_path / "cut"), str(tmp_path / "j")
+    uninstall = fsync_journal.install(journal)
+    try:
+        first = snapstore.open(store)
+        first.checkpoint({"x": b"w0" * 1000}, stream="w0")
+        dying = textwrap.dedent(f"""
+            import sys
+            sys.path.insert(0, {HERE!r})
+            import fsync_journal
+            fsync_journal.install({journal!r})
+            import snapstore
+            s = snapstore.open({store!r})
+            s.checkpoint({{"x": b"d1" * 1000}}, stream="d")
+            s.checkpoint({{"x": b"d2" * 1000}}, stream="d")
+        """)
+        p = subprocess.run([sys.executable, "-c", dying], capture_output=True,
+                           env={**os.environ, "SNAPSTORE_CRASH_AT": "after_commit_append:2"})
+        assert p.returncode == -signal.SIGKILL
+        first.close()
+        with snapstore.open(store, durability="none") as careless:   # recovers both logs
+            careless.checkpoint({"x": b"n" * 1000}, stream="n")
+        assert _marks(store) == []
+        fsync_journal.power_cut_copy(store, cut, journal)
+    finally:
+        uninstall()
+    with snapstore.open(cut) as s:
+        assert bytes(s.restore(s.latest("d").id)["x"]) == b"d2" * 1000
+
+
+def test_the_marks_directory_is_durable_before_the_first_mark(tmp_path):
+    store, journal = str(tmp_path / "s"), str(tmp_path / "j")
+    snapstore.open(store).close()
+    uninstall = fsync_journal.install(journal)
+    try:
+        snapstore.open(store, sync_index=False).close()
+    finally:
+        uninstall()
+    synced = [line.split("\t")[0] for line in open(journal)]
+    marks = os.path.join(store, "unsynced")
+    first_mark = next(i for i, p in enumerate(synced) if p.startswith(marks + os.sep))
+    assert os.path.realpath(store) in synced[:first_mark]
+
+
+def test_repair_never_maps_an_untrusted_index(tmp_path, monkeypatch):
+    from snapstore.engine import index as index_module
+    store = str(tmp_path / "s")
+    with snapstore.open(store) as s:
+        s.checkpoint({"x": b"a" * 70000})
+    _stale_mark(store)
+    opened = []
+    real_open = index_module.lmdb.open
+
+    def spy(path, *args, **kwargs):
+        opened.append(os.path.relpath(os.fsdecode(path), store))
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(index_module.lmdb, "open", spy)
+    assert snapstore.repair(store)["ok"]
+    assert "index" not in opened and opened
+
+
+def test_a_mark_held_by_a_live_writer_is_never_stale_whatever_its_boot_id(tmp_path):
+    """(A sandbox with a boot id of its own.) Its lock says it is alive: no rebuild."""
+    import fcntl
+    store = str(tmp_path / "s")
+    with snapstore.open(store) as s:
+        s.checkpoint({"x": b"x"})
+    mark = _stale_mark(store)
+    fd = os.open(mark, os.O_WRONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        before = os.stat(os.path.join(store, "index", "data.mdb")).st_ino
+        with snapstore.open(store) as s:
+            assert bytes(s.restore(1)["x"]) == b"x"
+        assert os.stat(os.path.join(store, "index", "data.mdb")).st_ino == before
+        assert os.path.exists(mark)
+    finally:
+        os.close(fd)
+
+
+def test_a_rebuild_that_finds_damage_in_the_log_says_so_and_leaves_it_to_repair(tmp_path):
+    store = str(tmp_path / "s")
+    with snapstore.open(store, segment_size=1 << 16) as s:
+        for i in range(6):
+            s.checkpoint({"x": random.Random(i).randbytes(50000)}, stream="s")
+    segments = sorted(os.listdir(os.path.join(store, "segments")))
+    assert len(segments) > 2
+    with open(os.path.join(store, "segments", segments[0]), "r+b") as f:   # a sealed one
+        f.seek(200)
+        byte = f.read(1)
+        f.seek(200)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    _stale_mark(store)
+    with pytest.raises(CorruptionError, match="holds damage.*snapstore repair"):
+        snapstore.open(store)
+    assert len(_marks(store)) == 1                      # every open says so, until repair
+    report = snapstore.repair(store)
+    assert not report["ok"] and _marks(store) == []
+    with snapstore.open(store) as s:
+        assert bytes(s.restore(s.latest("s").id)["x"]) == random.Random(5).randbytes(50000)
