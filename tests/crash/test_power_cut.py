@@ -6,6 +6,7 @@ process recovered from the page cache."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -89,18 +90,26 @@ def test_recovery_makes_what_it_publishes_durable(tmp_path, journal, kill_log):
     assert _cut_and_restore(store, str(tmp_path / "cut"), journal, recovered) == x
 
 
+def _unmarked(cut: str) -> None:
+    """The copy as an older snapstore's "none" writer left it: no marks (unsynced.py)."""
+    shutil.rmtree(os.path.join(cut, "unsynced"), ignore_errors=True)
+
+
 def test_repair_gives_back_a_writable_store_after_a_none_writer_lost_its_tail(tmp_path, journal):
     """Durability "none" promises that a power cut may lose the latest checkpoints, never the
-    older ones. The cut takes the unsynced log tail while the index (written back by the
-    kernel on its own schedule) names it: a writer open refuses, naming repair, and repair
-    rebuilds the index from the log instead of keeping the one past the log's end."""
+    older ones. The cut, while the writer is open, takes the unsynced log tail while the index
+    (written back by the kernel on its own schedule) names it. Today's writer left a mark, so
+    the next open rebuilds (tests/crash/test_unsynced_index.py); without one (an older
+    snapstore's writer) a writer open refuses, naming repair, and repair rebuilds the index
+    from the log instead of keeping the one past the log's end."""
     store, old = str(tmp_path / "s"), _state(3, 200_000)
     with snapstore.open(store) as s:
         kept = s.checkpoint({"x": old}, stream="s").id
+    cut = str(tmp_path / "cut")
     with snapstore.open(store, durability="none") as s:
         lost = s.checkpoint({"x": _state(5, 200_000)}, stream="t").id
-    cut = str(tmp_path / "cut")
-    fsync_journal.power_cut_copy(store, cut, journal)
+        fsync_journal.power_cut_copy(store, cut, journal)
+    _unmarked(cut)
     with pytest.raises(snapstore.errors.CorruptionError, match="snapstore repair"):
         snapstore.open(cut)
     report = snapstore.repair(cut)
@@ -136,13 +145,35 @@ def test_a_none_writer_does_not_go_on_over_a_lost_tail(tmp_path, journal):
     store, data = str(tmp_path / "s"), _state(9, 200_000)
     with snapstore.open(store) as s:
         s.checkpoint({"x": b"old"}, stream="s")
+    cut = str(tmp_path / "cut")
     with snapstore.open(store, durability="none") as s:
         s.checkpoint({"x": data}, stream="t")
-    cut = str(tmp_path / "cut")
-    fsync_journal.power_cut_copy(store, cut, journal)
+        fsync_journal.power_cut_copy(store, cut, journal)     # while it is open
+    _unmarked(cut)
     with pytest.raises(snapstore.errors.CorruptionError, match="snapstore repair"):
         snapstore.open(cut, durability="none")
     snapstore.repair(cut)
     with snapstore.open(cut, durability="none") as s:
         info = s.checkpoint({"y": data}, stream="u")
         assert bytes(s.restore(info.id)["y"]) == data
+
+
+def test_a_none_writers_lost_tail_is_rebuilt_away_at_the_next_boot(tmp_path, journal,
+                                                                   monkeypatch):
+    """The same cut with today's mark and a reboot: the next open rebuilds the index from the
+    log first; the older checkpoint restores, the lost one is gone, the store is writable."""
+    from snapstore.engine import unsynced
+    store, old = str(tmp_path / "s"), _state(3, 200_000)
+    with snapstore.open(store) as s:
+        kept = s.checkpoint({"x": old}, stream="s").id
+    cut = str(tmp_path / "cut")
+    with snapstore.open(store, durability="none") as s:
+        lost = s.checkpoint({"x": _state(5, 200_000)}, stream="t").id
+        fsync_journal.power_cut_copy(store, cut, journal)
+    monkeypatch.setattr(unsynced, "boot_id", lambda: "11111111-2222-3333-4444-555555555555")
+    with snapstore.open(cut) as s:
+        assert bytes(s.restore(kept)["x"]) == old
+        assert [c.id for c in s.checkpoints()] == [kept]
+        with pytest.raises(snapstore.errors.CheckpointNotFound):
+            s.get(lost)
+        s.checkpoint({"x": b"goes on"}, stream="s")
