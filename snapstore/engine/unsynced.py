@@ -51,12 +51,14 @@ def marks_dir(store: str) -> str:
 
 
 def _marks(store: str) -> list[str]:
-    """The names of the marks in STORE/unsynced (temporary names left out)."""
+    """The names of the marks in STORE/unsynced: its regular files (temporary names, and
+    anything else someone put there, left out)."""
     try:
-        names = os.listdir(marks_dir(store))
+        with os.scandir(marks_dir(store)) as entries:
+            return sorted(e.name for e in entries
+                          if not e.name.startswith(".") and e.is_file(follow_symlinks=False))
     except FileNotFoundError:
         return []
-    return sorted(n for n in names if not n.startswith("."))
 
 
 def _boot_of(name: str) -> str:

@@ -418,3 +418,15 @@ def test_a_rebuild_that_finds_damage_in_the_log_says_so_and_leaves_it_to_repair(
     assert not report["ok"] and _marks(store) == []
     with snapstore.open(store) as s:
         assert bytes(s.restore(s.latest("s").id)["x"]) == random.Random(5).randbytes(50000)
+
+
+def test_what_is_not_a_regular_file_in_the_marks_directory_is_not_a_mark(tmp_path):
+    store = str(tmp_path / "s")
+    with snapstore.open(store) as s:
+        s.checkpoint({"x": b"x"})
+    os.makedirs(os.path.join(store, "unsynced",
+                             "00000000-0000-0000-0000-000000000000.0123456789abcdef"))
+    before = os.stat(os.path.join(store, "index", "data.mdb")).st_ino
+    with snapstore.open(store) as s:                 # no rebuild, no error
+        assert bytes(s.restore(1)["x"]) == b"x"
+    assert os.stat(os.path.join(store, "index", "data.mdb")).st_ino == before
