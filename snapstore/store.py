@@ -1486,8 +1486,8 @@ def open(path, *, durability: str | None = None, sync_index: bool = True, create
             first, as with sync_index=False). An S3 store's: "remote" (its default): a
             checkpoint is committed in the bucket when the call returns.
         sync_index: a local writer's (default True). False: a durable commit makes one sync
-            (the log's) instead of three, for stores of many small commits (a LangGraph put
-            took about 30% less time): the log stays the truth and every acknowledged
+            (the log's) instead of three, for stores of many small commits (a 2 KiB commit
+            took 0.8 instead of 1.4 ms here): the log stays the truth and every acknowledged
             checkpoint stays durable; the index is synced when the Store closes. The price:
             after a power cut or an OS crash while such a writer had the store open, the next
             open rebuilds the index from the log before anything else, which reads every
