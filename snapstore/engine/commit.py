@@ -501,7 +501,8 @@ class Committer:
         if self._keyframes is not None:
             self._keyframes.clear()         # its memory goes with the store
         logs_synced = True
-        if self._mark is not None and self.durability != "fsync" and self.index is not None:
+        if (self._mark is not None and self.durability != "fsync" and self.index is not None
+                and self.backend is not None):
             # the index is synced next: never leave it durable ahead of a log (this writer's,
             # or one it recovered without syncing)
             try:

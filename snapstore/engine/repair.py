@@ -115,7 +115,11 @@ def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0)
         index_path = os.path.join(path, fmt.INDEX_DIR)
         segments_dir = _rebuildable(path)
         # marks of an earlier boot: the old index may be damaged; never open it
-        stale = unsynced.untrusted(path)
+        try:
+            stale = unsynced.untrusted(path)
+        except OSError as exc:
+            raise StoreIOError(f"cannot read the marks of {path}: {exc.strerror or exc}",
+                               exc.errno) from exc
         if not stale:
             _refuse_newer_index(index_path)
         backend = LocalSegments(segments_dir, durable=True)

@@ -198,6 +198,6 @@ def remove_untrusted(store: str, names: list[str]) -> None:
             continue            # a creation under way in this boot
         try:
             os.unlink(os.path.join(where, name))
-        except FileNotFoundError:
-            pass
+        except (FileNotFoundError, IsADirectoryError):
+            pass                # gone, or not a mark (someone's directory)
     fsync_directory(where)

@@ -243,20 +243,23 @@ def test_a_durable_store_sharing_the_environment_of_one_without_syncs_syncs_it(t
     assert len(syncs) == 3, syncs
 
 
-@pytest.mark.parametrize("fail_in", ["_take_log", "Index"])
-def test_an_open_that_fails_after_marking_removes_the_mark(tmp_path, monkeypatch, fail_in):
+@pytest.mark.parametrize("durability", ["fsync", "none"])
+@pytest.mark.parametrize("fail_in", ["_take_log", "Index", "LocalSegments"])
+def test_an_open_that_fails_after_marking_removes_the_mark(tmp_path, monkeypatch, fail_in,
+                                                            durability):
+    """The open's own error comes out (not one of the cleanup's), and no mark stays."""
     from snapstore.engine import commit
     store = str(tmp_path / "s")
     snapstore.open(store).close()
 
     def broken(*args, **kwargs):
         raise snapstore.errors.StoreIOError("injected: EIO", 5)
-    if fail_in == "Index":
-        monkeypatch.setattr(commit, "Index", broken)
-    else:
+    if fail_in == "_take_log":
         monkeypatch.setattr(commit.Committer, "_take_log", broken)
+    else:
+        monkeypatch.setattr(commit, fail_in, broken)
     with pytest.raises(snapstore.errors.StoreIOError, match="injected"):
-        snapstore.open(store, sync_index=False)
+        snapstore.open(store, sync_index=False, durability=durability)
     assert _marks(store) == []
     monkeypatch.undo()
     with snapstore.open(store, sync_index=False) as s:
