@@ -1415,7 +1415,11 @@ class Store:
         delta_chunks' keyframe cache: keyframe_cache_bytes (its bound: open()'s option in a
         writer with delta_chunks, else 0: none), keyframe_cache_in_use_bytes (held),
         keyframe_cache_hits and keyframe_cache_misses (bases asked for and found there,
-        the probe's samples included; and read back)."""
+        the probe's samples included; and read back); index_synced_at_commit (whether each
+        commit of this writer syncs the index: False with sync_index=False or durability
+        "none"; None for a reader or an S3 store) and index_rebuilt_seconds (what this open
+        spent rebuilding an index written without syncs when the machine went down; None:
+        nothing to rebuild)."""
         with self._committer.read() as r:
             logical = 0
             chains = []
@@ -1453,6 +1457,7 @@ class Store:
             "mean_chain_length": (sum(chains) / len(chains)) if chains else 0.0,
             **self._persister.staging_stats(),
             **self._committer.keyframe_stats(),
+            **self._committer.index_stats(),
         }
 
 

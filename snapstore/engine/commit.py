@@ -258,6 +258,8 @@ class Committer:
         self._pid = os.getpid()
         # this writer's mark while its index runs without syncs (unsynced.py)
         self._mark: unsynced.Mark | None = None
+        # seconds this open spent rebuilding an untrusted index (None: it found none)
+        self._rebuilt_seconds: float | None = None
         durable = durability == "fsync"
         try:
             deadline = time.monotonic() + timeout
@@ -341,6 +343,7 @@ class Committer:
                     stale = unsynced.untrusted(self.path)
                     if stale:
                         report = rebuild_untrusted(self.path)
+                        self._rebuilt_seconds = report["seconds"]
                         if report["problems"]:
                             # the marks stay: every open says so until repair reports it all
                             raise CorruptionError(
@@ -555,6 +558,16 @@ class Committer:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def index_stats(self) -> dict:
+        """index_synced_at_commit: whether each commit of this writer syncs the index (None
+        for a reader); index_rebuilt_seconds: what this open spent rebuilding an index written
+        without syncs when the machine went down (None: it rebuilt nothing)."""
+        index = self.index
+        if index is None:
+            self.check_open()
+        return {"index_synced_at_commit": None if self.readonly else index.durable,
+                "index_rebuilt_seconds": self._rebuilt_seconds}
 
     def keyframe_stats(self) -> dict:
         """The keyframe cache's bound, bytes held, hits and misses (zeros without one)."""

@@ -296,6 +296,10 @@ class RemoteCommitter:
     def closed(self) -> bool:
         return self._closed
 
+    def index_stats(self) -> dict:
+        """An S3 store commits in its bucket; its local index is a cache of it."""
+        return {"index_synced_at_commit": None, "index_rebuilt_seconds": None}
+
     def keyframe_stats(self) -> dict:
         """Zeros: an S3 store writes no delta chunks, so it keeps no keyframes."""
         return no_cache_stats()

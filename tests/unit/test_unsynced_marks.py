@@ -265,3 +265,28 @@ def test_an_open_that_fails_after_marking_removes_the_mark(tmp_path, monkeypatch
     with snapstore.open(store, sync_index=False) as s:
         assert len(_marks(store)) == 1
         s.checkpoint({"x": b"fine"})
+
+
+@pytest.mark.parametrize("options,expected", [
+    ({}, True), ({"sync_index": False}, False), ({"durability": "none"}, False),
+    ({"readonly": True}, None)])
+def test_stats_say_whether_a_commit_syncs_the_index(tmp_path, options, expected):
+    store = str(tmp_path / "s")
+    snapstore.open(store).close()
+    with snapstore.open(store, **options) as s:
+        stats = s.stats()
+        assert stats["index_synced_at_commit"] is expected
+        assert stats["index_rebuilt_seconds"] is None
+
+
+def test_stats_report_the_rebuild_an_open_did(tmp_path):
+    store = str(tmp_path / "s")
+    with snapstore.open(store) as s:
+        s.checkpoint({"x": b"x" * 5000})
+    os.makedirs(os.path.join(store, "unsynced"))
+    open(os.path.join(store, "unsynced", "00000000-0000-0000-0000-000000000000.0123456789abcdef"),
+         "w").close()
+    with snapstore.open(store) as s:
+        assert s.stats()["index_rebuilt_seconds"] > 0
+    with snapstore.open(store) as s:                 # nothing to rebuild any more
+        assert s.stats()["index_rebuilt_seconds"] is None
