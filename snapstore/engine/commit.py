@@ -269,15 +269,17 @@ class Committer:
             self.file_mode = opened.file_mode
             if not opened.creating:
                 self._rebuild_untrusted_index(deadline)
+            else:
+                self._discard_an_unfinished_creation(opened.file_mode)
             index_durable = durable and sync_index
             # An older format is upgraded below. Its log may lack what old compactions
             # removed, so a rebuild from it could lose checkpoints: no mark (so no rebuild)
-            # until the upgrade is done; this open runs its index as before sync_index
-            # existed, and the next open may mark.
+            # until the upgrade is done; this open syncs its index at every commit, whatever
+            # its durability (an unsynced index needs a mark), and the next open may mark.
             upgrading = (not readonly and not opened.creating
                          and (opened.version or 0) < fmt.FORMAT_VERSION)
             if upgrading:
-                index_durable = durable
+                index_durable = True
             if not readonly and not index_durable and not upgrading:
                 if unsynced.boot_id() is not None:
                     with io_errors(f"cannot mark the store {path} as written without syncs"):
@@ -323,9 +325,11 @@ class Committer:
         """When a writer's index ran without syncs as the machine went down, the index may
         be damaged: rebuilt from the log, holding the store to itself, before LMDB maps it.
         A reader does it too where it may write the directory (else CorruptionError)."""
-        with io_errors(f"cannot read the marks of {self.path}"):
-            if not unsynced.untrusted(self.path):
-                return
+        def untrusted() -> list[str]:
+            with io_errors(f"cannot read the marks of {self.path}"):
+                return unsynced.untrusted(self.path)
+        if not untrusted():
+            return
         fd = self._lock_fd
         if fd is None:
             try:
@@ -338,9 +342,9 @@ class Committer:
                     "run `snapstore repair`") from None
         try:
             if storedir.lock_lock(fd, self.path, deadline, shared=False,
-                                  unless=lambda: not unsynced.untrusted(self.path)):
+                                  unless=lambda: not untrusted()):
                 try:
-                    stale = unsynced.untrusted(self.path)
+                    stale = untrusted()
                     if stale:
                         report = rebuild_untrusted(self.path)
                         self._rebuilt_seconds = report["seconds"]
@@ -360,6 +364,18 @@ class Committer:
         finally:
             if fd != self._lock_fd:
                 os.close(fd)
+
+    def _discard_an_unfinished_creation(self, file_mode: int) -> None:
+        """A creation (no FORMAT yet) that a power cut interrupted while its creator's index
+        ran without syncs left an index/ that may be damaged: nothing in it is a checkpoint
+        yet (FORMAT comes last), so it is made anew, and the marks go."""
+        with io_errors(f"cannot create store {self.path}"):
+            stale = unsynced.untrusted(self.path)
+            if stale:
+                index_dir = os.path.join(self.path, fmt.INDEX_DIR)
+                indexswap.remove_entry(index_dir)
+                os.mkdir(index_dir, storedir.dir_mode(file_mode))
+                unsynced.remove_untrusted(self.path, stale)
 
     def _sync_for_dead_writers(self) -> None:
         """The marks of this boot's writers that died (kill -9): what they wrote is in the

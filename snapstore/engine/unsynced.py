@@ -76,15 +76,16 @@ def untrusted(store: str, boot: str | None = None) -> list[str]:
 
 
 def _held(store: str, name: str) -> bool:
-    """Whether a live writer holds the mark's lock."""
+    """Whether a live writer holds the mark's lock (exclusively, from before the mark
+    appeared). Looked at with a shared lock: two openers looking at once must not take each
+    other's look for a live writer (an exclusive look did, and one of them then mapped the
+    untrusted index)."""
     try:
         fd = os.open(os.path.join(marks_dir(store), name), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return True             # gone meanwhile: not a mark to act on
     try:
-        if try_flock(fd, fcntl.LOCK_EX):
-            return False
-        return True
+        return not try_flock(fd, fcntl.LOCK_SH)
     finally:
         os.close(fd)            # (closing lets go of the lock taken to look)
 

@@ -495,13 +495,16 @@ class SegmentLog:
             current.start_writeback(start_at, current.size - start_at)
 
     def _roll(self) -> None:
-        """Seals the current segment (flush, and sync when durable) and starts the next."""
+        """Seals the current segment (flush and sync, whatever the durability) and starts the
+        next. A sealed segment is always whole on disk, so a power cut takes at most the
+        tail of a log's last segment (a torn tail), never the end of a sealed one, which
+        recovery refuses as damage: one fdatasync per segment, also with durability
+        "none"."""
         self.flush()
         if log_of(self._current.number + 1) != self.log:
             raise StoreIOError(f"log {self.log} has no segment numbers left")
         try:
-            if self.durable:
-                self._current.sync()
+            self._current.sync()
             nxt = self._create(self._current.number + 1)
         except OSError as exc:
             raise _io_error("cannot start a new segment", exc)

@@ -430,3 +430,74 @@ def test_what_is_not_a_regular_file_in_the_marks_directory_is_not_a_mark(tmp_pat
     with snapstore.open(store) as s:                 # no rebuild, no error
         assert bytes(s.restore(1)["x"]) == b"x"
     assert os.stat(os.path.join(store, "index", "data.mdb")).st_ino == before
+
+
+# ---- regressions from the second review of stop 45 ---------------------------------------
+
+def test_another_openers_look_at_a_stale_mark_never_makes_it_look_alive(tmp_path):
+    """Openers look at a mark's lock to tell a live writer; two looking at once must not take
+    each other's look for one (an exclusive look did: the other then mapped the untrusted
+    index and missed acknowledged checkpoints)."""
+    import fcntl
+    store = str(tmp_path / "s")
+    snapstore.open(store).close()
+    mark = _stale_mark(store)
+    fd = os.open(mark, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)               # another opener looking right now
+        assert unsynced.untrusted(store) == [os.path.basename(mark)]
+    finally:
+        os.close(fd)
+
+
+def test_a_none_writers_sealed_segments_survive_a_power_cut_while_it_is_open(tmp_path,
+                                                                              monkeypatch):
+    """A sealed segment is synced at its roll whatever the durability, so the cut takes only
+    the last segment's tail (a torn tail): the next boot rebuilds without finding damage."""
+    store, cut, journal = str(tmp_path / "s"), str(tmp_path / "cut"), str(tmp_path / "j")
+    uninstall = fsync_journal.install(journal)
+    try:
+        with snapstore.open(store, durability="none", segment_size=1 << 16) as s:
+            saved = {s.checkpoint({"x": random.Random(i).randbytes(50000)}, stream="s").id: i
+                     for i in range(6)}
+            assert len(os.listdir(os.path.join(store, "segments"))) >= 5
+            fsync_journal.power_cut_copy(store, cut, journal)    # while it is open
+    finally:
+        uninstall()
+    monkeypatch.setattr(unsynced, "boot_id", lambda: NEXT_BOOT)
+    with snapstore.open(cut) as s:
+        kept = s.checkpoint_ids("s")
+        assert len(kept) >= 4                        # all but what the last segment held
+        for checkpoint_id in kept:
+            assert bytes(s.restore(checkpoint_id)["x"]) == \
+                random.Random(saved[checkpoint_id]).randbytes(50000)
+        s.checkpoint({"x": b"goes on"}, stream="s")
+    assert _marks(cut) == []
+
+
+def test_a_none_writer_that_upgrades_syncs_its_index_for_that_session(tmp_path):
+    import shutil
+    store = str(tmp_path / "s")
+    shutil.copytree(GOLDEN_V1, store)
+    with snapstore.open(store, durability="none") as s:
+        assert _marks(store) == [] and s.stats()["index_synced_at_commit"] is True
+        s.checkpoint({"x": b"after the upgrade"}, stream="new")
+    with snapstore.open(store, durability="none") as s:
+        assert len(_marks(store)) == 1 and s.stats()["index_synced_at_commit"] is False
+
+
+def test_a_creation_cut_short_by_a_power_cut_is_made_anew(tmp_path):
+    """No FORMAT yet, an index written without syncs (garbage past its meta pages) and its
+    creator's mark of an earlier boot: the next open creates the store, never mapping it."""
+    store = str(tmp_path / "s")
+    snapstore.open(store, sync_index=False).close()
+    os.unlink(os.path.join(store, "FORMAT"))
+    data = os.path.join(store, "index", "data.mdb")
+    with open(data, "r+b") as f:
+        f.seek(2 * 4096)
+        f.write(random.Random(1).randbytes(os.path.getsize(data) - 2 * 4096))
+    _stale_mark(store)
+    with snapstore.open(store, sync_index=False) as s:
+        info = s.checkpoint({"x": b"1"})
+        assert bytes(s.restore(info.id)["x"]) == b"1"
+        assert len(_marks(store)) == 1               # its own
