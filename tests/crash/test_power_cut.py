@@ -95,13 +95,9 @@ def _unmarked(cut: str) -> None:
     shutil.rmtree(os.path.join(cut, "unsynced"), ignore_errors=True)
 
 
-def test_repair_gives_back_a_writable_store_after_a_none_writer_lost_its_tail(tmp_path, journal):
-    """Durability "none" promises that a power cut may lose the latest checkpoints, never the
-    older ones. The cut, while the writer is open, takes the unsynced log tail while the index
-    (written back by the kernel on its own schedule) names it. Today's writer left a mark, so
-    the next open rebuilds (tests/crash/test_unsynced_index.py); without one (an older
-    snapstore's writer) a writer open refuses, naming repair, and repair rebuilds the index
-    from the log instead of keeping the one past the log's end."""
+def _none_writer_cut_while_open(tmp_path, journal) -> tuple:
+    """A checkpoint of a "fsync" writer, then one of a "none" writer, and the power cut while
+    the latter is open: (the cut copy, the older state, its id, the id the cut loses)."""
     store, old = str(tmp_path / "s"), _state(3, 200_000)
     with snapstore.open(store) as s:
         kept = s.checkpoint({"x": old}, stream="s").id
@@ -109,18 +105,33 @@ def test_repair_gives_back_a_writable_store_after_a_none_writer_lost_its_tail(tm
     with snapstore.open(store, durability="none") as s:
         lost = s.checkpoint({"x": _state(5, 200_000)}, stream="t").id
         fsync_journal.power_cut_copy(store, cut, journal)
-    _unmarked(cut)
-    with pytest.raises(snapstore.errors.CorruptionError, match="snapstore repair"):
-        snapstore.open(cut)
-    report = snapstore.repair(cut)
-    assert report["index_replaced"]
-    assert "lost_tail" in [p["kind"] for p in report["problems"]]
+    return cut, old, kept, lost
+
+
+def _only_the_older_checkpoint_and_writable(cut: str, old: bytes, kept: int, lost: int) -> None:
     with snapstore.open(cut) as s:
         assert bytes(s.restore(kept)["x"]) == old
         assert [c.id for c in s.checkpoints()] == [kept]
         with pytest.raises(snapstore.errors.CheckpointNotFound):
             s.get(lost)
         s.checkpoint({"x": b"goes on"}, stream="s")
+
+
+def test_repair_gives_back_a_writable_store_after_a_none_writer_lost_its_tail(tmp_path, journal):
+    """Durability "none" promises that a power cut may lose the latest checkpoints, never the
+    older ones. The cut, while the writer is open, takes the unsynced log tail while the index
+    (written back by the kernel on its own schedule) names it. Today's writer left a mark, so
+    the next open rebuilds (tests/crash/test_unsynced_index.py); without one (an older
+    snapstore's writer) a writer open refuses, naming repair, and repair rebuilds the index
+    from the log instead of keeping the one past the log's end."""
+    cut, old, kept, lost = _none_writer_cut_while_open(tmp_path, journal)
+    _unmarked(cut)
+    with pytest.raises(snapstore.errors.CorruptionError, match="snapstore repair"):
+        snapstore.open(cut)
+    report = snapstore.repair(cut)
+    assert report["index_replaced"]
+    assert "lost_tail" in [p["kind"] for p in report["problems"]]
+    _only_the_older_checkpoint_and_writable(cut, old, kept, lost)
 
 
 def test_a_new_store_makes_its_directories_durable(tmp_path, journal):
@@ -163,17 +174,6 @@ def test_a_none_writers_lost_tail_is_rebuilt_away_at_the_next_boot(tmp_path, jou
     """The same cut with today's mark and a reboot: the next open rebuilds the index from the
     log first; the older checkpoint restores, the lost one is gone, the store is writable."""
     from snapstore.engine import unsynced
-    store, old = str(tmp_path / "s"), _state(3, 200_000)
-    with snapstore.open(store) as s:
-        kept = s.checkpoint({"x": old}, stream="s").id
-    cut = str(tmp_path / "cut")
-    with snapstore.open(store, durability="none") as s:
-        lost = s.checkpoint({"x": _state(5, 200_000)}, stream="t").id
-        fsync_journal.power_cut_copy(store, cut, journal)
+    cut, old, kept, lost = _none_writer_cut_while_open(tmp_path, journal)
     monkeypatch.setattr(unsynced, "boot_id", lambda: "11111111-2222-3333-4444-555555555555")
-    with snapstore.open(cut) as s:
-        assert bytes(s.restore(kept)["x"]) == old
-        assert [c.id for c in s.checkpoints()] == [kept]
-        with pytest.raises(snapstore.errors.CheckpointNotFound):
-            s.get(lost)
-        s.checkpoint({"x": b"goes on"}, stream="s")
+    _only_the_older_checkpoint_and_writable(cut, old, kept, lost)
