@@ -65,12 +65,12 @@ def _boot_of(name: str) -> str:
     return name.rsplit(".", 1)[0]
 
 
-def untrusted(store: str, boot: str | None = None) -> list[str]:
+def untrusted(store: str) -> list[str]:
     """The marks of an earlier boot: when any is there, the index may be damaged and must be
     rebuilt from the log before it is opened. A mark whose lock is held is a live writer's
     whatever its boot id says (a sandbox with a boot id of its own), never stale. OSError
     when the directory cannot be read."""
-    boot = boot_id() if boot is None else boot
+    boot = boot_id()
     return [n for n in _marks(store)
             if (boot is None or _boot_of(n) != boot) and not _held(store, n)]
 
@@ -194,8 +194,9 @@ def remove_untrusted(store: str, names: list[str]) -> None:
         leftovers = [n for n in os.listdir(where) if n.startswith(".")]
     except FileNotFoundError:
         return
+    boot = boot_id()
     for name in [*names, *leftovers]:
-        if name.startswith(".") and _boot_of(name[1:]) == boot_id():
+        if name.startswith(".") and _boot_of(name[1:]) == boot:
             continue            # a creation under way in this boot
         try:
             os.unlink(os.path.join(where, name))
