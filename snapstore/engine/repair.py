@@ -25,7 +25,9 @@ state the old index is in (missing, truncated, damaged, intact):
      are not all there: the log is applied up to its first record), sync the new index, and
      swap it in -- unless
      the log is damaged and the old index is sound (it opens, every value passes its checksum,
-     verify finds nothing wrong inside it): it knows more than the damaged log, so it stays.
+     verify finds nothing wrong inside it) and every writer could open the store with it (it
+     applied no log past its end, and no damage lies past where it applied a log): it knows
+     more than the damaged log, so it stays.
 The new index is built in STORE/.index.new and swapped in by indexswap.swap_in (the mechanism
 compaction's index shrink shares): one atomic renameat2(RENAME_EXCHANGE), then the old one is
 removed, so a crash at any moment leaves the old or the new index; where the exchange is
@@ -59,9 +61,9 @@ from snapstore.engine.fsutil import fsync_directory
 from snapstore.engine.index import ChunkEntry, Index, open_in_process
 from snapstore.engine.indexswap import remove_entry, staging_dir, swap_in
 from snapstore.engine.logstate import SectionFinder, StateSection
-from snapstore.engine.records import Commit, record_order
+from snapstore.engine.records import Commit, decode_delete, record_order
 from snapstore.engine.upgrade import upgrade
-from snapstore.engine.verify import ProblemReport, verify
+from snapstore.engine.verify import ProblemReport, dependents, verify
 from snapstore.engine.wal import (DamagedRecord, MisplacedSegment, Record, first_segment,
                                   log_of, logs_of, next_valid_record, read_record,
                                   segment_version)
@@ -87,6 +89,9 @@ class _Scan:
     records: int = 0
     chunks: int = 0
     torn_tail: tuple[int, int] | None = None
+    # (segment, offset) of every damaged record or segment header reported (not the torn
+    # tail): a writer's recovery refuses to scan past one of them
+    damage: list = field(default_factory=list)
     # format 5: the depth each delta chunk's indexed record names, where it is not 1 (the
     # depth writers write): what the recount checks chains against
     depths: dict = field(default_factory=dict)
@@ -103,9 +108,9 @@ def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0)
     "checkpoints", "streams", "chunks", "segments", "bytes_scanned", "records",
     "records_replayed", "state_section", "seconds", "mb_per_s"} (checkpoints, streams,
     chunks: what the index in place afterwards holds); "ok" is False when the log itself is
-    damaged: then the rebuilt index replaces the old one only if the old one is unsound or
-    names records past the log's end (else it knows more: it is kept, "index_replaced"
-    False, problem "index_kept"). Raises FormatError (not a store, a newer format),
+    damaged: then the rebuilt index replaces the old one only if the old one is unsound,
+    names records past the log's end or lies before damage in the log (else it knows more: it
+    is kept, "index_replaced" False, problem "index_kept"). Raises FormatError (not a store, a newer format),
     StoreLocked, StoreIOError, and SnapstoreError when this process has the store open."""
     started = time.perf_counter()
     path = os.fspath(path)
@@ -248,7 +253,8 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
              report: ProblemReport, trust_old: bool = True) -> dict:
     """trust_old=False: the old index is never opened (it may be damaged so that mapping it
     crashes): nothing is compared with it, and the rebuilt index replaces it."""
-    old_logs = _old_logs(path) if trust_old else {}
+    previous = _old_index(path) if trust_old else _OldIndex()
+    old_logs = previous.logs
     new_dir = staging_dir(path)
     remove_entry(new_dir)                   # what an interrupted repair left
     # the store's modes, as compaction's shrink makes its copy: a store shared with a group
@@ -271,7 +277,8 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
             _check_segment_gaps(backend, section, report)
             loaded = _load_section(index, reader, section, report) if section else 0
             todo = [r for r in scan.index_records if not _covered(section, r[0], r[1])]
-            replayed = _replay(index, reader, _in_order(todo, report), report)
+            deleted: set = set()
+            replayed = _replay(index, reader, _in_order(todo, report), report, deleted)
         _recount(index, report, scan.depths, scan.other_copies)
         with index.write(rebuilding=True) as w:
             for log, end in scan.ends.items():
@@ -284,15 +291,37 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
             if section is not None:
                 w.set_log_state(section.begin, section.end)
             with_streams = len(w.streams())
-            checkpoints = len(w.checkpoint_ids())
+            rebuilt_ids = set(w.checkpoint_ids())
+            checkpoints = len(rebuilt_ids)
+            # ids and seqs handed out before stay used, also those of checkpoints the log
+            # lost (a name an application was given never comes to mean other bytes)
+            w.set_next_id(max(w.next_id(), previous.next_id))
+            for name, head in w.streams().items():
+                if previous.seqs.get(name, 0) > w.stream_seq(name):
+                    w.put_stream(name, head, previous.seqs[name])
+            # what only the rebuilt index lacks: reported if it replaces the old one
+            rebuilt_report = ProblemReport()
+            if report.problems:
+                _report_lost_parents(w, rebuilt_ids, deleted, rebuilt_report)
             chunks = sum(1 for _ in w.chunks())
         index.sync()
     finally:
         index.close()
     fsync_directory(new_dir)
-    replaced = not (trust_old and report.problems and _sound_index(path, backend)
-                    and not _past_the_log(old_logs, backend))
+    # the old index is kept only if it is sound and every writer could still open the
+    # store with it (its logs neither end before what it applied nor hold damage past it)
+    kept_problems = None
+    if trust_old and report.problems and not _past_the_log(old_logs, backend) \
+            and not _behind_the_damage(old_logs, scan.damage):
+        kept_problems = _problems_of_sound_index(path, backend)
+    replaced = kept_problems is None
     if replaced:
+        report.problems.extend(rebuilt_report.problems)
+        lost = sorted((previous.checkpoints or set()) - rebuilt_ids - deleted)
+        if lost:
+            report.add("lost_checkpoints", f"{len(lost)} checkpoint(s) the old index listed "
+                       "are in no valid record of the log: the rebuilt index does not have "
+                       "them", lost)
         crashpoint("repair_before_swap")
         swap_in(path, new_dir)
         crashpoint("repair_after_swap")
@@ -304,6 +333,7 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
                                     created if isinstance(created, (int, float)) else None)
     else:
         remove_entry(new_dir)
+        report.problems.extend(kept_problems)
         report.add("index_kept", "the log is damaged and the existing index is sound, so it "
                    "was kept (it describes what the damaged records held; restoring what "
                    "needs them fails cleanly); the index rebuilt from the log was discarded")
@@ -323,21 +353,39 @@ _INDEX_ONLY = frozenset({"missing_manifest", "missing_parent", "bad_extent", "mi
                          "index_mismatch", "unreadable_index"})
 
 
-def _old_logs(path: str) -> dict[int, tuple[int, int]]:
-    """{log: applied position} the store's existing index holds, if it opens and those values
-    pass their checksums (else {}): a torn tail never reaches back before them, so a log
-    whose valid records end earlier lost acknowledged records."""
+@dataclass
+class _OldIndex:
+    """What the store's existing index holds, where it opens and passes its checksums."""
+    logs: dict = field(default_factory=dict)    # {log: applied position}
+    checkpoints: set | None = None              # ids; None when not readable
+    next_id: int = 1
+    seqs: dict = field(default_factory=dict)    # {stream: its newest seq ever committed}
+
+
+def _old_index(path: str) -> _OldIndex:
+    """What the store's existing index holds, as far as it opens and its values pass their
+    checksums: a torn tail never reaches back before its applied positions, so a log whose
+    valid records end earlier lost acknowledged records; ids and seqs it handed out are never
+    handed out again."""
+    old = _OldIndex()
     try:
         index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=True, durable=False)
     except (SnapstoreError, OSError):
-        return {}
+        return old
     try:
         with index.read() as r:
-            return r.logs()
+            old.logs = r.logs()
+            try:
+                old.next_id = r.next_id()
+                old.seqs = {name: r.stream_seq(name) for name in r.streams()}
+                old.checkpoints = set(r.checkpoint_ids())
+            except (SnapstoreError, OSError):
+                pass
     except (SnapstoreError, OSError):
-        return {}
+        pass
     finally:
         index.close()
+    return old
 
 
 def _covered(section: StateSection | None, segment: int, offset: int) -> bool:
@@ -415,21 +463,64 @@ def _past_the_log(old_logs: dict[int, tuple[int, int]], backend: SegmentBackend)
     return any(sizes.get(segment, -1) < offset for segment, offset in old_logs.values())
 
 
-def _sound_index(path: str, backend: SegmentBackend) -> bool:
-    """Whether the store's existing index opens, every value it holds passes its checksum and
-    (shallow) verify finds nothing wrong inside it: then, when the log is damaged, it knows
-    more than a rebuild from that log, and repair keeps it."""
+def _report_lost_parents(w, ids: set, deleted: set, report: ProblemReport) -> None:
+    """Reports the rebuilt checkpoints whose parent the damaged log lost (its commit record;
+    not one a delete record removed). One whose manifests are all full restores (verify
+    names its missing parent until it is deleted); a delta manifest over the lost parent
+    cannot restore, nor can the later checkpoints whose manifests of that buffer build on
+    it."""
+    commits = {i: w.checkpoint(i) for i in ids}
+    children: dict[int, list] = {}
+    for i, c in commits.items():
+        if c.parent is not None:
+            children.setdefault(c.parent, []).append(i)
+    for i in sorted(commits):
+        parent = commits[i].parent
+        if parent is None or parent in commits or parent in deleted:
+            continue
+        deltas = [b.name for b in commits[i].buffers if b.base == "delta"]
+        if not deltas:
+            report.add("missing_parent", f"checkpoint {i} names parent {parent}, which is in "
+                       "no valid record of the log: it restores (its manifests are whole), "
+                       "but its parent is lost", [i])
+            continue
+        report.add("missing_parent", f"checkpoint {i} names parent {parent}, which is in no "
+                   f"valid record of the log: its buffers {deltas} are stored as changes to "
+                   "the parent's, so restoring it, and the checkpoints building on them, fails",
+                   dependents(commits, children, {(i, name) for name in deltas}))
+
+
+def _behind_the_damage(old_logs: dict[int, tuple[int, int]], damage: list) -> bool:
+    """Whether a damaged record or segment header lies at or past where the old index has
+    applied its log (or in a log it has applied nothing of): a writer's recovery replays a
+    log from its applied position and refuses damage in a sealed segment, so keeping that
+    index would leave a store nobody can write (and hide the valid records after it)."""
+    for segment, offset in damage:
+        applied = old_logs.get(log_of(segment))
+        if applied is None or (segment, offset) >= applied:
+            return True
+    return False
+
+
+def _problems_of_sound_index(path: str, backend: SegmentBackend) -> list | None:
+    """The problems (shallow) verify finds in the log the store's existing index points at
+    (damaged chunk records, with the checkpoints they break), if that index is sound: it
+    opens, every value it holds passes its checksum and verify finds nothing wrong inside it.
+    Then, when the log is damaged, it knows more than a rebuild from that log, and repair
+    keeps it. None when it is not sound."""
     try:
         index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=True, durable=False)
     except (SnapstoreError, OSError):
-        return False
+        return None
     try:
         found = verify(index, backend, deep=False)
     except (SnapstoreError, OSError):
-        return False
+        return None
     finally:
         index.close()
-    return not any(p["kind"] in _INDEX_ONLY for p in found["problems"])
+    if any(p["kind"] in _INDEX_ONLY for p in found["problems"]):
+        return None
+    return found["problems"]
 
 
 # ---- 1. the scan ------------------------------------------------------------------------------
@@ -504,6 +595,7 @@ def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan:
     next writer's recovery cuts it)."""
     if size <= fmt.SEGMENT_HEADER.size:     # never read: a FIFO, or killed while creating it
         if size < fmt.SEGMENT_HEADER.size and not last:
+            scan.damage.append((n, 0))
             report.add("damaged_segment_header", "segment is shorter than its header",
                        segment=n, offset=0)
         elif size == fmt.SEGMENT_HEADER.size:
@@ -512,6 +604,7 @@ def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan:
                 scan.end = (n, size)
             except CorruptionError:
                 if not last:
+                    scan.damage.append((n, 0))
                     report.add("damaged_segment_header", "segment header is damaged",
                                segment=n, offset=0)
         return
@@ -519,10 +612,12 @@ def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan:
         types = fmt.SEGMENT_RECORD_TYPES[segment_version(reader, n)]
     except MisplacedSegment as exc:
         scan.finder.interrupt()
+        scan.damage.append((n, 0))
         report.add("misplaced_segment", f"{exc}: the file is not this segment; none of its "
                    "records were used", segment=n, offset=0)
         return
     except CorruptionError as exc:
+        scan.damage.append((n, 0))
         report.add("damaged_segment_header", str(exc), segment=n, offset=0)
         types = fmt.RECORD_TYPES
     else:
@@ -540,6 +635,7 @@ def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan:
             if nxt is None and last:
                 scan.torn_tail = (n, pos)
             else:
+                scan.damage.append((n, pos))
                 report.add("damaged_record", f"{exc.reason}; skipped up to offset "
                            f"{size if nxt is None else nxt}", segment=n, offset=pos)
             if nxt is None:
@@ -636,17 +732,18 @@ def _load_section(index: Index, reader: SegmentReader, section: StateSection,
 _UNAPPLIABLE = (CorruptionError, ValueError, KeyError, TypeError, IndexError)
 
 
-def _replay(index: Index, reader: SegmentReader, todo: list, report: ProblemReport) -> int:
+def _replay(index: Index, reader: SegmentReader, todo: list, report: ProblemReport,
+            deleted: set) -> int:
     """Applies the index records at the positions in todo, in order, in batches; a batch that
     fails is redone one record at a time, so only the records that cannot apply are skipped
-    (and reported)."""
+    (and reported). Adds the ids of the checkpoints deleted to `deleted`."""
     applied = 0
     for i in range(0, len(todo), _REPLAY_BATCH):
         batch = todo[i:i + _REPLAY_BATCH]
         try:
             with index.write(rebuilding=True) as w:
                 for item in batch:
-                    _apply(w, reader, item)
+                    _apply(w, reader, item, deleted)
             applied += len(batch)
             continue
         except _UNAPPLIABLE:
@@ -654,7 +751,7 @@ def _replay(index: Index, reader: SegmentReader, todo: list, report: ProblemRepo
         for item in batch:
             try:
                 with index.write(rebuilding=True) as w:
-                    _apply(w, reader, item)
+                    _apply(w, reader, item, deleted)
                 applied += 1
             except _UNAPPLIABLE as exc:
                 report.add("unappliable_record", f"a valid log record does not apply: {exc}",
@@ -662,10 +759,13 @@ def _replay(index: Index, reader: SegmentReader, todo: list, report: ProblemRepo
     return applied
 
 
-def _apply(w, reader: SegmentReader, item: tuple) -> None:
+def _apply(w, reader: SegmentReader, item: tuple, deleted: set) -> None:
     seg, off, length, rtype = item[:4]
     record = read_record(reader, seg, off, length=length)
-    w.apply_record(rtype, bytes(record.payload), (seg, record.end))
+    payload = bytes(record.payload)
+    w.apply_record(rtype, payload, (seg, record.end))
+    if rtype == fmt.REC_DELETE:
+        deleted.add(decode_delete(payload)[0])
 
 
 # ---- 4. reference counts ---------------------------------------------------------------------
@@ -788,12 +888,18 @@ def _live_chunks(entries: dict, usable: set, counts: Counter) -> set:
 
 
 def _users_of(w, chunks) -> Callable[[set], set]:
-    """users(ids): the checkpoints whose manifests name any of ids (a subset of chunks)."""
-    named: dict[int, set] = {}
-    for cid in w.checkpoint_ids():
-        commit = w.checkpoint(cid)
-        for i in range(len(commit.buffers)):
+    """users(ids): the checkpoints whose restore reads any of ids (a subset of chunks): those
+    whose manifests name one, and the later ones whose delta manifests of that buffer build
+    on theirs."""
+    commits = {cid: w.checkpoint(cid) for cid in w.checkpoint_ids()}
+    children: dict[int, list] = {}
+    named: dict[tuple, set] = {}        # (checkpoint, buffer name) -> the chunks it names
+    for cid, commit in commits.items():
+        if commit.parent is not None:
+            children.setdefault(commit.parent, []).append(cid)
+        for i, b in enumerate(commit.buffers):
             for _, _, _, chunk in fmt.EXTENT.iter_unpack(w.manifest(cid, i)):
                 if chunk in chunks:
-                    named.setdefault(cid, set()).add(chunk)
-    return lambda ids: {cid for cid, got in named.items() if got & ids}
+                    named.setdefault((cid, b.name), set()).add(chunk)
+    return lambda ids: dependents(commits, children,
+                                  [pair for pair, got in named.items() if got & ids])

@@ -57,7 +57,7 @@ class ProblemReport:
                               "offset": offset})
 
 
-def _dependents(commits: dict, children: dict, start) -> set[int]:
+def dependents(commits: dict, children: dict, start) -> set[int]:
     """Checkpoint ids whose restore of a buffer reads a manifest in `start` ((id, buffer name)
     pairs): those checkpoints, and every later one whose delta chain of that buffer passes
     through them."""
@@ -136,12 +136,12 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
 
     def affected(cid: bytes) -> set[int]:
         """The checkpoints whose restore reads chunk cid (directly or as a delta's base)."""
-        return _dependents(commits, children, _chunk_users(cid, users, deltas_of))
+        return dependents(commits, children, _chunk_users(cid, users, deltas_of))
 
     def reach(i: int, name: str | None = None) -> set[int]:
         """Checkpoint i (its buffer `name`, or all) and the later ones that build on it."""
         names = [name] if name is not None else [b.name for b in commits[i].buffers]
-        return _dependents(commits, children, {(i, n) for n in names}) | {i}
+        return dependents(commits, children, {(i, n) for n in names}) | {i}
 
     for i, name, message in missing:
         report.add("missing_manifest", message, reach(i, name))
