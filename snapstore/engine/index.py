@@ -1245,8 +1245,10 @@ class IndexView:
         its record must exist, so a missing one is index damage (CorruptionError)."""
         commit = self.checkpoint(checkpoint_id)
         if commit is None:
-            raise damaged(f"{named_by} names checkpoint {checkpoint_id}, which the index "
-                          "does not hold")
+            raise CorruptionError(f"{named_by} names checkpoint {checkpoint_id}, which the "
+                                  f"index does not hold: the index is damaged ({REPAIR_HINT}), "
+                                  "or, when repair already reported that missing parent, its "
+                                  "record is lost from the log")
         return commit
 
     def checkpoint_ids(self, stream: str | None = None) -> list[int]:

@@ -188,7 +188,8 @@ class ChunkReader:
         if entry is None:
             raise CorruptionError(f"the store has no chunk {chunk_id.hex()[:16]}… (when a "
                                   "checkpoint's manifest names it, the index is damaged: "
-                                  "`snapstore repair`)")
+                                  "`snapstore repair` rebuilds it from the log; when repair "
+                                  "already reported this checkpoint, its bytes are lost)")
         if entry.segment not in self._versions_checked:
             self._check_version(entry.segment)
         try:
@@ -227,7 +228,8 @@ class ChunkReader:
         if base_entry is None:
             raise CorruptionError(f"the store has no chunk {base_id.hex()[:16]}…, the base "
                                   f"of delta chunk {chunk_id.hex()[:16]}… (`snapstore "
-                                  "repair`)")
+                                  "repair`; when repair already reported this checkpoint, its "
+                                  "bytes are lost)")
         if base_entry.raw_len != chunk.raw_len:
             raise damaged_record(f"delta chunk of {chunk.raw_len} bytes names a base of "
                                  f"{base_entry.raw_len}", record.segment, record.offset,
