@@ -269,3 +269,30 @@ def test_a_kept_index_reports_no_lost_parent_it_holds(tmp_path):
     assert "damaged_record" in kinds and "missing_parent" not in kinds
     assert check_after_repair(w, report) == set(ids)
     assert snapstore.repair(w.path)["checkpoints"] == len(ids) + 1
+
+
+@pytest.mark.parametrize("how", ["chunk", "commit", "empty segment"])
+def test_the_way_back_to_a_clean_store(tmp_path, how):
+    """The README's recipe: repair, delete what it names, compact with threshold 1: verify
+    (deep) and the next repair are clean, and the rest restores byte-exact."""
+    w = Written(str(tmp_path / "s"))
+    ids = w.checkpoints(6)
+    segment = w.segments()[2]
+    if how == "empty segment":
+        os.truncate(segment, 0)
+    else:
+        kind = fmt.REC_CHUNK if how == "chunk" else fmt.REC_COMMIT
+        offset, _, length = [r for r in records(segment) if r[1] == kind][0]
+        flip(segment, offset + fmt.RECORD_HEADER.size + length // 2)
+
+    report = snapstore.repair(w.path)
+    assert not report["ok"]
+    broken = named(report)
+    with snapstore.open(w.path, **w.options) as s:
+        if broken:
+            s.delete_many(sorted(broken))
+        s.compact(threshold=1.0)
+        assert s.verify(deep=True)["ok"]
+        for i in set(ids) - broken:
+            assert s.restore(i) == w.data[i]
+    assert snapstore.repair(w.path)["ok"]
