@@ -255,6 +255,9 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
     crashes): nothing is compared with it, and the rebuilt index replaces it."""
     previous = _old_index(path) if trust_old else _OldIndex()
     old_logs = previous.logs
+    # what the rebuilt index lacks (as opposed to damage in the log): reported only if it
+    # replaces the old index; a kept index reports what it lacks itself (verify)
+    rebuilt_report = ProblemReport()
     new_dir = staging_dir(path)
     remove_entry(new_dir)                   # what an interrupted repair left
     # the store's modes, as compaction's shrink makes its copy: a store shared with a group
@@ -274,12 +277,12 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
                                f"at {segment_name(end[0])}:{end[1]}: acknowledged records "
                                "were lost", segment=end[0] or None, offset=end[1])
             section = scan.finder.newest
-            _check_segment_gaps(backend, section, report)
+            _check_segment_gaps(backend, section, rebuilt_report)
             loaded = _load_section(index, reader, section, report) if section else 0
             todo = [r for r in scan.index_records if not _covered(section, r[0], r[1])]
             deleted: set = set()
             replayed = _replay(index, reader, _in_order(todo, report), report, deleted)
-        _recount(index, report, scan.depths, scan.other_copies)
+        _recount(index, rebuilt_report, scan.depths, scan.other_copies)
         with index.write(rebuilding=True) as w:
             for log, end in scan.ends.items():
                 w.set_applied(_unfinished_tail(scan, log) or end)
@@ -299,9 +302,8 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
             for name, head in w.streams().items():
                 if previous.seqs.get(name, 0) > w.stream_seq(name):
                     w.put_stream(name, head, previous.seqs[name])
-            # what only the rebuilt index lacks: reported if it replaces the old one
-            rebuilt_report = ProblemReport()
-            if report.problems:
+            damaged = bool(report.problems or rebuilt_report.problems)
+            if damaged:
                 _report_lost_parents(w, rebuilt_ids, deleted, rebuilt_report)
             chunks = sum(1 for _ in w.chunks())
         index.sync()
@@ -311,7 +313,7 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
     # the old index is kept only if it is sound and every writer could still open the
     # store with it (its logs neither end before what it applied nor hold damage past it)
     kept_problems = None
-    if trust_old and report.problems and not _past_the_log(old_logs, backend) \
+    if trust_old and damaged and not _past_the_log(old_logs, backend) \
             and not _behind_the_damage(old_logs, scan.damage):
         kept_problems = _problems_of_sound_index(path, backend)
     replaced = kept_problems is None
