@@ -110,8 +110,9 @@ def repair(path: str, *, progress: Progress | None = None, timeout: float = 0.0)
     chunks: what the index in place afterwards holds); "ok" is False when the log itself is
     damaged: then the rebuilt index replaces the old one only if the old one is unsound,
     names records past the log's end or lies before damage in the log (else it knows more: it
-    is kept, "index_replaced" False, problem "index_kept"). Raises FormatError (not a store, a newer format),
-    StoreLocked, StoreIOError, and SnapstoreError when this process has the store open."""
+    is kept, "index_replaced" False, problem "index_kept"). Raises FormatError (not a store,
+    a newer format), StoreLocked, StoreIOError, and SnapstoreError when this process has the
+    store open."""
     started = time.perf_counter()
     path = os.fspath(path)
     lock_fd = storedir.open_directory(path, create=False, readonly=False, timeout=timeout,
