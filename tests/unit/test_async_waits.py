@@ -363,3 +363,72 @@ def test_a_thread_checkpointing_async_beside_one_checkpointing_plainly_never_con
         for info, name, data in made:
             assert s.restore(info.id)[name] == data
         assert s._persister._stream_turns == {}     # no lock kept for a stream not in use
+
+
+_CALLBACK_WHILE_A_CAPTURE_WAITS = r"""
+import faulthandler, sys, threading
+import snapstore
+from snapstore.errors import SnapstoreError
+faulthandler.dump_traceback_later(60, exit=True)
+what, path = sys.argv[1], sys.argv[2]
+s = snapstore.open(path, durability="none")
+out, returned = [], threading.Event()
+
+def callback(_):
+    try:
+        if what == "close":
+            s.close()
+        elif what == "checkpoint":
+            s.checkpoint({"a": b"z" * 3000}, "t")
+        else:
+            s.checkpoint_async({"a": b"w" * 3000}, "t").result(timeout=0)
+        out.append("ok")
+    except SnapstoreError as exc:
+        out.append(type(exc).__name__)
+    finally:
+        returned.set()
+
+first = s.checkpoint_async({"a": b"x" * 5000}, "t")
+first.add_done_callback(callback)
+try:                    # new bytes: a full diff, which waits for the first to land
+    second = s.checkpoint_async({"a": b"y" * 5000}, "t").result(timeout=30)
+    print("second", second.id)
+except SnapstoreError as exc:
+    print("second", type(exc).__name__)
+print("first", first.result(timeout=30).id)
+assert returned.wait(30)
+print("callback", out)
+s.close()
+"""
+
+
+@pytest.mark.parametrize("what", ["close", "checkpoint", "checkpoint_async"])
+def test_a_callback_needing_the_stream_while_a_capture_of_it_waits_never_deadlocks(tmp_path,
+                                                                                   what):
+    """Regression: a capture that diffs in full holds its stream's capture lock while it
+    waits for the checkpoint before it to land, and that checkpoint counted as landed only
+    after its done-callbacks returned: a callback that needed the lock (close(), a checkpoint
+    of the stream) and the capture waited for each other for ever. Now a checkpoint leaves
+    the queue before its callbacks run (flush() still waits for them)."""
+    proc = subprocess.run([sys.executable, "-c", _CALLBACK_WHILE_A_CAPTURE_WAITS, what,
+                           str(tmp_path / "s")], capture_output=True, text=True, timeout=120,
+                          env=_child_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    assert lines["first"] == "1"
+    # each outcome is a commit or a clear snapstore error, never a hang
+    assert lines["callback"] in ("['ok']", "['SnapstoreError']", "['CommitConflict']"), lines
+    assert lines["second"] in ("2", "3", "StoreClosedError", "CommitConflict"), lines
+    with snapstore.open(tmp_path / "s") as s:
+        assert s.verify(deep=True)["ok"]
+
+
+def test_flush_returns_after_the_done_callbacks_ran(tmp_path):
+    """A checkpoint leaves the queue before its callbacks run; flush() still waits for them."""
+    import time
+    with snapstore.open(tmp_path / "s", durability="none") as s:
+        ran = []
+        f = s.checkpoint_async({"a": b"x"}, stream="t")
+        f.add_done_callback(lambda _: (time.sleep(0.3), ran.append(1)))
+        s.flush()
+        assert ran == [1]
