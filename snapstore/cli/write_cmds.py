@@ -67,7 +67,8 @@ def add_retain(add) -> None:
                 "Keeps, in each chosen stream, every checkpoint that at least one rule keeps "
                 "(and tagged ones unless --no-keep-tagged), deletes the rest, then compacts "
                 "so their space returns to the file system (as `restic forget --prune`; "
-                "--no-prune skips that). At least one --keep-* rule is required. Periods "
+                "--no-prune skips that). At least one --keep-* rule that keeps some is "
+                "required (--keep-last 0 alone is refused). Periods "
                 "(hours, days, weeks, months, years) are local time (--utc: UTC); 'last N "
                 "periods' counts only periods that have checkpoints, as restic does. "
                 "--dry-run lists what would be deleted and which rules keep the rest.", 79)

@@ -122,7 +122,8 @@ class Policy:
            keep_daily=None, keep_weekly=None, keep_monthly=None, keep_yearly=None,
            keep_tagged=True, tz=None) -> "Policy":
         """Checks every rule (InvalidArgumentError with the rule's name); at least one rule
-        other than keep_tagged is required, so a typo cannot wipe a stream."""
+        other than keep_tagged that keeps something is required (a count of 0 keeps nothing),
+        so a typo cannot wipe a stream."""
         counts = {"keep_last": keep_last, "keep_hourly": keep_hourly, "keep_daily": keep_daily,
                   "keep_weekly": keep_weekly, "keep_monthly": keep_monthly,
                   "keep_yearly": keep_yearly}
@@ -140,6 +141,12 @@ class Policy:
             raise InvalidArgumentError(
                 "retain needs at least one keep rule: keep_last, keep_every, keep_within, "
                 "keep_hourly, keep_daily, keep_weekly, keep_monthly or keep_yearly")
+        if keep_every is None and keep_within is None and not any(counts.values()):
+            zero = ", ".join(f"{name}=0" for name, v in counts.items() if v == 0)
+            raise InvalidArgumentError(
+                f"retain with {zero} and no other rule keeps nothing: it would delete every "
+                "untagged checkpoint of the stream, its newest too; give a rule that keeps "
+                "some (keep_last=1 or more), or delete them with delete_many (`snapstore rm`)")
         return cls(keep_last, keep_every, keep_within, keep_hourly, keep_daily, keep_weekly,
                    keep_monthly, keep_yearly, validate_flag(keep_tagged, "keep_tagged"), tz)
 

@@ -106,7 +106,7 @@ def test_no_prune_leaves_space_to_compact(store):
     d = cli_json("-s", path, "retain", "--stream", "train", "--keep-last", "1", "--no-prune")
     assert len(d["deleted"]["train"]) == 3 and d["compaction"] is None
     assert d["bytes_freed"] < 100_000
-    out = cli_ok("-s", path, "retain", "--stream", "train", "--keep-last", "0",
+    out = cli_ok("-s", path, "retain", "--stream", "train", "--keep-every", "1000",
                  "--no-prune").stdout
     assert "not pruned" in out
     # the delete records are all the store gained: said so, not "-176 B freed"
@@ -125,6 +125,16 @@ def test_time_rules(store):
     assert d["kept"]["train"] == {str(train[4]): ["daily"]}
 
 
+def test_a_policy_that_keeps_nothing_is_a_usage_error(store):
+    """--keep-last 0 alone (a typo for 10, say) would delete every untagged checkpoint."""
+    path, train, _ = store
+    cli_error(2, "-s", path, "retain", "--stream", "train", "--keep-last", "0",
+              needles=["keeps nothing"])
+    cli_error(2, "-s", path, "retain", "--all-streams", "--keep-daily", "0",
+              "--keep-hourly", "0", needles=["keeps nothing"])
+    assert ids(path, "train") == train
+
+
 def test_unknown_stream_and_empty_store(tmp_path):
     path = str(tmp_path / "s")
     snapstore.open(path).close()
@@ -132,7 +142,7 @@ def test_unknown_stream_and_empty_store(tmp_path):
     assert d["deleted"] == {} and d["deleted_count"] == 0
     assert "no streams" in cli_ok("-s", path, "retain", "--all-streams", "--keep-last",
                                   "1").stdout
-    d = cli_json("-s", path, "retain", "--stream", "nope", "--keep-last", "0")
+    d = cli_json("-s", path, "retain", "--stream", "nope", "--keep-last", "1")
     assert d["deleted"] == {"nope": []}
     assert "nope: deleted 0" in cli_ok("-s", path, "retain", "--stream", "nope",
                                        "--keep-yearly", "1").stdout

@@ -308,17 +308,17 @@ def test_retain_never_removes_tagged_under_any_policy(store_path):
         tagged = {c.id for c in rng.sample(infos, 5)}
         for cid in tagged:
             s.tag(cid, "keep-me")
-        for keep_last, keep_every in [(0, None), (1, None), (0, 7), (None, 100), (2, 3)]:
+        for keep_last, keep_every in [(1, None), (0, 7), (None, 100), (2, 3)]:
             deleted = s.retain("run", keep_last=keep_last, keep_every=keep_every)
             assert not set(deleted) & tagged
             model.drop(deleted)
             assert tagged <= {c.id for c in s.checkpoints("run")}
-        # keep_last=0 alone keeps nothing by rule: only the tagged ones survived it
-        assert {c.id for c in s.checkpoints("run")} == tagged
-        model.check(s)
+        # keep_last=0 alone keeps nothing by rule: refused (a typo must not wipe a stream)
+        with pytest.raises(InvalidArgumentError, match="keeps nothing"):
+            s.retain("run", keep_last=0)
         s.untag(min(tagged), "keep-me")
-        deleted = s.retain("run", keep_last=0, keep_every=None)
-        assert min(tagged) in deleted
+        deleted = s.retain("run", keep_last=1)
+        assert not set(deleted) & (tagged - {min(tagged)})
         model.drop(deleted)
         model.check(s, deep=True)
 
@@ -819,8 +819,8 @@ def test_random_delete_compact_sequences_against_a_model(tmp_path_factory, ops):
                 s.tag(live[op[1] % len(live)], "t")
             elif kind == "retain":
                 _, stream, keep_last, keep_every = op
-                if keep_last is None and keep_every is None:
-                    keep_every = 2
+                if not keep_last and keep_every is None:
+                    keep_every = 2          # (a policy that keeps nothing is refused)
                 model.drop(s.retain(stream, keep_last=keep_last, keep_every=keep_every))
             elif kind == "reopen":
                 s.close()

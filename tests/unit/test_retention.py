@@ -69,7 +69,8 @@ def test_policy_needs_a_rule_and_checks_each():
         for bad in (-1, 1.5, "2", True):
             with pytest.raises(InvalidArgumentError, match=name):
                 Policy.of(**{name: bad})
-        assert getattr(Policy.of(**{name: 0}), name) == 0       # 0 is a rule (keeps none)
+        # 0 is a rule (keeps none) beside one that keeps some; alone it is refused
+        assert getattr(Policy.of(**{name: 0, "keep_every": 5}), name) == 0
     with pytest.raises(InvalidArgumentError, match="keep_every"):
         Policy.of(keep_every=0)
     with pytest.raises(InvalidArgumentError, match="keep_within"):
@@ -80,11 +81,22 @@ def test_policy_needs_a_rule_and_checks_each():
         Policy.of(keep_last=1, keep_tagged="yes")
 
 
+def test_a_policy_that_keeps_nothing_is_refused():
+    """keep_last=0 (or any count of 0) with no other rule would delete every untagged
+    checkpoint, the newest too: a typo (--keep-last 0 for 10) must not wipe a stream, as
+    restic treats an all-zero policy as none."""
+    for rules in (dict(keep_last=0), dict(keep_hourly=0, keep_daily=0),
+                  dict(keep_last=0, keep_tagged=False)):
+        with pytest.raises(InvalidArgumentError, match="keeps nothing"):
+            Policy.of(**rules)
+    Policy.of(keep_last=0, keep_daily=1)          # another rule keeps some: fine
+
+
 def test_plan_empty_and_one():
-    for rules in (dict(keep_last=0), dict(keep_daily=3), dict(keep_within=0)):
+    for rules in (dict(keep_last=1), dict(keep_daily=3), dict(keep_within=0)):
         assert plan([], Policy.of(**rules)) == {}
     one = cands([5])
-    assert plan(one, Policy.of(keep_last=0)) == {}
+    assert plan(one, Policy.of(keep_last=0, keep_every=2)) == {}
     assert plan(one, Policy.of(keep_last=5)) == {1: ["last"]}
     assert plan(one, Policy.of(keep_within=0)) == {1: ["within"]}
     assert plan(one, Policy.of(keep_yearly=1, tz=UTC)) == {1: ["yearly"]}
@@ -262,12 +274,12 @@ def test_retain_time_rules_on_a_real_store(store):
 def test_retain_keeps_other_streams_and_tolerates_unknown_and_empty(store):
     a = fill(store, 3, "a")
     b = fill(store, 3, "b", seed=1)
-    r = store.retain("no-such-stream", keep_last=0)
+    r = store.retain("no-such-stream", keep_last=1)
     assert r == [] and r.kept == {} and r.compaction is None
-    assert store.retain("a", keep_last=0) == [c.id for c in a]
+    assert store.retain("a", keep_last=1) == [c.id for c in a[:-1]]
     assert [c.id for c in store.checkpoints("b")] == [c.id for c in b]
-    assert store.checkpoints("a") == []
-    assert store.retain("a", keep_last=0) == []      # the stream is now empty
+    assert [c.id for c in store.checkpoints("a")] == [a[-1].id]
+    assert store.retain("a", keep_last=1) == []      # nothing more to delete
     assert store.verify(deep=True)["ok"]
 
 
