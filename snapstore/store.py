@@ -27,7 +27,7 @@ from snapstore.engine import records
 from snapstore.engine import retention
 from snapstore.engine import writer as wr
 from snapstore.engine.commit import ANY_HEAD, Committer, io_errors
-from snapstore.engine.index import IndexView
+from snapstore.engine.index import IndexView, lmdb_errors
 from snapstore.engine.memory import OutputBytes
 from snapstore.engine.meta import reserved_meta, user_meta
 from snapstore.engine.extents import check_manifest
@@ -57,6 +57,13 @@ def default_durability(path: Any) -> str:
     S3 store (s3://...), "fsync" for a local one."""
     return "remote" if remote_layout.is_remote(os.fsdecode(path) if isinstance(path, bytes)
                                                 else str(path)) else "fsync"
+
+
+def _lmdb_errors_of(chunks: Iterator) -> Iterator:
+    """The items of a generator reading an index snapshot, its LMDB errors raised as the
+    snapstore errors they mean (the snapshot's own with block is not around it)."""
+    with lmdb_errors("read"):
+        yield from chunks
 
 
 def _prune_failed(exc: SnapstoreError, stream: str, deleted: list) -> SnapstoreError:
@@ -1343,14 +1350,16 @@ class Store:
         r = snapshot.__enter__()
         ended = []
         try:
-            manifests = self._manifests_of(r, self._checkpoint_once_named(r, name, found))
+            with lmdb_errors("read"):
+                manifests = self._manifests_of(r, self._checkpoint_once_named(r, name, found))
 
             def read_chunks(chunk_ids) -> Iterator[tuple[bytes, bytes]]:
                 if ended:
                     raise InvalidArgumentError("read_chunks was called after the use() "
                                                "with_manifests gave it to returned: its index "
                                                "snapshot is gone; call it inside use()")
-                return self._chunks_in(r, self._checked_chunk_ids(chunk_ids), hold=True)
+                return _lmdb_errors_of(self._chunks_in(r, self._checked_chunk_ids(chunk_ids),
+                                                       hold=True))
             return use(manifests, read_chunks)
         finally:
             ended.append(True)

@@ -50,8 +50,10 @@ def damaged(message: str) -> CorruptionError:
 
 
 def _wrap(exc: lmdb.Error, what: str) -> SnapstoreError:
+    # MDB_BAD_TXN too: LMDB's cursor setup ignores a failure to refresh a damaged database
+    # handle, and the next call of the transaction then reports only that it must abort
     if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError,
-                        lmdb.VersionMismatchError, lmdb.BadValsizeError)):
+                        lmdb.VersionMismatchError, lmdb.BadValsizeError, lmdb.BadTxnError)):
         return damaged(f"index {what}: {exc}")
     if isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)):
         return StoreIOError(f"index {what}: {exc}")
@@ -59,7 +61,9 @@ def _wrap(exc: lmdb.Error, what: str) -> SnapstoreError:
 
 
 @contextlib.contextmanager
-def _lmdb_errors(what: str):
+def lmdb_errors(what: str):
+    """Raises an LMDB error of the with block as the snapstore error it means (damage:
+    CorruptionError naming `snapstore repair`; else StoreIOError)."""
     try:
         yield
     except lmdb.Error as exc:
@@ -215,7 +219,7 @@ def _check_not_truncated(env: lmdb.Environment, data: str) -> None:
     """LMDB maps the file and reads pages up to its last page in place: past the end of the
     file that is SIGBUS. So the file must reach the end of LMDB's last page. (A file too short
     for LMDB's two meta pages already failed lmdb.open with MDB_INVALID.)"""
-    with _lmdb_errors("open"):
+    with lmdb_errors("open"):
         need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
     try:
         st = os.stat(data)
@@ -779,7 +783,7 @@ class Index:
         env = _acquire_env(self.path, self.durable, self.file_mode)
         try:
             _check_not_truncated(env, self._data_file(env))
-            with _lmdb_errors("open databases"):
+            with lmdb_errors("open databases"):
                 with env.begin() as txn:
                     _check_named_databases(txn, self.path)
                 if env.flags()["readonly"]:     # no writer can be in this process
@@ -909,7 +913,7 @@ class Index:
     def _txn(self, *, write: bool, what: str) -> Iterator[tuple]:
         opened = self._enter()
         try:
-            with _lmdb_errors(what):
+            with lmdb_errors(what):
                 with _forked_safe(opened.env.begin(write=write, buffers=False)) as txn:
                     yield txn, opened.dbs
         finally:
@@ -920,7 +924,7 @@ class Index:
         # _txn written out: every restore and read begins one
         opened = self._enter()
         try:
-            with _lmdb_errors("read"):
+            with lmdb_errors("read"):
                 with _forked_safe(opened.env.begin(buffers=False)) as txn:
                     yield IndexView(self, txn, opened.dbs)
         finally:
@@ -941,7 +945,7 @@ class Index:
         for _ in range(_OPEN_ATTEMPTS):
             opened = self._enter()
             try:
-                with _lmdb_errors("write"):
+                with lmdb_errors("write"):
                     txn = begin_write(opened.env, self.path, self.file_mode,
                                       buffers=False)
                     try:
@@ -967,7 +971,7 @@ class Index:
         """Forces every committed transaction to disk (even with durability "none")."""
         opened = self._enter()
         try:
-            with _lmdb_errors("sync"):
+            with lmdb_errors("sync"):
                 opened.env.sync(True)
         finally:
             self._leave(opened)
@@ -989,7 +993,7 @@ class Index:
         with self._txn(write=False, what="stat") as (txn, dbs):
             psize = txn.stat(dbs[fmt.DB_META])["psize"]
             stats = [txn.stat(db) for db in dbs.values()]
-            with _lmdb_errors("stat"):
+            with lmdb_errors("stat"):
                 main = self.env.stat()
         used = 2 + sum(st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
                        for st in [main, *stats])
@@ -1017,7 +1021,7 @@ class Index:
                 os.unlink(os.path.join(dest, name))
             opened = self._enter()
             try:
-                with _lmdb_errors("copy"):
+                with lmdb_errors("copy"):
                     txn = begin_write(opened.env, self.path,    # keeps every writer out
                                       self.file_mode)
                     try:
