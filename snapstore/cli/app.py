@@ -168,17 +168,13 @@ def _run(argv: Optional[list]) -> int:
     except KeyboardInterrupt:
         if debug:
             traceback.print_exc()
-        print(f"{PROG}: interrupted", file=sys.stderr)
+        _print_to_stderr(f"{PROG}: interrupted")
         if as_json:
-            print_json({"error": "interrupted", "exit_status": 130})
+            _print_error_json({"error": "interrupted", "exit_status": 130})
         return 130
     except BrokenPipeError:
         # Output piped into e.g. `head` that exited: not an error. Keep Python quiet at exit.
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except OSError:
-            pass
+        _quiet_stdout()
         return EXIT_OK
     except (UsageError, Problem, errors.SnapstoreError, OSError) as exc:
         if debug:
@@ -196,10 +192,39 @@ def _error(message: str, status: int, as_json: bool) -> int:
     """Reports an error: one `snapstore: error:` line on stderr and, with --json, the document
     {"error": message, "exit_status": status} on stdout (so a program reading stdout gets JSON
     either way). Returns status."""
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    _print_to_stderr(f"{PROG}: error: {message}")
     if as_json:
-        print_json({"error": message, "exit_status": status})
+        _print_error_json({"error": message, "exit_status": status})
     return status
+
+
+def _print_to_stderr(line: str) -> None:
+    """One line on stderr; a closed stderr (`2>&-`) loses it quietly, the exit status stays."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _print_error_json(doc: dict) -> None:
+    """Prints an error's JSON document; a stdout that cannot take it (a pipe whose reader
+    is gone, a full disk, a closed one) loses it quietly: the stderr line and the exit status
+    say it all, where a traceback at exit did."""
+    try:
+        print_json(doc)
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        _quiet_stdout()
+
+
+def _quiet_stdout() -> None:
+    """Points stdout's descriptor at /dev/null, so that Python's flush at exit of what could
+    not be written stays quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":   # pragma: no cover

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import datetime as _dt
 import json
 import math
@@ -48,11 +49,36 @@ class TerminalSafeStream:
         return getattr(self._stream, name)
 
 
+class ClosedStream:
+    """What stands for a standard stream the process was started without (`>&-`: Python
+    makes it None). Writing to a closed stdout is an OSError (EBADF), so a command whose
+    output is lost fails instead of reporting success; a closed stderr takes its one error
+    line and drops it (there is nowhere to say it)."""
+
+    def __init__(self, name: str, raise_on_write: bool) -> None:
+        self.name = name
+        self._raise = raise_on_write
+
+    def write(self, text: str) -> int:
+        if self._raise and text:
+            raise OSError(errno.EBADF, f"standard {self.name} is closed")
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
 @contextlib.contextmanager
 def terminal_safe_output() -> Iterator[None]:
-    """Runs the with block with sys.stdout and sys.stderr behind TerminalSafeStream."""
+    """Runs the with block with sys.stdout and sys.stderr behind TerminalSafeStream (a closed
+    one behind ClosedStream)."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = TerminalSafeStream(sys.stdout), TerminalSafeStream(sys.stderr)
+    out = sys.stdout if sys.stdout is not None else ClosedStream("output", True)
+    err = sys.stderr if sys.stderr is not None else ClosedStream("error", False)
+    sys.stdout, sys.stderr = TerminalSafeStream(out), TerminalSafeStream(err)
     try:
         yield
     finally:
