@@ -36,7 +36,7 @@ from snapstore.engine.reader import (ChunkReader, buffer_manifest, chunk_entries
 from snapstore.engine.repair import repair as rebuild_index
 from snapstore.engine.records import Commit
 from snapstore.engine.backends import SegmentBackend, segment_number
-from snapstore.engine.validation import (MAX_CREATED, buffer_view, check_choice,
+from snapstore.engine.validation import (MAX_CREATED, buffer_view, check_choice, check_disjoint,
                                          is_created_time, validate_buffers,
                                          validate_compression_level, validate_flag,
                                          validate_int, validate_meta, validate_name,
@@ -1177,8 +1177,8 @@ class Store:
     def restore_into(self, name: Any, buffers: Mapping[str, Any]) -> None:
         """Restores named buffers of a checkpoint (named as for resolve()) in place into
         writable buffers of the same sizes (a subset of the checkpoint's buffers is fine).
-        Sizes and names are checked before anything is written; on CorruptionError the
-        targets' contents are undefined."""
+        Sizes, names and that no two targets share memory are checked before anything is
+        written; on CorruptionError the targets' contents are undefined."""
         if not isinstance(buffers, Mapping):
             raise InvalidArgumentTypeError("buffers must be a mapping of name to writable buffer")
 
@@ -1191,6 +1191,7 @@ class Store:
                     raise InvalidArgumentError(f"buffer {name!r} has {len(view)} bytes; "
                                                f"checkpoint {commit.id} holds {entry.size}")
                 targets[name] = view
+            check_disjoint(targets)
             for name, view in targets.items():
                 self._refetching(restore_range, r, self.backend, commit, name, view)
         self._read_checkpoint(name, read)

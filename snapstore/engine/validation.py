@@ -206,3 +206,14 @@ def check_choice(value: Any, choices: tuple, what: str) -> str:
     if not isinstance(value, str) or value not in choices:
         raise InvalidArgumentError(f"{what} must be one of {', '.join(choices)}; got {value!r}")
     return value
+
+
+def check_disjoint(targets: Mapping[str, memoryview]) -> None:
+    """InvalidArgumentError naming two of targets (writable views a restore fills) that share
+    memory: one would overwrite what the other received (wrong bytes, silently)."""
+    spans = sorted((native.buffer_address(v), len(v), name) for name, v in targets.items()
+                   if len(v))
+    for (start, size, name), (nxt, _, other) in zip(spans, spans[1:]):
+        if nxt < start + size:
+            raise InvalidArgumentError(f"buffers {name!r} and {other!r} share memory: restoring "
+                                       "into both would overwrite one with the other")

@@ -728,6 +728,22 @@ def test_restore_into_overwrites_every_byte(store):
         assert target == data
 
 
+def test_restore_into_targets_that_share_memory_are_refused(store):
+    """Two targets over the same memory: the second overwrote what the first received, and
+    the caller got wrong bytes without a word (found by the boring-case sweep)."""
+    info = store.checkpoint({"p": b"1" * 100, "q": b"2" * 100, "e": b"", "w": b"3" * 300})
+    buf = bytearray(300)
+    for targets in ({"w": buf, "p": memoryview(buf)[:100]},
+                    {"p": memoryview(buf)[:100], "q": memoryview(buf)[:100]},
+                    {"p": memoryview(buf)[:100], "q": memoryview(buf)[99:199]}):
+        with pytest.raises(snapstore.errors.InvalidArgumentError, match="share memory"):
+            store.restore_into(info.id, targets)
+    assert buf == bytearray(300)                # nothing written
+    store.restore_into(info.id, {"p": memoryview(buf)[:100], "q": memoryview(buf)[100:200],
+                                 "e": memoryview(buf)[50:50]})   # adjacent, empty: fine
+    assert bytes(buf[:200]) == b"1" * 100 + b"2" * 100
+
+
 def test_restore_into_checks_everything_before_writing(store):
     a, b = rand_bytes(10000, 1), rand_bytes(20000, 2)
     info = store.checkpoint({"a": a, "b": b})
