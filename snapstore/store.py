@@ -298,22 +298,33 @@ class Group:
 
 
 def group_parts(info: CheckpointInfo) -> dict:
-    """{participant: the meta it staged} of a group commit's checkpoint ({} for another)."""
+    """{participant: the meta it staged} of a group commit's checkpoint ({} for another, and
+    for one whose reserved meta does not have that shape: a checkpoint()'s meta may carry the
+    reserved key too)."""
+    if not isinstance(info, CheckpointInfo):
+        raise InvalidArgumentTypeError(f"group_parts takes a CheckpointInfo (store.get(id)), "
+                                       f"got {type(info).__name__}")
     entry = info.reserved_meta.get(fmt.GROUP_META_KEY)
-    return dict(entry.get("parts", {})) if isinstance(entry, dict) else {}
+    parts = entry.get("parts") if isinstance(entry, dict) else None
+    return dict(parts) if isinstance(parts, dict) else {}
 
 
 def _participants(participants: Any) -> list[str]:
     """Store.group()'s participants, checked: distinct valid names (an int N: "0".."N-1")."""
+    limit = local_groups.MAX_PARTICIPANTS
     if isinstance(participants, int) and not isinstance(participants, bool):
-        if participants < 1:
-            raise InvalidArgumentError(f"a group needs at least one participant, got "
+        if not 1 <= participants <= limit:
+            raise InvalidArgumentError(f"a group has 1 to {limit} participants, got "
                                        f"{participants}")
         return [str(i) for i in range(participants)]
     if isinstance(participants, (str, bytes)) or not hasattr(participants, "__iter__"):
         raise InvalidArgumentTypeError(f"participants must be a list of names or a count, got "
                                        f"{type(participants).__name__}")
-    names = [validate_name(p, "participant") for p in participants]
+    names = []
+    for p in participants:
+        if len(names) == limit:
+            raise InvalidArgumentError(f"a group has at most {limit} participants")
+        names.append(validate_name(p, "participant"))
     if not names:
         raise InvalidArgumentError("a group needs at least one participant")
     if len(set(names)) != len(names):

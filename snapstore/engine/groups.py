@@ -55,6 +55,10 @@ PartPlanMaker = Callable[[IndexView, str, "int | None", "Commit | None"], list]
 _key = claim_rules.group_key
 
 
+# The most participants a group may name (its header holds them all, in one index value).
+MAX_PARTICIPANTS = 1 << 20
+
+
 @dataclass
 class GroupHeader:
     """A group as its header entry records it."""

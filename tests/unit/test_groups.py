@@ -163,8 +163,10 @@ def test_restaged_part_is_what_commits(path):
 @pytest.mark.parametrize("participants, error", [
     ([], InvalidArgumentError), (0, InvalidArgumentError), (["a", "a"], InvalidArgumentError),
     ("ab", InvalidArgumentTypeError), ([""], InvalidArgumentError), ([1], InvalidArgumentTypeError),
-    (None, InvalidArgumentTypeError)])
+    (None, InvalidArgumentTypeError), (1 << 40, InvalidArgumentError),
+    ((str(i) for i in range(1 << 40)), InvalidArgumentError)])
 def test_bad_participants(path, participants, error):
+    """(A count of 2**40 used to build its list of names: a hang, then memory exhaustion.)"""
     with snapstore.open(path) as s:
         with pytest.raises(error):
             s.group("ops", participants)
@@ -426,3 +428,15 @@ def test_a_group_id_that_is_not_valid_unicode_is_refused(path):
     with snapstore.open(path) as s:
         with pytest.raises(InvalidArgumentError, match="valid Unicode"):
             s.stage("\udcff", "a", {"x": b"1"})
+
+
+def test_group_parts_of_anything_else(path):
+    """A checkpoint()'s meta may carry the reserved key with any shape; group_parts of a
+    non-info is a type error, not an AttributeError."""
+    with snapstore.open(path) as s:
+        for meta in ({"snapstore.group": {"parts": 5}}, {"snapstore.group": {"parts": [1, 2]}},
+                     {"snapstore.group": 7}):
+            assert snapstore.group_parts(s.checkpoint({"a": b"x"}, meta=meta)) == {}
+    for wrong in (None, 42, {"parts": {}}):
+        with pytest.raises(InvalidArgumentTypeError):
+            snapstore.group_parts(wrong)
