@@ -219,6 +219,12 @@ class FormatError(SnapstoreError):
     """The directory is not a snapstore store, or it was written by a newer format version."""
 
 
+class DamagedFormatFileError(FormatError, CorruptionError):
+    """The store's FORMAT file is damaged (unreadable, or it names no valid format version):
+    a FormatError (the store cannot be opened as one) that is damage, not a usage error (the
+    command line exits 1)."""
+
+
 class StoreClosedError(SnapstoreError):
     """The store was closed; open it again."""
 

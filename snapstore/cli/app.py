@@ -86,8 +86,9 @@ _USAGE_ERRORS = (UsageError, errors.CheckpointNotFound, errors.InvalidArgumentEr
 
 
 def exit_code_for(exc: BaseException) -> int:
-    """EXIT_USAGE for a usage error (bad arguments, no such checkpoint...), else EXIT_PROBLEM."""
-    if isinstance(exc, _USAGE_ERRORS):
+    """EXIT_USAGE for a usage error (bad arguments, no such checkpoint...), else EXIT_PROBLEM
+    (damage too: a damaged FORMAT file is a FormatError that is a CorruptionError)."""
+    if isinstance(exc, _USAGE_ERRORS) and not isinstance(exc, errors.CorruptionError):
         return EXIT_USAGE
     return EXIT_PROBLEM
 

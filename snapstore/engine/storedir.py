@@ -55,7 +55,8 @@ from snapstore.engine.holders import clear_holder, read_holder, write_holder
 from snapstore.engine.fsutil import (DEFAULT_FILE_MODE, FLOCK_STOPPED, FLOCK_TIMED_OUT,
                                      NotRegularFile, file_kind, flock_until,
                                      fsync_directory, open_regular, replace_file)
-from snapstore.errors import CorruptionError, FormatError, StoreIOError, StoreLocked
+from snapstore.errors import (CorruptionError, DamagedFormatFileError, FormatError, StoreIOError,
+                             StoreLocked)
 
 _FORMAT_MAX_BYTES = 1 << 16
 _POLL_SECONDS = 0.05
@@ -366,15 +367,15 @@ def read_format_file(path: str) -> dict:
         raise FormatError(f"{path}: {fmt.FORMAT_FILE} is {exc.kind}, not a regular file; not "
                           "a snapstore store, or a damaged one") from None
     except (ValueError, OSError, RecursionError) as exc:
-        raise FormatError(f"{path}: unreadable {fmt.FORMAT_FILE} file: "
-                          f"{type(exc).__name__}: {str(exc)[:200]}") from None
+        raise DamagedFormatFileError(f"{path}: unreadable {fmt.FORMAT_FILE} file: "
+                                     f"{type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(data, dict) or data.get("format") != fmt.FORMAT_NAME:
         raise FormatError(f"{path} is not a snapstore store")
     version = data.get("version")
     if type(version) is not int or version < fmt.MIN_FORMAT_VERSION:
-        raise FormatError(f"{path}: its {fmt.FORMAT_FILE} file holds an invalid store format "
-                          f"version ({version!r:.40}); the file is damaged (a store's "
-                          "format is an integer, 1 or more)")
+        raise DamagedFormatFileError(f"{path}: its {fmt.FORMAT_FILE} file holds an invalid "
+                                     f"store format version ({version!r:.40}); the file is "
+                                     "damaged (a store's format is an integer, 1 or more)")
     if version > fmt.FORMAT_VERSION:
         raise FormatError(f"{path} has store format version {version}; this snapstore reads "
                           f"versions up to {fmt.FORMAT_VERSION}: upgrade snapstore")

@@ -40,6 +40,7 @@ import lmdb
 import pytest
 import xxhash
 
+from cli_runner import cli_env, console_script
 import snapstore
 from snapstore.engine import format as fmt
 from snapstore.engine import upgrade
@@ -718,5 +719,10 @@ def test_a_damaged_format_file_is_a_format_error_that_says_so(tmp_path, body, ma
         with pytest.raises(snapstore.errors.FormatError, match=match) as caught:
             call()
         assert "upgrade snapstore" not in str(caught.value)
+        assert isinstance(caught.value, snapstore.errors.CorruptionError)   # damage
     with open(os.path.join(path, fmt.FORMAT_FILE), "rb") as f:
         assert f.read() == body                 # nothing "upgraded" it
+    # the command line: damage (exit 1), not a usage error (2)
+    proc = subprocess.run([console_script(), "ls", path], capture_output=True, text=True,
+                          env=cli_env(), timeout=120)
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
