@@ -68,11 +68,14 @@ def cmd_restore(args) -> int:
                 raise UsageError(f"--out {args.out!r} must name a directory (it is "
                                  + ("empty" if not args.out else "a file") + ")")
             os.makedirs(args.out, exist_ok=True)
-            if not args.force:
-                for n in names:
-                    path = os.path.join(args.out, files[n])
-                    if os.path.lexists(path):
-                        raise _exists(path)
+            for n in names:             # every file checked before any is written
+                path = os.path.join(args.out, files[n])
+                if not os.path.lexists(path):
+                    continue
+                if not args.force:
+                    raise _exists(path)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    raise UsageError(f"{path} is a directory: --force replaces files only")
         total = sum(length for _, length in spans.values())
         written = []
         with progress(args, total, "restore") as bar:

@@ -206,6 +206,16 @@ def test_restore_writes_one_file_per_buffer(cli_store, tmp_path):
     assert (out / "weights").read_bytes() != A0
 
 
+def test_restore_force_checks_every_file_before_writing_any(cli_store, tmp_path):
+    """With --force a buffer whose output path was a directory failed after the buffers
+    before it were written; like without --force, it is now refused before anything is."""
+    out = tmp_path / "out"
+    (out / "odd_name").mkdir(parents=True)
+    assert_one_line_error(run("-s", cli_store, "restore", "1", "--out", out, "--force"), 2,
+                          "is a directory")
+    assert os.listdir(out) == ["odd_name"]          # weights was not written
+
+
 def test_restore_range_and_stdout(cli_store, tmp_path):
     d = ok_json("-s", cli_store, "restore", "1", "--buffer", "odd/name", "--range", "10:5",
                 "--out", tmp_path / "r")
