@@ -98,6 +98,11 @@ def open_directory(path: str, *, create: bool, readonly: bool, timeout: float,
             os.makedirs(path, mode=dir_mode(DEFAULT_FILE_MODE), exist_ok=True)
         refuse_foreign_directory(path)          # before the lock file: leave nothing in one
         format_file = os.path.join(path, fmt.FORMAT_FILE)
+        if not create and not os.path.lexists(format_file) \
+                and not os.path.lexists(os.path.join(path, fmt.LOCK_FILE)):
+            # no store, and none being created (a creator makes the lock file first): say
+            # so without leaving a lock file in a directory that is not a store
+            raise FormatError(f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)")
         exclusive = repairing or not os.path.lexists(format_file)
         lock_fd = open_lock_file(path)
         try:

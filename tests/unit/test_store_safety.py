@@ -328,6 +328,22 @@ def test_defect7_a_store_being_created_is_not_foreign(tmp_path):
     assert os.listdir(tmp_path / "foreign") == ["notes.txt"]
 
 
+def test_an_empty_directory_that_is_no_store_is_left_empty(tmp_path):
+    """Writing commands (rm, tag, compact, repair...) on an empty directory that is not a
+    store said so, but left a lock file in it."""
+    from cli_runner import snapstore_cli
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for call in (lambda: snapstore.open(str(empty), create=False),
+                 lambda: snapstore.repair(str(empty))):
+        with pytest.raises(FormatError, match="not a snapstore store"):
+            call()
+    for args in (["rm", empty, "1"], ["tag", empty, "1", "x"], ["compact", empty],
+                 ["repair", empty]):
+        assert snapstore_cli(*args).returncode == 2
+    assert os.listdir(empty) == []
+
+
 # ---- defects 8b and 10: what is not a regular file -----------------------------------------
 
 def _store_with_segments(path: str) -> list:
