@@ -17,8 +17,9 @@ from typing import Any
 from snapstore.engine.memory import uninit_bytearray
 from snapstore.errors import (InvalidArgumentTypeError, NotAnObjectCheckpointError,
                               StructureMismatchError)
-from snapstore.objectlayer import (ARRAYS_META_KEY, layer_meta, reader_hint, require_store,
-                                   resolve_checkpoint, wrap_meta)
+from snapstore.objectlayer import (ARRAYS_META_KEY, layer_meta, reader_hint,
+                                   refuse_other_version, require_store, resolve_checkpoint,
+                                   wrap_meta)
 
 __all__ = ["save_arrays", "load_arrays", "ARRAYS_META_KEY", "ARRAY_PREFIX"]
 
@@ -115,6 +116,7 @@ def save_arrays(store, arrays: Mapping[str, Any], stream: str = "default", meta:
 
 
 def _layout(info) -> dict:
+    refuse_other_version(info, ARRAYS_META_KEY, ARRAYS_VERSION, "save_arrays()")
     ours = layer_meta(info, ARRAYS_META_KEY)
     if not isinstance(ours, dict) or ours.get("version") != ARRAYS_VERSION \
             or not isinstance(ours.get("arrays"), dict):

@@ -16,7 +16,7 @@ from typing import Any
 
 from snapstore.engine import format as fmt
 from snapstore.engine.validation import FLOAT_FORMATS
-from snapstore.errors import InvalidArgumentError, InvalidArgumentTypeError
+from snapstore.errors import FormatError, InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = ["META_KEY", "ARRAYS_META_KEY", "DCP_META_KEY", "DCP_PART_KEY",
            "DCP_METADATA_BUFFER", "WORKFLOW_META_KEY", "MATERIALISE_META",
@@ -75,6 +75,19 @@ def reader_hint(info: Any) -> str:
         if layer_meta(info, key) is not None:
             return reader
     return "store.restore() (a plain checkpoint of named buffers)"
+
+
+def refuse_other_version(info: Any, key: str, version: int, writer: str) -> None:
+    """FormatError when the checkpoint carries the layer meta `key` with a version other than
+    `version` (the one this snapstore reads): a newer snapstore's writer wrote it, or the
+    meta is damaged. Not "written by another call", which a NotAnObjectCheckpointError would
+    claim."""
+    ours = layer_meta(info, key)
+    if isinstance(ours, dict) and ours.get("version") != version:
+        raise FormatError(f"checkpoint {info.id} of stream {info.stream!r} was written by "
+                          f"{writer} in format version {ours.get('version')!r:.20}, which this "
+                          f"snapstore does not read (it reads version {version}): upgrade "
+                          "snapstore (or the checkpoint's meta is damaged)")
 
 
 def require_store(store: Any, function: str) -> None:

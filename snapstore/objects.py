@@ -48,7 +48,8 @@ from snapstore.errors import (AsyncSaveError, CorruptionError, DeviceTensorError
                               ObjectSaveError, StructureMismatchError)
 from snapstore.objectlayer import (MATERIALISE_META, META_KEY, contiguous_tensor, copy_tensor,
                                    float_view, labelled_view, layer_meta, reader_hint,
-                                   require_store, resolve_checkpoint, user_meta, wrap_meta)
+                                   refuse_other_version, require_store, resolve_checkpoint,
+                                   user_meta, wrap_meta)
 
 __all__ = ["save", "save_async", "load", "user_meta", "is_object_checkpoint", "FRESH",
            "ObjectSaveError", "DeviceTensorError", "StructureMismatchError",
@@ -582,6 +583,7 @@ def _object_checkpoint(store, where: str, obj: Any, stream: str, meta: Any,
 # ---- load -----------------------------------------------------------------------------------
 def _object_layout(info) -> tuple[list[str], list[int]]:
     """(out-of-band buffer names, their sizes) of an object checkpoint, checked."""
+    refuse_other_version(info, META_KEY, FORMAT_VERSION, "store.save() or snapstore.torch.save()")
     if not is_object_checkpoint(info):
         raise NotAnObjectCheckpointError(
             f"checkpoint {info.id} of stream {info.stream!r} was not written by store.save() "

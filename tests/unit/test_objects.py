@@ -558,3 +558,15 @@ def test_load_arrays_refuses_a_description_that_does_not_match_the_buffers(store
     assert info.meta == {} and "snapstore.arrays" in info.reserved_meta
     with pytest.raises(NotAnObjectCheckpointError, match="does not match its buffers"):
         snapstore.load_arrays(store, info.id)
+
+
+@pytest.mark.parametrize("key, load", [
+    ("snapstore.objects", lambda s, i: s.load(i)),
+    ("snapstore.arrays", lambda s, i: snapstore.load_arrays(s, i))])
+def test_a_layer_format_version_this_snapstore_does_not_read_says_so(tmp_path, key, load):
+    """A checkpoint a newer snapstore wrote was 'not written by store.save() ... use
+    store.load()': a message that contradicts itself. It is a FormatError naming the version."""
+    with snapstore.open(tmp_path / "s") as s:
+        info = s.checkpoint({"pickle": b"x"}, "y", meta={key: {"version": 2}})
+        with pytest.raises(snapstore.errors.FormatError, match="format version 2.*upgrade"):
+            load(s, info.id)
