@@ -180,8 +180,11 @@ def load_arrays(store, id_or_stream: Any, into: Mapping[str, Any] | None = None)
             targets[ARRAY_PREFIX + name] = buf
         store.restore_into(info.id, targets)
         return out
-    if not isinstance(into, Mapping) or set(into) != set(specs):
-        have = set(into) if isinstance(into, Mapping) else set()
+    if not isinstance(into, Mapping):
+        raise InvalidArgumentTypeError(f"load_arrays(into=...) takes a mapping of name to "
+                                       f"array, got {type(into).__name__}")
+    if set(into) != set(specs):
+        have = set(into)
         raise StructureMismatchError(
             f"load_arrays(into=...): names differ: missing {sorted(set(specs) - have)[:5]}, "
             f"not in the checkpoint {sorted(have - set(specs))[:5]}; nothing was written")

@@ -42,7 +42,7 @@ from typing import Any, Iterator
 from snapstore._native import buffer_address
 from snapstore.engine.commit import ANY_HEAD
 from snapstore.engine.memory import address_view, uninit_bytearray
-from snapstore.engine.validation import float_item_size, validate_meta, validate_name
+from snapstore.engine.validation import float_item_size, validate_flag, validate_meta, validate_name
 from snapstore.errors import (AsyncSaveError, CorruptionError, DeviceTensorError,
                               ForkedStoreError, InvalidArgumentError, NotAnObjectCheckpointError,
                               ObjectSaveError, StructureMismatchError)
@@ -564,7 +564,8 @@ def _object_checkpoint(store, where: str, obj: Any, stream: str, meta: Any,
     if isinstance(inband_limit, bool) or not isinstance(inband_limit, int) or inband_limit < 0:
         raise InvalidArgumentError(f"inband_limit must be an int >= 0, got {inband_limit!r}")
     validate_meta(meta)
-    stream_bytes, pickler = _dump(obj, inband_limit, bool(allow_device_copy))
+    allow_device_copy = validate_flag(allow_device_copy, "allow_device_copy")
+    stream_bytes, pickler = _dump(obj, inband_limit, allow_device_copy)
     info = {"version": FORMAT_VERSION, "buffers": len(pickler.views)}
     buffers = {PICKLE_BUFFER: stream_bytes}
     for i, (view, k) in enumerate(zip(pickler.views, pickler.itemsizes)):

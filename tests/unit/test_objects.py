@@ -570,3 +570,17 @@ def test_a_layer_format_version_this_snapstore_does_not_read_says_so(tmp_path, k
         info = s.checkpoint({"pickle": b"x"}, "y", meta={key: {"version": 2}})
         with pytest.raises(snapstore.errors.FormatError, match="format version 2.*upgrade"):
             load(s, info.id)
+
+
+def test_allow_device_copy_and_load_arrays_into_are_checked(tmp_path):
+    """allow_device_copy took anything ("no" meant yes); load_arrays(into=5) said the names
+    differ."""
+    with snapstore.open(tmp_path / "s") as s:
+        for bad in ("no", None, 2):
+            with pytest.raises(snapstore.errors.InvalidArgumentTypeError, match="allow_device"):
+                s.save({"a": 1}, "o", allow_device_copy=bad)
+        snapstore.save_arrays(s, {"z": np.zeros(5)}, "g")
+        for into in ([1], "abc", 5):
+            with pytest.raises(snapstore.errors.InvalidArgumentTypeError, match="mapping"):
+                snapstore.load_arrays(s, "g", into=into)
+        assert s.checkpoints("o") == []
