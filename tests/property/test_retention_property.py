@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import datetime
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snapstore.engine.retention import RULES, Candidate, Policy, plan
+from snapstore.errors import InvalidArgumentError
 
 EPOCH = datetime.datetime(1970, 1, 1)
 
@@ -98,6 +100,11 @@ RULES_ST = st.fixed_dictionaries({
 def test_plan_matches_reference(cands, rules, offset):
     if all(v is None for k, v in rules.items() if k != "keep_tagged"):
         rules["keep_last"] = 1
+    if rules["keep_every"] is None and rules["keep_within"] is None and \
+            not any(v for k, v in rules.items() if k.startswith("keep_") and k != "keep_tagged"):
+        with pytest.raises(InvalidArgumentError, match="keeps nothing"):   # all counts 0
+            Policy.of(**rules)
+        return
     tz = datetime.timezone(datetime.timedelta(seconds=offset))
     got = plan(cands, Policy.of(tz=tz, **rules))
     assert got == reference(cands, rules, offset)
