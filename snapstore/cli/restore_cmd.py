@@ -52,10 +52,11 @@ def cmd_restore(args) -> int:
         spans = {}
         for n in names:
             size = info.sizes[n]
-            off, length = args.range if args.range else (0, None)
-            length = size - off if length is None else length
+            off, given = args.range if args.range else (0, None)
+            length = size - off if given is None else given
             if off > size or off + length > size or length < 0:
-                raise UsageError(f"range {off}:{length} exceeds buffer {n!r} of {size} bytes")
+                raise UsageError(f"range {off}:{'' if given is None else given} exceeds "
+                                 f"buffer {n!r} of {size} bytes")
             spans[n] = (off, length)
         files = safe_filenames(names)
         if not to_stdout:

@@ -727,7 +727,7 @@ class Committer:
         else:
             what = "another compaction or a verify is running" if exclusive else \
                 "a compaction is running"
-        exc.reason = f"{self.path}: {what} (waited {waited:.3g}s)."
+        exc.reason = f"{self.path}: {what} (waited {waited:.1f} s)."
         exc.args = (f"{exc.reason} Open the store with timeout=SECONDS to wait for it.",)
         return exc
 

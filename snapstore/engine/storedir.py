@@ -305,14 +305,14 @@ def _locked(path: str, waited: float, holder: dict, shared: bool) -> StoreLocked
                           **writers[0])
         others = f" and {len(writers) - 1} more writer(s)" if len(writers) > 1 else ""
         exc.reason = (f"{path} is open for writing by {exc.holder}{others}, and this needs "
-                      f"the store to itself (waited {waited:.3g}s).")
+                      f"the store to itself (waited {waited:.1f} s).")
         exc.args = (f"{exc.reason} Close its writers, or pass timeout=SECONDS to wait for "
                     "them.",)
         return exc
     exc = StoreLocked("", path=path, waited=waited, lock="store", **holder)
     exc.reason = (f"{path} is locked by {exc.holder}, which needs the store to itself "
                   "(creating it, upgrading its format, a repair, or a writer of an older "
-                  f"snapstore version; waited {waited:.3g}s).")
+                  f"snapstore version; waited {waited:.1f} s).")
     exc.args = (f"{exc.reason} Open it with readonly=True to read meanwhile, or pass "
                 "timeout=SECONDS to wait for the lock.",)
     return exc

@@ -717,7 +717,7 @@ def _lock_cache(path: str, *, exclusive: bool, timeout: float, url: str) -> int:
                 else "a repair of the cache is running")
         raise StoreLocked(f"{url}: {what}: the cache {path} is locked", path=url,
                           lock="writers" if exclusive else "store", waited=waited,
-                          reason=f"{what}; waited {waited:.3g} s")
+                          reason=f"{what}; waited {waited:.1f} s")
     except BaseException:
         os.close(fd)
         raise

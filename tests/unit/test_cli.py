@@ -216,6 +216,13 @@ def test_restore_force_checks_every_file_before_writing_any(cli_store, tmp_path)
     assert os.listdir(out) == ["odd_name"]          # weights was not written
 
 
+def test_restore_range_past_the_end_is_named_as_given(cli_store, tmp_path):
+    """`--range 65536:` on a smaller buffer said `range 65536:-65036`."""
+    assert_one_line_error(run("-s", cli_store, "restore", "1", "--buffer", "weights",
+                              "--range", "99999999:", "--out", tmp_path / "o"), 2,
+                          "range 99999999: exceeds buffer")
+
+
 def test_restore_range_and_stdout(cli_store, tmp_path):
     d = ok_json("-s", cli_store, "restore", "1", "--buffer", "odd/name", "--range", "10:5",
                 "--out", tmp_path / "r")

@@ -328,7 +328,7 @@ def test_repair_names_the_open_writers_and_waits_for_them(path, holders):
     assert_recent(e.since)
     assert str(e) == (f"{path} is open for writing by another process (pid {e.pid} on host "
                       f"{HOST} since {e.since}) and 1 more writer(s), and this needs the store "
-                      f"to itself (waited {e.waited:.3g}s). Close its writers, or pass "
+                      f"to itself (waited {e.waited:.1f} s). Close its writers, or pass "
                       "timeout=SECONDS to wait for them.")
     first.release()
     threading.Timer(0.5, second.release).start()
@@ -374,7 +374,7 @@ def test_a_compaction_waits_for_a_running_one_and_names_it(path, holders):
             assert e.waited >= 0.2
             assert str(e) == (f"{path}: a compaction by another process (pid {holder.pid} on "
                               f"host {HOST} since {e.since}) is running (waited "
-                              f"{e.waited:.3g}s). Open the store with timeout=SECONDS to wait "
+                              f"{e.waited:.1f} s). Open the store with timeout=SECONDS to wait "
                               "for it.")
     t0 = time.monotonic()
     threading.Timer(0.5, holder.release).start()
