@@ -54,11 +54,16 @@ PARALLEL_STAGE_BYTES = 8 << 20      # captures of this many bytes are staged by 
 
 
 class _Job:
-    __slots__ = ("owner", "epoch", "plans", "meta", "region", "future")
+    __slots__ = ("owner", "epoch", "plans", "meta", "region", "future", "landed")
 
     def __init__(self, owner, epoch, plans, meta, region) -> None:
         self.owner, self.epoch, self.plans, self.meta, self.region = owner, epoch, plans, meta, region
         self.future: Future = Future()
+        # running from the start: cancel() cannot take a queued job out of its stream's
+        # order (a later job is a delta on it), and the worker can always resolve it
+        self.future.set_running_or_notify_cancel()
+        # committed (or failed) and its staging freed; its future's callbacks may still run
+        self.landed = False
 
 
 class Persister:
@@ -77,7 +82,6 @@ class Persister:
         self._live: dict = {}          # token -> owner of a capture committed from the live
         #                                buffers right now
         self._worker: threading.Thread | None = None   # the thread that runs the queue
-        self._resolving = 0            # jobs out of the queue whose futures' callbacks run
         self._closed = False
         self._closing = False          # close() began: other threads queue nothing more
         self._owners: dict[str, Capturer] = {}    # stream -> tracker or implicit capturer
@@ -214,7 +218,7 @@ class Persister:
         total = sum(p.nbytes for p in plans)
         if total > self.arena.capacity:
             self.wait_idle(owner, what="a checkpoint larger than the staging arena (committed "
-                                       "at once, from the buffers)")
+                                       "at once, from the buffers)", landed_only=True)
             token = object()
             result = error = None
             try:
@@ -403,12 +407,9 @@ class Persister:
         return self._worker is threading.current_thread()
 
     def _process(self, job: _Job) -> None:
-        """Commits one job, frees its staging region and drops its views, advances the queue,
-        then resolves its future: a done-callback may stage a checkpoint into the freed
-        region, and a thread waiting for the job to land (a capture of the stream, holding
-        its capturer's lock) goes on before the callbacks run, so a callback that needs that
-        lock (close(), a checkpoint of the stream) waits for the capture instead of the two
-        waiting for each other."""
+        """Commits one job, frees its staging region and drops its views, then resolves its
+        future (so a done-callback may stage a checkpoint into the freed region), then
+        advances the queue."""
         result = error = None
         try:
             if self._closed and job.owner is not None:
@@ -433,12 +434,9 @@ class Persister:
             if job.owner is not None and job.owner.per_capture_views:
                 release_views(p.view for p in job.plans)   # even if a traceback holds them
             job.plans = []
-        finally:
             with self._lock:
-                self._queue.popleft()
-                self._resolving += 1
+                job.landed = True       # a capture holding its stream's lock goes on now
                 self._changed.notify_all()
-        try:
             if job.owner is not None:
                 if error is None:
                     job.future.set_result(result)
@@ -446,7 +444,7 @@ class Persister:
                     job.future.set_exception(error)
         finally:
             with self._lock:
-                self._resolving -= 1
+                self._queue.popleft()
                 self._changed.notify_all()
 
     # -- a fork()ed child
@@ -467,7 +465,6 @@ class Persister:
         self._worker = None
         jobs, self._queue = list(self._queue), collections.deque()
         self._live = {}
-        self._resolving = 0
         for job in jobs:
             if job.future is not None and not job.future.done():
                 try:
@@ -483,26 +480,33 @@ class Persister:
         with self._lock:
             return self._pending(owner)
 
-    def _pending(self, owner: Capturer) -> int:
+    def _pending(self, owner: Capturer, landed_only: bool = False) -> int:
         # (lock held) counted from the queue and the live captures, kept by single operations
-        return (sum(1 for job in self._queue if job.owner is owner)
+        return (sum(1 for job in self._queue
+                    if job.owner is owner and not (landed_only and job.landed))
                 + sum(1 for o in self._live.values() if o is owner))
 
-    def wait_idle(self, owner: Capturer | None = None, *, what: str | None = None) -> None:
-        """Waits until no job (of owner, or at all) is queued or running; with owner None,
-        also until the done-callbacks of the jobs that landed have returned (flush(), close()).
-        Never call it while holding the committer's writer lock: the worker needs that lock.
+    def wait_idle(self, owner: Capturer | None = None, *, what: str | None = None,
+                  landed_only: bool = False) -> None:
+        """Waits until no job (of owner, or at all) is queued or running: committed, and its
+        future's done-callbacks returned. Never call it while holding the committer's writer
+        lock: the worker needs that lock.
 
-        On the worker (in a done-callback) the job whose callback runs has landed (it left
-        the queue before its future was resolved), and the jobs queued after it commit only
-        once the callback returns, so nothing can be waited for: with such jobs pending,
-        SnapstoreError says that `what` (the caller's operation) needs them to land first;
-        what=None: return without waiting (the caller does not need them landed)."""
+        landed_only=True (owner's jobs): waits only until they are committed, not for their
+        callbacks. What a caller holding owner's capture lock must use: a callback may need
+        that lock (close(), a checkpoint of the stream), and the two would wait for each other
+        for ever.
+
+        On the worker (in a done-callback) the running job has landed, and the jobs queued
+        after it commit only once the callback returns, so nothing can be waited for: with
+        such jobs pending, SnapstoreError says that `what` (the caller's operation) needs
+        them to land first; what=None: return without waiting (the caller does not need
+        them landed)."""
         if self.committer.forked:
             return
         if self.on_worker():
             with self._lock:
-                behind = [job for job in self._queue
+                behind = [job for job in list(self._queue)[1:]
                           if owner is None or job.owner is owner]
             if behind and what is not None:
                 of = f" of stream {owner.stream!r}" if owner is not None else ""
@@ -512,8 +516,8 @@ class Persister:
                     "done-callback runs on, after it returns: do this outside the callback")
             return
         self._changed.wait_until(self._lock, lambda: not (
-            self._pending(owner) if owner is not None
-            else (self._queue or self._live or self._resolving)))
+            self._pending(owner, landed_only) if owner is not None
+            else (self._queue or self._live)))
 
     def close(self) -> None:
         """Flushes, stops the worker, closes every capturer (trackers included).

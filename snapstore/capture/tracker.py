@@ -135,7 +135,8 @@ class Capturer:
         if full_diff or not self.based or self.failure is not None:
             # The head must be this stream's newest capture: let pending jobs land first.
             persister.wait_idle(self, what="a checkpoint that diffs against the stream's head "
-                                           "(the first, or the next after a failure)")
+                                           "(the first, or the next after a failure)",
+                                landed_only=True)
             if self.failure is not None and plans:
                 # a job failed while we waited: the deltas dirty() gave are relative to its
                 # copy, which the store never got; every buffer is diffed against the head
@@ -228,13 +229,15 @@ class Tracker(Capturer):
         return self.checkpoint_async(meta).result()
 
     def close(self) -> None:
-        """Waits for this tracker's pending checkpoints, removes protection, frees the stream.
-        Idempotent; closing the store closes its trackers."""
+        """Waits for this tracker's pending checkpoints to be committed (not for their
+        done-callbacks: one may close the store, which needs the lock this holds), removes
+        protection, frees the stream. Idempotent; closing the store closes its trackers."""
         if self._closed:
             return
         self._closed = True
         with self._lock:                # a capture in progress finishes (or fails) first
-            self.persister.wait_idle(self)
+            # committed, not their callbacks: one may close the store, which needs this lock
+            self.persister.wait_idle(self, landed_only=True)
             super().close()
         self.persister.release(self)
         # The caller's buffers are free again (resize, free, mmap.close) once no job needs

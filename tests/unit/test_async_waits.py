@@ -432,3 +432,65 @@ def test_flush_returns_after_the_done_callbacks_ran(tmp_path):
         f.add_done_callback(lambda _: (time.sleep(0.3), ran.append(1)))
         s.flush()
         assert ran == [1]
+
+
+def test_a_plain_checkpoint_waits_for_what_a_callback_of_the_stream_queues(tmp_path):
+    """A plain checkpoint of a stream takes turns with its asynchronous ones, including one
+    a done-callback queues: waiting only until a job was committed (not its callbacks) let
+    the plain one in first, and the callback's checkpoint failed with CommitConflict though
+    this Store was the stream's only writer (review of stop 46's deadlock fix)."""
+    import time
+    for _ in range(3):
+        with snapstore.open(tmp_path / f"s{_}", durability="none") as s:
+            buf = np.frombuffer(os.urandom(4 << 20), np.uint8).copy()
+            s.checkpoint_async({"a": buf}, "t").result(timeout=30)
+            queued = []
+
+            def callback(_f):
+                again = buf.copy()
+                again[:10] = 7
+                queued.append(s.checkpoint_async({"a": again}, "t"))
+                time.sleep(0.1)
+            buf[:] = np.frombuffer(os.urandom(4 << 20), np.uint8)
+            s.checkpoint_async({"a": buf}, "t").add_done_callback(callback)
+            s.checkpoint({"a": b"plain" * 100}, "t")
+            s.flush()
+            assert [f.result(timeout=30).stream for f in queued] == ["t"]
+            assert s.verify()["ok"]
+
+
+def test_futures_of_checkpoints_cannot_be_cancelled(tmp_path):
+    """cancel() of a queued checkpoint's future used to succeed; the worker's set_result then
+    raised InvalidStateError, the worker died and every later future (and flush()) hung. A
+    later checkpoint of the stream is a delta on it, so it cannot be taken out either."""
+    with snapstore.open(tmp_path / "s", durability="none") as s:
+        first = s.checkpoint_async({"a": os.urandom(8 << 20)}, "t")
+        second = s.checkpoint_async({"a": os.urandom(1 << 20)}, "u")
+        assert second.cancel() is False
+        third = s.checkpoint_async({"a": b"x"}, "v")
+        assert [f.result(timeout=30).stream for f in (first, second, third)] == ["t", "u", "v"]
+
+
+_TRACKER_CLOSE_WITH_A_CALLBACK_CLOSING_THE_STORE = r"""
+import faulthandler, sys
+import snapstore
+faulthandler.dump_traceback_later(60, exit=True)
+s = snapstore.open(sys.argv[1], durability="none")
+b = bytearray(1 << 20)
+t = s.track({"b": b}, "t", mode="hash")
+f = t.checkpoint_async()
+f.add_done_callback(lambda _: s.close())
+t.close()
+print("closed", f.result(timeout=30).id)
+"""
+
+
+def test_tracker_close_while_a_callback_closes_the_store(tmp_path):
+    """Tracker.close() holds its capture lock while it waits for its checkpoints; waiting for
+    their callbacks too, it deadlocked with a callback closing the store (which closes the
+    tracker's capturer under that lock). It waits for them to be committed now."""
+    proc = subprocess.run([sys.executable, "-c", _TRACKER_CLOSE_WITH_A_CALLBACK_CLOSING_THE_STORE,
+                           str(tmp_path / "s")], capture_output=True, text=True, timeout=120,
+                          env=_child_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["closed", "1"]
