@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from snapstore.engine.memory import uninit_bytearray
+from snapstore.engine.validation import disjoint_batches
 from snapstore.errors import (InvalidArgumentTypeError, NotAnObjectCheckpointError,
                               StructureMismatchError)
 from snapstore.objectlayer import (ARRAYS_META_KEY, layer_meta, reader_hint,
@@ -211,7 +212,8 @@ def load_arrays(store, id_or_stream: Any, into: Mapping[str, Any] | None = None)
             buf = uninit_bytearray(info.sizes[ARRAY_PREFIX + name])
             targets[ARRAY_PREFIX + name] = buf
             copies.append((dst, np.ndarray(shape, dtype, buffer=buf, order=order)))
-    store.restore_into(info.id, targets)
+    for batch in disjoint_batches(targets):     # one array twice: the last one wins
+        store.restore_into(info.id, batch)
     for dst, src in copies:
         np.copyto(dst, src, casting="no")
     return into

@@ -54,7 +54,7 @@ from snapstore.objectlayer import (DCP_META_KEY, DCP_METADATA_BUFFER, DCP_PART_K
                                    require_store)
 from snapstore.errors import (CheckpointNotFound, DeviceTensorError, InvalidArgumentError,
                               InvalidArgumentTypeError, SnapstoreError, StructureMismatchError)
-from snapstore.engine.validation import validate_name, validate_timeout
+from snapstore.engine.validation import disjoint_batches, validate_name, validate_timeout
 from snapstore.store import CheckpointInfo, Group, Store
 
 __all__ = ["save", "save_async", "load", "SnapstoreWriter", "SnapstoreReader", "DCP_META_KEY",
@@ -746,8 +746,9 @@ class SnapstoreReader(_StoreUser, StorageReader):
                 target.copy_(source)
                 planner.commit_tensor(item, target)
         for cid, views in direct.items():
-            if views:
-                store.restore_into(cid, views)     # straight into DCP's tensors
+            # straight into DCP's tensors; tied ones (one storage) batch after batch
+            for batch in disjoint_batches(views) if views else ():
+                store.restore_into(cid, batch)
         for item, target in committed:
             planner.commit_tensor(item, target)
 

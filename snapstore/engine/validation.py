@@ -208,12 +208,40 @@ def check_choice(value: Any, choices: tuple, what: str) -> str:
     return value
 
 
+def _first_overlap(spans: list) -> tuple | None:
+    """Two of spans [(address, length, name)] (non-empty) that share memory, or None. Sorted
+    by address, two overlap only if two neighbours do."""
+    spans = sorted(spans)
+    for (start, size, name), (nxt, _, other) in zip(spans, spans[1:]):
+        if nxt < start + size:
+            return name, other
+    return None
+
+
 def check_disjoint(targets: Mapping[str, memoryview]) -> None:
     """InvalidArgumentError naming two of targets (writable views a restore fills) that share
     memory: one would overwrite what the other received (wrong bytes, silently)."""
-    spans = sorted((native.buffer_address(v), len(v), name) for name, v in targets.items()
-                   if len(v))
-    for (start, size, name), (nxt, _, other) in zip(spans, spans[1:]):
-        if nxt < start + size:
-            raise InvalidArgumentError(f"buffers {name!r} and {other!r} share memory: restoring "
-                                       "into both would overwrite one with the other")
+    found = _first_overlap([(native.buffer_address(v), len(v), name)
+                            for name, v in targets.items() if len(v)])
+    if found is not None:
+        raise InvalidArgumentError(f"buffers {found[0]!r} and {found[1]!r} share memory: "
+                                   "restoring into both would overwrite one with the other")
+
+
+def disjoint_batches(targets: Mapping[str, memoryview]) -> list[dict]:
+    """targets split into batches of targets that share no memory, for a layer whose targets
+    may be tied (two tensors of one storage in DCP, one array twice in load_arrays): restored
+    batch after batch, a target overlapping earlier ones is written after them, so the last
+    one wins as writing them one by one would. One batch when none overlap (the usual case)."""
+    spans = {name: (native.buffer_address(v), len(v)) for name, v in targets.items()}
+    if _first_overlap([(a, n, name) for name, (a, n) in spans.items() if n]) is None:
+        return [dict(targets)]
+    levels: dict[str, int] = {}
+    for name, (a, n) in spans.items():
+        levels[name] = 1 + max((levels[o] for o, (b, m) in spans.items()
+                                if o in levels and n and m and a < b + m and b < a + n),
+                               default=-1)
+    batches: list[dict] = [{} for _ in range(max(levels.values()) + 1)]
+    for name, view in targets.items():
+        batches[levels[name]][name] = view
+    return batches

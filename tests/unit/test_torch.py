@@ -683,3 +683,15 @@ def test_load_by_name_checks_and_loads_one_checkpoint(store, monkeypatch):
     st.load(store, "m", into={"model": target, "optim": torch.optim.Adam(target.parameters())})
     assert all(torch.equal(a, b) for a, b in zip(target.parameters(), model.parameters()))
     assert store.latest("m").id != first.id
+
+
+def test_dcp_load_into_tied_weights(store):
+    """Tied weights (one tensor under two keys) loaded with dcp.load through SnapstoreReader:
+    the two targets share memory, which restore_into refuses; the reader restores them one
+    after the other, as DCP's own reader would."""
+    w = torch.arange(4096, dtype=torch.float32)
+    dcp.save({"enc": w, "dec": w}, checkpoint_id="tied", storage_writer=st.SnapstoreWriter(store))
+    t = torch.zeros(4096)
+    dcp.load({"enc": t, "dec": t}, checkpoint_id="tied", storage_reader=st.SnapstoreReader(store))
+    assert torch.equal(t, w)
+
