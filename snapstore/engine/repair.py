@@ -305,7 +305,7 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
                     w.put_stream(name, head, previous.seqs[name])
             damaged = bool(report.problems or rebuilt_report.problems)
             if damaged:
-                _report_lost_parents(w, rebuilt_ids, deleted, rebuilt_report)
+                _report_lost_parents(w, rebuilt_ids, rebuilt_report)
             chunks = sum(1 for _ in w.chunks())
         index.sync()
     finally:
@@ -466,12 +466,14 @@ def _past_the_log(old_logs: dict[int, tuple[int, int]], backend: SegmentBackend)
     return any(sizes.get(segment, -1) < offset for segment, offset in old_logs.values())
 
 
-def _report_lost_parents(w, ids: set, deleted: set, report: ProblemReport) -> None:
-    """Reports the rebuilt checkpoints whose parent the damaged log lost (its commit record;
-    not one a delete record removed). One whose manifests are all full restores (verify
-    names its missing parent until it is deleted); a delta manifest over the lost parent
-    cannot restore, nor can the later checkpoints whose manifests of that buffer build on
-    it."""
+def _report_lost_parents(w, ids: set, report: ProblemReport) -> None:
+    """Reports the rebuilt checkpoints whose parent the damaged log lost (its commit record).
+    A parent a replayed delete removed counts too: that delete re-parents the children when
+    it finds the parent, so a child still naming it means the parent's record was lost and
+    the child's delta manifests were never merged. One whose manifests are all full restores
+    (verify names its missing parent until it is deleted); a delta manifest over the lost
+    parent cannot restore, nor can the later checkpoints whose manifests of that buffer
+    build on it."""
     commits = {i: w.checkpoint(i) for i in ids}
     children: dict[int, list] = {}
     for i, c in commits.items():
@@ -479,7 +481,7 @@ def _report_lost_parents(w, ids: set, deleted: set, report: ProblemReport) -> No
             children.setdefault(c.parent, []).append(i)
     for i in sorted(commits):
         parent = commits[i].parent
-        if parent is None or parent in commits or parent in deleted:
+        if parent is None or parent in commits:
             continue
         deltas = [b.name for b in commits[i].buffers if b.base == "delta"]
         if not deltas:

@@ -321,3 +321,25 @@ def test_a_damaged_state_section_raises_no_false_alarm_when_the_index_is_kept(tm
     assert sorted(p["kind"] for p in report["problems"]) == ["damaged_record", "index_kept"]
     assert not named(report)
     assert check_after_repair(w, report) == set(ids[5:])
+
+
+def test_children_of_a_deleted_parent_whose_record_is_lost_are_named(tmp_path):
+    """The delete of checkpoint 1 re-parented 2 (merging 1's manifests into 2's); then 1's
+    commit record was damaged and the index lost. Replayed, the delete finds no 1 and does
+    nothing, so 2 still builds on 1 and cannot restore, nor can 3: both are named (a
+    'deleted, so not lost' exemption hid exactly them)."""
+    w = Written(str(tmp_path / "s"))
+    ids = w.checkpoints(3, scattered=True)
+    with snapstore.open(w.path, **w.options) as s:
+        s.delete(ids[0])
+    del w.data[ids[0]]
+    commits = [(segment, r) for segment in w.segments() for r in records(segment)
+               if r[1] == fmt.REC_COMMIT]
+    segment, (offset, _, length) = commits[0]
+    flip(segment, offset + fmt.RECORD_HEADER.size + length // 2)
+    shutil.rmtree(os.path.join(w.path, "index"))
+
+    report = snapstore.repair(w.path)
+    assert {ids[1], ids[2]} <= named(report)
+    assert any(p["kind"] == "missing_parent" for p in report["problems"])
+    check_after_repair(w, report)
