@@ -236,11 +236,25 @@ def disjoint_batches(targets: Mapping[str, memoryview]) -> list[dict]:
     spans = {name: (native.buffer_address(v), len(v)) for name, v in targets.items()}
     if _first_overlap([(a, n, name) for name, (a, n) in spans.items() if n]) is None:
         return [dict(targets)]
-    levels: dict[str, int] = {}
-    for name, (a, n) in spans.items():
-        levels[name] = 1 + max((levels[o] for o, (b, m) in spans.items()
-                                if o in levels and n and m and a < b + m and b < a + n),
-                               default=-1)
+    # clusters of targets whose memory overlaps, by one sweep over addresses; levels are
+    # worked out within each (a handful of tied targets), in the order targets were given
+    rank = {name: i for i, name in enumerate(targets)}
+    levels = dict.fromkeys(targets, 0)
+    cluster: list = []
+    end = -1
+    for a, n, name in sorted((a, n, name) for name, (a, n) in spans.items() if n) + [(None,) * 3]:
+        if name is not None and a < end:
+            cluster.append(name)
+            end = max(end, a + n)
+            continue
+        cluster.sort(key=rank.__getitem__)
+        for i, x in enumerate(cluster):
+            ax, nx = spans[x]
+            levels[x] = 1 + max((levels[y] for y in cluster[:i]
+                                 if spans[y][0] < ax + nx and ax < spans[y][0] + spans[y][1]),
+                                default=-1)
+        if name is not None:
+            cluster, end = [name], a + n
     batches: list[dict] = [{} for _ in range(max(levels.values()) + 1)]
     for name, view in targets.items():
         batches[levels[name]][name] = view
