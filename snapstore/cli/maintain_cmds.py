@@ -5,6 +5,7 @@ the log itself is damaged)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -13,7 +14,7 @@ from snapstore.cli.common import (EXIT_OK, EXIT_PROBLEM, PROG, Problem, UsageErr
                                   open_store, progress, spinner_for, store_path)
 from snapstore.cli.output import local_time, print_json, print_report
 from snapstore.formatting import human_bytes, printable
-from snapstore.remote.layout import is_remote
+from snapstore.remote.layout import MIN_GC_GRACE_SECONDS, is_remote
 from snapstore.store import repair as repair_store
 
 
@@ -66,7 +67,7 @@ def add_gc(add) -> None:
             "in one go. A store's first mark is due after an hour whatever --grace says "
             "(writers assume an hour until gc tells them otherwise). A local store's space "
             "comes back through `snapstore compact`.")
-    p.add_argument("--grace", type=seconds_arg, default=None, metavar="SECONDS",
+    p.add_argument("--grace", type=grace_arg, default=None, metavar="SECONDS",
                    help="only objects unreachable and older than this are marked, and a "
                         "mark is deleted this long after it was made (default 3600, at "
                         "least 1); writers get half of it for a checkpoint")
@@ -125,6 +126,16 @@ def compact_title(report: dict) -> str:
     if isinstance(ib, int) and isinstance(ia, int):
         title += f"; index {human_bytes(ib)} -> {human_bytes(ia)}"
     return title
+
+
+def grace_arg(text: str) -> float:
+    """gc's --grace: seconds, at least MIN_GC_GRACE_SECONDS and finite; checked before the
+    store is opened (an S3 store's open may take a while to fail)."""
+    value = seconds_arg(text)
+    if not MIN_GC_GRACE_SECONDS <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds from "
+                                         f"{MIN_GC_GRACE_SECONDS:g}, got {text!r}")
+    return value
 
 
 def cmd_gc(args) -> int:

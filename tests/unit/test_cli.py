@@ -543,3 +543,12 @@ def test_restore_out_that_is_a_file_or_empty_is_a_usage_error(tmp_path):
         assert f"must name a directory (it is {why})" in done.stderr
         assert "Errno" not in done.stderr
     assert afile.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize("grace", ["0", "0.5", "inf"])
+def test_gc_grace_is_checked_before_the_store_is_opened(grace):
+    """`gc s3://... --grace 0` opened the store first (with an unreachable endpoint, a
+    minute of retries) before saying the grace was too short."""
+    assert_one_line_error(run("gc", "s3://no-such-bucket/x", "--grace", grace,
+                              env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}), 2,
+                          "argument --grace")
