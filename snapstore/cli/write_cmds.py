@@ -203,6 +203,9 @@ def print_retain(report: dict, remote: bool = False) -> None:
     if not report["deleted"]:
         print("the store has no streams: nothing to do")
     for s, ids in report["deleted"].items():
+        if not ids and not report["kept"][s]:
+            print(f"{printable(s)}: no checkpoints (no such stream?)")   # a typo says so
+            continue
         print(f"{printable(s)}: {verb} {len(ids)} checkpoint(s)"
               + (f": {', '.join(map(str, ids))}" if ids else ""))
         for cid, why in report["kept"][s].items() if report["dry_run"] else ():

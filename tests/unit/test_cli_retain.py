@@ -144,5 +144,5 @@ def test_unknown_stream_and_empty_store(tmp_path):
                                   "1").stdout
     d = cli_json("-s", path, "retain", "--stream", "nope", "--keep-last", "1")
     assert d["deleted"] == {"nope": []}
-    assert "nope: deleted 0" in cli_ok("-s", path, "retain", "--stream", "nope",
-                                       "--keep-yearly", "1").stdout
+    assert "nope: no checkpoints (no such stream?)" in cli_ok(
+        "-s", path, "retain", "--stream", "nope", "--keep-yearly", "1").stdout
