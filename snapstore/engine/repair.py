@@ -63,7 +63,7 @@ from snapstore.engine.indexswap import remove_entry, staging_dir, swap_in
 from snapstore.engine.logstate import SectionFinder, StateSection
 from snapstore.engine.records import Commit, decode_delete, record_order
 from snapstore.engine.upgrade import upgrade
-from snapstore.engine.verify import ProblemReport, dependents, verify
+from snapstore.engine.verify import ProblemReport, children_of, dependents, verify
 from snapstore.engine.wal import (DamagedRecord, MisplacedSegment, Record, first_segment,
                                   log_of, logs_of, next_valid_record, read_record,
                                   segment_version)
@@ -475,10 +475,7 @@ def _report_lost_parents(w, ids: set, report: ProblemReport) -> None:
     parent cannot restore, nor can the later checkpoints whose manifests of that buffer
     build on it."""
     commits = {i: w.checkpoint(i) for i in ids}
-    children: dict[int, list] = {}
-    for i, c in commits.items():
-        if c.parent is not None:
-            children.setdefault(c.parent, []).append(i)
+    children = children_of(commits)
     for i in sorted(commits):
         parent = commits[i].parent
         if parent is None or parent in commits:
@@ -592,6 +589,14 @@ def _scan_log(index: Index, backend: SegmentBackend, reader: SegmentReader,
     return scan
 
 
+def _damage(scan: _Scan, report: ProblemReport, kind: str, message: str, segment: int,
+            offset: int) -> None:
+    """Reports damage in the log and records where it is (scan.damage: what a writer's
+    recovery would refuse, so what decides whether an old index may stay)."""
+    scan.damage.append((segment, offset))
+    report.add(kind, message, segment=segment, offset=offset)
+
+
 def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan: _Scan,
                      report: ProblemReport):
     """The valid records of segment n, in order. Damage is reported (and interrupts any state
@@ -600,30 +605,26 @@ def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan:
     next writer's recovery cuts it)."""
     if size <= fmt.SEGMENT_HEADER.size:     # never read: a FIFO, or killed while creating it
         if size < fmt.SEGMENT_HEADER.size and not last:
-            scan.damage.append((n, 0))
-            report.add("damaged_segment_header", "segment is shorter than its header",
-                       segment=n, offset=0)
+            _damage(scan, report, "damaged_segment_header",
+                    "segment is shorter than its header", n, 0)
         elif size == fmt.SEGMENT_HEADER.size:
             try:
                 segment_version(reader, n)
                 scan.end = (n, size)
             except CorruptionError:
                 if not last:
-                    scan.damage.append((n, 0))
-                    report.add("damaged_segment_header", "segment header is damaged",
-                               segment=n, offset=0)
+                    _damage(scan, report, "damaged_segment_header",
+                            "segment header is damaged", n, 0)
         return
     try:
         types = fmt.SEGMENT_RECORD_TYPES[segment_version(reader, n)]
     except MisplacedSegment as exc:
         scan.finder.interrupt()
-        scan.damage.append((n, 0))
-        report.add("misplaced_segment", f"{exc}: the file is not this segment; none of its "
-                   "records were used", segment=n, offset=0)
+        _damage(scan, report, "misplaced_segment", f"{exc}: the file is not this segment; "
+                "none of its records were used", n, 0)
         return
     except CorruptionError as exc:
-        scan.damage.append((n, 0))
-        report.add("damaged_segment_header", str(exc), segment=n, offset=0)
+        _damage(scan, report, "damaged_segment_header", str(exc), n, 0)
         types = fmt.RECORD_TYPES
     else:
         scan.end = (n, fmt.SEGMENT_HEADER.size)
@@ -640,9 +641,8 @@ def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan:
             if nxt is None and last:
                 scan.torn_tail = (n, pos)
             else:
-                scan.damage.append((n, pos))
-                report.add("damaged_record", f"{exc.reason}; skipped up to offset "
-                           f"{size if nxt is None else nxt}", segment=n, offset=pos)
+                _damage(scan, report, "damaged_record", f"{exc.reason}; skipped up to "
+                        f"offset {size if nxt is None else nxt}", n, pos)
             if nxt is None:
                 return
             pos = nxt
@@ -897,11 +897,9 @@ def _users_of(w, chunks) -> Callable[[set], set]:
     whose manifests name one, and the later ones whose delta manifests of that buffer build
     on theirs."""
     commits = {cid: w.checkpoint(cid) for cid in w.checkpoint_ids()}
-    children: dict[int, list] = {}
+    children = children_of(commits)
     named: dict[tuple, set] = {}        # (checkpoint, buffer name) -> the chunks it names
     for cid, commit in commits.items():
-        if commit.parent is not None:
-            children.setdefault(commit.parent, []).append(cid)
         for i, b in enumerate(commit.buffers):
             for _, _, _, chunk in fmt.EXTENT.iter_unpack(w.manifest(cid, i)):
                 if chunk in chunks:

@@ -57,6 +57,16 @@ class ProblemReport:
                               "offset": offset})
 
 
+def children_of(commits: dict) -> dict[int, list]:
+    """{checkpoint id: the ids of its children} of commits {id: Commit} (what dependents()
+    walks)."""
+    children: dict[int, list] = defaultdict(list)
+    for i, c in commits.items():
+        if c.parent is not None:
+            children[c.parent].append(i)
+    return children
+
+
 def dependents(commits: dict, children: dict, start) -> set[int]:
     """Checkpoint ids whose restore of a buffer reads a manifest in `start` ((id, buffer name)
     pairs): those checkpoints, and every later one whose delta chain of that buffer passes
@@ -121,10 +131,7 @@ def verify(index: Index, backend: SegmentBackend, *, deep: bool = False) -> dict
         report.add("unreadable_index", str(exc))
         return _result(report, deep, started, checkpoints=0, chunks=0, segments=0,
                        bytes_checked=0)
-    children: dict[int, list] = defaultdict(list)
-    for i, c in commits.items():
-        if c.parent is not None:
-            children[c.parent].append(i)
+    children = children_of(commits)
     users: dict[bytes, set] = defaultdict(set)     # chunk id -> {(checkpoint, buffer name)}
     refs: Counter = Counter()
     # format 5: base chunk id -> the delta chunks whose entries name it (each an edge, counted
