@@ -118,9 +118,8 @@ def save_arrays(store, arrays: Mapping[str, Any], stream: str = "default", meta:
 
 def _layout(info) -> dict:
     refuse_other_version(info, ARRAYS_META_KEY, ARRAYS_VERSION, "save_arrays()")
-    ours = layer_meta(info, ARRAYS_META_KEY)
-    if not isinstance(ours, dict) or ours.get("version") != ARRAYS_VERSION \
-            or not isinstance(ours.get("arrays"), dict):
+    ours = layer_meta(info, ARRAYS_META_KEY)        # a dict: of ARRAYS_VERSION
+    if not isinstance(ours, dict) or not isinstance(ours.get("arrays"), dict):
         raise NotAnObjectCheckpointError(
             f"checkpoint {info.id} of stream {info.stream!r} was not written by save_arrays(), "
             f"so load_arrays() cannot read it: use {reader_hint(info)}")

@@ -79,6 +79,10 @@ def dir_mode(file_mode: int) -> int:
     return file_mode | ((file_mode & 0o444) >> 2)
 
 
+def _no_format_file(path: str) -> FormatError:
+    return FormatError(f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)")
+
+
 def open_directory(path: str, *, create: bool, readonly: bool, timeout: float,
                    repairing: bool = False) -> Opened:
     """Checks (or starts creating) the store directory; for a writer takes the store lock,
@@ -102,7 +106,7 @@ def open_directory(path: str, *, create: bool, readonly: bool, timeout: float,
                 and not os.path.lexists(os.path.join(path, fmt.LOCK_FILE)):
             # no store, and none being created (a creator makes the lock file first): say
             # so without leaving a lock file in a directory that is not a store
-            raise FormatError(f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)")
+            raise _no_format_file(path)
         exclusive = repairing or not os.path.lexists(format_file)
         lock_fd = open_lock_file(path)
         try:
@@ -119,10 +123,9 @@ def open_directory(path: str, *, create: bool, readonly: bool, timeout: float,
         raise StoreIOError(f"cannot open store {path}: {exc.strerror or exc}", exc.errno) from exc
     try:
         if not os.path.lexists(os.path.join(path, fmt.FORMAT_FILE)):
-            if not exclusive:       # FORMAT vanished since we looked: not a store any more
-                raise FormatError(f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)")
-            if not create:
-                raise FormatError(f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)")
+            # not exclusive: FORMAT vanished since we looked, not a store any more
+            if not exclusive or not create:
+                raise _no_format_file(path)
             refuse_foreign_directory(path)      # again under the lock: another creator finished
             if not os.path.lexists(os.path.join(path, fmt.FORMAT_FILE)):
                 mode = dir_mode(DEFAULT_FILE_MODE)
@@ -175,8 +178,8 @@ def _wait_for_store(path: str, deadline: float) -> int:
             if os.path.lexists(os.path.join(path, fmt.FORMAT_FILE)):
                 return _read_store(path)
         if time.monotonic() >= deadline:
-            raise FormatError(f"no snapstore store at {path}" if not os.path.isdir(path) else
-                              f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)")
+            raise (FormatError(f"no snapstore store at {path}") if not os.path.isdir(path)
+                   else _no_format_file(path))
         time.sleep(_POLL_SECONDS)
 
 
@@ -367,7 +370,7 @@ def read_format_file(path: str) -> dict:
         finally:
             os.close(fd)
     except FileNotFoundError:
-        raise FormatError(f"{path} is not a snapstore store (no {fmt.FORMAT_FILE} file)") from None
+        raise _no_format_file(path) from None
     except NotRegularFile as exc:
         raise FormatError(f"{path}: {fmt.FORMAT_FILE} is {exc.kind}, not a regular file; not "
                           "a snapstore store, or a damaged one") from None
