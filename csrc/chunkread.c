@@ -86,19 +86,18 @@ static int lay_planes(ZSTD_DCtx **dctx, const uint8_t *s, size_t slen, size_t ra
     return SNAP_OK;
 }
 
-/* Byte planes (CODEC_PLANES' stored bytes) -> dst[0:raw_len], the planes laid out in scratch
- * first. */
+/* Byte planes (CODEC_PLANES' stored bytes; flags: the rotation, 0..7) -> dst[0:raw_len], the
+ * planes laid out in scratch first. */
 static int unplanes(ZSTD_DCtx **dctx, const uint8_t *s, size_t slen, uint8_t *dst,
                     size_t raw_len, uint8_t *scratch)
 {
     size_t k;
     unsigned flags;
-    int rc = lay_planes(dctx, s, slen, raw_len, SNAP_REC_PLANES_ROTATE, scratch, &k, &flags);
+    int rc = lay_planes(dctx, s, slen, raw_len, SNAP_REC_PLANES_ROTATION, scratch, &k, &flags);
     if (rc != SNAP_OK)
         return rc;
-    return snap_join_planes(scratch, raw_len, k,
-                            (flags & SNAP_REC_PLANES_ROTATE) ? SNAP_PLANES_ROTATE : 0,
-                            dst, raw_len) == SNAP_OK ? SNAP_OK : SNAP_READ_PLANES;
+    return snap_join_planes(scratch, raw_len, k, SNAP_PLANES_ROTATE_BY(flags), dst,
+                            raw_len) == SNAP_OK ? SNAP_OK : SNAP_READ_PLANES;
 }
 
 /* Delta planes (CODEC_DELTA_PLANES' stored bytes: the base's id, the depth, then a plane

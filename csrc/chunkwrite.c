@@ -5,8 +5,8 @@
  * given) lay out the complete chunk record in out, back to back: the record header (magic,
  * chunk type, codec, zero flags and reserved field, payload length, the XXH3-64 checksum over
  * the first 16 header bytes and the payload), the chunk prefix (chunk id, raw length), then
- * the stored bytes. Byte planes (CODEC_PLANES: the chunk's items rotated left one bit and split
- * into planes by snap_split_planes; each plane one zstd frame where that frame is shorter than
+ * the stored bytes. Byte planes (CODEC_PLANES: the chunk's items rotated left by the caller's
+ * rotation, 1 or 3 bits, and split into planes by snap_split_planes; each plane one zstd frame where that frame is shorter than
  * n - n/32 of the plane's n bytes, else the plane as it is) when at least one plane packed and
  * the whole coding is shorter than raw_len - raw_len/32; else the raw bytes (CODEC_RAW). A
  * chunk given a base (the previous version of the same bytes, format 5's CODEC_DELTA_PLANES:
@@ -147,13 +147,12 @@ static size_t pack_laid_planes(const plane_coders *z, uint8_t *s, size_t raw_len
  * than raw_len - raw_len/32 (then s holds garbage). The planes are split straight into their
  * places in s as if all stayed raw, then packed. */
 static size_t planes_coding(const plane_coders *z, const uint8_t *chunk, size_t raw_len,
-                            size_t k, unsigned try_planes, uint8_t *s, uint8_t *scratch,
-                            unsigned *packed)
+                            size_t k, unsigned try_planes, unsigned rotate, uint8_t *s,
+                            uint8_t *scratch, unsigned *packed)
 {
     size_t table = SNAP_REC_PLANES_HEADER + k * SNAP_REC_PLANE_ENTRY;
-    snap_split_planes(chunk, raw_len, k, SNAP_PLANES_ROTATE, s + table, raw_len);
-    size_t len = pack_laid_planes(z, s, raw_len, k, SNAP_REC_PLANES_ROTATE, try_planes, scratch,
-                                  packed);
+    snap_split_planes(chunk, raw_len, k, SNAP_PLANES_ROTATE_BY(rotate), s + table, raw_len);
+    size_t len = pack_laid_planes(z, s, raw_len, k, rotate, try_planes, scratch, packed);
     if (*packed == 0 || len >= raw_len - raw_len / 32)
         return 0;
     return len;
@@ -227,15 +226,15 @@ int snap_raw_record_heads(snap_chunk_write *chunks, size_t n, uint8_t *out, size
 }
 
 int snap_write_chunks(snap_chunk_write *chunks, size_t n, size_t itemsize, unsigned try_planes,
-                      unsigned try_delta, uint8_t *out, size_t out_cap, uint8_t *scratch,
-                      size_t scratch_cap, size_t *out_len)
+                      unsigned rotate, unsigned try_delta, uint8_t *out, size_t out_cap,
+                      uint8_t *scratch, size_t scratch_cap, size_t *out_len)
 {
     if (out_len == NULL || (n && chunks == NULL) || (out_cap && out == NULL) ||
         (scratch_cap && scratch == NULL))
         return SNAP_EINVAL;
     *out_len = 0;
     if ((itemsize != 2 && itemsize != 4 && itemsize != 8) || try_planes >> itemsize ||
-        try_delta >> itemsize)
+        try_delta >> itemsize || (rotate & ~SNAP_REC_PLANES_ROTATION))
         return SNAP_EINVAL;
     if (overlaps(scratch, scratch_cap, out, out_cap))
         return SNAP_EINVAL;
@@ -276,7 +275,7 @@ int snap_write_chunks(snap_chunk_write *chunks, size_t n, size_t itemsize, unsig
                 c->codec = SNAP_REC_CODEC_DELTA_PLANES;
         }
         if (slen == 0 && try_planes) {
-            slen = planes_coding(&z, c->src, c->raw_len, itemsize, try_planes, stored,
+            slen = planes_coding(&z, c->src, c->raw_len, itemsize, try_planes, rotate, stored,
                                  scratch, &packed);
             if (slen)
                 c->codec = SNAP_REC_CODEC_PLANES;

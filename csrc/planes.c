@@ -7,11 +7,16 @@
  * bytes of one significance are alike (sign and exponent bytes repeat a few values; low
  * mantissa bytes are noise), so an entropy coder sees each kind on its own.
  *
- * SNAP_PLANES_ROTATE rotates each item, read as a little-endian word, left by one bit before
- * the split: an IEEE float's sign bit moves to bit 0, so the top byte of a float32 or bfloat16
- * is exactly its 8-bit exponent, one symbol of low entropy, instead of the sign and 7 exponent
- * bits with the exponent's last bit left among the mantissa's noise (+0.35 points saved on
- * float32 weights, +0.7 on bfloat16; float16's 5-bit exponent gains nothing).
+ * SNAP_PLANES_ROTATE_BY(r) rotates each item, read as a little-endian word, left by r bits
+ * (1..7) before the split. r = 1 (SNAP_PLANES_ROTATE) moves an IEEE float's sign bit to bit 0,
+ * so the top byte of a float32 or bfloat16 is exactly its 8-bit exponent, one symbol of low
+ * entropy, instead of the sign and 7 exponent bits with the exponent's last bit left among
+ * the mantissa's noise (+0.35 points saved on float32 weights, +0.7 on bfloat16; float16's
+ * 5-bit exponent gains nothing). r = 3 also moves the exponent's two top bits (constant for
+ * weights under 2 in magnitude) down into the low byte, and the top byte becomes the
+ * exponent's 6 low bits and the mantissa's 2 top bits, which Huffman codes closer to their
+ * entropy: +0.45 points more on float32 weights, +0.5 on bfloat16; float16 loses 5
+ * (docs/floatcodec.md, "The rotation").
  *
  * Delta coding replaces each item by its difference to the same item of a reference (the
  * previous version of the buffer) before the split:
@@ -126,26 +131,27 @@ SUB_KERNELS(16, uint16_t)
 SUB_KERNELS(32, uint32_t)
 SUB_KERNELS(64, uint64_t)
 
-/* rotl1 split (the word rotated left by one bit: the top bit becomes bit 0) and its inverse. */
+/* rotl-r split (the word rotated left by r bits, 1 <= r < BITS: its top r bits become its
+ * low r bits) and its inverse. */
 #define ROT_KERNELS(BITS, T)                                                                  \
-    static void rot_split_##BITS(const uint8_t *restrict src, size_t n,                       \
+    static void rot_split_##BITS(const uint8_t *restrict src, size_t n, unsigned r,           \
                                  uint8_t *restrict planes, size_t stride)                     \
     {                                                                                         \
         for (size_t i = 0; i < n; i++) {                                                      \
             T w = ld_w##BITS(src + sizeof(T) * i);                                            \
-            T z = (T)((T)(w << 1) | (T)(w >> (BITS - 1)));                                    \
+            T z = (T)((T)(w << r) | (T)(w >> (BITS - r)));                                    \
             for (size_t j = 0; j < sizeof(T); j++)                                            \
                 planes[j * stride + i] = (uint8_t)(z >> (8 * j));                             \
         }                                                                                     \
     }                                                                                         \
     static void rot_join_##BITS(const uint8_t *restrict planes, size_t stride, size_t n,      \
-                                uint8_t *restrict dst)                                        \
+                                unsigned r, uint8_t *restrict dst)                            \
     {                                                                                         \
         for (size_t i = 0; i < n; i++) {                                                      \
             T z = 0;                                                                          \
             for (size_t j = 0; j < sizeof(T); j++)                                            \
                 z = (T)(z | (T)((T)planes[j * stride + i] << (8 * j)));                       \
-            st_w##BITS(dst + sizeof(T) * i, (T)((T)(z >> 1) | (T)(z << (BITS - 1))));        \
+            st_w##BITS(dst + sizeof(T) * i, (T)((T)(z >> r) | (T)(z << (BITS - r))));        \
         }                                                                                     \
     }
 
@@ -159,7 +165,8 @@ enum op { OP_SPLIT, OP_JOIN, OP_XOR_SPLIT, OP_XOR_JOIN, OP_SUB_SPLIT, OP_SUB_JOI
           OP_ROT_SPLIT, OP_ROT_JOIN };
 
 /* a: the item-ordered input (split) or the planes (join); b: the reference (delta ops);
- * out: planes (split) or items (join). stride: plane stride; n items. */
+ * out: planes (split) or items (join). stride: plane stride; n items; r: the rotation (rot
+ * ops: 1 <= r < 8 k). */
 #define CASE_K(K)                                                                             \
     case K:                                                                                   \
         switch (op) {                                                                         \
@@ -176,7 +183,7 @@ enum op { OP_SPLIT, OP_JOIN, OP_XOR_SPLIT, OP_XOR_JOIN, OP_SUB_SPLIT, OP_SUB_JOI
 __attribute__((target_clones("avx2", "default")))
 #endif
 static void dispatch(enum op op, const uint8_t *restrict a, const uint8_t *restrict b,
-                     size_t n, size_t k, size_t stride, uint8_t *restrict out)
+                     size_t n, size_t k, size_t stride, unsigned r, uint8_t *restrict out)
 {
     if (op == OP_SUB_SPLIT || op == OP_SUB_JOIN) {
         int split = op == OP_SUB_SPLIT;
@@ -192,10 +199,10 @@ static void dispatch(enum op op, const uint8_t *restrict a, const uint8_t *restr
     if (op == OP_ROT_SPLIT || op == OP_ROT_JOIN) {
         int split = op == OP_ROT_SPLIT;
         switch (k) {
-        case 1: split ? rot_split_8(a, n, out, stride) : rot_join_8(a, stride, n, out); break;
-        case 2: split ? rot_split_16(a, n, out, stride) : rot_join_16(a, stride, n, out); break;
-        case 4: split ? rot_split_32(a, n, out, stride) : rot_join_32(a, stride, n, out); break;
-        case 8: split ? rot_split_64(a, n, out, stride) : rot_join_64(a, stride, n, out); break;
+        case 1: split ? rot_split_8(a, n, r, out, stride) : rot_join_8(a, stride, n, r, out); break;
+        case 2: split ? rot_split_16(a, n, r, out, stride) : rot_join_16(a, stride, n, r, out); break;
+        case 4: split ? rot_split_32(a, n, r, out, stride) : rot_join_32(a, stride, n, r, out); break;
+        case 8: split ? rot_split_64(a, n, r, out, stride) : rot_join_64(a, stride, n, r, out); break;
         default: break;   /* refused by the callers */
         }
         return;
@@ -235,11 +242,12 @@ static int delta_ok(int mode, size_t itemsize)
     return mode == SNAP_DELTA_SUB && word_size(itemsize);
 }
 
-/* Split flags: 0 or SNAP_PLANES_ROTATE (a word size only); no other bit. */
+/* Split flags: a rotation r (SNAP_PLANES_ROTATE_BY(r), 0 <= r <= 7; r > 0 for a word size
+ * only); no other bit. Every r is below a word's 8 bits or more. */
 static int flags_ok(unsigned flags, size_t itemsize)
 {
-    return itemsize_ok(itemsize) &&
-           (flags == 0 || (flags == SNAP_PLANES_ROTATE && word_size(itemsize)));
+    return itemsize_ok(itemsize) && (flags & ~SNAP_PLANES_ROTATION) == 0 &&
+           (flags == 0 || word_size(itemsize));
 }
 
 /* ---- the public functions ----------------------------------------------------------------- */
@@ -254,7 +262,8 @@ int snap_split_planes(const uint8_t *src, size_t len, size_t itemsize, unsigned 
     if (len == 0)
         return SNAP_OK;
     size_t n = len / itemsize, body = n * itemsize;
-    dispatch(flags ? OP_ROT_SPLIT : OP_SPLIT, src, NULL, n, itemsize, n, planes);
+    dispatch(flags ? OP_ROT_SPLIT : OP_SPLIT, src, NULL, n, itemsize, n,
+             flags & SNAP_PLANES_ROTATION, planes);
     memcpy(planes + body, src + body, len - body);
     return SNAP_OK;
 }
@@ -270,7 +279,8 @@ int snap_join_planes(const uint8_t *planes, size_t len, size_t itemsize, unsigne
     if (len == 0)
         return SNAP_OK;
     size_t n = len / itemsize, body = n * itemsize;
-    dispatch(flags ? OP_ROT_JOIN : OP_JOIN, planes, NULL, n, itemsize, n, dst);
+    dispatch(flags ? OP_ROT_JOIN : OP_JOIN, planes, NULL, n, itemsize, n,
+             flags & SNAP_PLANES_ROTATION, dst);
     memcpy(dst + body, planes + body, len - body);
     return SNAP_OK;
 }
@@ -287,7 +297,7 @@ int snap_delta_split_planes(const uint8_t *cur, const uint8_t *ref, size_t len, 
     if (len == 0)
         return SNAP_OK;
     size_t n = len / itemsize, body = n * itemsize;
-    dispatch(mode == SNAP_DELTA_SUB ? OP_SUB_SPLIT : OP_XOR_SPLIT, cur, ref, n, itemsize, n,
+    dispatch(mode == SNAP_DELTA_SUB ? OP_SUB_SPLIT : OP_XOR_SPLIT, cur, ref, n, itemsize, n, 0,
              planes);
     for (size_t i = body; i < len; i++)
         planes[i] = (uint8_t)(cur[i] ^ ref[i]);
@@ -308,14 +318,14 @@ int snap_delta_join_planes(const uint8_t *planes, const uint8_t *ref, size_t len
     size_t n = len / itemsize, body = n * itemsize;
     enum op op = mode == SNAP_DELTA_SUB ? OP_SUB_JOIN : OP_XOR_JOIN;
     if (dst != ref) {
-        dispatch(op, planes, ref, n, itemsize, n, dst);
+        dispatch(op, planes, ref, n, itemsize, n, 0, dst);
     } else {
         /* in place: each tile of the reference is copied out before it is overwritten */
         uint8_t tile[TILE * SNAP_ITEMSIZE_MAX];
         for (size_t i = 0; i < n; i += TILE) {
             size_t m = n - i < TILE ? n - i : TILE;
             memcpy(tile, ref + i * itemsize, m * itemsize);
-            dispatch(op, planes + i, tile, m, itemsize, n, dst + i * itemsize);
+            dispatch(op, planes + i, tile, m, itemsize, n, 0, dst + i * itemsize);
         }
     }
     for (size_t i = body; i < len; i++)    /* byte-wise: safe in place too */

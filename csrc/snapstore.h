@@ -140,18 +140,22 @@ int snap_diff_bytes(const uint8_t *a, const uint8_t *b, size_t len, size_t gap,
 #define SNAP_DELTA_XOR 1
 #define SNAP_DELTA_SUB 2
 
-/* Split flags.
- *   SNAP_PLANES_ROTATE  each item, read as an unsigned little-endian word of itemsize bytes
- *                       (1, 2, 4 or 8 only), is rotated left by one bit before the split:
- *                       (w << 1) | (w >> (8 itemsize - 1)). An IEEE float's sign bit becomes
- *                       bit 0, so plane itemsize-1 of float32 or bfloat16 holds exactly the
- *                       exponents. The tail bytes are not rotated. */
+/* Split flags: a rotation.
+ *   SNAP_PLANES_ROTATE_BY(r)  (0 <= r <= 7; 0: none) each item, read as an unsigned
+ *                       little-endian word of itemsize bytes (1, 2, 4 or 8 only), is rotated
+ *                       left by r bits before the split: (w << r) | (w >> (8 itemsize - r)).
+ *                       The tail bytes are not rotated.
+ *   SNAP_PLANES_ROTATE  r = 1: an IEEE float's sign bit becomes bit 0, so plane itemsize-1 of
+ *                       float32 or bfloat16 holds exactly the exponents.
+ *   SNAP_PLANES_ROTATION  the bits of the flags that hold r (no other bit may be set). */
+#define SNAP_PLANES_ROTATION 7u
+#define SNAP_PLANES_ROTATE_BY(r) ((unsigned)(r) & SNAP_PLANES_ROTATION)
 #define SNAP_PLANES_ROTATE 1u
 
 /* snap_split_planes: src[0:len] -> planes[0:len] as above ("byte shuffle").
- *   flags       0, or SNAP_PLANES_ROTATE.
+ *   flags       0, or SNAP_PLANES_ROTATE_BY(r).
  *   planes_cap  capacity of planes in bytes; must be >= len.
- * Errors: SNAP_EINVAL (also: unknown flags, SNAP_PLANES_ROTATE with itemsize not 1, 2, 4 or 8),
+ * Errors: SNAP_EINVAL (also: unknown flags, a rotation with itemsize not 1, 2, 4 or 8),
  * SNAP_ESPACE. */
 int snap_split_planes(const uint8_t *src, size_t len, size_t itemsize, unsigned flags,
                       uint8_t *planes, size_t planes_cap);
@@ -313,7 +317,8 @@ int snap_pagemap_scan(int pagemap_fd, uint64_t start, uint64_t end,
 #define SNAP_REC_CODEC_PLANES   2u
 #define SNAP_REC_PLANES_HEADER  2u   /* item size, flags */
 #define SNAP_REC_PLANE_ENTRY    5u   /* how stored, u32 stored length */
-#define SNAP_REC_PLANES_ROTATE  1u
+#define SNAP_REC_PLANES_ROTATE  1u   /* the flags of format 4 and 5's planes: rotated 1 bit */
+#define SNAP_REC_PLANES_ROTATION 7u  /* the flags hold the rotation, 0..7 (format 6 writes 1, 3) */
 #define SNAP_REC_PLANE_RAW      0u
 #define SNAP_REC_PLANE_ZSTD     1u
 /* Delta planes (CODEC_DELTA_PLANES, format 5, planned: no segment version may hold it yet;
@@ -389,16 +394,19 @@ typedef struct snap_chunk_write {
  * delta planes of bits try_delta tried as zstd frames where that pays; else CODEC_PLANES with
  * the planes of bits try_planes tried, or CODEC_RAW (always, when try_planes is 0 and no delta
  * paid). *out_len gets the bytes used.
+ *   rotate       the rotation of CODEC_PLANES records (0..7; the plane header's flags): their
+ *                items are split with SNAP_PLANES_ROTATE_BY(rotate).
  *   out_cap      at least the sum of SNAP_REC_WRITE_SLACK + raw_len over the chunks.
  *   scratch      work space of at least the largest raw_len.
  * Allocates zstd contexts per call (when try_planes or try_delta is nonzero).
  * Errors: SNAP_EINVAL (a NULL pointer with a nonzero length, an item size other than 2, 4 or 8,
- * try_planes or try_delta bits at or above itemsize, a chunk larger than scratch, a chunk or
- * base overlapping out or scratch, out and scratch overlapping, a base with depth 0),
+ * try_planes or try_delta bits at or above itemsize, a rotate above 7, a chunk larger than
+ * scratch, a chunk or base overlapping out or scratch, out and scratch overlapping, a base
+ * with depth 0),
  * SNAP_ESPACE (out_cap too small), SNAP_ENOMEM; nothing is written then. */
 int snap_write_chunks(snap_chunk_write *chunks, size_t n, size_t itemsize, unsigned try_planes,
-                      unsigned try_delta, uint8_t *out, size_t out_cap, uint8_t *scratch,
-                      size_t scratch_cap, size_t *out_len);
+                      unsigned rotate, unsigned try_delta, uint8_t *out, size_t out_cap,
+                      uint8_t *scratch, size_t scratch_cap, size_t *out_len);
 
 /* snap_raw_record_heads: for each of chunks[0:n] (src, raw_len, chunk_id given) the head of its
  * raw chunk record, SNAP_REC_RAW_HEAD bytes at out + i * SNAP_REC_RAW_HEAD (= out_off): the

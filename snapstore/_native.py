@@ -560,6 +560,7 @@ ITEMSIZE_MAX: int = int(lib.SNAP_ITEMSIZE_MAX)
 DELTA_XOR: int = int(lib.SNAP_DELTA_XOR)
 DELTA_SUB: int = int(lib.SNAP_DELTA_SUB)
 PLANES_ROTATE: int = int(lib.SNAP_PLANES_ROTATE)
+PLANES_ROTATION_MAX: int = int(lib.SNAP_PLANES_ROTATION)     # rotations are 0..this
 _DELTA_NAMES = {DELTA_XOR: "DELTA_XOR", DELTA_SUB: "DELTA_SUB"}
 
 
@@ -635,18 +636,31 @@ def _planes_out(out, nbytes: int, inputs, name: str = "out", allow=None) -> memo
     return dst
 
 
-def _rotate_arg(rotate, itemsize: int) -> int:
-    """The split flags for rotate (a bool): PLANES_ROTATE needs an item size of 1, 2, 4 or 8."""
+def _rotation_arg(rotate) -> int:
+    """The rotation rotate names: a bool (True: PLANES_ROTATE, one bit) or an int of bits,
+    0..PLANES_ROTATION_MAX."""
     if not isinstance(rotate, (bool, int)):
         raise errors.InvalidArgumentTypeError(
-            f"rotate: expected a bool, got {type(rotate).__name__}")
-    if rotate and itemsize not in (1, 2, 4, 8):
+            f"rotate: expected a bool or an int of bits, got {type(rotate).__name__}")
+    if isinstance(rotate, bool):
+        return PLANES_ROTATE if rotate else 0
+    if not 0 <= rotate <= PLANES_ROTATION_MAX:
+        raise errors.InvalidArgumentError(
+            f"rotate: a rotation of 0..{PLANES_ROTATION_MAX} bits, not {rotate}")
+    return rotate
+
+
+def _rotate_arg(rotate, itemsize: int) -> int:
+    """The split flags for rotate (_rotation_arg): a rotation needs an item size of 1, 2, 4 or
+    8."""
+    rotation = _rotation_arg(rotate)
+    if rotation and itemsize not in (1, 2, 4, 8):
         raise errors.InvalidArgumentError(
             f"rotate works on 1-, 2-, 4- or 8-byte items, not {itemsize}")
-    return PLANES_ROTATE if rotate else 0
+    return rotation
 
 
-def split_planes(buf, itemsize: int, out=None, rotate: bool = False) -> memoryview:
+def split_planes(buf, itemsize: int, out=None, rotate: bool | int = False) -> memoryview:
     """The byte planes of buf's items (snap_split_planes): byte 0 of every item, then byte 1,
     ..., then the len(buf) % itemsize tail bytes as they are. Any bytes (floats as raw bytes
     or not) and any length are accepted.
@@ -655,14 +669,16 @@ def split_planes(buf, itemsize: int, out=None, rotate: bool = False) -> memoryvi
         buf: the items, a C-contiguous buffer (len(buf) bytes).
         itemsize: bytes per item, 1..ITEMSIZE_MAX (2 for float16/bfloat16, 4 for float32...).
         out: optional writable buffer of at least len(buf) bytes, not overlapping buf.
-        rotate: rotate each item (a little-endian word of 1, 2, 4 or 8 bytes) left by one bit
-            first (SNAP_PLANES_ROTATE): a float's sign bit goes to bit 0, so the top plane of
-            float32 or bfloat16 holds exactly the exponents.
+        rotate: rotate each item (a little-endian word of 1, 2, 4 or 8 bytes) left first, by
+            one bit for True (SNAP_PLANES_ROTATE: a float's sign bit goes to bit 0, so the top
+            plane of float32 or bfloat16 holds exactly the exponents), or by an int of bits,
+            0..PLANES_ROTATION_MAX.
     Returns:
         A writable memoryview of len(buf) bytes: out's prefix, or a new buffer.
     Raises:
-        InvalidArgumentError (bad itemsize, rotate with another item size, out too small or
-        overlapping), InvalidArgumentTypeError (not a buffer, out read-only).
+        InvalidArgumentError (bad itemsize, a rotation out of range or with another item
+        size, out too small or overlapping), InvalidArgumentTypeError (not a buffer, out
+        read-only).
     """
     k = _itemsize_arg(itemsize)
     flags = _rotate_arg(rotate, k)
@@ -673,7 +689,7 @@ def split_planes(buf, itemsize: int, out=None, rotate: bool = False) -> memoryvi
     return dst
 
 
-def join_planes(planes, itemsize: int, out=None, rotate: bool = False) -> memoryview:
+def join_planes(planes, itemsize: int, out=None, rotate: bool | int = False) -> memoryview:
     """The items back from their byte planes (snap_join_planes): the exact inverse of
     split_planes with the same itemsize and rotate.
 
@@ -930,7 +946,7 @@ _CHUNK_WRITE = struct.Struct("=QQQII32s32sBBB5x")
 
 
 def write_chunks(chunks: Sequence[tuple], itemsize: int, try_planes: int,
-                 out=None, scratch=None, try_delta: int = 0
+                 out=None, scratch=None, try_delta: int = 0, rotate: int = PLANES_ROTATE
                  ) -> Tuple[memoryview, List[Tuple[int, int, int, int]]]:
     """Encodes chunks of items as complete chunk records, back to back (snap_write_chunks),
     without the GIL: for a chunk given a base, delta planes (the planes of bits try_delta
@@ -947,6 +963,9 @@ def write_chunks(chunks: Sequence[tuple], itemsize: int, try_planes: int,
         try_planes: a bit mask of the planes to try to compress (0: every chunk raw unless
             its delta pays).
         try_delta: a bit mask of the delta planes to try to compress (0: no delta).
+        rotate: the rotation of the byte-plane records' items, in bits, 0..PLANES_ROTATION_MAX
+            (their plane header's flags; default PLANES_ROTATE, the only one segments of
+            version 4 and 5 hold).
         out: writable buffer for the records, at least the sum of RECORD_WRITE_SLACK +
             len(data) over the chunks (default: allocated).
         scratch: writable work space of at least the largest chunk (default: allocated); one
@@ -957,10 +976,11 @@ def write_chunks(chunks: Sequence[tuple], itemsize: int, try_planes: int,
         mask of its zstd planes).
     Raises:
         InvalidArgumentError (a chunk id not of 32 bytes, a chunk of 4 GiB or more, a bad item
-        size or plane mask, overlapping buffers), InvalidArgumentTypeError (not a buffer),
-        NativeMemoryError (zstd could not allocate its context).
+        size, plane mask or rotation, overlapping buffers), InvalidArgumentTypeError (not a
+        buffer), NativeMemoryError (zstd could not allocate its context).
     """
     k = _itemsize_arg(itemsize)
+    rotation = _rotation_arg(rotate)
     mask = _int_arg(try_planes, "try_planes", 1 << 32, "an int")
     delta_mask = _int_arg(try_delta, "try_delta", 1 << 32, "an int")
     packed, pointers, sizes = _chunk_writes(chunks, bases=True)
@@ -970,7 +990,7 @@ def write_chunks(chunks: Sequence[tuple], itemsize: int, try_planes: int,
     used = ffi.new("size_t *")
     check(lib.snap_write_chunks(ffi.from_buffer("snap_chunk_write[]", packed,
                                                 require_writable=True),
-                                n, k, mask, delta_mask, _ptr(dst, True), len(dst),
+                                n, k, mask, rotation, delta_mask, _ptr(dst, True), len(dst),
                                 _ptr(work, True), len(work), used), "snap_write_chunks")
     del pointers
     return dst[:used[0]], _chunk_write_results(packed)

@@ -145,33 +145,35 @@ def chunk_boundaries(buf: bytes, min_size: int = 16384, avg_size: int = 65536,
 DELTA_XOR, DELTA_SUB = 1, 2
 
 
-def rotate_items(buf: bytes, itemsize: int, left: bool = True) -> bytes:
-    """Each whole item, a little-endian word, rotated by one bit (left: the top bit to bit 0);
-    the tail as it is."""
+def rotate_items(buf: bytes, itemsize: int, left: bool = True, by: int = 1) -> bytes:
+    """Each whole item, a little-endian word, rotated by `by` bits (left: its top bits to its
+    bottom); the tail as it is."""
     buf = bytes(buf)
     bits, mask = 8 * itemsize, (1 << 8 * itemsize) - 1
+    r = by if left else bits - by
     out = bytearray()
     for item in _items(buf, itemsize):
         w = int.from_bytes(item, "little")
-        w = ((w << 1) | (w >> (bits - 1))) if left else ((w >> 1) | (w << (bits - 1)))
+        w = (w << r) | (w >> (bits - r))
         out += (w & mask).to_bytes(itemsize, "little")
     return bytes(out) + buf[len(buf) // itemsize * itemsize:]
 
 
-def split_planes(buf: bytes, itemsize: int, rotate: bool = False) -> bytes:
-    buf = rotate_items(buf, itemsize) if rotate else bytes(buf)
+def split_planes(buf: bytes, itemsize: int, rotate: bool | int = False) -> bytes:
+    """rotate: True (one bit) or a number of bits."""
+    buf = rotate_items(buf, itemsize, by=int(rotate)) if rotate else bytes(buf)
     n = len(buf) // itemsize
     return b"".join(buf[j:n * itemsize:itemsize] for j in range(itemsize)) + buf[n * itemsize:]
 
 
-def join_planes(planes: bytes, itemsize: int, rotate: bool = False) -> bytes:
+def join_planes(planes: bytes, itemsize: int, rotate: bool | int = False) -> bytes:
     planes = bytes(planes)
     n = len(planes) // itemsize
     out = bytearray(len(planes))
     for j in range(itemsize):
         out[j:n * itemsize:itemsize] = planes[j * n:(j + 1) * n]
     out[n * itemsize:] = planes[n * itemsize:]
-    return rotate_items(out, itemsize, left=False) if rotate else bytes(out)
+    return rotate_items(out, itemsize, left=False, by=int(rotate)) if rotate else bytes(out)
 
 
 def zigzag(d: int, bits: int) -> int:
@@ -233,7 +235,8 @@ def delta_join_planes(planes: bytes, ref: bytes, itemsize: int, mode: int) -> by
 
 def planes_chunk(stored: bytes, raw_len: int) -> bytes:
     """The raw bytes of a CODEC_PLANES chunk record's stored bytes (format 4, written out by
-    hand from docs/design.md): <BB item size, flags (bit 0: items rotated left one bit); per
+    hand from docs/design.md): <BB item size, flags (the items' rotation left in bits: 0 or 1
+    in format 4 and 5, 0..7 from format 6 on); per
     plane <BI how (0 raw, 1 one zstd frame), stored length; the planes; the tail bytes. Plane j
     is byte j of every (rotated) item."""
     import zstandard
@@ -247,7 +250,8 @@ def planes_chunk(stored: bytes, raw_len: int) -> bytes:
         pos += length
         planes += piece if how == 0 else zstandard.ZstdDecompressor().decompress(piece)
     assert len(planes) == n * itemsize and len(stored) - pos == tail
-    return join_planes(planes + stored[pos:], itemsize, rotate=bool(flags & 1))
+    assert flags <= 7
+    return join_planes(planes + stored[pos:], itemsize, rotate=flags)
 
 
 def delta_planes_chunk(stored: bytes, raw_len: int, base: bytes) -> Tuple[bytes, bytes, int]:

@@ -132,7 +132,8 @@ SEGMENT_CODECS = {1: (0, 1), 2: (0, 1), 3: (0, 1), 4: (0, 1, 2),   # segment ver
 PLANES_HEADER = struct.Struct("<BB")         # item size, flags
 PLANE_ENTRY = struct.Struct("<BI")           # how the plane is stored, its stored length
 PLANES_ITEMSIZES = (2, 4, 8)
-PLANES_ROTATE = 1                            # flag: items rotated left one bit before the split
+PLANES_ROTATE = 1                            # flags 1: items rotated left one bit before the split
+PLANES_ROTATION = 7                          # the flags are the rotation in bits (0..7)
 PLANE_RAW = 0
 PLANE_ZSTD = 1
 

@@ -5,8 +5,9 @@ zstd frame saves 7%, at 2-5x its decode speed).
 
 Stored bytes of a CODEC_PLANES chunk record (after CHUNK_PREFIX; fmt.PLANES_*):
 
-    PLANES_HEADER   item size (2, 4 or 8), flags (PLANES_ROTATE: each item rotated left one
-                    bit first, so a float's sign leaves the exponent's plane)
+    PLANES_HEADER   item size (2, 4 or 8), flags: the rotation, each item rotated left that
+                    many bits first (0..7, PLANES_ROTATION; writers write 1, PLANES_ROTATE, so
+                    a float's sign leaves the exponent's plane)
     PLANE_ENTRY     per plane, item size of them: how it is stored (PLANE_RAW / PLANE_ZSTD)
                     and its stored length
     the planes' stored bytes, back to back, then the raw_len % item size tail bytes as they
@@ -86,7 +87,7 @@ def decode(stored, raw_len: int, out=None) -> memoryview:
     itemsize, flags = fmt.PLANES_HEADER.unpack_from(stored)
     if itemsize not in fmt.PLANES_ITEMSIZES:
         raise ValueError(f"byte-plane chunk names item size {itemsize}")
-    if flags & ~fmt.PLANES_ROTATE:
+    if flags & ~fmt.PLANES_ROTATION:
         raise ValueError(f"byte-plane chunk has unknown flags {flags:#x}")
     n, tail = divmod(raw_len, itemsize)
     at = fmt.PLANES_HEADER.size
@@ -117,5 +118,4 @@ def decode(stored, raw_len: int, out=None) -> memoryview:
     laid_out[itemsize * n:] = stored[pos:]
     # into out, or a new buffer of the C core's: no overlap to rule out (a chunk read's hot
     # path)
-    return native.join_planes(planes, itemsize, out=out,
-                              rotate=bool(flags & fmt.PLANES_ROTATE))
+    return native.join_planes(planes, itemsize, out=out, rotate=flags)

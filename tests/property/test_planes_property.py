@@ -119,7 +119,8 @@ MODES_FOR = {k: ([nat.DELTA_XOR, nat.DELTA_SUB] if k in (1, 2, 4, 8) else [nat.D
 
 
 def _check_split(raw: bytes, k: int, off_in: int, off_out: int) -> None:
-    for rotate in ([False, True] if k in (1, 2, 4, 8) else [False]):
+    for rotate in ([False, True, *range(2, nat.PLANES_ROTATION_MAX + 1)] if k in (1, 2, 4, 8)
+                   else [False]):
         expect = ref.split_planes(raw, k, rotate)
         out = unaligned(bytes(len(raw)), off_out)
         got = nat.split_planes(unaligned(raw, off_in), k, out=out, rotate=rotate)

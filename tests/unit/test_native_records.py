@@ -12,10 +12,12 @@ from snapstore import _native as nat
 from snapstore import errors
 from snapstore._ffi import ffi, lib
 from snapstore.engine import format as fmt
-from snapstore.engine import wal
+from snapstore.engine import planes, wal
 from snapstore.engine.writer import WriteOptions, encode_chunk
 
 import blake3
+
+import reference as ref
 
 
 def test_mirrored_layout_matches_format_py():
@@ -30,6 +32,7 @@ def test_mirrored_layout_matches_format_py():
     assert lib.SNAP_REC_PLANES_HEADER == fmt.PLANES_HEADER.size
     assert lib.SNAP_REC_PLANE_ENTRY == fmt.PLANE_ENTRY.size
     assert lib.SNAP_REC_PLANES_ROTATE == fmt.PLANES_ROTATE
+    assert lib.SNAP_REC_PLANES_ROTATION == lib.SNAP_PLANES_ROTATION == nat.PLANES_ROTATION_MAX
     assert (lib.SNAP_REC_PLANE_RAW, lib.SNAP_REC_PLANE_ZSTD) == (fmt.PLANE_RAW, fmt.PLANE_ZSTD)
     assert [v for v, c in fmt.SEGMENT_CODECS.items() if fmt.CODEC_DELTA_PLANES in c] == [5]
     assert lib.SNAP_REC_DELTA_HEADER == fmt.DELTA_HEADER.size
@@ -155,7 +158,7 @@ def test_damage_behind_a_right_checksum():
     h = fmt.RECORD_HEADER.size + fmt.CHUNK_PREFIX.size
     cases = {
         "item size": (damaged(rec, h, 3), lib.SNAP_READ_PLANES),
-        "flags": (damaged(rec, h + 1, 2), lib.SNAP_READ_PLANES),
+        "flags": (damaged(rec, h + 1, 8), lib.SNAP_READ_PLANES),       # above the rotation
         "plane kind": (damaged(rec, h + 2, 7), lib.SNAP_READ_PLANES),
         "plane length": (damaged(rec, h + 3), lib.SNAP_READ_PLANES),
         "chunk id": (damaged(rec, fmt.RECORD_HEADER.size), lib.SNAP_READ_PREFIX),
@@ -238,3 +241,35 @@ def test_after_fork_in_a_child():
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
+
+
+@pytest.mark.parametrize("rotation", range(8))
+def test_every_rotation_round_trips_through_both_readers(rotation):
+    """A byte-plane record of any rotation (the plane header's flags) decodes to its bytes in
+    the C core's reader and in engine/planes.py's, and the reference reads it by hand."""
+    data = floats(4096, 7)
+    cid = blake3.blake3(data).digest()
+    recs, [(off, stored_len, codec, _)] = nat.write_chunks([(data, cid)], 4, 0b1111,
+                                                           rotate=rotation)
+    assert codec == fmt.CODEC_PLANES
+    stored = bytes(recs[off + fmt.RECORD_HEADER.size + fmt.CHUNK_PREFIX.size:
+                        off + fmt.RECORD_HEADER.size + stored_len])
+    assert fmt.PLANES_HEADER.unpack_from(stored) == (4, rotation)
+    assert bytes(planes.decode(stored, len(data))) == data
+    assert ref.planes_chunk(stored, len(data)) == data
+    out = bytearray(len(data))
+    read = (0, 0, stored_len, len(data), cid)
+    assert nat.read_chunks(bytes(recs[off:]), out, [read]) == (1, 0)
+    assert out == data
+
+
+@pytest.mark.parametrize("rotate, error", [(8, errors.InvalidArgumentError),
+                                           (-1, errors.InvalidArgumentError),
+                                           ("3", errors.InvalidArgumentTypeError),
+                                           (1.0, errors.InvalidArgumentTypeError)])
+def test_write_chunks_refuses_a_bad_rotation(rotate, error):
+    data = floats(1024, 1)
+    with pytest.raises(error):
+        nat.write_chunks([(data, bytes(32))], 4, 0b1111, rotate=rotate)
+    with pytest.raises(error):
+        nat.split_planes(data, 4, rotate=rotate)

@@ -166,14 +166,17 @@ def test_c_sub_needs_a_word_size(k):
         assert delta_c(split, u8(a), u8(a), 14, k, XOR, u8(o), 14) == lib.SNAP_OK
 
 
-@pytest.mark.parametrize("k,flags", [(3, 1), (5, 1), (4, 2), (4, 3), (2, 0x80000000), (1, 1 << 31)])
+@pytest.mark.parametrize("k,flags", [(3, 1), (5, 1), (6, 3), (7, 7), (4, 8), (4, 9), (2, 16),
+                                     (2, 0x80000000), (1, 1 << 31)])
 def test_c_rejects_flags(k, flags):
+    """A rotation (flags 1..7) needs a word size; bits above the rotation's are refused."""
     a, o = bytes(40), bytearray(b"\xaa" * 40)
     for fn in SPLITS:
         assert fn(u8(a), 40, k, u8(o), 40, flags) == lib.SNAP_EINVAL
     assert o == bytearray(b"\xaa" * 40)
     for k_ok in (1, 2, 4, 8):
-        assert SPLITS[0](u8(a), 40, k_ok, u8(o), 40, lib.SNAP_PLANES_ROTATE) == lib.SNAP_OK
+        for rotation in range(8):
+            assert SPLITS[0](u8(a), 40, k_ok, u8(o), 40, rotation) == lib.SNAP_OK
 
 
 def test_c_null_pointers_with_nonzero_lengths():

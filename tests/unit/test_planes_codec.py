@@ -87,7 +87,8 @@ def test_every_truncation_and_extension_is_refused():
 
 
 @pytest.mark.parametrize("at, value, match", [
-    (0, 3, "item size"), (0, 1, "item size"), (0, 16, "item size"), (1, 2, "flags"),
+    (0, 3, "item size"), (0, 1, "item size"), (0, 16, "item size"), (1, 8, "flags"),
+    (1, 0x80, "flags"),
     (2, 7, "unknown way"), (3, 0xFF, "add up")])
 def test_damaged_header_or_table(at, value, match):
     data, stored = _good()
