@@ -212,9 +212,9 @@ def ratios(args, root: str, rep: Report) -> None:
                 peers.append(f"{name} not installed")
                 continue
             theirs.append(1 - size / n)
-            peers.append(f"{name} {theirs[-1]:.1%}")
+            peers.append(f"{name} {theirs[-1]:.2%}")
             speeds.append(f"{name} {n / enc / 1e9:.2f} / {n / dec / 1e9:.2f}")
-        rep.add(f"{dtype} weights {n >> 20} MiB, full: saved", f"{ours:.1%}", ", ".join(peers),
+        rep.add(f"{dtype} weights {n >> 20} MiB, full: saved", f"{ours:.2%}", ", ".join(peers),
                 "-", "beat both", ours > max(theirs) if len(theirs) == 2 else None)
         rep.add("  same: GB/s coded / decoded", f"{n / min(saves) / 1e9:.2f} / "
                 f"{n / min(loads) / 1e9:.2f}", ", ".join(speeds) or "-", "-", "reported", None)

@@ -9,7 +9,7 @@ import struct
 # ---- store directory --------------------------------------------------------------------
 FORMAT_FILE = "FORMAT"          # JSON: {"format": FORMAT_NAME, "version": FORMAT_VERSION, ...}
 FORMAT_NAME = "snapstore"
-FORMAT_VERSION = 5              # bump on any incompatible change; newer -> FormatError
+FORMAT_VERSION = 6              # bump on any incompatible change; newer -> FormatError
 MIN_FORMAT_VERSION = 1          # the oldest version this library reads (and upgrades: upgrade.py)
 # Format history:
 #   1  the first on-disk format (tests/golden/stores/v1)
@@ -30,6 +30,10 @@ MIN_FORMAT_VERSION = 1          # the oldest version this library reads (and upg
 #      header version 5; a chunk that is the base of a live chunk stays (compaction's mark
 #      follows bases); no other layout changed (the upgrade from 4 sets the index's
 #      META_FORMAT to 5)
+#   6  a CODEC_PLANES record's PLANES_HEADER flags are a rotation of 0..7 bits (format 4 and
+#      5: 0 or 1), in segments of header version 6 (SEGMENT_PLANE_ROTATIONS); writers rotate
+#      float32 and bfloat16 items by 3 (docs/floatcodec.md, "The rotation"); no other layout
+#      changed (the upgrade from 5 sets the index's META_FORMAT to 6)
 INDEX_DIR = "index"             # the LMDB environment (data.mdb, lock.mdb)
 INDEX_DATA_FILE = "data.mdb"    # LMDB's data file inside INDEX_DIR
 INDEX_LOCK_TABLE_FILE = "lock.mdb"   # LMDB's reader table inside INDEX_DIR (not a store lock)
@@ -81,11 +85,11 @@ ORIGIN_META_KEY = "snapstore.copied_from"
 SEGMENT_MAGIC = b"SNAPSEG\x00"
 SEGMENT_HEADER = struct.Struct("<8sIIQQ")   # magic, format version, reserved 0, segment number,
 assert SEGMENT_HEADER.size == 32            # XXH3-64 of the preceding 24 bytes
-SEGMENT_VERSION = 5             # the header version of the segments this library creates; a
+SEGMENT_VERSION = 6             # the header version of the segments this library creates; a
                                 # segment only ever holds records of its header's version
 SEGMENT_RECORD_TYPES = {1: (1, 2, 3, 4), 2: (1, 2, 3, 4, 5, 6, 7),   # version -> record types
                         3: (1, 2, 3, 4, 5, 6, 7), 4: (1, 2, 3, 4, 5, 6, 7),
-                        5: (1, 2, 3, 4, 5, 6, 7)}
+                        5: (1, 2, 3, 4, 5, 6, 7), 6: (1, 2, 3, 4, 5, 6, 7)}
 ORDERED_SINCE = 3               # segment version from which index records carry their order
 
 # Every record: header, then `length` payload bytes. The checksum is XXH3-64 (seed 0) over the
@@ -126,14 +130,20 @@ CODEC_DELTA_PLANES = 3    # the delta of a chunk against its base chunk, as byte
                           # only in segments of header version 5 or later
 CODECS = (CODEC_RAW, CODEC_ZSTD, CODEC_PLANES, CODEC_DELTA_PLANES)
 SEGMENT_CODECS = {1: (0, 1), 2: (0, 1), 3: (0, 1), 4: (0, 1, 2),   # segment version -> codecs
-                  5: (0, 1, 2, 3)}
+                  5: (0, 1, 2, 3), 6: (0, 1, 2, 3)}
 
 # CODEC_PLANES stored bytes: PLANES_HEADER, itemsize PLANE_ENTRYs, the planes, the tail bytes.
 PLANES_HEADER = struct.Struct("<BB")         # item size, flags
 PLANE_ENTRY = struct.Struct("<BI")           # how the plane is stored, its stored length
 PLANES_ITEMSIZES = (2, 4, 8)
 PLANES_ROTATE = 1                            # flags 1: items rotated left one bit before the split
-PLANES_ROTATION = 7                          # the flags are the rotation in bits (0..7)
+PLANES_ROTATION = 7                          # the flags are the rotation in bits (0..7), format 6
+# segment version -> the rotations (PLANES_HEADER flags) its CODEC_PLANES records may hold
+SEGMENT_PLANE_ROTATIONS = {4: (0, 1), 5: (0, 1), 6: tuple(range(PLANES_ROTATION + 1))}
+# segment version -> the rotations a writer chooses among for a buffer's byte-plane chunks
+# (planes.probe: the one whose samples code smallest; 3 for float32 and bfloat16 weights, 1
+# for float16)
+WRITTEN_PLANE_ROTATIONS = {4: (1,), 5: (1,), 6: (1, 3)}
 PLANE_RAW = 0
 PLANE_ZSTD = 1
 

@@ -16,7 +16,8 @@ writer open runs the steps again. A new format version appends its step(s) to ST
 
 Crash points (crashpoints.py): upgrade_before_index_commit (inside the index step's
 transaction), upgrade_v3_before_index_commit (inside format 3's),
-upgrade_v5_before_index_commit (inside format 5's), upgrade_before_state_mark (the log step's
+upgrade_v5_before_index_commit (inside format 5's), upgrade_v6_before_index_commit (inside
+format 6's), upgrade_before_state_mark (the log step's
 state section durable, the index not yet told), upgrade_before_format (everything converted
 and synced, FORMAT not yet published), upgrade_after_format.
 """
@@ -146,6 +147,24 @@ def _delta_chunks(path: str, index: Index, backend: SegmentBackend) -> bool:
     return True
 
 
+def _plane_rotations(path: str, index: Index, backend: SegmentBackend) -> bool:
+    """Format 6 (a CODEC_PLANES record's flags are a rotation of 0..7 bits, written as 3 for
+    float32 and bfloat16 weights, only in segments of header version 6): a format 5 store's
+    records all rotate by 0 or 1 bit, which format 6 reads as before, so no record and no
+    index value changes. The log goes on in a new segment of version 6 (the writer's
+    SegmentLog.open_tail); the index only says format 6 (one transaction: crash point
+    upgrade_v6_before_index_commit, after which nothing is committed). Done when the index is
+    format 6."""
+    with index.read() as r:
+        if r.version >= 6:
+            return False
+    with index.write() as w:
+        w.set_format(6)
+        crashpoint("upgrade_v6_before_index_commit")
+    index.version = 6
+    return True
+
+
 STEPS: tuple[Step, ...] = (
     Step(2, "every index value carries a checksum", _index_value_checksums),
     Step(2, "the log describes every checkpoint (a state section)", _log_state_section),
@@ -153,6 +172,8 @@ STEPS: tuple[Step, ...] = (
     Step(4, "chunk records may be byte planes (new segments only)", _codec_planes),
     Step(5, "chunk records may be deltas against a base chunk (new segments only)",
          _delta_chunks),
+    Step(6, "byte-plane chunk records may rotate their items by 3 bits (new segments only)",
+         _plane_rotations),
 )
 
 

@@ -25,6 +25,7 @@ import blake3
 
 from snapstore.engine import extents as ext
 from snapstore.engine import format as fmt
+from snapstore.engine import planes
 from snapstore.errors import CorruptionError, DamagedRecord, SnapstoreError
 from snapstore.engine.backends.base import SegmentBackend, segment_name
 from snapstore.engine.chunks import (StoredChunk, decode_chunk, decode_delta, delta_base,
@@ -389,9 +390,11 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport
     starts = sorted(known)
     seen = set()
     types, codecs = fmt.RECORD_TYPES, fmt.CODECS
+    rotations = range(fmt.PLANES_ROTATION + 1)
     try:
         version = segment_version(segments, seg)
         types, codecs = fmt.SEGMENT_RECORD_TYPES[version], fmt.SEGMENT_CODECS[version]
+        rotations = fmt.SEGMENT_PLANE_ROTATIONS.get(version, rotations)
     except CorruptionError as exc:
         if tail is not None and tail <= fmt.SEGMENT_HEADER.size and \
                 size < fmt.SEGMENT_HEADER.size and not starts:
@@ -411,6 +414,10 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport
                 if record.codec not in codecs:
                     raise damaged_record("chunk record of a codec segments of this version do "
                                         "not hold", seg, pos, record.end)
+                if record.codec == fmt.CODEC_PLANES and \
+                        _rotation(record) not in (None, *rotations):
+                    raise damaged_record("byte-plane chunk record of a rotation segments of "
+                                        "this version do not hold", seg, pos, record.end)
                 unusable_base = _check_chunk(record, bases)
                 if unusable_base and known.get(pos):
                     report.add("damaged_chunk", unusable_base, set().union(
@@ -448,6 +455,15 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport
                 report.add("lost_record", "the index points at an offset where the scan found "
                            "no record", affected(cid), seg, off)
     return size
+
+
+def _rotation(record) -> int | None:
+    """The rotation of a valid CODEC_PLANES record's items (None: too short to name one; its
+    decode reports that)."""
+    try:
+        return planes.rotation_of(stored_chunk(record).stored)
+    except ValueError:
+        return None
 
 
 def _check_chunk(record, bases: "_Bases | None" = None) -> str | None:

@@ -310,17 +310,20 @@ def _compressor(level: int):
 
 
 def encode_chunk(cid: bytes, data, opts: WriteOptions, itemsize: int = 1,
-                 worth: tuple | None = None) -> tuple[int, list]:
+                 worth: tuple | None = None, rotation: int = fmt.PLANES_ROTATE
+                 ) -> tuple[int, list]:
     """(codec, payload parts) of the chunk record of chunk `cid` holding `data` (its raw
     bytes). With compression "zstd": a chunk of items of 2, 4 or 8 bytes (itemsize: a hint
     from the buffer's type, its items aligned to the chunk's start) as byte planes, each plane
     zstd-compressed where that saves at least 1/32 of it (engine/planes.py); other chunks one
     zstd frame when that saves at least 1/32; else the raw bytes. The one rule for every
-    chunk record a writer makes (ChunkSink, savepoint files). worth: planes.probe() of the
-    chunk's buffer (which planes to compress; default: try all)."""
+    chunk record a writer makes (ChunkSink, savepoint files). worth, rotation:
+    planes.probe() of the chunk's buffer (which planes to compress, default: try all; the
+    items' rotation, default fmt.PLANES_ROTATE: the only one a segment of version 4 or 5, or
+    a savepoint file, holds)."""
     prefix = fmt.CHUNK_PREFIX.pack(cid, len(data))
     if opts.compression == "zstd" and planes.usable(itemsize, len(data)):
-        parts = planes.encode(data, itemsize, worth)     # None unless it saves 1/32
+        parts = planes.encode(data, itemsize, worth, rotation)  # None unless it saves 1/32
         if parts is not None:
             return fmt.CODEC_PLANES, [prefix, *parts]
         return fmt.CODEC_RAW, [prefix, data]
@@ -346,23 +349,29 @@ class Encoded(NamedTuple):
     record: list | None = None
 
 
-def encode_chunks(items: list, opts: WriteOptions, itemsize: int = 1) -> list[Encoded]:
+def encode_chunks(items: list, opts: WriteOptions, itemsize: int = 1,
+                  rotations: tuple[int, ...] = (fmt.PLANES_ROTATE,)) -> list[Encoded]:
     """The records of encode_chunk(cid, data, opts, itemsize) for cid, data in items, the
     second half on a thread of its own when the items hold PARALLEL_ENCODE_BYTES or more and
     are compressed. A probe of a few chunks spread over a batch of more than PROBE_CHUNKS says
     what compresses at all: for other bytes whether to try zstd on the batch, for chunks of
-    floats (itemsize 2, 4 or 8) which planes to try. Those are made whole records by one call
-    into the C core per half (no GIL; the same coding as encode_chunk's)."""
+    floats (itemsize 2, 4 or 8) which planes to try, and which of `rotations`
+    (fmt.WRITTEN_PLANE_ROTATIONS of the segment written) to rotate their items by (a smaller
+    batch of floats is its own probe when there is a choice). Those are made whole records
+    by one call into the C core per half (no GIL; the same coding as encode_chunk's)."""
     sizes = [len(data) for _, data in items]
     if opts.compression != "zstd":
         return _in_halves(_raw_records, items, sizes)
     samples = _probe_samples(items)
     if itemsize in fmt.PLANES_ITEMSIZES:
+        if not samples and len(rotations) > 1:
+            samples = [data for _, data in items]       # PROBE_CHUNKS at most
         usable = [data for data in samples if planes.usable(itemsize, len(data))]
-        worth = planes.probe(usable, itemsize) if usable else None
+        chosen = planes.probe(usable, itemsize, rotations) if usable else \
+            planes.Probe(rotations[0], None)
 
         def encode(part: list) -> list:
-            return _plane_records(part, opts, itemsize, worth)
+            return _plane_records(part, opts, itemsize, chosen.worth, chosen.rotation)
     elif samples and not _worth_compressing(samples, opts):
         encode = _raw_records
     else:
@@ -389,10 +398,11 @@ def _worth_compressing(samples: list, opts: WriteOptions) -> bool:
     return not tried or any(_saves(len(c.compress(data)), len(data)) for data in tried)
 
 
-def _python_records(items: list, opts: WriteOptions, itemsize: int, worth) -> list:
+def _python_records(items: list, opts: WriteOptions, itemsize: int, worth,
+                    rotation: int = fmt.PLANES_ROTATE) -> list:
     out = []
     for cid, data in items:
-        codec, parts = encode_chunk(cid, data, opts, itemsize, worth)
+        codec, parts = encode_chunk(cid, data, opts, itemsize, worth, rotation)
         out.append(Encoded(codec, sum(len(p) for p in parts), parts=parts))
     return out
 
@@ -407,13 +417,16 @@ def _raw_records(items: list) -> list:
             for (off, stored_len, codec, _), (_, data) in zip(results, items)]
 
 
-def _plane_records(items: list, opts: WriteOptions, itemsize: int, worth) -> list:
-    """Records of items (chunks of itemsize-byte floats): those planes.usable() as whole
-    records from one native.write_chunks call, the few others (small tails) by encode_chunk."""
+def _plane_records(items: list, opts: WriteOptions, itemsize: int, worth,
+                   rotation: int) -> list:
+    """Records of items (chunks of itemsize-byte floats, rotated by `rotation` bits): those
+    planes.usable() as whole records from one native.write_chunks call, the few others (small
+    tails) by encode_chunk."""
     usable = [(data, cid) for cid, data in items if planes.usable(itemsize, len(data))]
     if not usable:
-        return _python_records(items, opts, itemsize, worth)
-    records, results = native.write_chunks(usable, itemsize, planes.plane_mask(itemsize, worth))
+        return _python_records(items, opts, itemsize, worth, rotation)
+    records, results = native.write_chunks(usable, itemsize, planes.plane_mask(itemsize, worth),
+                                           rotate=rotation)
     made = iter(results)
     out = []
     for cid, data in items:
@@ -422,7 +435,7 @@ def _plane_records(items: list, opts: WriteOptions, itemsize: int, worth) -> lis
             out.append(Encoded(codec, stored_len, record=[records[
                 off:off + fmt.RECORD_HEADER.size + stored_len]]))
         else:
-            out.extend(_python_records([(cid, data)], opts, itemsize, worth))
+            out.extend(_python_records([(cid, data)], opts, itemsize, worth, rotation))
     return out
 
 
@@ -548,6 +561,8 @@ class ChunkSink:
         # another session's, not in the bucket): such chunks are stored anew
         self.unreusable = unreusable
         self.bytes_new = 0
+        # the rotations float chunks' byte planes may take in the segments this log writes
+        self.rotations = fmt.WRITTEN_PLANE_ROTATIONS.get(log.version, (fmt.PLANES_ROTATE,))
 
     def _have(self, cid: bytes) -> bool:
         if cid in self.new or cid in self.known:
@@ -631,7 +646,7 @@ class ChunkSink:
                          delta_records(deltas, itemsize, self.read_bases)))
         plain = [(cid, data) for cid, data, base, _ in group
                  if base is None or by_id[cid] is None]
-        made_plain = iter(encode_chunks(plain, self.opts, itemsize))
+        made_plain = iter(encode_chunks(plain, self.opts, itemsize, self.rotations))
         made = [by_id.get(cid) or next(made_plain) for cid, _, _, _ in group]
         self._append_made([(cid, data) for cid, data, _, _ in group], made,
                           [None if base is None else base[0] for _, _, base, _ in group])
@@ -640,7 +655,7 @@ class ChunkSink:
                              if m.codec != fmt.CODEC_DELTA_PLANES])
 
     def _append(self, items: list, itemsize: int = 1) -> None:
-        self._append_made(items, encode_chunks(items, self.opts, itemsize))
+        self._append_made(items, encode_chunks(items, self.opts, itemsize, self.rotations))
 
     def _append_made(self, items: list, made: list, bases: list | None = None) -> None:
         """Appends the records `made` (Encoded) of items (chunk id, data), in order; bases:

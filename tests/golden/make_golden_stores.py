@@ -25,7 +25,8 @@ another process) and "group" (group commits), and its "interrupted" holds format
 states (writer processes killed with a claim, a group, an unnoted state section and a torn
 batch left behind) instead of format 2's; format 4 adds "floats" (byte planes); format 5
 adds "deltas" (delta chunks), and stores/v5 holds only that one (--only deltas: README.md,
-"Format 5").
+"Format 5"); format 6 adds "rotated" (byte planes rotated by 3 bits), and stores/v6 holds
+only that one (--only rotated).
 
 It refuses to write into an existing stores/v<N>/ (pass --out to make a scratch copy
 elsewhere, e.g. to see what a version would write). Content is deterministic (seeded NumPy and
@@ -1137,6 +1138,54 @@ def make_floats(path: str) -> dict:
     return rec.finish()
 
 
+def make_rotated(path: str) -> dict:
+    """Format 6: byte-plane chunks whose items are rotated by the bits the writer's probe chose
+    (CODEC_PLANES flags): float32 weights and bfloat16 weights (NumPy has no bfloat16: their
+    bits typed float16) rotated by 3, float16 and float64 weights by 1, in one full
+    checkpoint; an odd item tail; then a delta of a few pages of each, an all-changed float32
+    buffer stored full again (rotated by 3), and, by a delta_chunks writer, every item
+    changed a little (delta chunks, flags 0, against the rotated keyframes); torch float32
+    and bfloat16 tensors through snapstore.torch.save."""
+    rng = np.random.default_rng(6006)
+    opts = dict(durability="none", segment_size=SEGMENT)
+    rec = Recorder(path, opts, [
+        "byte-plane chunks of float32 and bfloat16 weights rotated by 3 bits (flags 3)",
+        "byte-plane chunks of float16 and float64 weights rotated by 1 bit (flags 1)",
+        "an odd item tail", "a delta of float pages", "an all-changed float32 buffer full",
+        "delta chunks (codec 3) against rotated keyframes",
+        "torch float32/bfloat16 through snapstore.torch.save"])
+    w32 = (rng.standard_normal(40_001) * 0.02).astype(np.float32)
+    bf16 = (w32.view(np.uint32)[:30_000] >> 16).astype(np.uint16).view(np.float16)
+    w16 = (rng.standard_normal(20_000) * 0.02).astype(np.float16)
+    w64 = rng.standard_normal(9_000) * 0.02
+    with rec.open() as s:
+        rec.checkpoint(s, {"w32": w32, "bf16": bf16, "w16": w16, "w64": w64}, "weights",
+                       {"step": 0})
+        w32[::8192] *= np.float32(1.01)
+        d = rec.checkpoint(s, {"w32": w32, "bf16": bf16, "w16": w16, "w64": w64}, "weights",
+                           {"step": 1})
+        assert d.kind == "incremental", d
+        w32 *= np.float32(1.001)
+        f = rec.checkpoint(s, {"w32": w32}, "solo", {"step": 2})
+        assert f.kind == "full", f
+    with rec.open(delta_chunks=True) as s:
+        w32 *= (1 + rng.normal(0, 0.01, w32.size)).astype(np.float32)
+        rec.checkpoint(s, {"w32": w32, "bf16": bf16, "w16": w16, "w64": w64}, "weights",
+                       {"step": 3})
+    import torch
+    import snapstore.torch as st
+    torch.manual_seed(6)
+    t = torch.randn(20_000) * 0.02
+    state = {"f32": t, "bf16": t.bfloat16()}
+    with rec.open() as s:
+        info = st.save(s, state, "torch", meta={"step": 0})
+        rec.took(info)
+        loaded = st.load(s, info.id)
+        assert all(torch.equal(loaded[k], v) for k, v in state.items())
+        rec.loads[info.id] = {"api": "torch", "value": describe(loaded)}
+    return rec.finish()
+
+
 def make_deltas(path: str) -> dict:
     """Format 5: delta chunks (CODEC_DELTA_PLANES). A stream of float weights (float32 of a 64
     KiB chunk and a 400-byte one, float16 and float64 of one 16 KiB chunk each) whose every
@@ -1244,7 +1293,7 @@ RECIPES = {"basic": {1: make_basic}, "raw_cdc": {1: make_raw_cdc}, "objects": {1
            "compacted": {2: make_compacted}, "upgraded": {2: make_upgraded},
            "interrupted": {2: make_interrupted_compactions, 3: make_interrupted_writers},
            "writers": {3: make_writers}, "group": {3: make_group}, "floats": {4: make_floats},
-           "deltas": {5: make_deltas}}
+           "deltas": {5: make_deltas}, "rotated": {6: make_rotated}}
 
 
 def recipe(name: str, version: int):

@@ -17,13 +17,14 @@ What is pinned:
                  extents (48 bytes each, <QII32s) buffer by buffer.
   delete (3):    u64 checkpoint id.          tag (4): JSON {"id", "tag", "add"}.
   LMDB index:    see test_lmdb_* below.
-Today's format 5 (test_todays_code_writes_format_5): FORMAT and segment headers say 5,
+Today's format 6 (test_todays_code_writes_format_6): FORMAT and segment headers say 6,
 records keep these layouts but for the order format 3 adds to commit, delete and tag records
-(and the chunk codecs formats 4 and 5 add for float buffers), and every LMDB value is its
-payload followed by index_checksum(). The format 2 golden stores (state sections and all) are
-pinned in test_format_layout_v2.py, which uses the parsers below; format 3 in
-test_format_layout_v3.py, format 4 in test_format_layout_v4.py, format 5 in
-test_format_layout_v5.py.
+(and the chunk codecs formats 4 and 5 add for float buffers, and format 6's rotations of
+their byte planes), and every LMDB value is its payload followed by index_checksum(). The
+format 2 golden stores (state sections and all) are pinned in test_format_layout_v2.py, which
+uses the parsers below; format 3 in test_format_layout_v3.py, format 4 in
+test_format_layout_v4.py, format 5 in test_format_layout_v5.py, format 6 in
+test_format_layout_v6.py.
 """
 from __future__ import annotations
 
@@ -643,11 +644,12 @@ def index_checksum(db: bytes, key: bytes, payload: bytes) -> bytes:
         db + b"\0" + struct.pack("<I", len(key)) + key + payload, seed=0))
 
 
-def test_todays_code_writes_format_5(tmp_path):
+def test_todays_code_writes_format_6(tmp_path):
     """A store made by today's code (one writer: log 0): FORMAT and the segment headers say
-    version 5 (format 4 only adds a chunk codec, byte planes, for float buffers, and format 5
-    delta chunks of float buffers with their DELTA_BASE table and 65-byte index entries: none
-    here; test_format_layout_v4.py and test_format_layout_v5.py decode them); records keep the
+    version 6 (format 4 only adds a chunk codec, byte planes, for float buffers, format 5
+    delta chunks of float buffers with their DELTA_BASE table and 65-byte index entries, and
+    format 6 byte planes of items rotated by up to 7 bits: none here; test_format_layout_v4.py,
+    test_format_layout_v5.py and test_format_layout_v6.py decode them); records keep the
     v1 layouts but for their order (format 3: commit JSON "order",
     delete <QQI id + order + records in its batch, tag JSON "order" and "records"), 1, 2, 3...
     in the order the operations claimed it; every LMDB value is its payload followed by its
@@ -663,13 +665,13 @@ def test_todays_code_writes_format_5(tmp_path):
     with open(os.path.join(path, "FORMAT")) as f:
         d = json.load(f)
     assert set(d) == {"format", "version", "created"}
-    assert (d["format"], d["version"]) == ("snapstore", 5)
+    assert (d["format"], d["version"]) == ("snapstore", 6)
     records = []
     paths = sorted(glob.glob(os.path.join(path, "segments", "*.seg")))
     assert [os.path.basename(p) for p in paths] == \
         [f"{n:016d}.seg" for n in range(1, len(paths) + 1)]          # log 0: 1, 2, 3...
     for p in paths:
-        records += parse_segment(p, version=5)[1]
+        records += parse_segment(p, version=6)[1]
     kinds = [r.rtype for r in records]
     assert kinds.count(COMMIT) == 2 and kinds.count(TAG) == 1 and kinds.count(DELETE) == 1
     assert kinds[-2:] == [TAG, DELETE]
@@ -699,7 +701,7 @@ def test_todays_code_writes_format_5(tmp_path):
     # the payloads are the v1 values, but for where the log is applied up to
     meta = payloads[b"meta"]
     assert set(meta) == {b"format", b"next_id", b"next_order"}
-    assert meta[b"format"] == struct.pack("<Q", 5)
+    assert meta[b"format"] == struct.pack("<Q", 6)
     assert meta[b"next_id"] == struct.pack("<Q", b.id + 1)
     assert meta[b"next_order"] == struct.pack("<Q", 5)
     assert payloads[b"logs"] == {struct.pack(">I", 0): struct.pack(

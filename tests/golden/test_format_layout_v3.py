@@ -100,14 +100,15 @@ PART_KEYS = {"log", "start", "end", "meta", "buffers", "new_chunks", "fps", "pin
 
 
 # ---- a parser of the v3 log ----------------------------------------------------------------
-# Today's code writes format 5, which keeps every layout of format 3 and only adds chunk codecs
+# Today's code writes format 6, which keeps every layout of format 3 and only adds chunk codecs
 # for buffers of floats (2, byte planes, in segments of header version 4 on:
 # test_format_layout_v4.py; 3, delta planes against a base chunk, in segments of version 5 on,
-# with the commit's DELTA_BASE table and their 65-byte index entries: test_format_layout_v5.py);
-# the stores this file makes with today's code hold no float buffers and are read with the v3
-# layouts below.
-TODAY = 5
-CHUNK_CODECS = {3: (0, 1), 4: (0, 1, 2), 5: (0, 1, 2, 3)}   # segment version -> chunk codecs
+# with the commit's DELTA_BASE table and their 65-byte index entries: test_format_layout_v5.py;
+# byte planes of items rotated by more than one bit, in segments of version 6 on:
+# test_format_layout_v6.py); the stores this file makes with today's code hold no float
+# buffers and are read with the v3 layouts below.
+TODAY = 6
+CHUNK_CODECS = {3: (0, 1), 4: (0, 1, 2), 5: (0, 1, 2, 3), 6: (0, 1, 2, 3)}   # version -> codecs
 
 
 def parse_segment(path: str, version: int = TODAY) -> list:

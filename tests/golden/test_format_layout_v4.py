@@ -51,11 +51,13 @@ REC_HEADER = struct.Struct("<4sBBHIIQ")
 CHUNK = 1
 LOG_SEGMENTS = 10 ** 9
 CODECS = {1: (0, 1), 2: (0, 1), 3: (0, 1), 4: (0, 1, 2),      # segment version -> chunk codecs
-          5: (0, 1, 2, 3)}
-# Today's code writes format 5, which keeps every layout of format 4 and adds a chunk codec (3,
+          5: (0, 1, 2, 3), 6: (0, 1, 2, 3)}
+# Today's code writes format 6, which keeps every layout of format 4 and adds a chunk codec (3,
 # delta planes against a base chunk: test_format_layout_v5.py) for a float buffer whose parent
-# holds its chunks; a store's first checkpoint has no parent, so it is all format 4's codecs.
-TODAY = 5
+# holds its chunks, and lets codec 2's flags rotate items by up to 7 bits
+# (test_format_layout_v6.py); a store's first checkpoint has no parent, so it is all codec 2.
+TODAY = 6
+ROTATIONS = {4: (0, 1), 5: (0, 1), 6: tuple(range(8))}     # segment version -> codec 2's flags
 
 
 def records(path: str):
@@ -77,19 +79,20 @@ def records(path: str):
     return out
 
 
-def unrotate(items: bytes, k: int) -> bytes:
+def unrotate(items: bytes, k: int, r: int = 1) -> bytes:
     bits, mask = 8 * k, (1 << 8 * k) - 1
     out = bytearray()
     for i in range(0, len(items) - len(items) % k, k):
         w = int.from_bytes(items[i:i + k], "little")
-        out += (((w >> 1) | (w << (bits - 1))) & mask).to_bytes(k, "little")
+        out += (((w >> r) | (w << (bits - r))) & mask).to_bytes(k, "little")
     return bytes(out)
 
 
-def decode_planes(stored: bytes, raw_len: int) -> bytes:
-    """Codec 2's stored bytes -> the raw bytes, by the layout above."""
+def decode_planes(stored: bytes, raw_len: int, version: int = 4) -> bytes:
+    """Codec 2's stored bytes in a segment of header `version` -> the raw bytes, by the layout
+    above (format 6: flags the items' rotation, 0..7 bits)."""
     k, flags = struct.unpack_from("<BB", stored)
-    assert k in (2, 4, 8) and flags in (0, 1)
+    assert k in (2, 4, 8) and flags in ROTATIONS[version]
     n, tail = divmod(raw_len, k)
     table = [struct.unpack_from("<BI", stored, 2 + 5 * j) for j in range(k)]
     pos, planes = 2 + 5 * k, []
@@ -108,7 +111,7 @@ def decode_planes(stored: bytes, raw_len: int) -> bytes:
     items = bytearray(n * k)
     for j, plane in enumerate(planes):
         items[j::k] = plane
-    items = unrotate(bytes(items), k) if flags & 1 else bytes(items)
+    items = unrotate(bytes(items), k, flags) if flags else bytes(items)
     return items + stored[pos:]
 
 
@@ -200,7 +203,7 @@ def test_todays_code_writes_planes_of_float_buffers(tmp_path):
             assert version == TODAY
             if rtype == CHUNK:
                 cid, raw_len = struct.unpack_from("<32sI", payload)
-                raw = decode_planes(payload[36:], raw_len) if codec == 2 else (
+                raw = decode_planes(payload[36:], raw_len, version) if codec == 2 else (
                     zstandard.ZstdDecompressor().decompress(payload[36:]) if codec == 1
                     else payload[36:])
                 got.setdefault(codec, []).append(raw)

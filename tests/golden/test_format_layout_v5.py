@@ -110,11 +110,12 @@ def plane_section(section: bytes, raw_len: int) -> tuple[int, int, bytes, bytes]
     return k, flags, bytes(items), bytes(section[pos:])
 
 
-def unrotate(items: bytes, k: int) -> bytes:
-    """Codec 2's flag 1: each item, a little-endian word, rotated right one bit."""
+def unrotate(items: bytes, k: int, r: int = 1) -> bytes:
+    """Codec 2's flags r (1; format 6: 1..7): each item, a little-endian word, rotated right r
+    bits."""
     w = np.frombuffer(items, WORD[k])
-    bits = np.array(8 * k - 1, dtype=w.dtype)
-    return ((w >> np.array(1, dtype=w.dtype)) | (w << bits)).astype(w.dtype).tobytes()
+    bits = np.array(8 * k - r, dtype=w.dtype)
+    return ((w >> np.array(r, dtype=w.dtype)) | (w << bits)).astype(w.dtype).tobytes()
 
 
 def undelta(items: bytes, k: int, base: bytes) -> bytes:
@@ -130,9 +131,11 @@ def delta_header(payload: bytes) -> tuple[bytes, int]:
     return DELTA_HEADER.unpack_from(payload, 36)
 
 
-def decode_chunk(rec: Record, base_raw: bytes | None = None) -> tuple[bytes, bytes]:
+def decode_chunk(rec: Record, base_raw: bytes | None = None,
+                 rotations=(0, 1)) -> tuple[bytes, bytes]:
     """(chunk id, raw bytes) of a chunk record of any codec (a delta chunk given its base's
-    raw bytes), checked against the id."""
+    raw bytes), checked against the id; rotations: the flags codec 2 may have (format 5's 0
+    and 1; range(8) in a store today's code wrote, format 6)."""
     cid, raw_len = struct.unpack_from("<32sI", rec.payload)
     stored = rec.payload[36:]
     if rec.codec == CODEC_RAW:
@@ -142,8 +145,8 @@ def decode_chunk(rec: Record, base_raw: bytes | None = None) -> tuple[bytes, byt
         raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=raw_len)
     elif rec.codec == CODEC_PLANES:
         k, flags, items, tail = plane_section(stored, raw_len)
-        assert flags in (0, 1)
-        raw = (unrotate(items, k) if flags & 1 else items) + tail
+        assert flags in rotations
+        raw = (unrotate(items, k, flags) if flags else items) + tail
     else:
         assert rec.codec == CODEC_DELTA, rec.codec
         base_id, depth = DELTA_HEADER.unpack_from(stored)
@@ -159,7 +162,7 @@ def decode_chunk(rec: Record, base_raw: bytes | None = None) -> tuple[bytes, byt
     return cid, bytes(raw)
 
 
-def decode_all(records: list) -> tuple[dict, dict]:
+def decode_all(records: list, rotations=(0, 1)) -> tuple[dict, dict]:
     """({chunk id: raw bytes}, {chunk id: depth}) of every chunk record of `records`, each
     delta chunk decoded over its base (found among the records, decoded first: a chain ends
     at a chunk stored whole, each level one less deep)."""
@@ -179,7 +182,7 @@ def decode_all(records: list) -> tuple[dict, dict]:
                 raw[cid] = decode_chunk(r, base)[1]
                 depth[cid] = d
             else:
-                raw[cid] = decode_chunk(r)[1]
+                raw[cid] = decode_chunk(r, rotations=rotations)[1]
                 depth[cid] = 0
         return raw[cid]
     for cid in recs:
@@ -227,22 +230,32 @@ def check_delta_bases(head: dict, new_chunks: list, bases: list, chunk_at: dict)
     assert ("delta_bases" in head) == bool(deltas)
 
 
+# Today's code writes format 6, which keeps every layout of format 5 and lets byte-plane
+# records (codec 2) rotate their items by up to 7 bits (test_format_layout_v6.py), in segments
+# of version 6.
+TODAY = 6
+
+
 def load_store(path: str) -> dict:
-    """{log: records in log order} of a store of today's format (every segment version 5)."""
+    """{log: records in log order} of a store of format 5 (every segment of version 5), or of
+    a format 5 store today's writer went on in (its new segments of version 6)."""
     logs: dict = {}
     for p in sorted(glob.glob(os.path.join(path, "segments", "*.seg"))):
         number = int(os.path.basename(p)[:16])
-        logs.setdefault(number // LOG_SEGMENTS, []).extend(parse_segment(p, 5))
+        with open(p, "rb") as f:
+            version = struct.unpack_from("<8sI", f.read(12))[1]
+        assert version in (5, TODAY), (p, version)
+        logs.setdefault(number // LOG_SEGMENTS, []).extend(parse_segment(p, version))
     return logs
 
 
-def check_chunk_entries(dbs: dict, logs: dict) -> tuple[dict, dict]:
+def check_chunk_entries(dbs: dict, logs: dict, rotations=(0, 1)) -> tuple[dict, dict]:
     """Every chunk entry against its record: 33 bytes, or 65 for a delta chunk, whose last 32
     are the base its record names; exact counts (extents + edges). Returns ({chunk id: raw
     bytes} of the entries, {chunk id: (extents naming it, edges)})."""
     records = [r for rs in logs.values() for r in rs]
     chunk_at = {(r.segment, r.offset): r for r in records if r.rtype == CHUNK}
-    raw, _ = decode_all(records)
+    raw, _ = decode_all(records, rotations)
     entries, chunks = {}, {}
     for key, value in dbs[b"chunks"].items():
         assert len(key) == 32 and len(value) in (33, DELTA_ENTRY_SIZE), len(value)
@@ -448,7 +461,7 @@ def changed(rng, buffers: dict) -> dict:
 
 def test_todays_code_writes_delta_chunks(tmp_path):
     """A keyframe checkpoint, two checkpoints of every item changed, the keyframe deleted:
-    FORMAT and every segment header say 5; the first commit has no "delta_bases", the others
+    FORMAT and every segment header say 6; the first commit has no "delta_bases", the others
     name each delta chunk's base, the keyframe's chunk at the same place (both deltas of a
     place against the same keyframe: depth 1); delta chunks decode by hand; the index holds
     65-byte entries for them, the keyframes' counts are their edges alone; restores by hand
@@ -464,7 +477,7 @@ def test_todays_code_writes_delta_chunks(tmp_path):
         i2 = s.checkpoint(d2, "w")
         s.delete(ik.id)
     with open(os.path.join(path, "FORMAT")) as f:
-        assert json.load(f)["version"] == 5
+        assert json.load(f)["version"] == TODAY
     logs = load_store(path)
     records = logs[0]
     chunk_at = {(r.segment, r.offset): r for r in records if r.rtype == CHUNK}
@@ -486,11 +499,11 @@ def test_todays_code_writes_delta_chunks(tmp_path):
                 rec = [r for r in chunk_at.values()
                        if struct.unpack_from("<32s", r.payload)[0] == cid][0]
                 assert delta_header(rec.payload)[1] == 1
-    raw, depth = decode_all(records)
+    raw, depth = decode_all(records, rotations=range(8))
     assert sorted(depth.values()) == [0] * 3 + [1] * 6
     dbs = index_payloads(os.path.join(path, "index"), str(tmp_path / "scratch"))
-    assert struct.unpack("<Q", dbs[b"meta"][b"format"])[0] == 5
-    chunks, uses = check_chunk_entries(dbs, logs)
+    assert struct.unpack("<Q", dbs[b"meta"][b"format"])[0] == TODAY
+    chunks, uses = check_chunk_entries(dbs, logs, range(8))
     assert {uses[c] for c in key_at.values()} == {(0, 2)}     # edges alone: i1's and i2's
     assert sorted(len(v) for v in dbs[b"chunks"].values()) == [33] * 3 + [DELTA_ENTRY_SIZE] * 6
     for cid, want in ((i1.id, d1), (i2.id, d2)):
@@ -521,7 +534,7 @@ def hand_built(rng) -> tuple[bytes, bytes, bytes]:
     return base, cur, payload
 
 
-def hand_built_store(path: str, rng, segment_version: int = 5) -> tuple:
+def hand_built_store(path: str, rng, segment_version: int = TODAY) -> tuple:
     """A store of today's code holding the base (stored raw) in checkpoint 1, then, appended
     by hand -- to its last segment, or to a new segment of header `segment_version` -- the
     delta chunk record and a commit of stream "hand" naming it (its DELTA_BASE table and one
@@ -536,7 +549,7 @@ def hand_built_store(path: str, rng, segment_version: int = 5) -> tuple:
     next_order = struct.unpack("<Q", dbs[b"meta"][b"next_order"])[0]
     seg_path = sorted(glob.glob(os.path.join(path, "segments", "*.seg")))[-1]
     segment = int(os.path.basename(seg_path)[:16])
-    if segment_version != 5:
+    if segment_version != TODAY:
         segment += 1
         seg_path = os.path.join(path, "segments", f"{segment:016d}.seg")
         with open(seg_path, "wb") as f:
@@ -566,7 +579,7 @@ def test_hand_built_delta_chunk_is_applied_by_todays_recovery(tmp_path):
     path = str(tmp_path / "s")
     base, cur, payload, cid_new, base_id, cid, (segment, offset) = \
         hand_built_store(path, np.random.default_rng(9))
-    parse_segment(os.path.join(path, "segments", f"{segment:016d}.seg"), 5)   # to its end
+    parse_segment(os.path.join(path, "segments", f"{segment:016d}.seg"), TODAY)   # to its end
     with snapstore.open(path, durability="none", delta_chunks=True) as s:       # recovery applies it
         assert s.restore(cid_new) == {"h": cur}
         assert s.read(cid_new, "h", 3990, 12) == cur[3990:]
@@ -578,7 +591,7 @@ def test_hand_built_delta_chunk_is_applied_by_todays_recovery(tmp_path):
     assert len(entry) == DELTA_ENTRY_SIZE and entry[33:] == base_id
     assert CHUNK_ENTRY.unpack_from(entry) == (segment, offset, len(payload), len(cur), 1, 3)
     assert CHUNK_ENTRY.unpack(dbs[b"chunks"][base_id])[4] == 2     # an extent and the edge
-    chunks, _ = check_chunk_entries(dbs, load_store(path))
+    chunks, _ = check_chunk_entries(dbs, load_store(path), range(8))
     assert own_restore(dbs, chunks, cid_new) == {"h": cur}
 
 

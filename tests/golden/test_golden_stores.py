@@ -176,13 +176,13 @@ def test_readonly_open_matches_expected(golden):
 # ---- (b) a writer opens it (recovery runs) and verify finds nothing ---------------------------
 # Segments a writer's open adds to a store of each format version. A segment only holds
 # records of its header's version (issue 14), and today's writer creates segments of version
-# 5: the upgrade of a format 1 store writes its state section into a new one (and log 0 goes
-# on in it); a format 2, 3 or 4 store's log 0 goes on in a new, empty one (the chunk codecs of
-# formats 4 and 5 need segments of their versions); a format 5 store's log 0 goes on in its
-# last segment (expected.json's "segments" are those after a writer's open of the version
-# that made the store). A format whose upgrade touches the log of older stores changes this
-# table.
-SEGMENTS_ADDED_BY_UPGRADE = {1: 1, 2: 1, 3: 1, 4: 1, 5: 0}
+# 6: the upgrade of a format 1 store writes its state section into a new one (and log 0 goes
+# on in it); a format 2, 3, 4 or 5 store's log 0 goes on in a new, empty one (the chunk codecs
+# of formats 4 and 5, and the rotations of format 6, need segments of their versions); a
+# format 6 store's log 0 goes on in its last segment (expected.json's "segments" are those
+# after a writer's open of the version that made the store). A format whose upgrade touches
+# the log of older stores changes this table.
+SEGMENTS_ADDED_BY_UPGRADE = {1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 6: 0}
 
 
 def test_writer_open_recovers_and_verifies(golden):

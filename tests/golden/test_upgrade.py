@@ -1,6 +1,6 @@
-"""Upgrading format 1, 2, 3 and 4 stores to today's format 5 (snapstore/engine/upgrade.py), on
-copies of the golden v1-v4 stores (the stores themselves are never written: README.md), and
-format 5 stores (stores/v5) staying as they are.
+"""Upgrading format 1, 2, 3, 4 and 5 stores to today's format 6 (snapstore/engine/upgrade.py),
+on copies of the golden v1-v5 stores (the stores themselves are never written: README.md), and
+format 6 stores (stores/v6) staying as they are.
 
 - a readonly open changes nothing and reads format 1 values (no checksums) and format 2
   indexes (one applied position) as they are, also after a writer upgraded them under it;
@@ -12,16 +12,17 @@ format 5 stores (stores/v5) staying as they are.
 - a writer open upgrades a v2 store 2 -> 3: its index is the v2 index but for what the 2 -> 3
   step changes, its segments stay as they were (recovery only cuts torn tails), and log 0
   goes on in a new segment of version 3;
-- a v3 store is upgraded 3 -> 4 -> 5 and a v4 store 4 -> 5: each of these steps only sets
-  META_FORMAT (formats 4 and 5 add chunk codecs, in new segments only), no segment changes,
-  FORMAT says 5; a writer's open only recovers what its dead writers left and goes on in a new,
-  empty segment of version 5, and opening again changes nothing; a v4 store's float buffers,
-  all changed, are then stored as delta chunks (format 5) against its byte-plane chunks in its
-  version 4 segments;
-- upgrading again changes nothing (idempotent), v1-v4 stores alike; a v5 store is upgraded by
+- a v3 store is upgraded 3 -> 4 -> 5 -> 6, a v4 store 4 -> 5 -> 6 and a v5 store 5 -> 6: each
+  of these steps only sets META_FORMAT (formats 4, 5 and 6 add chunk codecs or codings, in new
+  segments only), no segment changes, FORMAT says 6; a writer's open only recovers what its
+  dead writers left and goes on in a new, empty segment of version 6, and opening again
+  changes nothing; a v4 store's float buffers, all changed, are then stored as delta chunks
+  (format 5) against its byte-plane chunks in its version 4 segments, and a v5 store's new
+  float32 chunks rotate by 3 bits (format 6) beside its rotated-by-1 ones;
+- upgrading again changes nothing (idempotent), v1-v5 stores alike; a v6 store is upgraded by
   nothing (no step finds work: index, segments and FORMAT byte for byte);
-- a writer SIGKILLed at each upgrade crash point (upgrade_v3_before_index_commit and
-  upgrade_v5_before_index_commit included) leaves a store that readers read byte-exact and
+- a writer SIGKILLed at each upgrade crash point (upgrade_v3_before_index_commit,
+  upgrade_v5_before_index_commit and upgrade_v6_before_index_commit included) leaves a store that readers read byte-exact and
   the next writer open upgrades; FORMAT never names a version its index has not reached.
 """
 from __future__ import annotations
@@ -53,6 +54,7 @@ V2 = os.path.join(HERE, "stores", "v2")
 V3 = os.path.join(HERE, "stores", "v3")
 V4 = os.path.join(HERE, "stores", "v4")
 V5 = os.path.join(HERE, "stores", "v5")
+V6 = os.path.join(HERE, "stores", "v6")
 STORES = sorted(os.path.basename(os.path.dirname(p))
                 for p in glob.glob(os.path.join(V1, "*", "FORMAT")))
 V2_STORES = sorted(os.path.basename(os.path.dirname(p))
@@ -63,12 +65,14 @@ V4_STORES = sorted(os.path.basename(os.path.dirname(p))
                    for p in glob.glob(os.path.join(V4, "*", "FORMAT")))
 V5_STORES = sorted(os.path.basename(os.path.dirname(p))
                    for p in glob.glob(os.path.join(V5, "*", "FORMAT")))
+V6_STORES = sorted(os.path.basename(os.path.dirname(p))
+                   for p in glob.glob(os.path.join(V6, "*", "FORMAT")))
 PKG_ROOT = os.path.dirname(os.path.dirname(HERE))
 
-# The format a writer's open leaves a format 1, 2, 3 or 4 store at. The next format changes
+# The format a writer's open leaves a format 1, 2, 3, 4 or 5 store at. The next format changes
 # this and adds what its own upgrade step changes (the checks of the earlier steps below stay).
-UPGRADED_TO = 5
-TODAYS_SEGMENT_VERSION = 5      # the header version of the segments today's writer creates
+UPGRADED_TO = 6
+TODAYS_SEGMENT_VERSION = 6      # the header version of the segments today's writer creates
 # The databases format 3 added (a writer's open creates them, empty, before it upgrades).
 V3_DBS = {fmt.DB_LOGS, fmt.DB_CLAIMS, fmt.DB_GROUPS}
 # The torn record a writer's recovery cuts from the last segment: a 24-byte header and 6 of
@@ -81,7 +85,7 @@ def sha(data) -> str:
 
 
 def golden_dir(version: int) -> str:
-    return {1: V1, 2: V2, 3: V3, 4: V4, 5: V5}[version]
+    return {1: V1, 2: V2, 3: V3, 4: V4, 5: V5, 6: V6}[version]
 
 
 def expected_of(store: str, version: int = 1) -> dict:
@@ -146,7 +150,7 @@ def segment_version(data: bytes) -> int:
 
 
 def new_segment(number: int) -> bytes:
-    """A segment holding no record yet, as today's writer creates it (header version 5)."""
+    """A segment holding no record yet, as today's writer creates it (header version 6)."""
     head = struct.pack("<8sIIQ", b"SNAPSEG\x00", TODAYS_SEGMENT_VERSION, 0, number)
     return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head, seed=0))
 
@@ -202,6 +206,15 @@ def v5_of(v4: dict) -> dict:
     a format 4 index has no delta chunk, so every chunk entry and count stays)."""
     out = {name: dict(v4.get(name, {})) for name in fmt.INDEX_DBS}
     out[fmt.DB_META][fmt.META_FORMAT] = seal(fmt.DB_META, fmt.META_FORMAT, struct.pack("<Q", 5))
+    return out
+
+
+def v6_of(v5: dict) -> dict:
+    """The index the 5 -> 6 step makes of the format 5 index `v5` (raw values): META_FORMAT is
+    6; nothing else changes (format 6 only lets byte-plane records rotate their items by more
+    than one bit, in new segments)."""
+    out = {name: dict(v5.get(name, {})) for name in fmt.INDEX_DBS}
+    out[fmt.DB_META][fmt.META_FORMAT] = seal(fmt.DB_META, fmt.META_FORMAT, struct.pack("<Q", 6))
     return out
 
 
@@ -285,11 +298,15 @@ def test_writer_open_upgrades_each_v1_store(store, tmp_path):
         assert upgrade.STEPS[4].run(path, o.index, o.backend)
         assert o.index.version == 5
         assert raw_index(path, o) == v5_of(v4_of(v3_of(v2)))
+        # 5 -> 6: META_FORMAT 6, nothing else
+        assert upgrade.STEPS[5].run(path, o.index, o.backend)
+        assert o.index.version == 6
+        assert raw_index(path, o) == v6_of(v5_of(v4_of(v3_of(v2))))
         assert format_file(path)["version"] == 1      # FORMAT last
         assert upgrade.upgrade(path, o.index, o.backend) == 1
     finally:
         o.close()
-    assert format_file(path) == {"format": "snapstore", "version": 5, "created": created}
+    assert format_file(path) == {"format": "snapstore", "version": 6, "created": created}
     upgraded = raw_segments(path)
     assert upgraded == segments
     # and through the public API: recovery, verify, restores, readers; log 0 goes on in the
@@ -307,13 +324,13 @@ def test_writer_open_upgrades_each_v1_store(store, tmp_path):
     with snapstore.open(path, readonly=True) as s:
         check_exact(s, exp, ids, listed=False)
         assert [c.id for c in s.checkpoints()] == ids + [info.id]
-    assert index_version(path) == 5 and format_file(path)["version"] == 5
+    assert index_version(path) == 6 and format_file(path)["version"] == 6
 
 
 def test_format_file_older_than_its_index_is_finished(tmp_path):
     """FORMAT still 1 over a format 2 index (a crash between the two): a reader reads it, the
-    next writer runs the steps still to do (the log step's section, 2 -> 3, 3 -> 4, 4 -> 5)
-    and publishes FORMAT 5; the sealed values stay as they were."""
+    next writer runs the steps still to do (the log step's section, 2 -> 3, 3 -> 4, 4 -> 5,
+    5 -> 6) and publishes FORMAT 6; the sealed values stay as they were."""
     path = copy("raw_cdc", tmp_path)
     exp = expected_of("raw_cdc")
     index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=False, durable=True)
@@ -326,11 +343,11 @@ def test_format_file_older_than_its_index_is_finished(tmp_path):
     with snapstore.open(path, readonly=True) as s:
         check_exact(s, exp, exp["readonly_ids"])
     snapstore.open(path, durability="none").close()
-    assert format_file(path)["version"] == 5
+    assert format_file(path)["version"] == 6
     after = raw_index(path)
-    # the log step's note (a state section for the format 1 log), then 2 -> 3, 3 -> 4, 4 -> 5
+    # the log step's note (a state section for the format 1 log), then 2 -> 3 ... 5 -> 6
     assert after[fmt.DB_META].pop(fmt.META_LOG_STATE) is not None
-    assert after == v5_of(v4_of(v3_of(sealed)))
+    assert after == v6_of(v5_of(v4_of(v3_of(sealed))))
 
 
 # ---- format 2 stores --------------------------------------------------------------------------
@@ -361,19 +378,19 @@ def test_v2_store_under_todays_writer(store, tmp_path):
     # log 0's segments as they were: the 2 -> 3 step's recovery only cut the torn tail
     assert raw_segments(path) == cut(store, segments0)
     last = max(segments0)
-    if exp["readonly_ids"] == ids:     # nothing for recovery to apply: 2 -> 3 ... 4 -> 5 alone
-        assert upgraded == v5_of(v4_of(v3_of(index0)))
+    if exp["readonly_ids"] == ids:     # nothing for recovery to apply: 2 -> 3 ... 5 -> 6 alone
+        assert upgraded == v6_of(v5_of(v4_of(v3_of(index0))))
     else:                              # "unapplied": its second commit, applied up to its end
         assert log0_applied(upgraded) == (int(last[:16]), len(cut(store, segments0)[last]))
         assert unseal(fmt.DB_META, fmt.META_NEXT_ORDER,
                       upgraded[fmt.DB_META][fmt.META_NEXT_ORDER], 3) == struct.pack("<Q", 1)
         assert not upgraded[fmt.DB_CLAIMS] and not upgraded[fmt.DB_GROUPS]
         assert unseal(fmt.DB_META, fmt.META_FORMAT, upgraded[fmt.DB_META][fmt.META_FORMAT],
-                      5) == struct.pack("<Q", 5)
+                      6) == struct.pack("<Q", 6)
     created = json.loads(format0)["created"]
-    assert format_file(path) == {"format": "snapstore", "version": 5, "created": created}
+    assert format_file(path) == {"format": "snapstore", "version": 6, "created": created}
 
-    # through the public API: log 0 goes on in a new segment of version 5; recovery, verify,
+    # through the public API: log 0 goes on in a new segment of version 6; recovery, verify,
     # restores, readers afterwards
     with snapstore.open(path, durability="none") as s:
         check_exact(s, exp, ids)
@@ -388,21 +405,23 @@ def test_v2_store_under_todays_writer(store, tmp_path):
     assert index_version(path) == format_file(path)["version"] == UPGRADED_TO
 
 
-# ---- format 3 and 4 stores ----------------------------------------------------------------------
-# The index a format 3 or 4 store's upgrade makes of its index (raw values): only META_FORMAT
-# changes, to 5 (formats 4 and 5 only add chunk codecs, in new segments).
-UPGRADE_OF = {3: lambda index: v5_of(v4_of(index)), 4: v5_of}
+# ---- format 3, 4 and 5 stores -------------------------------------------------------------------
+# The index a format 3, 4 or 5 store's upgrade makes of its index (raw values): only
+# META_FORMAT changes, to 6 (formats 4, 5 and 6 only add chunk codecs or codings, in new
+# segments).
+UPGRADE_OF = {3: lambda index: v6_of(v5_of(v4_of(index))),
+              4: lambda index: v6_of(v5_of(index)), 5: v6_of}
 
 
 @pytest.mark.parametrize("version, store", [(3, s) for s in V3_STORES] +
-                         [(4, s) for s in V4_STORES])
-def test_v3_and_v4_stores_under_todays_writer(version, store, tmp_path):
-    """A format 3 store becomes format 5 by the 3 -> 4 and 4 -> 5 steps alone, a format 4 store
-    by the 4 -> 5 step alone: readers change nothing; the upgrade changes META_FORMAT (5) and
-    nothing else of the index, no segment, and publishes FORMAT 5 (its "created" kept); a
-    writer's open recovers what its dead writers left (unapplied, interrupted) and goes on in a
-    new, empty segment of version 5 (a segment only holds records of its header's version);
-    opening it again changes nothing at all."""
+                         [(4, s) for s in V4_STORES] + [(5, s) for s in V5_STORES])
+def test_v3_v4_and_v5_stores_under_todays_writer(version, store, tmp_path):
+    """A format 3 store becomes format 6 by the 3 -> 4, 4 -> 5 and 5 -> 6 steps alone, a format
+    4 store by the last two, a format 5 store by the last: readers change nothing; the
+    upgrade changes META_FORMAT (6) and nothing else of the index, no segment, and publishes
+    FORMAT 6 (its "created" kept); a writer's open recovers what its dead writers left
+    (unapplied, interrupted) and goes on in a new, empty segment of version 6 (a segment only
+    holds records of its header's version); opening it again changes nothing at all."""
     path = copy(store, tmp_path, version)
     exp = expected_of(store, version)
     ids = [c["id"] for c in exp["checkpoints"]]
@@ -420,17 +439,17 @@ def test_v3_and_v4_stores_under_todays_writer(version, store, tmp_path):
         assert not o.index.add_value_checksums()
         assert not any(step.run(path, o.index, o.backend) for step in upgrade.STEPS
                        if step.version <= version)
-        for step in [st for st in upgrade.STEPS if st.version > version]:  # (3 -> 4), 4 -> 5
+        for step in [st for st in upgrade.STEPS if st.version > version]:  # ... 5 -> 6
             assert step.run(path, o.index, o.backend)
             assert o.index.version == step.version
-        assert o.index.version == 5
+        assert o.index.version == 6
         assert upgrade.upgrade(path, o.index, o.backend) == version  # what FORMAT named
     finally:
         o.close()
     assert raw_index(path) == UPGRADE_OF[version](index0)
     assert raw_segments(path) == segments0
     created = json.loads(format0)["created"]
-    assert format_file(path) == {"format": "snapstore", "version": 5, "created": created}
+    assert format_file(path) == {"format": "snapstore", "version": 6, "created": created}
     upgraded_format = raw_format(path)
 
     with snapstore.open(path, durability="none") as s:      # recovery, verify, restores
@@ -451,12 +470,12 @@ def test_v3_and_v4_stores_under_todays_writer(version, store, tmp_path):
     snapstore.open(path, durability="none").close()
     assert (raw_index(path), raw_segments(path), raw_format(path)) == \
         (recovered, segments, upgraded_format)
-    assert index_version(path) == format_file(path)["version"] == UPGRADED_TO == 5
+    assert index_version(path) == format_file(path)["version"] == UPGRADED_TO == 6
 
 
 def test_delta_chunks_onto_an_upgraded_v4_store(tmp_path):
     """v4/floats after today's writer upgraded it: its weights, all changed a little, are stored
-    as delta chunks (codec 3, format 5) in log 0's new segment of version 5, against the byte-
+    as delta chunks (codec 3, format 5) in log 0's new segment of version 6, against the byte-
     plane chunks of its last weights checkpoint in its version 4 segments (a chunk entry of 33
     bytes until then); each delta chunk's entry names its base, whose count gains the edge.
     Everything restores byte-exact and verifies, also after a delete of the old checkpoints and
@@ -488,7 +507,7 @@ def test_delta_chunks_onto_an_upgraded_v4_store(tmp_path):
             assert e.base in old_chunks and entries[e.base].base is None
             assert entries[e.base].segment < last and e.segment == last
         with open(os.path.join(path, fmt.SEGMENTS_DIR, f"{last:016d}.seg"), "rb") as f:
-            assert segment_version(f.read(32)) == 5
+            assert segment_version(f.read(32)) == TODAYS_SEGMENT_VERSION
         written = {k: sha(v.tobytes()) for k, v in new.items()}
         assert {k: sha(v) for k, v in s.restore(info.id).items()} == written
         report = s.verify(deep=True)
@@ -507,19 +526,20 @@ def test_delta_chunks_onto_an_upgraded_v4_store(tmp_path):
 
 
 # ---- both ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("version", [1, 2, 3, 4])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
 def test_upgrade_is_idempotent(tmp_path, version):
-    path = copy("basic", tmp_path, version)
-    exp = expected_of("basic", version)
+    store = "basic" if version < 5 else V5_STORES[0]
+    path = copy(store, tmp_path, version)
+    exp = expected_of(store, version)
     snapstore.open(path, durability="none").close()
     after_first, segments_first = raw_index(path), raw_segments(path)
     fmt_first = raw_format(path)
     o = Opened(path)
     try:
-        assert o.index.version == 5
+        assert o.index.version == 6
         assert not o.index.add_value_checksums()               # nothing left to do
         assert not any(step.run(path, o.index, o.backend) for step in upgrade.STEPS)
-        assert upgrade.upgrade(path, o.index, o.backend) == 5
+        assert upgrade.upgrade(path, o.index, o.backend) == 6
     finally:
         o.close()
     snapstore.open(path, durability="none").close()
@@ -530,20 +550,20 @@ def test_upgrade_is_idempotent(tmp_path, version):
         check_exact(s, exp, [c["id"] for c in exp["checkpoints"]])
 
 
-@pytest.mark.parametrize("store", V5_STORES)
-def test_v5_store_is_upgraded_by_nothing(store, tmp_path):
+@pytest.mark.parametrize("store", V6_STORES)
+def test_v6_store_is_upgraded_by_nothing(store, tmp_path):
     """A store of today's format: no step finds work; index, segments and FORMAT stay byte for
     byte, and a writer's open adds no segment (log 0 goes on in its last one)."""
-    path = copy(store, tmp_path, 5)
-    exp = expected_of(store, 5)
+    path = copy(store, tmp_path, 6)
+    exp = expected_of(store, 6)
     index0, segments0, format0 = raw_index(path), raw_segments(path), raw_format(path)
-    assert index_version(path) == format_file(path)["version"] == 5
+    assert index_version(path) == format_file(path)["version"] == 6
     o = Opened(path)
     try:
-        assert o.index.version == 5
+        assert o.index.version == 6
         assert not o.index.add_value_checksums()
         assert not any(step.run(path, o.index, o.backend) for step in upgrade.STEPS)
-        assert upgrade.upgrade(path, o.index, o.backend) == 5
+        assert upgrade.upgrade(path, o.index, o.backend) == 6
     finally:
         o.close()
     assert (raw_index(path), raw_segments(path), raw_format(path)) == \
@@ -576,18 +596,21 @@ CRASHES = [
     (1, "upgrade_before_state_mark", 2, 1),
     (1, "upgrade_v3_before_index_commit", 2, 1),
     (1, "upgrade_v5_before_index_commit", 4, 1),
-    (1, "upgrade_before_format", 5, 1),
-    (1, "upgrade_after_format", 5, 5),
+    (1, "upgrade_v6_before_index_commit", 5, 1),
+    (1, "upgrade_before_format", 6, 1),
+    (1, "upgrade_after_format", 6, 6),
     (2, "upgrade_v3_before_index_commit", 2, 2),
     (2, "upgrade_v5_before_index_commit", 4, 2),
-    (2, "upgrade_before_format", 5, 2),
-    (2, "upgrade_after_format", 5, 5),
+    (2, "upgrade_v6_before_index_commit", 5, 2),
+    (2, "upgrade_before_format", 6, 2),
+    (2, "upgrade_after_format", 6, 6),
     (3, "upgrade_v5_before_index_commit", 4, 3),
-    (3, "upgrade_before_format", 5, 3),
-    (3, "upgrade_after_format", 5, 5),
+    (3, "upgrade_before_format", 6, 3),
+    (3, "upgrade_after_format", 6, 6),
     (4, "upgrade_v5_before_index_commit", 4, 4),
-    (4, "upgrade_before_format", 5, 4),
-    (4, "upgrade_after_format", 5, 5),
+    (4, "upgrade_v6_before_index_commit", 5, 4),
+    (4, "upgrade_before_format", 6, 4),
+    (4, "upgrade_after_format", 6, 6),
 ]
 
 
@@ -616,7 +639,7 @@ def test_crash_during_upgrade(tmp_path, store, version, point, index_after, form
         report = s.verify(deep=True)
         assert report["ok"], report["problems"][:5]
         check_exact(s, exp, [c["id"] for c in exp["checkpoints"]])
-    assert index_version(path) == 5 and format_file(path)["version"] == 5
+    assert index_version(path) == 6 and format_file(path)["version"] == 6
     index = raw_index(path)
     assert log0_applied(index)[0] < fmt.LOG_SEGMENTS
     assert not index[fmt.DB_CLAIMS] and not index[fmt.DB_GROUPS]
@@ -625,17 +648,17 @@ def test_crash_during_upgrade(tmp_path, store, version, point, index_after, form
 @pytest.mark.parametrize("point", ["upgrade_before_index_commit", "upgrade_before_state_mark"])
 def test_v2_store_never_reaches_the_format_1_steps(tmp_path, point):
     """A v2 store's values are sealed and its log is complete: a writer open passes neither of
-    the 1 -> 2 steps' crash points and upgrades it to 5."""
+    the 1 -> 2 steps' crash points and upgrades it to 6."""
     path = copy("basic", tmp_path, 2)
     p = run_child(path, point)
     assert (p.returncode, p.stdout.strip()) == (0, "finished"), p.stderr
-    assert index_version(path) == format_file(path)["version"] == 5
+    assert index_version(path) == format_file(path)["version"] == 6
 
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_reader_open_across_the_upgrade(tmp_path, version):
     """A reader that opened the store at format 1 or 2 reads correctly after a writer (here in
-    the same process, sharing the LMDB environment) upgraded it to 5: each read transaction
+    the same process, sharing the LMDB environment) upgraded it to 6: each read transaction
     knows the format of its own snapshot."""
     path = copy("basic", tmp_path, version)
     exp = expected_of("basic", version)
@@ -649,7 +672,7 @@ def test_reader_open_across_the_upgrade(tmp_path, version):
             assert reader.restore(info.id) == {"n": b"after the upgrade"}
         assert [c.id for c in reader.checkpoints()] == ids + [info.id]
         check_exact(reader, exp, ids, listed=False)
-    assert index_version(path) == 5
+    assert index_version(path) == 6
 
 
 def test_newer_index_or_format_is_refused(tmp_path):

@@ -317,9 +317,10 @@ def test_a_cache_dir_that_is_a_file_is_a_store_io_error(url, tmp_path):
 
 def test_segments_in_the_bucket_are_of_version_4_which_format_4_snapstores_read(
         url, s3, tmp_path, monkeypatch):
-    """An S3 store writes no delta chunks, so its segments keep header version 4: a
-    snapstore of format 4 (which refuses segment headers newer than 4 with FormatError)
-    shares the bucket during a rolling upgrade. A local store's segments are version 5."""
+    """An S3 store writes no delta chunks and rotates byte planes by 1 bit only, so its
+    segments keep header version 4: a snapstore of format 4 (which refuses segment headers
+    newer than 4 with FormatError, and plane flags other than 0 and 1) shares the bucket during
+    a rolling upgrade. A local store's segments are version 6."""
     from snapstore.engine import format as fmt
     floats = np.random.default_rng(1).normal(0, 0.02, 1 << 18).astype(np.float32)
     a = state(1 * MiB)
@@ -331,9 +332,22 @@ def test_segments_in_the_bucket_are_of_version_4_which_format_4_snapstores_read(
     keys = [o["Key"] for o in client.list_objects_v2(
         Bucket=s3.bucket, Prefix=s3.key(layout.SEGMENTS_DIR)).get("Contents", [])]
     assert keys
+    planes = 0
     for key in keys:
         head = client.get_object(Bucket=s3.bucket, Key=key, Range="bytes=0-31")["Body"].read()
         assert fmt.SEGMENT_HEADER.unpack(head)[1] == 4, key
+        body = client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+        pos = fmt.SEGMENT_HEADER.size
+        while pos + fmt.RECORD_HEADER.size <= len(body):
+            magic, rtype, codec, _, length, _, _ = fmt.RECORD_HEADER.unpack_from(body, pos)
+            if magic != fmt.RECORD_MAGIC:
+                break                               # a pack's index after its records
+            if rtype == fmt.REC_CHUNK and codec == fmt.CODEC_PLANES:
+                at = pos + fmt.RECORD_HEADER.size + fmt.CHUNK_PREFIX.size
+                assert fmt.PLANES_HEADER.unpack_from(body, at)[1] == fmt.PLANES_ROTATE, key
+                planes += 1
+            pos += fmt.RECORD_HEADER.size + length
+    assert planes                                   # the float buffer's chunks were planes
     # what a format-4 snapstore knows of segments, from an empty cache (another machine)
     with monkeypatch.context() as m:
         m.setattr(fmt, "SEGMENT_VERSION", 4)
@@ -348,7 +362,7 @@ def test_segments_in_the_bucket_are_of_version_4_which_format_4_snapstores_read(
     with snapstore.open(local) as s:
         s.checkpoint({"a": a})
     seg = sorted((local / fmt.SEGMENTS_DIR).iterdir())[0].read_bytes()[:32]
-    assert fmt.SEGMENT_HEADER.unpack(seg)[1] == fmt.SEGMENT_VERSION == 5
+    assert fmt.SEGMENT_HEADER.unpack(seg)[1] == fmt.SEGMENT_VERSION == 6
 
 
 def test_a_bucket_with_version_5_segments_goes_on_in_version_4(url, s3, tmp_path,

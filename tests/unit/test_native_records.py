@@ -34,7 +34,12 @@ def test_mirrored_layout_matches_format_py():
     assert lib.SNAP_REC_PLANES_ROTATE == fmt.PLANES_ROTATE
     assert lib.SNAP_REC_PLANES_ROTATION == lib.SNAP_PLANES_ROTATION == nat.PLANES_ROTATION_MAX
     assert (lib.SNAP_REC_PLANE_RAW, lib.SNAP_REC_PLANE_ZSTD) == (fmt.PLANE_RAW, fmt.PLANE_ZSTD)
-    assert [v for v, c in fmt.SEGMENT_CODECS.items() if fmt.CODEC_DELTA_PLANES in c] == [5]
+    assert [v for v, c in fmt.SEGMENT_CODECS.items() if fmt.CODEC_DELTA_PLANES in c] == [5, 6]
+    assert lib.SNAP_REC_PLANES_ROTATION == fmt.PLANES_ROTATION
+    # rotations other than 0 and 1 only from segment version 6 (format 6) on
+    assert {v: max(r) for v, r in fmt.SEGMENT_PLANE_ROTATIONS.items()} == {4: 1, 5: 1, 6: 7}
+    assert all(set(fmt.WRITTEN_PLANE_ROTATIONS[v]) <= set(fmt.SEGMENT_PLANE_ROTATIONS[v])
+               for v in fmt.WRITTEN_PLANE_ROTATIONS)
     assert lib.SNAP_REC_DELTA_HEADER == fmt.DELTA_HEADER.size
     assert lib.SNAP_DELTA_SUB == nat.DELTA_SUB
     assert ffi.sizeof("snap_chunk_read") == nat._CHUNK_READ.size

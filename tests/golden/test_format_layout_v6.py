@@ -1,0 +1,255 @@
+"""The v6 on-disk layout (docs/design.md, "Segment files"; docs/floatcodec.md, "The rotation"),
+byte by byte, from stores written here by today's code and from copies of the golden stores
+of format 5. Nothing comes from snapstore.format: the layouts are written out by hand (the v3
+and v5 parsers of the layouts format 6 keeps are used).
+
+Format 6 keeps every layout of format 5 (test_format_layout_v5.py) and widens one field:
+
+  segment header:  <8sIIQQ version 6; a segment of version 6 may hold the chunk codecs of
+                   version 5 (0 raw, 1 one zstd frame, 2 byte planes, 3 delta planes).
+  codec 2 (byte planes), the plane section's <BB item size k, flags: the flags are a
+                   rotation r of 0..7 bits (versions 4 and 5: 0 or 1): before the split each
+                   item, a little-endian word of k bytes, was rotated left by r bits,
+                   (w << r) | (w >> (8k - r)); a reader rotates each joined item right by r.
+                   The tail bytes are not rotated. Any other flag bit is damage. Codec 3's
+                   plane section keeps flags 0.
+  upgrade 5 -> 6:  META_FORMAT 6 in the index, FORMAT 6; the log goes on in a new segment of
+                   version 6; nothing else changes (test_upgrade.py).
+
+The writer rotates the chunks of one buffer's batch by the rotation, of 1 and 3, whose probe
+samples code smaller: 3 for float32 and bfloat16 weights (the top plane becomes the
+exponent's 6 low bits and the mantissa's 2 top bits, which Huffman codes closer to their
+entropy), 1 for float16 (whose 5-bit exponent would lose its plane). S3 stores (segments of
+version 4) and savepoint files keep rotation 1: older snapstores read them.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import struct
+
+import numpy as np
+import pytest
+
+import snapstore
+from snapstore import savepoints
+
+from test_format_layout import CHUNK, record
+from test_format_layout_v3 import parse_segment, segment_header
+from test_format_layout_v5 import decode_all, load_store, unrotate, plane_section
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+V5 = os.path.join(HERE, "stores", "v5")
+TODAY = 6
+
+
+def weights(rng) -> dict:
+    """float32 (three 64 KiB chunks and a tail of 3 items), bfloat16 (NumPy has none: its bits
+    typed float16), float16 and float64 weights N(0, 0.02)."""
+    w32 = (rng.standard_normal(3 * 16384 + 3) * 0.02).astype(np.float32)
+    bf16 = (w32.view(np.uint32) >> 16).astype(np.uint16).view(np.float16)
+    return {"w32": w32, "bf16": bf16,
+            "w16": (rng.standard_normal(40_000) * 0.02).astype(np.float16),
+            "w64": rng.standard_normal(20_000) * 0.02}
+
+
+def chunk_flags(path: str) -> dict:
+    """{chunk id: (segment version, item size, flags)} of every codec 2 record of a store."""
+    out = {}
+    for p in sorted(glob.glob(os.path.join(path, "segments", "*.seg"))):
+        with open(p, "rb") as f:
+            version = struct.unpack_from("<8sI", f.read(12))[1]
+        for r in parse_segment(p, version):
+            if r.rtype == CHUNK and r.codec == 2:
+                cid, _ = struct.unpack_from("<32sI", r.payload)
+                k, flags = struct.unpack_from("<BB", r.payload, 36)
+                out[cid] = (version, k, flags)
+    return out
+
+
+def test_todays_code_rotates_float32_and_bfloat16_by_3_and_float16_by_1(tmp_path):
+    """FORMAT and every segment header say 6; each buffer's byte-plane chunks carry the
+    rotation its probe chose: 3 for float32 and bfloat16 weights, 1 for float16; every chunk
+    decodes by hand (the planes joined, each item rotated right by its flags) to the bytes
+    its id hashes; the whole buffer restores byte-exact."""
+    path = str(tmp_path / "s")
+    w = weights(np.random.default_rng(61))
+    with snapstore.open(path, durability="none") as s:
+        info = s.checkpoint(w, "w")
+        assert s.restore(info.id) == {k: v.tobytes() for k, v in w.items()}
+    with open(os.path.join(path, "FORMAT")) as f:
+        assert json.load(f)["version"] == TODAY
+    logs = load_store(path)
+    raw, _ = decode_all(logs[0], rotations=range(8))      # every chunk against its id
+    flags = chunk_flags(path)
+    assert {v for v, _, _ in flags.values()} == {TODAY}
+    by_size = {}
+    for _, k, f in flags.values():
+        by_size.setdefault(k, set()).add(f)
+    assert by_size[4] == {3}                                # float32
+    assert by_size[8] <= {1, 3}                             # float64: the probe's choice
+    # bfloat16 and float16 share item size 2: each buffer's chunks one rotation, its own
+    w16 = w["w16"].tobytes()
+    for cid, (_, k, f) in flags.items():
+        if k == 2:
+            assert f == (1 if raw[cid] in w16 else 3), f
+    assert by_size[2] == {1, 3}
+
+
+@pytest.mark.parametrize("r", range(8))
+def test_a_hand_rotated_chunk_decodes_by_hand(r):
+    """The layout above, applied by hand to float32 items rotated by every r: the planes of
+    the rotated items, joined and rotated back, give the items."""
+    items = (np.random.default_rng(r).standard_normal(1000) * 0.02).astype(np.float32)
+    w = items.view(np.uint32).astype(np.uint64)
+    rotated = ((((w << r) | (w >> (32 - r))) & 0xFFFFFFFF).astype(np.uint32)
+               if r else items.view(np.uint32))
+    planes = [rotated.view(np.uint8)[j::4].tobytes() for j in range(4)]
+    section = struct.pack("<BB", 4, r) + b"".join(struct.pack("<BI", 0, 1000) for _ in range(4)) \
+        + b"".join(planes)
+    k, flags, joined, tail = plane_section(section, 4000)
+    assert (k, flags, tail) == (4, r, b"")
+    assert (unrotate(joined, 4, r) if r else joined) == items.tobytes()
+
+
+def rotated_store(path: str) -> tuple[int, int, bytes]:
+    """A store of one float32 checkpoint (its chunks rotated by 3); returns the segment and
+    offset of its first codec 2 record and the weights."""
+    w = (np.random.default_rng(62).standard_normal(16384) * 0.02).astype(np.float32)
+    with snapstore.open(path, durability="none") as s:
+        s.checkpoint({"w": w}, "w")
+    for p in sorted(glob.glob(os.path.join(path, "segments", "*.seg"))):
+        for r in parse_segment(p, TODAY):
+            if r.rtype == CHUNK and r.codec == 2:
+                assert struct.unpack_from("<BB", r.payload, 36) == (4, 3)
+                return r.segment, r.offset, w.tobytes()
+    raise AssertionError("no byte-plane record")
+
+
+def test_a_segment_of_version_5_holds_no_rotation_by_3(tmp_path):
+    """Rotations above 1 only in segments of header version 6: the same records behind a
+    segment header of version 5 are damage to verify (a byte-plane record of a rotation
+    segments of that version do not hold); readers of the bytes still decode them."""
+    path = str(tmp_path / "s")
+    segment, offset, w = rotated_store(path)
+    seg_path = os.path.join(path, "segments", f"{segment:016d}.seg")
+    with open(seg_path, "r+b") as f:
+        f.write(segment_header(segment, 5))
+    with snapstore.open(path, readonly=True) as s:
+        report = s.verify(deep=True)
+        assert s.restore(1) == {"w": w}
+    assert not report["ok"]
+    assert any(p["kind"] == "damaged_record" and p["segment"] == f"{segment:016d}.seg"
+               and p["offset"] == offset and "rotation" in p["message"]
+               for p in report["problems"]), report["problems"]
+
+
+@pytest.mark.parametrize("flags", [8, 0x10, 0x80, 0xFF])
+def test_flags_above_the_rotation_are_damage(tmp_path, flags):
+    """A codec 2 record whose flags hold a bit above the rotation's 3 (its checksum made
+    right, as a writer bug would): restore refuses it (CorruptionError naming the record),
+    verify reports it; nothing is decoded wrongly."""
+    path = str(tmp_path / "s")
+    segment, offset, _ = rotated_store(path)
+    seg_path = os.path.join(path, "segments", f"{segment:016d}.seg")
+    with open(seg_path, "rb") as f:
+        data = bytearray(f.read())
+    rtype, codec, length = data[offset + 4], data[offset + 5], \
+        struct.unpack_from("<I", data, offset + 8)[0]
+    payload = bytearray(data[offset + 24:offset + 24 + length])
+    payload[37] = flags
+    data[offset:offset + 24 + length] = record(rtype, bytes(payload), codec)
+    with open(seg_path, "wb") as f:
+        f.write(data)
+    with snapstore.open(path, readonly=True) as s:
+        with pytest.raises(snapstore.errors.CorruptionError):
+            s.restore(1)
+        report = s.verify(deep=True)
+    assert not report["ok"]
+    assert any(p["segment"] == f"{segment:016d}.seg" and p["offset"] == offset
+               for p in report["problems"]), report["problems"]
+
+
+def test_upgraded_v5_store_rotates_its_new_chunks_by_3(tmp_path):
+    """v5/deltas after today's writer upgraded it: new float32 weights (a new stream, so no
+    delta) go into log 0's new segment of version 6 rotated by 3, beside the store's format 5
+    records, which keep flags 0 or 1 in their version 5 segments; everything restores and
+    verifies, also for a reader."""
+    path = str(tmp_path / "deltas")
+    shutil.copytree(os.path.join(V5, "deltas"), path,
+                    ignore=shutil.ignore_patterns("expected.json"))
+    before = chunk_flags(path)
+    assert {(v, f) for v, _, f in before.values()} <= {(5, 0), (5, 1)}
+    w = (np.random.default_rng(63).standard_normal(40_000) * 0.02).astype(np.float32)
+    with snapstore.open(path, durability="none") as s:
+        info = s.checkpoint({"w": w}, "fresh")
+        report = s.verify(deep=True)
+        assert report["ok"], report["problems"][:5]
+    after = chunk_flags(path)
+    assert {c: after[c] for c in before} == before
+    new = {after[c] for c in set(after) - set(before)}
+    assert new and {(v, k, f) for v, k, f in new} == {(TODAY, 4, 3)}
+    with snapstore.open(path, readonly=True) as s:
+        assert s.restore(info.id) == {"w": w.tobytes()}
+        assert s.verify(deep=True)["ok"]
+
+
+def test_a_savepoint_holds_no_rotation_above_1(tmp_path):
+    """A savepoint file is read by older snapstores too: none of its chunk records rotates
+    items by more than 1 bit (today it codes chunks untyped: one zstd frame each), whatever
+    the store's own records do; it imports back byte-exact."""
+    path = str(tmp_path / "s")
+    w = (np.random.default_rng(64).standard_normal(40_000) * 0.02).astype(np.float32)
+    with snapstore.open(path, durability="none") as s:
+        info = s.checkpoint({"w": w}, "w")
+        assert {f for _, _, f in chunk_flags(path).values()} == {3}
+        out = str(tmp_path / "w.snap")
+        savepoints.export_savepoint(s, info.id, out)
+    data = open(out, "rb").read()
+    # every chunk record in the file; a codec 2 one's plane section's flags byte is 0 or 1
+    codecs = []
+    pos = data.find(b"SREC")
+    while pos >= 0:
+        codec, length = data[pos + 5], struct.unpack_from("<I", data, pos + 8)[0]
+        if data[pos + 4] == CHUNK:
+            codecs.append(codec)
+            if codec == 2:
+                assert struct.unpack_from("<BB", data, pos + 24 + 36)[1] in (0, 1)
+        pos = data.find(b"SREC", pos + 24 + length)
+    assert len(codecs) == 3
+    with snapstore.open(str(tmp_path / "t"), durability="none") as t:
+        got = savepoints.import_savepoint(t, out)
+        assert t.restore(got.id) == {"w": w.tobytes()}
+
+
+def test_a_writer_killed_in_the_5_to_6_step_leaves_a_store_readers_read(tmp_path):
+    """SIGKILLed at upgrade_v6_before_index_commit: index and FORMAT still say 5; readers read
+    every checkpoint; the next writer finishes the upgrade (6) and verifies clean."""
+    import subprocess
+    import sys
+    path = str(tmp_path / "deltas")
+    shutil.copytree(os.path.join(V5, "deltas"), path,
+                    ignore=shutil.ignore_patterns("expected.json"))
+    with open(os.path.join(V5, "deltas", "expected.json")) as f:
+        exp = json.load(f)
+    ids = [c["id"] for c in exp["checkpoints"]]
+    root = os.path.dirname(os.path.dirname(HERE))
+    env = dict(os.environ, SNAPSTORE_CRASH_AT="upgrade_v6_before_index_commit",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", "import sys, snapstore; "
+                        "snapstore.open(sys.argv[1]).close()", path], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGKILL, (p.returncode, p.stderr)
+    with open(os.path.join(path, "FORMAT")) as f:
+        assert json.load(f)["version"] == 5
+    with snapstore.open(path, readonly=True) as s:
+        assert [c.id for c in s.checkpoints()] == ids
+    with snapstore.open(path, durability="none") as s:
+        report = s.verify(deep=True)
+        assert report["ok"], report["problems"][:5]
+        assert [c.id for c in s.checkpoints()] == ids
+    with open(os.path.join(path, "FORMAT")) as f:
+        assert json.load(f)["version"] == TODAY
