@@ -358,7 +358,7 @@ def strip(path: str) -> None:
     builds add writers/.choosing, which openers flock while they choose their logs, and
     index.gate) are no part of the format (their contents name the last holder; a writer's
     open makes the ones it needs, and finds a store's logs from its segments and its
-    index)."""
+    index); nor is unsynced/, empty once its writers closed."""
     for name in ("lock", "maintenance", "index.gate", os.path.join("index", "lock.mdb")):
         p = os.path.join(path, name)
         if os.path.exists(p):
@@ -370,6 +370,10 @@ def strip(path: str) -> None:
             assert name.isdigit() or name == ".choosing", name
             os.remove(os.path.join(writers, name))
         os.rmdir(writers)
+    unsynced = os.path.join(path, "unsynced")      # marks of writers without index syncs:
+    if os.path.isdir(unsynced):                     # every writer closed, so none is left
+        assert not os.listdir(unsynced), os.listdir(unsynced)
+        os.rmdir(unsynced)
     allowed = {"FORMAT", "expected.json", os.path.join("index", "data.mdb")}
     for dirpath, _, files in os.walk(path):
         for f in files:
@@ -1140,17 +1144,16 @@ def make_floats(path: str) -> dict:
 
 def make_rotated(path: str) -> dict:
     """Format 6: byte-plane chunks whose items are rotated by the bits the writer's probe chose
-    (CODEC_PLANES flags): float32 weights and bfloat16 weights (NumPy has no bfloat16: their
-    bits typed float16) rotated by 3, float16 and float64 weights by 1, in one full
-    checkpoint; an odd item tail; then a delta of a few pages of each, an all-changed float32
+    (CODEC_PLANES flags): float32, bfloat16 (NumPy has no bfloat16: their bits typed float16)
+    and float64 weights rotated by 3, float16 weights by 1, in one full checkpoint; an odd item tail; then a delta of a few pages of each, an all-changed float32
     buffer stored full again (rotated by 3), and, by a delta_chunks writer, every item
     changed a little (delta chunks, flags 0, against the rotated keyframes); torch float32
     and bfloat16 tensors through snapstore.torch.save."""
     rng = np.random.default_rng(6006)
     opts = dict(durability="none", segment_size=SEGMENT)
     rec = Recorder(path, opts, [
-        "byte-plane chunks of float32 and bfloat16 weights rotated by 3 bits (flags 3)",
-        "byte-plane chunks of float16 and float64 weights rotated by 1 bit (flags 1)",
+        "byte-plane chunks of float32, bfloat16 and float64 weights rotated by 3 bits "
+        "(flags 3)", "byte-plane chunks of float16 weights rotated by 1 bit (flags 1)",
         "an odd item tail", "a delta of float pages", "an all-changed float32 buffer full",
         "delta chunks (codec 3) against rotated keyframes",
         "torch float32/bfloat16 through snapstore.torch.save"])
