@@ -1,7 +1,9 @@
 """The v6 on-disk layout (docs/design.md, "Segment files"; docs/floatcodec.md, "The rotation"),
-byte by byte, from stores written here by today's code and from copies of the golden stores
-of format 5. Nothing comes from snapstore.format: the layouts are written out by hand (the v3
-and v5 parsers of the layouts format 6 keeps are used).
+byte by byte, from the golden store of format 6 (stores/v6/rotated, made by the version that
+made format 6: README.md; every file pinned by SHA-256 at the end of this file), from stores
+written here by today's code and from copies of the golden stores of format 5. Nothing comes
+from snapstore.format: the layouts are written out by hand (the v3 and v5 parsers of the
+layouts format 6 keeps are used).
 
 Format 6 keeps every layout of format 5 (test_format_layout_v5.py) and widens one field:
 
@@ -37,13 +39,85 @@ import pytest
 import snapstore
 from snapstore import savepoints
 
-from test_format_layout import CHUNK, record
-from test_format_layout_v3 import parse_segment, segment_header
-from test_format_layout_v5 import decode_all, load_store, unrotate, plane_section
+from golden_values import files_sha256
+from test_format_layout import CHUNK, COMMIT, record
+from test_format_layout_v3 import index_payloads, parse_segment, segment_header
+from test_format_layout_v5 import (check_chunk_entries, decode_all, load_store, plane_section,
+                                   unrotate)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 V5 = os.path.join(HERE, "stores", "v5")
+V6 = os.path.join(HERE, "stores", "v6")
 TODAY = 6
+
+
+# ---- the golden store ---------------------------------------------------------------------
+def golden_expected(store: str = "rotated") -> dict:
+    with open(os.path.join(V6, store, "expected.json")) as f:
+        return json.load(f)
+
+
+def test_golden_files_are_the_originals():
+    assert files_sha256(V6) == GOLDEN_SHA256
+
+
+def test_golden_store_of_format_6():
+    assert sorted(os.listdir(V6)) == ["rotated"]
+    with open(os.path.join(V6, "rotated", "FORMAT")) as f:
+        d = json.load(f)
+    assert set(d) == {"format", "version", "created"} and isinstance(d["created"], float)
+    assert (d["format"], d["version"]) == ("snapstore", 6)
+    assert golden_expected()["format_version"] == 6
+
+
+def test_golden_rotated_log(tmp_path):
+    """Every segment of version 6, walked to its end; every chunk decodes by hand (codec 2
+    items rotated right by their flags, delta chunks over their rotated keyframes) to the
+    bytes its id hashes; float32, bfloat16 and float64 chunks carry flags 3, float16's 1;
+    every chunk entry of the index names its record, with exact counts; the index says
+    format 6."""
+    path = os.path.join(V6, "rotated")
+    logs = load_store(path)
+    assert set(logs) == {0}
+    raw, depth = decode_all(logs[0], rotations=range(8))
+    flags = chunk_flags(path)
+    assert {v for v, _, _ in flags.values()} == {TODAY}
+    assert {(k, f) for _, k, f in flags.values()} >= {(4, 3), (2, 3), (2, 1), (8, 3)}
+    assert any(d == 1 for d in depth.values())                  # delta chunks (codec 3)
+    dbs = index_payloads(os.path.join(path, "index"), str(tmp_path / "scratch"))
+    assert struct.unpack("<Q", dbs[b"meta"][b"format"])[0] == TODAY
+    check_chunk_entries(dbs, logs, range(8))
+    commits = [r for r in logs[0] if r.rtype == COMMIT]
+    assert len(commits) == len(golden_expected()["checkpoints"])
+
+
+def test_golden_rotated_restores_and_upgrades_by_nothing(tmp_path):
+    """A copy: a reader restores every checkpoint to the hashes expected.json recorded; a
+    writer's open changes no byte of it and verifies clean; a new float32 checkpoint goes on
+    in its last segment, rotated by 3."""
+    import hashlib
+    path = str(tmp_path / "rotated")
+    shutil.copytree(os.path.join(V6, "rotated"), path,
+                    ignore=shutil.ignore_patterns("expected.json"))
+    exp = golden_expected()
+    with snapstore.open(path, readonly=True) as s:
+        for c in exp["checkpoints"]:
+            got = s.restore(c["id"])
+            assert {k: hashlib.sha256(v).hexdigest() for k, v in got.items()} == \
+                {b["name"]: b["sha256"] for b in c["buffers"]}
+    segments = sorted(os.listdir(os.path.join(path, "segments")))
+    w = (np.random.default_rng(65).standard_normal(20_000) * 0.02).astype(np.float32)
+    with snapstore.open(path, durability="none") as s:
+        report = s.verify(deep=True)
+        assert report["ok"], report["problems"][:5]
+        info = s.checkpoint({"w": w}, "after")
+        assert s.restore(info.id) == {"w": w.tobytes()}
+    assert sorted(os.listdir(os.path.join(path, "segments"))) == segments
+    with open(os.path.join(path, "FORMAT")) as f:
+        assert json.load(f)["version"] == TODAY
+
+
+# ---- stores written here ------------------------------------------------------------------
 
 
 def weights(rng) -> dict:
@@ -253,3 +327,22 @@ def test_a_writer_killed_in_the_5_to_6_step_leaves_a_store_readers_read(tmp_path
         assert [c.id for c in s.checkpoints()] == ids
     with open(os.path.join(path, "FORMAT")) as f:
         assert json.load(f)["version"] == TODAY
+
+
+GOLDEN_SHA256 = {
+    "rotated/FORMAT": "9902b119d012aca7cda80d4971833779c83df00df7ae5e3a5b28fac836b45918",
+    "rotated/expected.json": "91a85881fa1c3f50e41bb81b1a3aa0bb6576a1e6229097cb6a8b01c8bc0caaa0",
+    "rotated/index/data.mdb": "d072664c8b013276cb30befb2df9e9d56990e277876f0f9feffa772c92c3853d",
+    "rotated/segments/0000000000000001.seg": "ded260cc60aabfe7e1c3f67459f20ba8bc844b6110369c3f04ec7919aa975f30",
+    "rotated/segments/0000000000000002.seg": "3fa9afa4cd9dcd9007e2f438c7d233239d99beb85bb63248a9fe909e3cb21c8f",
+    "rotated/segments/0000000000000003.seg": "ae5ff1e563474cc9de9122c6a52865cd8e49364c5e7d9fe5d6f18e0b4f3f8e45",
+    "rotated/segments/0000000000000004.seg": "45110055faf3f4dfe985c50978441c660e4d773bdb4468a3c2c5564bb4c13d62",
+    "rotated/segments/0000000000000005.seg": "030d664b14e982045ad5a62d433ab577f4257bcd423d4978962dadba8caede0b",
+    "rotated/segments/0000000000000006.seg": "6b897321a87ada9e01fb37af4e23258aff0f619c38401841a4ad9f4d8c83858b",
+    "rotated/segments/0000000000000007.seg": "6f475bdb767bcaa9632ba6354e6dc01b3f174ce13696e0865a4f608afe3fb203",
+    "rotated/segments/0000000000000008.seg": "b1ea33e68d29b8e784330ff776a0c1fabb85b1dfcc2c281b0b95086b7629b9d3",
+    "rotated/segments/0000000000000009.seg": "ed075eb1ce7fbef8baaacd04b09a62445d0cffc47792c1010f7c4c88e5f296e6",
+    "rotated/segments/0000000000000010.seg": "699e0aa699ee6a53f09a1132eebb042afbbc4abfaeb307061bc05107ff0ea2af",
+    "rotated/segments/0000000000000011.seg": "238047b24034310f526eb9ba6a7fe9732a718c1e803802e03b2fa15f266d13f0",
+    "rotated/segments/0000000000000012.seg": "d7fbe9203056c0c51dbd02f313bacd90ada6b382bbe769b832a1ff29d9490ffc",
+}

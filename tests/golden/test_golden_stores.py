@@ -124,6 +124,8 @@ def test_golden_stores_exist():
     assert {f"v4/{n}" for n in V3_STORES + ("floats",)} <= set(IDS), IDS
     # format 5 adds delta chunks; its set is the one store that holds them (README.md)
     assert {"v5/deltas"} <= set(IDS), IDS
+    # format 6 adds rotations of byte planes above 1 bit; likewise one store (README.md)
+    assert {"v6/rotated"} <= set(IDS) and "v6/rotated" in OBJECT_IDS, IDS
     assert {f"v{v}/{n}" for v in (1, 2, 3, 4) for n in ("objects", "torch")} <= set(OBJECT_IDS)
     for d, i in zip(STORE_DIRS, IDS):
         assert expected_of(d)["format_version"] == int(i.split("/")[0][1:]), i
