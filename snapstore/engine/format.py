@@ -31,9 +31,10 @@ MIN_FORMAT_VERSION = 1          # the oldest version this library reads (and upg
 #      follows bases); no other layout changed (the upgrade from 4 sets the index's
 #      META_FORMAT to 5)
 #   6  a CODEC_PLANES record's PLANES_HEADER flags are a rotation of 0..7 bits (format 4 and
-#      5: 0 or 1), in segments of header version 6 (SEGMENT_PLANE_ROTATIONS); writers rotate
-#      float32 and bfloat16 items by 3 (docs/floatcodec.md, "The rotation"); no other layout
-#      changed (the upgrade from 5 sets the index's META_FORMAT to 6)
+#      5: 0 or 1), in segments of header version 6 (SEGMENT_PLANE_ROTATIONS); writers at
+#      compression_level 3 or more rotate float32 and bfloat16 items by 3 (docs/floatcodec.md,
+#      "The rotation"); no other layout changed (the upgrade from 5 sets the index's
+#      META_FORMAT to 6)
 INDEX_DIR = "index"             # the LMDB environment (data.mdb, lock.mdb)
 INDEX_DATA_FILE = "data.mdb"    # LMDB's data file inside INDEX_DIR
 INDEX_LOCK_TABLE_FILE = "lock.mdb"   # LMDB's reader table inside INDEX_DIR (not a store lock)
@@ -140,9 +141,9 @@ PLANES_ROTATE = 1                            # flags 1: items rotated left one b
 PLANES_ROTATION = 7                          # the flags are the rotation in bits (0..7), format 6
 # segment version -> the rotations (PLANES_HEADER flags) its CODEC_PLANES records may hold
 SEGMENT_PLANE_ROTATIONS = {4: (0, 1), 5: (0, 1), 6: tuple(range(PLANES_ROTATION + 1))}
-# segment version -> the rotations a writer chooses among for a buffer's byte-plane chunks
-# (planes.probe: the one whose samples code smallest; 3 for float32 and bfloat16 weights, 1
-# for float16)
+# segment version -> the rotations a writer may choose among for a buffer's byte-plane chunks,
+# the first its default (planes.probe: the one whose samples code smallest; 3 for float32 and
+# bfloat16 weights, 1 for float16; writer.plane_rotations: from compression_level 3 only)
 WRITTEN_PLANE_ROTATIONS = {4: (1,), 5: (1,), 6: (1, 3)}
 PLANE_RAW = 0
 PLANE_ZSTD = 1

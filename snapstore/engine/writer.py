@@ -335,6 +335,23 @@ def encode_chunk(cid: bytes, data, opts: WriteOptions, itemsize: int = 1,
     return codec, [prefix, stored]
 
 
+# From this compression_level on, the byte planes of float chunks also try rotations above
+# one bit (planes.probe; format 6): 3 saves 0.2-0.45 points more on float32 and bfloat16
+# weights but makes the low plane worth compressing too, which cost a dense float32
+# checkpoint 25-60% more time here (docs/floatcodec.md, "Built (stop 47)").
+ROTATIONS_FROM_LEVEL = 3
+
+
+def plane_rotations(opts: WriteOptions, segment_version: int) -> tuple[int, ...]:
+    """The rotations a writer's probe chooses among for float chunks in segments of
+    `segment_version` (fmt.WRITTEN_PLANE_ROTATIONS) at opts.compression_level: rotation 1
+    alone below ROTATIONS_FROM_LEVEL."""
+    allowed = fmt.WRITTEN_PLANE_ROTATIONS.get(segment_version, (fmt.PLANES_ROTATE,))
+    if opts.compression_level < ROTATIONS_FROM_LEVEL:
+        return allowed[:1]
+    return allowed
+
+
 PARALLEL_ENCODE_BYTES = 1 << 20    # hashing and encoding use two threads from this many bytes
 PROBE_CHUNKS = 4                   # a batch of more chunks is probed on this many
 
@@ -356,7 +373,7 @@ def encode_chunks(items: list, opts: WriteOptions, itemsize: int = 1,
     are compressed. A probe of a few chunks spread over a batch of more than PROBE_CHUNKS says
     what compresses at all: for other bytes whether to try zstd on the batch, for chunks of
     floats (itemsize 2, 4 or 8) which planes to try, and which of `rotations`
-    (fmt.WRITTEN_PLANE_ROTATIONS of the segment written) to rotate their items by (a smaller
+    (plane_rotations of the writer and the segment written) to rotate their items by (a smaller
     batch of floats is its own probe when there is a choice). Those are made whole records
     by one call into the C core per half (no GIL; the same coding as encode_chunk's)."""
     sizes = [len(data) for _, data in items]
@@ -561,8 +578,7 @@ class ChunkSink:
         # another session's, not in the bucket): such chunks are stored anew
         self.unreusable = unreusable
         self.bytes_new = 0
-        # the rotations float chunks' byte planes may take in the segments this log writes
-        self.rotations = fmt.WRITTEN_PLANE_ROTATIONS.get(log.version, (fmt.PLANES_ROTATE,))
+        self.rotations = plane_rotations(opts, log.version)
 
     def _have(self, cid: bytes) -> bool:
         if cid in self.new or cid in self.known:

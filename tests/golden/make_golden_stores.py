@@ -1148,9 +1148,12 @@ def make_rotated(path: str) -> dict:
     and float64 weights rotated by 3, float16 weights by 1, in one full checkpoint; an odd item tail; then a delta of a few pages of each, an all-changed float32
     buffer stored full again (rotated by 3), and, by a delta_chunks writer, every item
     changed a little (delta chunks, flags 0, against the rotated keyframes); torch float32
-    and bfloat16 tensors through snapstore.torch.save."""
+    and bfloat16 tensors through snapstore.torch.save. compression_level 3: the version that
+    made stores/v6 (a9c495e) tried rotation 3 at every level, later ones from level 3 on
+    (writer.ROTATIONS_FROM_LEVEL); level 3 also makes the one zstd frame here (the torch
+    save's pickle) with zstd level 3."""
     rng = np.random.default_rng(6006)
-    opts = dict(durability="none", segment_size=SEGMENT)
+    opts = dict(durability="none", segment_size=SEGMENT, compression_level=3)
     rec = Recorder(path, opts, [
         "byte-plane chunks of float32, bfloat16 and float64 weights rotated by 3 bits "
         "(flags 3)", "byte-plane chunks of float16 weights rotated by 1 bit (flags 1)",

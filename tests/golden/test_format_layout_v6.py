@@ -18,11 +18,14 @@ Format 6 keeps every layout of format 5 (test_format_layout_v5.py) and widens on
   upgrade 5 -> 6:  META_FORMAT 6 in the index, FORMAT 6; the log goes on in a new segment of
                    version 6; nothing else changes (test_upgrade.py).
 
-The writer rotates the chunks of one buffer's batch by the rotation, of 1 and 3, whose probe
-samples code smaller: 3 for float32 and bfloat16 weights (the top plane becomes the
-exponent's 6 low bits and the mantissa's 2 top bits, which Huffman codes closer to their
-entropy), 1 for float16 (whose 5-bit exponent would lose its plane). S3 stores (segments of
-version 4) and savepoint files keep rotation 1: older snapstores read them.
+A writer at compression_level 3 or more rotates the chunks of one buffer's batch by the
+rotation, of 1 and 3, whose probe samples code smaller: 3 for float32 and bfloat16 weights
+(the top plane becomes the exponent's 6 low bits and the mantissa's 2 top bits, which Huffman
+codes closer to their entropy), 1 for float16 (whose 5-bit exponent would lose its plane);
+below level 3 (the default is 1) it rotates by 1 as formats 4 and 5 did, because rotation 3
+makes the low plane worth compressing too (25-60% more time for a dense checkpoint). S3
+stores (segments of version 4) and savepoint files keep rotation 1: older snapstores read
+them.
 """
 from __future__ import annotations
 
@@ -94,7 +97,7 @@ def test_golden_rotated_log(tmp_path):
 def test_golden_rotated_restores_and_upgrades_by_nothing(tmp_path):
     """A copy: a reader restores every checkpoint to the hashes expected.json recorded; a
     writer's open changes no byte of it and verifies clean; a new float32 checkpoint goes on
-    in its last segment, rotated by 3."""
+    in its last segment (rotated by 3 at compression_level 3)."""
     import hashlib
     path = str(tmp_path / "rotated")
     shutil.copytree(os.path.join(V6, "rotated"), path,
@@ -107,12 +110,15 @@ def test_golden_rotated_restores_and_upgrades_by_nothing(tmp_path):
                 {b["name"]: b["sha256"] for b in c["buffers"]}
     segments = sorted(os.listdir(os.path.join(path, "segments")))
     w = (np.random.default_rng(65).standard_normal(20_000) * 0.02).astype(np.float32)
-    with snapstore.open(path, durability="none") as s:
+    before = chunk_flags(path)
+    with snapstore.open(path, durability="none", compression_level=3) as s:
         report = s.verify(deep=True)
         assert report["ok"], report["problems"][:5]
         info = s.checkpoint({"w": w}, "after")
         assert s.restore(info.id) == {"w": w.tobytes()}
     assert sorted(os.listdir(os.path.join(path, "segments"))) == segments
+    after = chunk_flags(path)
+    assert {after[c] for c in set(after) - set(before)} == {(TODAY, 4, 3)}
     with open(os.path.join(path, "FORMAT")) as f:
         assert json.load(f)["version"] == TODAY
 
@@ -144,14 +150,30 @@ def chunk_flags(path: str) -> dict:
     return out
 
 
-def test_todays_code_rotates_float32_and_bfloat16_by_3_and_float16_by_1(tmp_path):
-    """FORMAT and every segment header say 6; each buffer's byte-plane chunks carry the
-    rotation its probe chose: 3 for float32 and bfloat16 weights, 1 for float16; every chunk
-    decodes by hand (the planes joined, each item rotated right by its flags) to the bytes
-    its id hashes; the whole buffer restores byte-exact."""
+def test_todays_code_at_level_1_rotates_by_1(tmp_path):
+    """The default compression_level (1): FORMAT and every segment header say 6, and every
+    byte-plane chunk rotates its items by 1, as formats 4 and 5 did."""
+    path = str(tmp_path / "s")
+    w = weights(np.random.default_rng(60))
+    with snapstore.open(path, durability="none") as s:
+        info = s.checkpoint(w, "w")
+        assert s.restore(info.id) == {k: v.tobytes() for k, v in w.items()}
+    with open(os.path.join(path, "FORMAT")) as f:
+        assert json.load(f)["version"] == TODAY
+    decode_all(load_store(path)[0], rotations=range(8))
+    flags = chunk_flags(path)
+    assert {k for _, k, _ in flags.values()} == {2, 4, 8}
+    assert {(v, f) for v, _, f in flags.values()} == {(TODAY, 1)}
+
+
+def test_todays_code_at_level_3_rotates_float32_and_bfloat16_by_3_and_float16_by_1(tmp_path):
+    """compression_level 3: FORMAT and every segment header say 6; each buffer's byte-plane
+    chunks carry the rotation its probe chose: 3 for float32 and bfloat16 weights, 1 for
+    float16; every chunk decodes by hand (the planes joined, each item rotated right by its
+    flags) to the bytes its id hashes; the whole buffer restores byte-exact."""
     path = str(tmp_path / "s")
     w = weights(np.random.default_rng(61))
-    with snapstore.open(path, durability="none") as s:
+    with snapstore.open(path, durability="none", compression_level=3) as s:
         info = s.checkpoint(w, "w")
         assert s.restore(info.id) == {k: v.tobytes() for k, v in w.items()}
     with open(os.path.join(path, "FORMAT")) as f:
@@ -193,7 +215,7 @@ def rotated_store(path: str) -> tuple[int, int, bytes]:
     """A store of one float32 checkpoint (its chunks rotated by 3); returns the segment and
     offset of its first codec 2 record and the weights."""
     w = (np.random.default_rng(62).standard_normal(16384) * 0.02).astype(np.float32)
-    with snapstore.open(path, durability="none") as s:
+    with snapstore.open(path, durability="none", compression_level=3) as s:
         s.checkpoint({"w": w}, "w")
     for p in sorted(glob.glob(os.path.join(path, "segments", "*.seg"))):
         for r in parse_segment(p, TODAY):
@@ -248,8 +270,9 @@ def test_flags_above_the_rotation_are_damage(tmp_path, flags):
 
 
 def test_upgraded_v5_store_rotates_its_new_chunks_by_3(tmp_path):
-    """v5/deltas after today's writer upgraded it: new float32 weights (a new stream, so no
-    delta) go into log 0's new segment of version 6 rotated by 3, beside the store's format 5
+    """v5/deltas after today's writer (compression_level 3) upgraded it: new float32 weights (a
+    new stream, so no delta) go into log 0's new segment of version 6 rotated by 3, beside the
+    store's format 5
     records, which keep flags 0 or 1 in their version 5 segments; everything restores and
     verifies, also for a reader."""
     path = str(tmp_path / "deltas")
@@ -258,7 +281,7 @@ def test_upgraded_v5_store_rotates_its_new_chunks_by_3(tmp_path):
     before = chunk_flags(path)
     assert {(v, f) for v, _, f in before.values()} <= {(5, 0), (5, 1)}
     w = (np.random.default_rng(63).standard_normal(40_000) * 0.02).astype(np.float32)
-    with snapstore.open(path, durability="none") as s:
+    with snapstore.open(path, durability="none", compression_level=3) as s:
         info = s.checkpoint({"w": w}, "fresh")
         report = s.verify(deep=True)
         assert report["ok"], report["problems"][:5]
@@ -277,7 +300,7 @@ def test_a_savepoint_holds_no_rotation_above_1(tmp_path):
     the store's own records do; it imports back byte-exact."""
     path = str(tmp_path / "s")
     w = (np.random.default_rng(64).standard_normal(40_000) * 0.02).astype(np.float32)
-    with snapstore.open(path, durability="none") as s:
+    with snapstore.open(path, durability="none", compression_level=3) as s:
         info = s.checkpoint({"w": w}, "w")
         assert {f for _, _, f in chunk_flags(path).values()} == {3}
         out = str(tmp_path / "w.snap")

@@ -324,7 +324,8 @@ def test_segments_in_the_bucket_are_of_version_4_which_format_4_snapstores_read(
     from snapstore.engine import format as fmt
     floats = np.random.default_rng(1).normal(0, 0.02, 1 << 18).astype(np.float32)
     a = state(1 * MiB)
-    with open_store(url, tmp_path / "c1") as s:
+    # compression_level 3: a local store would rotate float32 planes by 3 (format 6)
+    with open_store(url, tmp_path / "c1", compression_level=3) as s:
         first = s.checkpoint({"a": a, "w": floats}, stream="s")      # planes: codec 2
         s.checkpoint({"a": a, "w": floats * 2}, stream="s")
         s.flush()

@@ -447,3 +447,27 @@ def test_dcp_items_of_float_tensors_use_planes(tmp_path):
         dcp.load(back, checkpoint_id="a", storage_reader=st.SnapstoreReader(path))
     assert all(torch.equal(back[k], v) for k, v in sd.items())
     assert fmt.CODEC_PLANES in codecs_in(path)
+
+
+def test_plane_rotations_by_level_and_segment_version():
+    """Rotation 3 is tried only from compression_level 3 and only in segments of version 6
+    (format 6): S3 stores (version 4 segments) and the default level keep rotation 1."""
+    opts = wr.WriteOptions
+    assert wr.plane_rotations(opts(), 6) == (fmt.PLANES_ROTATE,)
+    assert wr.plane_rotations(opts(compression_level=wr.ROTATIONS_FROM_LEVEL - 1), 6) == (1,)
+    assert wr.plane_rotations(opts(compression_level=wr.ROTATIONS_FROM_LEVEL), 6) == (1, 3)
+    assert wr.plane_rotations(opts(compression_level=19), 6) == (1, 3)
+    for version in (4, 5):
+        assert wr.plane_rotations(opts(compression_level=19), version) == (1,)
+
+
+@pytest.mark.parametrize("dtype, rotation", [(np.float32, 3), (np.float16, 1)])
+def test_the_probe_picks_the_rotation_that_codes_smaller(dtype, rotation):
+    """planes.probe codes its samples at each rotation and keeps the smallest: float32
+    weights N(0, 0.02) rotate by 3, float16 by 1; with one rotation offered it is that one."""
+    data = (np.random.default_rng(7).standard_normal(1 << 16) * 0.02).astype(dtype).tobytes()
+    k = np.dtype(dtype).itemsize
+    samples = [data[i:i + 65536] for i in range(0, len(data), 65536)][:4]
+    assert planes.probe(samples, k, (1, 3)).rotation == rotation
+    assert planes.probe(samples, k, (1,)).rotation == 1
+    assert planes.probe(samples, k, (3,)).rotation == 3
