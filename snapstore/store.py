@@ -1543,7 +1543,10 @@ def open(path, *, durability: str | None = None, sync_index: bool = True, create
             its bytes changed is stored whole, and so is a whole checkpoint with more than this
             fraction of all its bytes changed (CheckpointInfo.kind "full").
         compression: "zstd" (default) or "none"; chunks that do not shrink are stored raw.
-        compression_level: the zstd level (default 1; higher: smaller, slower).
+        compression_level: the zstd level (default 1; higher: smaller, slower). From 3 on,
+            the byte planes of float32 and bfloat16 buffers may also rotate their items by
+            3 bits where that codes smaller (format 6: 0.2-0.45 points more saved on
+            weights, for 25-60% more coding time of a dense checkpoint).
         delta_chunks: with compression "zstd" (default False): when most of a buffer of
             floats (a NumPy or torch float dtype) changed, each of its chunks is coded as the
             difference from the parent checkpoint's chunk at the same place, where that is
