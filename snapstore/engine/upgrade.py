@@ -119,12 +119,21 @@ def _codec_planes(path: str, index: Index, backend: SegmentBackend) -> bool:
     and no index value changes. The log goes on in a new segment of version 4 (the writer's
     SegmentLog.open_tail: a segment only holds records of its header's version); the index
     only says format 4 (one transaction). Done when the index is format 4."""
+    return _only_the_version(index, 4)
+
+
+def _only_the_version(index: Index, version: int, point: str | None = None) -> bool:
+    """The step of a format that changes no record and no index value: the index says
+    `version` (one transaction, crash point `point` inside it, after which nothing is
+    committed). Done (False) when the index is of `version` or later."""
     with index.read() as r:
-        if r.version >= 4:
+        if r.version >= version:
             return False
     with index.write() as w:
-        w.set_format(4)
-    index.version = 4
+        w.set_format(version)
+        if point is not None:
+            crashpoint(point)
+    index.version = version
     return True
 
 
@@ -137,32 +146,19 @@ def _delta_chunks(path: str, index: Index, backend: SegmentBackend) -> bool:
     SegmentLog.open_tail); the index only says format 5 (one transaction: crash point
     upgrade_v5_before_index_commit, after which nothing is committed). Done when the index is
     format 5."""
-    with index.read() as r:
-        if r.version >= 5:
-            return False
-    with index.write() as w:
-        w.set_format(5)
-        crashpoint("upgrade_v5_before_index_commit")
-    index.version = 5
-    return True
+    return _only_the_version(index, 5, "upgrade_v5_before_index_commit")
 
 
 def _plane_rotations(path: str, index: Index, backend: SegmentBackend) -> bool:
     """Format 6 (a CODEC_PLANES record's flags are a rotation of 0..7 bits, written as 3 for
-    float32 and bfloat16 weights, only in segments of header version 6): a format 5 store's
+    float32 and bfloat16 weights from compression_level 3, only in segments of header version
+    6): a format 5 store's
     records all rotate by 0 or 1 bit, which format 6 reads as before, so no record and no
     index value changes. The log goes on in a new segment of version 6 (the writer's
     SegmentLog.open_tail); the index only says format 6 (one transaction: crash point
     upgrade_v6_before_index_commit, after which nothing is committed). Done when the index is
     format 6."""
-    with index.read() as r:
-        if r.version >= 6:
-            return False
-    with index.write() as w:
-        w.set_format(6)
-        crashpoint("upgrade_v6_before_index_commit")
-    index.version = 6
-    return True
+    return _only_the_version(index, 6, "upgrade_v6_before_index_commit")
 
 
 STEPS: tuple[Step, ...] = (
