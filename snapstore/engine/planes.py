@@ -6,9 +6,10 @@ zstd frame saves 7%, at 2-5x its decode speed).
 Stored bytes of a CODEC_PLANES chunk record (after CHUNK_PREFIX; fmt.PLANES_*):
 
     PLANES_HEADER   item size (2, 4 or 8), flags: the rotation, each item rotated left that
-                    many bits first (0..7; format 4 and 5 write 1, PLANES_ROTATE, so a float's
-                    sign leaves the exponent's plane; format 6 writes 3 where its samples code
-                    smaller: float32 and bfloat16 weights, docs/floatcodec.md "The rotation")
+                    many bits first (0..7; formats 4 and 5 write 1, PLANES_ROTATE, so a float's
+                    sign leaves the exponent's plane; format 6 writers at compression_level 3
+                    or more write 3 where their samples code smaller: float32 and bfloat16
+                    weights, docs/floatcodec.md "Built (stop 47)")
     PLANE_ENTRY     per plane, item size of them: how it is stored (PLANE_RAW / PLANE_ZSTD)
                     and its stored length
     the planes' stored bytes, back to back, then the raw_len % item size tail bytes as they
@@ -60,19 +61,22 @@ def plane_mask(itemsize: int, worth: tuple[bool, ...] | None) -> int:
 
 class Probe(NamedTuple):
     rotation: int                   # the PLANES_HEADER flags to write: the items' rotation
-    worth: tuple[bool, ...]         # per plane: whether to try to compress it
+    worth: tuple[bool, ...] | None  # per plane: whether to try to compress it (None: all)
 
 
 def probe(samples: list, itemsize: int,
           rotations: tuple[int, ...] = (fmt.PLANES_ROTATE,)) -> Probe:
     """How to code the planes of a buffer's chunks, judged on `samples` (chunks of it): the
-    rotation of `rotations` (fmt.WRITTEN_PLANE_ROTATIONS of the segment written) whose
-    samples coded smallest (the first of equals), and which planes are worth compressing at
+    rotation of `rotations` (writer.plane_rotations: the writer's level and the segment's
+    version) whose samples coded smallest (the first of equals), and which planes are worth
+    compressing at
     it: a plane that packed in any sample. zstd spends most of its time on planes of noise (a
     float's low mantissa bytes) and saves nothing there, so the encoder skips them
     (docs/floatcodec.md: the probe predicted the saving within 0.5 points). The rotation
-    matters by type: 3 bits save 0.45 points more than 1 on float32 weights and 0.5 on
+    matters by type: 3 bits save 0.2-0.4 points more than 1 on float32 weights and 0.45 on
     bfloat16, and 5 points less on float16, whose item size is bfloat16's."""
+    if not rotations:
+        raise ValueError("probe: no rotation to choose from")
     best: tuple | None = None
     for rotation in rotations:
         packed = size = 0
@@ -85,7 +89,6 @@ def probe(samples: list, itemsize: int,
                 packed |= planes_packed
         if best is None or size < best[0]:
             best = (size, rotation, packed)
-    assert best is not None, "rotations must not be empty"
     _, rotation, packed = best
     return Probe(rotation, tuple(bool(packed >> j & 1) for j in range(itemsize)))
 

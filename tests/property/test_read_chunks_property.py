@@ -2,7 +2,7 @@
 against the engine's Python read path (wal.read_record + chunks.decode_chunk, the reference:
 it names what is wrong), on records the writer's own encoder makes of generated data: float
 weights of 2, 4 and 8 bytes with NaN/inf/denormal/-0.0 items, repeats, noise, odd lengths, the
-empty and one-byte chunk, every codec; then damaged: a flipped bit anywhere (the checksum sees
+empty and one-byte chunk, every codec, byte planes of every rotation; then damaged: a flipped bit anywhere (the checksum sees
 it), or bytes changed and the checksum made right again (only the format checks can see it).
 
 Whatever the damage: the C reader never writes a failed record's destination, and whenever it
@@ -27,9 +27,12 @@ def examples(n: int) -> int:
     return max(1, n * settings.default.max_examples // 100)
 
 
-def make_record(data, itemsize, compression):
+def make_record(data, itemsize, compression, rotation=fmt.PLANES_ROTATE):
+    """A chunk record of data as the writer encodes it; a byte-plane one's items rotated by
+    `rotation` bits (format 6: 0..7)."""
     cid = blake3.blake3(data).digest()
-    codec, parts = encode_chunk(cid, data, WriteOptions(compression=compression), itemsize)
+    codec, parts = encode_chunk(cid, data, WriteOptions(compression=compression), itemsize,
+                                rotation=rotation)
     payload = b"".join(bytes(p) for p in parts)
     return wal.encode_record_header(fmt.REC_CHUNK, codec, parts) + payload, cid
 
@@ -68,19 +71,19 @@ def c_read(rec: bytes, stored_len: int, raw_len: int, cid: bytes):
 
 
 @settings(max_examples=examples(150), deadline=None)
-@given(chunk_data())
-def test_undamaged_records_read_the_same(case):
+@given(chunk_data(), st.integers(0, fmt.PLANES_ROTATION))
+def test_undamaged_records_read_the_same(case, rotation):
     data, k, comp = case
-    rec, cid = make_record(data, k, comp)
+    rec, cid = make_record(data, k, comp, rotation)
     stored = len(rec) - fmt.RECORD_HEADER.size
     assert c_read(rec, stored, len(data), cid) == data == python_read(rec, stored, len(data), cid)
 
 
 @settings(max_examples=examples(300), deadline=None)
-@given(chunk_data(), st.data())
-def test_damaged_records_are_never_read_wrong(case, draw):
+@given(chunk_data(), st.integers(0, fmt.PLANES_ROTATION), st.data())
+def test_damaged_records_are_never_read_wrong(case, rotation, draw):
     data, k, comp = case
-    rec, cid = make_record(data, k, comp)
+    rec, cid = make_record(data, k, comp, rotation)
     bad = bytearray(rec)
     how = draw.draw(st.sampled_from(["flip", "rewrite"]))
     at = draw.draw(st.integers(0, len(bad) - 1))
