@@ -6,8 +6,9 @@
  * chunk type, codec, zero flags and reserved field, payload length, the XXH3-64 checksum over
  * the first 16 header bytes and the payload), the chunk prefix (chunk id, raw length), then
  * the stored bytes. Byte planes (CODEC_PLANES: the chunk's items rotated left by the caller's
- * rotation, 1 or 3 bits, and split into planes by snap_split_planes; each plane one zstd frame where that frame is shorter than
- * n - n/32 of the plane's n bytes, else the plane as it is) when at least one plane packed and
+ * rotation, 0..7 bits (writers choose 1 or 3), and split into planes by snap_split_planes;
+ * each plane one zstd frame where that frame is shorter than n - n/32 of the plane's n
+ * bytes, else the plane as it is) when at least one plane packed and
  * the whole coding is shorter than raw_len - raw_len/32; else the raw bytes (CODEC_RAW). A
  * chunk given a base (the previous version of the same bytes, format 5's CODEC_DELTA_PLANES:
  * planned, not yet written by the engine) is first coded as the planes of its items' zigzag

@@ -15,8 +15,8 @@
  * 5-bit exponent gains nothing). r = 3 also moves the exponent's two top bits (constant for
  * weights under 2 in magnitude) down into the low byte, and the top byte becomes the
  * exponent's 6 low bits and the mantissa's 2 top bits, which Huffman codes closer to their
- * entropy: +0.45 points more on float32 weights, +0.5 on bfloat16; float16 loses 5
- * (docs/floatcodec.md, "The rotation").
+ * entropy: +0.2-0.4 points more on float32 weights, +0.45 on bfloat16; float16 loses 5
+ * (docs/floatcodec.md, "The rotation" and "Built (stop 47)").
  *
  * Delta coding replaces each item by its difference to the same item of a reference (the
  * previous version of the buffer) before the split:

@@ -1544,9 +1544,9 @@ def open(path, *, durability: str | None = None, sync_index: bool = True, create
             fraction of all its bytes changed (CheckpointInfo.kind "full").
         compression: "zstd" (default) or "none"; chunks that do not shrink are stored raw.
         compression_level: the zstd level (default 1; higher: smaller, slower). From 3 on,
-            the byte planes of float32 and bfloat16 buffers may also rotate their items by
-            3 bits where that codes smaller (format 6: 0.2-0.45 points more saved on
-            weights, for 25-60% more coding time of a dense checkpoint).
+            the byte planes of float buffers may also rotate their items by 3 bits where a
+            probe finds that codes smaller (format 6; float32 and bfloat16 weights: 0.2-0.45
+            points more saved, for 25-60% more coding time of a dense checkpoint).
         delta_chunks: with compression "zstd" (default False): when most of a buffer of
             floats (a NumPy or torch float dtype) changed, each of its chunks is coded as the
             difference from the parent checkpoint's chunk at the same place, where that is

@@ -32,9 +32,9 @@ MIN_FORMAT_VERSION = 1          # the oldest version this library reads (and upg
 #      META_FORMAT to 5)
 #   6  a CODEC_PLANES record's PLANES_HEADER flags are a rotation of 0..7 bits (format 4 and
 #      5: 0 or 1), in segments of header version 6 (SEGMENT_PLANE_ROTATIONS); writers at
-#      compression_level 3 or more rotate float32 and bfloat16 items by 3 (docs/floatcodec.md,
-#      "The rotation"); no other layout changed (the upgrade from 5 sets the index's
-#      META_FORMAT to 6)
+#      compression_level 3 or more rotate a float buffer's items by 3 where their probe finds
+#      that smaller (float32, bfloat16, float64 weights; docs/floatcodec.md, "The rotation");
+#      no other layout changed (the upgrade from 5 sets the index's META_FORMAT to 6)
 INDEX_DIR = "index"             # the LMDB environment (data.mdb, lock.mdb)
 INDEX_DATA_FILE = "data.mdb"    # LMDB's data file inside INDEX_DIR
 INDEX_LOCK_TABLE_FILE = "lock.mdb"   # LMDB's reader table inside INDEX_DIR (not a store lock)

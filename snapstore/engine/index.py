@@ -759,7 +759,8 @@ class Index:
     stays consistent (the old file lives until closed)."""
 
     def __init__(self, path: str, *, readonly: bool, durable: bool,
-                 file_mode: int = DEFAULT_FILE_MODE, rebuilding: bool = False) -> None:
+                 file_mode: int = DEFAULT_FILE_MODE, rebuilding: bool = False,
+                 new_version: int = fmt.FORMAT_VERSION) -> None:
         self.path = path
         self.readonly = readonly
         self.durable = durable
@@ -772,7 +773,7 @@ class Index:
         self._data = os.path.join(path, fmt.INDEX_DATA_FILE)   # watched for replacements
         self._opened = self._open(create=not readonly)
         try:
-            self.version = self._check_version()
+            self.version = self._check_version(new_version)
         except BaseException:
             self.close()
             raise
@@ -827,14 +828,16 @@ class Index:
     def dbs(self) -> dict:
         return self._opened.dbs
 
-    def _check_version(self) -> int:
+    def _check_version(self, new_version: int) -> int:
         """The index's format. Refuses an index written by a newer format (readers too);
-        stamps a new one with this library's."""
+        stamps a new one with new_version (this library's, or the oldest format that reads
+        what it will hold: an S3 store's cache)."""
         with self.read() as r:
             version = _read_version(r.txn, r.dbs[fmt.DB_META])
         if version is None and not self.readonly:
             with self.write() as w:
-                w.set_format(fmt.FORMAT_VERSION)
+                w.set_format(new_version)
+            return new_version
         return fmt.FORMAT_VERSION if version is None else version
 
     def add_value_checksums(self) -> bool:

@@ -8,8 +8,8 @@ Stored bytes of a CODEC_PLANES chunk record (after CHUNK_PREFIX; fmt.PLANES_*):
     PLANES_HEADER   item size (2, 4 or 8), flags: the rotation, each item rotated left that
                     many bits first (0..7; formats 4 and 5 write 1, PLANES_ROTATE, so a float's
                     sign leaves the exponent's plane; format 6 writers at compression_level 3
-                    or more write 3 where their samples code smaller: float32 and bfloat16
-                    weights, docs/floatcodec.md "Built (stop 47)")
+                    or more write 3 where their samples code smaller: float32, bfloat16 and
+                    float64 weights, docs/floatcodec.md "Built (stop 47)")
     PLANE_ENTRY     per plane, item size of them: how it is stored (PLANE_RAW / PLANE_ZSTD)
                     and its stored length
     the planes' stored bytes, back to back, then the raw_len % item size tail bytes as they

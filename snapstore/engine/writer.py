@@ -373,16 +373,20 @@ def encode_chunks(items: list, opts: WriteOptions, itemsize: int = 1,
     are compressed. A probe of a few chunks spread over a batch of more than PROBE_CHUNKS says
     what compresses at all: for other bytes whether to try zstd on the batch, for chunks of
     floats (itemsize 2, 4 or 8) which planes to try, and which of `rotations`
-    (plane_rotations of the writer and the segment written) to rotate their items by (a smaller
-    batch of floats is its own probe when there is a choice). Those are made whole records
-    by one call into the C core per half (no GIL; the same coding as encode_chunk's)."""
+    (plane_rotations of the writer and the segment written) to rotate their items by (a
+    smaller batch of floats, when there is a choice, is coded at each and the smaller kept).
+    Those are made whole records by one call into the C core per half (no GIL; the same
+    coding as encode_chunk's)."""
     sizes = [len(data) for _, data in items]
     if opts.compression != "zstd":
         return _in_halves(_raw_records, items, sizes)
     samples = _probe_samples(items)
+    if itemsize in fmt.PLANES_ITEMSIZES and not samples and len(rotations) > 1:
+        # a batch of PROBE_CHUNKS or fewer: coded at each rotation, the smaller kept (a probe
+        # of its chunks, then their coding, would code them once more)
+        return min((_plane_records(items, opts, itemsize, None, rotation)
+                    for rotation in rotations), key=_stored_bytes)
     if itemsize in fmt.PLANES_ITEMSIZES:
-        if not samples and len(rotations) > 1:
-            samples = [data for _, data in items]       # PROBE_CHUNKS at most
         usable = [data for data in samples if planes.usable(itemsize, len(data))]
         chosen = planes.probe(usable, itemsize, rotations) if usable else \
             planes.Probe(rotations[0], None)
@@ -395,6 +399,11 @@ def encode_chunks(items: list, opts: WriteOptions, itemsize: int = 1,
         def encode(part: list) -> list:
             return _python_records(part, opts, itemsize, None)
     return _in_halves(encode, items, sizes)
+
+
+def _stored_bytes(records: list) -> int:
+    """The payload bytes of Encoded records (what the smaller of two codings is judged by)."""
+    return sum(r.stored_len for r in records)
 
 
 def _probe_samples(items: list) -> list:

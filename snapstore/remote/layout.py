@@ -14,12 +14,21 @@ from snapstore.errors import InvalidArgumentError
 SCHEME = "s3://"
 REMOTE_FORMAT = "snapstore-s3"
 REMOTE_FORMAT_VERSION = 1
-# The header version of the segments an S3 store writes: 4, not the local stores' 5. An S3
-# store never writes delta chunks (codec 3, the one thing version 5 adds), so its records fit
-# version 4, which snapstores of format 4 read: they share a bucket during a rolling upgrade.
+# The header version of the segments an S3 store writes: 4, not the local stores' 6. An S3
+# store never writes delta chunks (codec 3, what version 5 adds) nor byte planes rotated by
+# more than one bit (what version 6 adds), so its records fit version 4, which snapstores of
+# format 4 read: they share a bucket during a rolling upgrade.
 SEGMENT_VERSION = 4
+# The format a new cache index of an S3 store is stamped with (its META_FORMAT): the oldest
+# whose library reads everything the cache holds. Format 6 changed nothing an S3 cache holds,
+# so snapstores of format 5 and 6 share a cache directory on one machine (a newer stamp would
+# make the older library refuse the cache with FormatError). A format that changes what a
+# cache holds raises it.
+CACHE_INDEX_VERSION = 5
 assert SEGMENT_VERSION in fmt.SEGMENT_CODECS and \
-    fmt.CODEC_DELTA_PLANES not in fmt.SEGMENT_CODECS[SEGMENT_VERSION]
+    fmt.CODEC_DELTA_PLANES not in fmt.SEGMENT_CODECS[SEGMENT_VERSION] and \
+    fmt.WRITTEN_PLANE_ROTATIONS[SEGMENT_VERSION] == (fmt.PLANES_ROTATE,)
+assert CACHE_INDEX_VERSION <= fmt.FORMAT_VERSION
 
 FORMAT_KEY = "snapstore.json"
 LOGS_DIR = "logs/"

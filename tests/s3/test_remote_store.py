@@ -392,3 +392,31 @@ def test_a_bucket_with_version_5_segments_goes_on_in_version_4(url, s3, tmp_path
     with open_store(url, tmp_path / "other") as s:
         assert s.restore(first.id)["a"] == a.tobytes()
         assert s.restore(second.id)["a"] == a2.tobytes()
+
+
+def test_the_cache_index_is_stamped_with_the_oldest_format_that_reads_it(url, tmp_path):
+    """A new cache index says layout.CACHE_INDEX_VERSION (5), not this library's format (6):
+    format 6 changed nothing an S3 cache holds, and a snapstore of format 5 refuses an index
+    stamped 6 with FormatError (a review found a shared cache directory refused so). A cache
+    stamped 5 by an older library is used as it is."""
+    import lmdb
+    from snapstore.engine import format as fmt
+    from snapstore.engine.index import unseal
+    cache = tmp_path / "c"
+    with open_store(url, cache) as s:
+        s.checkpoint({"a": b"x" * 5000}, stream="s")
+    [data] = list(cache.rglob(fmt.INDEX_DATA_FILE))
+
+    def stamped() -> int:
+        env = lmdb.open(str(data.parent), readonly=True, lock=False, max_dbs=16)
+        try:
+            with env.begin() as txn:
+                raw = txn.get(fmt.META_FORMAT, db=env.open_db(fmt.DB_META, txn=txn))
+        finally:
+            env.close()
+        return fmt.U64.unpack(unseal(fmt.DB_META, fmt.META_FORMAT, raw, fmt.FORMAT_VERSION))[0]
+    assert stamped() == layout.CACHE_INDEX_VERSION == 5 < fmt.FORMAT_VERSION
+    with open_store(url, cache) as s:                       # used again, as it is
+        assert s.restore(s.latest("s").id) == {"a": b"x" * 5000}
+        s.checkpoint({"a": b"y" * 5000}, stream="s")
+    assert stamped() == 5
