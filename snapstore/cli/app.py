@@ -16,6 +16,7 @@ import traceback
 from typing import Optional
 
 from snapstore import errors
+from snapstore.engine import format as fmt
 from snapstore.cli import (bench_cmd, diff_cmd, inspect_cmds, maintain_cmds, restore_cmd,
                            write_cmds)
 from snapstore.cli import export_cmd, transfer_cmds
@@ -93,6 +94,19 @@ def exit_code_for(exc: BaseException) -> int:
     return EXIT_PROBLEM
 
 
+class _ShowVersion(Exception):
+    """--version was given: print the version, nothing else (what comes after it on the
+    command line is not looked at, as with argparse's own version action)."""
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        raise _ShowVersion()
+
+
 def build_parser(store_positional: bool = True) -> argparse.ArgumentParser:
     """The `snapstore` parser: global options, then one subparser per command (COMMANDS).
     With store_positional, every command that opens a store takes the store as its first
@@ -101,7 +115,9 @@ def build_parser(store_positional: bool = True) -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description="snapstore: incremental snapshots of in-memory "
                     "state. Inspect, restore and maintain a store; benchmark checkpoint "
                     "overhead.", epilog=EPILOG, formatter_class=raw)
-    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the version (with --json: and the on-disk format it "
+                        "writes) and exit")
     add_global_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     common = command_options()
@@ -119,6 +135,16 @@ def build_parser(store_positional: bool = True) -> argparse.ArgumentParser:
     for add_command in COMMANDS:
         add_command(add)
     return parser
+
+
+def _print_version(as_json: bool) -> int:
+    """`snapstore --version`: "snapstore X.Y.Z", or with --json {"version", "format_version":
+    the on-disk format this library writes (and the newest it reads)}."""
+    if as_json:
+        print_json({"version": __version__, "format_version": fmt.FORMAT_VERSION})
+    else:
+        print(f"{PROG} {__version__}")
+    return EXIT_OK
 
 
 def _one_line(exc: BaseException) -> str:
@@ -166,6 +192,8 @@ def _run(argv: Optional[list]) -> int:
             build_parser().print_help(sys.stderr)
             return _error("no command given", EXIT_USAGE, as_json) if as_json else EXIT_USAGE
         return int(args.func(args))
+    except _ShowVersion:
+        return _print_version(as_json)
     except KeyboardInterrupt:
         if debug:
             traceback.print_exc()

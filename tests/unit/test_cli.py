@@ -95,6 +95,11 @@ def test_help_lists_every_command_and_documents_exit_codes(capsys):
 
 def test_version():
     assert ok("--version").stdout.strip() == f"snapstore {snapstore.__version__}"
+    for argv in (["--version", "--json"], ["--json", "--version"]):
+        assert json.loads(ok(*argv).stdout) == {"version": snapstore.__version__,
+                                                "format_version": 6}
+    # what follows --version is not looked at (argparse's own version action did the same)
+    assert ok("--version", "ls").stdout.strip() == f"snapstore {snapstore.__version__}"
 
 
 def test_no_command_prints_usage_and_exits_2():
