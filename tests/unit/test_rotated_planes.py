@@ -5,7 +5,6 @@ goes on in the same store, and the boring cases (one item, an odd tail, all zero
 infinities, the same checkpoint twice) restore byte-exact."""
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 
@@ -14,24 +13,21 @@ import pytest
 
 import snapstore
 from snapstore.engine import format as fmt
+from snapstore.engine.backends import LocalSegments
+from snapstore.engine.chunks import stored_chunk
+from snapstore.engine.wal import Record, scan
 
 
 def rotations_in(path: str) -> dict:
     """{(item size, rotation): records} of the byte-plane chunk records of a store's log."""
+    backend = LocalSegments(os.path.join(path, fmt.SEGMENTS_DIR))
     out: dict = {}
-    for p in sorted(glob.glob(os.path.join(path, fmt.SEGMENTS_DIR, "*.seg"))):
-        with open(p, "rb") as f:
-            data = f.read()
-        pos = fmt.SEGMENT_HEADER.size
-        while pos + fmt.RECORD_HEADER.size <= len(data):
-            magic, rtype, codec, _, length, _, _ = fmt.RECORD_HEADER.unpack_from(data, pos)
-            if magic != fmt.RECORD_MAGIC:
-                break
-            if rtype == fmt.REC_CHUNK and codec == fmt.CODEC_PLANES:
-                at = pos + fmt.RECORD_HEADER.size + fmt.CHUNK_PREFIX.size
-                key = fmt.PLANES_HEADER.unpack_from(data, at)
+    for number in backend.list():
+        for r in scan(backend, number, 0):
+            if isinstance(r, Record) and r.rtype == fmt.REC_CHUNK and \
+                    r.codec == fmt.CODEC_PLANES:
+                key = fmt.PLANES_HEADER.unpack_from(stored_chunk(r).stored)
                 out[key] = out.get(key, 0) + 1
-            pos += fmt.RECORD_HEADER.size + length
     return out
 
 
