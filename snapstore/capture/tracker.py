@@ -147,6 +147,12 @@ class Capturer:
             # head that moved meanwhile is the commit's CommitConflict, on the future
             with committer.read_cached() as r:
                 head = r.stream_head(self.stream)
+                if plans and self.based and head != self.last_id:
+                    # another writer (or a delete) moved the head since this stream's last
+                    # capture, which the deltas dirty() gave are relative to: laid onto the
+                    # new head they would mix its pages in (no error). As after a failure,
+                    # every buffer is diffed against the head instead
+                    full_diff, plans = dict(views), []
                 self.last_id, self.based = head, True
                 parent = r.checkpoint(head) if head is not None else None
                 diffed = wr.plan_buffers(r, self.stream, head, parent, full_diff, opts,

@@ -293,3 +293,28 @@ def test_a_plain_checkpoint_in_a_done_callback_never_takes_a_capture_in_progress
         assert store.restore(out["f"].result(timeout=60).id)["a"] == want
     except SnapstoreError:
         pass                            # the capture may conflict with the plain one
+
+
+@pytest.mark.parametrize("new_buffer", ["added", "moved"])
+def test_a_capture_that_diffs_a_buffer_in_full_after_another_writer_moved_the_head(
+        tmp_path, new_buffer):
+    """Regression (a helper's review): a capture in which one buffer is diffed against the
+    head (a buffer new to the stream, or one at a new address, as the pickle stream of
+    snapstore.torch.save_async always is) read the head another writer had moved and took it
+    as its base, and the other buffers' page deltas, relative to this stream's last capture,
+    were committed onto it: the restore held the other writer's pages, with no error. Every
+    buffer is now diffed against the moved head."""
+    path = str(tmp_path / "s")
+    with snapstore.open(path, durability="none") as a, \
+            snapstore.open(path, durability="none") as b:
+        x = bytearray(64 * PAGE)
+        first = {"x": x} if new_buffer == "added" else {"x": x, "small": bytearray(b"v1")}
+        a.checkpoint_async(first, "s").result(timeout=60)
+        b.checkpoint({"x": b"\x01" * len(x), "small": b"B"}, "s")     # moves the head
+        x[0] = 5
+        info = a.checkpoint_async({"x": x, "small": bytearray(b"v2")}, "s").result(timeout=60)
+        assert a.restore(info.id) == {"x": bytes(x), "small": b"v2"}
+        x[-1] = 7                                   # and the capture after it builds on it
+        info = a.checkpoint_async({"x": x, "small": bytearray(b"v3")}, "s").result(timeout=60)
+        assert b.restore(info.id) == {"x": bytes(x), "small": b"v3"}
+        assert a.verify(deep=True)["ok"]

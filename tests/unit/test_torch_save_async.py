@@ -179,3 +179,22 @@ def test_a_path_a_closed_store_and_a_forked_child(tmp_path):
     s.close()
     with pytest.raises(StoreClosedError):
         st.save_async(s, {"w": torch.ones(3)})
+
+
+def test_another_writer_moving_the_head_between_two_async_saves(tmp_path):
+    """Regression (a helper's review): the second save_async of a stream after another
+    writer's save was an incremental laid onto that writer's checkpoint (its pickle stream, a
+    new buffer, made the capture read the moved head and take it as its base): the tensor
+    pages it had not changed restored as the other writer's, with no error."""
+    path = str(tmp_path / "store")
+    with snapstore.open(path, durability="none") as a, \
+            snapstore.open(path, durability="none") as b:
+        x = torch.zeros(1 << 16)
+        st.save_async(a, {"w": x}, "s").result(timeout=60)
+        st.save(b, {"w": torch.ones(1 << 16)}, "s")
+        x[0] = 5.0
+        info = st.save_async(a, {"w": x}, "s").result(timeout=60)
+        assert torch.equal(st.load(a, info.id)["w"], x)
+        x[-1] = 2.0
+        info = st.save(a, {"w": x}, "s")
+        assert torch.equal(st.load(b, info.id)["w"], x)
