@@ -25,6 +25,7 @@ them.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import io
@@ -73,9 +74,22 @@ def _state_of(x: Any) -> Any:
 
 
 def _states(state: Any) -> Any:
-    """Modules and optimizers (the value itself, or values of a top-level dict) -> state dicts."""
+    """Modules and optimizers (the value itself, or values of a top-level dict) -> state dicts.
+    A dict holding none is saved as it is, so a module's state_dict() keeps its type and its
+    _metadata (an OrderedDict's attribute load_state_dict reads), as torch.save keeps them;
+    one holding some is copied (copy.copy: a dict subclass keeps its type and attributes)
+    with those values replaced."""
     if isinstance(state, dict):
-        return {k: _state_of(v) for k, v in state.items()}
+        if not any(isinstance(v, (torch.nn.Module, torch.optim.Optimizer))
+                   for v in state.values()):
+            return state
+        try:
+            out = copy.copy(state)
+        except Exception:               # noqa: BLE001 - a subclass that does not copy
+            out = dict(state)
+        for k, v in state.items():
+            out[k] = _state_of(v)
+        return out
     return _state_of(state)
 
 

@@ -127,6 +127,37 @@ def test_module_and_adam_round_trip_byte_exact(store):
          {"model": model.state_dict(), "optim": opt.state_dict()})
 
 
+def test_a_state_dict_keeps_its_type_and_metadata(store):
+    """Regression (a helper's review): a top-level dict was rebuilt as a plain dict, so
+    save(store, model.state_dict()) lost the OrderedDict and its _metadata (the module
+    versions load_state_dict reads), and load(into=model) then refused it (dict against
+    OrderedDict). It is saved as it is now, as torch.save keeps it; a dict subclass that
+    holds modules keeps its type too."""
+    import collections
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    sd = model.state_dict()
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    reference = torch.load(buf)
+    got = st.load(store, st.save(store, sd, "m").id)
+    assert type(got) is collections.OrderedDict and list(got) == list(reference)
+    assert got._metadata == reference._metadata
+    same(got, reference)
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    st.load(store, "m", into=fresh)
+    same(fresh.state_dict(), sd)
+    counts = collections.defaultdict(list, a=[1])
+    got = st.load(store, st.save(store, counts, "d").id)
+    assert type(got) is collections.defaultdict and got.default_factory is list
+    assert got == counts
+    holding = collections.OrderedDict(model=model, step=3)
+    got = st.load(store, st.save(store, holding, "h").id)
+    assert type(got) is collections.OrderedDict and got["step"] == 3
+    same(got["model"], sd)
+    assert holding["model"] is model            # the caller's dict is not changed
+
+
 def all_dtypes():
     out = []
     for name in ["bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32",
