@@ -56,6 +56,7 @@ import pickle
 import sys
 import threading
 import time
+import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -175,16 +176,29 @@ def _config_ids(config: Any, *, need_id: bool = False) -> tuple[str, str, str | 
         raise InvalidArgumentError("config['configurable'] needs a 'thread_id'")
     thread_id = conf["thread_id"]
     _check_thread_id(thread_id)
-    ns = conf.get("checkpoint_ns", "") or ""
-    if not isinstance(ns, str):
+    ns = conf.get("checkpoint_ns")
+    if ns is None:
+        ns = ""
+    elif not isinstance(ns, str):      # 0 or False too: list() would take them as given
         raise InvalidArgumentTypeError(f"checkpoint_ns must be a str, got {type(ns).__name__}")
-    checkpoint_id = conf.get("checkpoint_id") or None
+    checkpoint_id = conf.get("checkpoint_id")
     if checkpoint_id is not None and not isinstance(checkpoint_id, str):
         raise InvalidArgumentTypeError(f"checkpoint_id must be a str, got {type(checkpoint_id).__name__}")
+    checkpoint_id = checkpoint_id or None
     if need_id and checkpoint_id is None:
         raise InvalidArgumentError("config['configurable'] needs a 'checkpoint_id' (the checkpoint the "
                          "writes belong to)")
     return thread_id, ns, checkpoint_id
+
+
+def _check_version(what: str, channel: str, version: Any) -> None:
+    """InvalidArgumentTypeError unless version is what LangGraph's ChannelVersions hold (a
+    str, int or float): anything else is stored in JSON and looked up by value, and an
+    unhashable one (a list) made the thread unreadable once stored."""
+    if isinstance(version, bool) or not isinstance(version, (str, int, float)):
+        raise InvalidArgumentTypeError(f"{what}: the version of channel {channel!r} must be a "
+                                       f"str, int or float, got {type(version).__name__} "
+                                       f"{version!r:.60}")
 
 
 def _before_id(before: Any) -> str | None:
@@ -269,7 +283,12 @@ class _StreamIndex(_Indexed):
         self.records[cid] = _Record(sid, meta)
         for table in ("ch", "x"):
             for channel, entry in meta.get(table, {}).items():
-                self.blobs[(channel, entry["v"])] = (sid, entry)
+                try:
+                    self.blobs[(channel, entry["v"])] = (sid, entry)
+                except TypeError:
+                    # an unhashable version (a list) an older snapstore stored: no put can
+                    # name it (put refuses it now), and the thread stays readable
+                    pass
 
     def latest(self) -> _Record | None:
         """The newest checkpoint: the greatest LangGraph id, as LangGraph's savers read it."""
@@ -446,7 +465,8 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
             the read methods; writes raise ReadOnlyError.
         serde: LangGraph serializer for values, checkpoints and metadata (default:
             JsonPlusSerializer). bytes/bytearray/NumPy values bypass it (stored raw) only when
-            it is a JsonPlusSerializer, so an encrypting serde always sees every value.
+            it is LangGraph's JsonPlusSerializer itself (not a subclass), so an encrypting
+            serde always sees every value.
         cache_bytes: budget of the per-store cache of serialized channel values used to store
             unchanged channels without serializing them again (default 256 MiB, shared by
             all savers of the store; the latest value given wins).
@@ -481,7 +501,8 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         self._shared = _shared_for(store)
         if cache_bytes is not None:
             self._shared.cache_limit = cache_bytes
-        self._raw_ok = isinstance(self.serde, JsonPlusSerializer)
+        # LangGraph's own serializer only: a subclass may encrypt or compress in dumps_typed
+        self._raw_ok = type(self.serde) is JsonPlusSerializer
 
     @classmethod
     def from_path(cls, path: Any, *, serde: Any = None, cache_bytes: int | None = None,
@@ -808,6 +829,8 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
                 if not isinstance(channel, str):
                     raise InvalidArgumentTypeError(f"{what}: channel names must be str, got "
                                                    f"{type(channel).__name__} {channel!r}")
+                if what != "channel_values":
+                    _check_version(what, channel, table[channel])
         skeleton = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         merged = get_checkpoint_metadata(config, metadata)
         ck = self._dumps(skeleton, "checkpoint")
@@ -880,6 +903,8 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         if tables["x"]:
             meta["x"] = tables["x"]
         run_id = merged.get("run_id") if isinstance(merged, Mapping) else None
+        if isinstance(run_id, uuid.UUID):
+            run_id = str(run_id)            # delete_for_runs takes either
         if isinstance(run_id, (str, int)) and not isinstance(run_id, bool):
             meta["run"] = run_id
         return buffers, meta, cached
@@ -977,6 +1002,17 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         pending writes, in every thread and namespace."""
         if isinstance(run_ids, (str, bytes)):
             raise InvalidArgumentTypeError("run_ids must be a sequence of run ids, not one string")
+        if isinstance(run_ids, Mapping) or not isinstance(run_ids, Iterable):
+            raise InvalidArgumentTypeError(f"run_ids must be a sequence of run ids, got "
+                                           f"{type(run_ids).__name__}")
+        # what put stores as a checkpoint's run (a str or int run_id; a UUID, as LangGraph's
+        # configs hold them, counts as its str); None would match every checkpoint stored
+        # without a run_id
+        run_ids = [str(r) if isinstance(r, uuid.UUID) else r for r in run_ids]
+        for run_id in run_ids:
+            if isinstance(run_id, bool) or not isinstance(run_id, (str, int)):
+                raise InvalidArgumentTypeError(f"run_ids must hold str run ids, got "
+                                               f"{type(run_id).__name__} {run_id!r:.60}")
         wanted = set(run_ids)
         if not wanted:
             return
@@ -1024,6 +1060,9 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         "delete" deletes the threads."""
         if isinstance(thread_ids, (str, bytes)):
             raise InvalidArgumentTypeError("thread_ids must be a sequence of thread ids, not one string")
+        if isinstance(thread_ids, Mapping) or not isinstance(thread_ids, Iterable):
+            raise InvalidArgumentTypeError(f"thread_ids must be a sequence of thread ids, got "
+                                           f"{type(thread_ids).__name__}")
         if strategy not in ("keep_latest", "delete"):
             raise InvalidArgumentError(f"strategy must be 'keep_latest' or 'delete', got {strategy!r}")
         thread_ids = [_check_thread_id(t) for t in thread_ids]
@@ -1060,10 +1099,14 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         channel the same version for different values."""
         if current is None:
             n = 0
-        elif isinstance(current, int):
+        elif isinstance(current, int) and not isinstance(current, bool):
             n = current
         else:
-            n = int(str(current).split(".", 1)[0])
+            try:
+                n = int(str(current).split(".", 1)[0])
+            except ValueError:
+                raise InvalidArgumentError(f"get_next_version: {current!r} is not a version this "
+                                           "saver made (a counter, or counter.suffix)") from None
         return f"{n + 1:032d}.{random.getrandbits(52):016d}"
 
     # ---- async twins: the same work in a worker thread --------------------------------------

@@ -335,6 +335,87 @@ def test_encrypting_serde_sees_every_value(store):
     assert b"secret-bytes-" not in raw
 
 
+def test_a_serializer_subclass_sees_every_value(store):
+    """Regression (a helper's review): the raw path for bytes and arrays was taken for any
+    JsonPlusSerializer subclass, whose dumps_typed (an encrypting or compressing one) then
+    never saw them: the plaintext went to disk. Only LangGraph's own class is bypassed now."""
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    class XorSerde(JsonPlusSerializer):
+        def dumps_typed(self, obj):
+            typ, data = super().dumps_typed(obj)
+            return "xor+" + typ, bytes(b ^ 0x5A for b in data)
+
+        def loads_typed(self, data):
+            typ, raw = data
+            assert typ.startswith("xor+"), typ
+            return super().loads_typed((typ[4:], bytes(b ^ 0x5A for b in raw)))
+    saver = SnapstoreSaver(store, serde=XorSerde())
+    secret = b"TOP-SECRET-" * 200
+    c = Thread(saver).put({"b": secret, "arr": np.arange(5000)})
+    values = saver.get_tuple(c).checkpoint["channel_values"]
+    assert values["b"] == secret and np.array_equal(values["arr"], np.arange(5000))
+    info = store.latest(store.streams()[0])
+    assert {e["k"] for e in info.meta["ch"].values()} == {"s"}   # through the serde
+    assert b"TOP-SECRET-" not in b"".join(store.restore(info.id).values())
+
+
+def test_versions_and_run_ids_that_would_match_or_break_everything_are_refused(store, saver):
+    """Regressions (a helper's review): a put with a list as a channel version was stored,
+    and then every read of its thread (and list(None), prune, delete_for_runs) raised a raw
+    TypeError, also after a reopen; delete_for_runs([None]) deleted every checkpoint stored
+    without a run_id, in every thread; a checkpoint_ns of 0 gave list() a raw AttributeError;
+    bad arguments of delete_for_runs, prune and get_next_version raw TypeError/ValueError."""
+    good = Thread(saver).put({"a": 1})
+    other = Thread(saver, "u").put({"a": 2})
+    n = len(store.checkpoints())
+    cp = saver.get_tuple(good).checkpoint
+    for bad in ([1], {"x": 1}, None, True, b"2"):
+        with pytest.raises(InvalidArgumentTypeError, match="version of channel 'a'"):
+            saver.put(good, dict(cp, id=_uuid6(), channel_versions={"a": bad}), {}, {"a": "2"})
+        with pytest.raises(InvalidArgumentTypeError, match="version of channel 'a'"):
+            saver.put(good, dict(cp, id=_uuid6()), {}, {"a": bad})
+    assert len(store.checkpoints()) == n
+    for bad in ([None], [["r"]], [1.5], [b"r"], [True]):
+        with pytest.raises(InvalidArgumentTypeError, match="run ids"):
+            saver.delete_for_runs(bad)
+    for bad in (None, 5, {"r": 1}):
+        with pytest.raises(InvalidArgumentTypeError, match="run_ids must be a sequence"):
+            saver.delete_for_runs(bad)
+        with pytest.raises(InvalidArgumentTypeError, match="thread_ids must be a sequence"):
+            saver.prune(bad)
+    saver.delete_for_runs([])
+    saver.delete_for_runs(["no-such-run", uuid.uuid4()])
+    assert len(store.checkpoints()) == n
+    assert saver.get_tuple(good) is not None and saver.get_tuple(other) is not None
+    for ns in (0, False, 1):
+        with pytest.raises(InvalidArgumentTypeError, match="checkpoint_ns must be a str"):
+            list(saver.list(cfg(ns=ns)))
+        with pytest.raises(InvalidArgumentTypeError, match="checkpoint_ns must be a str"):
+            saver.get_tuple(cfg(ns=ns))
+    with pytest.raises(InvalidArgumentTypeError, match="checkpoint_id must be a str"):
+        saver.get_tuple(cfg(checkpoint_id=0))
+    assert saver.get_tuple(cfg(ns=None)) == saver.get_tuple(cfg())
+    for bad in ("abc", "x.1", [1]):
+        with pytest.raises(InvalidArgumentError, match="not a version"):
+            saver.get_next_version(bad, None)
+    assert saver.get_next_version(None, None).startswith("0" * 31 + "1.")
+    assert saver.get_next_version(saver.get_next_version(3, None), None).startswith(
+        "0" * 31 + "5.")
+
+
+def test_delete_for_runs_takes_a_uuid_run_id(store, saver):
+    """LangGraph configs hold run ids as UUIDs: put stores one as its str, and
+    delete_for_runs finds it by either."""
+    run = uuid.uuid4()
+    doomed = Thread(saver, "a").put({"a": 1}, run_id=run)
+    also = Thread(saver, "c").put({"a": 3}, run_id=str(run))
+    kept = Thread(saver, "b").put({"a": 2})
+    saver.delete_for_runs([run])
+    assert saver.get_tuple(doomed) is None and saver.get_tuple(also) is None
+    assert saver.get_tuple(kept) is not None
+
+
 def test_small_cache_reads_unchanged_values_back(store):
     saver = SnapstoreSaver(store, cache_bytes=0)
     big = "z" * 100_000
