@@ -27,7 +27,10 @@ state the old index is in (missing, truncated, damaged, intact):
      the log is damaged and the old index is sound (it opens, every value passes its checksum,
      verify finds nothing wrong inside it) and every writer could open the store with it (it
      applied no log past its end, and no damage lies past where it applied a log): it knows
-     more than the damaged log, so it stays.
+     more than the damaged log, so it stays; and unless the old index and the rebuilt one
+     describe some checkpoints they share alike and others not (_foreign_segments: segments
+     of another store took the place of some of this store's; the rebuilt index would
+     restore their bytes as this store's checkpoints): then it stays too (log_disagrees).
 The new index is built in STORE/.index.new and swapped in by indexswap.swap_in (the mechanism
 compaction's index shrink shares): one atomic renameat2(RENAME_EXCHANGE), then the old one is
 removed, so a crash at any moment leaves the old or the new index; where the exchange is
@@ -303,6 +306,16 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
             for name, head in w.streams().items():
                 if previous.seqs.get(name, 0) > w.stream_seq(name):
                     w.put_stream(name, head, previous.seqs[name])
+            try:
+                differ = _foreign_segments(previous.identities, w, rebuilt_ids)
+            except (SnapstoreError, OSError):
+                differ = []     # the rebuild's own damage is reported where it was found
+            if differ:
+                report.add("log_disagrees", f"{len(differ)} checkpoint(s) are described "
+                           "differently by the log than by the index, which agree on the "
+                           "others: the log's records of them are not the ones the index "
+                           "applied (segments of another store in place of this store's?)",
+                           differ)
             damaged = bool(report.problems or rebuilt_report.problems)
             if damaged:
                 _report_lost_parents(w, rebuilt_ids, rebuilt_report)
@@ -317,6 +330,12 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
     if trust_old and damaged and not _past_the_log(old_logs, backend) \
             and not _behind_the_damage(old_logs, scan.damage):
         kept_problems = _problems_of_sound_index(path, backend)
+    if differ and kept_problems is None:
+        # an index rebuilt from that log would restore the other bytes as these checkpoints,
+        # with no error; the old one refuses them (their chunk records hold other chunks).
+        # Nothing is replaced: the user decides (put the right segments back, or remove
+        # STORE/index to accept the log as it is)
+        kept_problems = []
     replaced = kept_problems is None
     if replaced:
         report.problems.extend(rebuilt_report.problems)
@@ -334,6 +353,15 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
             created = found.get("created")
             storedir.publish_format(path, found["file_mode"],
                                     created if isinstance(created, (int, float)) else None)
+    elif differ:
+        remove_entry(new_dir)
+        report.problems.extend(kept_problems)
+        report.add("index_kept", "the existing index was kept, because the log describes "
+                   "some of its checkpoints differently (log_disagrees): an index rebuilt from "
+                   "it would restore other bytes as them, without an error. Put the store's "
+                   f"own segments back and repair again, or remove {fmt.INDEX_DIR}/ and repair "
+                   "again to accept the log as it is")
+        checkpoints, with_streams, chunks = _counts(os.path.join(path, fmt.INDEX_DIR))
     else:
         remove_entry(new_dir)
         report.problems.extend(kept_problems)
@@ -363,6 +391,8 @@ class _OldIndex:
     checkpoints: set | None = None              # ids; None when not readable
     next_id: int = 1
     seqs: dict = field(default_factory=dict)    # {stream: its newest seq ever committed}
+    # {id: _identity()} of its checkpoints; None when not readable
+    identities: dict | None = None
 
 
 def _old_index(path: str) -> _OldIndex:
@@ -384,11 +414,46 @@ def _old_index(path: str) -> _OldIndex:
                 old.checkpoints = set(r.checkpoint_ids())
             except (SnapstoreError, OSError):
                 pass
+            try:
+                old.identities = _identities(r, old.checkpoints or ())
+            except (SnapstoreError, OSError):
+                pass
     except (SnapstoreError, OSError):
         pass
     finally:
         index.close()
     return old
+
+
+def _identity(view, checkpoint_id: int) -> tuple:
+    """What a checkpoint is, as nothing that happens to a store later changes it (a delete of
+    its parent rebases its manifests, a compaction moves its chunks, tags come and go): its
+    stream, its creation time and its buffers' names and sizes."""
+    commit = view.checkpoint(checkpoint_id)
+    if commit is None:
+        return ()
+    return (commit.stream, commit.created,
+            tuple((b.name, b.size) for b in commit.buffers))
+
+
+def _identities(view, ids) -> dict:
+    return {i: _identity(view, i) for i in ids}
+
+
+def _foreign_segments(old: dict | None, view, ids: set) -> list[int]:
+    """The checkpoints the old index and the rebuilt one (view) both hold but describe
+    differently, when they describe others the same: then the log's records of those are not
+    the ones the index applied, while its others are (segments of another store took the
+    place of some of this store's: segment headers name no store). [] when they describe
+    every checkpoint alike (a stale index: the log only went on), or none alike: then the
+    old index is not this store's (a foreign index, index-confined damage that the rebuilt
+    one undoes; a store whose every segment was replaced looks the same and is not told
+    apart)."""
+    if not old:
+        return []
+    shared = [i for i in sorted(ids & old.keys()) if old[i]]
+    differ = [i for i in shared if _identity(view, i) != old[i]]
+    return differ if len(differ) < len(shared) else []
 
 
 def _covered(section: StateSection | None, segment: int, offset: int) -> bool:

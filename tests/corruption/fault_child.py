@@ -250,11 +250,11 @@ def frozen_clock(start: float = 1.7e9):
         time.time = real
 
 
-def _write_store(path: str, seed: int) -> dict:
+def _write_store(path: str, seed: int, clock: float = 1.7e9) -> dict:
     import snapstore
     data = contents(seed)
     ids, deleted = {}, []
-    with frozen_clock(), snapstore.open(path, **STORE_OPTIONS) as s:
+    with frozen_clock(clock), snapstore.open(path, **STORE_OPTIONS) as s:
         for key, action in SCRIPT:
             if action == "ckpt":
                 stream, chunking, bufs = data[key]
@@ -289,7 +289,9 @@ def build(directory: str) -> dict:
     if os.path.exists(store) or os.path.exists(twin):
         raise FileExistsError(f"{directory} already holds a fixture: build into a new directory")
     expected = _write_store(store, 14)
-    _write_store(twin, 41)
+    # another store's checkpoints were made at other times (repair tells a foreign index from
+    # foreign segments by what its checkpoints are, creation times included)
+    _write_store(twin, 41, clock=1.8e9)
     segs = sorted(os.listdir(os.path.join(store, "segments")))
     expected["segments"] = segs
     expected["twin_segments"] = sorted(os.listdir(os.path.join(twin, "segments")))

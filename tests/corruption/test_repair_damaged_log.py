@@ -343,3 +343,67 @@ def test_children_of_a_deleted_parent_whose_record_is_lost_are_named(tmp_path):
     assert {ids[1], ids[2]} <= named(report)
     assert any(p["kind"] == "missing_parent" for p in report["problems"])
     check_after_repair(w, report)
+
+
+@pytest.mark.parametrize("scattered", [False, True])
+def test_a_segment_of_another_store_is_never_taken_for_this_stores(tmp_path, scattered):
+    """Regression (a helper's review): a segment of another store, with this store's segment
+    number and valid checksums, in place of one of this store's. Reads refused it (its chunk
+    records hold other chunks), verify said to repair, and repair rebuilt the index from it
+    and reported no problem: the checkpoints its records describe then restored as the other
+    store's bytes (and an incremental one over them as a mix of both), with no error. Repair
+    now sees that the log describes them differently from the index while it describes the
+    others alike, reports it and keeps the index; removing index/ and repairing again accepts
+    the log as it is."""
+    mine = Written(str(tmp_path / "mine"))
+    theirs = Written(str(tmp_path / "theirs"), seed=2)
+    ids = mine.checkpoints(4, scattered=scattered)
+    theirs.checkpoints(4, scattered=scattered)
+    foreign = theirs.segments()[1]
+    shutil.copyfile(foreign, mine.segments()[1])
+    report = snapstore.repair(mine.path)
+    assert not report["ok"]
+    disagree = [p for p in report["problems"] if p["kind"] == "log_disagrees"]
+    assert len(disagree) == 1 and disagree[0]["checkpoints"]
+    assert not report["index_replaced"]
+    assert any(p["kind"] == "index_kept" for p in report["problems"])
+    with snapstore.open(mine.path, readonly=True) as s:
+        for cid in ids:                     # never another store's bytes
+            try:
+                got = s.restore(cid)
+            except CorruptionError:
+                continue
+            assert got == mine.data[cid]
+    assert snapstore.repair(mine.path)["index_replaced"] is False     # the same, again
+    shutil.rmtree(os.path.join(mine.path, "index"))       # the user accepts the log
+    report = snapstore.repair(mine.path)
+    assert report["index_replaced"]
+    assert not any(p["kind"] == "log_disagrees" for p in report["problems"])
+
+
+def test_an_index_of_another_store_is_replaced_and_a_stale_one_agrees(tmp_path):
+    """The other side of the check above: an index copied from another store describes no
+    checkpoint of this log alike (index-confined damage: repair replaces it, no problem), and
+    an index of this store from before later checkpoints and deletes describes every
+    checkpoint they share alike."""
+    mine = Written(str(tmp_path / "mine"))
+    theirs = Written(str(tmp_path / "theirs"), seed=2)
+    mine.checkpoints(3, scattered=True)
+    theirs.checkpoints(3, scattered=True)
+    mine.keep_index(str(tmp_path / "stale"))
+    ids = mine.checkpoints(2, scattered=True)
+    with snapstore.open(mine.path, **OPTS) as s:
+        s.delete(min(mine.data))
+    del mine.data[min(mine.data)]
+    index = os.path.join(mine.path, "index")
+    for replacement in (os.path.join(theirs.path, "index"), str(tmp_path / "stale")):
+        shutil.rmtree(index)
+        shutil.copytree(replacement, index)
+        report = snapstore.repair(mine.path)
+        assert report["ok"], report["problems"]
+        assert report["index_replaced"]
+        with snapstore.open(mine.path, readonly=True) as s:
+            assert {c.id for c in s.checkpoints()} == set(mine.data)
+            for cid, want in mine.data.items():
+                assert s.restore(cid) == want
+    assert ids
