@@ -3,6 +3,7 @@ the store, resolving checkpoint references and drawing progress as the global op
 from __future__ import annotations
 
 import os
+import stat
 from typing import Callable, Optional
 
 from snapstore.cli.progress import Progress, spinner
@@ -41,8 +42,16 @@ def is_store_dir(path) -> bool:
     store's URL (s3://BUCKET/PREFIX: whether it holds a store is for open() to find out)."""
     if is_remote(path):
         return True
-    return isinstance(path, str) and bool(path) and \
-        os.path.isfile(os.path.join(path, fmt.FORMAT_FILE))
+    if not isinstance(path, str) or not path:
+        return False
+    try:
+        return stat.S_ISREG(os.stat(os.path.join(path, fmt.FORMAT_FILE)).st_mode)
+    except PermissionError:
+        # a store this user may not look into: the open says so ("Permission denied"), as
+        # for every other command, instead of "no store here"
+        return True
+    except OSError:
+        return False
 
 
 def same_path(a: str, b: str) -> bool:

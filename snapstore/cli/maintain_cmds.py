@@ -120,8 +120,9 @@ def compact_title(report: dict) -> str:
     after = report.get("store_bytes_after", report.get("bytes_after"))
     if not (isinstance(before, int) and isinstance(after, int)):
         return "compacted"
-    title = (f"compacted: {human_bytes(before)} -> {human_bytes(after)} "
-             f"({human_bytes(before - after)} freed)")
+    change = (f"{human_bytes(before - after)} freed" if before >= after else
+              f"{human_bytes(after - before)} more: the rewrite did not pay")
+    title = f"compacted: {human_bytes(before)} -> {human_bytes(after)} ({change})"
     ib, ia = report.get("index_bytes_before"), report.get("index_bytes_after")
     if isinstance(ib, int) and isinstance(ia, int):
         title += f"; index {human_bytes(ib)} -> {human_bytes(ia)}"

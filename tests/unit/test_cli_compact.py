@@ -59,3 +59,14 @@ def test_compact_options(tmp_path):
     for bad in ("-1", "nan", "inf", "lots"):
         cli_error(2, "-s", path, "compact", "--max-garbage", bad, needles=("--max-garbage",))
     assert "--max-garbage" in cli_ok("compact", "--help").stdout
+
+
+def test_a_compaction_that_grew_the_store_says_so():
+    """Regression (a helper's review): a forced rewrite of a store without garbage (whose
+    index grew) printed a negative amount "freed"."""
+    from snapstore.cli.maintain_cmds import compact_title
+    grew = compact_title({"store_bytes_before": 1000, "store_bytes_after": 1500})
+    assert "-" not in grew.split("(")[1] and "500 B more" in grew and "freed" not in grew
+    assert "(500 B freed)" in compact_title({"store_bytes_before": 1500,
+                                             "store_bytes_after": 1000})
+    assert "(0 B freed)" in compact_title({"store_bytes_before": 10, "store_bytes_after": 10})

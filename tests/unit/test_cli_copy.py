@@ -134,3 +134,24 @@ def test_import_refuses_damaged_and_foreign_files(tmp_path):
     cli_error(2, "import", bad, dst, needles=["not a snapstore savepoint"])
     with snapstore.open(str(dst), readonly=True) as d:
         assert d.checkpoints() == []
+
+
+def test_a_store_the_user_may_not_look_into_is_left_to_the_open(tmp_path, monkeypatch):
+    """Regression (a helper's review): copy and import called a store they could not stat
+    (no search permission) "no snapstore store here" with exit 2, where every other command
+    gives the open's "Permission denied" and exit 1. is_store_dir now leaves it to the open."""
+    from snapstore.cli import common
+    store = str(tmp_path / "s")
+    snapstore.open(store).close()
+    assert common.is_store_dir(store)
+    assert not common.is_store_dir(str(tmp_path / "none"))
+    assert not common.is_store_dir(str(tmp_path))
+    assert not common.is_store_dir("")
+    real = os.stat
+
+    def denied(path, *a, **k):
+        if str(path).startswith(store):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *a, **k)
+    monkeypatch.setattr(common.os, "stat", denied)
+    assert common.is_store_dir(store)
