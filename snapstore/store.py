@@ -1149,10 +1149,12 @@ class Store:
             return r.checkpoint_ids(stream)
 
     def stream_version(self, stream: str) -> tuple[int, int, int] | None:
-        """(head id, head seq, number of checkpoints) of a stream, None when it has none, from
-        one index snapshot and without listing it: whoever commits to the stream raises the
-        seq, whoever deletes one of its checkpoints lowers the count (a commit raises it), so
-        an equal version means an unchanged stream. For a cache of the stream (the LangGraph
+        """(head id, the stream's seq, number of checkpoints) of a stream, None when it has
+        none, from one index snapshot and without listing it. The seq is the newest the stream
+        ever gave out: its head's, or that of a newer checkpoint since deleted (seqs are never
+        given out again). Whoever commits to the stream raises the seq, whoever deletes one of
+        its checkpoints lowers the count (a commit raises it), so an equal version means an
+        unchanged stream. For a cache of the stream (the LangGraph
         saver's) that must see other writers' commits and deletes at every call."""
         validate_name(stream, "stream")
         with self._committer.read() as r:
