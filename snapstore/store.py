@@ -759,7 +759,9 @@ class Store:
         """Like checkpoint(), but returns a concurrent.futures.Future of the CheckpointInfo as
         soon as the changed pages are copied to staging memory; the rest happens in the
         background. Checkpoints of a stream commit in the order they were taken. The future
-        resolves once the checkpoint is durable, or raises its error."""
+        resolves once the checkpoint is durable, or raises its error. Like checkpoint(), it
+        builds on the head it finds (another writer's checkpoint too); CommitConflict on the
+        future when the head moves while its job waits behind the stream's earlier ones."""
         itemsizes: dict = {}
         views = validate_buffers(buffers, stream, itemsizes)
         meta = validate_meta(meta)

@@ -130,6 +130,15 @@ class Capturer:
                 else:
                     plans.append(wr.plan_delta(name, view, ranges, 0, opts,
                                                self.itemsizes.get(name, 1)))
+        if plans and not full_diff and self.based and self.failure is None \
+                and not persister.pending(self):
+            # The deltas are relative to this stream's last capture, which has landed: when
+            # another writer (or a delete) moved the head since, this capture builds on the
+            # head it finds, as checkpoint() does, by diffing every buffer against it. (A
+            # head that moves while a capture's job waits is its CommitConflict.)
+            with committer.read_cached() as r:
+                if r.stream_head(self.stream) != self.last_id:
+                    full_diff, plans = dict(views), []
         # A capture of no buffers has nothing to diff in full, but it too must learn the head
         # its (empty) delta goes onto: on its first capture and after a failure.
         if full_diff or not self.based or self.failure is not None:

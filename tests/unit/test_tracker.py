@@ -11,6 +11,21 @@ import snapstore
 from snapstore.engine.commit import Committer
 from snapstore.errors import InvalidArgumentError, SnapstoreError, StoreClosedError
 
+
+def head_moves_while_the_next_job_waits(monkeypatch, other, stream, buffers):
+    """Makes the persister's next commit of `stream` find its head moved meanwhile: `other`
+    (another writer) checkpoints `buffers` there just before it, so that job fails with
+    CommitConflict (a capture that finds the head moved before it is taken builds on it)."""
+    real = Committer.commit
+    armed = [True]
+
+    def commit(self, name, *args, **kwargs):
+        if armed[0] and name == stream and threading.current_thread().name == "snapstore-persist":
+            armed[0] = False
+            other.checkpoint(buffers, stream=stream)
+        return real(self, name, *args, **kwargs)
+    monkeypatch.setattr(Committer, "commit", commit)
+
 pytest.importorskip("snapstore.capture.dirty")
 
 PAGE = 4096
@@ -96,7 +111,7 @@ def test_hash_tracker_through_dense_and_sparse_intervals(store, use_async):
     assert store.verify()["ok"]
 
 
-def test_hash_capture_after_a_failed_capture_in_a_dense_interval(tmp_path):
+def test_hash_capture_after_a_failed_capture_in_a_dense_interval(tmp_path, monkeypatch):
     """A capture that fails after its copy was noted leaves the detector's baseline at bytes
     no checkpoint holds; the next capture diffs against the stream's head in full, and the
     detector's notion of what changed (relative to the failed copy) must not narrow it."""
@@ -107,7 +122,7 @@ def test_hash_capture_after_a_failed_capture_in_a_dense_interval(tmp_path):
         s.checkpoint_async({"a": a}, stream="t").result()
         a *= np.float32(1.001)
         s.checkpoint_async({"a": a}, stream="t").result()     # dense: next pass skipped
-        other.checkpoint({"a": np.zeros_like(a)}, stream="t")  # another writer moves the head
+        head_moves_while_the_next_job_waits(monkeypatch, other, "t", {"a": np.zeros_like(a)})
         a *= np.float32(1.001)
         with pytest.raises(SnapstoreError, match="head"):
             s.checkpoint_async({"a": a}, stream="t").result()  # copied, noted, then refused
@@ -437,17 +452,40 @@ def test_async_checkpoints_from_many_threads_restore_exactly(tmp_path):
             assert s.restore(future.result(timeout=60).id)["d"] == want
 
 
-def test_an_async_capture_whose_head_another_writer_moved_is_a_commit_conflict(store):
-    """As for a plain commit whose head moved: CommitConflict, which retry loops catch; the
-    next capture diffs in full against the new head and commits."""
+def test_an_async_capture_builds_on_the_head_another_writer_moved_before_it(store):
+    """As checkpoint() does: the head another writer (or a delete) moved since the stream's
+    last capture is the one a capture builds on, every buffer diffed against it (regression,
+    a helper's review: it failed with CommitConflict, and so did the captures queued behind
+    it, unless one of its buffers was new)."""
+    buf = bytearray(np.random.default_rng(3).integers(0, 256, 20000, dtype=np.uint8))
+    store.checkpoint_async({"w": buf}, stream="z").result(timeout=60)
+    with snapstore.open(store.path) as other:
+        moved = other.checkpoint({"w": b"other"}, stream="z")
+    buf[0] ^= 1
+    after = store.checkpoint_async({"w": buf}, stream="z").result(timeout=60)
+    assert after.parent == moved.id and store.restore(after.id)["w"] == bytes(buf)
+    store.delete(after.id)                  # a delete moves it back
+    buf[1] ^= 1
+    again = store.checkpoint_async({"w": buf}, stream="z").result(timeout=60)
+    assert again.parent == moved.id and store.restore(again.id)["w"] == bytes(buf)
+    buf[2] ^= 1
+    last = store.checkpoint_async({"w": buf}, stream="z").result(timeout=60)
+    assert last.parent == again.id and store.restore(last.id)["w"] == bytes(buf)
+
+
+def test_an_async_capture_whose_head_moves_while_it_waits_is_a_commit_conflict(store,
+                                                                                 monkeypatch):
+    """As for a plain commit whose head moved meanwhile: CommitConflict, which retry loops
+    catch; the next capture diffs in full against the new head and commits."""
     from snapstore.errors import CommitConflict
     buf = bytearray(np.random.default_rng(3).integers(0, 256, 20000, dtype=np.uint8))
     first = store.checkpoint_async({"w": buf}, stream="z").result(timeout=60)
     with snapstore.open(store.path) as other:
-        moved = other.checkpoint({"w": b"other"}, stream="z")
-    buf[0] ^= 1
-    with pytest.raises(CommitConflict) as info:
-        store.checkpoint_async({"w": buf}, stream="z").result(timeout=60)
+        head_moves_while_the_next_job_waits(monkeypatch, other, "z", {"w": b"other"})
+        buf[0] ^= 1
+        with pytest.raises(CommitConflict) as info:
+            store.checkpoint_async({"w": buf}, stream="z").result(timeout=60)
+        moved = other.latest("z")
     assert (info.value.stream, info.value.expected, info.value.found) == \
         ("z", first.id, moved.id)
     again = store.checkpoint_async({"w": buf}, stream="z").result(timeout=60)
@@ -458,7 +496,8 @@ def test_an_async_capture_whose_head_another_writer_moved_is_a_commit_conflict(s
 # store holds (regressions: a page whose bytes went back to those the detector last saw was
 # never stored again, and every later checkpoint restored other bytes, no error)
 @pytest.mark.parametrize("how", ["implicit", "hash", "shadow", "auto"])
-def test_after_a_failed_capture_a_page_back_to_its_failed_bytes_is_stored(tmp_path, how):
+def test_after_a_failed_capture_a_page_back_to_its_failed_bytes_is_stored(tmp_path, how,
+                                                                          monkeypatch):
     page = 100
     with snapstore.open(tmp_path / "s", durability="none") as s, \
             snapstore.open(tmp_path / "s", durability="none") as other:
@@ -474,7 +513,7 @@ def test_after_a_failed_capture_a_page_back_to_its_failed_bytes_is_stored(tmp_pa
         lost = a.view(np.uint8)[page * PAGE:(page + 1) * PAGE].copy()
         moved = a.copy()
         moved.view(np.uint8)[page * PAGE:(page + 1) * PAGE] = 0
-        other.checkpoint({"a": moved}, stream="t")           # another writer moves the head
+        head_moves_while_the_next_job_waits(monkeypatch, other, "t", {"a": moved})
         with pytest.raises(snapstore.errors.CommitConflict):
             take().result()
         a.view(np.uint8)[page * PAGE:(page + 1) * PAGE] = 0
