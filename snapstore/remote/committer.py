@@ -400,6 +400,14 @@ class RemoteCommitter:
                     candidate = max([candidate] + [i + 1 for i in newest if i is not None])
         raise CommitConflict(f"{self.path}: could not allocate a checkpoint id")
 
+    def _unreusable(self) -> frozenset:
+        """Segments whose chunks a commit stores anew instead of reusing: another session's
+        not in the bucket (gcguard, W0), and this Store's own whose upload failed for good
+        (a durability "local" checkpoint whose upload failed left its chunks in the cache:
+        every later checkpoint reusing them failed too, with the server back)."""
+        own = self.backend.never_uploaded() if self.backend is not None else frozenset()
+        return self.gc_guard.unreusable() | own
+
     def reused_table(self, view: IndexView, pins: bytes, known: dict | None = None) -> bytes:
         """NEW_CHUNK entries locating the chunks `pins` (packed ids) names, from the cache
         index, else from `known` (ChunkSink.known): what a checkpoint object (or a group's
@@ -437,8 +445,7 @@ class RemoteCommitter:
             if board is not None:
                 board.begin()
             with self.index.read() as r:
-                sink = wr.ChunkSink(self.log, r, self.options, pause,
-                                    self.gc_guard.unreusable())
+                sink = wr.ChunkSink(self.log, r, self.options, pause, self._unreusable())
                 announce = None if board is None else \
                     (lambda plan: sink.known.update(board.announce(plan, until)))
                 entries, fingerprints = store_plans(r, stream, head, make_plans, sink,
@@ -621,8 +628,7 @@ class RemoteCommitter:
         mark = self.log.position
         try:
             with self.index.read() as r:
-                sink = wr.ChunkSink(self.log, r, self.options,
-                                    unreusable=self.gc_guard.unreusable())
+                sink = wr.ChunkSink(self.log, r, self.options, unreusable=self._unreusable())
                 wr.store_missing_chunks(sink, r, entries, read_chunks)
                 new_chunks = sink.new_chunk_table()
                 reused = self.reused_table(r, reused_chunks(entries, new_chunks))
@@ -889,7 +895,10 @@ class BackgroundUploads:
                 failed = None
             except BaseException as exc:         # noqa: BLE001 - reported to the caller
                 failed = exc
-                self._forget(item.stream)       # before anyone sees the queue move on
+                with self._lock:
+                    doomed = [item.id] + [i.id for i in self._queue
+                                          if i.stream == item.stream and i is not item]
+                self._forget(item.stream, doomed)   # before anyone sees the queue move on
             if failed is not None:      # reported to the caller: no replay after a crash
                 spool.forget_pending(self.c.cache_path, self.c.log_number, item.id)
             with self._lock:
@@ -927,10 +936,22 @@ class BackgroundUploads:
                     found=moved.current.head) from None
         spool.forget_pending(self.c.cache_path, self.c.log_number, item.id)
 
-    def _forget(self, stream: str) -> None:
-        """After a failure: the stream as the bucket has it (the failed checkpoints go)."""
-        with contextlib.suppress(BaseException):
+    def _forget(self, stream: str, failed: list) -> None:
+        """After a failure: the stream as the bucket has it (the failed checkpoints go). When
+        the bucket cannot be read now (the failure was the server's), the failed checkpoints
+        (ids: the one that failed and those queued on it) are taken out of the cache here:
+        the pull that would drop them later never comes for a stream that has no ref in the
+        bucket (its first checkpoint failed), and this Store, and the next on the cache
+        directory, listed and restored it as if it were in the bucket."""
+        try:
             sync.pull_stream(self.c.client, self.c.index, stream)
+            return
+        except BaseException:       # noqa: BLE001 - the failure itself is what is reported
+            pass
+        with contextlib.suppress(BaseException), self.c.index.write() as w:
+            for cid in sorted(failed, reverse=True):
+                if w.checkpoint(cid) is not None:
+                    w.apply_delete(cid, None)
 
 
 def _check_expected_head(stream: str, head: int | None, expect_head: Any) -> None:

@@ -109,6 +109,12 @@ class RemoteSegments(SegmentBackend):
         with self._lock:
             return set(self._spooled)
 
+    def never_uploaded(self) -> frozenset:
+        """This Store's segments whose upload failed for good: a checkpoint must not reuse
+        their chunks (it could never commit: its chunks would be in no bucket object)."""
+        with self._lock:
+            return frozenset(self._not_uploaded)
+
     # ---- the contract -------------------------------------------------------------------
     @property
     def durable(self) -> bool:

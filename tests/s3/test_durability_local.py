@@ -416,3 +416,75 @@ def test_a_remote_commit_never_counts_on_another_sessions_upload(url, tmp_path):
         assert info.bytes_new >= len(data) // 2            # stored here, not reused
     with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as fresh:
         assert fresh.restore(info.id)["w"] == data
+
+
+def _committed_after_a_restart(w, make_checkpoint):
+    """make_checkpoint() then flush(), a few tries: the first writes after a restart may take
+    longer than a small remote_timeout (tests/s3server.py)."""
+    for attempt in range(3):
+        try:
+            info = make_checkpoint()
+            w.flush()
+            return info
+        except RemoteError:
+            if attempt == 2:
+                raise
+
+
+def test_checkpoints_after_a_lost_one_never_reuse_its_chunks(weed_server, tmp_path):
+    """Regression (a helper's review): a checkpoint whose segment upload failed (the server
+    was killed) left its chunks in the cache, and every later checkpoint deduplicated against
+    them, so each was acknowledged and then lost too, with the server back and healthy, until
+    the Store was reopened. They are stored anew now."""
+    srv = weed_server()
+    url = f"s3://{srv.bucket}/reuse"
+    d = np.random.default_rng(1).integers(0, 255, 2 * MiB, dtype=np.uint8)
+    with snapstore.open(url, cache_dir=str(tmp_path / "w"), durability="local",
+                        remote_timeout=4) as w:
+        w.checkpoint({"x": b"zero" * 1000}, stream="s")
+        w.flush()
+        lost = w.checkpoint({"x": d}, stream="s")
+        srv.kill()
+        with pytest.raises(RemoteError) as failure:
+            w.flush()
+        assert failure.value.lost == [("s", lost.id)]
+        srv.start()
+
+        def next_one():
+            d[len(w.checkpoints("s")) * 4096] ^= 1
+            return w.checkpoint({"x": d}, stream="s")
+        info = _committed_after_a_restart(w, next_one)
+        d[0] ^= 1
+        again = w.checkpoint({"x": d}, stream="s")
+        w.flush()
+    with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as r:
+        assert r.restore(again.id) == {"x": d.tobytes()}
+        assert info.id in [c.id for c in r.checkpoints("s")]
+        assert lost.id not in [c.id for c in r.checkpoints("s")]
+        assert r.verify(deep=True)["ok"]
+
+
+def test_a_lost_first_checkpoint_of_a_stream_leaves_no_stream_behind(weed_server, tmp_path):
+    """Regression (a helper's review): the first checkpoint of a new stream, reported lost
+    (the server was killed), stayed listed, latest and restorable in this Store, after
+    refresh(), and in the next Store on the cache directory: with the server down the pull
+    that drops a lost checkpoint failed, and a stream with no ref is never pulled again."""
+    srv = weed_server()
+    url = f"s3://{srv.bucket}/ghost"
+    with snapstore.open(url, cache_dir=str(tmp_path / "w"), durability="local",
+                        remote_timeout=4) as w:
+        w.checkpoint({"x": b"other"}, stream="other")
+        w.flush()
+        lost = w.checkpoint({"x": b"n" * (1 << 20)}, stream="new")
+        srv.kill()
+        with pytest.raises(RemoteError) as failure:
+            w.flush()
+        assert failure.value.lost == [("new", lost.id)]
+        srv.start()
+        _committed_after_a_restart(w, w.refresh)
+        assert w.checkpoints("new") == [] and w.streams() == ["other"]
+        assert w.latest("new") is None
+    with snapstore.open(url, cache_dir=str(tmp_path / "w")) as again:
+        assert again.streams() == ["other"]
+        with pytest.raises(snapstore.errors.CheckpointNotFound):
+            again.restore(lost.id)
