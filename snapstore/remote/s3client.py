@@ -406,8 +406,15 @@ class S3Client:
                 kwargs["ContinuationToken"] = token
             elif start_after:
                 kwargs["StartAfter"] = self.url.key(start_after)
-            page = self._call("LIST", directory,
-                              lambda kwargs=kwargs: self._client.list_objects_v2(**kwargs))
+            try:
+                page = self._call("LIST", directory,
+                                  lambda kwargs=kwargs: self._client.list_objects_v2(**kwargs))
+            except NotFound:
+                # a listing is never "not found" on S3 but for a missing bucket (NoSuchBucket:
+                # FormatError already): an endpoint answering 404 without S3's error codes
+                raise FormatError(f"{self.url}: listing the bucket {self.url.bucket!r} "
+                                  "answered 404 Not Found: it does not exist, or the endpoint "
+                                  "(AWS_ENDPOINT_URL) is not an S3 server") from None
             for o in page.get("Contents", []):
                 yield ObjectInfo(o["Key"][len(self.url.prefix):], o["Size"],
                                  o["LastModified"].timestamp(), o.get("ETag"))

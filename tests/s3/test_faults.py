@@ -405,3 +405,33 @@ def test_counted_to_tells_an_early_end_from_the_end():
         read(memoryview(out)[:4])
     assert read(memoryview(out)[:0]) == 0   # an empty buffer is not an end
     assert counted_to(readinto, None) is readinto
+
+
+# ---- an endpoint that is not an S3 server ----------------------------------------------------
+def test_an_endpoint_answering_404_to_everything_is_a_clear_error(s3, monkeypatch, tmp_path):
+    """Regression (a helper's review): an HTTP server that answers 404 to every request (a
+    proxy for an unreachable host, a wrong port) made a writer's open raise the S3 client's
+    internal NotFound, with an empty message; a reader's open said "not a snapstore store"."""
+    import http.server
+
+    class NotFoundEverywhere(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = answer
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFoundEverywhere)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.server_address[1]}")
+        with pytest.raises(snapstore.errors.FormatError, match="404.*not an S3 server"):
+            snapstore.open("s3://some-bucket/p", cache_dir=str(tmp_path / "w"),
+                           remote_timeout=4)
+        with pytest.raises(snapstore.errors.FormatError):
+            snapstore.open("s3://some-bucket/p", cache_dir=str(tmp_path / "r"), readonly=True,
+                           remote_timeout=4)
+    finally:
+        server.shutdown()
