@@ -537,6 +537,7 @@ class RemoteCommitter:
         """Stores planned buffers as the stream's next checkpoint and commits it in the
         bucket (see the module docstring); returns the Commit. Raises CommitConflict when
         the stream's head moved (or is not expect_head), RemoteError, StoreIOError."""
+        layout.check_key_name(stream, "stream")
         with self._lock, io_errors("checkpoint failed"):
             self.check_open(write=True)
             self.log.check_writable()
@@ -611,6 +612,7 @@ class RemoteCommitter:
         commit() (its parent the stream's head; CommitConflict when that moved). Raises
         CorruptionError for a chunk that does not hash to its id or an extent past its
         chunk, before anything is committed."""
+        layout.check_key_name(stream, "stream")
         with self._lock, io_errors("checkpoint import failed"):
             self.check_open(write=True)
             self.log.check_writable()

@@ -248,6 +248,9 @@ def open_group(c: RemoteCommitter, stream: str, participants: list, timeout: flo
     head now (or expect_head, checked: CommitConflict). It must be committed within `timeout`
     seconds. Groups of one stream may be open at once: the first to commit wins, the others
     fail with CommitConflict."""
+    layout.check_key_name(stream, "stream")
+    for participant in participants:
+        layout.check_key_name(participant, "group participant")
     with c.exclusive(), io_errors("cannot open a group"):
         ref = sync.pull_stream(c.client, c.index, stream)
         if expect_head is not ANY_HEAD and ref.head != expect_head:

@@ -224,6 +224,22 @@ def checkpoint_id_of(key: str) -> int | None:
     return int(name) if len(name) == CHECKPOINT_DIGITS and name.isdigit() else None
 
 
+# Names go into keys as their hex (any bytes, no "/"): two characters a byte. Object stores
+# limit a key's path component (SeaweedFS: 255 bytes, "KeyTooLongError"; AWS: the whole key
+# to 1024), so an S3 store takes streams and group participants of at most this many UTF-8
+# bytes for new refs and parts (check_key_name); reads take any name the store has.
+MAX_KEY_NAME_BYTES = 127
+
+
+def check_key_name(name: str, what: str) -> None:
+    """InvalidArgumentError when `name` is too long to name a new ref or part object."""
+    if len(name.encode()) > MAX_KEY_NAME_BYTES:
+        raise InvalidArgumentError(
+            f"{what} {name[:40]!r}... is {len(name.encode())} UTF-8 bytes: an S3 store takes "
+            f"at most {MAX_KEY_NAME_BYTES} (its key holds the name's hex, and object stores "
+            "such as SeaweedFS take at most 255 bytes for a key's last part)")
+
+
 def ref_key(stream: str) -> str:
     return REFS_DIR + stream.encode().hex()
 

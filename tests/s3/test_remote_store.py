@@ -420,3 +420,22 @@ def test_the_cache_index_is_stamped_with_the_oldest_format_that_reads_it(url, tm
         assert s.restore(s.latest("s").id) == {"a": b"x" * 5000}
         s.checkpoint({"a": b"y" * 5000}, stream="s")
     assert stamped() == 5
+
+
+def test_stream_names_too_long_for_an_object_key_are_refused_before_anything_is_written(
+        url, tmp_path):
+    """Regression (a helper's review): a stream of 128-255 UTF-8 bytes (valid for a local
+    store) was planned and uploaded, and then its ref write failed on SeaweedFS with HTTP 400
+    KeyTooLongError, a message not naming the stream (its ref key holds the name's hex, and
+    the server takes at most 255 bytes for a key's last part). An S3 store refuses it first."""
+    from snapstore.remote.layout import MAX_KEY_NAME_BYTES
+    with snapstore.open(url, cache_dir=str(tmp_path / "w")) as s:
+        ok = s.checkpoint({"b": b"1"}, stream="x" * MAX_KEY_NAME_BYTES)
+        before = s.stats()["segment_bytes"]
+        for name in ("x" * (MAX_KEY_NAME_BYTES + 1), "é" * 64, "y" * 255):
+            with pytest.raises(snapstore.errors.InvalidArgumentError, match="at most 127"):
+                s.checkpoint({"b": b"2"}, stream=name)
+        assert s.stats()["segment_bytes"] == before
+        assert s.streams() == ["x" * MAX_KEY_NAME_BYTES]
+    with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as r:
+        assert r.restore(ok.id) == {"b": b"1"}
