@@ -1035,7 +1035,8 @@ class Store:
     def verify(self, deep: bool = False) -> dict:
         """Checks the store; returns a report {"ok", "problems": [...], ...}. Each problem has
         kind, message, affected checkpoint ids, segment and offset. deep=True also re-reads and
-        re-hashes every chunk and every log record."""
+        re-hashes every chunk and every log record (an S3 store's: in the bucket, and its
+        refs and live checkpoint objects too)."""
         deep = validate_flag(deep, "deep")
         c = self._committer
         c.check_open()
@@ -1050,6 +1051,12 @@ class Store:
                 dropped = [c.backend.forget_cached(n) for n in sorted(damaged)]
                 if any(dropped):
                     report = verify_store(c.index, c.backend, deep=deep)
+                if deep:
+                    for kind, message, ids in c.bucket_problems():
+                        report["problems"].append({"kind": kind, "message": message,
+                                                   "checkpoints": sorted(ids),
+                                                   "segment": None, "offset": None})
+                    report["ok"] = not report["problems"]
             except (StoreIOError, AttributeError):
                 c.check_open()              # closed by another thread meanwhile
                 raise

@@ -637,6 +637,11 @@ class Committer:
         RemoteCommitter pulls the bucket here). Raises StoreClosedError after close()."""
         self.check_open()
 
+    def bucket_problems(self) -> list:
+        """What a deep verify finds beyond the index and the segments: nothing here (an S3
+        store's RemoteCommitter reads its refs and checkpoint objects in the bucket)."""
+        return []
+
     @contextlib.contextmanager
     def read(self) -> Iterator[IndexView]:
         """`with committer.read() as view:` a consistent snapshot of the index (no lock). An

@@ -341,6 +341,15 @@ class RemoteCommitter:
         with io_errors(f"cannot read {self.path}"):
             self._pull_all()
 
+    def bucket_problems(self) -> list:
+        """A deep verify's look at the bucket itself, not the cache's copies: every stream's
+        ref and every live checkpoint object is read and decoded (sync.check_objects), so a
+        damaged or deleted one is found on a machine whose cache still holds it (a new
+        machine could not open the store). [(kind, message, checkpoint ids)]."""
+        self.check_open()
+        with io_errors(f"cannot read {self.path}"):
+            return sync.check_objects(self.client, self.index)
+
     @contextlib.contextmanager
     def read(self) -> Iterator[IndexView]:
         """A snapshot of the cache index, pulled from the bucket first when the last pull is

@@ -34,6 +34,43 @@ def fetch_checkpoint(client: S3Client, checkpoint_id: int) -> tuple[Commit, byte
     return ckpt_objects.decode(data, key)
 
 
+def check_objects(client: S3Client, index: Index) -> list:
+    """Every stream's ref and every live checkpoint object the refs name, read from the
+    bucket and decoded: [(kind, message, checkpoint ids)] of those damaged or missing
+    ("damaged_ref", "damaged_object") and of objects that describe a checkpoint otherwise
+    than the cache does ("index_mismatch"). A request that fails (RemoteError) is raised:
+    only what the bucket holds is reported."""
+    problems: list = []
+    streams = list_streams(client)
+    ids: list = []
+    for stream, (ok, ref) in zip(streams, _all([functools.partial(refs.read, client, stream)
+                                                for stream in streams])):
+        if ok:
+            ids += ref.live
+        elif isinstance(ref, CorruptionError):
+            problems.append(("damaged_ref", f"stream {stream!r}: {ref}", ()))
+        else:
+            raise ref
+    outcomes = _all([functools.partial(fetch_checkpoint, client, cid) for cid in ids])
+    with index.read() as r:
+        for cid, (ok, value) in zip(ids, outcomes):
+            if not ok:
+                if not isinstance(value, CorruptionError):
+                    raise value
+                problems.append(("damaged_object", f"checkpoint {cid}: {value}", (cid,)))
+                continue
+            commit, _ = value
+            cached = r.checkpoint(cid)
+            if cached is not None and _described(cached) != _described(commit):
+                problems.append(("index_mismatch", f"checkpoint {cid}: its object in the bucket "
+                                 "describes it otherwise than the cache does", (cid,)))
+    return problems
+
+
+def _described(commit: Commit) -> tuple:
+    return commit.stream, commit.created, [(b.name, b.size) for b in commit.buffers]
+
+
 def apply_checkpoint(w: IndexWriter, commit: Commit, reused: bytes) -> bool:
     """Applies a checkpoint to the cache index unless it is there; returns whether it did."""
     if w.checkpoint(commit.id) is not None:

@@ -439,3 +439,28 @@ def test_stream_names_too_long_for_an_object_key_are_refused_before_anything_is_
         assert s.streams() == ["x" * MAX_KEY_NAME_BYTES]
     with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as r:
         assert r.restore(ok.id) == {"b": b"1"}
+
+
+def test_a_deep_verify_reads_the_buckets_refs_and_checkpoint_objects(s3, url, tmp_path):
+    """Regression (a helper's review): on a machine whose cache held them, a deep verify
+    checked the segments in the bucket but not the refs and checkpoint objects, and said ok
+    with one object damaged and another deleted, while a new machine could not even open the
+    store. Both are reported now, from the bucket; a healthy store stays ok."""
+    from snapstore.remote import layout
+    client = s3.client()
+    with snapstore.open(url, cache_dir=str(tmp_path / "w")) as s:
+        s.checkpoint({"b": b"1" * 10000}, stream="good")
+        bad = s.checkpoint({"b": b"2" * 10000}, stream="bad")
+        gone = s.checkpoint({"b": b"3" * 10000}, stream="gone")
+        assert s.verify(deep=True)["ok"]
+        assert s.verify()["ok"]
+    key = s3.prefix + layout.checkpoint_key(bad.id)
+    body = client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+    client.put_object(Bucket=s3.bucket, Key=key, Body=body[:-1] + bytes([body[-1] ^ 1]))
+    client.delete_object(Bucket=s3.bucket, Key=s3.prefix + layout.checkpoint_key(gone.id))
+    with snapstore.open(url, cache_dir=str(tmp_path / "w")) as s:
+        report = s.verify(deep=True)
+        assert not report["ok"]
+        found = {tuple(p["checkpoints"]): p["kind"] for p in report["problems"]}
+        assert found == {(bad.id,): "damaged_object", (gone.id,): "damaged_object"}
+        assert s.verify()["ok"]              # shallow: the cache's own consistency
