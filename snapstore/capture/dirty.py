@@ -60,6 +60,12 @@ Kernel behaviour relied on (checked by tests/unit/test_dirty.py on Linux 6.18): 
 protected transparent huge page splits it and is recorded per base page; MADV_DONTNEED of a
 tracked page reports it written; writes by the kernel itself (read(2) into the buffer) are
 recorded (async mode never delivers a fault, so UFFD_USER_MODE_ONLY does not interfere).
+Not recorded: writes that never touch the page tables, into pages pinned for long-term use
+(io_uring registered buffers and IORING_OP_READ_FIXED, RDMA, a device's DMA into pinned host
+memory): the kernel or the device writes the physical page, no write-protect fault happens,
+and the checkpoint keeps the old bytes (a helper's review reproduced it with io_uring). The
+kernel tells no one which pages are pinned, so uffd cannot refuse such memory: the README
+says to track it with mode "hash" (or "shadow").
 """
 from __future__ import annotations
 
@@ -963,6 +969,10 @@ def make_detector(view, mode: str = "auto", page_size: int = 4096) -> Detector:
                                                  "(requested)")
     # uffd or auto
     why = None
+    if n == 0 and mv.readonly:
+        # an empty buffer has no bytes to protect or to write: the same as bytearray()
+        # (as_bytes_view gives every empty non-byte buffer, a writable array too, as b"")
+        mv = memoryview(bytearray())
     if mv.readonly:
         why = ("read-only buffer: userfaultfd write-protection needs writable anonymous "
                "memory")

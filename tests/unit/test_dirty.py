@@ -241,6 +241,17 @@ def test_empty_and_one_byte_buffers(detectors):
         assert detectors(bytearray()).reason.startswith("hash")   # auto: empty -> hash
 
 
+@needs_uffd
+def test_an_empty_array_is_tracked_by_uffd_as_an_empty_bytearray_is(detectors):
+    """Regression (a helper's review): mode "uffd" refused an empty writable NumPy array as a
+    "read-only buffer" (every empty non-byte buffer is viewed as b""), where bytearray() is
+    taken."""
+    for empty in (np.zeros(0, np.float32), np.zeros((3, 0)), np.zeros(10)[5:5], b""):
+        d = detectors(empty, "uffd")
+        assert d.mode == "uffd"
+        assert d.dirty() is None and d.dirty() == []
+
+
 # ---- the basic protocol, every mode ----------------------------------------------------------
 @pytest.mark.parametrize("mode", mode_param())
 def test_first_call_none_then_exact_changes(detectors, mode):
