@@ -819,9 +819,12 @@ class Store:
         before anything is deleted."""
         self._delete_many(names)
 
-    def _delete_many(self, names, unless_tagged: frozenset = frozenset()) -> None:
+    def _delete_many(self, names, unless_tagged: frozenset = frozenset(),
+                     missing_ok: bool = False) -> None:
         """delete_many; unless_tagged: ids chosen for having no tag (retain), whose delete is
-        a CommitConflict (nothing deleted) if another writer tagged one meanwhile."""
+        a CommitConflict (nothing deleted) if another writer tagged one meanwhile. missing_ok
+        (retain: ids it chose): one another writer deleted meanwhile is passed over (it raised
+        CheckpointNotFound naming an id the caller never gave)."""
         if isinstance(names, (str, bytes)):
             raise InvalidArgumentTypeError(f"names must be an iterable of checkpoint names, "
                                            f"got the {type(names).__name__} {names!r} (for one "
@@ -834,8 +837,17 @@ class Store:
             raise InvalidArgumentTypeError(f"names must be an iterable of checkpoint names, "
                                            f"got {type(names).__name__}") from None
         self._committer.check_open(write=True)
+
+        def present(view: IndexView, found: list) -> list:
+            if not missing_ok:
+                return [self._get_commit(view, n) for n in found]
+            out = []
+            for n in found:
+                with contextlib.suppress(CheckpointNotFound):
+                    out.append(self._get_commit(view, n))
+            return out
         with self._committer.read() as r:
-            victims = [self._get_commit(r, n) for n in wanted]
+            victims = present(r, wanted)
             heads = {c.stream: r.stream_head(c.stream) for c in victims}
         for c in victims:
             self._persister.prepare_delete(c.stream, heads[c.stream] == c.id)
@@ -843,9 +855,8 @@ class Store:
             return
 
         def delete_records(view: IndexView) -> list:
-            for c in victims:
-                self._get_commit(view, c.id)        # still there: all or none
-            unique = list(dict.fromkeys(c.id for c in victims))
+            # still there: all or none (retain: those still there)
+            unique = list(dict.fromkeys(c.id for c in present(view, [c.id for c in victims])))
             return [(fmt.REC_DELETE, i,
                      lambda order, i=i: records.encode_delete(i, order, len(unique)))
                     for i in unique]
@@ -897,8 +908,11 @@ class Store:
         read-only store). prune=False only deletes (space comes back at the next compact()).
         The prune runs only when something was deleted; on an S3 store never (its space
         comes back through gc(), which deletes only after a grace period). The doomed set is
-        decided on a snapshot and deleted all or none (CheckpointNotFound, nothing deleted,
-        if another thread deleted one of them meanwhile). Should the prune fail after the
+        decided on a snapshot and deleted in one transaction; one that another writer
+        deleted meanwhile is passed over (it raised CheckpointNotFound, and two retains of a
+        stream racing each other failed for a name their callers never gave); one that
+        another writer tagged meanwhile stops it (CommitConflict, nothing deleted, with
+        keep_tagged). Should the prune fail after the
         deletes (a full disk: StoreIOError), its error says the deletes happened, and its
         `deleted` attribute lists them."""
         validate_name(stream, "stream")
@@ -930,7 +944,7 @@ class Store:
                 # newest first: merges stay small; a checkpoint kept for no rule but a
                 # tag another writer added since the plan must not go
                 self._delete_many(reversed(doomed), unless_tagged=frozenset(
-                    doomed if policy.keep_tagged else ()))
+                    doomed if policy.keep_tagged else ()), missing_ok=True)
                 if prune and doomed:
                     try:
                         compaction_report = self.compact()
