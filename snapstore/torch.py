@@ -33,6 +33,7 @@ import math
 import os
 import pickle
 import threading
+import time
 import warnings
 from typing import Any, NamedTuple
 
@@ -49,6 +50,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 
 from snapstore.engine import format as fmt
 from snapstore.engine.memory import address_view
+from snapstore.remote.layout import is_remote
 from snapstore import objects
 from snapstore.objectlayer import (DCP_META_KEY, DCP_METADATA_BUFFER, DCP_PART_KEY,
                                    MATERIALISE_META, contiguous_tensor, float_view, layer_meta,
@@ -416,6 +418,11 @@ class _StoreUser:
             return open_store(self.path, readonly=True, **options)
         return open_store(self.path, **options)
 
+    def save_key(self) -> tuple:
+        """The store and stream a save goes into (saves of one key run one at a time)."""
+        where = self.path if is_remote(self.path) else os.path.realpath(self.path)
+        return where, self.stream
+
     def _done(self, store: Store | None) -> None:
         if store is not None and store is not self._store_obj:
             store.close()
@@ -424,11 +431,16 @@ class _StoreUser:
 # One dcp.save on one rank, from set_up_storage_writer to the end of its part: the Store it
 # writes through and, on the coordinator, the group every rank stages into. A save whose
 # finish() never runs (DCP skips it when any rank failed) is ended when its thread starts
-# the next save: a thread runs one dcp.save at a time, so a save still registered in it then
-# is abandoned. Its group is aborted (an S3 store's groups outlive the Store that opened
-# them; a local store would also drop it when that Store closes), then a Store the save
-# opened is closed.
-_THREAD_SAVES = threading.local()
+# the next save (a thread runs one dcp.save at a time, so a save still registered in it then
+# is abandoned), or when any thread starts a save after the save's thread ended (dcp.async_save
+# runs each save on a thread of its own, which ends with it: its next save never comes on
+# that thread, and the abandoned group kept the stream from every later save until its
+# deadline). Its group is aborted (an S3 store's groups outlive the Store that opened them; a
+# local store would also drop it when that Store closes), then a Store the save opened is
+# closed.
+_SAVES_LOCK = threading.Lock()
+_SAVES_ENDED = threading.Condition(_SAVES_LOCK)
+_SAVES: dict = {}           # threading.Thread -> [its _Saves not ended], in start order
 
 
 class _Save:
@@ -437,10 +449,9 @@ class _Save:
         self.store: Store | None = None
         self.group: Group | None = None
         self.committed = False
-        saves = getattr(_THREAD_SAVES, "saves", None)
-        if saves is None:
-            saves = _THREAD_SAVES.saves = []
-        saves.append(self)
+        self.thread = threading.current_thread()
+        with _SAVES_LOCK:
+            _SAVES.setdefault(self.thread, []).append(self)
 
     def open(self) -> Store:
         if self.store is None:
@@ -448,9 +459,15 @@ class _Save:
         return self.store
 
     def end(self) -> None:
-        """Lets go of the store; an uncommitted group is dropped (nothing of it visible)."""
-        with contextlib.suppress(ValueError):
-            _THREAD_SAVES.saves.remove(self)
+        """Lets go of the store; an uncommitted group is dropped (nothing of it visible). Any
+        thread may end a save (a writer's close(), another save's set-up)."""
+        with _SAVES_LOCK:
+            saves = _SAVES.get(self.thread, [])
+            if self in saves:
+                saves.remove(self)
+            if not saves:
+                _SAVES.pop(self.thread, None)
+            _SAVES_ENDED.notify_all()
         store, group, self.store, self.group = self.store, self.group, None, None
         try:
             if group is not None and not self.committed and store is not None \
@@ -461,8 +478,31 @@ class _Save:
             self.user._done(store)
 
 
+def _wait_for_saves_of(user: "_StoreUser", deadline: float) -> None:
+    """Waits (until the monotonic deadline) while another live thread of this process runs a
+    save into the same store and stream: dcp.async_save runs each save on a thread of its
+    own, and a stream takes one save at a time (its group), so an async_save made while the
+    previous one's future is pending failed at once with CommitConflict; now it follows it.
+    Past the deadline it goes on (and conflicts, naming this process)."""
+    me = threading.current_thread()
+    key = user.save_key()
+    with _SAVES_ENDED:
+        while True:
+            busy = any(t is not me and t.is_alive() and save.user.save_key() == key
+                       for t, saves in _SAVES.items() for save in saves)
+            left = deadline - time.monotonic()
+            if not busy or left <= 0:
+                return
+            _SAVES_ENDED.wait(min(left, 0.5))     # a thread that ends ends no save itself
+
+
 def _end_abandoned_saves() -> None:
-    for save in list(getattr(_THREAD_SAVES, "saves", ())):
+    """Ends the saves this thread began and those of threads that ended (see above)."""
+    me = threading.current_thread()
+    with _SAVES_LOCK:
+        abandoned = [save for thread, saves in _SAVES.items()
+                     if thread is me or not thread.is_alive() for save in saves]
+    for save in abandoned:
         save.end()
 
 
@@ -530,10 +570,29 @@ class SnapstoreWriter(_StoreUser, StorageWriter):
             raise InvalidArgumentError("SnapstoreWriter needs use_collectives=True with more "
                                        "than one rank (one save is one atomic checkpoint)")
         _end_abandoned_saves()
+        self._check_idle()
+        _wait_for_saves_of(self, time.monotonic() + self.timeout)
         self.is_coordinator = bool(is_coordinator)
         self._begin()
         self._discard()
         self._save = _Save(self)
+
+    def reset(self, checkpoint_id=None) -> None:
+        self._check_idle()
+        super().reset(checkpoint_id)
+
+    def _check_idle(self) -> None:
+        """SnapstoreError when a save through this writer still runs on another thread: DCP
+        resets the writer for the next save (dcp.async_save: in the caller's thread), which
+        dropped that save's group, and every save of the two failed."""
+        save = self._save
+        if save is not None and save.thread is not threading.current_thread() \
+                and save.thread.is_alive():
+            raise SnapstoreError(
+                "SnapstoreWriter: a save through this writer is still running on another "
+                "thread (a dcp.async_save whose future is pending): wait for its future before "
+                "saving through the writer again, or give each async_save a SnapstoreWriter "
+                "of its own (each then waits for the one before it)")
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan

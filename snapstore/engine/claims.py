@@ -88,7 +88,12 @@ class Claim:
     @property
     def holder(self) -> str:
         """Who holds it, in words."""
-        where = f" on host {self.host}" if self.host and self.host != os.uname().nodename else ""
+        here = not self.host or self.host == os.uname().nodename
+        if here and self.pid == os.getpid():
+            # another thread of this process: an earlier save not yet finished (a
+            # dcp.async_save whose future is still pending), not another writer
+            return f"this process (pid {self.pid}, log {self.log}: another of its threads)"
+        where = "" if here else f" on host {self.host}"
         return f"pid {self.pid}{where} (log {self.log})"
 
     def describe(self) -> str:

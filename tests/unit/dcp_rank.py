@@ -313,7 +313,35 @@ def scenario_kill_coordinator(step: dict) -> None:
     raise AssertionError("this save should not have returned")
 
 
+def scenario_raise_async(step: dict) -> None:
+    """v1; then v2 through dcp.async_save with rank 1 raising (DCP never calls finish, and
+    the coordinator's save is abandoned on DCP's executor thread, which ends); then v2 again
+    through async_save with a new writer, which commits at once (regression: the abandoned
+    group kept the stream from every save until its deadline), and the failed writer's
+    close() in the caller's thread (it raised AttributeError)."""
+    path = step["store"]
+    save(path, 1)
+    failed = RaisingWriter(path, timeout=600)
+    error = None
+    try:
+        future = dcp.async_save(rank_state(2), checkpoint_id="v2", storage_writer=failed)
+        (future.result() if hasattr(future, "result") else future.upload_completion.result())
+    except FAILED as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    dist.barrier()
+    started = time.monotonic()
+    writer = st.SnapstoreWriter(path, timeout=600, **options("save"))
+    future = dcp.async_save(rank_state(2), checkpoint_id="v2", storage_writer=writer)
+    (future.result() if hasattr(future, "result") else future.upload_completion.result())
+    failed.close()
+    load_check(path, WORLD, 2)
+    if RANK == 0:
+        facts(what="async", error=error, seconds=time.monotonic() - started,
+              info=describe(writer.last_info), visible=visible(path))
+
+
 SCENARIOS = {"save": scenario_save, "load": scenario_load, "raise": scenario_raise,
+             "raise-async": scenario_raise_async,
              "kill-rank": scenario_kill_rank, "kill-coordinator": scenario_kill_coordinator}
 
 

@@ -68,6 +68,7 @@ def runs(tmp_path_factory):
     steps.append({"name": "load2", "scenario": "load", "world": 2, "store": "",
                   "loads": [[str(work / "saved-by-4"), 4]]})
     steps += [{"name": "raise", "scenario": "raise", "world": 2},
+              {"name": "raise-async", "scenario": "raise-async", "world": 2},
               {"name": "kill-rank", "scenario": "kill-rank", "world": 2},
               {"name": "kill-coordinator", "scenario": "kill-coordinator", "world": 2},
               {"name": "kill-after-record", "scenario": "kill-coordinator", "world": 2,
@@ -150,6 +151,16 @@ def test_a_rank_that_fails_before_staging_fails_the_save_cleanly(runs):
         assert s.streams() == ["dcp"] and s.verify(deep=True)["ok"]
     single_process_load(path, 2, 1)
     single_process_load(path, 2, 2)
+
+
+def test_a_failed_async_save_leaves_nothing_in_the_next_saves_way(runs):
+    step = runs["raise-async"]
+    assert step["exits"] == [0, 0], runs["stderr"][-4000:]
+    done = fact(step, "async")
+    assert "rank 1 failed before staging" in done["error"]
+    assert done["seconds"] < 30                  # not the abandoned group's deadline (600 s)
+    assert done["visible"]["checkpoints"] == [[1, "v1"], [2, "v2"]]
+    assert (done["info"]["kind"], done["info"]["parent"]) == ("incremental", 1)
 
 
 def test_a_rank_killed_while_staging_leaves_the_previous_save(runs):

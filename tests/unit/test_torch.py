@@ -6,6 +6,8 @@ test_dcp_ranks.py)."""
 import copy
 import io
 import pickle
+import threading
+import time
 
 import pytest
 
@@ -612,6 +614,77 @@ def test_dcp_async_save(tmp_path):
     target = {"w": torch.zeros(100, 100), "n": 0}
     dcp.load(target, checkpoint_id="x", storage_reader=st.SnapstoreReader(path))
     assert torch.equal(target["w"], state["w"]) and target["n"] == 3
+
+
+def _done(response):
+    return response.result() if hasattr(response, "result") else \
+        response.upload_completion.result()
+
+
+def test_dcp_async_saves_made_before_the_previous_ones_landed_follow_them(tmp_path):
+    """Regression (a helper's review): DCP runs each async_save on a thread of its own. Four
+    async_saves in a row, each with a SnapstoreWriter of its own, failed after the first
+    (CommitConflict naming "another writer": the first save's group, in this process); they
+    now commit one after another. One writer shared by overlapping saves reset the first
+    save's group away (all four failed, one with a raw AttributeError); the second call now
+    says to wait for the first future."""
+    path = str(tmp_path / "overlap")
+    state = {"w": torch.zeros(1 << 16)}
+    futures = []
+    for i in range(4):
+        state["w"].fill_(i)
+        futures.append(dcp.async_save(state, checkpoint_id=f"q{i}",
+                                      storage_writer=st.SnapstoreWriter(path)))
+    for f in futures:
+        _done(f)
+    for i in range(4):
+        target = {"w": torch.empty(1 << 16)}
+        dcp.load(target, checkpoint_id=f"q{i}", storage_reader=st.SnapstoreReader(path))
+        assert torch.equal(target["w"], torch.full((1 << 16,), float(i)))
+    shared = st.SnapstoreWriter(str(tmp_path / "shared"))
+    gate = threading.Event()
+    real = snapstore.store.Store.stage
+
+    def slow_stage(self, *a, **k):
+        gate.wait(60)
+        return real(self, *a, **k)
+    snapstore.store.Store.stage = slow_stage
+    try:
+        first = dcp.async_save(state, checkpoint_id="a", storage_writer=shared)
+        time.sleep(0.2)
+        with pytest.raises(snapstore.errors.SnapstoreError, match="wait for its future"):
+            _done(dcp.async_save(state, checkpoint_id="b", storage_writer=shared))
+    finally:
+        gate.set()
+        snapstore.store.Store.stage = real
+    _done(first)
+    assert _ids(str(tmp_path / "shared")) == ["a"]
+
+
+def test_a_failed_dcp_async_save_leaves_the_stream_to_the_next_save(tmp_path):
+    """Regression (a helper's review): an async_save that failed (DCP never calls finish) left
+    its group open on the stream, ended only "by the next save in the same thread", which
+    never comes for async_save's threads: every later save of the stream failed with
+    CommitConflict until the group's deadline, and the writer's close() from the caller's
+    thread raised a raw AttributeError."""
+    path = str(tmp_path / "failed")
+    state = {"w": torch.randn(64, 64)}
+    real = snapstore.store.Store.stage
+
+    def full_disk(self, *a, **k):
+        raise OSError(28, "No space left on device (injected)")
+    writer = st.SnapstoreWriter(path, timeout=600)
+    snapstore.store.Store.stage = full_disk
+    try:
+        with pytest.raises(BaseException, match="No space left"):
+            _done(dcp.async_save(state, checkpoint_id="lost", storage_writer=writer))
+    finally:
+        snapstore.store.Store.stage = real
+    writer.close()
+    writer.close()
+    dcp.save(state, checkpoint_id="next", storage_writer=st.SnapstoreWriter(path))
+    _done(dcp.async_save(state, checkpoint_id="after", storage_writer=writer))
+    assert _ids(path) == ["next", "after"]
 
 
 # ---- the names pickle streams use are part of the format -------------------------------------
