@@ -379,8 +379,14 @@ class _StoreUser:
     def __init__(self, path, stream: str, open_options: dict) -> None:
         if isinstance(path, Store):
             self._store_obj, self.path = path, path.path
+        elif isinstance(path, (str, bytes, os.PathLike)):
+            path = os.fspath(path)
+            self._store_obj, self.path = None, os.fsdecode(path) if isinstance(path, bytes) \
+                else path
         else:
-            self._store_obj, self.path = None, os.fspath(path)
+            raise InvalidArgumentTypeError(f"{type(self).__name__}: expected a store path, an "
+                                           f"s3:// URL or an open Store, got "
+                                           f"{type(path).__name__}")
         self.stream = validate_name(stream, "stream")
         self.open_options = dict(open_options)
         self.checkpoint_id: Any = None

@@ -5,6 +5,7 @@ a gloo process group of one rank, saves of the old part-checkpoint scheme (sever
 test_dcp_ranks.py)."""
 import copy
 import io
+import os
 import pickle
 import threading
 import time
@@ -799,3 +800,14 @@ def test_dcp_load_into_tied_weights(store):
     dcp.load({"enc": t, "dec": t}, checkpoint_id="tied", storage_reader=st.SnapstoreReader(store))
     assert torch.equal(t, w)
 
+
+
+def test_dcp_storage_of_no_store_is_a_clear_error(tmp_path):
+    """SnapstoreWriter(None) raised a raw TypeError from os.fspath (a helper's review)."""
+    for bad in (None, 5, 1.5, ["p"]):
+        for cls in (st.SnapstoreWriter, st.SnapstoreReader):
+            with pytest.raises(snapstore.errors.InvalidArgumentTypeError, match="store path"):
+                cls(bad)
+    writer = st.SnapstoreWriter(os.fsencode(str(tmp_path / "b")))     # bytes, as open() takes
+    dcp.save({"w": torch.ones(4)}, checkpoint_id="b", storage_writer=writer)
+    assert _ids(str(tmp_path / "b")) == ["b"]
