@@ -25,6 +25,7 @@ store directory can forge one. A store is trusted like any pickle file.
 from __future__ import annotations
 
 import bisect
+import enum
 import gc
 import inspect
 import io
@@ -45,7 +46,7 @@ from snapstore.engine.memory import address_view, uninit_bytearray
 from snapstore.engine.validation import float_item_size, validate_flag, validate_meta, validate_name
 from snapstore.errors import (AsyncSaveError, CorruptionError, DeviceTensorError,
                               ForkedStoreError, InvalidArgumentError, NotAnObjectCheckpointError,
-                              ObjectSaveError, StructureMismatchError)
+                              ObjectSaveError, SnapstoreError, StructureMismatchError)
 from snapstore.objectlayer import (MATERIALISE_META, META_KEY, contiguous_tensor, copy_tensor,
                                    float_view, labelled_view, layer_meta, reader_hint,
                                    refuse_other_version, require_store, resolve_checkpoint,
@@ -507,6 +508,7 @@ def save_async(store, obj: Any, stream: str = "default", meta: Any = None, *,
 
     Raises (now): AsyncSaveError, and the errors of save(), before anything is queued; the
     future: StoreIOError, CommitConflict (the stream's head moved under the save), ..."""
+    require_store(store, "snapstore.objects.save_async")
     _ASYNC_FAILURES.raise_unreported(store, stream)
     buffers, full_meta, release = _object_checkpoint(store, "snapstore.objects.save_async",
                                                      obj, stream, meta, allow_device_copy,
@@ -645,7 +647,10 @@ def load(store, id_or_stream: Any, into: Any = None) -> Any:
         into: None, or an existing object graph of the same structure (dicts with the same
             keys, lists of the same lengths, arrays/dense tensors of the same shapes and
             dtypes, objects of the same classes): arrays, tensors and bytearrays are written
-            in their existing memory, other values are set in their containers (FRESH in the
+            in their existing memory, objects pickle rebuilds from their __dict__ alone get
+            their attributes so, other values are set in their containers as loaded (Enum
+            members, subclasses of built-in types, classes with their own __reduce__ or
+            __setstate__: docs/objects.md) (FRESH in the
             target takes the loaded value as is; masked arrays and sparse, quantized or nested
             tensors are loaded only that way). Everything is checked before anything is
             written. A value set in the target never shares memory with another target.
@@ -698,8 +703,29 @@ def _kind(x, np, torch, ctx: _LoadContext | None = None) -> str:
     if isinstance(x, tuple):
         return "tuple"
     if _has_state_dict(x):
-        return "object"
+        return "object" if _state_is_its_dict(type(x)) else "opaque"
     return "leaf"
+
+
+# Py_TPFLAGS_HEAPTYPE: set for classes a class statement made, not for built-in (C) types
+_HEAPTYPE = 1 << 9
+_OWN_STATE = ("__reduce__", "__reduce_ex__", "__getstate__", "__setstate__", "__getnewargs__",
+              "__getnewargs_ex__")
+
+
+def _state_is_its_dict(cls: type) -> bool:
+    """Whether pickle rebuilds an instance of cls from its __dict__ alone, so writing the
+    __dict__ loads it in place: every class of its MRO but object made by a class statement
+    (a subclass of int, set, Exception, functools.partial ... keeps state besides it), none
+    with a reduce or state method of its own (whose state may be derived from the data: the
+    plan's skeleton has zeros there), and no Enum (a member is a singleton of its class:
+    written in place it changed the class for the whole process)."""
+    if issubclass(cls, enum.Enum):
+        return False
+    for klass in cls.__mro__[:-1]:
+        if not klass.__flags__ & _HEAPTYPE or any(n in klass.__dict__ for n in _OWN_STATE):
+            return False
+    return True
 
 
 def _mismatch(steps, message: str):
@@ -716,12 +742,14 @@ def _same_leaf(a, b, np) -> bool:
         return True
     if type(a) is not type(b):
         return False
+    if isinstance(a, (float, complex)) or (np is not None and isinstance(a, np.generic)):
+        return _same_bits(a, b, np)             # 0.0 == -0.0, but they are not the same
     try:
-        if bool(a == b):
-            return True
+        # equal and spelt the same: Decimal("1.0") == Decimal("1.000") and the same instant
+        # in two time zones are equal, yet not what the checkpoint holds
+        return bool(a == b) and repr(a) == repr(b)
     except Exception:
         return False
-    return _same_bits(a, b, np)
 
 
 def _same_bits(a, b, np) -> bool:
@@ -790,6 +818,10 @@ def _plan_pair(src, dst, steps: tuple, container, key, plan: _Plan, ctx: _LoadCo
         plan.actions.append(("bytes", steps, target))
         _count_use(plan, ctx.index_of(src))
     elif ks == "mapping":
+        factories = (getattr(src, "default_factory", None), getattr(dst, "default_factory", None))
+        if factories[0] is not factories[1]:
+            raise _mismatch(steps, f"a mapping whose default_factory is {factories[0]!r} in the "
+                                   f"checkpoint, {factories[1]!r} in the target")
         if set(src.keys()) != set(dst.keys()):
             missing = [k for k in src if k not in dst]
             extra = [k for k in dst if k not in src]
@@ -808,10 +840,17 @@ def _plan_pair(src, dst, steps: tuple, container, key, plan: _Plan, ctx: _LoadCo
         _plan_attributes(src, dst, steps, plan, ctx, np, torch, depth)
     elif ks == "object":
         _plan_attributes(src, dst, steps, plan, ctx, np, torch, depth, always=True)
-    else:  # a plain value: set it in its container
+    else:  # a plain value, or an object pickle rebuilds otherwise: set it in its container
         if isinstance(container, (MutableMapping, list)):
             plan.actions.append(("assign", steps, container, key))
             _keep(src, plan, ctx, np, torch)
+        elif ks == "opaque" and src is not dst:
+            where = "at the root" if container is None else f"inside a {type(container).__name__}"
+            raise _mismatch(steps, f"a {type(dst).__qualname__} {where} cannot be loaded in "
+                                   "place: pickle rebuilds it otherwise than from its __dict__ "
+                                   "(an Enum member, a subclass of a built-in type, a class "
+                                   "with its own __reduce__ or __setstate__); put it in a dict "
+                                   "or list, or load without into=")
         elif not _same_leaf(src, dst, np):
             where = "at the root" if container is None else f"inside a {type(container).__name__}"
             raise _mismatch(steps, f"a {type(dst).__name__} {where} cannot be changed in place "
@@ -1051,16 +1090,31 @@ def _load_into(store, info, names, sizes, into):
     data = store.read(info.id, PICKLE_BUFFER)
     # 1. a skeleton over untouched memory, matched against the target: all checks first
     placeholders = [_placeholder(n) for n in sizes]
-    skeleton, ctx = _unpickle(info, data, placeholders, skeleton=True)
+    loaded = None
+    try:
+        skeleton, ctx = _unpickle(info, data, placeholders, skeleton=True)
+    except SnapstoreError:
+        raise
+    except Exception:   # noqa: BLE001 - the same unpickle over the data decides
+        # a reduce function or __setstate__ that refuses the skeleton's zeros (it checks or
+        # derives from the data): the plan is made on the data itself (one more copy of it;
+        # an error that the data raises too is raised as it is)
+        loaded = [uninit_bytearray(n) for n in sizes]
+        store.restore_into(info.id, dict(zip(names, loaded)))
+        skeleton, ctx = _unpickle(info, data, loaded, skeleton=True)
     np, torch = sys.modules.get("numpy"), sys.modules.get("torch")
     plan = _Plan()
     _plan_pair(skeleton, into, (), None, None, plan, ctx, np, torch)
     # 2. buffers used by exactly one array/tensor laid out like its target go straight into
     # the target's memory; the others into fresh memory, copied after the final unpickle
-    direct, direct_actions = _direct_restores(plan, sizes)
+    direct, direct_actions = _direct_restores(plan, sizes) if loaded is None else ({}, set())
     del skeleton, ctx, placeholders, plan.candidates, plan.walked
-    buffers = [direct[i] if i in direct else uninit_bytearray(n) for i, n in enumerate(sizes)]
-    store.restore_into(info.id, dict(zip(names, buffers)))
+    if loaded is None:
+        buffers = [direct[i] if i in direct else uninit_bytearray(n)
+                   for i, n in enumerate(sizes)]
+        store.restore_into(info.id, dict(zip(names, buffers)))
+    else:
+        buffers = loaded
     final, _ = _unpickle(info, data, buffers, skeleton=False)
     for i, action in enumerate(plan.actions):
         if i in direct_actions:

@@ -1,6 +1,7 @@
 """load(into=) refusals checked before anything is written: quantized and nested tensors (a
 StructureMismatchError suggesting FRESH, not a segfault or a raw RuntimeError), and leaves that
 must stay as they are (a NaN in a tuple matches the same NaN)."""
+import enum
 import os
 import subprocess
 import sys
@@ -121,15 +122,144 @@ class _SlotsAndDict:
         return _SlotsAndDict, (self.slot, self.attr)
 
 
+class _PlainSlotsAndDict:
+    """State in a slot and in __dict__, pickled by object's own reduce."""
+    __slots__ = ("slot", "__dict__")
+
+    def __init__(self, slot, attr):
+        self.slot, self.attr = slot, attr
+
+
 def test_an_object_with_slots_besides_its_dict_is_refused_not_half_loaded(store):
     """Regression (a helper's report): load(into=) wrote the __dict__ of such an object and
-    never its slots, which kept their old values, no error."""
+    never its slots, which kept their old values, no error. One with a __reduce__ of its own
+    is not written in place at all: it is set in its container as loaded (a later helper's
+    report: objects pickle rebuilds otherwise than from their __dict__ kept stale state)."""
     from snapstore.errors import StructureMismatchError
     from snapstore.objects import FRESH
-    info = store.save({"o": _SlotsAndDict(1, 2)}, "s")
-    target = {"o": _SlotsAndDict(10, 20)}
+    info = store.save({"o": _PlainSlotsAndDict(1, 2)}, "s")
+    target = {"o": _PlainSlotsAndDict(10, 20)}
     with pytest.raises(StructureMismatchError, match="__slots__"):
         store.load(info.id, into=target)
     assert (target["o"].slot, target["o"].attr) == (10, 20)      # nothing written
     loaded = store.load(info.id, into={"o": FRESH})
     assert (loaded["o"].slot, loaded["o"].attr) == (1, 2)
+    info = store.save({"o": _SlotsAndDict(1, 2)}, "s")
+    target = {"o": _SlotsAndDict(10, 20)}
+    old = target["o"]
+    assert store.load(info.id, into=target) is target
+    assert (target["o"].slot, target["o"].attr) == (1, 2) and target["o"] is not old
+
+
+# ---- a later helper's review: objects pickle rebuilds otherwise than from their __dict__ -------
+class _Color(enum.Enum):
+    RED = 1
+    BLUE = 2
+
+
+class _MyInt(int):
+    pass
+
+
+class _MyError(Exception):
+    pass
+
+
+class _SparseRow:
+    """State derived from the data by __setstate__ (the plan's skeleton has zeros there)."""
+
+    def __init__(self, w):
+        self.w = w
+        self.nonzero = [int(i) for i in np.flatnonzero(w)]
+
+    def __getstate__(self):
+        return {"w": self.w}
+
+    def __setstate__(self, state):
+        self.__init__(state["w"])
+
+
+class _Distribution:
+    """A reduce function that refuses the skeleton's zeros."""
+
+    def __init__(self, p):
+        if not np.isclose(p.sum(), 1.0):
+            raise ValueError("probabilities must sum to 1")
+        self.p = p
+
+    def __reduce__(self):
+        return _Distribution, (self.p,)
+
+
+def test_objects_pickle_rebuilds_otherwise_are_set_as_loaded_never_written_in_place(store):
+    """Regression: load(into=) wrote the checkpoint's Enum member's _value_ and _name_ into
+    the target's member (the Enum class changed for the whole process); left old values in
+    subclasses of built-in types, exceptions, functools.partial and a defaultdict's factory;
+    planned objects whose __setstate__ derives state from the data on zeros (stale derived
+    state); raised a reduce function's error on the zeros. Such objects are set in their
+    container as loaded now (an error at the root or inside a tuple), and a plan that the
+    zeros break is made on the data."""
+    import collections
+    import functools
+    from snapstore.errors import StructureMismatchError
+    w = np.zeros(10000)
+    w[[3, 77, 9000]] = 1.5
+    saved = {"c": _Color.RED, "i": _MyInt(5), "e": _MyError("saved"),
+             "p": functools.partial(max, 1), "row": _SparseRow(w), "a": np.arange(10000.)}
+    info = store.save(saved, "s")
+    keep = np.zeros(10000)
+    target = {"c": _Color.BLUE, "i": _MyInt(7), "e": _MyError("old"),
+              "p": functools.partial(max, 100), "row": _SparseRow(np.zeros(10000)), "a": keep}
+    store.load(info.id, into=target)
+    assert target["c"] is _Color.RED
+    assert (_Color.BLUE.value, _Color.BLUE.name, _Color(2)) == (2, "BLUE", _Color.BLUE)
+    assert target["i"] == 5 and type(target["i"]) is _MyInt
+    assert target["e"].args == ("saved",) and target["p"](0) == 1
+    assert target["row"].nonzero == [3, 77, 9000]
+    assert target["a"] is keep and np.array_equal(keep, np.arange(10000.))   # in place
+    dist = store.save({"d": _Distribution(np.full(1000, 1 / 1000)), "a": np.arange(5.)}, "d")
+    target = {"d": _Distribution(np.full(1000, 1 / 1000)), "a": np.zeros(5)}
+    store.load(dist.id, into=target)
+    assert np.array_equal(target["a"], np.arange(5.)) and target["d"].p[0] == 1 / 1000
+    for root, other in ((_Color.RED, _Color.BLUE), (_MyError("x"), _MyError("x"))):
+        info = store.save(root, "root")
+        with pytest.raises(StructureMismatchError, match="cannot be loaded in place"):
+            store.load(info.id, into=other)
+    assert store.load(store.save(_Color.RED, "root").id, into=_Color.RED) is _Color.RED
+    info = store.save({"d": collections.defaultdict(list, a=[1])}, "dd")
+    with pytest.raises(StructureMismatchError, match="default_factory"):
+        store.load(info.id, into={"d": collections.defaultdict(int, a=[2])})
+
+
+def test_equal_values_spelt_otherwise_are_not_kept_for_the_checkpoints(store):
+    """Regression: inside a tuple or at the root (where nothing can be set), a target value
+    equal to the checkpoint's but not the same (0.0 and -0.0, Decimal("1.0") and
+    Decimal("1.000"), one instant in two time zones) was kept, silently differing from what
+    was saved. It is a StructureMismatchError now; the same value still passes."""
+    import datetime
+    import decimal
+    from snapstore.errors import StructureMismatchError
+    utc = datetime.timezone.utc
+    plus5 = datetime.timezone(datetime.timedelta(hours=5))
+    pairs = [(0.0, -0.0), (decimal.Decimal("1.0"), decimal.Decimal("1.000")),
+             (datetime.datetime(2024, 1, 1, 0, tzinfo=utc),
+              datetime.datetime(2024, 1, 1, 5, tzinfo=plus5))]
+    for saved, other in pairs:
+        info = store.save((saved, np.arange(10.)), "t")
+        with pytest.raises(StructureMismatchError, match="cannot be changed in place"):
+            store.load(info.id, into=(other, np.zeros(10)))
+        target = (saved, np.zeros(10))
+        assert store.load(info.id, into=target) is target
+        assert np.array_equal(target[1], np.arange(10.))
+    info = store.save((float("nan"), np.arange(3.)), "nan")
+    store.load(info.id, into=(float("nan"), np.zeros(3)))      # the same bits: kept
+
+
+def test_save_async_with_its_arguments_swapped_is_a_clear_error(store):
+    """Regression: snapstore.objects.save_async(obj, store) raised a raw TypeError (weak
+    reference to a dict) before checking that the store comes first."""
+    from snapstore import objects
+    from snapstore.errors import InvalidArgumentTypeError
+    for obj in ({"step": 1}, [1], "s"):
+        with pytest.raises(InvalidArgumentTypeError, match="Store"):
+            objects.save_async(obj, store)
