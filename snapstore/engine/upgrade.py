@@ -56,11 +56,17 @@ def _log_state_section(path: str, index: Index, backend: SegmentBackend) -> bool
     (logstate.py) written from the trusted format 1 index, after recovery applied every
     durable record to it, in a new segment (of today's version, fmt.SEGMENT_VERSION: its BEGIN
     names no order, the index counts none yet); synced, then noted in the index
-    (META_LOG_STATE). Done when the index notes a state section, or when the first segment
-    is of version 2 (a store created by format 2 has a complete log). A crash before the
-    note only writes another section next time."""
+    (META_LOG_STATE). Done when the index notes a state section, is of format 3 or later, or
+    when the first segment is of version 2 (a store created by format 2 has a complete log).
+    A crash before the note only writes another section next time."""
     with index.read() as r:
-        if r.log_state() is not None:
+        # a format 3 or later index came after this step (steps run in order), or from a
+        # store made with a complete log; only a format 1 or 2 index needs the segment's
+        # word (a damaged first segment header then means "cannot tell": a section). Asked
+        # of a later store with that header damaged, a section of format 2's kind (no
+        # orders, log 0 only) was appended, and a later repair replayed the other logs'
+        # records over it: deleted checkpoints and removed tags came back
+        if r.log_state() is not None or r.version >= 3:
             return False
     numbers = backend.list()
     if not numbers:

@@ -749,3 +749,75 @@ def test_a_damaged_format_file_is_a_format_error_that_says_so(tmp_path, body, ma
     proc = subprocess.run([console_script(), "ls", path], capture_output=True, text=True,
                           env=cli_env(), timeout=120)
     assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+def _flip_first_segment_header(path: str) -> None:
+    first = sorted(raw_segments(path))[0]
+    with open(os.path.join(path, fmt.SEGMENTS_DIR, first), "r+b") as f:
+        f.seek(fmt.SEGMENT_HEADER.size - 1)      # one bit of the header's checksum
+        byte = f.read(1)[0]
+        f.seek(fmt.SEGMENT_HEADER.size - 1)
+        f.write(bytes([byte ^ 1]))
+
+
+def _as_format_5(path: str) -> None:
+    """Marks a store made today as format 5 (FORMAT and the index's META_FORMAT): what the
+    5 -> 6 step changes, so the next writer's open runs the upgrade steps on it."""
+    doc = format_file(path)
+    doc["version"] = 5
+    with open(os.path.join(path, fmt.FORMAT_FILE), "w") as f:
+        json.dump(doc, f)
+    env = lmdb.open(os.path.join(path, fmt.INDEX_DIR), max_dbs=fmt.INDEX_MAX_DBS)
+    try:
+        with env.begin(write=True) as txn:
+            meta = env.open_db(fmt.DB_META, txn=txn, create=False)
+            txn.put(fmt.META_FORMAT, seal(fmt.DB_META, fmt.META_FORMAT, fmt.U64.pack(5)),
+                    db=meta)
+    finally:
+        env.close()
+
+
+def _opened_adds_no_section(path: str) -> None:
+    before, state = raw_segments(path), raw_index(path)[fmt.DB_META].get(fmt.META_LOG_STATE)
+    with snapstore.open(path, durability="none"):
+        pass                                     # a writer's open: the upgrade steps
+    assert index_version(path) == fmt.FORMAT_VERSION
+    added = {n: d for n, d in raw_segments(path).items() if n not in before}
+    assert all(len(d) == fmt.SEGMENT_HEADER.size for d in added.values()), sorted(added)
+    assert raw_index(path)[fmt.DB_META].get(fmt.META_LOG_STATE) == state
+
+
+@pytest.mark.parametrize("version, store", [(3, "writers"), (4, "writers"), (5, "deltas")])
+def test_a_damaged_first_segment_header_adds_no_state_section_to_an_old_store(
+        tmp_path, version, store):
+    path = copy(store, tmp_path, version)
+    _flip_first_segment_header(path)
+    _opened_adds_no_section(path)
+
+
+def test_a_damaged_first_segment_header_never_brings_deleted_checkpoints_back(tmp_path):
+    """Regression (a helper's review): the format 2 step asks the first segment's header
+    whether the log is complete; with the header damaged ("cannot tell") a writer's open of
+    a store of format 3 or later (never compacted: no state section yet) appended a state
+    section of format 2's kind (no orders, log 0 only), and a later repair replayed the other
+    logs' records over it: a deleted checkpoint and a removed tag came back. A format 3 or
+    later index never needs that step."""
+    path = str(tmp_path / "s")
+    a, b = snapstore.open(path), snapstore.open(path)      # logs 0 and 1
+    kept = b.checkpoint({"x": b"keep" * 1000}, stream="s")
+    gone = b.checkpoint({"x": b"gone" * 1000}, stream="t")
+    b.tag(kept.id, "t")
+    a.untag(kept.id, "t")                        # log 0 undoes what log 1 did
+    a.delete(gone.id)
+    a.close()
+    b.close()
+    _as_format_5(path)                           # as a format 5 library left it
+    _flip_first_segment_header(path)
+    _opened_adds_no_section(path)
+    shutil.rmtree(os.path.join(path, fmt.INDEX_DIR))
+    report = snapstore.repair(path)
+    assert [p["kind"] for p in report["problems"]] == ["damaged_segment_header"] or \
+        all(p["kind"] != "lost_checkpoints" for p in report["problems"])
+    with snapstore.open(path, readonly=True) as s:
+        assert [(c.id, c.stream, sorted(c.tags)) for c in s.checkpoints()] == \
+            [(kept.id, "s", [])]
