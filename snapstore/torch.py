@@ -449,6 +449,18 @@ _SAVES_ENDED = threading.Condition(_SAVES_LOCK)
 _SAVES: dict = {}           # threading.Thread -> [its _Saves not ended], in start order
 
 
+def _saves_after_fork_in_child() -> None:
+    """A fork()ed child has only the forking thread, and a fresh lock (another thread may
+    have held it at the fork): the parent's saves are the parent's to end."""
+    global _SAVES_LOCK, _SAVES_ENDED
+    _SAVES_LOCK = threading.Lock()
+    _SAVES_ENDED = threading.Condition(_SAVES_LOCK)
+    _SAVES.clear()
+
+
+os.register_at_fork(after_in_child=_saves_after_fork_in_child)
+
+
 class _Save:
     def __init__(self, user: "_StoreUser") -> None:
         self.user = user
