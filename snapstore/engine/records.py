@@ -81,6 +81,14 @@ class Commit:
                    bytes_new=d.get("bytes_new", 0), tags=list(d.get("tags", [])),
                    seq=d.get("seq", 0))
 
+    def identity(self) -> tuple:
+        """What the checkpoint is, as nothing that happens to a store later changes it (a
+        delete of its parent rebases its manifests, a compaction moves its chunks, tags come
+        and go): its stream, its creation time and its buffers' names and sizes. Two records
+        of one id whose identities differ are not of the same checkpoint (repair: a segment of
+        another store; an S3 store's deep verify: a bucket object and the cache)."""
+        return self.stream, self.created, tuple((b.name, b.size) for b in self.buffers)
+
     def delta_base_ids(self) -> dict[bytes, bytes]:
         """{delta chunk id: its base chunk id} of the new delta chunks."""
         return dict(fmt.DELTA_BASE.iter_unpack(self.delta_bases))

@@ -426,14 +426,9 @@ def _old_index(path: str) -> _OldIndex:
 
 
 def _identity(view, checkpoint_id: int) -> tuple:
-    """What a checkpoint is, as nothing that happens to a store later changes it (a delete of
-    its parent rebases its manifests, a compaction moves its chunks, tags come and go): its
-    stream, its creation time and its buffers' names and sizes."""
+    """Commit.identity() of a checkpoint of the index `view` (() when it holds none)."""
     commit = view.checkpoint(checkpoint_id)
-    if commit is None:
-        return ()
-    return (commit.stream, commit.created,
-            tuple((b.name, b.size) for b in commit.buffers))
+    return () if commit is None else commit.identity()
 
 
 def _identities(view, ids) -> dict:

@@ -61,14 +61,10 @@ def check_objects(client: S3Client, index: Index) -> list:
                 continue
             commit, _ = value
             cached = r.checkpoint(cid)
-            if cached is not None and _described(cached) != _described(commit):
+            if cached is not None and cached.identity() != commit.identity():
                 problems.append(("index_mismatch", f"checkpoint {cid}: its object in the bucket "
                                  "describes it otherwise than the cache does", (cid,)))
     return problems
-
-
-def _described(commit: Commit) -> tuple:
-    return commit.stream, commit.created, [(b.name, b.size) for b in commit.buffers]
 
 
 def apply_checkpoint(w: IndexWriter, commit: Commit, reused: bytes) -> bool:
