@@ -83,7 +83,8 @@ class RetainResult(list):
     """What Store.retain() did: the list of deleted checkpoint ids (oldest first; a plain
     list of ints, so code that used retain()'s old list keeps working), plus
     deleted: the same ids; kept: {id: [rules that keep it]} ("last", "every", "within",
-    "hourly", "daily", "weekly", "monthly", "yearly", "tagged"); dry_run: nothing was
+    "hourly", "daily", "weekly", "monthly", "yearly", "tagged", and "newest" for the
+    stream's head when no rule kept it); dry_run: nothing was
     deleted, the ids are what a real run would delete; bytes_before / bytes_after: the
     store's bytes (segments + index, as stats() counts them) before the deletes and after
     the prune (bytes_after None on a dry run); bytes_freed: their difference (None on a
@@ -902,7 +903,9 @@ class Store:
         the newest checkpoint of each of the last N hours/days/ISO weeks/months/years that
         have checkpoints, in time zone tz (a datetime.tzinfo; None: local time, as restic);
         keep_tagged keeps tagged ones. At least one rule other than keep_tagged is required,
-        so a typo cannot wipe a stream (InvalidArgumentError).
+        so a typo cannot wipe a stream (InvalidArgumentError), and the stream's newest
+        checkpoint (its head, highest seq) always stays, as "newest" when no rule kept it
+        (keep_every=K alone on a stream of fewer than K checkpoints deleted them all).
 
         dry_run=True deletes nothing and reports what a real run would delete (works on a
         read-only store). prune=False only deletes (space comes back at the next compact()).

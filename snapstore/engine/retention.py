@@ -17,6 +17,9 @@ Rules (a checkpoint is kept if any rule keeps it; docs/design.md, "Retention"):
                   periods are calendar periods of `tz` (None: the local time zone, as restic
                   and borg do); newest and "last" are by creation time, ties by seq;
   keep_tagged     tagged ones.
+And always: the stream's newest checkpoint by seq (its head, the state it resumes from) stays,
+as "newest" when no rule kept it (keep_every=K alone on a stream of fewer than K checkpoints,
+or a clock that went back under keep_within or a calendar rule).
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ PERIODS: dict[str, Callable[[datetime.datetime], tuple]] = {
     "yearly": lambda t: (t.year,),
 }
 # Every rule that keeps a checkpoint, in the order reasons are listed.
-RULES = ("last", "every", "within", *PERIODS, "tagged")
+RULES = ("last", "every", "within", *PERIODS, "tagged", "newest")
 
 
 class Candidate(NamedTuple):
@@ -206,4 +209,6 @@ def plan(candidates: Iterable[Candidate], policy: Policy) -> dict[int, list[str]
                 keep(c, name)
         if policy.keep_tagged and c.tagged:
             keep(c, "tagged")
+    if by_seq and by_seq[-1].id not in reasons:
+        keep(by_seq[-1], "newest")
     return reasons

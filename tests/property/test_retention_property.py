@@ -62,6 +62,10 @@ def reference(cands: list, rules: dict, offset: int) -> dict:
             add([max(groups[key], key=lambda c: (c.created, c.seq)).id], name)
     if rules.get("keep_tagged", True):
         add([c.id for c in cands if c.tagged], "tagged")
+    if cands:
+        head = max(cands, key=lambda c: c.seq).id
+        if head not in keep:
+            add([head], "newest")
     return {i: [r for r in RULES if r in why] for i, why in keep.items()}
 
 

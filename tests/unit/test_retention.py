@@ -96,7 +96,8 @@ def test_plan_empty_and_one():
     for rules in (dict(keep_last=1), dict(keep_daily=3), dict(keep_within=0)):
         assert plan([], Policy.of(**rules)) == {}
     one = cands([5])
-    assert plan(one, Policy.of(keep_last=0, keep_every=2)) == {}
+    # no rule keeps the only checkpoint: it is the stream's head, which always stays
+    assert plan(one, Policy.of(keep_last=0, keep_every=2)) == {1: ["newest"]}
     assert plan(one, Policy.of(keep_last=5)) == {1: ["last"]}
     assert plan(one, Policy.of(keep_within=0)) == {1: ["within"]}
     assert plan(one, Policy.of(keep_yearly=1, tz=UTC)) == {1: ["yearly"]}
@@ -177,14 +178,15 @@ def test_plan_reasons_list_every_rule_in_order_and_tags():
                    4: ["last", "every", "within", "hourly", "daily"]}
     assert 1 not in plan(c, Policy.of(keep_last=1, keep_tagged=False))
     assert list(rt.RULES) == ["last", "every", "within", "hourly", "daily", "weekly",
-                              "monthly", "yearly", "tagged"]
+                              "monthly", "yearly", "tagged", "newest"]
 
 
 def test_plan_period_rules_follow_time_not_seq_when_the_clock_went_back():
     # seq 3 was taken after a clock step back: by time it is the oldest
     c = [Candidate(1, 1, T0 + 10 * HOUR, False), Candidate(2, 2, T0 + 30 * HOUR, False),
          Candidate(3, 3, T0 + 1 * HOUR, False)]
-    assert set(plan(c, Policy.of(keep_daily=1, tz=UTC))) == {2}
+    # (the head, seq 3, stays all the same: "newest")
+    assert plan(c, Policy.of(keep_daily=1, tz=UTC)) == {2: ["daily"], 3: ["newest"]}
     assert set(plan(c, Policy.of(keep_last=1))) == {3}
 
 
@@ -414,3 +416,27 @@ def test_a_retain_racing_another_delete_of_its_checkpoints_passes_them_over(tmp_
         with pytest.raises(CheckpointNotFound):
             s.delete_many([ids[4], ids[0]])          # all or none, as documented
         assert [c.id for c in s.checkpoints("s")] == ids[4:]
+
+
+def test_the_head_always_stays_even_when_no_rule_keeps_it():
+    """keep_every=K alone on a stream of fewer than K checkpoints kept none of them: retain
+    deleted the whole stream, its newest checkpoint too (docs: "the newest stays")."""
+    c = cands([0, HOUR, 2 * HOUR])
+    assert plan(c, Policy.of(keep_every=5)) == {3: ["newest"]}
+    assert plan(c, Policy.of(keep_every=2)) == {2: ["every"], 3: ["newest"]}
+    assert plan(c, Policy.of(keep_every=3)) == {3: ["every"]}
+    # a clock that went back: by time seq 3 is the oldest, yet it is the head
+    back = [Candidate(1, 1, T0 + 2 * HOUR, False), Candidate(2, 2, T0 + 3 * HOUR, False),
+            Candidate(3, 3, T0, False)]
+    assert plan(back, Policy.of(keep_within="30m")) == {2: ["within"], 3: ["newest"]}
+
+
+def test_retain_keep_every_alone_keeps_the_head(tmp_path):
+    with snapstore.open(str(tmp_path / "s")) as store:
+        ids = [store.checkpoint({"b": bytes([i]) * 10}, stream="s").id for i in range(3)]
+        for dry_run in (True, False):
+            r = store.retain("s", keep_every=5, dry_run=dry_run)
+            assert list(r) == ids[:2] and r.kept == {ids[2]: ["newest"]}
+        assert [c.id for c in store.checkpoints("s")] == [ids[2]]
+        assert store.restore(store.latest("s").id)["b"] == bytes([2]) * 10
+        assert list(store.retain("s", keep_every=5)) == []     # the same call twice
