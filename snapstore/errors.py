@@ -205,12 +205,12 @@ class StoreLocked(SnapstoreError):
     @property
     def holder(self) -> str:
         """Who holds the lock, in words: 'another process (pid 1234 on host x since
-        2026-11-23T10:00:00Z)', 'another Store object of this process (...)', or 'another
+        2026-11-23T10:00:00Z)', 'another thread or Store object of this process (...)', or 'another
         process or Store object' when the lock file names no live holder."""
         if self.pid is None:
             return "another process or Store object"
         ours = self.pid == _os.getpid() and self.host in (None, _os.uname().nodename)
-        who = "another Store object of this process" if ours else "another process"
+        who = "another thread or Store object of this process" if ours else "another process"
         return (f"{who} (pid {self.pid}" + (f" on host {self.host}" if self.host else "")
                 + (f" since {self.since}" if self.since else "") + ")")
 

@@ -1003,7 +1003,12 @@ class Store:
         if shrink_index is not None:
             shrink_index = validate_flag(shrink_index, "shrink_index")
         c = self._committer
-        with c.exclusive(), c.maintenance(exclusive=True), io_errors("compaction failed"):
+        c.check_open()
+        # the maintenance lock first, then the writer lock, as retain() takes them (which
+        # holds the maintenance lock across its deletes): the other order deadlocked a
+        # compact() and a retain() in two threads of one Store, each holding the lock the
+        # other waited for
+        with c.maintenance(exclusive=True), c.exclusive(), io_errors("compaction failed"):
             c.recover_orphans()         # dead writers' logs: their tails are settled first
             return compaction.compact(c.index, c.log, c.backend, threshold=float(threshold),
                                       max_chain=max_chain or self.options.max_chain,

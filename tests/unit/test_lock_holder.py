@@ -341,8 +341,8 @@ def test_repair_names_the_open_writers_and_waits_for_them(path, holders):
 
 def test_repair_names_a_writer_of_this_process(path):
     with snapstore.open(path):
-        with pytest.raises(StoreLocked, match=f"open for writing by another Store object of "
-                                              f"this process \\(pid {os.getpid()} on host"):
+        with pytest.raises(StoreLocked, match=f"open for writing by another thread or Store "
+                                              f"object of this process \\(pid {os.getpid()} on host"):
             snapstore.repair(path)
 
 

@@ -440,3 +440,49 @@ def test_retain_keep_every_alone_keeps_the_head(tmp_path):
         assert [c.id for c in store.checkpoints("s")] == [ids[2]]
         assert store.restore(store.latest("s").id)["b"] == bytes([2]) * 10
         assert list(store.retain("s", keep_every=5)) == []     # the same call twice
+
+
+def test_compact_and_retain_in_two_threads_of_one_store_do_not_deadlock(tmp_path,
+                                                                         monkeypatch):
+    """compact() took the Store's writer lock, then the maintenance lock; retain() takes the
+    maintenance lock, then (deleting) the writer lock. A compact() in one thread waiting for
+    a retain()'s maintenance lock held the writer lock the retain waited for: both stalled for
+    the store's timeout (for ever with float("inf")), and every write of the Store with them.
+    Now compact() takes the maintenance lock first: it waits for the retain, which goes on."""
+    import threading
+    with snapstore.open(str(tmp_path / "s"), timeout=20) as store:
+        for i in range(3):
+            store.checkpoint({"b": data(i)}, stream="r")
+        retaining, compacting = threading.Event(), threading.Event()
+        real_delete_many = store._delete_many
+
+        def delete_many_once_compact_waits(*args, **kwargs):
+            retaining.set()
+            assert compacting.wait(10)
+            time.sleep(0.3)                     # the compact() is waiting for a lock now
+            return real_delete_many(*args, **kwargs)
+
+        monkeypatch.setattr(store, "_delete_many", delete_many_once_compact_waits)
+        outcome: dict = {}
+
+        def run(name, call):
+            try:
+                outcome[name] = call()
+            except BaseException as exc:        # noqa: BLE001 (reported below)
+                outcome[name] = exc
+
+        retain = threading.Thread(target=run, args=("retain", lambda: store.retain(
+            "r", keep_last=1)))
+        retain.start()
+        assert retaining.wait(10)
+        compact = threading.Thread(target=run, args=("compact", store.compact))
+        compact.start()
+        compacting.set()
+        started = time.monotonic()
+        retain.join(15)
+        compact.join(15)
+        assert not retain.is_alive() and not compact.is_alive()
+        assert time.monotonic() - started < 15
+        assert isinstance(outcome["retain"], list) and len(outcome["retain"]) == 2, outcome
+        assert isinstance(outcome["compact"], dict), outcome
+        assert store.restore(store.latest("r").id)["b"] == data(2)
