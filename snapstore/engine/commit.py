@@ -21,7 +21,8 @@ Many writers (format 3; docs/design.md, "Many writers"): any number of processes
 for writing at once, each appending to a log of its own. A commit:
   1. plans against an index snapshot: the stream's head H it builds on, the page diff against
      H's fingerprints (make_plans), then appends the new chunk records to its own log, deduped
-     against the snapshot's chunks (after_data_append). No lock but this process's.
+     against the snapshot's chunks, and writes them to the segment file (after_data_append):
+     a disk full fails here, before the claim. No lock but this process's.
   2. claims (one short index transaction, claims.py): fails with CommitConflict unless the
      stream's head is still H (or `expect_head`) and no other commit of the stream is in
      progress; re-checks the chunks it reused if garbage collection ran since it planned;
@@ -776,10 +777,19 @@ class Committer:
         applied position in one index transaction; apply_extra(index writer) adds to it. On
         any failure before the index commit the log is rolled back to where it was and the
         claim dropped (kept when the rollback failed: the records may be durable, and the
-        recovery of this log after this writer is gone publishes them). Returns the log
-        position just past the records."""
+        recovery of this log after this writer is gone publishes them). Records the caller
+        appended before (a commit's chunks) are written first, before the mark is taken
+        (SegmentLog.mark): when that write fails the claim is dropped and the error raised,
+        and the caller's rollback drops those records (a mark counting their unwritten
+        bytes would lie past the segment's end: the rollback to it broke the log and kept
+        the claim, so the Store refused every write and the stream stayed claimed until it
+        was closed). Returns the log position just past the records."""
         log = self.log
-        mark = log.position
+        try:
+            mark = log.mark()
+        except BaseException:
+            self.release(c)
+            raise
         try:
             for rtype, parts in batch:
                 log.append(rtype, 0, parts)
@@ -908,7 +918,14 @@ class Committer:
         showing `head` and GC generation `generation`): claims the stream (CommitConflict
         unless head is still its head; claims.ChunksVanished when GC removed a chunk the
         entries reuse), then appends the commit record, syncs and publishes it with the page
-        fingerprints [(buffer name, digests)]. The caller rolls its log back on failure."""
+        fingerprints [(buffer name, digests)]. The caller rolls its log back on failure.
+
+        The sink's chunk records are written before the claim (step 1 ends with them in the
+        segment file): a write that fails (disk full) then claims nothing, and the claim is
+        never held across the chunks' I/O. (ChunkSink.put queues records without writing
+        them until PENDING_BYTES are queued: a copy's or an import's chunks were written
+        only inside publish, under the claim.)"""
+        sink.log.flush()
         new_chunks = sink.new_chunk_table()
         delta_bases = sink.delta_base_table()
         pins = reused_chunks(entries, new_chunks, delta_bases)

@@ -367,11 +367,23 @@ class SegmentLog:
 
     @property
     def position(self) -> tuple[int, int]:
-        """Where the next record will start (after pending bytes are flushed)."""
+        """Where the next record will start (after pending bytes are flushed). It counts the
+        bytes queued and in flight: a rollback mark taken while records are queued may lie
+        past what the segment will hold if their write fails (use mark())."""
         if self._current is None:
             self._check()       # a rollback that failed part-way left no open segment
         assert self._current is not None
         return self._current.number, self._end() + self._pending_bytes
+
+    def mark(self) -> tuple[int, int]:
+        """A rollback mark for records appended from now on: first writes what is queued and
+        waits for the write behind (raising its StoreIOError, as flush() does), so the mark
+        is an end the segment file reaches. A mark taken at `position` with records still
+        queued lies past the end once their write fails, and rollback() to it cannot repair
+        the log (it breaks it): an operation that takes a second mark after appending (the
+        commit path's publish) takes it here."""
+        self.flush()
+        return self.position
 
     def _end(self) -> int:
         """The open segment's size once the write behind (if any) is done."""

@@ -352,6 +352,94 @@ def test_write_fault_during_delete(tmp_path, err):
     fx.check_all()
 
 
+# ---- faults in copy_checkpoints and import_savepoint ------------------------------------------
+# Regression: a write fault while a copy or an import stored its chunks (disk full) raised
+# the right StoreIOError, but the Store's log was left broken (every later write: "the log
+# refuses writes after an earlier failure (rollback mark ... lies past the end of the
+# segment); reopen the store") and the stream claimed by the failed commit (CommitConflict
+# for every other writer of it until the Store was closed). ChunkSink.put queues chunk
+# records without writing them; commit_manifests claimed with them still queued, and
+# publish took its rollback mark at SegmentLog.position, which counts them: their write
+# failed inside publish, the rollback to that mark found it past the segment's end, broke
+# the log and kept the claim. A checkpoint() writes its chunks before claiming (store_buffer
+# flushes), so a disk full there left no trace. Now the chunks are written before the
+# claim, and publish's mark (SegmentLog.mark) is always an end the segment file reaches.
+
+def _source_store(path, size: int = 300_001):
+    """A store holding one checkpoint of stream "y", which the fixture's store lacks."""
+    src = snapstore.open(str(path))
+    bufs = {"w": content("import w", size), "x": content("import x", 70_000)}
+    info = src.checkpoint(bufs, stream="y", meta={"from": "src"})
+    return src, info, bufs
+
+
+def _import_or_copy(how: str, dst, src, info, snap: str):
+    if how == "import":
+        return snapstore.import_savepoint(dst, snap)
+    result = snapstore.copy_checkpoints(src, dst, [info.id])
+    return dst.get(result.copied[info.id])
+
+
+def _fail_import_then_recover(fx: Fixture, how: str, src, info, bufs: dict, snap: str,
+                              err: int = errno.ENOSPC):
+    before = fx.state()
+    with pytest.raises(StoreIOError) as ei:
+        _import_or_copy(how, fx.store, src, info, snap)
+    assert_clear_io_error(ei.value, err)
+    assert fx.fb.fired == ["write"]
+    assert fx.state() == before, "the failed import left a trace"
+    assert fx.store._log.broken is None, fx.store._log.broken
+    fx.check_all()
+    fx.fb.clear()
+    # the stream is not left claimed: another writer commits to it while this Store is open
+    with snapstore.open(fx.path, **fx.kw) as other:
+        mine = other.checkpoint({"q": b"other writer"}, stream="y")
+    fx.want[mine.id] = {"q": b"other writer"}
+    # this Store goes on writing: the same import, and a checkpoint
+    got = _import_or_copy(how, fx.store, src, info, snap)
+    assert got.parent == mine.id
+    fx.want[got.id] = bufs
+    fx.take("after-import", "s")
+    fx.check_all()
+    fx.reopen()
+    fx.check_all()
+    assert fx.store.verify(deep=True)["ok"]
+    fx.log_tail_clean()
+
+
+@pytest.mark.parametrize("how", ["import", "copy"])
+@pytest.mark.parametrize("nth,partial", [(1, 0.0), (1, 0.5), (2, 0.0), (2, 0.5)])
+def test_write_fault_during_import_or_copy(tmp_path, how, nth, partial):
+    """nth 1: the write of the chunks the store lacks; nth 2: the commit record's."""
+    fx = Fixture(tmp_path / "dst")
+    src, info, bufs = _source_store(tmp_path / "src")
+    snap = str(tmp_path / "y.snap")
+    snapstore.export_savepoint(src, info.id, snap)
+    fx.fb.fail("write", nth, errno.ENOSPC, partial=partial)
+    try:
+        _fail_import_then_recover(fx, how, src, info, bufs, snap)
+    finally:
+        src.close()
+        fx.store.close()
+
+
+@pytest.mark.parametrize("how", ["import", "copy"])
+def test_write_fault_behind_a_large_import(tmp_path, how):
+    """Chunks of more than wal.PENDING_BYTES are written behind while the next are read and
+    checked: a fault there leaves no trace either."""
+    fx = Fixture(tmp_path / "dst", compression="none")
+    src, info, bufs = _source_store(tmp_path / "src", size=20 << 20)
+    snap = str(tmp_path / "y.snap")
+    snapstore.export_savepoint(src, info.id, snap)
+    fx.fb.fail("write", 1, errno.ENOSPC)
+    try:
+        _fail_import_then_recover(fx, how, src, info, bufs, snap)
+        assert fx.fb.fired_in[0] != "MainThread"
+    finally:
+        src.close()
+        fx.store.close()
+
+
 # ---- faults at the LMDB side ---------------------------------------------------------------
 
 def test_real_index_map_full(tmp_path, monkeypatch):

@@ -98,6 +98,33 @@ def test_a_failed_write_behind_refuses_writes_until_rolled_back(tmp_path, partia
     assert records_in(backend) == [(*kept, b"kept"), (*mark, b"after the rollback")]
 
 
+@pytest.mark.parametrize("behind", [False, True])
+def test_mark_writes_what_is_queued_first(tmp_path, behind):
+    """SegmentLog.mark(): a rollback mark taken after records were appended is an end the
+    segment file reaches. The records queued (and the write behind) are written first, and
+    their failure raises there; a mark at `position` counted them, and the rollback to it
+    after their write failed found it past the segment's end and broke the log (a copy's or
+    an import's commit on a full disk: tests/unit/test_store_faults.py)."""
+    backend, log = open_log(tmp_path, segment_size=64 << 20)
+    start = log.position
+    size = wal.PENDING_BYTES if behind else 1000     # written behind, or only queued
+    log.append(fmt.REC_CHUNK, 0, [os.urandom(size)])
+    counted = log.position
+    assert log.mark() == counted == (counted[0], backend.size(counted[0]))
+    log.append(fmt.REC_CHUNK, 0, [b"y" * 10])
+    backend.fail("write", 1, errno.ENOSPC, partial=0.5)
+    log.append(fmt.REC_CHUNK, 0, [os.urandom(size)])
+    with pytest.raises(StoreIOError, match="disk full"):
+        log.mark()
+    assert backend.fired_in[0] != "MainThread" if behind else backend.fired == ["write"]
+    assert log.rollback(start)
+    assert log.broken is None and log.position == start
+    where = log.append(fmt.REC_CHUNK, 0, [b"after"])
+    assert log.mark() == (where[0], where[1] + fmt.RECORD_HEADER.size + 5)
+    log.close()
+    assert records_in(backend) == [(*start, b"after")]
+
+
 def test_rollback_while_a_write_is_behind_cuts_it_off(tmp_path):
     backend, log = open_log(tmp_path, segment_size=64 << 20)
     mark = log.position
