@@ -273,7 +273,10 @@ class Group:
         stream and returns it. Each participant's meta is in the checkpoint's
         reserved_meta["snapstore.group"]["parts"] (group_parts() reads it).
         Raises: GroupTimeout (naming the participants that never staged; the group is
-        aborted, nothing is visible), GroupError (the group is gone), StoreIOError."""
+        aborted, nothing is visible), GroupError (the group is gone or being committed, or a
+        part was staged again meanwhile: commit again), StoreIOError. On a failure after
+        waiting (GroupError, StoreIOError, KeyboardInterrupt...) nothing is visible and the
+        group stays open (unless past its deadline): commit again or abort it."""
         meta = validate_meta(meta)
         if timeout is not None:
             timeout = validate_timeout(timeout)
@@ -285,7 +288,8 @@ class Group:
     def abort(self) -> bool:
         """Drops the group: nothing of it becomes visible, its staged parts are garbage for
         compact() (an S3 store's for its gc). False when it was gone already (committed,
-        aborted, timed out)."""
+        aborted, timed out). A local store raises GroupError while a commit of the group is
+        in progress (its parts must stay until that commit publishes or fails)."""
         self.store._committer.check_open(write=True)
         return self.store._groups.abort_group(self.store._committer, self.id)
 
@@ -714,14 +718,16 @@ class Store:
         (diffed page-wise against the group stream's head, so parts are incremental like
         checkpoints) and its meta (e.g. source offsets), durable in this Store's own log
         when this returns. Buffer names must be distinct across the group's parts. Staging
-        the same participant again replaces its part. Any Store of the store may stage, in
-        any process; a process stages in parallel with others (each Store writes its own
-        log). On an S3 store, any machine that reaches the bucket: the part's chunks are
-        uploaded and the part is an object of the bucket when this returns (distinct
-        buffer names are checked by the commit there; CommitConflict when the stream
-        moved since the group opened).
-        Raises: GroupError (unknown, committed, aborted or timed-out group; not one of its
-        participants; a buffer name another part staged), InvalidArgumentError."""
+        the same participant again replaces its part, until the group's commit has begun
+        (then GroupError: the commit takes the parts staged before it). Any Store of the
+        store may stage, in any process; a process stages in parallel with others (each
+        Store writes its own log). On an S3 store, any machine that reaches the bucket:
+        the part's chunks are uploaded and the part is an object of the bucket when this
+        returns (distinct buffer names are checked by the commit there; CommitConflict
+        when the stream moved since the group opened).
+        Raises: GroupError (unknown, committed, aborted or timed-out group, or one being
+        committed; not one of its participants; a buffer name another part staged),
+        InvalidArgumentError."""
         if not isinstance(group_id, str) or not group_id:
             raise InvalidArgumentTypeError(f"group_id must be a group's id (a str), got "
                                            f"{type(group_id).__name__}")
@@ -1010,6 +1016,7 @@ class Store:
         # other waited for
         with c.maintenance(exclusive=True), c.exclusive(), io_errors("compaction failed"):
             c.recover_orphans()         # dead writers' logs: their tails are settled first
+            c.drop_abandoned_groups()   # expired groups' parts are garbage from now on
             return compaction.compact(c.index, c.log, c.backend, threshold=float(threshold),
                                       max_chain=max_chain or self.options.max_chain,
                                       opts=self.options,

@@ -164,6 +164,30 @@ def drop(w: IndexWriter, c: Claim) -> None:
         w.delete_group_entries(group_key(c.group))
 
 
+def of_group(view: IndexView, group: str) -> list[Claim]:
+    """The claims of `group`: its group claim while it is open, or the commit claim that
+    replaced it while it is being committed (never both: groups.commit_group swaps them in
+    one transaction, and back again when the commit fails)."""
+    return [c for c in claims(view) if c.group == group]
+
+
+def drop_abandoned_groups(w: IndexWriter) -> int:
+    """Drops the groups that can never commit (a writer's open and compaction do this: the
+    parts of a group keep compaction off their segments until the group is dropped): those
+    whose group claim's deadline passed (as the claim checks drop the ones they meet), and
+    the entries of groups no claim holds (neither a group claim nor a commit of the group:
+    left by an older version, whose failed group commit released the group's claim but kept
+    its entries). Returns how many groups were dropped."""
+    found = claims(w)
+    live = _without_expired(w, found)
+    dropped = len(found) - len(live)
+    held = {c.group.encode() for c in live if c.group is not None}
+    orphans = {key.partition(b"\0")[0] for key, _, _ in w.group_entries()} - held
+    for group in orphans:
+        w.delete_group_entries(group + b"\0")
+    return dropped + len(orphans)
+
+
 def _without_expired(view: IndexView, found: list[Claim]) -> list[Claim]:
     """found without the claims of groups whose deadline passed (they can no longer commit);
     in a write transaction those are dropped, with their groups."""

@@ -313,6 +313,8 @@ class Committer:
                     with logowners.choosing_a_log(path, opened.file_mode):
                         self._take_log(durable)
                     self._remove_swap_leftovers()
+                    with contextlib.suppress(SnapstoreError):
+                        self.drop_abandoned_groups()    # compaction's does it, or says why
                 self.log = SegmentLog(self.backend, segment_size, self.log_number)
                 self.log.published = self._published
                 self.log.open_tail()
@@ -507,6 +509,18 @@ class Committer:
                 for other_fd in taken.values():
                     os.close(other_fd)
             return True
+
+    def drop_abandoned_groups(self) -> int:
+        """Drops the groups that can never commit (claims.drop_abandoned_groups): at a
+        writer's open and before compaction. One read when there is none."""
+        if self.index.version < 3:
+            return 0
+        with self.index.read() as r:
+            if not r.group_entries(b"") and not any(c.kind == "group"
+                                                    for c in claim_rules.claims(r)):
+                return 0
+        with self.index.write() as w:
+            return claim_rules.drop_abandoned_groups(w)
 
     def recover_orphans(self) -> bool:
         """Recovers every log whose writer is gone (compaction does this first). Returns
@@ -760,35 +774,41 @@ class Committer:
         raise CommitConflict(f"store {self.path}: writers kept dying while this operation "
                              "claimed its place; try again")
 
-    def release(self, c: claim_rules.Claim) -> None:
+    def release(self, c: claim_rules.Claim,
+                extra: Callable[[IndexWriter], None] | None = None) -> None:
         """Drops an abandoned claim (best effort: a claim left behind is dropped when this
-        writer's log is recovered)."""
+        writer's log is recovered, with the group it commits); extra(index writer) adds to
+        the same transaction (a group commit takes its group's claim back there)."""
         try:
             with self.index.write() as w:
                 claim_rules.release(w, c.order)
+                if extra is not None:
+                    extra(w)
         except SnapstoreError:
             pass
 
     def publish(self, batch: list, c: claim_rules.Claim,
-                apply_extra: Callable[[IndexWriter], None] | None = None) -> tuple[int, int]:
+                apply_extra: Callable[[IndexWriter], None] | None = None,
+                on_release: Callable[[IndexWriter], None] | None = None) -> tuple[int, int]:
         """Steps 3 and 4 of the protocol for claimed index records (writer lock held):
         appends the records of batch [(record type, payload parts)], syncs the log (with
         durability "fsync"), then applies them, drops the claim and advances the log's
         applied position in one index transaction; apply_extra(index writer) adds to it. On
         any failure before the index commit the log is rolled back to where it was and the
-        claim dropped (kept when the rollback failed: the records may be durable, and the
-        recovery of this log after this writer is gone publishes them). Records the caller
+        claim dropped, with on_release(index writer) in that transaction (release()); the
+        claim is kept when the rollback failed: the records may be durable, and the
+        recovery of this log after this writer is gone publishes them. Records the caller
         appended before (a commit's chunks) are written first, before the mark is taken
-        (SegmentLog.mark): when that write fails the claim is dropped and the error raised,
-        and the caller's rollback drops those records (a mark counting their unwritten
-        bytes would lie past the segment's end: the rollback to it broke the log and kept
-        the claim, so the Store refused every write and the stream stayed claimed until it
-        was closed). Returns the log position just past the records."""
+        (SegmentLog.mark): when that write fails the claim is dropped (on_release too) and
+        the error raised, and the caller's rollback drops those records (a mark counting
+        their unwritten bytes would lie past the segment's end: the rollback to it broke the
+        log and kept the claim, so the Store refused every write and the stream stayed
+        claimed until it was closed). Returns the log position just past the records."""
         log = self.log
         try:
             mark = log.mark()
         except BaseException:
-            self.release(c)
+            self.release(c, on_release)
             raise
         try:
             for rtype, parts in batch:
@@ -812,7 +832,7 @@ class Committer:
             # they may be durable: the claim stays, and the recovery of this log after this
             # writer is gone publishes what is there.
             if log.rollback(mark):
-                self.release(c)
+                self.release(c, on_release)
             raise
         crashpoint("after_index_commit")
         return end

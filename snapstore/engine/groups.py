@@ -15,14 +15,23 @@ not at all.
                     every other participant), then one transaction registers the part (its
                     manifests, new-chunk table, page fingerprints, meta, the chunks it reuses)
                     and moves the participant's applied position past it (the part's start is
-                    its log's compaction watermark until the group ends: compact.py)
+                    its log's compaction watermark until the group ends: compact.py).
+                    Refused (GroupError) once a commit of the group is claimed: the parts
+                    are fixed from then on
     commit_group    waits until every participant staged (or the deadline: GroupTimeout naming
                     the missing ones, the group aborted), then the commit protocol of
-                    commit.py: a commit claim replacing the group's claim, ONE self-describing
-                    commit record (every part's buffers and new-chunk tables) in the
-                    coordinator's log, synced, then one transaction publishes it and drops
-                    the group
-    abort_group     drops the group and its claim: the staged parts are garbage
+                    commit.py: a commit claim replacing the group's claim (re-checking the
+                    parts, and the chunks the full rule's rebase reused when a GC ran), ONE
+                    self-describing commit record (every part's buffers and new-chunk tables)
+                    in the coordinator's log, synced, then one transaction publishes it and
+                    drops the group. A failure before the publish gives the group a group
+                    claim again where the commit claim is dropped: still open
+    abort_group     drops the group and its claim: the staged parts are garbage (refused
+                    while a commit of the group is claimed)
+
+A group holds exactly one claim at any time (its group claim, or the commit claim that replaced
+it); a group no claim holds, or past its deadline, can never commit and is dropped by a
+writer's open and by compaction (claims.drop_abandoned_groups).
 
 Crash safety follows from the commit protocol: a commit record that reached the coordinator's
 log was claimed, so recovery of that log publishes it (and drops the group); a coordinator
@@ -46,7 +55,8 @@ from snapstore.engine.commit import ANY_HEAD, Committer, count_bytes_new, io_err
 from snapstore.engine.crashpoints import crashpoint
 from snapstore.engine.index import IndexView, IndexWriter, damaged
 from snapstore.engine.records import BufferEntry, Commit
-from snapstore.errors import GroupError, GroupTimeout, SnapstoreError
+from snapstore.errors import ConcurrentCompactionError, GroupError, GroupTimeout, \
+    SnapstoreError
 
 # make_part_plans(view, stream, head id or None, head Commit or None) -> [BufferPlan]
 PartPlanMaker = Callable[[IndexView, str, "int | None", "Commit | None"], list]
@@ -54,6 +64,9 @@ PartPlanMaker = Callable[[IndexView, str, "int | None", "Commit | None"], list]
 
 _key = claim_rules.group_key
 
+
+# plans made again when garbage collection raced a stage or a group commit
+_ATTEMPTS = 5
 
 # The most participants a group may name (its header holds them all, in one index value).
 MAX_PARTICIPANTS = 1 << 20
@@ -152,6 +165,32 @@ def _unknown(group: str, stream: str | None = None) -> GroupError:
                       "committed, aborted or timed out, or its coordinator died", group=group)
 
 
+_NOT_STAGED = "this part was not staged (a group's parts are fixed once its commit is claimed)"
+
+
+def _being_committed(group: str, committing: claim_rules.Claim,
+                     alive: Callable[[int], bool], what: str = _NOT_STAGED) -> GroupError:
+    """The GroupError of a stage (or an abort, a second commit) that meets the commit claim
+    of its group: the commit combines the parts staged before it claimed, so a part staged
+    now would be acknowledged and never committed (the commit record, once durable, is
+    published by the recovery of a coordinator that died). S3 stores refuse a late stage
+    the same way."""
+    if alive(committing.log):
+        how = f"is being committed by {committing.holder}"
+    else:
+        how = (f"was being committed by {committing.holder}, which died: the recovery of its "
+               "log commits the parts staged before, or drops the group")
+    return GroupError(f"group {group} {how}: {what}", group=group)
+
+
+def _committing(view: IndexView, group: str) -> claim_rules.Claim | None:
+    """The commit claim of `group`, if it is being committed."""
+    for c in claim_rules.of_group(view, group):
+        if c.kind == "commit":
+            return c
+    return None
+
+
 def _live_header(view: IndexView, group: str) -> GroupHeader:
     header = GroupHeader.read(view, group)
     if header is None:
@@ -199,6 +238,11 @@ def abort_group(c: Committer, group: str) -> bool:
             header = GroupHeader.read(w, group)
             if header is None:
                 return False
+            committing = _committing(w, group)
+            if committing is not None:
+                # its parts must stay until the commit ends: dropping them would let
+                # compaction take the segments of a commit record that may be durable
+                raise _being_committed(group, committing, c.alive, "it cannot be aborted now")
             _drop(w, header)
             return True
 
@@ -304,64 +348,121 @@ def group_meta(group: str, parts_meta: dict, meta: Any) -> Any:
 def commit_group(c: Committer, group: str, meta: Any, timeout: float | None) -> Commit:
     """Commits the group's parts as one checkpoint of its stream (see the module docstring).
     meta: the coordinator's meta; each participant's meta is kept under the reserved key
-    format.GROUP_META_KEY, {"id", "parts": {participant: its meta}}."""
+    format.GROUP_META_KEY, {"id", "parts": {participant: its meta}}.
+
+    The commit claim replaces the group's claim in one transaction, and a failure before the
+    publish puts a group claim back in the transaction that drops the commit claim
+    (_reopen): the group stays open, its stream reserved, committable again or abortable
+    (dropped instead if its deadline passed meanwhile). Only when even that transaction
+    fails, or the log cannot be rolled back, is the commit claim left: the recovery of this
+    log then publishes the record or drops the claim with the group."""
     found = wait_for_parts(c, group, timeout)
     with c.exclusive(), io_errors("group commit failed"):
         c.check_open(write=True)
         c.log.check_writable()
-        with c.read() as r:
-            header = _live_header(r, group)
+        for _ in range(_ATTEMPTS):
+            try:
+                return _commit_once(c, group, found, meta)
+            except claim_rules.ChunksVanished:
+                continue        # a compaction took a chunk the rebase reused: plan again
+    raise ConcurrentCompactionError(f"group {group}: compaction removed chunks its commit "
+                                    f"reused {_ATTEMPTS} times in a row; commit it again")
+
+
+def _reopen(c: Committer, group: str) -> Callable[[IndexWriter], None]:
+    """What the transaction dropping a failed group commit's claim adds: a group claim of
+    this writer's log for the group again (its header naming it), so the group stays open
+    and its stream reserved; a group whose deadline passed is dropped instead."""
+    def reopen(w: IndexWriter) -> None:
+        header = GroupHeader.read(w, group)
+        if header is None or claim_rules.of_group(w, group):
+            return                      # published or dropped; or (never) claimed already
+        if time.time() > header.deadline:
+            w.delete_group_entries(_key(group))
+            return
+        again = claim_rules.claim(w, "group", c.log_number, stream=header.stream,
+                                  parent=header.parent, group=group,
+                                  deadline=header.deadline)
+        header.claim = again.order
+        w.put_group_entry(_key(group), header.to_json())
+    return reopen
+
+
+def _commit_once(c: Committer, group: str, found: dict, meta: Any) -> Commit:
+    with c.read() as r:
+        header = _live_header(r, group)
         order = [found[p] for p in header.participants]
         entries, new_chunks, bytes_new = combine_parts(
             [(p.entries, p.new_chunks, p.bytes_new) for p in order])
         pins = b"".join(p.pins for p in order)
         fingerprints = [fp for p in order for fp in p.fingerprints]
-        with c.read() as r:
-            whole = whole_if_mostly_changed(r, header.parent, group, entries,
-                                            c.options.full_threshold)
-        if whole is not entries:
-            entries = whole
-            pins = reused_chunks(entries, new_chunks)
-        full_meta = group_meta(group, {p.participant: p.meta for p in order}, meta)
-        log = c.log
-        mark = log.position
+        whole = whole_if_mostly_changed(r, header.parent, group, entries,
+                                        c.options.full_threshold)
+        # the rebase names chunks of the parent's manifests, which no part pins: the claim
+        # re-checks them when a garbage collection ran since this snapshot
+        generation = r.gc_generation()
+    if whole is not entries:
+        entries = whole
+        pins = reused_chunks(entries, new_chunks)
+    full_meta = group_meta(group, {p.participant: p.meta for p in order}, meta)
+    log = c.log
+    mark = log.position
+    retired: list = []
 
-        def prepare(w: IndexWriter) -> tuple:
-            now = _live_header(w, group)
-            claim_rules.check_stream(w, now.stream, now.parent, c.alive, group=group)
-            return "commit", {"stream": now.stream, "parent": now.parent, "group": group,
-                              "pins": bytes(pins)}
+    def prepare(w: IndexWriter) -> tuple:
+        now = _live_header(w, group)
+        held = claim_rules.of_group(w, group)
+        committing = [h for h in held if h.kind == "commit"]
+        if committing:
+            raise _being_committed(group, committing[0], c.alive,
+                                   "it cannot be committed twice")
+        if not any(h.kind == "group" and h.order == now.claim for h in held):
+            raise GroupError(f"group {group} of stream {now.stream!r} holds no claim any "
+                             "more (a failed commit of an older version released it): it "
+                             "cannot commit; the next compaction or open drops it",
+                             group=group)
+        if parts(w, group) != found:
+            # staged again since they were collected: commit the parts there are now
+            raise GroupError(f"group {group}: a participant staged its part again while "
+                             "the group was being committed: nothing was committed; "
+                             "commit the group again", group=group)
+        claim_rules.check_stream(w, now.stream, now.parent, c.alive, group=group)
+        claim_rules.check_pins(w, claim_rules.unpack_ids(pins), generation)
+        retired[:] = [now.claim]
+        return "commit", {"stream": now.stream, "parent": now.parent, "group": group,
+                          "pins": bytes(pins)}
 
-        def retire_group_claim(w: IndexWriter, claimed: claim_rules.Claim) -> None:
-            claim_rules.release(w, header.claim)
-        claimed = c.claim(prepare, retire_group_claim)
-        try:
-            commit = Commit(claimed.id, header.stream, header.parent, time.time(), full_meta,
-                            entries, new_chunks, seq=claimed.seq, order=claimed.order)
-            count_bytes_new(commit, bytes_new)
-            payload = commit.encode()
-        except BaseException:
-            c.release(claimed)
-            raise
+    def retire_group_claim(w: IndexWriter, claimed: claim_rules.Claim) -> None:
+        claim_rules.release(w, retired[0])
+    claimed = c.claim(prepare, retire_group_claim)
+    reopen = _reopen(c, group)
+    try:
+        commit = Commit(claimed.id, header.stream, header.parent, time.time(), full_meta,
+                        entries, new_chunks, seq=claimed.seq, order=claimed.order)
+        count_bytes_new(commit, bytes_new)
+        payload = commit.encode()
+    except BaseException:
+        c.release(claimed, reopen)
+        raise
 
-        def publish_extra(w: IndexWriter) -> None:
-            # in the publishing transaction: the parts must still be the ones combined. A
-            # participant may stage again until then (its new part replaces the entry, and
-            # compaction then keeps only the new part's segments): publishing the old part
-            # would commit what it replaced, or chunks in removed segments
-            if parts(w, group) != found:
-                raise GroupError(f"group {group}: a participant staged its part again while "
-                                 "the group was being committed: nothing was committed; "
-                                 "commit the group again")
-            for name, page_size, digests in fingerprints:
-                w.put_fingerprints(header.stream, name, commit.id, page_size, digests)
-            w.delete_group_entries(_key(group))
-        try:
-            c.publish([(fmt.REC_COMMIT, payload)], claimed, publish_extra)
-        except BaseException:
-            log.rollback(mark)
-            raise
-        return commit
+    def publish_extra(w: IndexWriter) -> None:
+        # in the publishing transaction: the parts must still be the ones combined. A stage
+        # of this group is refused while its commit is claimed (stage's register), so they
+        # are; checked still, as publishing another part would commit what it replaced, or
+        # chunks in removed segments
+        if parts(w, group) != found:
+            raise GroupError(f"group {group}: a participant staged its part again while "
+                             "the group was being committed: nothing was committed; "
+                             "commit the group again", group=group)
+        for name, page_size, digests in fingerprints:
+            w.put_fingerprints(header.stream, name, commit.id, page_size, digests)
+        w.delete_group_entries(_key(group))
+    try:
+        c.publish([(fmt.REC_COMMIT, payload)], claimed, publish_extra, reopen)
+    except BaseException:
+        log.rollback(mark)
+        raise
+    return commit
 
 
 # ---- a participant -----------------------------------------------------------------------------
@@ -370,18 +471,22 @@ def stage(c: Committer, group: str, participant: str, make_plans: PartPlanMaker,
           meta: Any) -> None:
     """Stages one participant's part (see the module docstring); make_plans(view, stream,
     head, head Commit) plans the part's buffers against the head the group follows. Staging the
-    same participant again replaces its part. Raises GroupError (unknown or timed-out group,
-    not a participant, a buffer name another part has), StoreIOError."""
+    same participant again replaces its part, until the group's commit is claimed. Raises
+    GroupError (unknown or timed-out group, not a participant, a buffer name another part has,
+    a group being committed), StoreIOError."""
     opts = c.options
     with c.exclusive(), io_errors("staging a group part failed"):
         c.check_open(write=True)
         c.log.check_writable()
-        for _ in range(5):
+        for _ in range(_ATTEMPTS):
             log = c.log
             mark = log.position
             try:
                 with c.read() as r:
                     header = _live_header(r, group)
+                    committing = _committing(r, group)
+                    if committing is not None:
+                        raise _being_committed(group, committing, c.alive)
                     if participant not in header.participants:
                         raise GroupError(f"{participant!r} is not a participant of group "
                                          f"{group} (its participants: "
@@ -416,6 +521,11 @@ def stage(c: Committer, group: str, participant: str, make_plans: PartPlanMaker,
 
                 def register(w: IndexWriter) -> None:
                     _live_header(w, group)
+                    committing = _committing(w, group)
+                    if committing is not None:
+                        # the commit combined the parts there were when it claimed: this
+                        # one would be acknowledged and never committed
+                        raise _being_committed(group, committing, c.alive)
                     check_distinct(group, participant, part.entries,
                                    {o: p.entries for o, p in parts(w, group).items()})
                     claim_rules.check_pins(w, claim_rules.unpack_ids(part.pins), generation)
@@ -431,8 +541,8 @@ def stage(c: Committer, group: str, participant: str, make_plans: PartPlanMaker,
             except BaseException:
                 log.rollback(mark)
                 raise
-        raise SnapstoreError(f"group {group}: compaction removed chunks the part reused five "
-                             "times in a row; retry")
+        raise SnapstoreError(f"group {group}: compaction removed chunks the part reused "
+                             f"{_ATTEMPTS} times in a row; retry")
 
 
 def status(c: Committer, group: str) -> dict:

@@ -440,3 +440,228 @@ def test_group_parts_of_anything_else(path):
     for wrong in (None, 42, {"parts": {}}):
         with pytest.raises(InvalidArgumentTypeError):
             snapstore.group_parts(wrong)
+
+
+COORDINATE_AND_DIE = r"""
+import sys, snapstore
+s = snapstore.open(sys.argv[1])
+g = s.group("ops", ["a"], timeout=120)
+print(g.id, flush=True)
+s.stage(g.id, "a", {"a": b"old" * 1000}, meta={"v": 1})
+g.commit(meta={"epoch": 1})
+print("committed", flush=True)
+"""
+
+
+def test_a_stage_after_the_coordinator_died_committing_is_refused(path):
+    """Regression: the coordinator killed with its group's commit record durable left its
+    commit claim and the group's entries; a participant's stage then was acknowledged, and
+    the recovery of the coordinator's log published the older part. A stage that meets a
+    commit claim of its group is refused with GroupError, as on S3 stores."""
+    participant = snapstore.open(path)              # open before the coordinator dies
+    p = run_child(COORDINATE_AND_DIE, path, crash_at="after_fsync")
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    gid = p.stdout.split()[0]
+    with pytest.raises(GroupError, match="died"):
+        participant.stage(gid, "a", {"a": b"new"}, meta={"v": 2})
+    participant.close()
+    with snapstore.open(path) as s:
+        [info] = s.checkpoints("ops")
+        assert s.restore(info.id) == {"a": b"old" * 1000}
+        assert snapstore.group_parts(info) == {"a": {"v": 1}}
+        assert s.verify(deep=True)["ok"]
+
+
+def test_a_stage_while_the_commit_is_claimed_is_refused(path, monkeypatch):
+    """A live coordinator's commit combines the parts there were when it claimed: a stage
+    of the group from then on is refused (GroupError), and the commit publishes the part
+    that was acknowledged (it used to accept the stage and then fail the commit)."""
+    from snapstore.engine import groups
+    with snapstore.open(path) as coord, snapstore.open(path) as participant:
+        g = coord.group("ops", ["a"])
+        participant.stage(g.id, "a", {"a": b"first"})
+        real = groups.count_bytes_new
+        refused = []
+
+        def stage_during_the_commit(commit, n):
+            monkeypatch.setattr(groups, "count_bytes_new", real)
+            with pytest.raises(GroupError, match="being committed") as exc:
+                participant.stage(g.id, "a", {"a": b"second"})
+            refused.append(exc.value)
+            return real(commit, n)
+        monkeypatch.setattr(groups, "count_bytes_new", stage_during_the_commit)
+        info = g.commit()
+        assert refused and coord.restore(info.id) == {"a": b"first"}
+        with pytest.raises(GroupError):
+            participant.stage(g.id, "a", {"a": b"third"})      # committed: gone
+        assert coord.verify(deep=True)["ok"]
+
+
+def _group_entries(s) -> int:
+    with s._committer.index.read() as r:
+        return len(r.group_entries())
+
+
+def test_a_restage_race_leaves_the_group_open_with_its_claim(path, monkeypatch):
+    """Regression: a commit that failed on the re-stage race had released the group's claim
+    and kept its entries: another writer committed on the stream, the group could never
+    commit, and its parts stayed (past the deadline, after reopen) pinning the participant's
+    log against compaction. The race is now found before the commit claims, and the group
+    stays open: the stream reserved, committing again takes the new part."""
+    from snapstore.engine import groups
+    with snapstore.open(path) as coord, snapstore.open(path) as part, \
+            snapstore.open(path) as other:
+        g = coord.group("ops", ["a"], timeout=30)
+        part.stage(g.id, "a", {"a": rbytes(100_000, 1)})
+        real = groups.wait_for_parts
+
+        def collected_then_restaged(c, group, timeout):
+            found = real(c, group, timeout)
+            part.stage(g.id, "a", {"a": rbytes(100_000, 2)})
+            monkeypatch.setattr(groups, "wait_for_parts", real)
+            return found
+        monkeypatch.setattr(groups, "wait_for_parts", collected_then_restaged)
+        with pytest.raises(GroupError, match="staged its part again"):
+            g.commit()
+        with pytest.raises(CommitConflict):
+            other.checkpoint({"x": b"other writer"}, stream="ops")   # still reserved
+        info = g.commit()
+        assert coord.restore(info.id) == {"a": rbytes(100_000, 2)}
+        assert _group_entries(coord) == 0
+
+
+@pytest.mark.parametrize("failure", ["interrupt", "io"])
+def test_a_commit_that_fails_after_claiming_leaves_the_group_open(path, monkeypatch, failure):
+    """Regression: any failure after the commit claimed (KeyboardInterrupt, StoreIOError)
+    dropped the commit claim only: the group's own claim was gone, so the group was
+    orphaned (its stream free, committing again a CommitConflict once another writer
+    committed, its entries never dropped). The transaction that drops the commit claim now
+    gives the group a claim again: it stays open, committable and abortable."""
+    from snapstore.engine import groups
+    from snapstore.errors import StoreIOError
+    with snapstore.open(path) as coord, snapstore.open(path) as other:
+        g = coord.group("ops", ["a", "b"], timeout=30)
+        coord.stage(g.id, "a", {"a": rbytes(50_000, 1)}, meta={"o": 1})
+        other.stage(g.id, "b", {"b": rbytes(50_000, 2)})
+        if failure == "interrupt":
+            real = groups.count_bytes_new
+
+            def interrupted(commit, n):
+                monkeypatch.setattr(groups, "count_bytes_new", real)
+                raise KeyboardInterrupt
+            monkeypatch.setattr(groups, "count_bytes_new", interrupted)
+            expected = KeyboardInterrupt
+        else:
+            log = coord._committer.log
+
+            def failing_flush():
+                raise OSError(5, "Input/output error")
+            monkeypatch.setattr(log, "flush", failing_flush)
+            expected = StoreIOError
+        with pytest.raises(expected):
+            g.commit()
+        monkeypatch.undo()
+        assert coord.checkpoints("ops") == []
+        assert g.status()["missing"] == []
+        with pytest.raises(CommitConflict):
+            other.checkpoint({"x": b"other writer"}, stream="ops")
+        info = g.commit(meta={"epoch": 2})
+        assert coord.restore(info.id) == {"a": rbytes(50_000, 1), "b": rbytes(50_000, 2)}
+        assert snapstore.group_parts(info) == {"a": {"o": 1}, "b": None}
+        assert _group_entries(coord) == 0 and coord.verify(deep=True)["ok"]
+        g2 = coord.group("ops", ["a"], timeout=30)        # and a failed one can be aborted
+        coord.stage(g2.id, "a", {"a": b"x"})
+        monkeypatch.setattr(groups, "count_bytes_new", lambda commit, n: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            g2.commit()
+        monkeypatch.undo()
+        assert g2.abort() is True
+        assert _group_entries(coord) == 0
+        other.checkpoint({"x": b"free again"}, stream="ops")
+
+
+def test_a_commit_failing_past_the_deadline_drops_the_group(path, monkeypatch):
+    from snapstore.engine import groups
+    with snapstore.open(path) as s:
+        g = s.group("ops", ["a"], timeout=30)
+        s.stage(g.id, "a", {"a": b"x" * 1000})
+
+        def late(commit, n):
+            monkeypatch.setattr(time, "time", lambda: 1e12)   # past the deadline
+            raise KeyboardInterrupt
+        monkeypatch.setattr(groups, "count_bytes_new", late)
+        with pytest.raises(KeyboardInterrupt):
+            g.commit()
+        monkeypatch.undo()
+        assert _group_entries(s) == 0
+        with pytest.raises(GroupError):
+            g.status()
+        s.checkpoint({"x": b"free"}, stream="ops")
+
+
+def test_groups_no_claim_holds_are_dropped_and_never_commit(path):
+    """Regression: a group whose claim an older version's failed commit released was never
+    dropped (not past its deadline, not at reopen, not by compaction), pinning its parts'
+    segments. It cannot commit (GroupError); compaction and a writer's open drop it, and
+    expired groups too."""
+    from snapstore.engine import claims as claim_rules
+    from snapstore.engine import groups
+    with snapstore.open(path, segment_size=1 << 16) as s:
+        g = s.group("ops", ["a"], timeout=30)
+        s.stage(g.id, "a", {"a": rbytes(300_000, 1)})
+        with s._committer.index.write() as w:             # what the old failure left
+            claim_rules.release(w, groups.GroupHeader.read(w, g.id).claim)
+        with pytest.raises(GroupError, match="no claim"):
+            g.commit()
+        before = s.stats()["segment_bytes"]
+        s.compact(threshold=1.0, max_garbage=0)
+        assert _group_entries(s) == 0
+        s.compact(threshold=1.0, max_garbage=0)
+        assert s.stats()["segment_bytes"] < before - 200_000   # the part's bytes are reclaimed
+        g = s.group("ops", ["a"], timeout=30)
+        s.stage(g.id, "a", {"a": b"x"})
+        with s._committer.index.write() as w:
+            claim_rules.release(w, groups.GroupHeader.read(w, g.id).claim)
+    with snapstore.open(path) as s:                        # a writer's open drops it too
+        assert _group_entries(s) == 0
+        expired = s.group("ops", ["a"], timeout=0.2)
+        s.stage(expired.id, "a", {"a": b"x"})
+        time.sleep(0.3)
+        s.compact()                                        # an expired group is dropped
+        assert _group_entries(s) == 0
+        s.checkpoint({"x": b"free"}, stream="ops")
+
+
+def test_a_compaction_racing_the_rebase_makes_the_commit_plan_again(path, monkeypatch):
+    """Regression: the full rule's rebase reads the parent's manifests; a compaction that
+    trimmed one of their chunks before the commit claimed made the commit fail with
+    CorruptionError (a manifest naming a chunk the index lacks). The claim now re-checks the
+    chunks the rebase reused when garbage collection ran since, and plans again."""
+    from snapstore.engine import groups
+    with snapstore.open(path, segment_size=1 << 16) as coord, \
+            snapstore.open(path, segment_size=1 << 16) as other:
+        R = bytearray(rbytes(256 << 10, 1))
+        first = coord.checkpoint({"a": bytes(R)}, stream="ops")
+        R[0:4096] = rbytes(4096, 2)
+        coord.checkpoint({"a": bytes(R)}, stream="ops")
+        coord.delete(first.id)      # the head now uses only part of first's chunk: trimmed
+        g = coord.group("ops", ["x", "y"], timeout=60)
+        A = bytearray(R)
+        A[8192:12288] = rbytes(4096, 3)                      # a delta over the head
+        coord.stage(g.id, "x", {"a": bytes(A)})
+        B = rbytes(1 << 20, 4)                               # all new: mostly changed
+        other.stage(g.id, "y", {"b": B})
+        real = groups.whole_if_mostly_changed
+        trimmed = []
+
+        def compacted_after_the_rebase(*args, **kw):
+            out = real(*args, **kw)
+            if not trimmed:
+                assert out is not args[3]                    # it rebased
+                trimmed.append(other.compact(threshold=1.0, max_garbage=0)["chunks_trimmed"])
+            return out
+        monkeypatch.setattr(groups, "whole_if_mostly_changed", compacted_after_the_rebase)
+        info = g.commit()
+        assert trimmed == [1] and info.kind == "full"
+        assert coord.restore(info.id) == {"a": bytes(A), "b": B}
+        assert coord.verify(deep=True)["ok"]
