@@ -187,6 +187,9 @@ class StoreLocked(SnapstoreError):
                      counts them.
       "maintenance"  STORE/maintenance: a compaction is running (a second compaction, or a
                      verify, waits for it); for a compaction, also verifies running.
+      "index"        STORE/index.gate: the index's write lock is held by a process that is
+                     stopped (SIGSTOP, Ctrl-Z, a debugger); a write gave up after seeing it
+                     stopped for max(timeout, 2 s). A holder that runs is waited for.
     Attributes: ``path`` (the store), ``waited`` (seconds waited), ``lock``, ``writers``, and
     what the holder recorded in its lock file when it took the lock: ``pid``, ``host`` and
     ``since`` (ISO 8601 UTC time), each None when unknown (a holder that wrote no record, a

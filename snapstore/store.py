@@ -1564,11 +1564,14 @@ def open(path, *, durability: str | None = None, sync_index: bool = True, create
         readonly: open as a reader: no lock is taken, any number of readers run next to
             any number of writers; every write raises ReadOnlyError.
         timeout: seconds to wait for a lock (0: fail at once with StoreLocked;
-            float("inf"): wait for ever). Writers never wait for each other (each appends to
-            a log of its own); a writer's open waits for what holds the store to itself (its
-            creation, a format upgrade, a repair, a writer of an older snapstore), and
-            compact() and verify() wait for a running compaction. For a reader: also how
-            long to wait for a store being created to appear.
+            float("inf"): wait for ever). Writers never wait for each other's writes (each
+            appends to a log of its own), only for the index transaction of one: that of a
+            process stopped inside it (SIGSTOP, Ctrl-Z, a debugger) is waited for while it
+            stays stopped up to max(timeout, 2 s), then StoreLocked (lock "index"). A
+            writer's open waits for what holds the store to itself (its creation, a format
+            upgrade, a repair, a writer of an older snapstore), and compact() and verify()
+            wait for a running compaction. For a reader: also how long to wait for a store
+            being created to appear.
         page_size: the unit of incremental saves, a power of two from 512 to 1 MiB (default
             4096): a buffer's delta is the pages whose fingerprints changed.
         chunk_size: the largest chunk a full buffer is cut into, a multiple of page_size, at

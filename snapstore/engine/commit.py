@@ -289,7 +289,8 @@ class Committer:
                 elif durable:
                     index_durable = True    # nothing could tell a reboot: sync as before
             self.index = Index(os.path.join(path, fmt.INDEX_DIR), readonly=readonly,
-                               durable=index_durable, file_mode=opened.file_mode)
+                               durable=index_durable, file_mode=opened.file_mode,
+                               timeout=timeout)
             self.backend = backend or LocalSegments(os.path.join(path, fmt.SEGMENTS_DIR),
                                                     durable=durable,
                                                     file_mode=opened.file_mode)
@@ -693,7 +694,9 @@ class Committer:
         StoreLocked (lock "maintenance") naming the compaction that holds it: an exclusive
         holder records itself in the file (holders.py) and clears the record when done.
         Other writers are not kept out. Re-entrant in the thread that holds it exclusively
-        (retain holds it across its deletes and its prune, compact() inside it)."""
+        (retain holds it across its deletes and its prune, compact() inside it). Taken
+        before the writer lock (exclusive()), never while holding it: a thread waiting here
+        must not keep this Store's other threads from writing."""
         if self._maintenance_holder == threading.get_ident():
             yield
             return

@@ -53,8 +53,9 @@ LOG_CHOICE_LOCK_FILE = ".choosing"  # in WRITERS_DIR: flocked exclusively by an 
 UNSYNCED_DIR = "unsynced"       # marks of writers whose index runs without syncs, one file
                                 # each named <boot id>.<token>, flocked by it (unsynced.py)
 MAINTENANCE_LOCK_FILE = "maintenance"   # flock()ed exclusively by compaction, shared by verify
-INDEX_GATE_FILE = "index.gate"  # beside INDEX_DIR: flock()ed exclusively while a process waits
-                                # for the index's write lock (index.py, _WriterGate); empty
+INDEX_GATE_FILE = "index.gate"  # beside INDEX_DIR: flock()ed exclusively by every index write
+                                # transaction, from before it waits for LMDB's write lock until
+                                # it ended (writegate.py); empty
 LOG_SEGMENTS = 10 ** 9          # log L's segments are numbered L * LOG_SEGMENTS + n, 1 <= n <
                                 # LOG_SEGMENTS: file names show the log (0000003000000005.seg
                                 # is log 3's 5th); format <= 2 stores hold log 0 only

@@ -21,6 +21,7 @@ import ctypes
 import errno
 import fcntl
 import json
+import math
 import os
 import stat
 import struct
@@ -38,6 +39,7 @@ from snapstore.engine.crashpoints import crashpoint
 from snapstore.errors import CorruptionError, FormatError, SnapstoreError, StoreIOError
 from snapstore.engine import records
 from snapstore.engine.records import Commit
+from snapstore.engine.writegate import WriterGate, writer_gate
 from snapstore.engine.fsutil import DEFAULT_FILE_MODE, NotRegularFile, check_regular, file_kind
 from snapstore.engine.registry import SharedByPath
 
@@ -530,72 +532,6 @@ def _acquire_env(path: str, durable: bool, file_mode: int) -> lmdb.Environment:
 _OPEN_ATTEMPTS = 10
 
 
-class _WriterGate:
-    """What a process passes before it waits for an index's write lock: a flock() of
-    fmt.INDEX_GATE_FILE beside the index, and a lock for the threads of this process, both
-    let go once LMDB's lock is taken. So at most one thread of all processes waits in LMDB's
-    lock at a time; the others wait in the kernel's flock queue.
-
-    Why: LMDB's write lock is a process-shared robust mutex. One whose holder dies is handed
-    on (EOWNERDEAD), but a waiter SIGKILLed after the holder's unlock woke it, before it took
-    the lock, takes that wake-up with it: the other waiters sleep on though the lock is free,
-    until some later unlock (the many-writers kill test saw a compactor wait over 120 s). A
-    flock is the kernel's: its holder's death lets it go, and every waiter is woken. Nothing
-    is kept in the file; it is created on first use."""
-
-    def __init__(self, path: str, file_mode: int) -> None:
-        self.path, self.file_mode = path, file_mode
-        self.lock = threading.Lock()
-        self.fd: int | None = None
-
-    def forget(self) -> None:
-        """In a forked child (os.register_at_fork, below): the parent's file and lock are not
-        this process's (a flock belongs to the open file, which the child shares while it
-        keeps the descriptor)."""
-        if self.fd is not None:
-            try:
-                os.close(self.fd)
-            except OSError:
-                pass
-        self.lock, self.fd = threading.Lock(), None
-
-    @contextlib.contextmanager
-    def passed(self) -> Iterator[None]:
-        with self.lock:
-            fd = self._fd()
-            if fd is not None:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                if fd is not None:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
-
-    def _fd(self) -> int | None:
-        """The gate file, opened once per process (None where it cannot be created: a
-        read-only store, whose index nobody writes; LMDB's lock alone then)."""
-        if self.fd is None:
-            try:
-                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                                  self.file_mode)
-            except OSError as exc:
-                if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
-                    raise StoreIOError(f"cannot open {self.path}: {exc.strerror}",
-                                       exc.errno) from exc
-        return self.fd
-
-
-_GATES: dict[str, _WriterGate] = {}
-_GATES_LOCK = threading.Lock()
-
-
-def _forget_gates() -> None:
-    global _GATES_LOCK
-    _GATES_LOCK = threading.Lock()      # a thread of the parent may have held it at the fork
-    for gate in _GATES.values():
-        gate.forget()
-
-
 @contextlib.contextmanager
 def _forked_safe(txn: lmdb.Transaction) -> Iterator[lmdb.Transaction]:
     """txn for a with block, ended as py-lmdb's own `with` ends it (committed when the
@@ -627,24 +563,21 @@ def _end(txn: lmdb.Transaction, pid: int, commit: bool) -> None:
 _CHILD_KEEPS: list = []
 
 
-os.register_at_fork(after_in_child=_forget_gates)
-
-
-def _writer_gate(index_path: str, file_mode: int) -> _WriterGate:
-    """The gate of the index at index_path (one per store and process)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(index_path)), fmt.INDEX_GATE_FILE)
-    with _GATES_LOCK:
-        gate = _GATES.get(path)
-        if gate is None:
-            gate = _GATES[path] = _WriterGate(path, file_mode)
-        return gate
-
-
-def begin_write(env: lmdb.Environment, index_path: str, file_mode: int,
-                **kwargs) -> lmdb.Transaction:
-    """env.begin(write=True, **kwargs), waited for through the store's writer gate."""
-    with _writer_gate(index_path, file_mode).passed():
-        return env.begin(write=True, **kwargs)
+@contextlib.contextmanager
+def begin_write(env: lmdb.Environment, gate: WriterGate, timeout: float,
+                **kwargs) -> Iterator[lmdb.Transaction]:
+    """env.begin(write=True, **kwargs) inside the store's writer gate (writegate.py), which
+    is held until the block ends: the caller commits or aborts the transaction in it (one
+    still open at the end is aborted). timeout: how long a holder that is stopped is waited
+    for (the store's)."""
+    with gate.held(timeout):
+        pid = os.getpid()
+        txn = env.begin(write=True, **kwargs)
+        try:
+            yield txn
+        finally:
+            _end(txn, pid, commit=False)    # no-op once committed or aborted; a fork()ed
+                                            # child's copy is kept (_forked_safe)
 
 
 def _open_db(env: lmdb.Environment, name: bytes, txn: lmdb.Transaction | None = None):
@@ -760,8 +693,10 @@ class Index:
 
     def __init__(self, path: str, *, readonly: bool, durable: bool,
                  file_mode: int = DEFAULT_FILE_MODE, rebuilding: bool = False,
-                 new_version: int = fmt.FORMAT_VERSION) -> None:
+                 new_version: int = fmt.FORMAT_VERSION, timeout: float = math.inf) -> None:
         self.path = path
+        self.timeout = timeout          # for a stopped holder of the write lock (writegate)
+        self.gate = writer_gate(path, file_mode)
         self.readonly = readonly
         self.durable = durable
         self.file_mode = file_mode
@@ -792,16 +727,18 @@ class Index:
                 elif not create:
                     # a reader (or a move to a replaced index): an older index lacks the
                     # newer databases (None: read as empty); see the comment below
-                    with begin_write(env, self.path, self.file_mode) as txn:
+                    with begin_write(env, self.gate, self.timeout) as txn:
                         dbs = {name: _open_db(env, name, txn) for name in fmt.INDEX_DBS}
+                        txn.commit()
                 else:
                     # an explicit write transaction: begin() lets go of the GIL while it waits
                     # for LMDB's writer mutex, open_db's own does not (a writer thread
                     # holding the mutex would wait for the GIL forever); read transactions
                     # cannot open databases for later ones in py-lmdb
-                    with begin_write(env, self.path, self.file_mode) as txn:
+                    with begin_write(env, self.gate, self.timeout) as txn:
                         dbs = {name: env.open_db(name, txn=txn, create=create)
                                for name in fmt.INDEX_DBS}
+                        txn.commit()
         except (lmdb.NotFoundError, KeyError) as exc:
             _ENVS.release(env)
             raise FormatError(f"index at {self.path} is missing databases; not a snapstore "
@@ -949,19 +886,14 @@ class Index:
             opened = self._enter()
             try:
                 with lmdb_errors("write"):
-                    txn = begin_write(opened.env, self.path, self.file_mode,
-                                      buffers=False)
-                    try:
+                    with begin_write(opened.env, self.gate, self.timeout,
+                                     buffers=False) as txn:
                         now = _file_ident(self._data)
                         if now is not None and now != _IDENTS.get(id(opened.env)):
-                            txn.abort()
                             self._checked_at = float("-inf")    # move at the next _enter
-                            continue
+                            continue                            # (begin_write aborts it)
                         yield IndexWriter(self, txn, opened.dbs, rebuilding=rebuilding)
-                    except BaseException:
-                        txn.abort()
-                        raise
-                    txn.commit()
+                        txn.commit()
                     if self.durable and id(opened.env) in _UNSYNCED:
                         opened.env.sync(True)   # another Index opened it without syncs
                     return
@@ -1025,28 +957,22 @@ class Index:
             opened = self._enter()
             try:
                 with lmdb_errors("copy"):
-                    txn = begin_write(opened.env, self.path,    # keeps every writer out
-                                      self.file_mode)
-                    try:
+                    with begin_write(opened.env, self.gate,     # keeps every writer out
+                                     self.timeout):
                         copied = opened.env.info()["last_txnid"]
                         opened.env.copy(os.fsencode(dest), compact=True)
-                    finally:
-                        txn.abort()
                     fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
                     try:
                         os.fchmod(fd, self.file_mode)
                         os.fsync(fd)
                     finally:
                         os.close(fd)
-                    txn = begin_write(opened.env, self.path, self.file_mode)
-                    try:
+                    with begin_write(opened.env, self.gate, self.timeout):
                         if opened.env.info()["last_txnid"] != copied:
                             continue                        # written meanwhile: copy again
                         if then is not None:
                             then()
                         return True
-                    finally:
-                        txn.abort()
             finally:
                 self._leave(opened)
         return False

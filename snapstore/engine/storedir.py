@@ -12,7 +12,7 @@ atomically, the store lock, and the permissions of what a store creates.
                      messages only; the flock decides)
     STORE/writers/   one lock file per log (logowners.py)
     STORE/maintenance  flock()ed exclusively by compaction, shared by verify
-    STORE/index.gate   flock()ed by a process waiting for the index's write lock (index.py)
+    STORE/index.gate   flock()ed by every index write transaction, waiting included (writegate.py)
     STORE/unsynced/  marks of writers whose index runs without syncs (unsynced.py)
     STORE/index/     LMDB        STORE/segments/   the logs
     STORE/.index.new, STORE/.index.old   only while the index is being replaced (indexswap.py):

@@ -114,7 +114,8 @@ class RemoteCommitter:
                 self._cache_lock = _lock_cache(self.cache_path, exclusive=False,
                                                timeout=remote_timeout, url=self.path)
             self.index = Index(os.path.join(self.cache_path, fmt.INDEX_DIR), readonly=False,
-                               durable=False, new_version=layout.CACHE_INDEX_VERSION)
+                               durable=False, new_version=layout.CACHE_INDEX_VERSION,
+                               timeout=remote_timeout)
             with io_errors(f"{self.path}: cannot use the cache directory {self.cache_path}"):
                 self.backend = RemoteSegments(
                     self.client, spool.spool_dir(self.cache_path),

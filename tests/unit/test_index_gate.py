@@ -1,11 +1,15 @@
-"""The index's writer gate (engine/index.py, _WriterGate): every write transaction of every
-process passes a flock of STORE/index.gate before it waits for LMDB's write lock, so that a
-waiter SIGKILLed just after LMDB's unlock woke it cannot leave the other waiters asleep."""
+"""The index's writer gate (engine/writegate.py): every write transaction of every process
+holds a flock of STORE/index.gate from before it waits for LMDB's write lock until it ended,
+so that a waiter SIGKILLed just after LMDB's unlock woke it cannot leave the other waiters
+asleep, and a holder that is stopped is seen by the waiters."""
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,6 +17,8 @@ import pytest
 
 import snapstore
 from snapstore.engine import format as fmt
+from snapstore.engine import writegate
+from snapstore.errors import StoreLocked
 
 
 def _hold_gate(path: str) -> int:
@@ -117,3 +123,134 @@ def test_a_forked_child_passes_a_gate_of_its_own(tmp_path):
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     with snapstore.open(path) as again:
         assert again.restore(again.latest("c").id)["b"] == b"child"
+
+
+_STOP_INSIDE_THE_INDEX_WRITE = r"""
+import os, signal, sys
+import snapstore
+from snapstore.engine import commit
+real = commit.crashpoint
+def stop_there(name):
+    if name == "before_index_commit":
+        os.write(1, b"stopping\n")
+        os.kill(os.getpid(), signal.SIGSTOP)
+    real(name)
+commit.crashpoint = stop_there
+with snapstore.open(sys.argv[1]) as store:
+    store.checkpoint({"b": b"from the stopped writer"}, stream="stopped")
+os.write(1, b"committed\n")
+"""
+
+
+def _writer_stopped_in_its_index_write(path: str) -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, "-c", _STOP_INSIDE_THE_INDEX_WRITE, path],
+                             stdout=subprocess.PIPE)
+    assert child.stdout.readline() == b"stopping\n"
+    deadline = time.monotonic() + 10
+    while not writegate._stopped(child.pid):
+        assert time.monotonic() < deadline, "the child never stopped"
+        time.sleep(0.01)
+    return child
+
+
+def test_a_writer_stopped_inside_its_write_transaction_is_named_not_waited_for(tmp_path,
+                                                                              monkeypatch):
+    """A writer SIGSTOPped inside its index write transaction holds the index's write lock:
+    the others give up with StoreLocked(lock="index") naming it once they have seen it
+    stopped for max(timeout, STOPPED_GRACE), instead of hanging behind it; once it goes on,
+    everything commits (its checkpoint included) and nothing was lost."""
+    monkeypatch.setattr(writegate, "STOPPED_GRACE", 0.6)
+    monkeypatch.setattr(writegate, "WATCH_SECONDS", 0.1)
+    path = str(tmp_path / "s")
+    store = snapstore.open(path)                    # timeout 0: gives up at the grace
+    patient = snapstore.open(path, timeout=math.inf)
+    child = _writer_stopped_in_its_index_write(path)
+    try:
+        with store:
+            started = time.monotonic()
+            with pytest.raises(StoreLocked) as info:
+                store.checkpoint({"b": b"waits"})
+            waited = time.monotonic() - started
+            assert 0.6 <= waited < 0.6 + 5
+            exc = info.value
+            assert exc.lock == "index" and exc.pid == child.pid
+            assert "stopped" in str(exc) and f"kill -CONT {child.pid}" in str(exc)
+            # the same call twice: the same error; an open (which writes the index) too
+            with pytest.raises(StoreLocked):
+                store.checkpoint({"b": b"waits"})
+            with pytest.raises(StoreLocked, match="stopped"):
+                snapstore.open(path)
+        # timeout=inf waits for it: let it go on while a writer waits
+        with patient as store:
+            done: list = []
+            t = threading.Thread(target=lambda: done.append(
+                store.checkpoint({"b": b"waited"})))
+            t.start()
+            t.join(writegate.STOPPED_GRACE + 1)
+            assert not done and t.is_alive()
+            os.kill(child.pid, signal.SIGCONT)
+            t.join(30)
+            assert done
+            assert store.restore(done[0].id)["b"] == b"waited"
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+        out, _ = child.communicate(timeout=60)
+    assert child.returncode == 0 and out == b"committed\n"
+    with snapstore.open(path) as store:
+        assert store.restore(store.latest("stopped").id)["b"] == b"from the stopped writer"
+        assert store.verify(deep=True)["ok"]
+
+
+def _child_holding_the_gate(path: str, seconds: float) -> int:
+    """A child process that holds the gate for `seconds`, then exits; returns once it holds
+    it (its pid)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            _hold_gate(path)
+            os.write(w, b"1")
+            time.sleep(seconds)
+        finally:
+            os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"1"
+    os.close(r)
+    return pid
+
+
+def test_proc_locks_names_the_holder_of_the_gate(tmp_path):
+    path = str(tmp_path / "s")
+    snapstore.open(path).close()
+    fd = os.open(os.path.join(path, fmt.INDEX_GATE_FILE), os.O_RDWR)
+    try:
+        assert writegate.flock_holder(fd) is None
+        pid = _child_holding_the_gate(path, 60)
+        try:
+            assert writegate.flock_holder(fd) == pid
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        assert writegate.flock_holder(fd) is None
+    finally:
+        os.close(fd)
+
+
+def test_a_running_holder_is_waited_for_however_long(tmp_path, monkeypatch):
+    """Only a stopped holder is given up on: one that runs (here another process holding the
+    gate for many looks and graces) is waited for, with timeout 0."""
+    monkeypatch.setattr(writegate, "WATCH_SECONDS", 0.05)
+    monkeypatch.setattr(writegate, "STOPPED_GRACE", 0.1)
+    path = str(tmp_path / "s")
+    with snapstore.open(path) as store:
+        store.checkpoint({"b": b"x"})
+        pid = _child_holding_the_gate(path, 1.0)
+        try:
+            t, done = _checkpoint_in_thread(store, b"y")
+            t.join(0.5)
+            assert not done and t.is_alive()
+            t.join(30)
+        finally:
+            os.waitpid(pid, 0)
+        assert done and store.restore(done[0].id)["b"] == b"y"
