@@ -20,12 +20,31 @@ the destination's own (result.copied maps them), and its reserved meta
 "snapstore.copied_from" says where it came from ({"store": the source's path, "id": its id
 there}; CheckpointInfo.meta is the original's).
 
-Copying is idempotent: a source checkpoint is skipped when the destination already holds the
-same checkpoint, i.e. one of the same stream with the same creation time, the same meta
-(apart from "snapstore.copied_from") and the same buffers and manifests (names, sizes,
-extents); a copy of a copy counts, and so does the original itself. (A compaction that
+Copying is idempotent, and one destination checkpoint stands for at most one source
+checkpoint. A source checkpoint is skipped when the destination already holds the same
+checkpoint, i.e. one of the same stream with the same creation time, the same meta (apart
+from "snapstore.copied_from") and the same buffers and manifests (names, sizes, extents) -- a
+copy made before, a copy of a copy, or the original itself -- that this run has not matched
+to an earlier source checkpoint and that comes after the destination checkpoint the run
+matched or copied for the previous source checkpoint of the stream. (A compaction that
 trimmed the chunks of either side since changes the manifests: such a checkpoint is copied
-again.) Tags added to the source checkpoint after it was copied are not carried over.
+again.) So two source checkpoints that are the same checkpoint (a savepoint imported twice;
+a stream rolled back by importing a savepoint of an older checkpoint, which is then its
+newest) get a copy each, and the copies keep each stream's order: the destination
+checkpoint standing for the source stream's newest checkpoint copied is the newest of those
+standing for the stream's checkpoints copied, so `latest` names the same bytes in both
+stores unless the destination's stream has newer checkpoints of its own. Of the
+destination checkpoints that may stand for a source checkpoint, it takes (in a store copied
+into itself, the checkpoint itself) the oldest copy whose provenance names that source
+checkpoint ({"store": store_location(src), "id": its id}), else the oldest that is no copy
+of another checkpoint of this run's selection (by its provenance) that still is the same
+checkpoint in the source: that one is kept for it. Provenance only orders the choice: a
+source opened at another path is matched by content and order, which pairs equal
+checkpoints in order. Running the same copy again matches every source checkpoint to the
+destination checkpoint it was copied to or matched before, and copies nothing. A checkpoint
+copied alone before older ones of its stream is copied again after them when they are
+copied (a duplicate, with its tags, so the order holds). Tags added to the source
+checkpoint after it was copied are not carried over.
 
 The check and the commit cannot be split by another copy: the destination's stream is listed
 again whenever its head moved since it was listed, and the copy is committed only onto the
@@ -52,6 +71,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from snapstore.engine.format import ORIGIN_META_KEY
 from snapstore.engine.meta import original_meta, with_origin
 from snapstore.errors import (CheckpointNotFound, CommitConflict, InvalidArgumentTypeError,
                               ReadOnlyError, StoreClosedError)
@@ -70,7 +90,8 @@ class CopyResult:
 
     Attributes:
         copied: {source id: the new checkpoint's id in the destination}, ascending.
-        skipped: {source id: the destination checkpoint that already is that checkpoint}.
+        skipped: {source id: the destination checkpoint that already is that checkpoint},
+            each standing for one source checkpoint (see the module doc).
         chunks_sent: chunks read from the source and given to the destination (the ones it
             lacked).
         bytes_sent: their raw bytes.
@@ -109,6 +130,12 @@ def copy_checkpoints(src: Store, dst: Store, checkpoints: Iterable | None = None
             (default): every checkpoint of src (one another writer deletes before its turn
             or while it is copied is skipped: it is not in src any more).
         progress: progress(source id, its id in dst, or None when skipped), after each.
+    A source checkpoint the destination already holds is skipped; a destination checkpoint
+    stands for at most one source checkpoint, and in each stream only for one after those
+    standing for the stream's earlier source checkpoints this run, preferring the copy whose
+    provenance names it (module doc): a checkpoint the source holds twice is copied twice,
+    the order of each stream is kept, and running the same copy again copies nothing.
+
     Returns: CopyResult.
     Raises: CheckpointNotFound / AmbiguousCheckpointName (a name, before anything is
         copied; a named checkpoint another writer deletes while it is copied: those copied
@@ -131,13 +158,13 @@ def copy_checkpoints(src: Store, dst: Store, checkpoints: Iterable | None = None
         raise InvalidArgumentTypeError("progress must be callable or None")
     ids = _selected(src, checkpoints)
     result = CopyResult()
-    known = _Existing(dst)
     origin = store_location(src)
+    known = _Existing(src, dst, origin, ids)
 
     def copy_one(m: CheckpointManifests, read_chunks: Callable) -> tuple:
-        """(the dst checkpoint that already is it, None, 0, 0) or (None, its new
-        CheckpointInfo, chunks sent, their bytes), on the source snapshot m and read_chunks
-        come from."""
+        """((id, stream, seq) of the dst checkpoint that stands for it, None, 0, 0) or (None,
+        its new CheckpointInfo, chunks sent, their bytes), on the source snapshot m and
+        read_chunks come from."""
         sent = [0, 0]       # counted per attempt: an attempt a compaction cut short sent none
 
         def counted(wanted: list):
@@ -149,7 +176,7 @@ def copy_checkpoints(src: Store, dst: Store, checkpoints: Iterable | None = None
         while True:
             same, head = known.find(m)
             if same is not None:
-                return same, None, 0, 0
+                return (same[0], m.info.stream, same[1]), None, 0, 0
             sent[:] = [0, 0]
             try:
                 info = dst.import_checkpoint(
@@ -182,11 +209,12 @@ def copy_checkpoints(src: Store, dst: Store, checkpoints: Iterable | None = None
                 continue        # deleted by another writer since the listing: not there now
             raise
         if same is not None:
-            result.skipped[source_id] = same
+            known.claim(*same[1:])
+            result.skipped[source_id] = same[0]
             if progress is not None:
                 progress(source_id, None)
             continue
-        known.add(info.stream, info.created, info.id)
+        known.add(info.stream, info.created, info.id, info.seq)
         result.copied[source_id] = info.id
         result.chunks_sent += chunks_sent
         result.bytes_sent += bytes_sent
@@ -214,42 +242,96 @@ def same_checkpoint(a: CheckpointManifests, b: CheckpointManifests) -> bool:
             and original_meta(a.meta) == original_meta(b.meta) and a.buffers == b.buffers)
 
 
+def copied_from(meta: Any) -> tuple[Any, Any] | None:
+    """(store, id) a checkpoint whose meta (as stored) is `meta` was copied from by
+    copy_checkpoints, or None: none recorded, or a savepoint import's (its entry names the
+    file: an import is a checkpoint of its own, not a copy)."""
+    origin = meta.get(ORIGIN_META_KEY) if isinstance(meta, dict) else None
+    if not isinstance(origin, dict) or "file" in origin:
+        return None
+    return origin.get("store"), origin.get("id")
+
+
 class _Existing:
-    """The destination's checkpoints by (stream, creation time), to find one that already is a
-    given source checkpoint: each stream listed once, and again when its head moved since."""
+    """The destination's checkpoints by stream and creation time, to find the one that already
+    is a given source checkpoint (see the module doc): each stream listed once, and again when
+    its head moved since; and per stream the seq of the destination checkpoint standing for
+    the last source checkpoint of the stream this run matched or copied, so a destination
+    checkpoint stands for at most one source checkpoint and the order is kept."""
 
-    def __init__(self, dst: Store) -> None:
+    def __init__(self, src: Store, dst: Store, origin: str, selected: Iterable[int]) -> None:
+        self.src = src
         self.dst = dst
-        # stream -> (its head when listed, {creation time: [ids]})
-        self.by_stream: dict[str, tuple[int | None, dict[float, list[int]]]] = {}
+        self.origin = origin
+        self.itself = src is dst or store_location(dst) == origin
+        self.selected = frozenset(selected)
+        # stream -> (its head when listed, {creation time: [(seq, id)], ascending})
+        self.by_stream: dict[str, tuple[int | None, dict[float, list[tuple[int, int]]]]] = {}
+        self.matched: dict[str, int] = {}       # stream -> seq of its last match this run
 
-    def _stream(self, stream: str) -> tuple[int | None, dict[float, list[int]]]:
+    def _stream(self, stream: str) -> tuple[int | None, dict[float, list[tuple[int, int]]]]:
         # the head is read before the listing, so the listing holds it and all before it
         version = self.dst.stream_version(stream)
         head = None if version is None else version[0]
         listed = self.by_stream.get(stream)
         if listed is None or listed[0] != head:
-            found: dict[float, list[int]] = {}
+            found: dict[float, list[tuple[int, int]]] = {}
             for c in self.dst.checkpoints(stream):
-                found.setdefault(c.created, []).append(c.id)
+                found.setdefault(c.created, []).append((c.seq, c.id))
             listed = self.by_stream[stream] = (head, found)
         return listed
 
-    def find(self, m: CheckpointManifests) -> tuple[Any, int | None]:
-        """(the destination checkpoint that already is m, or None; the stream's head that
-        answer holds for: a copy committed onto any other head may duplicate one)."""
+    def _kept_for_another(self, origin: tuple[Any, Any] | None,
+                          m: CheckpointManifests) -> bool:
+        """Whether a destination checkpoint that is the same checkpoint as m, copied from
+        `origin`, is the copy of another checkpoint of this run's selection that still is
+        the same checkpoint in the source (then it stands for that one, not for m)."""
+        if origin is None or origin[0] != self.origin or not isinstance(origin[1], int) \
+                or origin[1] == m.info.id or origin[1] not in self.selected:
+            return False
+        try:
+            theirs = self.src.manifests(origin[1])
+        except CheckpointNotFound:          # deleted from the source since
+            return False
+        return same_checkpoint(theirs, m)
+
+    def find(self, m: CheckpointManifests) -> tuple[tuple[int, int] | None, int | None]:
+        """((id, seq) of the destination checkpoint that stands for m, or None; the stream's
+        head that answer holds for: a copy committed onto any other head may duplicate
+        one)."""
         head, found = self._stream(m.info.stream)
-        for candidate in found.get(m.info.created, ()):
+        after = self.matched.get(m.info.stream)
+        best, best_rank = None, 3
+        for seq, candidate in found.get(m.info.created, ()):
+            if after is not None and seq <= after:
+                continue                    # stands for an earlier one, or comes before it
             try:
                 theirs = self.dst.manifests(candidate)
             except CheckpointNotFound:       # deleted since it was listed
                 continue
-            if same_checkpoint(theirs, m):
-                return candidate, head
-        return None, head
+            if not same_checkpoint(theirs, m):
+                continue
+            if self.itself and candidate == m.info.id:
+                return (candidate, seq), head           # copying a store into itself
+            origin = copied_from(theirs.meta)
+            if origin == (self.origin, m.info.id):
+                rank = 1                                # its own copy
+            elif self._kept_for_another(origin, m):
+                continue
+            else:
+                rank = 2
+            if rank < best_rank:                        # ascending: the oldest of a rank
+                best, best_rank = (candidate, seq), rank
+        return best, head
 
-    def add(self, stream: str, created: float, checkpoint_id: int) -> None:
-        """checkpoint_id was just committed onto the head the stream was listed at."""
+    def claim(self, stream: str, seq: int) -> None:
+        """The destination checkpoint seq of stream stands for the source checkpoint being
+        copied: later ones may only match checkpoints after it."""
+        self.matched[stream] = seq
+
+    def add(self, stream: str, created: float, checkpoint_id: int, seq: int) -> None:
+        """checkpoint_id (seq) was just committed onto the head the stream was listed at."""
         _, found = self.by_stream[stream]
-        found.setdefault(created, []).append(checkpoint_id)
+        found.setdefault(created, []).append((seq, checkpoint_id))
         self.by_stream[stream] = (checkpoint_id, found)
+        self.claim(stream, seq)

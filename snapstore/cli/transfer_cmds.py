@@ -32,7 +32,9 @@ def add_copy(add) -> None:
                 "of its stream in DST, with its meta, tags and creation time; its id is DST's "
                 "own (the mapping is printed). A checkpoint DST already holds (same stream, "
                 "creation time, meta and manifests: copied before, or the original) is "
-                "skipped, so running the same copy again copies nothing. Each checkpoint is "
+                "skipped, so running the same copy again copies nothing; a DST checkpoint "
+                "stands for one SRC checkpoint only, in each stream's order (a checkpoint SRC "
+                "holds twice, say a rollback by import, is copied twice). Each checkpoint is "
                 "its own commit: after a failure the ones copied stay, and a rerun finishes "
                 "the rest.", 79)
             + "\n\nexamples:\n  snapstore copy ckpts backup                  # everything"

@@ -303,6 +303,33 @@ def test_copy_between_local_and_s3_sends_only_missing_chunks(url, tmp_path, s3):
     assert second.id
 
 
+
+def test_copy_of_a_rolled_back_stream_into_s3_and_back(url, tmp_path):
+    """A stream rolled back by importing a savepoint of its first checkpoint (the newest is
+    then the same checkpoint as the first): each source checkpoint gets its own copy in the
+    bucket and back, latest names the same bytes everywhere, and reruns copy nothing."""
+    from snapstore.copying import copy_checkpoints
+    with snapstore.open(tmp_path / "local") as local:
+        first = local.checkpoint({"w": b"\1" * 300_000}, stream="s", meta={"step": 1})
+        snapstore.export_savepoint(local, first.id, str(tmp_path / "one.snap"))
+        local.checkpoint({"w": b"\2" * 300_000}, stream="s", meta={"step": 2})
+        rollback = snapstore.import_savepoint(local, str(tmp_path / "one.snap"))
+        local.tag(rollback.id, "release")
+        with open_store(url, tmp_path / "c") as remote:
+            result = copy_checkpoints(local, remote)
+            assert len(result.copied) == 3 and result.skipped == {}
+            assert remote.latest("s").id == result.copied[rollback.id]
+            assert remote.resolve("release").id == result.copied[rollback.id]
+            assert remote.restore("latest:s") == local.restore("latest:s")
+            again = copy_checkpoints(local, remote)
+            assert again.copied == {} and again.skipped == result.copied
+        with snapstore.open(tmp_path / "back") as back:
+            with open_store(url, tmp_path / "c2") as remote:
+                assert len(copy_checkpoints(remote, back).copied) == 3
+                assert copy_checkpoints(remote, back).copied == {}
+                assert copy_checkpoints(local, remote).copied == {}
+            assert back.restore("latest:s") == local.restore("latest:s")
+
 def test_a_cache_dir_that_is_a_file_is_a_store_io_error(url, tmp_path):
     """A raw NotADirectoryError came out of the open before."""
     from snapstore.errors import StoreIOError

@@ -45,6 +45,23 @@ def test_copy_all_then_some_then_nothing(tmp_path):
     assert "copied 0 checkpoint(s)" in p.stdout and "2 = 1  train (already there)" in p.stdout
 
 
+
+def test_copy_after_a_rollback_by_import_copies_it_and_latest_matches(tmp_path):
+    """Regression: train@3, a rollback to train@1 by importing its savepoint, was reported
+    "3 = 1 (already there)", and the backup's latest:train was train@2's bytes."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    states = _source(src)
+    cli_ok("export", src, "train@1", "-o", tmp_path / "step0.snap")
+    cli_ok("import", tmp_path / "step0.snap", src)           # the newest of train: train@4
+    _init(dst)
+    p = cli_ok("copy", src, dst)
+    assert "copied 5 checkpoint(s)" in p.stdout and "5 -> 5  train" in p.stdout
+    doc = cli_json("copy", src, dst)
+    assert doc["copied"] == {} and doc["skipped"] == {str(i): i for i in range(1, 6)}
+    with snapstore.open(str(dst), readonly=True) as d:
+        assert d.latest("train").seq == 4
+        assert d.restore("latest:train") == states[1]
+
 def test_copy_usage_errors(tmp_path):
     src = tmp_path / "src"
     _source(src)

@@ -376,3 +376,150 @@ def test_a_commit_in_progress_on_the_stream_is_waited_for_not_counted(src, dst, 
     with pytest.raises(CommitConflict, match="in progress"):
         snapstore.copy_checkpoints(src, dst, ["best"])
     assert len(calls) > 1
+
+
+# ---- one destination checkpoint stands for one source checkpoint ---------------------------
+
+def _rolled_back(store, tmp_path):
+    """train@1 (step 100), train@2 (step 200), then train rolled back to step 100 by importing
+    a savepoint of train@1: train@3 is the same checkpoint as train@1 (stream, created, meta,
+    manifests), and the newest. Returns the three ids."""
+    a = store.checkpoint({"w": b"\1" * 100_000}, "train", meta={"step": 100})
+    snap = str(tmp_path / "step100.snap")
+    snapstore.export_savepoint(store, a.id, snap, force=True)
+    b = store.checkpoint({"w": b"\2" * 100_000}, "train", meta={"step": 200})
+    c = snapstore.import_savepoint(store, snap)
+    assert c.stream == "train" and store.latest("train").id == c.id
+    assert copying.same_checkpoint(store.manifests(a.id), store.manifests(c.id))
+    return a.id, b.id, c.id
+
+
+def _latest_same(src, dst):
+    for stream in {c.stream for c in src.checkpoints()}:
+        assert dst.restore(f"latest:{stream}") == src.restore(f"latest:{stream}"), stream
+
+
+def test_a_stream_rolled_back_by_a_savepoint_import_is_copied_whole(tmp_path, src, dst):
+    """Regression: the rollback checkpoint (train@3, the same checkpoint as train@1) was
+    skipped as "already there" (mapped onto train@1's copy): the backup had 2 checkpoints and
+    its latest:train was step 200, the source's step 100."""
+    ids = _rolled_back(src, tmp_path)
+    result = snapstore.copy_checkpoints(src, dst)
+    assert sorted(result.copied) == list(ids) and result.skipped == {}
+    assert len(set(result.copied.values())) == 3 == len(dst.checkpoints())
+    _same_content(src, dst, result.copied)
+    assert dst.latest("train").id == result.copied[ids[2]]
+    assert dst.get("latest:train").meta == {"step": 100}
+    _latest_same(src, dst)
+    again = snapstore.copy_checkpoints(src, dst)             # a rerun copies nothing
+    assert again.copied == {} and again.skipped == result.copied
+    assert len(dst.checkpoints()) == 3
+    with _open(tmp_path / "third") as third:                 # a copy of the copy: the same
+        via = snapstore.copy_checkpoints(dst, third)
+        assert len(via.copied) == 3
+        _latest_same(src, third)
+        direct = snapstore.copy_checkpoints(src, third)      # the originals: each matched once
+        assert direct.copied == {} and sorted(direct.skipped) == list(ids)
+        assert len(set(direct.skipped.values())) == 3
+        back = snapstore.copy_checkpoints(third, src)        # back to where they came from
+        assert back.copied == {} and len(set(back.skipped.values())) == 3
+    assert snapstore.copy_checkpoints(src, src).copied == {}     # into itself: nothing
+    assert snapstore.copy_checkpoints(src, src).skipped == {i: i for i in ids}
+    assert len(src.checkpoints()) == 3
+
+
+def test_a_backup_made_before_the_rollback_gets_the_rollback(tmp_path, src, dst):
+    """The backup holds train@1 and train@2; after the rollback in the source the next copy
+    copies train@3 (train@1's copy already stands for train@1), and the one after nothing."""
+    first = src.checkpoint({"w": b"\1" * 100_000}, "train", meta={"step": 100})
+    snap = str(tmp_path / "step100.snap")
+    snapstore.export_savepoint(src, first.id, snap)
+    src.checkpoint({"w": b"\2" * 100_000}, "train", meta={"step": 200})
+    before = snapstore.copy_checkpoints(src, dst)
+    assert len(before.copied) == 2
+    rollback = snapstore.import_savepoint(src, snap)
+    result = snapstore.copy_checkpoints(src, dst)
+    assert list(result.copied) == [rollback.id] and result.skipped == before.copied
+    assert dst.latest("train").id == result.copied[rollback.id]
+    _latest_same(src, dst)
+    again = snapstore.copy_checkpoints(src, dst)
+    assert again.copied == {} and again.skipped == {**before.copied, **result.copied}
+
+
+def test_a_savepoint_imported_twice_is_copied_twice_with_its_tags(tmp_path, src, dst):
+    """Regression: the second import (tagged "release") was mapped onto the copy of the first:
+    the destination had one checkpoint, and resolve("release") raised CheckpointNotFound."""
+    with _open(tmp_path / "a") as a:
+        a.checkpoint({"w": b"weights" * 1000}, "train", meta={"step": 1})
+        snapstore.export_savepoint(a, "latest", str(tmp_path / "s.snap"))
+    i1 = snapstore.import_savepoint(src, str(tmp_path / "s.snap"))
+    i2 = snapstore.import_savepoint(src, str(tmp_path / "s.snap"))
+    src.tag(i2.id, "release")
+    result = snapstore.copy_checkpoints(src, dst)
+    assert list(result.copied) == [i1.id, i2.id] and result.skipped == {}
+    _same_content(src, dst, result.copied)
+    assert dst.resolve("release").id == result.copied[i2.id]
+    assert dst.resolve("train@2").id == result.copied[i2.id]
+    assert dst.get(result.copied[i1.id]).tags == ()
+    again = snapstore.copy_checkpoints(src, dst)
+    assert again.copied == {} and again.skipped == result.copied
+    one = snapstore.copy_checkpoints(src, dst, ["release"])      # named alone: its own copy
+    assert one.skipped == {i2.id: result.copied[i2.id]}
+    assert len(dst.checkpoints()) == 2
+
+
+def test_a_copy_of_the_newest_made_first_keeps_the_order(tmp_path, src, dst):
+    """Copied alone first, the newest checkpoint's copy comes before the older ones' copies;
+    a copy of every checkpoint then copies it again after them (its copy stands for one source
+    checkpoint only, and the order is kept), so latest names the same bytes in both stores. A
+    copy of another checkpoint that is the same checkpoint is left to it."""
+    ids = _rolled_back(src, tmp_path)
+    src.tag(ids[0], "first")
+    src.tag(ids[2], "rollback")
+    alone = snapstore.copy_checkpoints(src, dst, ["latest:train"])
+    assert list(alone.copied) == [ids[2]]
+    result = snapstore.copy_checkpoints(src, dst)
+    # train@1 is not mapped onto train@3's copy (kept for it), and train@3 comes after train@2
+    assert sorted(result.copied) == list(ids) and result.skipped == {}
+    assert dst.resolve("first").id == result.copied[ids[0]]
+    assert dst.latest("train").id == result.copied[ids[2]]
+    _latest_same(src, dst)
+    again = snapstore.copy_checkpoints(src, dst)
+    assert again.copied == {} and again.skipped == result.copied
+    # plain checkpoints, the newest copied first: the same
+    with _open(tmp_path / "s2") as s2, _open(tmp_path / "d2") as d2:
+        for step in range(3):
+            s2.checkpoint({"x": bytes([step]) * 5000}, "train", meta={"step": step})
+        snapstore.copy_checkpoints(s2, d2, ["train@3"])
+        snapstore.copy_checkpoints(s2, d2)
+        _latest_same(s2, d2)
+        assert snapstore.copy_checkpoints(s2, d2).copied == {}
+
+
+def test_a_source_opened_at_another_path_is_matched_in_order(tmp_path, src, dst):
+    """Provenance names the source by the path it was opened at; through a symlink nothing
+    names it, and equal checkpoints are paired in order: a rerun still copies nothing."""
+    ids = _rolled_back(src, tmp_path)
+    first = snapstore.copy_checkpoints(src, dst)
+    os.symlink(src.path, tmp_path / "link")
+    with _open(tmp_path / "link", readonly=True) as link:
+        again = snapstore.copy_checkpoints(link, dst)
+    assert again.copied == {} and again.skipped == first.copied
+    assert sorted(first.copied) == list(ids)
+
+
+def test_boring_cases_empty_one_and_twice(tmp_path, src, dst):
+    assert snapstore.copy_checkpoints(src, dst).copied == {}          # empty into empty
+    assert snapstore.copy_checkpoints(src, dst).skipped == {}
+    assert dst.checkpoints() == []
+    one = src.checkpoint({"w": b"one"}, "train", meta={"step": 1})
+    result = snapstore.copy_checkpoints(src, dst)
+    assert list(result.copied) == [one.id] and result.skipped == {}
+    for _ in range(2):
+        again = snapstore.copy_checkpoints(src, dst)
+        assert again.copied == {} and again.skipped == result.copied
+    assert len(dst.checkpoints()) == 1
+    _latest_same(src, dst)
+    with _open(tmp_path / "empty") as empty:                          # an empty source
+        assert snapstore.copy_checkpoints(empty, dst).copied == {}
+    assert len(dst.checkpoints()) == 1
