@@ -231,6 +231,14 @@ def check_stream(view: IndexView, stream: str, expected: int | None,
     if head != expected:
         what = "has no checkpoint" if head is None else f"has head {head}"
         made = "an empty stream" if expected is None else f"head {expected}"
+        named = None if expected is None else view.checkpoint(expected)
+        if expected is not None and (named is None or named.stream != stream):
+            # an expected head that is no checkpoint of the stream: no other writer needed
+            why = ("which is no checkpoint of this store (never made, or deleted)"
+                   if named is None else f"which is a checkpoint of stream {named.stream!r}")
+            raise CommitConflict(f"stream {stream!r} {what}, but this commit was made against "
+                                 f"head {expected}, {why}: this commit did not happen",
+                                 stream=stream, expected=expected, found=head)
         raise CommitConflict(f"stream {stream!r} {what}, but this commit was made against "
                              f"{made}: another writer committed (or deleted) meanwhile, so "
                              "this commit did not happen (read the new head and retry)",

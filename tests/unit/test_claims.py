@@ -41,6 +41,26 @@ def test_expect_head_is_a_compare_and_swap(path):
         assert s.verify(deep=True)["ok"]
 
 
+def test_an_expected_head_that_is_no_checkpoint_of_the_stream_says_so(path):
+    """An expect_head naming no checkpoint, or one of another stream, was reported as
+    "another writer committed (or deleted) meanwhile ... retry", with no other writer."""
+    with snapstore.open(path) as s:
+        a = s.checkpoint({"x": b"1"}, stream="a")
+        b = s.checkpoint({"x": b"1"}, stream="b")
+        with pytest.raises(CommitConflict, match="no checkpoint of this store") as exc:
+            s.checkpoint({"x": b"2"}, stream="a", expect_head=99999)
+        assert "meanwhile" not in str(exc.value)
+        assert (exc.value.expected, exc.value.found) == (99999, a.id)
+        with pytest.raises(CommitConflict, match="a checkpoint of stream 'b'"):
+            s.checkpoint({"x": b"2"}, stream="a", expect_head=b.id)
+        with pytest.raises(CommitConflict, match="a checkpoint of stream 'b'"):
+            s.checkpoint({"x": b"2"}, stream="new", expect_head=b)       # empty stream
+        s.delete(a.id)
+        with pytest.raises(CommitConflict, match="never made, or deleted"):
+            s.checkpoint({"x": b"3"}, stream="a", expect_head=a.id)
+        assert [c.id for c in s.checkpoints()] == [b.id]
+
+
 @pytest.mark.parametrize("bad, error", [(0, InvalidArgumentError), (-1, InvalidArgumentError),
                                         ("1", InvalidArgumentTypeError),
                                         (True, InvalidArgumentTypeError),
