@@ -185,15 +185,16 @@ def _run(argv: Optional[list]) -> int:
     # until the arguments are parsed (argparse takes --js for --json too)
     as_json = any(len(a) >= 3 and "--json".startswith(a) for a in argv)
     try:
-        args = parse_command_line(build_parser, argv)
+        try:
+            args = parse_command_line(build_parser, argv)
+        except _ShowVersion:        # printed under the handlers below (a closed or full stdout)
+            return _print_version(as_json)
         debug = debug or args.debug
         as_json = bool(args.json)
         if not getattr(args, "func", None):
             build_parser().print_help(sys.stderr)
             return _error("no command given", EXIT_USAGE, as_json) if as_json else EXIT_USAGE
         return int(args.func(args))
-    except _ShowVersion:
-        return _print_version(as_json)
     except KeyboardInterrupt:
         if debug:
             traceback.print_exc()

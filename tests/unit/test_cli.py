@@ -102,6 +102,22 @@ def test_version():
     assert ok("--version", "ls").stdout.strip() == f"snapstore {snapstore.__version__}"
 
 
+@pytest.mark.parametrize("stdout", ["closed", "/dev/full"])
+def test_version_into_a_stdout_that_cannot_take_it_is_one_line_not_a_traceback(stdout):
+    """--version printed outside the handlers every command's output has: a closed stdout or
+    a full disk gave a chained traceback."""
+    args = [sys.executable, "-m", "snapstore", "--version"]
+    if stdout == "closed":
+        p = subprocess.run(["sh", "-c", '"$@" >&-', "sh", *args], capture_output=False,
+                           stderr=subprocess.PIPE, text=True)
+    else:
+        with open(stdout, "w") as out:
+            p = subprocess.run(args, stdout=out, stderr=subprocess.PIPE, text=True)
+    assert p.returncode == 1
+    assert "Traceback" not in p.stderr and p.stderr.startswith("snapstore: error:")
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
 def test_no_command_prints_usage_and_exits_2():
     p = run()
     assert p.returncode == 2 and "usage:" in p.stderr
