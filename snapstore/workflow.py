@@ -71,7 +71,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from snapstore.errors import (CheckpointNotFound, CheckpointSaveError, CommitConflict,
-                              InvalidArgumentError, ObjectSaveError, StepError,
+                              InvalidArgumentError, InvalidArgumentTypeError,
+                              ObjectSaveError, StepError,
                               WorkflowConflictError, WorkflowFinishedError,
                               WorkflowInputMismatchError)
 from snapstore.engine.validation import validate_meta
@@ -233,16 +234,18 @@ class Workflow:
             load() reads either.
         tracer: an OpenTelemetry Tracer (default: opentelemetry's global one when
             opentelemetry-api is installed, else no tracing); False disables tracing.
-    Raises: TypeError (store, workflow_id), InvalidArgumentError (empty id, codec),
+    Raises: InvalidArgumentTypeError (store, workflow_id), InvalidArgumentError (empty id, codec),
         StoreClosedError.
     """
 
     def __init__(self, store: Store, workflow_id: str, *, codec: str = "auto",
                  tracer: Any = None) -> None:
         if not isinstance(store, Store):
-            raise TypeError(f"store must be a snapstore Store, got {type(store).__name__}")
+            raise InvalidArgumentTypeError(f"store must be a snapstore Store, got "
+                                           f"{type(store).__name__}")
         if not isinstance(workflow_id, str):
-            raise TypeError(f"workflow_id must be a str, got {type(workflow_id).__name__}")
+            raise InvalidArgumentTypeError(f"workflow_id must be a str, got "
+                                           f"{type(workflow_id).__name__}")
         if not workflow_id:
             raise InvalidArgumentError("workflow_id must not be empty")
         if codec not in CODECS:
@@ -268,16 +271,19 @@ class Workflow:
     def add_step(self, name: str, fn: Callable[[Any], Any], checkpoint: bool = True
                  ) -> Callable[[Any], Any]:
         """Appends a step: fn(state) returns the new state. Returns fn.
-        Raises: TypeError (name not a str, fn not callable, checkpoint not a bool),
+        Raises: InvalidArgumentTypeError (name not a str, fn not callable, checkpoint not a
+        bool),
         InvalidArgumentError (empty or repeated name)."""
         if not isinstance(name, str):
-            raise TypeError(f"step name must be a str, got {type(name).__name__}")
+            raise InvalidArgumentTypeError(f"step name must be a str, got "
+                                           f"{type(name).__name__}")
         if not name:
             raise InvalidArgumentError("step name must not be empty")
         if not callable(fn):
-            raise TypeError(f"step {name!r}: fn must be callable, got {type(fn).__name__}")
+            raise InvalidArgumentTypeError(f"step {name!r}: fn must be callable, got "
+                                           f"{type(fn).__name__}")
         if not isinstance(checkpoint, bool):
-            raise TypeError(f"step {name!r}: checkpoint must be a bool")
+            raise InvalidArgumentTypeError(f"step {name!r}: checkpoint must be a bool")
         if any(s.name == name for s in self._steps):
             raise InvalidArgumentError(f"step name {name!r} is already used in workflow "
                                        f"{self.workflow_id!r}")
@@ -288,7 +294,10 @@ class Workflow:
         """Decorator registering a step: ``@wf.step``, ``@wf.step(checkpoint=False)``,
         ``@wf.step(name="load")``; the step's name defaults to the function's name."""
         if isinstance(fn, str):
-            raise TypeError("use @wf.step(name=...) to name a step")
+            raise InvalidArgumentTypeError("use @wf.step(name=...) to name a step")
+        if fn is not None and not callable(fn):
+            raise InvalidArgumentTypeError(f"@wf.step takes a function, got "
+                                           f"{type(fn).__name__}")
 
         def register(f: Callable[[Any], Any]) -> Callable[[Any], Any]:
             return self.add_step(name if name is not None else getattr(f, "__name__", ""),
@@ -348,14 +357,15 @@ class Workflow:
         """The state after the given step of the latest run (default: after the latest
         checkpointed step).
         Raises: CheckpointNotFound (no checkpoint, or that step has none: it has not run yet
-        or is a checkpoint=False step), TypeError (step not a str)."""
+        or is a checkpoint=False step), InvalidArgumentTypeError (step not a str)."""
         if step is None:
             latest = self._latest()
             if latest is None:
                 raise CheckpointNotFound(f"workflow {self.workflow_id!r} has no checkpoint")
             return self._read(*latest)
         if not isinstance(step, str):
-            raise TypeError(f"step must be a str or None, got {type(step).__name__}")
+            raise InvalidArgumentTypeError(f"step must be a str or None, got "
+                                           f"{type(step).__name__}")
         for info, ours in reversed(self._current()):
             if ours["step"] == step:
                 return self._read(info, ours)

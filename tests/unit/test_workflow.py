@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import snapstore
-from snapstore.errors import (CheckpointNotFound, InvalidArgumentError, ObjectSaveError,
-                              StoreClosedError, StoreIOError)
+from snapstore.errors import (CheckpointNotFound, InvalidArgumentError, InvalidArgumentTypeError,
+                              ObjectSaveError, StoreClosedError, StoreIOError)
 from snapstore.workflow import (CheckpointSaveError, StepError, Workflow, WorkflowFinishedError,
                                 WorkflowInputMismatchError)
 
@@ -251,9 +251,9 @@ def test_read_only_store_reads_history(store_path):
 
 
 def test_bad_input_writes_nothing(store):
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentTypeError):
         Workflow("store", "x")
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentTypeError):
         Workflow(store, 42)
     with pytest.raises(InvalidArgumentError):
         Workflow(store, "")
@@ -267,21 +267,23 @@ def test_bad_input_writes_nothing(store):
         @wf.step
         def a(s):
             return s
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentTypeError):
         wf.add_step(3, lambda s: s)
     with pytest.raises(InvalidArgumentError):
         wf.add_step("", lambda s: s)
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentTypeError):
         wf.add_step("b", "not callable")
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentTypeError):
         wf.add_step("b", lambda s: s, checkpoint="yes")
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentTypeError):
         wf.step("b")
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentTypeError, match="takes a function, got int"):
+        wf.step(5)                  # (said "step name must not be empty")
+    with pytest.raises(InvalidArgumentTypeError):
         wf.run(0, meta={"x": object()})
     with pytest.raises(InvalidArgumentError):
         Workflow(store, "empty").run()
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentTypeError):
         wf.load(3)
     assert len(wf.steps) == 1 and store.checkpoints() == []
     store.close()
