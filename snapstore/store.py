@@ -40,7 +40,7 @@ from snapstore.engine.validation import (MAX_CREATED, buffer_view, check_choice,
                                          is_created_time, validate_buffers,
                                          validate_compression_level, validate_flag,
                                          validate_int, validate_meta, validate_name,
-                                         validate_path, validate_timeout)
+                                         validate_part_meta, validate_path, validate_timeout)
 from snapstore.engine.verify import verify as verify_store
 from snapstore.interrupts import deferred_interrupts
 from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionError,
@@ -739,7 +739,7 @@ class Store:
         validate_name(participant, "participant")
         itemsizes: dict = {}
         views = validate_buffers(buffers, "group part", itemsizes)
-        meta = validate_meta(meta)
+        meta = validate_part_meta(meta)
         self._committer.check_open(write=True)
         opts = self.options
 

@@ -202,6 +202,19 @@ def validate_meta(meta: Any) -> Any:
         raise InvalidArgumentTypeError(f"meta must be JSON-serialisable: {exc}") from None
 
 
+def validate_part_meta(meta: Any) -> Any:
+    """validate_meta for a group participant's meta, which the group's commit nests a few
+    levels (fewer than RESERVED_META_LEVELS) deep in the checkpoint's reserved meta: the whole
+    of it, reserved keys included, at most MAX_META_DEPTH levels. (A part whose reserved keys
+    nested past it was staged and committed, and no copy or import of that checkpoint could
+    take its meta.)"""
+    meta = validate_meta(meta)
+    if _nesting(meta) > MAX_META_DEPTH:
+        raise InvalidArgumentTypeError(f"a group part's meta nests more than "
+                                       f"{MAX_META_DEPTH} levels of lists and dicts")
+    return meta
+
+
 def check_choice(value: Any, choices: tuple, what: str) -> str:
     if not isinstance(value, str) or value not in choices:
         raise InvalidArgumentError(f"{what} must be one of {', '.join(choices)}; got {value!r}")

@@ -87,6 +87,31 @@ def test_non_dict_meta_and_one_byte_part(path):
         assert s.restore(info.id) == {"x": b"1"}
 
 
+def _nested(levels: int):
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_a_part_meta_that_its_commit_would_nest_too_deep_is_refused_at_the_stage(path,
+                                                                                 tmp_path):
+    """A part's meta whose reserved keys nested 106 levels passed stage() (only the user's
+    part was measured), and the group committed; then no copy or import of the checkpoint
+    could take its meta (the commit nests each part's meta 3 levels deeper)."""
+    with snapstore.open(path) as s:
+        g = s.group("ops", ["a"])
+        with pytest.raises(InvalidArgumentTypeError, match="nests more than 100"):
+            s.stage(g.id, "a", {"x": b"1"}, meta={"snapstore.x": _nested(106)})
+        deepest = {"snapstore.x": _nested(99)}          # 100 levels with its dict
+        s.stage(g.id, "a", {"x": b"1"}, meta=deepest)
+        info = g.commit()
+        assert snapstore.group_parts(info) == {"a": deepest}
+        with snapstore.open(str(tmp_path / "copy")) as dst:
+            snapstore.copy_checkpoints(s, dst)
+            assert snapstore.group_parts(dst.latest("ops")) == {"a": deepest}
+
+
 @pytest.mark.parametrize("meta", [None, {}, {"step": 3}, 0, ""])
 def test_a_group_checkpoints_meta_is_the_meta_given(path, meta):
     """Regression: a group committed with no meta had info.meta == {} where a plain
