@@ -53,6 +53,7 @@ exit status:
   1  a problem was found or the operation failed: `verify` found damage, the store is
      corrupt, locked (see above), or an I/O error happened
   2  usage error: bad arguments, no such store / checkpoint / buffer, an invalid option value
+  130  interrupted (Ctrl-C)
 
 Errors are printed as one line `snapstore: error: ...` on stderr; --debug (or
 SNAPSTORE_DEBUG=1) adds the Python traceback. Progress bars are drawn on stderr only when it
