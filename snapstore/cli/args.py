@@ -21,8 +21,8 @@ class Parser(argparse.ArgumentParser):
 
 
 # dest -> default of the global options (on the main parser; see add_global_options).
-GLOBAL_DEFAULTS = {"store": None, "timeout": 0.0, "json": False, "debug": False,
-                   "no_progress": False}
+GLOBAL_DEFAULTS = {"store": None, "timeout": 0.0, "remote_timeout": None, "json": False,
+                   "debug": False, "no_progress": False}
 
 
 def add_global_options(parser: argparse.ArgumentParser, *, with_store: bool = True,
@@ -44,6 +44,10 @@ def add_global_options(parser: argparse.ArgumentParser, *, with_store: bool = Tr
                     "store to itself (creation, format upgrade, repair), the open writers "
                     "(repair), or a running compaction (compact, retain, verify) (default 0: "
                     "fail at once)")
+        option("--remote-timeout", dest="remote_timeout", type=seconds_arg,
+               metavar="SECONDS",
+               help="S3 stores: how long a request is retried (refused connections, "
+                    "timeouts, 5xx answers) before the command fails (default 120)")
     option("--json", dest="json", action="store_true",
            help="print one JSON document instead of text")
     option("--debug", dest="debug", action="store_true", help="show Python tracebacks on errors")

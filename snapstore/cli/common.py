@@ -68,6 +68,12 @@ def shown_location(path: str) -> str:
     return path if is_remote(path) else os.path.abspath(path)
 
 
+def remote_options(args) -> dict:
+    """open()'s options from the command line's --remote-timeout (none when not given)."""
+    seconds = getattr(args, "remote_timeout", None)
+    return {} if seconds is None else {"remote_timeout": seconds}
+
+
 def open_store(args, *, write: bool = False):
     """Opens the existing store of `args` (a directory, or an S3 store's s3:// URL, cached
     in the default cache directory): read-only, or as a writer when `write` (alongside
@@ -82,9 +88,10 @@ def open_store(args, *, write: bool = False):
                     f"${STORE_ENV} does)")
         raise UsageError(f"no snapstore store at {path}{hint}")
     if write:
-        return open_snapstore(path, create=False, timeout=args.timeout)
+        return open_snapstore(path, create=False, timeout=args.timeout,
+                              **remote_options(args))
     return open_snapstore(path, create=False, readonly=True,
-                          timeout=getattr(args, "timeout", 0.0))
+                          timeout=getattr(args, "timeout", 0.0), **remote_options(args))
 
 
 def need(store, method: str) -> Callable:

@@ -10,8 +10,8 @@ import os
 import textwrap
 
 from snapstore.cli.args import LATE_POSITIONAL, NAME_HELP, command_options, id_arg, seconds_arg
-from snapstore.cli.common import (EXIT_OK, STORE_ENV, UsageError, is_store_dir, same_path,
-                                  shown_location, store_path)
+from snapstore.cli.common import (EXIT_OK, STORE_ENV, UsageError, is_store_dir,
+                                  remote_options, same_path, shown_location, store_path)
 from snapstore.cli.output import print_json
 from snapstore.copying import copy_checkpoints
 from snapstore.formatting import human_bytes, printable
@@ -85,8 +85,9 @@ def _existing(path: str, what: str) -> str:
 def cmd_copy(args) -> int:
     src_path = _existing(args.src, "SRC")
     dst_path = _existing(args.dst, "DST")
-    with open_snapstore(src_path, create=False, readonly=True) as src, \
-            open_snapstore(dst_path, create=False, timeout=args.timeout) as dst:
+    with open_snapstore(src_path, create=False, readonly=True, **remote_options(args)) as src, \
+            open_snapstore(dst_path, create=False, timeout=args.timeout,
+                           **remote_options(args)) as dst:
         names = args.names or None
         result = copy_checkpoints(src, dst, names)
         streams = {d: dst.get(d).stream for d in
@@ -124,7 +125,8 @@ def cmd_import(args) -> int:
         raise UsageError(f"no store given: snapstore import FILE STORE, or use -s/--store "
                          f"PATH or set ${STORE_ENV}")
     path = _existing(store_path(args), "STORE")
-    with open_snapstore(path, create=False, timeout=args.timeout) as store:
+    with open_snapstore(path, create=False, timeout=args.timeout,
+                        **remote_options(args)) as store:
         info = import_savepoint(store, args.file, stream=args.stream)
     if args.json:
         print_json({"id": info.id, "stream": info.stream, "seq": info.seq,

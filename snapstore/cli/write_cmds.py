@@ -9,8 +9,8 @@ import os
 import textwrap
 
 from snapstore.cli.args import NAME_HELP, count_arg, id_arg, nonneg_arg
-from snapstore.cli.common import (EXIT_OK, UsageError, need, open_store, resolve,
-                                  shown_location, store_path)
+from snapstore.cli.common import (EXIT_OK, UsageError, need, open_store, remote_options,
+                                  resolve, shown_location, store_path)
 from snapstore.cli.output import print_json
 from snapstore.engine import format as fmt
 from snapstore.engine.retention import parse_duration
@@ -106,10 +106,10 @@ def cmd_init(args) -> int:
     path = store_path(args)
     if is_remote(path):
         try:
-            open_snapstore(path, create=False, readonly=True).close()
+            open_snapstore(path, create=False, readonly=True, **remote_options(args)).close()
             existed = True
         except FormatError:
-            open_snapstore(path, create=True).close()
+            open_snapstore(path, create=True, **remote_options(args)).close()
             existed = False
         if args.json:
             print_json({"path": path, "created": not existed})

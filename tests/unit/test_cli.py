@@ -118,6 +118,24 @@ def test_version_into_a_stdout_that_cannot_take_it_is_one_line_not_a_traceback(s
     assert len(p.stderr.strip().splitlines()) == 1
 
 
+def test_remote_timeout_bounds_a_command_on_an_unreachable_s3_endpoint():
+    """The command line had no --remote-timeout: a command on an S3 store whose endpoint
+    refuses connections sat silent for the default 120 s."""
+    env = dict(os.environ, AWS_ENDPOINT_URL="http://127.0.0.1:1", AWS_ACCESS_KEY_ID="x",
+               AWS_SECRET_ACCESS_KEY="y")
+    started = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "snapstore", "ls", "s3://bkt/pfx",
+                        "--remote-timeout", "1"], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert time.monotonic() - started < 30
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "remote_timeout 1s" in p.stderr and "Could not connect" in p.stderr
+    bad = subprocess.run([sys.executable, "-m", "snapstore", "ls", "s3://bkt/pfx",
+                          "--remote-timeout", "0"], capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert bad.returncode == 2 and "remote_timeout must be" in bad.stderr
+
+
 def test_no_command_prints_usage_and_exits_2():
     p = run()
     assert p.returncode == 2 and "usage:" in p.stderr
