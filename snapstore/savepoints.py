@@ -27,12 +27,14 @@ Only the public Store API is used (Store.with_manifests, import_checkpoint).
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from typing import Any
 
 from snapstore.copying import store_location
 from snapstore.engine import format as fmt
 from snapstore.engine.meta import original_meta, with_origin
+from snapstore.engine.fsutil import file_kind
 from snapstore.engine.savefile import Description, read_savepoint, write_savepoint
 from snapstore.engine.validation import validate_flag, validate_name, validate_path
 from snapstore.errors import (ExportError, InvalidArgumentError, InvalidArgumentTypeError,
@@ -125,6 +127,13 @@ def output_exists(path: str) -> ExportError:
     if os.path.isdir(path) and not os.path.islink(path):     # force would not help
         return ExportError(f"{path} is a directory: an export writes a file, and never "
                            "replaces a directory (name a file)")
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        mode = stat.S_IFREG
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):      # force would not help either
+        return ExportError(f"{path} is {file_kind(mode)}: an export writes a regular file, "
+                           "and never replaces anything else (name a file)")
     return ExportError(f"{path} exists (pass force=True, --force on the command line, to "
                        "replace it)")
 

@@ -110,6 +110,12 @@ def test_existing_file_force_and_arguments(tmp_path, src):
     assert path.read_bytes() == b"old"
     snapstore.export_savepoint(src, "train", path, force=True)
     assert path.read_bytes()[:8] == fmt.SAVEPOINT_MAGIC
+    fifo = tmp_path / "f.snap"
+    os.mkfifo(fifo)         # said "exists (pass force=True ...)", which force then refused
+    with pytest.raises(ExportError, match="is a FIFO: an export writes a regular file"):
+        snapstore.export_savepoint(src, "train", str(fifo))
+    with pytest.raises(InvalidArgumentError, match="not a regular file"):
+        snapstore.export_savepoint(src, "train", str(fifo), force=True)
     with pytest.raises(CheckpointNotFound):
         snapstore.export_savepoint(src, "nope", str(tmp_path / "y.snap"))
     assert not (tmp_path / "y.snap").exists()
