@@ -993,7 +993,7 @@ class Store:
         moment, a crash included. An S3 store has gc() instead (InvalidArgumentError)."""
         if self._remote:
             raise InvalidArgumentError(f"{self.path} is an S3 store: its space comes back "
-                                       "through gc(), not compact()")
+                                       "through gc() (`snapstore gc`), not compact()")
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
                 or not 0 <= threshold <= 1:
             raise InvalidArgumentError(f"threshold must be a number from 0 to 1, got "
@@ -1055,7 +1055,8 @@ class Store:
         wait = validate_flag(wait, "wait")
         if not self._remote:
             raise InvalidArgumentError(f"gc() is for S3 stores; {self.path} is a local store: "
-                                       "its space comes back through compact()")
+                                       "its space comes back through compact() "
+                                       "(`snapstore compact`)")
         c = self._committer
         c.check_open(write=not dry_run)
         with io_errors("garbage collection failed"):

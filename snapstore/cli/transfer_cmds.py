@@ -77,8 +77,8 @@ def _existing(path: str, what: str) -> str:
     """path, when it holds a store (an S3 URL is for the open to judge: it raises a clear
     error when nothing is there); else UsageError."""
     if not is_store_dir(path):
-        raise UsageError(f"no snapstore store at {path} ({what}; create one with "
-                         f"`snapstore init {path}`)")
+        hint = "" if what == "SRC" else f"; create one with `snapstore init {path}`"
+        raise UsageError(f"no snapstore store at {path} ({what}{hint})")
     return path
 
 

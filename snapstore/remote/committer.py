@@ -146,7 +146,9 @@ class RemoteCommitter:
             except NotFound:
                 if not create:
                     raise FormatError(f"{self.path} is not a snapstore store (no {key}); "
-                                      "open it with create=True to make one") from None
+                                      "open it with create=True (`snapstore init "
+                                      f"{self.path}` on the command line) to make one") \
+                        from None
                 foreign = self._first_object()
                 if foreign is not None:
                     if foreign == key or attempt < 2:

@@ -591,3 +591,8 @@ def test_gc_grace_is_checked_before_the_store_is_opened(grace):
     assert_one_line_error(run("gc", "s3://no-such-bucket/x", "--grace", grace,
                               env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}), 2,
                           "argument --grace")
+
+
+def test_gc_on_a_local_store_points_to_the_command_that_frees_its_space(cli_store):
+    """The advice was the Python API's ("through compact()"), not the command to run."""
+    assert_one_line_error(run("gc", cli_store), 2, "`snapstore compact`")

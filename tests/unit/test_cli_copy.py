@@ -68,6 +68,10 @@ def test_copy_usage_errors(tmp_path):
     cli_error(2, "copy", src, tmp_path / "missing", needles=["no snapstore store",
                                                              "snapstore init"])
     _init(tmp_path / "dst")
+    # a missing source is not one to create: no `snapstore init` advice for it
+    line = cli_error(2, "copy", tmp_path / "nosrc", tmp_path / "dst",
+                     needles=["no snapstore store", "SRC"])
+    assert "snapstore init" not in line
     cli_error(2, "copy", src, tmp_path / "dst", "nope", needles=["nope"])
     cli_error(2, "copy", src, needles=["DST"])
     out = cli_ok("--help").stdout
