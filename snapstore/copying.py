@@ -73,8 +73,8 @@ from typing import Any, Callable, Iterable
 
 from snapstore.engine.format import ORIGIN_META_KEY
 from snapstore.engine.meta import original_meta, with_origin
-from snapstore.errors import (CheckpointNotFound, CommitConflict, InvalidArgumentTypeError,
-                              ReadOnlyError, StoreClosedError)
+from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionError,
+                              InvalidArgumentTypeError, ReadOnlyError, StoreClosedError)
 from snapstore.store import CheckpointManifests, Store
 
 __all__ = ["copy_checkpoints", "CopyResult", "store_location"]
@@ -168,10 +168,15 @@ def copy_checkpoints(src: Store, dst: Store, checkpoints: Iterable | None = None
         sent = [0, 0]       # counted per attempt: an attempt a compaction cut short sent none
 
         def counted(wanted: list):
-            for cid, data in read_chunks(wanted):
-                sent[0] += 1
-                sent[1] += len(data)
-                yield cid, data
+            try:
+                for cid, data in read_chunks(wanted):
+                    sent[0] += 1
+                    sent[1] += len(data)
+                    yield cid, data
+            except CorruptionError as exc:
+                # both stores have segments of the same names: say whose is damaged
+                exc.args = (f"the source store {src.path}: {exc.args[0]}",) + exc.args[1:]
+                raise
         moves, waited, delay = 0, 0.0, CLAIM_POLL_SECONDS
         while True:
             same, head = known.find(m)

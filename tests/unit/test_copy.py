@@ -10,6 +10,7 @@ import pytest
 
 import snapstore
 from snapstore import copying
+from snapstore.engine.backends import segment_name
 from snapstore.errors import (CheckpointNotFound, CommitConflict, CorruptionError,
                               InvalidArgumentTypeError, ReadOnlyError, StoreClosedError)
 
@@ -523,3 +524,23 @@ def test_boring_cases_empty_one_and_twice(tmp_path, src, dst):
     with _open(tmp_path / "empty") as empty:                          # an empty source
         assert snapstore.copy_checkpoints(empty, dst).copied == {}
     assert len(dst.checkpoints()) == 1
+
+
+def test_damage_in_the_source_is_named_as_the_source_stores(tmp_path):
+    """Both stores have segments of the same names: 'record checksum mismatch (segment
+    0000000000000001.seg, ...)' did not say which store to repair."""
+    rng = np.random.default_rng(22)
+    with _open(tmp_path / "s", compression="none") as s:
+        s.checkpoint({"a": rng.bytes(100_000)}, stream="x")
+        seg = os.path.join(s.path, "segments", segment_name(s.backend.list()[0]))
+    with open(seg, "r+b") as f:
+        f.seek(os.path.getsize(seg) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with _open(tmp_path / "s", readonly=True) as s, _open(tmp_path / "d") as d:
+        with pytest.raises(CorruptionError) as exc:
+            snapstore.copy_checkpoints(s, d)
+        assert str(exc.value).startswith(f"the source store {s.path}: ")
+        assert exc.value.segment is not None            # attributes kept
+        assert d.checkpoints() == [] and d.verify(deep=True)["ok"]
