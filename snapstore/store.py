@@ -1597,7 +1597,8 @@ def open(path, *, durability: str | None = None, sync_index: bool = True, create
             smaller: Adam-like updates of float32 add about 60% of their bytes instead of
             84%; a checkpoint takes 1.2-1.4x as long (the first one 1.4-1.6x: see
             keyframe_cache_bytes) and a restore about 1.5x (it decodes both). A local
-            store's checkpoints; S3 stores never write delta chunks.
+            store's checkpoints; S3 stores never write delta chunks, and with compression
+            "none" it does nothing (every chunk is stored raw).
         keyframe_cache_bytes: with delta_chunks, the memory of this Store (default 1 GiB;
             0: none; freed by close(); read-only and S3 stores keep none) that keeps the
             chunks new chunks are coded against from one checkpoint to the next,
