@@ -37,8 +37,10 @@ stores unless the destination's stream has newer checkpoints of its own. Of the
 destination checkpoints that may stand for a source checkpoint, it takes (in a store copied
 into itself, the checkpoint itself) the oldest copy whose provenance names that source
 checkpoint ({"store": store_location(src), "id": its id}), else the oldest that is no copy
-of another checkpoint of this run's selection (by its provenance) that still is the same
-checkpoint in the source: that one is kept for it. Provenance only orders the choice: a
+of another source checkpoint (by its provenance) that still is the same checkpoint in the
+source, selected by this run or not: that one is kept for it (so copying a stream's latest
+alone after a rollback copies it, instead of taking the copy of the older checkpoint it
+equals). Provenance only orders the choice: a
 source opened at another path is matched by content and order, which pairs equal
 checkpoints in order. Running the same copy again matches every source checkpoint to the
 destination checkpoint it was copied to or matched before, and copies nothing. A checkpoint
@@ -159,7 +161,7 @@ def copy_checkpoints(src: Store, dst: Store, checkpoints: Iterable | None = None
     ids = _selected(src, checkpoints)
     result = CopyResult()
     origin = store_location(src)
-    known = _Existing(src, dst, origin, ids)
+    known = _Existing(src, dst, origin)
 
     def copy_one(m: CheckpointManifests, read_chunks: Callable) -> tuple:
         """((id, stream, seq) of the dst checkpoint that stands for it, None, 0, 0) or (None,
@@ -264,12 +266,11 @@ class _Existing:
     the last source checkpoint of the stream this run matched or copied, so a destination
     checkpoint stands for at most one source checkpoint and the order is kept."""
 
-    def __init__(self, src: Store, dst: Store, origin: str, selected: Iterable[int]) -> None:
+    def __init__(self, src: Store, dst: Store, origin: str) -> None:
         self.src = src
         self.dst = dst
         self.origin = origin
         self.itself = src is dst or store_location(dst) == origin
-        self.selected = frozenset(selected)
         # stream -> (its head when listed, {creation time: [(seq, id)], ascending})
         self.by_stream: dict[str, tuple[int | None, dict[float, list[tuple[int, int]]]]] = {}
         self.matched: dict[str, int] = {}       # stream -> seq of its last match this run
@@ -289,10 +290,12 @@ class _Existing:
     def _kept_for_another(self, origin: tuple[Any, Any] | None,
                           m: CheckpointManifests) -> bool:
         """Whether a destination checkpoint that is the same checkpoint as m, copied from
-        `origin`, is the copy of another checkpoint of this run's selection that still is
-        the same checkpoint in the source (then it stands for that one, not for m)."""
+        `origin`, is the copy of another source checkpoint (selected by this run or not: a
+        copy by name after a rollback took the copy of the older checkpoint it equals) that
+        still is the same checkpoint in the source (then it stands for that one, not for
+        m)."""
         if origin is None or origin[0] != self.origin or not isinstance(origin[1], int) \
-                or origin[1] == m.info.id or origin[1] not in self.selected:
+                or origin[1] == m.info.id:
             return False
         try:
             theirs = self.src.manifests(origin[1])

@@ -429,6 +429,31 @@ def test_a_stream_rolled_back_by_a_savepoint_import_is_copied_whole(tmp_path, sr
     assert len(src.checkpoints()) == 3
 
 
+@pytest.mark.parametrize("name", ["latest:train", "release"])
+def test_a_rollback_copied_by_name_is_copied_not_taken_for_the_older_copy(tmp_path, src, dst,
+                                                                          name):
+    """Copying only the new latest (or its tag) after a rollback took train@1's copy for it
+    ("3 = 1 already there"): only this run's selection was looked at, so the backup's
+    latest:train stayed step 200 and the tag was never copied (a reviewer's find)."""
+    first = src.checkpoint({"w": b"\1" * 100_000}, "train", meta={"step": 100})
+    snap = str(tmp_path / "step100.snap")
+    snapstore.export_savepoint(src, first.id, snap)
+    src.checkpoint({"w": b"\2" * 100_000}, "train", meta={"step": 200})
+    before = snapstore.copy_checkpoints(src, dst)
+    rollback = snapstore.import_savepoint(src, snap)
+    src.tag(rollback.id, "release")
+    result = snapstore.copy_checkpoints(src, dst, [name])
+    assert list(result.copied) == [rollback.id] and result.skipped == {}
+    assert dst.get("latest:train").meta == {"step": 100}
+    assert dst.resolve("release").id == result.copied[rollback.id]
+    _latest_same(src, dst)
+    again = snapstore.copy_checkpoints(src, dst, [name])     # the same call twice
+    assert again.copied == {} and again.skipped == result.copied
+    full = snapstore.copy_checkpoints(src, dst)              # and everything: nothing new
+    assert full.copied == {} and len(dst.checkpoints()) == 3
+    assert full.skipped == {**before.copied, **result.copied}
+
+
 def test_a_backup_made_before_the_rollback_gets_the_rollback(tmp_path, src, dst):
     """The backup holds train@1 and train@2; after the rollback in the source the next copy
     copies train@3 (train@1's copy already stands for train@1), and the one after nothing."""
