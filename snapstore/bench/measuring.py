@@ -107,6 +107,15 @@ def summary(values) -> dict:
             "mean": sum(v) / len(v), "samples": v}
 
 
+def summary_if_measured(values) -> dict:
+    """summary(values); when a value was not measured (None), the same keys with every figure
+    None (the samples kept), so it shows as n/a, never as 0."""
+    v = list(values)
+    if None not in v:
+        return summary(v)
+    return {"median": None, "p95": None, "min": None, "max": None, "mean": None, "samples": v}
+
+
 def disk_usage(path: str) -> int:
     """Allocated bytes (st_blocks) of every file under path."""
     total = 0

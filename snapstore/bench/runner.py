@@ -13,8 +13,8 @@ from typing import Callable, Optional
 
 from snapstore.bench.errors import BenchError
 from snapstore.bench.measuring import (Timed, disk_usage, drop_cache, loadavg, machine_info,
-                                       physical_memory,
-                                       settle, summary)
+                                       physical_memory, settle, summary,
+                                       summary_if_measured)
 from snapstore.bench.methods import (Method, NumpyMethod, PickleMethod, RawMethod,
                                      SnapstoreMethod)
 from snapstore.bench.peers import BorgMethod, ResticMethod
@@ -102,8 +102,8 @@ class _Track:
             "method": m.name, "available": True, "skipped": None,
             "first_checkpoint_seconds": self.first,
             "checkpoint_seconds": summary(self.times),
-            "bytes_written_per_checkpoint": summary(
-                [x if x is not None else 0 for x in self.written]),
+            # None where /proc/self/io is missing (not measured: never shown as 0 B)
+            "bytes_written_per_checkpoint": summary_if_measured(self.written),
             "store_bytes": self.final - self.size_before,
             "growth_per_checkpoint_bytes": (self.final - self.after_first) / w.checkpoints,
             "restore_latest_seconds": restore["latest"]["median"],
@@ -248,7 +248,8 @@ def run_workload(w: Workload, *, methods=None, workdir: Optional[str] = None,
         for name, t in tracks.items():
             results[name] = t.result(w)
         add_ratios(results)
-        out = {"workload": asdict(w), "description": w.describe(),
+        out = {"workload": {**asdict(w), "dirty_changed": w.changed_fraction()},
+               "description": w.describe(),
                "results": {n: results[n] for n in names}}
         failed = False
         return out
@@ -368,6 +369,7 @@ def run(workloads, *, methods=None, workdir: Optional[str] = None,
     workloads = [w.validate() for w in workloads]
     if not workloads:
         raise BenchError("no workload to run")
+    plan(workloads, methods)        # refuses a state this machine cannot hold (as the CLI)
     base = tempfile.mkdtemp(prefix="snapstore-bench-", dir=workdir)
     try:
         started = time.time()

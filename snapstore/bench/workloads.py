@@ -79,12 +79,27 @@ class Workload:
                 raise BenchError(f"{what} must be one of {', '.join(choices)}; got {value!r}")
         return self
 
+    def changed_fraction(self) -> float:
+        """The fraction of the state a checkpoint step changes in fact: the dirty fraction
+        rounded to whole pages (scattered, clustered) or bytes (shifted, appended)."""
+        pages = self.size // PAGE
+        if self.pattern in ("scattered", "clustered"):
+            return min(pages, round(self.dirty * pages)) / pages
+        if self.pattern == "appended":
+            return appended_per_buffer(self) * self.buffers / self.size
+        return sum(min(n, round(self.dirty * n)) for n in _buffer_sizes(self)) / self.size
+
     def describe(self) -> str:
         """One line for people (the table's "workload:" line)."""
         what = {"scattered": "scattered pages", "clustered": f"{CLUSTER_PAGES}-page runs",
                 "shifted": "bytes inserted (content shifted)",
                 "appended": "bytes appended"}[self.pattern]
-        return (f"{human_bytes(self.size)} in {self.buffers} buffer(s), {self.dirty:.4g} of "
+        # the fraction changed in fact (whole pages or bytes) where it is not the one asked:
+        # a run of 0.001 of 256 pages changes none, and must not say it measured 0.001
+        changed = self.changed_fraction()
+        dirty = f"{self.dirty:.4g}" if math.isclose(changed, self.dirty, rel_tol=1e-3) else \
+            f"{self.dirty:.4g} (in fact {changed:.4g}, in whole pages or bytes)"
+        return (f"{human_bytes(self.size)} in {self.buffers} buffer(s), {dirty} of "
                 f"state dirty per checkpoint as {what}, 1 full + {self.checkpoints} "
                 f"checkpoints, durability={self.durability}, chunking={self.chunking}, "
                 f"compression={self.compression}, {self.content} content, "
@@ -116,17 +131,23 @@ def _bytes(seed: bytes, n: int, content: str) -> bytes:
     return data.translate(_COMPRESSIBLE) if content == "compressible" else data
 
 
-def make_state(w: Workload) -> dict:
-    """{name: bytearray}: `w.size` bytes split page-aligned over `w.buffers` buffers."""
+def _buffer_sizes(w: Workload) -> list:
+    """The bytes of each of the state's buffers: `w.size` split page-aligned."""
     pages = w.size // PAGE
-    state = {}
+    sizes = []
     for i in range(w.buffers):
         n = (pages // w.buffers + (1 if i < pages % w.buffers else 0)) * PAGE
         if i == w.buffers - 1:
             n += w.size - pages * PAGE      # the remainder that is not a whole page
-        state[f"buf{i:03d}"] = bytearray(_bytes(b"snapstore-bench/%d/%d" % (w.seed, i), n,
-                                                w.content))
-    return state
+        sizes.append(n)
+    return sizes
+
+
+def make_state(w: Workload) -> dict:
+    """{name: bytearray}: `w.size` bytes split page-aligned over `w.buffers` buffers."""
+    return {f"buf{i:03d}": bytearray(_bytes(b"snapstore-bench/%d/%d" % (w.seed, i), n,
+                                            w.content))
+            for i, n in enumerate(_buffer_sizes(w))}
 
 
 def appended_per_buffer(w: Workload) -> int:

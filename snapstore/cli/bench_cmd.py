@@ -76,7 +76,8 @@ def add_bench(add) -> None:
     p.add_argument("--save", metavar="FILE.json",
                    help="also write the --json result to FILE.json (the table still prints)")
     p.add_argument("--plot", metavar="FILE.png",
-                   help="plot median checkpoint time vs dirty fraction (needs matplotlib)")
+                   help="plot median checkpoint time and bytes written vs dirty fraction "
+                        "(needs matplotlib)")
 
 
 def _methods(args):

@@ -571,3 +571,57 @@ def test_plan_estimates_time_and_disk_from_every_checkpoints_size():
     both = runner.plan([tiny(pattern="scattered", **kw), tiny(pattern="appended", **kw)],
                        ["raw"])
     assert both.disk_bytes == grown.disk_bytes
+
+
+# ---- figures a reviewer found wrong -----------------------------------------------------------
+def test_a_fraction_that_rounds_to_whole_pages_is_reported_as_changed():
+    """--size 1MiB --dirty 0.001 changed 0 of 256 pages while the table and JSON said 0.001."""
+    w = workloads.Workload(size=1 << 20, dirty=0.001, checkpoints=1).validate()
+    assert w.changed_fraction() == 0
+    assert "0.001 (in fact 0," in w.describe()
+    w = workloads.Workload(size=1 << 20, dirty=0.013, checkpoints=1).validate()
+    assert w.changed_fraction() == 3 / 256 and "(in fact 0.01172," in w.describe()
+    state = workloads.make_state(w)
+    before = {n: bytes(b) for n, b in state.items()}
+    workloads.mutate(state, w, 1)
+    changed = sum(before[n][i:i + 4096] != state[n][i:i + 4096]
+                  for n in state for i in range(0, len(state[n]), 4096))
+    assert changed == 3                                     # what changed_fraction says
+    exact = workloads.Workload(size=1 << 20, dirty=0.25, checkpoints=1).validate()
+    assert exact.changed_fraction() == 0.25 and "in fact" not in exact.describe()
+    for pattern in ("shifted", "appended"):
+        w = workloads.Workload(size=1 << 20, dirty=0.01, pattern=pattern).validate()
+        assert math.isclose(w.changed_fraction(), 0.01, rel_tol=1e-3)
+
+
+def test_bytes_written_that_were_not_measured_are_none_not_zero():
+    """Without /proc/self/io the table said 'written 0 B' and the JSON median 0."""
+    track = runner._Track(runner.METHOD_CLASSES["raw"](workloads.Workload(), "/nonexistent"))
+    track.times, track.written = [0.1, 0.2], [None, None]
+    track.restore = {"latest": [0.1], "oldest": [0.1]}
+    track.peaks, track.restore_peaks = [1, 2], [1]
+    res = track.result(workloads.Workload(checkpoints=2))
+    assert res["bytes_written_per_checkpoint"]["median"] is None
+    assert res["bytes_written_per_checkpoint"]["samples"] == [None, None]
+    track.written = [10, 20]
+    assert track.result(workloads.Workload(checkpoints=2))[
+        "bytes_written_per_checkpoint"]["median"] == 15
+
+
+def test_the_raw_baseline_restores_without_a_second_copy(tmp_path):
+    """read_buffers returned bytes(bytearray): one more full copy, which made the raw, restic
+    and borg restores look 65% slower than they are."""
+    path = str(tmp_path / "f")
+    with open(path, "wb") as f:
+        f.write(b"a" * 5000 + b"b" * 3)
+    out = bench.methods.read_buffers(path, {"x": 5000, "y": 3})
+    assert out == {"x": b"a" * 5000, "y": b"bbb"}
+    assert all(type(v) is bytearray for v in out.values())
+
+
+def test_run_refuses_a_state_larger_than_memory_as_plan_does(tmp_path):
+    """run() skipped plan()'s memory check (only the CLI called it): a state of 2**70 bytes
+    reached blake3 and raised a raw OverflowError."""
+    with pytest.raises(bench.BenchError, match="memory"):
+        bench.run([workloads.Workload(size=1 << 70)], workdir=str(tmp_path))
+    assert os.listdir(tmp_path) == []
