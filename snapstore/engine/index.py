@@ -51,7 +51,7 @@ def damaged(message: str) -> CorruptionError:
     return CorruptionError(f"{message}: the index is damaged; {REPAIR_HINT}")
 
 
-def _wrap(exc: lmdb.Error, what: str) -> SnapstoreError:
+def _wrap(exc: lmdb.Error, what: str, path: str | None = None) -> SnapstoreError:
     # MDB_BAD_TXN too: LMDB's cursor setup ignores a failure to refresh a damaged database
     # handle, and the next call of the transaction then reports only that it must abort
     if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError,
@@ -59,17 +59,39 @@ def _wrap(exc: lmdb.Error, what: str) -> SnapstoreError:
         return damaged(f"index {what}: {exc}")
     if isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)):
         return StoreIOError(f"index {what}: {exc}")
+    if path is not None and "Input/output error" in str(exc) and _nearly_full(path):
+        # LMDB turns a short write (ENOSPC on the way) into EIO: say what it most likely is
+        return StoreIOError(f"index {what}: disk full (the file system of {path} has "
+                            f"{_free_bytes(path)} bytes free; LMDB reported: {exc})",
+                            errno.ENOSPC)
     return StoreIOError(f"index {what}: {exc}")
 
 
+_NEARLY_FULL_BYTES = 4 << 20      # less free than this: an index write's EIO is a full disk
+
+
+def _free_bytes(path: str) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _nearly_full(path: str) -> bool:
+    free = _free_bytes(path)
+    return free is not None and free < _NEARLY_FULL_BYTES
+
+
 @contextlib.contextmanager
-def lmdb_errors(what: str):
+def lmdb_errors(what: str, path: str | None = None):
     """Raises an LMDB error of the with block as the snapstore error it means (damage:
-    CorruptionError naming `snapstore repair`; else StoreIOError)."""
+    CorruptionError naming `snapstore repair`; else StoreIOError: "disk full" for an I/O
+    error while the file system of `path`, the index, is all but full)."""
     try:
         yield
     except lmdb.Error as exc:
-        raise _wrap(exc, what) from exc
+        raise _wrap(exc, what, path) from exc
 
 
 # ---- the value envelope (format 2): payload + XXH3-64 of (database, key, payload) -----------
@@ -719,7 +741,7 @@ class Index:
         env = _acquire_env(self.path, self.durable, self.file_mode)
         try:
             _check_not_truncated(env, self._data_file(env))
-            with lmdb_errors("open databases"):
+            with lmdb_errors("open databases", self.path):
                 with env.begin() as txn:
                     _check_named_databases(txn, self.path)
                 if env.flags()["readonly"]:     # no writer can be in this process
@@ -853,7 +875,7 @@ class Index:
     def _txn(self, *, write: bool, what: str) -> Iterator[tuple]:
         opened = self._enter()
         try:
-            with lmdb_errors(what):
+            with lmdb_errors(what, self.path):
                 with _forked_safe(opened.env.begin(write=write, buffers=False)) as txn:
                     yield txn, opened.dbs
         finally:
@@ -885,7 +907,7 @@ class Index:
         for _ in range(_OPEN_ATTEMPTS):
             opened = self._enter()
             try:
-                with lmdb_errors("write"):
+                with lmdb_errors("write", self.path):
                     with begin_write(opened.env, self.gate, self.timeout,
                                      buffers=False) as txn:
                         now = _file_ident(self._data)
@@ -906,7 +928,7 @@ class Index:
         """Forces every committed transaction to disk (even with durability "none")."""
         opened = self._enter()
         try:
-            with lmdb_errors("sync"):
+            with lmdb_errors("sync", self.path):
                 opened.env.sync(True)
         finally:
             self._leave(opened)
@@ -956,7 +978,7 @@ class Index:
                 os.unlink(os.path.join(dest, name))
             opened = self._enter()
             try:
-                with lmdb_errors("copy"):
+                with lmdb_errors("copy", self.path):
                     with begin_write(opened.env, self.gate,     # keeps every writer out
                                      self.timeout):
                         copied = opened.env.info()["last_txnid"]

@@ -254,3 +254,4 @@ def test_a_running_holder_is_waited_for_however_long(tmp_path, monkeypatch):
         finally:
             os.waitpid(pid, 0)
         assert done and store.restore(done[0].id)["b"] == b"y"
+
