@@ -35,6 +35,7 @@ import time
 from typing import Iterator
 
 from snapstore.engine import format as fmt
+from snapstore.interrupts import deferred_interrupts
 from snapstore.errors import StoreIOError, StoreLocked
 
 STOPPED_GRACE = 2.0     # seconds a holder must be seen stopped before a waiter gives up:
@@ -67,71 +68,82 @@ class WriterGate:
         """Holds the gate for the block (the caller begins and ends its write transaction in
         it). Raises StoreLocked when the holder stays stopped (above), StoreIOError when the
         gate file cannot be locked. A thread that holds the gate already passes (a write
-        that opens a replaced index's databases inside another's block)."""
+        that opens a replaced index's databases inside another's block).
+
+        Ctrl-C: each lock is taken, and recorded as taken, in a section a SIGINT cannot cut
+        (interrupts.deferred_interrupts; the waits between attempts stay interruptible), and
+        both are let go in one: an interrupt between taking one and recording it left it held
+        for good (this process's next write waited for ever, and every other process's)."""
         if self.owner == threading.get_ident():
             yield
             return
-        started, pid, lock = time.monotonic(), os.getpid(), self.lock
-        self._take_thread_lock(started, timeout)
+        started, pid = time.monotonic(), os.getpid()
+        hold = _Hold(self.lock)
         try:
+            self._take_thread_lock(hold, started, timeout)
             fd = self._fd()
-            held = None if fd is None else self._take_flock(fd, started, timeout)
+            if fd is not None:          # (None: a read-only store directory: LMDB's lock)
+                self._take_flock(hold, fd, started, timeout)
             self.owner = threading.get_ident()
-            try:
-                yield
-            finally:
-                if os.getpid() == pid:  # (a fork()ed child's copy of the block does nothing)
-                    self.owner = None
-                    if held == fd:
-                        fcntl.flock(fd, fcntl.LOCK_UN)
-                    elif held is not None:
-                        os.close(held)          # a waiter's own open file: closing lets go
+            yield
         finally:
-            if os.getpid() == pid:
-                lock.release()
+            if os.getpid() == pid:      # (a fork()ed child's copy of the block does nothing)
+                hold.let_go(self)
 
-    def _take_thread_lock(self, started: float, timeout: float) -> None:
+    def _take_thread_lock(self, hold: "_Hold", started: float, timeout: float) -> None:
         """Another thread of this process holds the gate, or waits for it behind a holder
         that may be stopped: look at that holder while waiting."""
-        watch = _StoppedWatch(self, started, timeout)
-        while not self.lock.acquire(timeout=WATCH_SECONDS):
-            watch.look()
+        watch = None
+        while True:
+            with deferred_interrupts():
+                hold.thread_locked = hold.lock.acquire(timeout=WATCH_SECONDS) \
+                    if watch is not None else hold.lock.acquire(False)
+            if hold.thread_locked:
+                return
+            if watch is None:
+                watch = _StoppedWatch(self, started, timeout)
+            else:
+                watch.look()
 
-    def _take_flock(self, fd: int, started: float, timeout: float) -> int:
-        """The descriptor whose flock is now held: fd itself when the gate is free, else the
-        open file of a thread that waited in the kernel's queue (woken at once when the gate
-        is let go; flock has no timeout of its own) while this one looked at the holder."""
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            pass
-        except OSError as exc:
-            raise self._io_error(exc) from exc
+    def _try_flock(self, hold: "_Hold", fd: int) -> bool:
+        with deferred_interrupts():
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            except OSError as exc:
+                raise self._io_error(exc) from exc
+            hold.flock_fd = fd
+            return True
+
+    def _take_flock(self, hold: "_Hold", fd: int, started: float, timeout: float) -> None:
+        """Takes the flock: on fd itself when the gate is free, else on the open file of a
+        thread that waited in the kernel's queue (woken at once when the gate is let go;
+        flock has no timeout of its own) while this one looked at the holder."""
+        if self._try_flock(hold, fd):
+            return
         # most waits are one short transaction of another writer: polled for a little first
         # (a thread of its own costs more than the wait)
         poll_until = time.monotonic() + POLL_SECONDS
         while time.monotonic() < poll_until:
             os.sched_yield()
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
-            except BlockingIOError:
-                pass
-            except OSError as exc:
-                raise self._io_error(exc) from exc
-        waiter = _FlockWaiter(self.path)
+            if self._try_flock(hold, fd):
+                return
         watch = _StoppedWatch(self, started, timeout)
+        waiter: _FlockWaiter | None = None
         try:
-            while not waiter.done.wait(WATCH_SECONDS):
+            with deferred_interrupts():
+                waiter = _FlockWaiter(self.path)
+            while not waiter.wait(WATCH_SECONDS):
                 watch.look()
+            if waiter.error is not None:
+                raise self._io_error(waiter.error) from waiter.error
+            with deferred_interrupts():
+                hold.flock_fd, hold.own_file = waiter.fd, True
         except BaseException:
-            waiter.abandon()
+            if waiter is not None and hold.flock_fd is None:
+                waiter.abandon()
             raise
-        if waiter.error is not None:
-            waiter.abandon()
-            raise self._io_error(waiter.error) from waiter.error
-        return waiter.fd
 
     def holder(self) -> int | None:
         """The pid of the gate's holder as /proc/locks names it (None when unknown)."""
@@ -215,20 +227,65 @@ def _stopped(pid: int) -> bool:
     return bool(fields) and fields[0] in (b"T", b"t")
 
 
+class _Hold:
+    """What one held() block has taken, for its finally."""
+    __slots__ = ("lock", "thread_locked", "flock_fd", "own_file")
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.lock, self.thread_locked = lock, False
+        self.flock_fd: int | None = None
+        self.own_file = False           # flock_fd is a waiter's open file, closed after
+
+    def let_go(self, gate: WriterGate) -> None:
+        """Lets go of what is held: the flock with an explicit LOCK_UN, which frees it
+        whoever else has the open file (a fork()ed child keeps a copy of every descriptor:
+        closing ours alone left the gate locked for as long as the child lived), then the
+        thread lock. Each step is a section a SIGINT cannot cut, and an interrupt before one
+        begins is kept until all are done (then raised): the finally of held() must never
+        leave a lock behind."""
+        interrupted = None
+        while self.flock_fd is not None or self.thread_locked:
+            try:
+                with deferred_interrupts():
+                    if self.flock_fd is not None:
+                        fd, self.flock_fd = self.flock_fd, None
+                        try:
+                            fcntl.flock(fd, fcntl.LOCK_UN)
+                        except OSError:
+                            pass            # (closing it lets go, ours being the last copy)
+                        if self.own_file:
+                            _close_waiter_file(fd)
+                with deferred_interrupts():
+                    if self.thread_locked and self.flock_fd is None:
+                        gate.owner, self.thread_locked = None, False
+                        self.lock.release()
+            except KeyboardInterrupt as exc:
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
+
+
 class _FlockWaiter:
     """A thread blocked in flock(LOCK_EX) on an open file of its own. Abandoned (its caller
-    gave up), it lets the lock go as soon as it gets it."""
+    gave up), it lets the lock go as soon as it gets it. Its caller waits on a one-shot lock
+    (one C call: Event.wait, a Condition's, could be cut by Ctrl-C half way, wakeups.py)."""
 
     def __init__(self, path: str) -> None:
         try:
             self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as exc:
             raise StoreIOError(f"cannot open {path}: {exc.strerror}", exc.errno) from exc
-        self.done = threading.Event()
+        _WAITER_FILES.add(self.fd)
+        self._signal = threading.Lock()
+        self._signal.acquire()              # released once the flock is taken (or failed)
         self.error: OSError | None = None
         self._lock = threading.Lock()
-        self._abandoned = False
+        self._abandoned = self._finished = False
         threading.Thread(target=self._wait, name="snapstore-index-gate", daemon=True).start()
+
+    def wait(self, seconds: float) -> bool:
+        """Whether the flock was taken (or failed: error) within `seconds`."""
+        return self._signal.acquire(timeout=seconds)
 
     def _wait(self) -> None:
         try:
@@ -236,16 +293,36 @@ class _FlockWaiter:
         except OSError as exc:
             self.error = exc
         with self._lock:
+            self._finished = True
             if self._abandoned:
-                os.close(self.fd)
+                self._let_go()
             else:
-                self.done.set()
+                self._signal.release()
 
     def abandon(self) -> None:
         with self._lock:
             self._abandoned = True
-            if self.done.is_set():
-                os.close(self.fd)
+            if self._finished:
+                self._let_go()
+
+    def _let_go(self) -> None:
+        try:
+            if self.error is None:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+        except OSError:
+            pass
+        _close_waiter_file(self.fd)
+
+
+_WAITER_FILES: set[int] = set()     # waiters' open files: a fork()ed child closes its copies
+
+
+def _close_waiter_file(fd: int) -> None:
+    _WAITER_FILES.discard(fd)
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 _GATES: dict[str, WriterGate] = {}
@@ -267,6 +344,8 @@ def _forget_gates() -> None:
     _GATES_LOCK = threading.Lock()      # a thread of the parent may have held it at the fork
     for gate in _GATES.values():
         gate.forget()
+    for fd in list(_WAITER_FILES):      # the parent's waiters' files (never unlocked here:
+        _close_waiter_file(fd)          # LOCK_UN would let go of a lock the parent holds)
 
 
 os.register_at_fork(after_in_child=_forget_gates)

@@ -255,3 +255,114 @@ def test_a_running_holder_is_waited_for_however_long(tmp_path, monkeypatch):
             os.waitpid(pid, 0)
         assert done and store.restore(done[0].id)["b"] == b"y"
 
+
+
+_INTERRUPTED_GATE = r"""
+import fcntl, os, sys, threading, time
+import snapstore
+from snapstore.engine import format as fmt, writegate
+from sigint_injection import interrupted_at_return
+
+contended = sys.argv[1] == "contended"
+path = sys.argv[2]
+snapstore.open(path).close()
+gate_file = os.path.join(path, fmt.INDEX_GATE_FILE)
+gate = writegate.writer_gate(os.path.join(path, fmt.INDEX_DIR), 0o600)
+
+
+def hold_briefly(ready):                # another holder: a waiter's thread is needed
+    fd = os.open(gate_file, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    ready.set()
+    time.sleep(0.05)
+    os.close(fd)
+
+
+def free() -> bool:
+    if not gate.lock.acquire(False):
+        return False
+    gate.lock.release()
+    fd = os.open(gate_file, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def enter():
+    with gate.held(0.0):
+        pass
+
+
+n = interrupted = 0
+while True:
+    n += 1
+    if contended:
+        ready = threading.Event()
+        holder = threading.Thread(target=hold_briefly, args=(ready,))
+        holder.start()
+        ready.wait()
+    stopped, inject = interrupted_at_return(n, enter)
+    interrupted += stopped
+    if contended:
+        holder.join()
+    deadline = time.monotonic() + 5         # an abandoned waiter lets go once it gets it
+    while not free():
+        assert time.monotonic() < deadline, f"the gate stayed held after an interrupt at {n}"
+        time.sleep(0.01)
+    if inject.where is None:
+        break
+print(n, interrupted)
+"""
+
+
+@pytest.mark.parametrize("mode", ["free", "contended"])
+def test_ctrl_c_anywhere_in_taking_the_gate_leaves_nothing_held(tmp_path, mode):
+    """A KeyboardInterrupt between taking the thread lock or the flock and recording it left
+    it held for good: this process's next write waited for ever, and every other
+    process's (a reviewer's find)."""
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [tests, os.environ.get("PYTHONPATH")]))}
+    p = subprocess.run([sys.executable, "-c", _INTERRUPTED_GATE, mode, str(tmp_path / "s")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    tried, interrupted = map(int, p.stdout.split())
+    assert tried > 5 and interrupted > 0
+
+
+def test_a_fork_while_a_thread_waits_for_the_gate_does_not_keep_it_locked(tmp_path):
+    """A waiter's own open file, inherited by a fork()ed child, was let go by closing it
+    alone: the gate stayed locked for as long as the child lived, so other processes (and the
+    child itself) waited for it (a reviewer's find). It is let go with LOCK_UN now, and a
+    child closes its copies."""
+    path = str(tmp_path / "s")
+    with snapstore.open(path) as store:
+        store.checkpoint({"b": b"x"})
+        holder = _child_holding_the_gate(path, 1.0)
+        t, done = _checkpoint_in_thread(store, b"y")    # waits in a waiter's thread
+        time.sleep(0.3)
+        child = os.fork()
+        if child == 0:
+            try:
+                time.sleep(8)           # keeps its copies of every descriptor meanwhile
+            finally:
+                os._exit(0)
+        try:
+            os.waitpid(holder, 0)
+            t.join(30)
+            assert done
+            started = time.monotonic()
+            p = subprocess.run([sys.executable, "-c", "import snapstore, sys\n"
+                                "with snapstore.open(sys.argv[1], timeout=1) as s:\n"
+                                "    s.checkpoint({'b': b'z'}, stream='other')",
+                                path], capture_output=True, text=True, timeout=60)
+            assert p.returncode == 0, p.stderr
+            assert time.monotonic() - started < 6, "the child's copy kept the gate locked"
+        finally:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+        assert store.restore(store.latest("other").id)["b"] == b"z"
