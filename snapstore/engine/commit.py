@@ -253,6 +253,9 @@ class Committer:
                            if options.delta_chunks and options.keyframe_cache_bytes > 0
                            and not readonly else None)
         self._maintenance_holder: int | None = None   # thread holding it exclusively
+        # orders of the claims release() could not drop (the index's write lock held by a
+        # stopped writer, an I/O error): dropped by this writer's next claim
+        self._unreleased: list[int] = []
         # {log: position}: other logs' records this process made durable (sync_other_logs)
         self._others_synced: dict[int, tuple[int, int]] = {}
         self._closed = False
@@ -766,10 +769,12 @@ class Committer:
         for _ in range(_DEAD_RETRIES):
             try:
                 with self.index.write() as w:
+                    dropped = self._drop_unreleased(w)
                     kind, fields = prepare(w)
                     c = claim_rules.claim(w, kind, self.log_number, **fields)
                     if extra is not None:
                         extra(w, c)
+                del self._unreleased[:dropped]
                 return c
             except claim_rules.DeadHolder as dead:
                 if not self.recover_dead(dead.log):
@@ -779,16 +784,29 @@ class Committer:
 
     def release(self, c: claim_rules.Claim,
                 extra: Callable[[IndexWriter], None] | None = None) -> None:
-        """Drops an abandoned claim (best effort: a claim left behind is dropped when this
-        writer's log is recovered, with the group it commits); extra(index writer) adds to
-        the same transaction (a group commit takes its group's claim back there)."""
+        """Drops an abandoned claim; extra(index writer) adds to the same transaction (a
+        group commit takes its group's claim back there). When that fails (StoreLocked: the
+        index's write lock is held by a stopped writer; an I/O error) the claim is dropped by
+        this writer's next claim (and, should it never make one, when its log is recovered
+        after it is gone): kept until then, it kept the stream from every writer, this one
+        included, while the Store stayed open. Its extra is not run then: a group whose
+        commit failed so has no claim, and is dropped as abandoned (claims.py)."""
         try:
             with self.index.write() as w:
+                dropped = self._drop_unreleased(w)
                 claim_rules.release(w, c.order)
                 if extra is not None:
                     extra(w)
+            del self._unreleased[:dropped]
         except SnapstoreError:
-            pass
+            self._unreleased.append(c.order)
+
+    def _drop_unreleased(self, w: IndexWriter) -> int:
+        """Drops, in transaction w, the claims release() could not; returns how many (the
+        caller forgets them once w committed)."""
+        for order in self._unreleased:
+            claim_rules.release(w, order)
+        return len(self._unreleased)
 
     def publish(self, batch: list, c: claim_rules.Claim,
                 apply_extra: Callable[[IndexWriter], None] | None = None,

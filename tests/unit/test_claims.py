@@ -169,3 +169,35 @@ def test_claims_are_empty_at_rest_and_name_their_holder(path):
         g.abort()
         with s._committer.read() as r:
             assert claim_rules.claims(r) == []
+
+
+def test_a_claim_its_release_could_not_drop_is_dropped_by_the_next_claim(path, monkeypatch):
+    """A publish that failed for want of the index's write lock (held by a stopped writer:
+    StoreLocked) rolled back, and its release, needing the same lock, failed too and was
+    swallowed: the stream stayed claimed by this live writer until its Store closed, and its
+    own retries, and every other writer's, got CommitConflict (a reviewer's find)."""
+    from snapstore.engine.index import Index
+    from snapstore.errors import StoreLocked
+    with snapstore.open(path) as s, snapstore.open(path) as other:
+        first = s.checkpoint({"x": b"1"}, stream="a")
+        real_write = Index.write
+        failing = {"left": 0, "writes": 0}
+
+        def write(self, *args, **kwargs):
+            failing["writes"] += 1
+            if failing["writes"] > 1 and failing["left"]:     # the claim's own write passes
+                failing["left"] -= 1
+                raise StoreLocked("the index's write lock is held by a stopped writer",
+                                  lock="index")
+            return real_write(self, *args, **kwargs)
+
+        monkeypatch.setattr(Index, "write", write)
+        failing["left"] = 2                 # the publish's transaction, then the release's
+        with pytest.raises(StoreLocked):
+            s.checkpoint({"x": b"2"}, stream="a")
+        monkeypatch.setattr(Index, "write", real_write)
+        second = s.checkpoint({"x": b"3"}, stream="a")       # was CommitConflict
+        assert second.parent == first.id
+        third = other.checkpoint({"x": b"4"}, stream="a")    # and for another writer
+        assert [c.id for c in s.checkpoints("a")] == [first.id, second.id, third.id]
+        assert s.restore(second.id)["x"] == b"3" and s.verify(deep=True)["ok"]
