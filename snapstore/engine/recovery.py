@@ -9,8 +9,11 @@ logs, together, holding the locks:
 
   * scan each log from its applied position; the first invalid or incomplete record ends the
     scan: in the log's last segment it is a torn tail and the segment is truncated there (a
-    segment killed while being created is removed); in an earlier segment it is corruption
-    (CorruptionError, nothing is cut);
+    segment killed while being created is removed, and so is one whose header reads as zeros:
+    no sync of it ever completed); in an earlier segment it is corruption (CorruptionError,
+    nothing is cut). Only what lies past the applied position is judged, so a writeback hole
+    there (zeros a power cut left in an unsynced tail, valid records after it) is cut with
+    what follows it, as the rebuild judges it (repair.py, wal.writeback_hole);
   * a batch of records sharing one order (a delete_many) that is not all there never
     completed: the log is cut at its first record (a writer appends a batch whole, then
     syncs); a batch may span a segment rollover, and then the log's segments after the one

@@ -69,7 +69,7 @@ from snapstore.engine.upgrade import upgrade
 from snapstore.engine.verify import ProblemReport, children_of, dependents, verify
 from snapstore.engine.wal import (DamagedRecord, MisplacedSegment, Record, first_segment,
                                   log_of, logs_of, next_valid_record, read_record,
-                                  segment_version)
+                                  segment_version, writeback_hole, zeroed_segment_header)
 from snapstore.errors import CorruptionError, FormatError, SnapstoreError, StoreIOError
 
 Progress = Callable[[int, int], None]     # (segment bytes scanned, total segment bytes)
@@ -92,6 +92,9 @@ class _Scan:
     records: int = 0
     chunks: int = 0
     torn_tail: tuple[int, int] | None = None
+    # {log: position} the old index (when trusted) has applied: a writeback hole before it
+    # lies in acknowledged records, so it is damage there, never a torn tail
+    applied: dict = field(default_factory=dict)
     # (segment, offset) of every damaged record or segment header reported (not the torn
     # tail): a writer's recovery refuses to scan past one of them
     damage: list = field(default_factory=list)
@@ -271,7 +274,7 @@ def _rebuild(path: str, backend: SegmentBackend, progress: Progress | None,
     index = Index(new_dir, readonly=False, durable=False, rebuilding=True, file_mode=file_mode)
     try:
         with backend.open_reader() as reader:
-            scan = _scan_log(index, backend, reader, progress, report)
+            scan = _scan_log(index, backend, reader, progress, report, old_logs)
             for log, old in sorted(old_logs.items()):
                 end = scan.ends.get(log)
                 if end is None or old > end:
@@ -588,8 +591,9 @@ def _problems_of_sound_index(path: str, backend: SegmentBackend) -> list | None:
 # ---- 1. the scan ------------------------------------------------------------------------------
 
 def _scan_log(index: Index, backend: SegmentBackend, reader: SegmentReader,
-              progress: Progress | None, report: ProblemReport) -> _Scan:
-    scan = _Scan()
+              progress: Progress | None, report: ProblemReport,
+              applied: dict | None = None) -> _Scan:
+    scan = _Scan(applied=dict(applied or {}))
     numbers = backend.list()
     sizes = {}
     for n in numbers:
@@ -649,6 +653,14 @@ def _scan_log(index: Index, backend: SegmentBackend, reader: SegmentReader,
     return scan
 
 
+def _may_be_torn(scan: _Scan, n: int, pos: int) -> bool:
+    """Whether (n, pos) of a log's last segment lies where a crash may have torn it: not
+    before the position a trusted old index has applied of the log (records before it were
+    acknowledged; recovery, too, only judges what lies past it)."""
+    applied = scan.applied.get(log_of(n))
+    return applied is None or (n, pos) >= tuple(applied)
+
+
 def _damage(scan: _Scan, report: ProblemReport, kind: str, message: str, segment: int,
             offset: int) -> None:
     """Reports damage in the log and records where it is (scan.damage: what a writer's
@@ -660,9 +672,13 @@ def _damage(scan: _Scan, report: ProblemReport, kind: str, message: str, segment
 def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan: _Scan,
                      report: ProblemReport):
     """The valid records of segment n, in order. Damage is reported (and interrupts any state
-    section); the scan resumes at the next valid record. A damaged stretch at the end of the
-    last segment with nothing valid after it is the torn tail of a crash: not a problem (the
-    next writer's recovery cuts it)."""
+    section); the scan resumes at the next valid record. In a log's last segment (past what a
+    trusted old index applied of it) a damaged stretch is the torn tail of a crash, not a
+    problem, and the scan of the segment ends there (the next writer's recovery cuts it) when
+    nothing valid follows it, or when it is a writeback hole (wal.writeback_hole: zeros where
+    the writer's bytes must be; the records after it were written after it, so no sync
+    completed after them either: none of them was acknowledged); a zeroed segment header
+    there makes the whole segment torn (no sync of it ever completed)."""
     if size <= fmt.SEGMENT_HEADER.size:     # never read: a FIFO, or killed while creating it
         if size < fmt.SEGMENT_HEADER.size and not last:
             _damage(scan, report, "damaged_segment_header",
@@ -684,6 +700,9 @@ def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan:
                 "none of its records were used", n, 0)
         return
     except CorruptionError as exc:
+        if last and _may_be_torn(scan, n, 0) and zeroed_segment_header(reader, n):
+            scan.torn_tail = (n, 0)
+            return
         _damage(scan, report, "damaged_segment_header", str(exc), n, 0)
         types = fmt.RECORD_TYPES
     else:
@@ -698,11 +717,12 @@ def _segment_records(reader: SegmentReader, n: int, size: int, last: bool, scan:
         except DamagedRecord as exc:
             scan.finder.interrupt()
             nxt = next_valid_record(reader, n, exc.end, pos + 1, size, types)
-            if nxt is None and last:
+            if last and (nxt is None or (_may_be_torn(scan, n, pos) and
+                                         writeback_hole(reader, n, pos, nxt, size))):
                 scan.torn_tail = (n, pos)
-            else:
-                _damage(scan, report, "damaged_record", f"{exc.reason}; skipped up to "
-                        f"offset {size if nxt is None else nxt}", n, pos)
+                return
+            _damage(scan, report, "damaged_record", f"{exc.reason}; skipped up to "
+                    f"offset {size if nxt is None else nxt}", n, pos)
             if nxt is None:
                 return
             pos = nxt

@@ -32,7 +32,8 @@ from snapstore.engine.chunks import (StoredChunk, decode_chunk, decode_delta, de
                                      read_stored_chunk, stored_chunk)
 from snapstore.engine.index import REPAIR_HINT, Index
 from snapstore.engine.wal import (damaged_record, log_of, logs_of, next_valid_record,
-                                  parse_record_header, read_record, segment_version)
+                                  parse_record_header, read_record, segment_version,
+                                  writeback_hole, zeroed_segment_header)
 
 # Problems of the index itself (the log may be intact): `snapstore repair` rebuilds it.
 INDEX_KINDS = frozenset({"missing_manifest", "missing_parent", "bad_extent", "missing_chunk",
@@ -380,11 +381,13 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport
     between and a valid header is there; otherwise at the next record the index knows of (a
     flipped length field must not hide the records after it). In the last segment of a log,
     invalid bytes from offset `tail` on (past the log's applied position) after which no valid
-    record follows are a crash's torn tail, or the record its writer is appending right now:
-    not a problem (recovery cuts a torn tail); so is a log's last segment, wholly past that
-    position, shorter than its header (created, its header being written, or torn by a
-    crash: recovery removes it). bases: where the bases of delta chunks are read (without it,
-    a delta chunk's bytes are not re-hashed). A delta chunk the index knows whose base is
+    record follows, or that are a writeback hole (wal.writeback_hole: what follows it was
+    never acknowledged either), are a crash's torn tail, or the record its writer is
+    appending right now: not a problem (recovery cuts a torn tail); so is a log's last
+    segment, wholly past that position, shorter than its header or with a header that reads
+    as zeros (created, its header being written, or torn by a crash: recovery removes it).
+    bases: where the bases of delta chunks are read (without it, a delta chunk's bytes are
+    not re-hashed). A delta chunk the index knows whose base is
     damaged is reported too (damaged_chunk, at the delta chunk's record).
     Returns bytes read."""
     starts = sorted(known)
@@ -396,10 +399,11 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport
         types, codecs = fmt.SEGMENT_RECORD_TYPES[version], fmt.SEGMENT_CODECS[version]
         rotations = fmt.SEGMENT_PLANE_ROTATIONS.get(version, rotations)
     except CorruptionError as exc:
-        if tail is not None and tail <= fmt.SEGMENT_HEADER.size and \
-                size < fmt.SEGMENT_HEADER.size and not starts:
+        if tail is not None and tail <= fmt.SEGMENT_HEADER.size and not starts and \
+                (size < fmt.SEGMENT_HEADER.size or zeroed_segment_header(segments, seg)):
             # a log's next segment, created, its header not (all) written yet: being
-            # written right now, or torn by a crash (recovery removes it)
+            # written right now, or torn by a crash (recovery removes it); or a header a
+            # power cut kept from the disk (no sync of the segment completed)
             return size
         report.add("damaged_segment_header", str(exc), segment=seg, offset=0)
     pos = fmt.SEGMENT_HEADER.size
@@ -434,9 +438,10 @@ def _deep_scan(segments, size: int, seg: int, known: dict, report: ProblemReport
             if isinstance(exc, SnapstoreError):
                 raise
             problem, end = f"cannot read the record: {exc.strerror or exc}", None
-        if tail is not None and pos >= tail and not any(off >= pos for off in starts) and \
-                next_valid_record(segments, seg, end, pos + 1, size, types) is None:
-            break                       # torn tail, or a record being appended
+        if tail is not None and pos >= tail and not any(off >= pos for off in starts):
+            nxt = next_valid_record(segments, seg, end, pos + 1, size, types)
+            if nxt is None or writeback_hole(segments, seg, pos, nxt, size):
+                break           # torn tail (a writeback hole too), or a record being appended
         users = set().union(*(affected(cid) for cid, _ in known.get(pos, ())))
         report.add("damaged_record", problem, users, seg, pos)
         i = bisect.bisect_right(starts, pos)

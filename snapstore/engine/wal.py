@@ -5,7 +5,10 @@ commit record, then makes them durable (fsync) before it applies them to the ind
 is valid iff its header magic, type and length are sane and its XXH3-64 checksum matches
 (`read_record`, the one validator: scan, recovery, the chunk reader and verify all use it).
 Recovery scans past the index's applied position and truncates the log at the first invalid
-record of the last segment (a torn tail); an invalid record anywhere else is corruption.
+record of the last segment (a torn tail); an invalid record anywhere else is corruption. The
+rebuild (repair.py), which knows no applied position, takes a damaged stretch of a log's last
+segment for the torn tail when nothing valid follows it or when it is a writeback hole
+(writeback_hole: zeros where the writer's bytes must be); other damage is reported.
 
 This module owns the bytes inside a segment (segment header, record framing); where segments
 live is a SegmentBackend's job (snapstore.engine.backends), used only through its contract.
@@ -222,6 +225,104 @@ def next_valid_record(reader: SegmentReader, n: int, hint: int | None, start: in
     return None
 
 
+# ---- writeback holes: zeros where the writer's bytes must be (docs/design.md, "Repair") ---
+
+SECTOR = 512            # the smallest unit a disk writes: a torn page write loses whole ones
+HOLE_PAGE = 4096        # a page of the page cache: writeback writes whole ones, in any order
+
+
+def _zero(data) -> bool:
+    return not any(data)
+
+
+def zeroed_header(reader: SegmentReader, n: int, at: int, size: int) -> bool:
+    """Whether the record header that belongs at (n, at) reads as zeros: from its start, or
+    from a sector boundary inside it, to its end (or the segment's end). A writer never
+    writes that (the magic, the checksum); bytes a power cut kept from the disk read so."""
+    end = min(at + fmt.RECORD_HEADER.size, size)
+    if end <= at:
+        return False
+    head = reader.read(n, at, end - at)
+    if len(head) != end - at:
+        return False
+    if _zero(head):
+        return True
+    k = -(-at // SECTOR) * SECTOR           # the first sector boundary at or after `at`
+    return at < k < end and _zero(head[k - at:])
+
+
+def _zeroed_page_in(reader: SegmentReader, n: int, start: int, end: int) -> bool:
+    """Whether a whole HOLE_PAGE-aligned page of the file inside [start, end) reads as zeros."""
+    page = -(-start // HOLE_PAGE) * HOLE_PAGE
+    while page + HOLE_PAGE <= end:
+        if _zero(reader.read(n, page, HOLE_PAGE)):
+            return True
+        page += HOLE_PAGE
+    return False
+
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _coded(reader: SegmentReader, n: int, body: int, codec: int) -> bool:
+    """Whether the payload at (n, body) of a chunk record of `codec` begins as that codec's
+    stored bytes do (a zstd frame's magic; a plane table's item size; a delta header's depth
+    and then its plane table): a flipped codec byte on a raw record is not taken for coded
+    bytes, whose zeros would then look like a hole."""
+    at = body + fmt.CHUNK_PREFIX.size
+    if codec == fmt.CODEC_ZSTD:
+        return reader.read(n, at, len(_ZSTD_MAGIC)) == _ZSTD_MAGIC
+    if codec == fmt.CODEC_DELTA_PLANES:
+        head = reader.read(n, at, fmt.DELTA_HEADER.size)
+        if len(head) != fmt.DELTA_HEADER.size or head[-1] == 0:
+            return False
+        at += fmt.DELTA_HEADER.size
+    if codec in (fmt.CODEC_PLANES, fmt.CODEC_DELTA_PLANES):
+        head = reader.read(n, at, 1)
+        return len(head) == 1 and head[0] in fmt.PLANES_ITEMSIZES
+    return False
+
+
+def writeback_hole(reader: SegmentReader, n: int, pos: int, nxt: int | None,
+                   size: int) -> bool:
+    """Whether the invalid stretch of segment n from pos (its first invalid record) up to nxt
+    (the next valid record; None: the segment's end) shows a writeback hole -- bytes a power
+    cut kept from the disk, read as zeros -- rather than media damage (a flipped bit leaves
+    the bytes, and so a record's magic and framing, in place). It walks the stretch record by
+    record as the headers frame it: a hole when a header reads as zeros (zeroed_header), or
+    when a whole aligned page inside the payload of a chunk record not stored raw (and whose
+    payload begins as its codec's does: _coded) reads as zeros (zstd leaves no run of zeros
+    that long in what it emits -- a block keeps its raw bytes only when coding saves less
+    than 1/64 of it, and a 4 KiB run of zeros saves more -- nor do byte planes, each the
+    smaller of its zstd frame and its raw bytes; a raw payload may hold zero pages as its
+    bytes: a flip in it stays damage). A header that is neither valid framing nor zeros is
+    damage. Only a log's last segment can hold a hole (a segment is synced before the log
+    moves on), past what was acknowledged: the caller decides where it applies."""
+    end = size if nxt is None else min(nxt, size)
+    at = pos
+    while at < end:
+        if zeroed_header(reader, n, at, size):
+            return True
+        header = parse_record_header(reader.read(n, at, fmt.RECORD_HEADER.size))
+        if header is None:
+            return False
+        _, codec, length, _ = header
+        body, stop = at + fmt.RECORD_HEADER.size, at + fmt.RECORD_HEADER.size + length
+        if codec != fmt.CODEC_RAW and _coded(reader, n, body, codec) and \
+                _zeroed_page_in(reader, n, body, min(stop, end)):
+            return True
+        at = stop
+    return False
+
+
+def zeroed_segment_header(reader: SegmentReader, n: int) -> bool:
+    """Whether segment n's header reads as zeros: the page holding it never reached the disk
+    (a segment's header is written when it is created, and synced then only by a durable log),
+    so no sync of the segment ever completed and nothing in it was acknowledged."""
+    head = reader.read(n, 0, fmt.SEGMENT_HEADER.size)
+    return len(head) == fmt.SEGMENT_HEADER.size and _zero(head)
+
+
 def scan(backend: SegmentBackend, number: int, start: int,
          chunk_payloads: bool = True) -> Iterator[Record | tuple[str, int]]:
     """Yields the valid records of one segment from `start`, then ("end", offset) or
@@ -243,7 +344,10 @@ def _scan(reader: SegmentReader, number: int, size: int, start: int, chunk_paylo
         types = fmt.SEGMENT_RECORD_TYPES[segment_version(reader, number)]
     except CorruptionError:
         if start == 0:
-            if size <= fmt.SEGMENT_HEADER.size:     # killed while creating the segment
+            if size <= fmt.SEGMENT_HEADER.size or zeroed_segment_header(reader, number):
+                # killed while creating the segment; or, in a log's last segment (the
+                # caller's judgement), a header a power cut kept from the disk: no sync of
+                # the segment completed, so none of it was acknowledged
                 yield ("torn", 0)
                 return
             raise
