@@ -5,9 +5,12 @@ This writer's own log lives in local files (cache_dir/spool) while it is written
 log creates segment n + 1, segment n is sealed (the contract's rule) and uploaded in the
 background as segments/<name> — the object is exactly the file's bytes. wait_uploaded()
 waits for every upload begun so far and raises the first failure; once one upload has failed
-for good, the uploads queued after it fail at once with the same error (the commit they
-belong to fails anyway) instead of each retrying for remote_timeout, until that failure is
-reported. Every segment not uploaded is remembered, so wait_uploaded(segments), which a
+for good, the uploads queued before that failure fail at once with the same error (the
+commit they belong to fails anyway) instead of each retrying for remote_timeout. Uploads
+queued after it try again: a commit could fail before it waited for its uploads (and so
+before their failure was reported), and when the failure stayed until then, every later
+upload failed without trying, with the server back, and checkpoints acknowledged at
+durability "local" were lost. Every segment not uploaded is remembered, so wait_uploaded(segments), which a
 checkpoint committed in the background (durability "local") asks for the segments its chunks
 lie in, raises if any of those is not in the bucket, whoever else's failure was reported
 first. After its upload a
@@ -94,6 +97,8 @@ class RemoteSegments(SegmentBackend):
         self._spooled: set[int] = set()      # own segments still in the spool
         self._uploads: dict[int, Future] = {}
         self._failure: BaseException | None = None    # of the uploads begun so far
+        self._queued = 0                    # uploads queued so far (each one's number)
+        self._failed_before = 0             # uploads queued up to this one fail with _failure
         self._not_uploaded: dict[int, BaseException] = {}     # segment -> why (for good)
         self._pool: ThreadPoolExecutor | None = None
         self.uploaded_bytes = 0
@@ -189,11 +194,12 @@ class RemoteSegments(SegmentBackend):
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(UPLOAD_THREADS, "snapstore-upload")
-            self._uploads[number] = self._pool.submit(self._upload_one, number)
+            self._queued += 1
+            self._uploads[number] = self._pool.submit(self._upload_one, number, self._queued)
 
-    def _upload_one(self, number: int) -> None:
+    def _upload_one(self, number: int, queued: int) -> None:
         with self._lock:
-            failure = self._failure
+            failure = self._failure if queued <= self._failed_before else None
             if failure is not None:
                 self._not_uploaded[number] = failure
         if failure is not None:
@@ -204,6 +210,7 @@ class RemoteSegments(SegmentBackend):
         except BaseException as exc:
             with self._lock:
                 self._failure = self._failure or exc
+                self._failed_before = self._queued      # the backlog fails at once
                 self._not_uploaded[number] = exc
                 self.failed_uploads += 1
             raise

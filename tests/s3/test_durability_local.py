@@ -488,3 +488,41 @@ def test_a_lost_first_checkpoint_of_a_stream_leaves_no_stream_behind(weed_server
         assert again.streams() == ["other"]
         with pytest.raises(snapstore.errors.CheckpointNotFound):
             again.restore(lost.id)
+
+
+def test_uploads_after_a_failure_that_was_never_reported_are_tried(weed_server, tmp_path,
+                                                                   monkeypatch):
+    """Regression (a helper's review): a commit that failed after its segment upload had
+    begun, before it waited for it (the server was killed), left the upload's failure
+    standing; every later upload then failed at once without trying, so a checkpoint made
+    with the server back was acknowledged at durability "local" and then lost."""
+    srv = weed_server()
+    url = f"s3://{srv.bucket}/sticky"
+    real = snapstore.remote.s3client.S3Client.upload_file
+
+    def kill_at_the_first_segment(self, key, path, *args, **kwargs):
+        if "segments/" in key and srv.running:
+            srv.kill()
+        return real(self, key, path, *args, **kwargs)
+    with snapstore.open(url, cache_dir=str(tmp_path / "w"), durability="local",
+                        remote_timeout=3) as w:
+        first = w.checkpoint({"x": b"first" * 1000}, stream="s")
+        w.flush()
+        monkeypatch.setattr(snapstore.remote.s3client.S3Client, "upload_file",
+                            kill_at_the_first_segment)
+        with pytest.raises(RemoteError):
+            w.checkpoint({"x": np.random.default_rng(2).bytes(12 * MiB)}, stream="s")
+            w.flush()
+        monkeypatch.setattr(snapstore.remote.s3client.S3Client, "upload_file", real)
+        srv.start()
+        with snapstore.open(f"s3://{srv.bucket}/warm", cache_dir=str(tmp_path / "warm"),
+                            remote_timeout=60) as warm:   # the server answers promptly again
+            warm.checkpoint({"x": b"warm"}, stream="s")
+        data = np.random.default_rng(3).bytes(MiB)
+        info = w.checkpoint({"x": data}, stream="s")       # acknowledged ...
+        w.flush()                                           # ... and in the bucket
+    with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as r:
+        assert info.id in [c.id for c in r.checkpoints("s")]
+        assert r.restore(info.id) == {"x": data}
+        assert r.restore(first.id) == {"x": b"first" * 1000}
+        assert r.verify(deep=True)["ok"]
