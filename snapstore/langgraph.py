@@ -38,7 +38,10 @@ update_state: metadata source "fork"/"update") may start from any checkpoint (th
 option). Pending writes are independent records, stored exactly once per (task, index) whoever
 writes them, retried when another worker's writes get in the way. What the saver keeps in memory
 (stream indexes, the value cache) is checked against the stream's state at every call, so
-another writer's commits and deletes are always seen.
+another writer's commits and deletes are always seen. On an S3 store that state is the local
+cache's, which follows the bucket at most ``refresh`` seconds late (open()'s option; 0: every
+read asks the bucket); delete_thread, delete_for_runs and prune pull the bucket first, so they
+never miss a checkpoint another machine stored before they were called.
 
 The sync methods do the work; the async ones run them in a worker thread
 (``asyncio.to_thread``), so disk I/O never blocks the event loop. All savers on one Store share
@@ -988,8 +991,10 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
             self._shared.forget(stream)
 
     def delete_thread(self, thread_id: str) -> None:
-        """Deletes every checkpoint and write of the thread, in every namespace."""
+        """Deletes every checkpoint and write of the thread, in every namespace (on an S3
+        store, those the bucket holds when it is called: it pulls first)."""
         _check_thread_id(thread_id)
+        self.store.refresh()        # (an S3 store's cache may be `refresh` seconds behind)
         with self._shared.lock:
             for stream in self._thread_streams(thread_id):
                 ids = [c.id for c in self.store.checkpoints(stream)
@@ -1016,6 +1021,7 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         wanted = set(run_ids)
         if not wanted:
             return
+        self.store.refresh()        # (an S3 store's cache may be `refresh` seconds behind)
         with self._shared.lock:
             for stream in [s for s in self.store.streams() if s.startswith("lg/")]:
                 idx = self._index(stream)
@@ -1066,6 +1072,7 @@ class SnapstoreSaver(BaseCheckpointSaver[str]):
         if strategy not in ("keep_latest", "delete"):
             raise InvalidArgumentError(f"strategy must be 'keep_latest' or 'delete', got {strategy!r}")
         thread_ids = [_check_thread_id(t) for t in thread_ids]
+        self.store.refresh()        # (an S3 store's cache may be `refresh` seconds behind)
         with self._shared.lock:
             for thread_id in thread_ids:
                 if strategy == "delete":

@@ -157,3 +157,27 @@ def test_two_machines_copying_one_store_into_the_bucket_copy_each_checkpoint_onc
         with snapstore.open(url, cache_dir=str(tmp_path / "c")) as fresh:
             assert [c.meta for c in fresh.checkpoints("m")] == [{"i": 0}, {"i": 1}, {"i": 2}]
             assert fresh.restore(first.copied[3]) == local.restore(3)
+
+
+def test_langgraph_delete_thread_deletes_what_another_machine_stored_just_before(s3, tmp_path):
+    """Regression (a helper's review): SnapstoreSaver.delete_thread on machine B, right after
+    machine A's put returned, deleted only what B's cache knew (it follows the bucket up to
+    `refresh` seconds late): A's checkpoint survived the delete, in every cache."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "unit"))
+    from test_langgraph import Thread, cfg
+    from snapstore.langgraph import SnapstoreSaver
+    url = f"s3://{s3.bucket}/{s3.prefix}lg"
+    with snapstore.open(url, cache_dir=str(tmp_path / "a"), refresh=60) as a, \
+            snapstore.open(url, cache_dir=str(tmp_path / "b"), refresh=60) as b:
+        on_a, on_b = SnapstoreSaver(a), SnapstoreSaver(b)
+        thread = Thread(on_a, "t1")
+        thread.put({"v": 1})
+        b.refresh()
+        assert on_b.get_tuple(cfg("t1")).checkpoint["channel_values"] == {"v": 1}
+        thread.put({"v": 2})                # acknowledged by A; B's cache does not know it
+        on_b.delete_thread("t1")
+        a.refresh()
+        assert on_a.get_tuple(cfg("t1")) is None
+    with snapstore.open(url, cache_dir=str(tmp_path / "fresh")) as c:
+        assert SnapstoreSaver(c).get_tuple(cfg("t1")) is None
