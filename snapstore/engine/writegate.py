@@ -1,5 +1,5 @@
 """The index's writer gate: a flock() of STORE/index.gate (fmt.INDEX_GATE_FILE) beside the
-index, plus a lock for the threads of a process, held by a writer from before it waits for
+index, on an open file of each thread's own, held by a writer from before it waits for
 LMDB's write lock until its write transaction has ended (docs/design.md, "The lock files").
 
 Why a gate before LMDB's own lock: LMDB's write lock is a process-shared robust mutex. One
@@ -35,7 +35,6 @@ import time
 from typing import Iterator
 
 from snapstore.engine import format as fmt
-from snapstore.interrupts import deferred_interrupts
 from snapstore.errors import StoreIOError, StoreLocked
 
 STOPPED_GRACE = 2.0     # seconds a holder must be seen stopped before a waiter gives up:
@@ -45,125 +44,148 @@ POLL_SECONDS = 0.002    # a waiter polls (yielding the CPU) this long before it 
 
 
 class WriterGate:
-    """The gate of one store in this process (writer_gate gives it out, one per store)."""
+    """The gate of one store in this process (writer_gate gives it out, one per store).
+
+    Each thread flocks an open file of its own (opened once, kept): two threads of this
+    process exclude each other as two processes do, so no lock of the process is needed, and
+    letting go is an explicit LOCK_UN of the thread's own file, which does nothing when it
+    holds nothing. So Ctrl-C needs no guarded sections (a signal handler swapped around each
+    step cost a tiny commit 125 us): held()'s finally unlocks until it has (an interrupt
+    landing in it is raised after), and an interrupt while taking the lock leaves nothing
+    held that the finally does not let go."""
 
     def __init__(self, path: str, file_mode: int) -> None:
         self.path, self.file_mode = path, file_mode
-        self.lock = threading.Lock()
-        self.fd: int | None = None
-        self.owner: int | None = None   # the thread holding the gate
+        self._local = threading.local()     # .fd (this thread's file), .depth, .generation
 
-    def forget(self) -> None:
-        """In a forked child: the parent's file and lock are not this process's (a flock
-        belongs to the open file, which the child shares while it keeps the descriptor)."""
-        if self.fd is not None:
+    def _thread_file(self) -> tuple[object, int | None]:
+        """(this thread's state, its open file of the gate; None where the file cannot be
+        created: a read-only store, whose index nobody writes: LMDB's lock alone)."""
+        local = self._local
+        if getattr(local, "generation", None) != _FORKS[0]:     # new, or a fork()ed child
+            local.generation, local.file, local.depth = _FORKS[0], None, 0
+        if local.file is None:
             try:
-                os.close(self.fd)
-            except OSError:
-                pass
-        self.lock, self.fd, self.owner = threading.Lock(), None, None
+                local.file = _ThreadFile(os.open(self.path,
+                                                 os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                                                 self.file_mode))
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
+                    raise self._io_error(exc) from exc
+                return local, None
+        return local, local.file.fd
 
     @contextlib.contextmanager
     def held(self, timeout: float) -> Iterator[None]:
         """Holds the gate for the block (the caller begins and ends its write transaction in
         it). Raises StoreLocked when the holder stays stopped (above), StoreIOError when the
         gate file cannot be locked. A thread that holds the gate already passes (a write
-        that opens a replaced index's databases inside another's block).
-
-        Ctrl-C: each lock is taken, and recorded as taken, in a section a SIGINT cannot cut
-        (interrupts.deferred_interrupts; the waits between attempts stay interruptible), and
-        both are let go in one: an interrupt between taking one and recording it left it held
-        for good (this process's next write waited for ever, and every other process's)."""
-        if self.owner == threading.get_ident():
-            yield
+        that opens a replaced index's databases inside another's block)."""
+        local, fd = self._thread_file()
+        if local.depth:
+            local.depth += 1
+            try:
+                yield
+            finally:
+                local.depth -= 1
             return
         started, pid = time.monotonic(), os.getpid()
-        hold = _Hold(self.lock)
+        waiter: list = []               # a waiter whose file holds the lock for us
         try:
-            self._take_thread_lock(hold, started, timeout)
-            fd = self._fd()
-            if fd is not None:          # (None: a read-only store directory: LMDB's lock)
-                self._take_flock(hold, fd, started, timeout)
-            self.owner = threading.get_ident()
+            if fd is not None:
+                self._take_flock(fd, started, timeout, waiter)
+            local.depth = 1
             yield
         finally:
             if os.getpid() == pid:      # (a fork()ed child's copy of the block does nothing)
-                hold.let_go(self)
+                _let_go(local, fd, waiter)
 
-    def _take_thread_lock(self, hold: "_Hold", started: float, timeout: float) -> None:
-        """Another thread of this process holds the gate, or waits for it behind a holder
-        that may be stopped: look at that holder while waiting."""
-        watch = None
-        while True:
-            with deferred_interrupts():
-                hold.thread_locked = hold.lock.acquire(timeout=WATCH_SECONDS) \
-                    if watch is not None else hold.lock.acquire(False)
-            if hold.thread_locked:
-                return
-            if watch is None:
-                watch = _StoppedWatch(self, started, timeout)
-            else:
-                watch.look()
-
-    def _try_flock(self, hold: "_Hold", fd: int) -> bool:
-        with deferred_interrupts():
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
-            except OSError as exc:
-                raise self._io_error(exc) from exc
-            hold.flock_fd = fd
-            return True
-
-    def _take_flock(self, hold: "_Hold", fd: int, started: float, timeout: float) -> None:
-        """Takes the flock: on fd itself when the gate is free, else on the open file of a
-        thread that waited in the kernel's queue (woken at once when the gate is let go;
-        flock has no timeout of its own) while this one looked at the holder."""
-        if self._try_flock(hold, fd):
+    def _take_flock(self, fd: int, started: float, timeout: float, waiter: list) -> None:
+        """Takes the flock: on this thread's file when the gate is free, else on the file of
+        a thread that waited in the kernel's queue (woken at once when the gate is let go;
+        flock has no timeout of its own) while this one looked at the holder (waiter gets
+        it)."""
+        if _try_flock(fd, self):
             return
         # most waits are one short transaction of another writer: polled for a little first
         # (a thread of its own costs more than the wait)
         poll_until = time.monotonic() + POLL_SECONDS
         while time.monotonic() < poll_until:
             os.sched_yield()
-            if self._try_flock(hold, fd):
+            if _try_flock(fd, self):
                 return
         watch = _StoppedWatch(self, started, timeout)
-        waiter: _FlockWaiter | None = None
+        waiting = _FlockWaiter(self.path)
         try:
-            with deferred_interrupts():
-                waiter = _FlockWaiter(self.path)
-            while not waiter.wait(WATCH_SECONDS):
+            while not waiting.wait(WATCH_SECONDS):
                 watch.look()
-            if waiter.error is not None:
-                raise self._io_error(waiter.error) from waiter.error
-            with deferred_interrupts():
-                hold.flock_fd, hold.own_file = waiter.fd, True
+            if waiting.error is not None:
+                raise self._io_error(waiting.error) from waiting.error
+            waiter.append(waiting)      # from here the finally lets it go
         except BaseException:
-            if waiter is not None and hold.flock_fd is None:
-                waiter.abandon()
+            if not waiter:
+                waiting.abandon()       # (lets go once it gets it, or now if it has)
             raise
 
     def holder(self) -> int | None:
         """The pid of the gate's holder as /proc/locks names it (None when unknown)."""
-        fd = self._fd()
+        _, fd = self._thread_file()
         return None if fd is None else flock_holder(fd)
 
     def _io_error(self, exc: OSError) -> StoreIOError:
         return StoreIOError(f"cannot lock {self.path}: {exc.strerror}", exc.errno)
 
-    def _fd(self) -> int | None:
-        """The gate file, opened once per process (None where it cannot be created: a
-        read-only store, whose index nobody writes; LMDB's lock alone then)."""
-        if self.fd is None:
+
+class _ThreadFile:
+    """A thread's open file of a gate, closed when the thread ends (its threading.local
+    goes), never by a fork()ed child's copy of it (_forget_gates closed those)."""
+    __slots__ = ("fd", "generation", "__weakref__")
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.generation = fd, _FORKS[0]
+        _GATE_FILES.add(fd)
+
+    def __del__(self) -> None:
+        if self.generation == _FORKS[0] and self.fd in _GATE_FILES:
+            _GATE_FILES.discard(self.fd)
             try:
-                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                                  self.file_mode)
-            except OSError as exc:
-                if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
-                    raise self._io_error(exc) from exc
-        return self.fd
+                os.close(self.fd)       # (held by nothing now: held() let it go)
+            except OSError:
+                pass
+
+
+def _try_flock(fd: int, gate: WriterGate) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        raise gate._io_error(exc) from exc      # noqa: SLF001 (this module's own class)
+
+
+def _let_go(local, fd: int | None, waiter: list) -> None:
+    """held()'s finally: the thread's depth back to 0 and an explicit LOCK_UN of its file and
+    of a waiter's it got the lock through (which frees it whoever else has the open file: a
+    fork()ed child keeps a copy of every descriptor, and closing ours alone left the gate
+    locked for as long as the child lived). LOCK_UN of a file that holds nothing does
+    nothing, so it is done until done: a KeyboardInterrupt landing here is raised after."""
+    interrupted = None
+    while True:
+        try:
+            local.depth = 0
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            while waiter:
+                waiter[0].abandon()     # unlocks and closes its file (idempotent)
+                waiter.pop()
+            break
+        except KeyboardInterrupt as exc:
+            interrupted = interrupted or exc
+        except OSError:
+            break                       # (EBADF: nothing of ours is held by it)
+    if interrupted is not None:
+        raise interrupted
 
 
 class _StoppedWatch:
@@ -227,44 +249,6 @@ def _stopped(pid: int) -> bool:
     return bool(fields) and fields[0] in (b"T", b"t")
 
 
-class _Hold:
-    """What one held() block has taken, for its finally."""
-    __slots__ = ("lock", "thread_locked", "flock_fd", "own_file")
-
-    def __init__(self, lock: threading.Lock) -> None:
-        self.lock, self.thread_locked = lock, False
-        self.flock_fd: int | None = None
-        self.own_file = False           # flock_fd is a waiter's open file, closed after
-
-    def let_go(self, gate: WriterGate) -> None:
-        """Lets go of what is held: the flock with an explicit LOCK_UN, which frees it
-        whoever else has the open file (a fork()ed child keeps a copy of every descriptor:
-        closing ours alone left the gate locked for as long as the child lived), then the
-        thread lock. Each step is a section a SIGINT cannot cut, and an interrupt before one
-        begins is kept until all are done (then raised): the finally of held() must never
-        leave a lock behind."""
-        interrupted = None
-        while self.flock_fd is not None or self.thread_locked:
-            try:
-                with deferred_interrupts():
-                    if self.flock_fd is not None:
-                        fd, self.flock_fd = self.flock_fd, None
-                        try:
-                            fcntl.flock(fd, fcntl.LOCK_UN)
-                        except OSError:
-                            pass            # (closing it lets go, ours being the last copy)
-                        if self.own_file:
-                            _close_waiter_file(fd)
-                with deferred_interrupts():
-                    if self.thread_locked and self.flock_fd is None:
-                        gate.owner, self.thread_locked = None, False
-                        self.lock.release()
-            except KeyboardInterrupt as exc:
-                interrupted = interrupted or exc
-        if interrupted is not None:
-            raise interrupted
-
-
 class _FlockWaiter:
     """A thread blocked in flock(LOCK_EX) on an open file of its own. Abandoned (its caller
     gave up), it lets the lock go as soon as it gets it. Its caller waits on a one-shot lock
@@ -280,7 +264,7 @@ class _FlockWaiter:
         self._signal.acquire()              # released once the flock is taken (or failed)
         self.error: OSError | None = None
         self._lock = threading.Lock()
-        self._abandoned = self._finished = False
+        self._abandoned = self._finished = self._closed = False
         threading.Thread(target=self._wait, name="snapstore-index-gate", daemon=True).start()
 
     def wait(self, seconds: float) -> bool:
@@ -300,21 +284,28 @@ class _FlockWaiter:
                 self._signal.release()
 
     def abandon(self) -> None:
+        """Lets the lock go once the thread gets it, or now if it has (idempotent)."""
         with self._lock:
             self._abandoned = True
             if self._finished:
                 self._let_go()
 
     def _let_go(self) -> None:
+        if self._closed:
+            return
         try:
             if self.error is None:
                 fcntl.flock(self.fd, fcntl.LOCK_UN)
         except OSError:
             pass
+        self._closed = True
         _close_waiter_file(self.fd)
 
 
 _WAITER_FILES: set[int] = set()     # waiters' open files: a fork()ed child closes its copies
+_GATE_FILES: set[int] = set()       # the threads' open files of every gate: likewise
+_FORKS = [0]                        # forks into this process: a thread's file of another
+                                    # generation is its parent's
 
 
 def _close_waiter_file(fd: int) -> None:
@@ -340,12 +331,14 @@ def writer_gate(index_path: str, file_mode: int) -> WriterGate:
 
 
 def _forget_gates() -> None:
+    """In a fork()ed child: the parent's open files of the gates are closed, never unlocked
+    (LOCK_UN would let go of a lock the parent holds); each thread opens its own again."""
     global _GATES_LOCK
     _GATES_LOCK = threading.Lock()      # a thread of the parent may have held it at the fork
-    for gate in _GATES.values():
-        gate.forget()
-    for fd in list(_WAITER_FILES):      # the parent's waiters' files (never unlocked here:
-        _close_waiter_file(fd)          # LOCK_UN would let go of a lock the parent holds)
+    _FORKS[0] += 1
+    for fd in list(_WAITER_FILES) + list(_GATE_FILES):
+        _close_waiter_file(fd)
+    _GATE_FILES.clear()
 
 
 os.register_at_fork(after_in_child=_forget_gates)

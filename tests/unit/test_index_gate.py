@@ -279,9 +279,6 @@ def hold_briefly(ready):                # another holder: a waiter's thread is n
 
 
 def free() -> bool:
-    if not gate.lock.acquire(False):
-        return False
-    gate.lock.release()
     fd = os.open(gate_file, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -313,6 +310,8 @@ while True:
     while not free():
         assert time.monotonic() < deadline, f"the gate stayed held after an interrupt at {n}"
         time.sleep(0.01)
+    with gate.held(0.0):                    # and the next write takes it for real
+        assert not free(), f"a write after an interrupt at {n} went on without the gate"
     if inject.where is None:
         break
 print(n, interrupted)
