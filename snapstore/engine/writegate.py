@@ -36,6 +36,7 @@ from typing import Iterator
 
 from snapstore.engine import format as fmt
 from snapstore.errors import StoreIOError, StoreLocked
+from snapstore.interrupts import start_thread
 
 STOPPED_GRACE = 2.0     # seconds a holder must be seen stopped before a waiter gives up:
                         # a profiler (py-spy) or a debugger's attach stops a process briefly
@@ -115,17 +116,13 @@ class WriterGate:
             if _try_flock(fd, self):
                 return
         watch = _StoppedWatch(self, started, timeout)
-        waiting = _FlockWaiter(self.path)
-        try:
-            while not waiting.wait(WATCH_SECONDS):
-                watch.look()
-            if waiting.error is not None:
-                raise self._io_error(waiting.error) from waiting.error
-            waiter.append(waiting)      # from here the finally lets it go
-        except BaseException:
-            if not waiter:
-                waiting.abandon()       # (lets go once it gets it, or now if it has)
-            raise
+        # (the waiter puts itself in `waiter` before its thread starts: held()'s finally
+        # abandons it whatever happens, which lets go once it gets the lock, or at once)
+        waiting = _FlockWaiter(self.path, waiter)
+        while not waiting.wait(WATCH_SECONDS):
+            watch.look()
+        if waiting.error is not None:
+            raise self._io_error(waiting.error) from waiting.error
 
     def holder(self) -> int | None:
         """The pid of the gate's holder as /proc/locks names it (None when unknown)."""
@@ -254,7 +251,7 @@ class _FlockWaiter:
     gave up), it lets the lock go as soon as it gets it. Its caller waits on a one-shot lock
     (one C call: Event.wait, a Condition's, could be cut by Ctrl-C half way, wakeups.py)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, owners: list) -> None:
         try:
             self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as exc:
@@ -265,7 +262,9 @@ class _FlockWaiter:
         self.error: OSError | None = None
         self._lock = threading.Lock()
         self._abandoned = self._finished = self._closed = False
-        threading.Thread(target=self._wait, name="snapstore-index-gate", daemon=True).start()
+        owners.append(self)             # before its thread can take the lock through it
+        start_thread(threading.Thread(target=self._wait, name="snapstore-index-gate",
+                                      daemon=True))
 
     def wait(self, seconds: float) -> bool:
         """Whether the flock was taken (or failed: error) within `seconds`."""
