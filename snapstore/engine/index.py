@@ -59,11 +59,12 @@ def _wrap(exc: lmdb.Error, what: str, path: str | None = None) -> SnapstoreError
         return damaged(f"index {what}: {exc}")
     if isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)):
         return StoreIOError(f"index {what}: {exc}")
-    if path is not None and "Input/output error" in str(exc) and _nearly_full(path):
+    free = _free_bytes(path) if path is not None and "Input/output error" in str(exc) \
+        else None
+    if free is not None and free < _NEARLY_FULL_BYTES:
         # LMDB turns a short write (ENOSPC on the way) into EIO: say what it most likely is
         return StoreIOError(f"index {what}: disk full (the file system of {path} has "
-                            f"{_free_bytes(path)} bytes free; LMDB reported: {exc})",
-                            errno.ENOSPC)
+                            f"{free} bytes free; LMDB reported: {exc})", errno.ENOSPC)
     return StoreIOError(f"index {what}: {exc}")
 
 
@@ -76,11 +77,6 @@ def _free_bytes(path: str) -> int | None:
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
-
-
-def _nearly_full(path: str) -> bool:
-    free = _free_bytes(path)
-    return free is not None and free < _NEARLY_FULL_BYTES
 
 
 @contextlib.contextmanager

@@ -35,6 +35,7 @@ import time
 from typing import Iterator
 
 from snapstore.engine import format as fmt
+from snapstore.engine.fsutil import try_flock
 from snapstore.errors import StoreIOError, StoreLocked
 from snapstore.interrupts import start_thread
 
@@ -140,23 +141,16 @@ class _ThreadFile:
 
     def __init__(self, fd: int) -> None:
         self.fd, self.generation = fd, _FORKS[0]
-        _GATE_FILES.add(fd)
+        _OPEN_FILES.add(fd)
 
     def __del__(self) -> None:
-        if self.generation == _FORKS[0] and self.fd in _GATE_FILES:
-            _GATE_FILES.discard(self.fd)
-            try:
-                os.close(self.fd)       # (held by nothing now: held() let it go)
-            except OSError:
-                pass
+        if self.generation == _FORKS[0] and self.fd in _OPEN_FILES:
+            _close_file(self.fd)        # (held by nothing now: held() let it go)
 
 
 def _try_flock(fd: int, gate: WriterGate) -> bool:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
+        return try_flock(fd, fcntl.LOCK_EX)
     except OSError as exc:
         raise gate._io_error(exc) from exc      # noqa: SLF001 (this module's own class)
 
@@ -256,7 +250,7 @@ class _FlockWaiter:
             self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as exc:
             raise StoreIOError(f"cannot open {path}: {exc.strerror}", exc.errno) from exc
-        _WAITER_FILES.add(self.fd)
+        _OPEN_FILES.add(self.fd)
         self._signal = threading.Lock()
         self._signal.acquire()              # released once the flock is taken (or failed)
         self.error: OSError | None = None
@@ -298,17 +292,17 @@ class _FlockWaiter:
         except OSError:
             pass
         self._closed = True
-        _close_waiter_file(self.fd)
+        _close_file(self.fd)
 
 
-_WAITER_FILES: set[int] = set()     # waiters' open files: a fork()ed child closes its copies
-_GATE_FILES: set[int] = set()       # the threads' open files of every gate: likewise
+_OPEN_FILES: set[int] = set()       # the threads' and waiters' open files of every gate:
+                                    # a fork()ed child closes its copies
 _FORKS = [0]                        # forks into this process: a thread's file of another
                                     # generation is its parent's
 
 
-def _close_waiter_file(fd: int) -> None:
-    _WAITER_FILES.discard(fd)
+def _close_file(fd: int) -> None:
+    _OPEN_FILES.discard(fd)
     try:
         os.close(fd)
     except OSError:
@@ -335,9 +329,8 @@ def _forget_gates() -> None:
     global _GATES_LOCK
     _GATES_LOCK = threading.Lock()      # a thread of the parent may have held it at the fork
     _FORKS[0] += 1
-    for fd in list(_WAITER_FILES) + list(_GATE_FILES):
-        _close_waiter_file(fd)
-    _GATE_FILES.clear()
+    for fd in list(_OPEN_FILES):
+        _close_file(fd)
 
 
 os.register_at_fork(after_in_child=_forget_gates)

@@ -16,6 +16,7 @@ import time
 import pytest
 
 import snapstore
+from flocks import flocked
 from snapstore.engine import format as fmt
 from snapstore.engine import writegate
 from snapstore.errors import StoreLocked
@@ -66,19 +67,9 @@ def test_a_gate_holder_killed_lets_the_writers_on(tmp_path):
                 os._exit(0)
         try:
             deadline = time.monotonic() + 10
-            probe = os.open(os.path.join(path, fmt.INDEX_GATE_FILE), os.O_RDWR)
-            try:            # wait until the child holds it
-                while time.monotonic() < deadline:
-                    try:
-                        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        fcntl.flock(probe, fcntl.LOCK_UN)
-                        time.sleep(0.01)
-                    except BlockingIOError:
-                        break
-                else:
-                    pytest.fail("the child never took the gate")
-            finally:
-                os.close(probe)
+            while not flocked(os.path.join(path, fmt.INDEX_GATE_FILE)):  # the child holds it
+                assert time.monotonic() < deadline, "the child never took the gate"
+                time.sleep(0.01)
             t, done = _checkpoint_in_thread(store, b"w")
             t.join(0.3)
             assert not done
@@ -261,6 +252,7 @@ _INTERRUPTED_GATE = r"""
 import fcntl, os, sys, threading, time
 import snapstore
 from snapstore.engine import format as fmt, writegate
+from flocks import flocked
 from sigint_injection import interrupted_at_return
 
 contended = sys.argv[1] == "contended"
@@ -279,14 +271,7 @@ def hold_briefly(ready):                # another holder: a waiter's thread is n
 
 
 def free() -> bool:
-    fd = os.open(gate_file, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
+    return not flocked(gate_file)
 
 
 def enter():

@@ -4,7 +4,6 @@ and the arguments. The reboot side (an untrusted index rebuilt) is tests/crash/
 test_unsynced_index.py."""
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import shutil
@@ -16,6 +15,7 @@ import textwrap
 import pytest
 
 import snapstore
+from flocks import flocked
 from snapstore.engine import unsynced
 from snapstore.errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -27,17 +27,6 @@ def _marks(store: str) -> list[str]:
         return []
 
 
-def _locked(path: str) -> bool:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-
-
 def test_a_writer_without_index_syncs_holds_one_locked_mark_of_this_boot_until_close(tmp_path):
     store = str(tmp_path / "s")
     s = snapstore.open(store, sync_index=False)
@@ -45,7 +34,7 @@ def test_a_writer_without_index_syncs_holds_one_locked_mark_of_this_boot_until_c
         [name] = _marks(store)
         boot, token = name.rsplit(".", 1)
         assert boot == unsynced.boot_id() and re.fullmatch(r"[0-9a-f]{16}", token)
-        assert _locked(os.path.join(store, "unsynced", name))
+        assert flocked(os.path.join(store, "unsynced", name))
         s.checkpoint({"x": b"one byte"[:1]})
         s.checkpoint({"x": b"one byte"[:1]})        # nothing changed
     finally:
@@ -89,7 +78,7 @@ def test_two_writers_each_hold_their_own_mark(tmp_path):
         a.checkpoint({"x": b"a"}, stream="a")
         a.close()
         [left] = _marks(store)
-        assert _locked(os.path.join(store, "unsynced", left))
+        assert flocked(os.path.join(store, "unsynced", left))
         b.checkpoint({"x": b"b"}, stream="b")
     finally:
         a.close()
@@ -108,7 +97,7 @@ def test_a_killed_writers_mark_is_removed_by_the_next_writer_after_a_sync(tmp_pa
     p = subprocess.run([sys.executable, "-c", child], capture_output=True)
     assert p.returncode == -signal.SIGKILL, p.stderr.decode()
     [orphan] = _marks(store)
-    assert not _locked(os.path.join(store, "unsynced", orphan))
+    assert not flocked(os.path.join(store, "unsynced", orphan))
     with snapstore.open(store) as s:                # a default writer cleans up too
         assert _marks(store) == []
         assert bytes(s.restore(1)["x"]) == b"acknowledged" * 1000
@@ -144,7 +133,7 @@ def test_a_forked_child_closing_its_copy_leaves_the_parents_mark(tmp_path):
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         assert _marks(store) == [name]
-        assert _locked(os.path.join(store, "unsynced", name))     # still the parent's
+        assert flocked(os.path.join(store, "unsynced", name))     # still the parent's
         s.checkpoint({"x": b"after the fork"})
     finally:
         s.close()
@@ -164,7 +153,7 @@ def test_a_failing_sync_at_close_keeps_the_mark(tmp_path, monkeypatch):
     monkeypatch.setattr(index, "sync", broken_sync)
     s.close()
     [left] = _marks(store)
-    assert not _locked(os.path.join(store, "unsynced", left))
+    assert not flocked(os.path.join(store, "unsynced", left))
     monkeypatch.undo()
     with snapstore.open(store) as again:
         assert _marks(store) == []
